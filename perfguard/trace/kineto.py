@@ -1,0 +1,321 @@
+"""Reader for PyTorch profiler (Kineto) Chrome-trace JSON, plain or gzip'd.
+
+Three schema generations are handled (see ``shared/reference/kineto_and_hta.md``):
+
+* modern (2023+): lower-case categories, ``ac2g`` flows, float ``ts`` with
+  ns decimals;
+* 2022: ``async_cpu_to_gpu`` flows;
+* legacy (2021): ``Operator/Runtime/Kernel/Memcpy/Memset`` categories,
+  string ``tid`` (``"stream 7"``), lower-case ``external id``.
+
+Kernels are joined to their launching call on ``correlation`` (flows are
+not needed and are incomplete in real traces). A GPU event carries the
+device as its pid, so the launching process is taken from that call.
+Fields are pulled out of the event dicts with pandas' record constructors,
+not a Python loop per event.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfguard.errors import TraceError
+from perfguard.trace.model import NO_CORRELATION, Trace
+from perfguard.trace.names import is_backward_name, is_iteration_name, op_type_of
+from perfguard.trace.ranges import finalize_ranges
+
+#: Legacy (2021) category names -> modern ones.
+LEGACY_CATEGORIES = {
+    "Operator": "cpu_op",
+    "Runtime": "cuda_runtime",
+    "Driver": "cuda_driver",
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "Python": "python_function",
+    "User annotation": "user_annotation",
+}
+RANGE_CATEGORIES = ("cpu_op", "user_annotation")
+API_CATEGORIES = ("cuda_runtime", "cuda_driver")
+MEMOP_CATEGORIES = ("gpu_memcpy", "gpu_memset")
+_ARGS = [
+    "correlation", "External id", "external id", "device", "stream", "grid", "block",
+    "registers per thread", "shared memory", "bytes", "Input Dims", "Input type",
+    "Sequence number", "Call stack",
+]  # fmt: skip
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    """Parse a ``.json`` or ``.json.gz`` trace; errors name the file."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+        opener = gzip.open if head == b"\x1f\x8b" else open
+        with opener(path, "rb") as fh:
+            data = json.load(fh)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(path, f"cannot read file ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceError(path, f"not valid JSON, truncated or corrupt ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise TraceError(path, "JSON is not a Kineto/Chrome trace (no traceEvents list)")
+    return data
+
+
+def read_kineto(path: str | Path, rank: int | None = None) -> Trace:
+    """Read one Kineto trace file. ``rank`` overrides ``distributedInfo.rank``."""
+    path = Path(path)
+    return _read(path, load_json(path), rank)
+
+
+def read_kineto_dir(path: str | Path) -> Trace:
+    """Read a directory of per-rank Kineto files into one Trace with a ``rank`` column."""
+    path = Path(path)
+    files = sorted(
+        p for p in path.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
+    )
+    if not files:
+        raise TraceError(path, "directory holds no .json or .json.gz trace files")
+    traces, ranks = [], []
+    for i, f in enumerate(files):
+        data = load_json(f)
+        info = data.get("distributedInfo") or {}
+        m = _RANK_IN_NAME.search(f.name)
+        r = info.get("rank", int(m.group(1)) if m else i)
+        if r in ranks:
+            raise TraceError(f, f"rank {r} appears twice in {path}")
+        ranks.append(r)
+        traces.append(_read(f, data, int(r)))
+    merged = {
+        t: pd.concat([getattr(tr, t) for tr in traces], ignore_index=True)
+        for t in ("ranges", "api_calls", "kernels", "memops", "devices", "threads")
+    }
+    offset = np.cumsum([0] + [len(tr.ranges) for tr in traces[:-1]])
+    parts = []
+    for tr, off in zip(traces, offset):
+        r = tr.ranges
+        parts.append(np.where(r["parent_id"] >= 0, r["parent_id"] + off, r["parent_id"]))
+    merged["ranges"]["range_id"] = np.arange(len(merged["ranges"]), dtype=np.int64)
+    if parts:
+        merged["ranges"]["parent_id"] = np.concatenate(parts)
+    meta = dict(traces[0].meta)
+    meta.update(path=str(path), ranks=sorted(ranks), files=[str(f) for f in files])
+    return Trace(meta=meta, **merged)
+
+
+def _us_to_ns(values: pd.Series) -> np.ndarray:
+    """Kineto µs (int epoch µs, or float with ns decimals) -> int64 ns, exactly."""
+    v = pd.to_numeric(values, errors="coerce")
+    if v.isna().any():
+        v = v.fillna(0)
+    if pd.api.types.is_integer_dtype(v.dtype):
+        return v.to_numpy(np.int64) * 1000
+    f = v.to_numpy(np.float64)
+    whole = np.floor(f)
+    return whole.astype(np.int64) * 1000 + np.rint((f - whole) * 1000).astype(np.int64)
+
+
+def _int_column(s: pd.Series, default: int) -> np.ndarray:
+    """Numbers or numeric strings (``"stream 7"`` -> 7) as int64."""
+    if s.dtype == object:
+        s = s.astype(str).str.extract(r"(-?\d+)")[0]
+    return pd.to_numeric(s, errors="coerce").fillna(default).astype(np.int64).to_numpy()
+
+
+def _args_frame(args: pd.Series) -> pd.DataFrame:
+    records = [a if isinstance(a, dict) else {} for a in args]
+    df = pd.DataFrame.from_records(records, columns=_ARGS, index=args.index)
+    ext = df["External id"].where(df["External id"].notna(), df["external id"])
+    return df.drop(columns=["external id"]).assign(**{"External id": ext})
+
+
+def _read(path: Path, data: dict[str, Any], rank: int | None) -> Trace:
+    events = pd.DataFrame.from_records(
+        data["traceEvents"], columns=["ph", "cat", "name", "pid", "tid", "ts", "dur", "args"]
+    )
+    cats = events["cat"].astype(object)
+    legacy = bool(cats.isin(list(LEGACY_CATEGORIES)).any())
+    events["cat"] = cats.replace(LEGACY_CATEGORIES)
+    known = events["cat"].isin(RANGE_CATEGORIES + API_CATEGORIES + ("kernel",) + MEMOP_CATEGORIES)
+    if len(events) and not known.any():
+        found = ", ".join(sorted(map(str, events["cat"].dropna().unique()))[:8]) or "none"
+        raise TraceError(
+            path, f"no PyTorch profiler events in this trace (categories seen: {found})"
+        )
+    if rank is None:
+        rank = int((data.get("distributedInfo") or {}).get("rank", 0))
+    x = events[(events["ph"] == "X") & known].copy()
+    x["start"] = _us_to_ns(x["ts"])
+    x["end"] = x["start"] + _us_to_ns(x["dur"].fillna(0))
+    x["pid_i"] = _int_column(x["pid"], -1)
+    x["tid_i"] = _int_column(x["tid"], -1)
+    a = _args_frame(x["args"])
+    x["correlation_id"] = _int_column(a["correlation"], NO_CORRELATION)
+
+    api = x[x["cat"].isin(API_CATEGORIES)]
+    api_calls = pd.DataFrame(
+        {
+            "start": api["start"], "end": api["end"], "pid": api["pid_i"], "tid": api["tid_i"],
+            "correlation_id": api["correlation_id"], "name": api["name"],
+        }
+    )  # fmt: skip
+    launcher = (
+        api_calls[api_calls["correlation_id"] != NO_CORRELATION]
+        .drop_duplicates("correlation_id")
+        .set_index("correlation_id")["pid"]
+    )
+    kernels = _gpu_events(x, a, "kernel", launcher)
+    k_args = a.loc[kernels.index]
+    kernels["short_name"] = _short_names(kernels["name"])
+    for axis, col in (("x", 0), ("y", 1), ("z", 2)):
+        kernels[f"grid_{axis}"] = _triple(k_args["grid"], col)
+        kernels[f"block_{axis}"] = _triple(k_args["block"], col)
+    kernels["registers"] = pd.to_numeric(k_args["registers per thread"], errors="coerce")
+    kernels["shared_mem"] = pd.to_numeric(k_args["shared memory"], errors="coerce")
+    memops = _gpu_events(x, a, MEMOP_CATEGORIES, launcher)
+    memops["kind"] = memops["name"].str.replace(r"\s*\(.*\)$", "", regex=True)
+    memops["bytes"] = pd.to_numeric(a.loc[memops.index, "bytes"], errors="coerce")
+
+    ranges = _ranges(x, a)
+    for df in (api_calls, kernels, memops, ranges):
+        df["rank"] = rank
+    return Trace(
+        ranges=finalize_ranges(ranges),
+        api_calls=api_calls,
+        kernels=kernels,
+        memops=memops,
+        devices=_devices(data, rank),
+        threads=_threads(events, rank),
+        meta=_meta(path, data, events, legacy),
+    )
+
+
+def _gpu_events(
+    x: pd.DataFrame, a: pd.DataFrame, cats: str | tuple[str, ...], launcher: pd.Series
+) -> pd.DataFrame:
+    g = x[x["cat"].isin([cats] if isinstance(cats, str) else list(cats))]
+    ga = a.loc[g.index]
+    pid = g["correlation_id"].map(launcher)
+    return pd.DataFrame(
+        {
+            "start": g["start"],
+            "end": g["end"],
+            "pid": pid.fillna(-1).astype(np.int64),
+            "device_id": np.where(ga["device"].notna(), _int_column(ga["device"], -1), g["pid_i"]),
+            "stream_id": np.where(ga["stream"].notna(), _int_column(ga["stream"], -1), g["tid_i"]),
+            "correlation_id": g["correlation_id"],
+            "name": g["name"],
+        }
+    )
+
+
+def _triple(s: pd.Series, i: int) -> pd.Series:
+    """Element ``i`` of ``[x, y, z]`` lists (grid, block); NA where absent."""
+    if s.dtype != object or not len(s):
+        return pd.Series(pd.NA, index=s.index, dtype="Int64")
+    return pd.to_numeric(s.str[i], errors="coerce").astype("Int64")
+
+
+def _short_names(names: pd.Series) -> pd.Series:
+    """``void ns::kernel<T>(args)`` -> ``kernel`` (computed per distinct name)."""
+    codes, uniques = pd.factorize(names.fillna(""))
+    u = pd.Series(uniques, dtype="object")
+    base = u.str.replace(r"^void\s+", "", regex=True).str.replace(r"\(.*$", "", regex=True)
+    # drop template arguments, then namespaces
+    base = base.str.replace(r"<.*>", "", regex=True).str.split("::").str[-1].str.strip()
+    base = base.where(base != "", u)
+    return pd.Series(base.to_numpy(dtype=object)[codes], index=names.index, dtype="object")
+
+
+def _ranges(x: pd.DataFrame, a: pd.DataFrame) -> pd.DataFrame:
+    r = x[x["cat"].isin(RANGE_CATEGORIES)]
+    ra = a.loc[r.index]
+    names = r["name"].astype(object)
+    kind = np.where(is_iteration_name(names), "iteration", "op").astype(object)
+    stack = ra["Call stack"]
+    call_site = stack.where(stack.notna() & (stack != ""), None)
+    call_site = call_site.str.split(";").str[0] if call_site.notna().any() else call_site
+    return pd.DataFrame(
+        {
+            "start": r["start"], "end": r["end"], "pid": r["pid_i"], "tid": r["tid_i"],
+            "name": names, "category": r["cat"], "kind": kind, "source": "kineto",
+            "op_type": op_type_of(names),
+            "bprop": is_backward_name(names).to_numpy(dtype=bool),
+            "seq": pd.to_numeric(ra["Sequence number"], errors="coerce").astype("Int64"),
+            "input_shapes": _json_text(ra["Input Dims"]),
+            "dtypes": _json_text(ra["Input type"]),
+            "call_site": call_site,
+        }
+    )  # fmt: skip
+
+
+def _json_text(s: pd.Series) -> pd.Series:
+    """Lists (shapes, dtypes) as compact JSON text, so tables stay flat."""
+    ok = s.notna()
+    out = pd.Series(None, index=s.index, dtype="object")
+    if ok.any():
+        out[ok] = [json.dumps(v, separators=(",", ":")) for v in s[ok]]
+    return out
+
+
+def _devices(data: dict[str, Any], rank: int) -> pd.DataFrame:
+    props = data.get("deviceProperties") or []
+    df = pd.DataFrame.from_records(
+        [p for p in props if isinstance(p, dict)],
+        columns=["id", "name", "numSms", "totalGlobalMem", "computeMajor", "computeMinor"],
+    )
+    cc = df["computeMajor"].astype("Int64").astype(str) + "." + df["computeMinor"].astype(
+        "Int64"
+    ).astype(str)
+    return pd.DataFrame(
+        {
+            "rank": rank, "device_id": df["id"], "name": df["name"], "sm_count": df["numSms"],
+            "memory_bytes": df["totalGlobalMem"],
+            "compute_capability": cc.where(df["computeMajor"].notna(), None),
+        }
+    )  # fmt: skip
+
+
+def _threads(events: pd.DataFrame, rank: int) -> pd.DataFrame:
+    m = events[(events["ph"] == "M") & (events["name"] == "thread_name")]
+    names = pd.DataFrame.from_records(
+        [a if isinstance(a, dict) else {} for a in m["args"]], columns=["name"], index=m.index
+    )
+    pid = pd.to_numeric(m["pid"], errors="coerce")
+    tid = pd.to_numeric(m["tid"], errors="coerce")
+    ok = pid.notna() & tid.notna()
+    return pd.DataFrame(
+        {"rank": rank, "pid": pid[ok], "tid": tid[ok], "name": names["name"][ok]}
+    ).astype({"pid": np.int64, "tid": np.int64})
+
+
+def _meta(path: Path, data: dict[str, Any], events: pd.DataFrame, legacy: bool) -> dict[str, Any]:
+    cats = set(events["cat"].dropna().unique())
+    if legacy:
+        schema = "legacy-2021"
+    elif "async_cpu_to_gpu" in cats:
+        schema = "2022"
+    else:
+        schema = "modern"
+    meta: dict[str, Any] = {
+        "format": "kineto-json",
+        "path": str(path),
+        "version": schema,
+        "schema_version": data.get("schemaVersion"),
+    }
+    for key in ("cuda_runtime_version", "cuda_driver_version", "cupti_version"):
+        if key in data:
+            meta[key] = data[key]
+    info = data.get("distributedInfo")
+    if isinstance(info, dict):
+        meta["distributed"] = {k: info.get(k) for k in ("backend", "rank", "world_size")}
+    return meta

@@ -1,0 +1,162 @@
+"""The Trace model: one set of pandas tables whatever the capture format.
+
+Readers fill the columns their format has and leave the rest empty, with the
+same names and dtypes, so analysis code never branches on the source format.
+All times are int64 nanoseconds on one clock per rank.
+
+Columns beyond DESIGN.md, and why:
+
+* ``rank`` on every event table: a directory of per-rank Kineto files becomes
+  one Trace; timestamps of different ranks are not comparable.
+* ``pid`` on kernels and memops: a correlation id is unique only within one
+  process (nsys ``globalPid``; Kineto resolves it from the launching call).
+* ``kind`` on ranges: ``op`` (an NVTX range or framework op that can own
+  kernels), ``iteration`` (``ProfilerStep#N`` or ``perfguard.iteration``, an
+  iteration marker, never an op) or ``async`` (a start/end range closed on
+  another thread, which cannot nest).
+* ``category`` on ranges: the Kineto category (``cpu_op``,
+  ``user_annotation``) or ``nvtx``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: Column name -> dtype for every table of the model.
+SCHEMA: dict[str, dict[str, str]] = {
+    "ranges": {
+        "range_id": "int64",
+        "name": "object",
+        "start": "int64",
+        "end": "int64",
+        "rank": "int64",
+        "pid": "int64",
+        "tid": "int64",
+        "depth": "int64",
+        "parent_id": "int64",
+        "domain": "object",
+        "category": "object",
+        "kind": "object",
+        "source": "object",
+        "op_type": "object",
+        "direction": "object",
+        "seq": "Int64",
+        "input_shapes": "object",
+        "dtypes": "object",
+        "call_site": "object",
+    },
+    "api_calls": {
+        "start": "int64",
+        "end": "int64",
+        "rank": "int64",
+        "pid": "int64",
+        "tid": "int64",
+        "correlation_id": "int64",
+        "name": "object",
+    },
+    "kernels": {
+        "start": "int64",
+        "end": "int64",
+        "rank": "int64",
+        "pid": "int64",
+        "device_id": "int64",
+        "stream_id": "int64",
+        "correlation_id": "int64",
+        "name": "object",
+        "short_name": "object",
+        "grid_x": "Int64",
+        "grid_y": "Int64",
+        "grid_z": "Int64",
+        "block_x": "Int64",
+        "block_y": "Int64",
+        "block_z": "Int64",
+        "registers": "Int64",
+        "shared_mem": "Int64",
+    },
+    "memops": {
+        "start": "int64",
+        "end": "int64",
+        "rank": "int64",
+        "pid": "int64",
+        "device_id": "int64",
+        "stream_id": "int64",
+        "correlation_id": "int64",
+        "kind": "object",
+        "bytes": "Int64",
+    },
+    "devices": {
+        "rank": "int64",
+        "device_id": "int64",
+        "name": "object",
+        "sm_count": "Int64",
+        "memory_bytes": "Int64",
+        "compute_capability": "object",
+    },
+    "threads": {"rank": "int64", "pid": "int64", "tid": "int64", "name": "object"},
+}
+
+#: ``parent_id`` of a top-level range.
+NO_PARENT = -1
+#: ``correlation_id`` of an event that has none.
+NO_CORRELATION = -1
+
+
+def empty_table(table: str) -> pd.DataFrame:
+    """An empty DataFrame with the model's columns and dtypes for ``table``."""
+    cols = SCHEMA[table]
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in cols.items()})
+
+
+def conform(table: str, df: pd.DataFrame) -> pd.DataFrame:
+    """Return ``df`` with exactly the model's columns for ``table``, in order.
+
+    Missing columns are added empty (NA, or "" for text), extra columns are
+    dropped, dtypes are coerced. Integer columns that must not be missing are
+    checked by the readers before this point.
+    """
+    cols = SCHEMA[table]
+    out = {}
+    n = len(df)
+    for col, dtype in cols.items():
+        if col in df.columns:
+            s = df[col]
+        elif dtype == "object":
+            s = pd.Series([None] * n, index=df.index, dtype="object")
+        elif dtype == "int64":
+            s = pd.Series(np.zeros(n, dtype=np.int64), index=df.index)
+        else:
+            s = pd.Series(pd.NA, index=df.index, dtype=dtype)
+        if dtype != "object" and str(s.dtype) != dtype:
+            s = s.astype(dtype)
+        out[col] = s
+    return pd.DataFrame(out).reset_index(drop=True)
+
+
+@dataclass
+class Trace:
+    """A capture read into fixed tables (see :data:`SCHEMA`).
+
+    ``meta`` holds ``format`` (``nsys-sqlite`` or ``kineto-json``),
+    ``version``, ``path`` and whatever else the capture records (driver,
+    CUDA, capture command, ...).
+    """
+
+    ranges: pd.DataFrame = field(default_factory=lambda: empty_table("ranges"))
+    api_calls: pd.DataFrame = field(default_factory=lambda: empty_table("api_calls"))
+    kernels: pd.DataFrame = field(default_factory=lambda: empty_table("kernels"))
+    memops: pd.DataFrame = field(default_factory=lambda: empty_table("memops"))
+    devices: pd.DataFrame = field(default_factory=lambda: empty_table("devices"))
+    threads: pd.DataFrame = field(default_factory=lambda: empty_table("threads"))
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for table in SCHEMA:
+            setattr(self, table, conform(table, getattr(self, table)))
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{t}={len(getattr(self, t))}" for t in SCHEMA)
+        return f"Trace({self.meta.get('format', '?')} {self.meta.get('version', '?')}: {sizes})"

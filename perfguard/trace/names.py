@@ -1,0 +1,79 @@
+"""Range-name parsing shared by the readers.
+
+PyTorch's ``emit_nvtx`` / ``nsys --pytorch=autograd-nvtx`` ranges look like
+``aten::mul, seq = 46174, op_id = 993406`` (backward ops say ``stashed
+seq``; ``autograd-shapes-nvtx`` appends ``sizes = [[...]]``). The suffix
+changes on every call, so it is split off into columns, otherwise every call
+would be an op of its own. Work is done once per *distinct* name.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+_SUFFIX = re.compile(
+    r",\s*(?:stashed seq|seq|op_id|sizes|input_op_ids)\s*=\s*.*$", flags=re.DOTALL
+)
+_SEQ = re.compile(r",\s*(stashed )?seq\s*=\s*(\d+)")
+_SIZES = re.compile(r",\s*sizes\s*=\s*(\[.*?\])(?:,\s*\w+\s*=|$)", flags=re.DOTALL)
+
+#: Ranges with these names mark iterations; they never own kernels as ops.
+ITERATION_NAMES = ("perfguard.iteration",)
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def parse_range_names(names: pd.Series) -> pd.DataFrame:
+    """Split framework suffixes off range names.
+
+    Input: a Series of raw names. Output (same index): ``name`` (base name),
+    ``seq`` (Int64), ``bprop`` (bool: a ``stashed seq`` or an autograd
+    backward name), ``input_shapes`` (str or None).
+    """
+    codes, uniques = pd.factorize(names.fillna(""), sort=False)
+    u = pd.Series(uniques, dtype="object")
+    base = u.str.replace(_SUFFIX, "", regex=True).str.strip()
+    seq_m = u.str.extract(_SEQ)
+    seq = pd.to_numeric(seq_m[1], errors="coerce").astype("Int64")
+    stashed = seq_m[0].notna()
+    shapes = u.str.extract(_SIZES)[0]
+    bprop = stashed | is_backward_name(base)
+    take = np.asarray(codes)
+    return pd.DataFrame(
+        {
+            "name": base.to_numpy(dtype=object)[take],
+            "seq": seq.to_numpy()[take],
+            "bprop": bprop.to_numpy(dtype=bool)[take],
+            "input_shapes": shapes.to_numpy(dtype=object)[take],
+        },
+        index=names.index,
+    ).astype({"seq": "Int64"})
+
+
+def is_backward_name(names: pd.Series) -> pd.Series:
+    """True for autograd backward nodes (``MulBackward0``, ``autograd::engine::...``)."""
+    s = names.fillna("")
+    return s.str.contains(r"Backward\d*\b", regex=True) | s.str.startswith(
+        "autograd::engine::evaluate_function"
+    )
+
+
+def iteration_number(names: pd.Series) -> pd.Series:
+    """``N`` of ``ProfilerStep#N`` (Int64), NA for other names."""
+    m = names.fillna("").str.extract(_PROFILER_STEP)[0]
+    return pd.to_numeric(m, errors="coerce").astype("Int64")
+
+
+def is_iteration_name(names: pd.Series) -> pd.Series:
+    """True for iteration markers: ``ProfilerStep#N`` and :data:`ITERATION_NAMES`."""
+    return iteration_number(names).notna() | names.isin(ITERATION_NAMES)
+
+
+def op_type_of(names: pd.Series) -> pd.Series:
+    """A coarse op type: the name without its namespace (``aten::addmm`` -> ``addmm``)."""
+    codes, uniques = pd.factorize(names.fillna(""), sort=False)
+    u = pd.Series(uniques, dtype="object")
+    t = u.str.rsplit("::", n=1).str[-1].str.strip()
+    return pd.Series(t.to_numpy(dtype=object)[codes], index=names.index, dtype="object")
