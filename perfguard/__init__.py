@@ -4,7 +4,7 @@ The library surface: read a capture with :func:`load_trace`, analyse it with
 :func:`analyze` (per-op attribution and metrics as pandas DataFrames).
 """
 
-
+from perfguard.analysis import Analysis, analyze
 from perfguard.errors import AnalysisError, PerfguardError, TraceError
 from perfguard.trace import Trace, load_trace
 

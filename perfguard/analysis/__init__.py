@@ -1,0 +1,107 @@
+"""Analysis of a :class:`~perfguard.trace.Trace`: attribution, iterations, metrics.
+
+Knows the Trace model only. :func:`analyze` is the one call a notebook or
+the CLI makes; everything it returns is a pandas DataFrame or Series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perfguard.analysis.attribution import attribute, gpu_activities
+from perfguard.analysis.iterations import (
+    assign_iteration,
+    iteration_intervals,
+    select_window,
+)
+from perfguard.analysis.kernels import aggregate_kernels
+from perfguard.analysis.ops import aggregate_ops, op_id, op_instances
+from perfguard.analysis.summary import iteration_table, run_summary
+from perfguard.trace.model import Trace
+
+__all__ = ["Analysis", "analyze"]
+
+
+@dataclass
+class Analysis:
+    """What :func:`analyze` found.
+
+    * ``activities``: every kernel/memop in the window with its owner
+      (``range_id``, ``op_name``, ``op_id``, ``direction``) and ``iteration``;
+    * ``instances``: one row per op instance (see
+      :func:`perfguard.analysis.ops.op_instances`);
+    * ``ops``: per-op aggregates (detail report);
+    * ``kernels``: per (kernel, op) aggregates (kernel report);
+    * ``iterations``: per (rank, iteration) figures (iteration report);
+    * ``summary``: run-level figures (summary report), a Series.
+    """
+
+    trace: Trace
+    activities: pd.DataFrame
+    instances: pd.DataFrame
+    ops: pd.DataFrame
+    kernels: pd.DataFrame
+    iterations: pd.DataFrame
+    summary: pd.Series
+    window: pd.DataFrame
+
+
+def analyze(
+    trace: Trace,
+    key_node: str | None = None,
+    iter_start: int | None = None,
+    iter_stop: int | None = None,
+) -> Analysis:
+    """Attribute GPU work to ops and compute DLProf's per-op, kernel, iteration figures.
+
+    ``key_node`` defines iterations as DLProf did (N instances give N+1
+    intervals); otherwise ``ProfilerStep#N`` / ``perfguard.iteration``
+    ranges are used when present. ``iter_start``/``iter_stop`` (inclusive)
+    limit every aggregate to those iterations. Raises
+    :class:`perfguard.AnalysisError` for a key node or range that selects
+    nothing.
+    """
+    intervals = iteration_intervals(trace, key_node)
+    window = select_window(intervals, iter_start, iter_stop)
+    restricted = iter_start is not None or iter_stop is not None
+
+    acts = attribute(trace, gpu_activities(trace))
+    when = acts["launch_start"].fillna(acts["start"]).to_numpy(np.int64)
+    acts["iteration"] = assign_iteration(acts["rank"].to_numpy(), when, intervals).array
+    inst = op_instances(trace, acts)
+    inst["iteration"] = assign_iteration(
+        inst["rank"].to_numpy(), inst["start"].to_numpy(), intervals
+    ).array
+
+    names = inst.set_index("instance")[["op_name", "direction"]]
+    acts = acts.join(names, on="instance")
+    acts["op_id"] = op_id(acts["op_name"], acts["direction"])
+    inst["op_id"] = op_id(inst["op_name"], inst["direction"])
+
+    if restricted:
+        keep = window.set_index(["rank", "iteration"]).index
+        inst = inst[_in(inst, keep)].reset_index(drop=True)
+        acts = acts[_in(acts, keep)].reset_index(drop=True)
+    ops = aggregate_ops(inst)
+    kernels = aggregate_kernels(acts)
+    iterations = iteration_table(window, inst, acts)
+    summary = run_summary(trace, window if restricted else None, acts, inst, iterations)
+    return Analysis(
+        trace=trace,
+        activities=acts,
+        instances=inst,
+        ops=ops,
+        kernels=kernels,
+        iterations=iterations,
+        summary=summary,
+        window=window,
+    )
+
+
+def _in(df: pd.DataFrame, keep: pd.MultiIndex) -> np.ndarray:
+    it = df["iteration"]
+    idx = pd.MultiIndex.from_arrays([df["rank"], it.fillna(-1).astype(np.int64)])
+    return idx.isin(keep) & it.notna().to_numpy()

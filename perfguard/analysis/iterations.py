@@ -1,0 +1,154 @@
+"""Iterations: where they come from, and which iteration an event belongs to.
+
+Sources, in order of precedence:
+
+* ``--key-node NAME``: DLProf's rule (user guide ch. 7). For N instances of
+  the key node k1..kN on a rank, there are N+1 intervals
+  ``[t0, k1.end), [k1.end, k2.end), ..., [kN.end, t_last]`` numbered 0..N,
+  where t0/t_last are the first/last timestamps of that rank.
+* explicit iteration ranges: ``ProfilerStep#N`` (numbered N, as the
+  profiler numbered them) or ``perfguard.iteration`` (numbered 0, 1, ...).
+* none: the trace has no iterations; every aggregate covers the whole run.
+
+An op instance belongs to the iteration holding its start; a GPU activity to
+the iteration holding its launching call (its own start when it has none),
+because the CPU decides which iteration issued the work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from perfguard.errors import AnalysisError
+from perfguard.trace.model import Trace
+from perfguard.trace.names import ITERATION_NAMES, iteration_number
+
+COLUMNS = ["rank", "iteration", "start", "end", "source"]
+
+
+def rank_spans(trace: Trace) -> pd.DataFrame:
+    """First and last timestamp per rank over every event table (``rank, t0, t1``)."""
+    parts = [
+        getattr(trace, t)[["rank", "start", "end"]]
+        for t in ("ranges", "api_calls", "kernels", "memops")
+        if len(getattr(trace, t))
+    ]
+    if not parts:
+        return pd.DataFrame({"rank": [], "t0": [], "t1": []}, dtype=np.int64)
+    allev = pd.concat(parts, ignore_index=True)
+    g = allev.groupby("rank")
+    return pd.DataFrame({"t0": g["start"].min(), "t1": g["end"].max()}).reset_index()
+
+
+def iteration_intervals(trace: Trace, key_node: str | None = None) -> pd.DataFrame:
+    """The iteration intervals of ``trace`` (columns :data:`COLUMNS`)."""
+    if key_node is not None:
+        return _key_node_intervals(trace, key_node)
+    r = trace.ranges[trace.ranges["kind"] == "iteration"]
+    if r.empty:
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in COLUMNS}).astype(
+            {"source": object}
+        )
+    number = iteration_number(r["name"])
+    ordinal = r.groupby("rank").cumcount()
+    own = r["name"].isin(ITERATION_NAMES)
+    it = pd.DataFrame(
+        {
+            "rank": r["rank"],
+            "iteration": number.where(~own, ordinal).fillna(ordinal).astype(np.int64),
+            "start": r["start"],
+            "end": r["end"],
+            "source": np.where(own, "perfguard.iteration", "ProfilerStep"),
+        }
+    )
+    it = it.sort_values(["rank", "start"]).drop_duplicates(["rank", "iteration"])
+    return it.reset_index(drop=True)[COLUMNS]
+
+
+def _key_node_intervals(trace: Trace, key_node: str) -> pd.DataFrame:
+    r = trace.ranges
+    hits = r[(r["name"] == key_node) & (r["kind"] != "async")]
+    if hits.empty:
+        raise AnalysisError(
+            f"key node {key_node!r} not found in the trace's ranges{_suggest(r, key_node)}"
+        )
+    spans = rank_spans(trace).set_index("rank")
+    parts = []
+    for rank, h in hits.groupby("rank"):
+        ends = np.sort(h["end"].to_numpy(np.int64))
+        t0, t1 = int(spans.at[rank, "t0"]), int(spans.at[rank, "t1"])
+        starts = np.concatenate([[t0], ends])
+        stops = np.concatenate([ends, [max(t1, int(ends[-1]))]])
+        parts.append(
+            pd.DataFrame(
+                {
+                    "rank": rank,
+                    "iteration": np.arange(len(starts), dtype=np.int64),
+                    "start": starts,
+                    "end": stops,
+                    "source": f"key node {key_node}",
+                }
+            )
+        )
+    return pd.concat(parts, ignore_index=True)[COLUMNS]
+
+
+def _suggest(ranges: pd.DataFrame, key_node: str) -> str:
+    import difflib
+
+    names = ranges["name"].dropna().unique().tolist()
+    close = difflib.get_close_matches(key_node, names, n=3)
+    return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+
+
+def assign_iteration(rank: np.ndarray, t: np.ndarray, intervals: pd.DataFrame) -> pd.Series:
+    """Iteration of each ``(rank, t)``: NA outside every interval.
+
+    Intervals are half-open ``[start, end)`` except the last of each rank,
+    which includes its end.
+    """
+    rank = np.asarray(rank, dtype=np.int64)
+    t = np.asarray(t, dtype=np.int64)
+    out = np.full(len(t), -1, dtype=np.int64)
+    for r, iv in intervals.groupby("rank"):
+        at = np.flatnonzero(rank == r)
+        if not len(at):
+            continue
+        iv = iv.sort_values("start")
+        starts = iv["start"].to_numpy(np.int64)
+        ends = iv["end"].to_numpy(np.int64).copy()
+        its = iv["iteration"].to_numpy(np.int64)
+        pos = np.searchsorted(starts, t[at], side="right") - 1
+        ok = pos >= 0
+        p = np.clip(pos, 0, None)
+        last = p == len(starts) - 1
+        inside = ok & ((t[at] < ends[p]) | (last & (t[at] == ends[p])))
+        out[at[inside]] = its[p[inside]]
+    s = pd.Series(out, dtype="Int64")
+    return s.mask(s < 0)
+
+
+def select_window(
+    intervals: pd.DataFrame, iter_start: int | None, iter_stop: int | None
+) -> pd.DataFrame:
+    """The intervals with ``iter_start <= iteration <= iter_stop`` (inclusive, as DLProf).
+
+    Raises :class:`AnalysisError` when the bounds select nothing.
+    """
+    if iter_start is None and iter_stop is None:
+        return intervals
+    if intervals.empty:
+        raise AnalysisError(
+            "--iter-start/--iter-stop need iterations, but the trace has none: "
+            "pass --key-node NAME or profile with ProfilerStep / perfguard.iteration ranges"
+        )
+    lo = iter_start if iter_start is not None else int(intervals["iteration"].min())
+    hi = iter_stop if iter_stop is not None else int(intervals["iteration"].max())
+    if lo > hi:
+        raise AnalysisError(f"--iter-start {lo} is after --iter-stop {hi}")
+    chosen = intervals[intervals["iteration"].between(lo, hi)]
+    if chosen.empty:
+        have = f"{int(intervals['iteration'].min())}..{int(intervals['iteration'].max())}"
+        raise AnalysisError(f"iteration range {lo}..{hi} is empty: the trace has iterations {have}")
+    return chosen

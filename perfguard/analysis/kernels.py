@@ -1,0 +1,37 @@
+"""Per-kernel aggregation (the kernel report): one row per (kernel, op)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+GEOMETRY = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
+            "shared_mem"]  # fmt: skip
+
+
+def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
+    """Kernels grouped by ``(name, op_id)``, sorted by total GPU time.
+
+    Input: attributed activities with ``op_id, op_name, direction``.
+    Output: ``name, short_name, op_id, op_name, direction, calls,
+    gpu_time_{total,avg,min,max}`` and the launch geometry of the first
+    launch. Memops are not kernels and are left out.
+    """
+    k = acts[acts["activity"] == "kernel"].assign(dur=lambda d: d["end"] - d["start"])
+    cols = ["name", "short_name", "op_id", "op_name", "direction", "calls",
+            "gpu_time_total", "gpu_time_avg", "gpu_time_min", "gpu_time_max", *GEOMETRY]  # fmt: skip
+    if k.empty:
+        return pd.DataFrame(columns=cols)
+    g = k.groupby(["name", "op_id"], sort=False, dropna=False)
+    out = g.agg(
+        short_name=("short_name", "first"),
+        op_name=("op_name", "first"),
+        direction=("direction", "first"),
+        calls=("dur", "size"),
+        gpu_time_total=("dur", "sum"),
+        gpu_time_avg=("dur", "mean"),
+        gpu_time_min=("dur", "min"),
+        gpu_time_max=("dur", "max"),
+        **{c: (c, "first") for c in GEOMETRY},
+    ).reset_index()
+    out = out.sort_values(["gpu_time_total", "name"], ascending=[False, True])
+    return out.reset_index(drop=True)[cols]

@@ -1,0 +1,137 @@
+"""Run-level and per-iteration figures (summary and iteration reports).
+
+GPU utilization is flattened busy time (union of kernel and memop intervals
+on one device) over wall time, averaged over the GPUs that ran any work in
+the window. DESIGN.md says "visible GPUs"; idle GPUs that the process could
+see but never used (4 visible A100s, work on one) would turn a saturated GPU
+into "25 %", so only GPUs with activity count, and their number is reported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from perfguard.analysis.intervals import union_length
+from perfguard.analysis.iterations import rank_spans
+from perfguard.trace.model import Trace
+
+
+def _busy(acts: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Flattened busy time per group of ``keys``."""
+    if acts.empty:
+        return pd.Series(dtype=np.int64)
+    codes, uniq = pd.factorize(pd.MultiIndex.from_frame(acts[keys]))
+    u = union_length(acts["start"].to_numpy(), acts["end"].to_numpy(), codes)
+    return pd.Series(u.to_numpy(), index=uniq[u.index.to_numpy()])
+
+
+def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, iteration): time, op instances, kernels, GPU time and busy time.
+
+    Output: ``rank, iteration, start, end, duration, op_calls, kernel_count,
+    memop_count, gpu_time, kernel_time, gpu_busy, gpus, gpu_utilization``.
+    """
+    cols = ["rank", "iteration", "start", "end", "duration", "op_calls", "kernel_count",
+            "memop_count", "gpu_time", "kernel_time", "gpu_busy", "gpus", "gpu_utilization"]  # fmt: skip
+    if window.empty:
+        return pd.DataFrame(columns=cols)
+    t = window[["rank", "iteration", "start", "end"]].copy()
+    t["duration"] = t["end"] - t["start"]
+    t = t.set_index(["rank", "iteration"])
+    real_ops = inst[inst["instance"] >= 0].dropna(subset=["iteration"])
+    t["op_calls"] = real_ops.groupby(["rank", "iteration"]).size()
+    a = acts.dropna(subset=["iteration"]).assign(
+        dur=lambda d: d["end"] - d["start"], kernel=lambda d: d["activity"] == "kernel"
+    )
+    a["iteration"] = a["iteration"].astype(np.int64)
+    g = a.groupby(["rank", "iteration"])
+    t["kernel_count"] = g["kernel"].sum()
+    t["memop_count"] = g.size() - g["kernel"].sum()
+    t["gpu_time"] = g["dur"].sum()
+    t["kernel_time"] = a[a["kernel"]].groupby(["rank", "iteration"])["dur"].sum()
+    per_dev = _busy(a, ["rank", "iteration", "device_id"])
+    if len(per_dev):
+        dev = per_dev.rename("busy").reset_index()
+        dev.columns = ["rank", "iteration", "device_id", "busy"]
+        dg = dev.groupby(["rank", "iteration"])
+        t["gpu_busy"] = dg["busy"].sum()
+        t["gpus"] = dg.size()
+    else:
+        t["gpu_busy"] = 0
+        t["gpus"] = 0
+    t = t.fillna(0)
+    ints = [c for c in cols[2:-1]]
+    t[ints] = t[ints].astype(np.int64)
+    denom = (t["duration"] * t["gpus"]).where(lambda d: d > 0)
+    t["gpu_utilization"] = (100.0 * t["gpu_busy"] / denom).fillna(0.0)
+    return t.reset_index()[cols]
+
+
+def run_summary(
+    trace: Trace,
+    window: pd.DataFrame | None,
+    acts: pd.DataFrame,
+    inst: pd.DataFrame,
+    iterations: pd.DataFrame,
+) -> pd.Series:
+    """The summary report as one Series of named figures.
+
+    ``window`` is None for the whole run, else the selected iterations: wall
+    time is then the summed duration of those iterations (per rank; the
+    longest rank counts).
+    """
+    spans = rank_spans(trace)
+    if window is None:
+        wall_by_rank = (spans["t1"] - spans["t0"]).set_axis(spans["rank"])
+    else:
+        wall_by_rank = (window["end"] - window["start"]).groupby(window["rank"]).sum()
+    wall = int(wall_by_rank.max()) if len(wall_by_rank) else 0
+
+    dur = (acts["end"] - acts["start"]).to_numpy()
+    kernel = (acts["activity"] == "kernel").to_numpy()
+    busy_all = _busy(acts, ["rank", "device_id"])
+    busy_kernel = _busy(acts[kernel], ["rank", "device_id"])
+    util = pd.Series(dtype=float)
+    if len(busy_all):
+        ranks = busy_all.index.get_level_values(0)
+        walls = wall_by_rank.reindex(ranks).to_numpy(dtype=float)
+        util = pd.Series(100.0 * busy_all.to_numpy() / np.where(walls > 0, walls, np.nan))
+    ops = inst[inst["instance"] >= 0]
+    unassoc = inst["instance"] < 0
+    busy_total = int(busy_all.sum()) if len(busy_all) else 0
+    kernel_busy = int(busy_kernel.sum()) if len(busy_kernel) else 0
+    n_iter = len(iterations)
+    return pd.Series(
+        {
+            "Profile Name": str(trace.meta.get("path", "")),
+            "Capture Format": f"{trace.meta.get('format', '')} {trace.meta.get('version') or ''}",
+            "GPU Names": ", ".join(sorted(set(trace.devices["name"].dropna().astype(str)))),
+            "Ranks": int(spans["rank"].nunique()) if len(spans) else 0,
+            "GPUs Used": int(len(busy_all)),
+            "Wall Clock Time (ns)": wall,
+            "Iterations": n_iter,
+            "Iteration Range": (
+                f"{int(iterations['iteration'].min())}-{int(iterations['iteration'].max())}"
+                if n_iter else ""
+            ),
+            "Average Iteration Time (ns)": (
+                int(round(iterations["duration"].mean())) if n_iter else None
+            ),
+            "GPU Utilization (%)": round(float(util.mean()), 2) if len(util) else 0.0,
+            "Total Kernel Time (ns)": int(dur[kernel].sum()),
+            "Total Memory Op Time (ns)": int(dur[~kernel].sum()),
+            "GPU Busy Time, flattened (ns)": busy_total,
+            "Kernel Busy Time, flattened (ns)": kernel_busy,
+            "Memory-only Busy Time, flattened (ns)": busy_total - kernel_busy,
+            "Kernels": int(kernel.sum()),
+            "Memory Ops": int((~kernel).sum()),
+            "Unique Kernels": int(acts.loc[kernel, "name"].nunique()),
+            "Op Instances": int(len(ops)),
+            "Unique Ops": int(inst.loc[~unassoc, ["op_name", "direction"]].drop_duplicates().shape[0]),
+            "Unassociated GPU Activities": int(unassoc.sum()),
+            "Unassociated GPU Time (ns)": int(inst.loc[unassoc, "gpu_time"].sum()),
+            "Tensor Core Kernel Utilization (%)": None,
+        },
+        dtype=object,
+    )

@@ -1,0 +1,150 @@
+"""The ``perfguard`` command. A thin client of the library.
+
+``perfguard analyze`` mirrors DLProf's analysis options; DLProf's own
+underscore spellings (``--key_node``, ``--iter_start``, ``--output_path``)
+are accepted too, so existing scripts keep working. Bad input exits 2 with
+one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from perfguard.errors import PerfguardError
+
+PROG = "perfguard"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors on one line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _choices(allowed: Sequence[str], extra: Sequence[str] = ()) -> argparse._ActionType:
+    def parse(text: str) -> list[str]:
+        items = [t.strip().lower() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        if "all" in items and "all" in extra:
+            return list(allowed)
+        bad = [t for t in items if t not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown value(s) {', '.join(bad)}; choose from {', '.join(allowed)}"
+            )
+        return list(dict.fromkeys(items))
+
+    return parse
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_analyze_options(parser: argparse.ArgumentParser) -> None:
+    """Analysis options, shared by ``analyze`` and (later) ``profile``."""
+    from perfguard.report.dlprof import FORMATS, REPORTS
+
+    parser.add_argument("--key-node", "--key_node", dest="key_node", metavar="NAME",
+                        help="range name that ends each iteration (DLProf: N instances give "
+                             "N+1 iterations)")  # fmt: skip
+    parser.add_argument("--iter-start", "--iter_start", dest="iter_start", type=_non_negative,
+                        metavar="N", help="first iteration to aggregate (inclusive)")
+    parser.add_argument("--iter-stop", "--iter_stop", dest="iter_stop", type=_non_negative,
+                        metavar="N", help="last iteration to aggregate (inclusive)")
+    parser.add_argument("--reports", type=_choices(REPORTS, ("all",)), default=list(REPORTS),
+                        metavar="LIST",
+                        help=f"comma-separated reports: {','.join(REPORTS)} or all "
+                             "(default: all)")  # fmt: skip
+    parser.add_argument("--formats", type=_choices(FORMATS), default=list(FORMATS),
+                        metavar="LIST", help="comma-separated: csv,json (default: both)")
+    parser.add_argument("--output-path", "--output_path", dest="output_path", default=".",
+                        metavar="DIR", help="directory for the reports (default: .)")
+    parser.add_argument("--base-name", "--base_name", "--file_prefix", dest="base_name",
+                        default="dlprof", metavar="NAME",
+                        help="report file prefix: <base>_<report>.<ext> (default: dlprof)")
+    parser.add_argument("-f", "--force", action="store_true",
+                        help="overwrite existing report files")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from perfguard import __version__
+
+    parser = _Parser(prog=PROG, description="Find and stop GPU performance regressions.")
+    parser.add_argument("--version", action="version", version=f"perfguard {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    analyze = sub.add_parser(
+        "analyze",
+        help="analyse an nsys SQLite export or PyTorch profiler trace; write DLProf-style reports",
+        description="Attribute every GPU kernel to the op that launched it and write "
+        "summary/detail/iteration/kernel reports.",
+    )
+    analyze.add_argument("--database", "-d", required=True, metavar="FILE_OR_DIR",
+                         help="nsys .sqlite export, Kineto .json/.json.gz trace, or a "
+                              "directory of per-rank traces")  # fmt: skip
+    add_analyze_options(analyze)
+    analyze.set_defaults(func=run_analyze)
+    return parser
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    from perfguard.analysis import analyze
+    from perfguard.report import format_summary, write_reports
+    from perfguard.trace import load_trace
+
+    trace = load_trace(args.database)
+    result = analyze(
+        trace, key_node=args.key_node, iter_start=args.iter_start, iter_stop=args.iter_stop
+    )
+    print(format_summary(result))
+    written = write_reports(
+        result,
+        args.output_path,
+        reports=args.reports,
+        formats=args.formats,
+        base=args.base_name,
+        force=args.force,
+    )
+    print("\nReports written:")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except PerfguardError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: one line unless the user asks for the traceback
+        if os.environ.get("PERFGUARD_DEBUG"):
+            raise
+        print(
+            f"{PROG}: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with PERFGUARD_DEBUG=1 for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

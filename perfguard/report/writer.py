@@ -1,0 +1,84 @@
+"""Write report tables as ``<base>_<report>.<ext>`` files.
+
+Files are written to a temporary name and renamed into place, so an
+interrupted run never leaves a half-written report, and an existing report
+is only replaced with ``force``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from perfguard.analysis import Analysis
+from perfguard.errors import PerfguardError
+from perfguard.report.dlprof import FORMATS, REPORTS, TABLES
+
+
+def report_paths(out_dir: Path, base: str, reports: Iterable[str], formats: Iterable[str]) -> list[Path]:
+    """The files a run will write, in order."""
+    return [out_dir / f"{base}_{r}.{f}" for r in reports for f in formats]
+
+
+def write_reports(
+    analysis: Analysis,
+    out_dir: str | Path,
+    reports: Iterable[str] = REPORTS,
+    formats: Iterable[str] = FORMATS,
+    base: str = "dlprof",
+    force: bool = False,
+) -> list[Path]:
+    """Write the chosen reports; returns the paths written.
+
+    Raises :class:`PerfguardError` naming the file when a report exists and
+    ``force`` is false, before anything is written.
+    """
+    out_dir = Path(out_dir)
+    reports, formats = list(reports), list(formats)
+    targets = report_paths(out_dir, base, reports, formats)
+    if not force:
+        for p in targets:
+            if p.exists():
+                raise PerfguardError(f"{p}: report exists; pass --force to overwrite it")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PerfguardError(f"{out_dir}: cannot create output directory ({exc.strerror})") from None
+    written = []
+    for report in reports:
+        table = TABLES[report](analysis)
+        for fmt in formats:
+            path = out_dir / f"{base}_{report}.{fmt}"
+            _atomic_write(path, _render(report, table, fmt))
+            written.append(path)
+    return written
+
+
+def _render(report: str, table: pd.DataFrame, fmt: str) -> str:
+    if fmt == "csv":
+        return table.to_csv(index=False)
+    if report == "summary":
+        values = dict(zip(table["Metric"], (_plain(v) for v in table["Value"])))
+        return json.dumps(values, indent=2) + "\n"
+    return table.to_json(orient="records", indent=2) + "\n"
+
+
+def _plain(v: object) -> object:
+    """numpy/pandas scalars -> JSON-native values."""
+    if v is None or (not isinstance(v, str) and pd.isna(v)):  # type: ignore[arg-type]
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise PerfguardError(f"{path}: cannot write report ({exc.strerror})") from None
