@@ -60,23 +60,53 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-node", "--key_node", dest="key_node", metavar="NAME",
                         help="range name that ends each iteration (DLProf: N instances give "
                              "N+1 iterations)")  # fmt: skip
-    parser.add_argument("--iter-start", "--iter_start", dest="iter_start", type=_non_negative,
-                        metavar="N", help="first iteration to aggregate (inclusive)")
-    parser.add_argument("--iter-stop", "--iter_stop", dest="iter_stop", type=_non_negative,
-                        metavar="N", help="last iteration to aggregate (inclusive)")
+    parser.add_argument(
+        "--iter-start",
+        "--iter_start",
+        dest="iter_start",
+        type=_non_negative,
+        metavar="N",
+        help="first iteration to aggregate (inclusive)",
+    )
+    parser.add_argument(
+        "--iter-stop",
+        "--iter_stop",
+        dest="iter_stop",
+        type=_non_negative,
+        metavar="N",
+        help="last iteration to aggregate (inclusive)",
+    )
     parser.add_argument("--reports", type=_choices(REPORTS, ("all",)), default=list(REPORTS),
                         metavar="LIST",
                         help=f"comma-separated reports: {','.join(REPORTS)} or all "
                              "(default: all)")  # fmt: skip
-    parser.add_argument("--formats", type=_choices(FORMATS), default=list(FORMATS),
-                        metavar="LIST", help="comma-separated: csv,json (default: both)")
-    parser.add_argument("--output-path", "--output_path", dest="output_path", default=".",
-                        metavar="DIR", help="directory for the reports (default: .)")
-    parser.add_argument("--base-name", "--base_name", "--file_prefix", dest="base_name",
-                        default="dlprof", metavar="NAME",
-                        help="report file prefix: <base>_<report>.<ext> (default: dlprof)")
-    parser.add_argument("-f", "--force", action="store_true",
-                        help="overwrite existing report files")
+    parser.add_argument(
+        "--formats",
+        type=_choices(FORMATS),
+        default=list(FORMATS),
+        metavar="LIST",
+        help="comma-separated: csv,json (default: both)",
+    )
+    parser.add_argument(
+        "--output-path",
+        "--output_path",
+        dest="output_path",
+        default=".",
+        metavar="DIR",
+        help="directory for the reports (default: .)",
+    )
+    parser.add_argument(
+        "--base-name",
+        "--base_name",
+        "--file_prefix",
+        dest="base_name",
+        default="dlprof",
+        metavar="NAME",
+        help="report file prefix: <base>_<report>.<ext> (default: dlprof)",
+    )
+    parser.add_argument(
+        "-f", "--force", action="store_true", help="overwrite existing report files"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

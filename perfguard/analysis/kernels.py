@@ -17,8 +17,8 @@ def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
     launch. Memops are not kernels and are left out.
     """
     k = acts[acts["activity"] == "kernel"].assign(dur=lambda d: d["end"] - d["start"])
-    cols = ["name", "short_name", "op_id", "op_name", "direction", "calls",
-            "gpu_time_total", "gpu_time_avg", "gpu_time_min", "gpu_time_max", *GEOMETRY]  # fmt: skip
+    cols = ["name", "short_name", "op_id", "op_name", "direction", "calls", "gpu_time_total",
+            "gpu_time_avg", "gpu_time_min", "gpu_time_max", *GEOMETRY]  # fmt: skip
     if k.empty:
         return pd.DataFrame(columns=cols)
     g = k.groupby(["name", "op_id"], sort=False, dropna=False)

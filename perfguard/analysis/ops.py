@@ -72,7 +72,7 @@ def op_paths(ranges: pd.DataFrame) -> pd.Series:
     text = np.empty(next_id, dtype=object)
     first = 0
     # one vectorised concatenation per level: parents are built before children
-    for tp, tn in zip(table_parent, table_name):
+    for tp, tn in zip(table_parent, table_name, strict=True):
         leaf = names.to_numpy(dtype=object)[tn]
         parent_text = np.where(tp >= 0, text[np.clip(tp, 0, None)], "")
         text[first : first + len(tp)] = np.where(tp < 0, leaf, parent_text + "/" + leaf)
@@ -203,7 +203,7 @@ def aggregate_ops(inst: pd.DataFrame) -> pd.DataFrame:
         **{
             f"{m}_{s}": (m, fn)
             for m in metrics
-            for s, fn in zip(STATS, ("sum", "mean", "min", "max"))
+            for s, fn in zip(STATS, ("sum", "mean", "min", "max"), strict=True)
         },
     ).reset_index()
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))

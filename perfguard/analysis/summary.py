@@ -33,7 +33,8 @@ def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame
     memop_count, gpu_time, kernel_time, gpu_busy, gpus, gpu_utilization``.
     """
     cols = ["rank", "iteration", "start", "end", "duration", "op_calls", "kernel_count",
-            "memop_count", "gpu_time", "kernel_time", "gpu_busy", "gpus", "gpu_utilization"]  # fmt: skip
+            "memop_count", "gpu_time", "kernel_time", "gpu_busy", "gpus",
+            "gpu_utilization"]  # fmt: skip
     if window.empty:
         return pd.DataFrame(columns=cols)
     t = window[["rank", "iteration", "start", "end"]].copy()
@@ -113,7 +114,8 @@ def run_summary(
             "Iterations": n_iter,
             "Iteration Range": (
                 f"{int(iterations['iteration'].min())}-{int(iterations['iteration'].max())}"
-                if n_iter else ""
+                if n_iter
+                else ""
             ),
             "Average Iteration Time (ns)": (
                 int(round(iterations["duration"].mean())) if n_iter else None
@@ -128,7 +130,9 @@ def run_summary(
             "Memory Ops": int((~kernel).sum()),
             "Unique Kernels": int(acts.loc[kernel, "name"].nunique()),
             "Op Instances": int(len(ops)),
-            "Unique Ops": int(inst.loc[~unassoc, ["op_name", "direction"]].drop_duplicates().shape[0]),
+            "Unique Ops": int(
+                inst.loc[~unassoc, ["op_name", "direction"]].drop_duplicates().shape[0]
+            ),
             "Unassociated GPU Activities": int(unassoc.sum()),
             "Unassociated GPU Time (ns)": int(inst.loc[unassoc, "gpu_time"].sum()),
             "Tensor Core Kernel Utilization (%)": None,

@@ -38,7 +38,9 @@ def format_summary(analysis: Analysis, top: int = 10, width: int = 60) -> str:
     total_gpu = float(analysis.ops["gpu_time_total"].sum()) if len(analysis.ops) else 0.0
     lines.append("")
     lines.append(f"Top {len(ops)} ops by GPU time")
-    header = f"  {'Op Name':<{width}} {'Dir':<5} {'Calls':>7} {'GPU ms':>10} {'GPU %':>6} {'CPU ms':>10}"
+    header = (
+        f"  {'Op Name':<{width}} {'Dir':<5} {'Calls':>7} {'GPU ms':>10} {'GPU %':>6} {'CPU ms':>10}"
+    )
     lines.append(header)
     for row in ops.itertuples(index=False):  # at most `top` rows
         share = 100.0 * row.gpu_time_total / total_gpu if total_gpu else 0.0

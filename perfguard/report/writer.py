@@ -19,7 +19,9 @@ from perfguard.errors import PerfguardError
 from perfguard.report.dlprof import FORMATS, REPORTS, TABLES
 
 
-def report_paths(out_dir: Path, base: str, reports: Iterable[str], formats: Iterable[str]) -> list[Path]:
+def report_paths(
+    out_dir: Path, base: str, reports: Iterable[str], formats: Iterable[str]
+) -> list[Path]:
     """The files a run will write, in order."""
     return [out_dir / f"{base}_{r}.{f}" for r in reports for f in formats]
 
@@ -47,7 +49,9 @@ def write_reports(
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise PerfguardError(f"{out_dir}: cannot create output directory ({exc.strerror})") from None
+        raise PerfguardError(
+            f"{out_dir}: cannot create output directory ({exc.strerror})"
+        ) from None
     written = []
     for report in reports:
         table = TABLES[report](analysis)
@@ -62,7 +66,7 @@ def _render(report: str, table: pd.DataFrame, fmt: str) -> str:
     if fmt == "csv":
         return table.to_csv(index=False)
     if report == "summary":
-        values = dict(zip(table["Metric"], (_plain(v) for v in table["Value"])))
+        values = dict(zip(table["Metric"], (_plain(v) for v in table["Value"]), strict=True))
         return json.dumps(values, indent=2) + "\n"
     return table.to_json(orient="records", indent=2) + "\n"
 

@@ -101,7 +101,7 @@ def read_kineto_dir(path: str | Path) -> Trace:
     }
     offset = np.cumsum([0] + [len(tr.ranges) for tr in traces[:-1]])
     parts = []
-    for tr, off in zip(traces, offset):
+    for tr, off in zip(traces, offset, strict=True):
         r = tr.ranges
         parts.append(np.where(r["parent_id"] >= 0, r["parent_id"] + off, r["parent_id"]))
     merged["ranges"]["range_id"] = np.arange(len(merged["ranges"]), dtype=np.int64)
@@ -273,9 +273,11 @@ def _devices(data: dict[str, Any], rank: int) -> pd.DataFrame:
         [p for p in props if isinstance(p, dict)],
         columns=["id", "name", "numSms", "totalGlobalMem", "computeMajor", "computeMinor"],
     )
-    cc = df["computeMajor"].astype("Int64").astype(str) + "." + df["computeMinor"].astype(
-        "Int64"
-    ).astype(str)
+    cc = (
+        df["computeMajor"].astype("Int64").astype(str)
+        + "."
+        + df["computeMinor"].astype("Int64").astype(str)
+    )
     return pd.DataFrame(
         {
             "rank": rank, "device_id": df["id"], "name": df["name"], "sm_count": df["numSms"],

@@ -41,6 +41,4 @@ def load_trace(path: str | Path) -> Trace:
         raise TraceError(path, "file is empty")
     if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
         return read_kineto(path)
-    raise TraceError(
-        path, "not an nsys SQLite export or a PyTorch profiler (Kineto) JSON trace"
-    )
+    raise TraceError(path, "not an nsys SQLite export or a PyTorch profiler (Kineto) JSON trace")

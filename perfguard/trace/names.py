@@ -14,9 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
-_SUFFIX = re.compile(
-    r",\s*(?:stashed seq|seq|op_id|sizes|input_op_ids)\s*=\s*.*$", flags=re.DOTALL
-)
+_SUFFIX = re.compile(r",\s*(?:stashed seq|seq|op_id|sizes|input_op_ids)\s*=\s*.*$", flags=re.DOTALL)
 _SEQ = re.compile(r",\s*(stashed )?seq\s*=\s*(\d+)")
 _SIZES = re.compile(r",\s*sizes\s*=\s*(\[.*?\])(?:,\s*\w+\s*=|$)", flags=re.DOTALL)
 

@@ -161,7 +161,7 @@ def _strings(db: _Db) -> _Strings:
     rows = db.rows("SELECT id, value FROM StringIds")
     if not rows:
         return _Strings(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object))
-    ids, values = zip(*rows)
+    ids, values = zip(*rows, strict=True)
     return _Strings(np.asarray(ids, dtype=np.int64), np.asarray(values, dtype=object))
 
 
@@ -237,7 +237,7 @@ def _memops(db: _Db) -> pd.DataFrame:
     ):
         if not db.has(t, "start", "end"):
             continue
-        c = lambda col, d="0": _col(db, t, col, d)  # noqa: E731
+        c = lambda col, d="0", t=t: _col(db, t, col, d)  # noqa: E731
         if kind_sql == "copyKind":
             kind_sql = f"coalesce({c('copyKind')}, 0)"
         a = db.ints(
@@ -251,9 +251,14 @@ def _memops(db: _Db) -> pd.DataFrame:
         parts.append(
             pd.DataFrame(
                 {
-                    "start": a[:, 0], "end": a[:, 1], "device_id": a[:, 2],
-                    "stream_id": a[:, 3], "correlation_id": a[:, 4], "pid": pid,
-                    "bytes": a[:, 6], "kind": kind,
+                    "start": a[:, 0],
+                    "end": a[:, 1],
+                    "device_id": a[:, 2],
+                    "stream_id": a[:, 3],
+                    "correlation_id": a[:, 4],
+                    "pid": pid,
+                    "bytes": a[:, 6],
+                    "kind": kind,
                 }
             )  # fmt: skip
         )
@@ -276,7 +281,7 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
     )
     if not rows:
         return pd.DataFrame({"start": [], "end": []})
-    cols = list(zip(*rows))
+    cols = list(zip(*rows, strict=True))
     ints = np.asarray(cols[2:7], dtype=np.int64).T
     gtid, dom, end_gtid_v, tid_ref, etype = (ints[:, i] for i in range(5))
     text_v = pd.Series(cols[7], dtype="object")
