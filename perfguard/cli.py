@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
-from perfguard.errors import PerfguardError
+from perfguard.errors import AnalysisError, PerfguardError
 
 PROG = "perfguard"
 
@@ -51,6 +52,20 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def _file_name(text: str) -> str:
+    name = text.strip()
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise argparse.ArgumentTypeError(
+            f"must be a plain file name prefix (no directory part), got {text!r}; "
+            "use --output-path for the directory"
+        )
+    return name
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
 
 
 def add_analyze_options(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +115,7 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
         "--base_name",
         "--file_prefix",
         dest="base_name",
+        type=_file_name,
         default="dlprof",
         metavar="NAME",
         help="report file prefix: <base>_<report>.<ext> (default: dlprof)",
@@ -133,12 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
 def run_analyze(args: argparse.Namespace) -> int:
     from perfguard.analysis import analyze
     from perfguard.report import format_summary, write_reports
+    from perfguard.report.writer import check_output
     from perfguard.trace import load_trace
 
+    # refuse before the (possibly long) read when the reports could not be written anyway
+    check_output(args.output_path, args.base_name, args.reports, args.formats, args.force)
     trace = load_trace(args.database)
-    result = analyze(
-        trace, key_node=args.key_node, iter_start=args.iter_start, iter_stop=args.iter_stop
-    )
+    try:
+        result = analyze(
+            trace, key_node=args.key_node, iter_start=args.iter_start, iter_stop=args.iter_stop
+        )
+    except AnalysisError as exc:  # name the capture the request does not fit
+        raise AnalysisError(f"{args.database}: {exc}") from None
     print(format_summary(result))
     written = write_reports(
         result,
@@ -157,19 +179,23 @@ def run_analyze(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    debug = bool(os.environ.get("PERFGUARD_DEBUG"))
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            if not debug:  # library warnings are for developers; stderr stays one line
+                warnings.simplefilter("ignore")
+            return int(args.func(args))
     except PerfguardError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug: one line unless the user asks for the traceback
-        if os.environ.get("PERFGUARD_DEBUG"):
+        if debug:
             raise
         print(
-            f"{PROG}: internal error: {type(exc).__name__}: {exc} "
+            f"{PROG}: internal error: {type(exc).__name__}: {_one_line(exc)} "
             "(rerun with PERFGUARD_DEBUG=1 for the traceback, and please report it)",
             file=sys.stderr,
         )

@@ -36,3 +36,18 @@ class AnalysisError(PerfguardError):
     """An analysis request does not fit the trace (e.g. an empty iteration range)."""
 
     __module__ = "perfguard"
+
+
+class CaptureError(PerfguardError):
+    """A capture could not be made: tool missing, command failed or timed out, nothing written.
+
+    The message is one line. ``result`` carries the partial
+    :class:`perfguard.capture.CaptureResult` when the run wrote something
+    worth keeping (e.g. the trace of a program that then failed).
+    """
+
+    __module__ = "perfguard"
+
+    def __init__(self, message: str, *, result: object | None = None) -> None:
+        self.result = result
+        super().__init__(" ".join(str(message).split()))

@@ -36,9 +36,10 @@ def rank_spans(trace: Trace) -> pd.DataFrame:
     ]
     if not parts:
         return pd.DataFrame({"rank": [], "t0": [], "t1": []}, dtype=np.int64)
-    allev = pd.concat(parts, ignore_index=True)
-    g = allev.groupby("rank")
-    return pd.DataFrame({"t0": g["start"].min(), "t1": g["end"].max()}).reset_index()
+    # per table, then over the tables: no concatenated copy of every event
+    per = pd.concat([p.groupby("rank").agg(t0=("start", "min"), t1=("end", "max")) for p in parts])
+    g = per.groupby(level="rank")
+    return pd.DataFrame({"t0": g["t0"].min(), "t1": g["t1"].max()}).reset_index()
 
 
 def iteration_intervals(trace: Trace, key_node: str | None = None) -> pd.DataFrame:
@@ -145,7 +146,7 @@ def select_window(
         )
     lo = iter_start if iter_start is not None else int(intervals["iteration"].min())
     hi = iter_stop if iter_stop is not None else int(intervals["iteration"].max())
-    if lo > hi:
+    if iter_start is not None and iter_stop is not None and iter_start > iter_stop:
         raise AnalysisError(f"--iter-start {lo} is after --iter-stop {hi}")
     chosen = intervals[intervals["iteration"].between(lo, hi)]
     if chosen.empty:

@@ -21,9 +21,32 @@ def _busy(acts: pd.DataFrame, keys: list[str]) -> pd.Series:
     """Flattened busy time per group of ``keys``."""
     if acts.empty:
         return pd.Series(dtype=np.int64)
-    codes, uniq = pd.factorize(pd.MultiIndex.from_frame(acts[keys]))
+    codes = _first_seen_codes(acts[keys])
+    if codes is None:
+        codes, uniq = pd.factorize(pd.MultiIndex.from_frame(acts[keys]))
+    else:  # the distinct key rows, in order of first appearance (as factorize numbers them)
+        first = np.unique(codes, return_index=True)[1]
+        uniq = pd.MultiIndex.from_frame(acts[keys].iloc[first])
     u = union_length(acts["start"].to_numpy(), acts["end"].to_numpy(), codes)
     return pd.Series(u.to_numpy(), index=uniq[u.index.to_numpy()])
+
+
+def _first_seen_codes(keys: pd.DataFrame) -> np.ndarray | None:
+    """Codes of the key rows numbered in order of first appearance, for plain integer
+    columns (None otherwise): per-column codes packed into one int64."""
+    combined: np.ndarray | None = None
+    for col in keys.columns:
+        values = keys[col]
+        if not (isinstance(values.dtype, np.dtype) and values.dtype.kind in "iu"):
+            return None
+        codes, uniques = pd.factorize(values.to_numpy())
+        codes = codes.astype(np.int64)
+        if combined is not None and (int(combined.max()) + 1) * len(uniques) >= 2**62:
+            return None  # pragma: no cover
+        combined = codes if combined is None else combined * len(uniques) + codes
+    if combined is None:
+        return None
+    return pd.factorize(combined)[0].astype(np.int64)
 
 
 def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame) -> pd.DataFrame:
@@ -40,9 +63,11 @@ def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame
     t = window[["rank", "iteration", "start", "end"]].copy()
     t["duration"] = t["end"] - t["start"]
     t = t.set_index(["rank", "iteration"])
-    real_ops = inst[inst["instance"] >= 0].dropna(subset=["iteration"])
+    # only the columns needed: a row filter of the whole table would copy all of it
+    real_ops = inst.loc[inst["instance"] >= 0, ["rank", "iteration"]].dropna(subset=["iteration"])
     t["op_calls"] = real_ops.groupby(["rank", "iteration"]).size()
-    a = acts.dropna(subset=["iteration"]).assign(
+    a = acts[["rank", "iteration", "device_id", "start", "end", "activity"]]
+    a = a.dropna(subset=["iteration"]).assign(
         dur=lambda d: d["end"] - d["start"], kernel=lambda d: d["activity"] == "kernel"
     )
     a["iteration"] = a["iteration"].astype(np.int64)
@@ -92,13 +117,15 @@ def run_summary(
     dur = (acts["end"] - acts["start"]).to_numpy()
     kernel = (acts["activity"] == "kernel").to_numpy()
     busy_all = _busy(acts, ["rank", "device_id"])
-    busy_kernel = _busy(acts[kernel], ["rank", "device_id"])
+    busy_kernel = _busy(
+        acts.loc[kernel, ["rank", "device_id", "start", "end"]], ["rank", "device_id"]
+    )
     util = pd.Series(dtype=float)
     if len(busy_all):
         ranks = busy_all.index.get_level_values(0)
         walls = wall_by_rank.reindex(ranks).to_numpy(dtype=float)
         util = pd.Series(100.0 * busy_all.to_numpy() / np.where(walls > 0, walls, np.nan))
-    ops = inst[inst["instance"] >= 0]
+    n_ops = int((inst["instance"] >= 0).sum())
     unassoc = inst["instance"] < 0
     busy_total = int(busy_all.sum()) if len(busy_all) else 0
     kernel_busy = int(busy_kernel.sum()) if len(busy_kernel) else 0
@@ -120,7 +147,7 @@ def run_summary(
             "Average Iteration Time (ns)": (
                 int(round(iterations["duration"].mean())) if n_iter else None
             ),
-            "GPU Utilization (%)": round(float(util.mean()), 2) if len(util) else 0.0,
+            "GPU Utilization (%)": float(util.mean()) if len(util) else 0.0,
             "Total Kernel Time (ns)": int(dur[kernel].sum()),
             "Total Memory Op Time (ns)": int(dur[~kernel].sum()),
             "GPU Busy Time, flattened (ns)": busy_total,
@@ -129,9 +156,9 @@ def run_summary(
             "Kernels": int(kernel.sum()),
             "Memory Ops": int((~kernel).sum()),
             "Unique Kernels": int(acts.loc[kernel, "name"].nunique()),
-            "Op Instances": int(len(ops)),
-            "Unique Ops": int(
-                inst.loc[~unassoc, ["op_name", "direction"]].drop_duplicates().shape[0]
+            "Op Instances": n_ops,
+            "Unique Ops": _distinct_pairs(
+                inst.loc[~unassoc, "op_name"], inst.loc[~unassoc, "direction"]
             ),
             "Unassociated GPU Activities": int(unassoc.sum()),
             "Unassociated GPU Time (ns)": int(inst.loc[unassoc, "gpu_time"].sum()),
@@ -139,3 +166,10 @@ def run_summary(
         },
         dtype=object,
     )
+
+
+def _distinct_pairs(a: pd.Series, b: pd.Series) -> int:
+    """Number of distinct ``(a, b)`` pairs (NA equal to NA, as ``drop_duplicates``)."""
+    ca, _ = pd.factorize(a, use_na_sentinel=False)
+    cb, ub = pd.factorize(b, use_na_sentinel=False)
+    return len(np.unique(ca.astype(np.int64) * max(len(ub), 1) + cb))

@@ -33,6 +33,8 @@ def format_summary(analysis: Analysis, top: int = 10, width: int = 60) -> str:
             continue
         if key.endswith("(ns)"):
             key, value = key.replace("(ns)", "(ms)"), _ms(float(value))
+        elif key.endswith("(%)"):
+            value = f"{float(value):.2f}"
         lines.append(f"  {key:<32} {value}")
     ops = analysis.ops.head(top)
     total_gpu = float(analysis.ops["gpu_time_total"].sum()) if len(analysis.ops) else 0.0

@@ -26,6 +26,29 @@ def report_paths(
     return [out_dir / f"{base}_{r}.{f}" for r in reports for f in formats]
 
 
+def check_output(
+    out_dir: str | Path,
+    base: str,
+    reports: Iterable[str] = REPORTS,
+    formats: Iterable[str] = FORMATS,
+    force: bool = False,
+) -> None:
+    """Raise :class:`PerfguardError` naming the path when the reports cannot be written.
+
+    Cheap (no analysis needed), so the CLI calls it before reading a capture:
+    the output path must be a directory or not exist yet, and no report may
+    exist unless ``force`` (a directory in a report's place is never replaced).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PerfguardError(f"{out_dir}: output path exists and is not a directory")
+    for p in report_paths(out_dir, base, reports, formats):
+        if p.is_dir():
+            raise PerfguardError(f"{p}: a directory is in the report's place")
+        if p.exists() and not force:
+            raise PerfguardError(f"{p}: report exists; pass --force to overwrite it")
+
+
 def write_reports(
     analysis: Analysis,
     out_dir: str | Path,
@@ -41,25 +64,22 @@ def write_reports(
     """
     out_dir = Path(out_dir)
     reports, formats = list(reports), list(formats)
-    targets = report_paths(out_dir, base, reports, formats)
-    if not force:
-        for p in targets:
-            if p.exists():
-                raise PerfguardError(f"{p}: report exists; pass --force to overwrite it")
+    check_output(out_dir, base, reports, formats, force)
+    # render everything before touching a file, so a failure leaves old reports whole
+    texts = {}
+    for report in reports:
+        table = TABLES[report](analysis)
+        for fmt in formats:
+            texts[out_dir / f"{base}_{report}.{fmt}"] = _render(report, table, fmt)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise PerfguardError(
             f"{out_dir}: cannot create output directory ({exc.strerror})"
         ) from None
-    written = []
-    for report in reports:
-        table = TABLES[report](analysis)
-        for fmt in formats:
-            path = out_dir / f"{base}_{report}.{fmt}"
-            _atomic_write(path, _render(report, table, fmt))
-            written.append(path)
-    return written
+    for path, text in texts.items():
+        _atomic_write(path, text)
+    return list(texts)
 
 
 def _render(report: str, table: pd.DataFrame, fmt: str) -> str:

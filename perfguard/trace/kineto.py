@@ -49,7 +49,7 @@ MEMOP_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 _ARGS = [
     "correlation", "External id", "external id", "device", "stream", "grid", "block",
     "registers per thread", "shared memory", "bytes", "Input Dims", "Input type",
-    "Sequence number", "Call stack",
+    "Sequence number", "Call stack", "Concrete Inputs",
 ]  # fmt: skip
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
 
@@ -58,43 +58,102 @@ def load_json(path: Path) -> dict[str, Any]:
     """Parse a ``.json`` or ``.json.gz`` trace; errors name the file."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(2)
-        opener = gzip.open if head == b"\x1f\x8b" else open
-        with opener(path, "rb") as fh:
-            data = json.load(fh)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise TraceError(path, f"cannot read file ({exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            gzipped = fh.read(2) == b"\x1f\x8b"
+    except OSError as exc:
+        raise TraceError(path, f"cannot read file ({exc.strerror or exc})") from None
+    try:
+        if gzipped:
+            with gzip.open(path, "rb") as fh:
+                raw = fh.read()
+        else:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceError(path, f"truncated or corrupt gzip file ({exc})") from None
+    except OSError as exc:
+        raise TraceError(path, f"cannot read file ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise TraceError(path, "not a trace: JSON nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise TraceError(path, f"not valid JSON, truncated or corrupt ({exc})") from None
+    del raw  # the parsed events are what is kept; free the text before reading them
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(path, "JSON is not a Kineto/Chrome trace (no traceEvents list)")
+    events = data["traceEvents"]
+    if not events:
+        raise TraceError(path, "trace holds no events (traceEvents is empty)")
+    bad = next((i for i, e in enumerate(events) if not isinstance(e, dict)), None)
+    if bad is not None:
+        raise TraceError(
+            path,
+            f"not a valid trace: traceEvents[{bad}] is not an event object "
+            f"(a JSON {_JSON_TYPES.get(type(events[bad]), 'value')})",
+        )
     return data
+
+
+_JSON_TYPES = {int: "number", float: "number", str: "string", list: "array", bool: "boolean"}
+_JSON_TYPES[type(None)] = "null"
+
+#: exceptions that malformed event data (wrong types, absurd values) raises in :func:`_read`
+_MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError)
+
+
+def _rank_of(path: Path, value: Any) -> int:
+    """``distributedInfo.rank`` (or a rank from the file name) as an int, or TraceError."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TraceError(path, f"distributedInfo.rank is not an integer ({value!r})")
+    try:
+        return int(value)
+    except ValueError:
+        raise TraceError(path, f"distributedInfo.rank is not an integer ({value!r})") from None
+
+
+def _dist_info(data: dict[str, Any]) -> dict[str, Any]:
+    info = data.get("distributedInfo")
+    return info if isinstance(info, dict) else {}
+
+
+def _read_checked(path: Path, data: dict[str, Any], rank: int | None) -> Trace:
+    """:func:`_read`, with malformed event data reported as a TraceError naming the file."""
+    try:
+        return _read(path, data, rank)
+    except _MALFORMED as exc:
+        problem = " ".join(str(exc).split())[:200]
+        raise TraceError(
+            path, f"malformed trace: unexpected event data ({type(exc).__name__}: {problem})"
+        ) from exc
 
 
 def read_kineto(path: str | Path, rank: int | None = None) -> Trace:
     """Read one Kineto trace file. ``rank`` overrides ``distributedInfo.rank``."""
     path = Path(path)
-    return _read(path, load_json(path), rank)
+    return _read_checked(path, load_json(path), rank)
 
 
 def read_kineto_dir(path: str | Path) -> Trace:
     """Read a directory of per-rank Kineto files into one Trace with a ``rank`` column."""
     path = Path(path)
-    files = sorted(
-        p for p in path.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
-    )
+    try:
+        files = sorted(
+            p for p in path.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
+        )
+    except OSError as exc:
+        raise TraceError(path, f"cannot list directory ({exc.strerror or exc})") from None
     if not files:
         raise TraceError(path, "directory holds no .json or .json.gz trace files")
     traces, ranks = [], []
     for i, f in enumerate(files):
         data = load_json(f)
-        info = data.get("distributedInfo") or {}
         m = _RANK_IN_NAME.search(f.name)
-        r = info.get("rank", int(m.group(1)) if m else i)
+        r = _rank_of(f, _dist_info(data).get("rank", int(m.group(1)) if m else i))
         if r in ranks:
-            raise TraceError(f, f"rank {r} appears twice in {path}")
+            other = files[ranks.index(r)].name
+            raise TraceError(f, f"rank {r} appears twice in {path} (also in {other})")
         ranks.append(r)
-        traces.append(_read(f, data, int(r)))
+        traces.append(_read_checked(f, data, r))
     merged = {
         t: pd.concat([getattr(tr, t) for tr in traces], ignore_index=True)
         for t in ("ranges", "api_calls", "kernels", "memops", "devices", "threads")
@@ -110,6 +169,31 @@ def read_kineto_dir(path: str | Path) -> Trace:
     meta = dict(traces[0].meta)
     meta.update(path=str(path), ranks=sorted(ranks), files=[str(f) for f in files])
     return Trace(meta=meta, **merged)
+
+
+#: |time| in µs above which ns overflow int64 (~292 years; epoch µs today are ~1.7e15)
+_MAX_US = 9.2e15
+
+
+def _check_times(path: Path, x: pd.DataFrame) -> None:
+    """Every GPU/CPU event needs a finite ``ts`` (and ``dur`` when given) in µs."""
+    for field, required in (("ts", True), ("dur", False)):
+        v = pd.to_numeric(x[field], errors="coerce").to_numpy(np.float64)
+        present = x[field].notna().to_numpy() if not required else np.ones(len(x), bool)
+        with np.errstate(invalid="ignore"):
+            bad = present & ~(np.abs(v) < _MAX_US)  # NaN, inf, non-numbers, absurd values
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            ev = x.iloc[i]
+            value = ev[field]
+            value = value.item() if isinstance(value, np.generic) else value
+            missing = value is None or value != value  # absent or NaN
+            has = f"no {field}" if missing else f"{field} {value!r}, not a time in µs"
+            raise TraceError(
+                path,
+                f"malformed trace: event {x.index[i]} ({ev['cat']} {str(ev['name'])[:60]!r}) "
+                f"has {has}",
+            )
 
 
 def _us_to_ns(values: pd.Series) -> np.ndarray:
@@ -152,8 +236,9 @@ def _read(path: Path, data: dict[str, Any], rank: int | None) -> Trace:
             path, f"no PyTorch profiler events in this trace (categories seen: {found})"
         )
     if rank is None:
-        rank = int((data.get("distributedInfo") or {}).get("rank", 0))
+        rank = _rank_of(path, _dist_info(data).get("rank", 0))
     x = events[(events["ph"] == "X") & known].copy()
+    _check_times(path, x)
     x["start"] = _us_to_ns(x["ts"])
     x["end"] = x["start"] + _us_to_ns(x["dur"].fillna(0))
     x["pid_i"] = _int_column(x["pid"], -1)
@@ -253,6 +338,7 @@ def _ranges(x: pd.DataFrame, a: pd.DataFrame) -> pd.DataFrame:
             "seq": pd.to_numeric(ra["Sequence number"], errors="coerce").astype("Int64"),
             "input_shapes": _json_text(ra["Input Dims"]),
             "dtypes": _json_text(ra["Input type"]),
+            "concrete_inputs": _json_text(ra["Concrete Inputs"]),
             "call_site": call_site,
         }
     )  # fmt: skip

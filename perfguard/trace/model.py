@@ -16,6 +16,9 @@ Columns beyond DESIGN.md, and why:
   another thread, which cannot nest).
 * ``category`` on ranges: the Kineto category (``cpu_op``,
   ``user_annotation``) or ``nvtx``.
+* ``concrete_inputs`` on ranges: the scalar arguments of an op (stride,
+  padding, dilation, groups, ...; Kineto ``Concrete Inputs``) as JSON text,
+  aligned with ``input_shapes``/``dtypes``: FLOPs of a convolution need them.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ SCHEMA: dict[str, dict[str, str]] = {
         "seq": "Int64",
         "input_shapes": "object",
         "dtypes": "object",
+        "concrete_inputs": "object",
         "call_site": "object",
     },
     "api_calls": {
