@@ -47,25 +47,23 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
     activity, which is an op instance of its own).
     """
     api = trace.api_calls
-    api = api[api["correlation_id"] != NO_CORRELATION].drop_duplicates(
-        ["rank", "pid", "correlation_id"]
+    row = _launching_call(api, activities)
+    has_launch = row >= 0
+    at = np.where(has_launch, row, 0)
+    out = activities.copy(deep=False)
+    # nullable ints: a float NaN column would round ns timestamps past 2**53
+    out["launch_start"] = pd.arrays.IntegerArray(
+        api["start"].to_numpy(np.int64)[at] if len(api) else np.zeros(len(at), np.int64),
+        ~has_launch,
     )
-    keys = ["rank", "pid", "correlation_id"]
-    launched = activities[keys].merge(
-        # nullable ints: a float NaN column would round ns timestamps past 2**53
-        api[keys + ["tid", "start"]]
-        .rename(columns={"tid": "launch_tid", "start": "launch_start"})
-        .astype({"launch_tid": "Int64", "launch_start": "Int64"}),
-        on=keys,
-        how="left",
-        validate="many_to_one",
+    out["launch_tid"] = pd.arrays.IntegerArray(
+        api["tid"].to_numpy(np.int64)[at] if len(api) else np.zeros(len(at), np.int64),
+        ~has_launch,
     )
-    out = activities.copy()
-    has_launch = launched["launch_start"].notna().to_numpy()
-    out["launch_start"] = launched["launch_start"].array
-    out["launch_tid"] = launched["launch_tid"].array
 
-    ops = trace.ranges[trace.ranges["kind"] == "op"]
+    r = trace.ranges
+    is_op = (r["kind"] == "op").to_numpy(dtype=bool)
+    ops = pd.DataFrame({c: r[c].to_numpy()[is_op] for c in ("rank", "pid", "tid")})
     calls = pd.DataFrame(
         {
             "rank": out["rank"].to_numpy()[has_launch],
@@ -73,13 +71,13 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
             "tid": out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
         }
     )
-    op_groups, call_groups = group_codes(ops[["rank", "pid", "tid"]], calls)
-    nest = Nesting(ops["start"].to_numpy(), ops["end"].to_numpy(), op_groups)
+    op_groups, call_groups = group_codes(ops, calls)
+    nest = Nesting(r["start"].to_numpy()[is_op], r["end"].to_numpy()[is_op], op_groups)
     t = out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[has_launch]
     pos = nest.innermost_enclosing(call_groups, t)
     range_id = np.full(len(out), -1, dtype=np.int64)
     found = pos >= 0
-    owner = ops["range_id"].to_numpy()[nest.order[pos[found]]]
+    owner = r["range_id"].to_numpy()[is_op][nest.order[pos[found]]]
     range_id[np.flatnonzero(has_launch)[found]] = owner
     out["range_id"] = range_id
     # the op instance that owns it: the range, or a pseudo-instance of its own
@@ -88,3 +86,41 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
     instance[orphans] = -1 - np.arange(len(orphans), dtype=np.int64)
     out["instance"] = instance
     return out
+
+
+def _launching_call(api: pd.DataFrame, activities: pd.DataFrame) -> np.ndarray:
+    """Row of ``api`` that launched each activity, -1 for none.
+
+    The first call of the same ``(rank, pid, correlation_id)``; calls without
+    a correlation id launch nothing. Keys are packed into one int64 and
+    matched by binary search.
+    """
+    keys = ["rank", "pid"]
+    out = np.full(len(activities), -1, dtype=np.int64)
+    api = api[keys + ["correlation_id"]]
+    valid = np.flatnonzero(api["correlation_id"].to_numpy(np.int64) != NO_CORRELATION)
+    if not len(valid) or not len(activities):
+        return out
+    a_code, b_code = group_codes(api[keys], activities[keys])
+    a_corr = api["correlation_id"].to_numpy(np.int64)
+    b_corr = activities["correlation_id"].to_numpy(np.int64)
+    lo = int(min(a_corr.min(), b_corr.min()))
+    span = int(max(a_corr.max(), b_corr.max())) - lo + 1
+    if (int(max(a_code.max(), b_code.max())) + 1) * span >= 2**62:  # pragma: no cover
+        return _launching_call_merge(api, activities)
+    a_key = a_code[valid] * span + (a_corr[valid] - lo)
+    b_key = b_code * span + (b_corr - lo)
+    uniq, first = np.unique(a_key, return_index=True)  # first call of each key
+    at = np.clip(np.searchsorted(uniq, b_key), 0, len(uniq) - 1)
+    hit = uniq[at] == b_key
+    out[hit] = valid[first[at[hit]]]
+    return out
+
+
+def _launching_call_merge(api: pd.DataFrame, activities: pd.DataFrame) -> np.ndarray:
+    """:func:`_launching_call` by a pandas merge, for ids too far apart to pack."""
+    keys = ["rank", "pid", "correlation_id"]
+    a = api[keys].assign(_row=np.arange(len(api), dtype=np.int64))
+    a = a[a["correlation_id"] != NO_CORRELATION].drop_duplicates(keys)
+    m = activities[keys].merge(a, on=keys, how="left", validate="many_to_one")
+    return m["_row"].fillna(-1).to_numpy(np.int64)

@@ -22,13 +22,61 @@ _LIMIT = 2**62
 
 
 def group_codes(*keys: pd.DataFrame) -> list[np.ndarray]:
-    """Map the rows of several key frames (same columns) to shared int codes."""
+    """Map the rows of several key frames (same columns) to shared int codes.
+
+    Codes number the distinct key tuples in sorted order.
+    """
     sizes = [len(k) for k in keys]
+    fast = _int_group_codes(keys)
+    if fast is not None:
+        return list(np.split(fast, np.cumsum(sizes)[:-1]))
     both = pd.concat(keys, ignore_index=True)
     if both.empty:
         return [np.zeros(0, dtype=np.int64) for _ in keys]
     codes = both.groupby(list(both.columns), sort=True, dropna=False).ngroup().to_numpy(np.int64)
     return list(np.split(codes, np.cumsum(sizes)[:-1]))
+
+
+def _int_group_codes(keys: tuple[pd.DataFrame, ...]) -> np.ndarray | None:
+    """:func:`group_codes` for plain integer columns: sorted codes per column, combined.
+
+    The same numbering as a sorted groupby, without hashing row tuples.
+    None when a column is not a plain numpy integer (nullable, text) or the
+    combined code would not fit.
+    """
+    if not keys or not sum(len(k) for k in keys):
+        return None
+    combined: np.ndarray | None = None
+    size = 1
+    for col in keys[0].columns:
+        parts = [k[col] for k in keys]
+        if not all(isinstance(p.dtype, np.dtype) and p.dtype.kind in "iu" for p in parts):
+            return None
+        codes, count = _sorted_codes(np.concatenate([p.to_numpy() for p in parts]))
+        size *= count
+        if size >= _LIMIT:  # pragma: no cover - needs billions of distinct keys
+            return None
+        combined = codes if combined is None else combined * count + codes
+    assert combined is not None
+    return _sorted_codes(combined)[0]
+
+
+def _sorted_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense rank of each value among the distinct values: ``(codes, number distinct)``.
+
+    A lookup table when the values span a small range (ids, small codes), else
+    a hash factorization.
+    """
+    if values.dtype.kind == "i" and len(values):
+        lo, hi = int(values.min()), int(values.max())
+        if hi - lo < max(4 * len(values), 1 << 16):
+            offset = values.astype(np.int64) - lo
+            present = np.zeros(hi - lo + 1, dtype=bool)
+            present[offset] = True
+            rank = np.cumsum(present, dtype=np.int64) - 1
+            return rank[offset], int(rank[-1]) + 1
+    codes, uniques = pd.factorize(values, sort=True)
+    return codes.astype(np.int64), len(uniques)
 
 
 def _composite(group: np.ndarray, t: np.ndarray, t0: int, span: int) -> np.ndarray:
@@ -70,7 +118,10 @@ class Nesting:
     def _depth(self) -> np.ndarray:
         n = len(self.start)
         pos = np.arange(n, dtype=np.int64)
-        group_first = np.searchsorted(self.group, self.group, side="left")
+        # first sorted position of each row's group (groups are contiguous and sorted)
+        new_group = np.ones(n, dtype=bool)
+        new_group[1:] = self.group[1:] != self.group[:-1]
+        group_first = np.maximum.accumulate(np.where(new_group, pos, 0))
         end_key = np.sort(_composite(self.group, self.end, self.t0, self.span))
         # ranges of this thread closed at or before my start (earlier threads drop out)
         closed = np.searchsorted(end_key, self.key, side="right") - group_first
@@ -86,21 +137,21 @@ class Nesting:
         return (pos - group_first) - (closed - later_zero)
 
     def _parent(self) -> np.ndarray:
+        # sorted order is a preorder walk of each group's forest: the parent of a
+        # range at depth d is the last range at depth d - 1 before it, if that one
+        # is in the same group (groups are contiguous). One binary search per
+        # depth level, so O(n log n) whatever the depth.
         n = len(self.start)
-        pos = np.arange(n, dtype=np.int64)
-        levels = int(self.depth.max()) + 2
-        if (int(self.group.max()) + 1) * levels * n >= _LIMIT:  # pragma: no cover
-            raise OverflowError("too many ranges for composite keys")
-        key = (self.group * levels + self.depth) * n + pos
-        by_key = np.argsort(key, kind="stable")
-        sorted_key = key[by_key]
-        query = (self.group * levels + (self.depth - 1)) * n + pos
-        hit = np.searchsorted(sorted_key, query, side="left") - 1
         parent = np.full(n, -1, dtype=np.int64)
-        has = (self.depth > 0) & (hit >= 0)
-        cand = by_key[np.where(has, hit, 0)]
-        ok = has & (self.group[cand] == self.group) & (self.depth[cand] == self.depth - 1)
-        parent[ok] = cand[ok]
+        by_depth = np.argsort(self.depth, kind="stable")  # positions ascending per level
+        bounds = np.searchsorted(self.depth[by_depth], np.arange(int(self.depth.max()) + 2))
+        for d in range(1, len(bounds) - 1):
+            above = by_depth[bounds[d - 1] : bounds[d]]
+            at = by_depth[bounds[d] : bounds[d + 1]]
+            hit = np.searchsorted(above, at) - 1
+            cand = above[np.clip(hit, 0, None)] if len(above) else at
+            ok = (hit >= 0) & (self.group[cand] == self.group[at])
+            parent[at[ok]] = cand[ok]
         return parent
 
     def innermost_enclosing(self, group: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -23,6 +23,10 @@ from __future__ import annotations
 import itertools
 import re
 import sqlite3
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,10 @@ COPY_KINDS = {
 }  # fmt: skip
 _INSTALL_VERSION = re.compile(r"nsight-systems[-/ ](?:cli/)?(\d{4}\.\d+\.\d+)", re.I)
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+#: rows per bulk read (bounds the text SQLite builds for one read)
+_CHUNK_ROWS = 1 << 20
+#: threads that run bulk reads
+_READERS = 2
 
 
 def is_sqlite(path: Path) -> bool:
@@ -60,16 +68,73 @@ def is_sqlite(path: Path) -> bool:
 
 
 class _Db:
-    """A read-only export with the table/column lookups the reader needs."""
+    """A read-only export with the table/column lookups the reader needs.
+
+    Each thread queries through its own connection; bulk reads run their
+    queries on a small pool of threads (SQLite releases the GIL while it
+    works), so reading overlaps the parsing of what was read.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        uri = path.resolve().as_uri() + "?mode=ro"
-        self.conn = sqlite3.connect(uri, uri=True)
-        self.conn.execute("PRAGMA query_only = 1")
-        rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+        self.uri = path.resolve().as_uri() + "?mode=ro"
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        try:
+            rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            rows = rows.fetchall()
+        except sqlite3.DatabaseError:
+            self.close()
+            raise
         self.tables = {r[0] for r in rows}
         self._cols: dict[str, set[str]] = {}
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """This thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            # used by this thread only; closed by :meth:`close` once every thread is done
+            conn = sqlite3.connect(self.uri, uri=True, check_same_thread=False)
+            with self._lock:
+                self._conns.append(conn)
+            conn.execute("PRAGMA query_only = 1")
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        for conn in self._conns:
+            conn.close()
+
+    def _fetch_one(self, sql: str) -> tuple[Any, ...]:
+        return self.conn.execute(sql).fetchone()
+
+    def _prefetch(self, queries: list[str]) -> Iterator[tuple[Any, ...]]:
+        """Results of single-row ``queries`` in order, at most two running ahead."""
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(_READERS, thread_name_prefix="perfguard-db")
+        pending: deque[Future[tuple[Any, ...]]] = deque()
+        todo = iter(queries)
+        try:
+            for sql in itertools.islice(todo, _READERS):
+                pending.append(self._pool.submit(self._fetch_one, sql))
+            while pending:
+                result = pending.popleft().result()
+                for sql in itertools.islice(todo, 1):
+                    pending.append(self._pool.submit(self._fetch_one, sql))
+                yield result
+        finally:
+            for fut in pending:
+                fut.cancel()
+            for fut in pending:
+                if not fut.cancelled():
+                    fut.exception()  # let it finish; its error is not ours to raise
 
     def columns(self, table: str) -> set[str]:
         if table not in self._cols:
@@ -86,8 +151,89 @@ class _Db:
         flat = np.fromiter(itertools.chain.from_iterable(cur), dtype=np.int64)
         return flat.reshape(-1, ncols)
 
+    def _chunks(self, table: str, where: str) -> list[str] | None:
+        """``WHERE`` clauses that split ``table`` into rowid ranges, in rowid order."""
+        try:
+            lo, hi = self.conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+        except sqlite3.OperationalError:  # a table without rowid
+            return None
+        cond = f" AND ({where})" if where else ""
+        if lo is None:
+            return [f"WHERE 0{cond}"]
+        if hi - lo < 16 * _CHUNK_ROWS:  # dense rowids (the usual case): equal rowid ranges
+            bounds = list(range(lo, hi + 1, _CHUNK_ROWS))
+        else:  # sparse or damaged rowids: a chunk boundary every _CHUNK_ROWS rows
+            n = self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            bounds = [lo] + [
+                self.conn.execute(
+                    f"SELECT rowid FROM {table} ORDER BY rowid LIMIT 1 OFFSET {k}"
+                ).fetchone()[0]
+                for k in range(_CHUNK_ROWS, n, _CHUNK_ROWS)
+            ]
+        ends = [b - 1 for b in bounds[1:]] + [hi]
+        return [f"WHERE rowid BETWEEN {a} AND {b}{cond}" for a, b in zip(bounds, ends, strict=True)]
+
+    def read(
+        self, table: str, ints: list[str], texts: tuple[str, ...] = (), where: str = ""
+    ) -> tuple[list[np.ndarray], list[list[Any]]]:
+        """Integer and text expressions over the rows of ``table``, in rowid order.
+
+        Returns one int64 array per expression of ``ints`` and, per expression
+        of ``texts``, the list of its non-NULL values (the caller knows which
+        rows have one). SQLite writes each column of a chunk of rows as one
+        text (``group_concat``) that numpy parses or Python splits: several
+        times faster than a Python tuple per row. Anything but a clean list of
+        integers (a NULL, a real, text) falls back to :meth:`ints`, which
+        raises as it always did.
+        """
+        chunks = self._chunks(table, where)
+        aggs = [f"group_concat({e})" for e in ints] + [f"group_concat({e}, char(0))" for e in texts]
+        int_parts: list[list[np.ndarray]] = [[] for _ in ints]
+        text_parts: list[list[Any]] = [[] for _ in texts]
+        queries = [f"SELECT count(*), {', '.join(aggs)} FROM {table} {c}" for c in chunks or []]
+        results = self._prefetch(queries)
+        for n, *values in results:
+            cols = [_parse_ints(v, int(n)) for v in values[: len(ints)]]
+            if any(c is None for c in cols):
+                results.close()
+                chunks = None
+                break
+            for part, col in zip(int_parts, cols, strict=True):
+                part.append(col)
+            for part, text in zip(text_parts, values[len(ints) :], strict=True):
+                if text is not None:
+                    part.extend(str(text).split("\0"))
+        if chunks is None:
+            cond = f" WHERE {where}" if where else ""
+            a = self.ints(f"SELECT {', '.join(ints)} FROM {table}{cond}", len(ints))
+            cond = f"{cond} AND" if where else " WHERE"
+            text_parts = [
+                [r[0] for r in self.rows(f"SELECT {e} FROM {table}{cond} {e} IS NOT NULL")]
+                for e in texts
+            ]
+            return [np.ascontiguousarray(a[:, i]) for i in range(len(ints))], text_parts
+        arrays = [np.concatenate(p) if len(p) != 1 else p[0] for p in int_parts]
+        return arrays, text_parts
+
+    def int_columns(self, table: str, exprs: list[str], where: str = "") -> list[np.ndarray]:
+        """Integer expressions over the rows of ``table`` (see :meth:`read`)."""
+        return self.read(table, exprs, (), where)[0]
+
     def rows(self, sql: str) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql).fetchall()
+
+
+def _parse_ints(text: object, n: int) -> np.ndarray | None:
+    """``"1,-2,3"`` -> int64 array of length ``n``; None when it is anything else."""
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not isinstance(text, str):
+        return None
+    try:
+        values = np.fromstring(text, dtype=np.int64, sep=",")
+    except ValueError:  # a real, text, or an empty value
+        return None
+    return values if len(values) == n else None
 
 
 def _col(db: _Db, table: str, col: str, default: str = "NULL") -> str:
@@ -112,24 +258,28 @@ def read_nsys(path: str | Path) -> Trace:
     except sqlite3.DatabaseError as exc:
         raise TraceError(path, f"damaged or truncated SQLite export ({exc})") from None
     finally:
-        db.conn.close()
+        db.close()
 
 
 def _read(db: _Db) -> Trace:
     strings = _strings(db)
-    api = _api_calls(db, strings)
-    kernels = _kernels(db, strings)
-    memops = _memops(db)
-    ranges = _ranges(db, strings)
-    if ranges["end"].isna().any():
+    # NVTX, the largest table, is read on a thread of its own while this one reads the rest
+    with ThreadPoolExecutor(1, thread_name_prefix="perfguard-nvtx") as pool:
+        nvtx = pool.submit(_nvtx_ranges, db, strings)
+        try:
+            api = _api_calls(db, strings)
+            kernels = _kernels(db, strings)
+            memops = _memops(db)
+        finally:
+            ranges, done = nvtx.result()
+    if not done:
         # unterminated ranges run to the last timestamp of the capture (as nsys's reports do)
         last = max(
             [int(t["end"].max()) for t in (api, kernels, memops) if len(t)]
             + [int(ranges["start"].max())]
         )
-        ranges["end"] = ranges["end"].fillna(last)
-    ranges["end"] = ranges["end"].astype(np.int64)
-    ranges = finalize_ranges(ranges)
+        ranges["end"] = ranges["end"].fillna(last).astype(np.int64)
+        ranges = finalize_ranges(ranges)
     return Trace(
         ranges=ranges,
         api_calls=api,
@@ -175,18 +325,21 @@ def _api_calls(db: _Db, strings: _Strings) -> pd.DataFrame:
         return pd.DataFrame()
     where = ""
     if "eventClass" in db.columns(t):
-        where = f"WHERE eventClass IN {API_EVENT_CLASSES}"
-    a = db.ints(
-        f"SELECT start, end, coalesce(globalTid, 0), coalesce(correlationId, {NO_CORRELATION}),"
-        f" nameId FROM {t} {where}",
-        5,
-    )
-    pid, tid = _split_tid(a[:, 2])
-    names = pd.Series(strings(a[:, 4]), dtype="object")
+        where = f"eventClass IN {API_EVENT_CLASSES}"
+    start, end, gtid, corr, name_id = db.int_columns(
+        t,
+        ["start", "end", "coalesce(globalTid, 0)",
+         f"coalesce(correlationId, {NO_CORRELATION})", "nameId"],
+        where,
+    )  # fmt: skip
+    pid, tid = _split_tid(gtid)
+    # one lookup and one regex per distinct name id, not per call
+    codes, ids = pd.factorize(name_id)
+    names = _categorical_strings(pd.Series(strings(ids), dtype="object"))
     return pd.DataFrame(
         {
-            "start": a[:, 0], "end": a[:, 1], "pid": pid, "tid": tid,
-            "correlation_id": a[:, 3], "name": _categorical_strings(names),
+            "start": start, "end": end, "pid": pid, "tid": tid, "correlation_id": corr,
+            "name": pd.Series(names.to_numpy(dtype=object)[codes], dtype="object"),
         }
     )  # fmt: skip
 
@@ -204,28 +357,28 @@ def _kernels(db: _Db, strings: _Strings) -> pd.DataFrame:
         return pd.DataFrame()
     c = lambda col, d="0": _col(db, t, col, d)  # noqa: E731
     smem = f"coalesce({c('staticSharedMemory')}, 0) + coalesce({c('dynamicSharedMemory')}, 0)"
-    a = db.ints(
-        f"SELECT start, end, coalesce({c('deviceId')}, 0), coalesce({c('streamId')}, 0),"
-        f" coalesce({c('correlationId', str(NO_CORRELATION))}, {NO_CORRELATION}),"
-        f" coalesce({c('globalPid')}, 0), demangledName, coalesce({c('shortName', '-1')}, -1),"
-        f" {c('gridX')}, {c('gridY')}, {c('gridZ')}, {c('blockX')}, {c('blockY')},"
-        f" {c('blockZ')}, {c('registersPerThread')}, {smem} FROM {t}",
-        16,
-    )
-    pid, _ = _split_tid(a[:, 5])
-    name = strings(a[:, 6])
-    short = strings(a[:, 7])
+    a = db.int_columns(
+        t,
+        ["start", "end", f"coalesce({c('deviceId')}, 0)", f"coalesce({c('streamId')}, 0)",
+         f"coalesce({c('correlationId', str(NO_CORRELATION))}, {NO_CORRELATION})",
+         f"coalesce({c('globalPid')}, 0)", "demangledName",
+         f"coalesce({c('shortName', '-1')}, -1)", c("gridX"), c("gridY"), c("gridZ"),
+         c("blockX"), c("blockY"), c("blockZ"), c("registersPerThread"), smem],
+    )  # fmt: skip
+    pid, _ = _split_tid(a[5])
+    name = strings(a[6])
+    short = strings(a[7])
     short = np.where(pd.isna(short), name, short)
     df = pd.DataFrame(
         {
-            "start": a[:, 0], "end": a[:, 1], "device_id": a[:, 2], "stream_id": a[:, 3],
-            "correlation_id": a[:, 4], "pid": pid, "name": name, "short_name": short,
+            "start": a[0], "end": a[1], "device_id": a[2], "stream_id": a[3],
+            "correlation_id": a[4], "pid": pid, "name": name, "short_name": short,
         }
     )  # fmt: skip
     for i, col in enumerate(
         ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers", "shared_mem"]
     ):
-        df[col] = a[:, 8 + i]
+        df[col] = a[8 + i]
     return df
 
 
@@ -240,29 +393,38 @@ def _memops(db: _Db) -> pd.DataFrame:
         c = lambda col, d="0", t=t: _col(db, t, col, d)  # noqa: E731
         if kind_sql == "copyKind":
             kind_sql = f"coalesce({c('copyKind')}, 0)"
-        a = db.ints(
-            f"SELECT start, end, coalesce({c('deviceId')}, 0), coalesce({c('streamId')}, 0),"
-            f" coalesce({c('correlationId', str(NO_CORRELATION))}, {NO_CORRELATION}),"
-            f" coalesce({c('globalPid')}, 0), coalesce({c('bytes')}, 0), {kind_sql} FROM {t}",
-            8,
-        )
-        pid, _ = _split_tid(a[:, 5])
-        kind = pd.Series(a[:, 7]).map(COPY_KINDS).fillna("Memset").to_numpy(dtype=object)
+        a = db.int_columns(
+            t,
+            ["start", "end", f"coalesce({c('deviceId')}, 0)", f"coalesce({c('streamId')}, 0)",
+             f"coalesce({c('correlationId', str(NO_CORRELATION))}, {NO_CORRELATION})",
+             f"coalesce({c('globalPid')}, 0)", f"coalesce({c('bytes')}, 0)", kind_sql],
+        )  # fmt: skip
+        pid, _ = _split_tid(a[5])
+        kind = pd.Series(a[7]).map(COPY_KINDS).fillna("Memset").to_numpy(dtype=object)
         parts.append(
             pd.DataFrame(
                 {
-                    "start": a[:, 0],
-                    "end": a[:, 1],
-                    "device_id": a[:, 2],
-                    "stream_id": a[:, 3],
-                    "correlation_id": a[:, 4],
+                    "start": a[0],
+                    "end": a[1],
+                    "device_id": a[2],
+                    "stream_id": a[3],
+                    "correlation_id": a[4],
                     "pid": pid,
-                    "bytes": a[:, 6],
+                    "bytes": a[6],
                     "kind": kind,
                 }
             )  # fmt: skip
         )
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _nvtx_ranges(db: _Db, strings: _Strings) -> tuple[pd.DataFrame, bool]:
+    """The NVTX ranges, finalized unless some are unterminated: ``(ranges, finalized)``."""
+    ranges = _ranges(db, strings)
+    if ranges["end"].isna().any():
+        return ranges, False
+    ranges["end"] = ranges["end"].astype(np.int64)
+    return finalize_ranges(ranges), True
 
 
 def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
@@ -272,50 +434,155 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
     types = NVTX_PUSH_POP + NVTX_START_END
     text = _col(db, t, "text")
     text_id = _col(db, t, "textId", "-1")
-    domain_id = _col(db, t, "domainId", "0")
     end_gtid = _col(db, t, "endGlobalTid")
-    rows = db.rows(
-        f"SELECT start, end, coalesce(globalTid, 0), coalesce({domain_id}, 0),"
-        f" coalesce({end_gtid}, -1), coalesce({text_id}, -1), eventType, {text}"
-        f" FROM {t} WHERE eventType IN {types}"
+    # cheap per-row expressions: SQLite spends its time on each value it writes out
+    flags = (
+        f"eventType + 128 * ({text} IS NULL) + 256 * (end IS NULL)"
+        f" + 512 * (typeof({text}) NOT IN ('text', 'null'))"
     )
-    if not rows:
+    # one pass over the table: ranges and domain declarations together
+    where = f"eventType IN {types + (NVTX_DOMAIN_CREATE,)}"
+    cols, (texts,) = db.read(
+        t,
+        ["start", "coalesce(end, 0)", "coalesce(globalTid, 0)", f"coalesce({end_gtid}, -1)",
+         f"coalesce({text_id}, -1)", flags],
+        (_without_op_id(text) if _mostly_distinct(db, t, text) else text,),
+        where,
+    )  # fmt: skip
+    start, end_v, gtid_v, end_gtid_v, tid_ref, flag = cols
+    etype = flag & 127
+    has_text = (flag & 128) == 0
+    all_text = len(texts) == int(has_text.sum()) and not (flag & 512).any()
+    if not all_text:
+        # a value that is not text, or text holding a NUL: read it row by row
+        rows = db.rows(f"SELECT {text} FROM {t} WHERE {where} AND {text} IS NOT NULL")
+        texts = [r[0] for r in rows]
+    is_range = etype != NVTX_DOMAIN_CREATE
+    if not is_range.all():
+        start, end_v, gtid_v, end_gtid_v, tid_ref, flag, etype = (
+            c[is_range] for c in (start, end_v, gtid_v, end_gtid_v, tid_ref, flag, etype)
+        )
+        texts = [v for v, keep in zip(texts, is_range[has_text], strict=True) if keep]
+        has_text = has_text[is_range]
+    n = len(start)
+    if not n:
         return pd.DataFrame({"start": [], "end": []})
-    cols = list(zip(*rows, strict=True))
-    ints = np.asarray(cols[2:7], dtype=np.int64).T
-    gtid, dom, end_gtid_v, tid_ref, etype = (ints[:, i] for i in range(5))
-    text_v = pd.Series(cols[7], dtype="object")
-    raw = text_v.where(text_v.notna(), pd.Series(strings(tid_ref), dtype="object"))
-    pid, tid = _split_tid(gtid)
-    parsed = parse_range_names(raw)
-    domains = _domains(db, strings)
-    domain = (
-        pd.DataFrame({"pid": pid, "domain_id": dom})
-        .merge(domains, on=["pid", "domain_id"], how="left")["domain"]
-        .astype("object")
-    )
-    cross_thread = (end_gtid_v >= 0) & (end_gtid_v != gtid)
-    start = np.asarray(cols[0], dtype=np.int64)
-    end = pd.array(list(cols[1]), dtype="Int64")
-    kind = np.where(cross_thread, "async", "op").astype(object)
-    kind[is_iteration_name(parsed["name"]).to_numpy() & ~cross_thread] = "iteration"
+    pid, tid = _split_tid(gtid_v)
+    cross_thread = (end_gtid_v >= 0) & (end_gtid_v != gtid_v)
+    codes, raw = _name_codes(texts, all_text, tid_ref, has_text, strings)
+    del texts
+    parsed = parse_range_names(pd.Series(raw, dtype="object"))
+    iteration = is_iteration_name(parsed["name"]).to_numpy(dtype=bool)[codes]
+
+    domains = _domains(db, strings) if (~is_range).any() else None
+    if domains is not None and len(domains):
+        (dom,) = db.int_columns(t, [f"coalesce({_col(db, t, 'domainId', '0')}, 0)"], where)
+        domain = (
+            pd.DataFrame({"pid": pid, "domain_id": dom[is_range]})
+            .merge(domains, on=["pid", "domain_id"], how="left")["domain"]
+            .astype("object")
+            .to_numpy(dtype=object)
+        )
+    else:
+        domain = np.full(n, np.nan, dtype=object)
+    end = pd.arrays.IntegerArray(end_v, (flag & 256) != 0)
+    kind = np.where(cross_thread, 1, 0)
+    kind[iteration & ~cross_thread] = 2
+    push_pop = np.isin(etype, NVTX_PUSH_POP).astype(np.intp)
     return pd.DataFrame(
         {
             "start": start,
             "end": end,
             "pid": pid,
             "tid": tid,
-            "name": parsed["name"].to_numpy(dtype=object),
-            "domain": domain.to_numpy(dtype=object),
+            "name": _take(parsed["name"], codes),
+            "domain": domain,
             "category": "nvtx",
-            "kind": kind,
-            "source": np.where(np.isin(etype, NVTX_PUSH_POP), "nvtx:push_pop", "nvtx:start_end"),
-            "op_type": op_type_of(parsed["name"]).to_numpy(dtype=object),
-            "bprop": parsed["bprop"].to_numpy(dtype=bool),
-            "seq": parsed["seq"].to_numpy(),
-            "input_shapes": parsed["input_shapes"].to_numpy(dtype=object),
+            "kind": _take(["op", "async", "iteration"], kind),
+            "source": _take(["nvtx:start_end", "nvtx:push_pop"], push_pop),
+            "op_type": _take(op_type_of(parsed["name"]), codes),
+            "bprop": parsed["bprop"].to_numpy(dtype=bool)[codes],
+            "seq": parsed["seq"].array.take(codes),
+            "input_shapes": _take(parsed["input_shapes"], codes),
+            # perfguard.instrument's payload: dtypes, scalar arguments, the user's call site
+            "dtypes": _take(parsed["dtypes"], codes),
+            "concrete_inputs": _take(parsed["concrete_inputs"], codes),
+            "call_site": _take(parsed["call_site"], codes),
         }
     )
+
+
+def _take(values: Any, codes: np.ndarray) -> Any:
+    """``values[codes]`` typed as pandas would type it (``str`` when all are text),
+    the type found once on the distinct values, not checked again row by row."""
+    typed = pd.Series(np.asarray(values, dtype=object))
+    return typed.array.take(codes)
+
+
+def _distinct(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize`` of a list of strings (codes in order of first appearance,
+    uniques), by a dict: a third of the time, each string is hashed once."""
+    index = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
+    return codes, np.array(list(index), dtype=object)
+
+
+def _mostly_distinct(db: _Db, table: str, text: str) -> bool:
+    """Whether most names in a sample of the table's first rows are distinct."""
+    if text == "NULL":
+        return False
+    sample = f"SELECT {text} AS x FROM {table} LIMIT 20000"
+    n, distinct = db.conn.execute(f"SELECT count(x), count(DISTINCT x) FROM ({sample})").fetchone()
+    return distinct > n // 2
+
+
+def _without_op_id(text: str) -> str:
+    """SQL: ``text`` without a trailing ``, op_id = N`` where it is the first ``, op_id = ``.
+
+    What :data:`_OP_ID_SUFFIX` removes, done by SQLite for the common case
+    (names then repeat, and Python sees far fewer distinct ones); any name it
+    leaves is still stripped by the regex, once.
+    """
+    p = f"instr({text}, ', op_id = ')"
+    return (
+        f"CASE WHEN {p} > 0 AND substr({text}, {p} + 10) NOT GLOB '*[^0-9]*'"
+        f" AND ({p} = 1 OR substr({text}, {p} - 1, 1) != char(10))"
+        f" THEN substr({text}, 1, {p} - 1) ELSE {text} END"
+    )
+
+
+#: a trailing ``, op_id = N`` (PyTorch emit_nvtx numbers every call)
+_OP_ID_SUFFIX = re.compile(r"(?<!\n), op_id = [0-9]*\Z")
+
+
+def _name_codes(
+    texts: list[Any], all_text: bool, ref: np.ndarray, has_text: np.ndarray, strings: _Strings
+) -> tuple[np.ndarray, np.ndarray]:
+    """Range names as codes into distinct raw names: ``(codes, names)``.
+
+    ``texts`` are the explicit names of the rows where ``has_text`` (all
+    ``str`` when ``all_text``); the other rows name a registered string
+    (``ref``). A trailing ``, op_id = N`` is dropped from each distinct name
+    first, so PyTorch's per-call names collapse into a few:
+    :func:`parse_range_names` gives the same result with or without it (it
+    strips everything from its first ``, key =`` field, and ``op_id`` is not
+    read; the suffix is kept after a newline, where ``$`` would differ), and
+    it then parses each name once.
+    """
+    if all_text:
+        text_codes, text_names = _distinct(texts)
+    else:
+        text_codes, text_names = pd.factorize(np.asarray(texts, dtype=object))
+    ref_codes, refs = pd.factorize(ref[~has_text])
+    names = pd.Series(np.concatenate([text_names, strings(refs)]), dtype="object")
+    is_str = names.map(type).eq(str).to_numpy()
+    short = names.to_numpy(dtype=object).copy()
+    short[is_str] = [_OP_ID_SUFFIX.sub("", v, count=1) for v in short[is_str]]
+    collapse, distinct = pd.factorize(short, use_na_sentinel=False)
+    codes = np.empty(len(has_text), dtype=np.int64)
+    codes[has_text] = text_codes
+    codes[~has_text] = ref_codes + len(text_names)
+    return collapse[codes], np.asarray(distinct, dtype=object)
 
 
 def _domains(db: _Db, strings: _Strings) -> pd.DataFrame:

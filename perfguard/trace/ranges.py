@@ -29,18 +29,30 @@ def finalize_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
     if n:
         nestable = (ranges["kind"] != "async").to_numpy()
         idx = np.flatnonzero(nestable)
-        sub = ranges.iloc[idx]
-        (codes,) = group_codes(sub[["rank", "pid", "tid"]])
-        nest = Nesting(sub["start"].to_numpy(), sub["end"].to_numpy(), codes)
+        keys = ranges[["rank", "pid", "tid"]]
+        start, end = ranges["start"].to_numpy(), ranges["end"].to_numpy()
+        if len(idx) < n:  # only the columns the nesting needs, not the whole table
+            keys, start, end = keys.iloc[idx], start[idx], end[idx]
+        (codes,) = group_codes(keys)
+        nest = Nesting(start, end, codes)
         depth[idx] = nest.unsorted_depth()
         p = nest.unsorted_parent()
         parent[idx] = np.where(p >= 0, idx[np.clip(p, 0, None)], NO_PARENT)
     ranges["depth"] = depth
     ranges["parent_id"] = parent
     bprop = ranges["bprop"].to_numpy(dtype=bool).copy() if "bprop" in ranges else np.zeros(n, bool)
-    # inherit backward-ness down the tree, one depth level at a time
-    for level in range(1, int(depth.max()) + 1 if n else 0):
-        at = np.flatnonzero(depth == level)
+    # inherit backward-ness down the tree, one depth level at a time (parents first)
+    by_depth = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2 if n else 0))
+    for level in range(1, len(bounds) - 1):
+        at = by_depth[bounds[level] : bounds[level + 1]]
         bprop[at] |= bprop[parent[at]]
-    ranges["direction"] = np.where(bprop, "bprop", "fprop")
-    return ranges.drop(columns=["bprop"], errors="ignore")
+    ranges["direction"] = (
+        # typed once on the two values: cheaper than a fresh string per range
+        pd.Series(np.array(["fprop", "bprop"], dtype=object)).array.take(bprop.astype(np.intp))
+        if n
+        else np.where(bprop, "bprop", "fprop")
+    )
+    if "bprop" in ranges:
+        del ranges["bprop"]
+    return ranges
