@@ -6,12 +6,13 @@ the CLI makes; everything it returns is a pandas DataFrame or Series.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from perfguard.analysis.attribution import attribute, gpu_activities
+from perfguard.analysis.enrich import add_flops, add_tensor_cores
 from perfguard.analysis.iterations import (
     assign_iteration,
     iteration_intervals,
@@ -36,7 +37,9 @@ class Analysis:
     * ``ops``: per-op aggregates (detail report);
     * ``kernels``: per (kernel, op) aggregates (kernel report);
     * ``iterations``: per (rank, iteration) figures (iteration report);
-    * ``summary``: run-level figures (summary report), a Series.
+    * ``summary``: run-level figures (summary report), a Series;
+    * ``notes``: one line per caveat the reader should see once (an unknown
+      GPU leaves FLOP efficiency empty, and why).
     """
 
     trace: Trace
@@ -47,6 +50,8 @@ class Analysis:
     iterations: pd.DataFrame
     summary: pd.Series
     window: pd.DataFrame
+    #: things the reader should know once, e.g. why FLOP efficiency is empty
+    notes: list[str] = field(default_factory=list)
 
 
 def analyze(
@@ -76,10 +81,10 @@ def analyze(
         inst["rank"].to_numpy(), inst["start"].to_numpy(), intervals
     ).array
 
-    names = inst.set_index("instance")[["op_name", "direction"]]
-    acts = acts.join(names, on="instance")
-    acts["op_id"] = op_id(acts["op_name"], acts["direction"])
     inst["op_id"] = op_id(inst["op_name"], inst["direction"])
+    acts = _join_op(acts, inst)
+    add_tensor_cores(trace, acts, inst)
+    notes = add_flops(trace, acts, inst)
 
     if restricted:
         keep = window.set_index(["rank", "iteration"]).index
@@ -90,6 +95,7 @@ def analyze(
     iterations = iteration_table(window, inst, acts)
     summary = run_summary(trace, window if restricted else None, acts, inst, iterations)
     return Analysis(
+        notes=notes,
         trace=trace,
         activities=acts,
         instances=inst,
@@ -99,6 +105,20 @@ def analyze(
         summary=summary,
         window=window,
     )
+
+
+def _join_op(acts: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
+    """``acts`` with ``op_name, direction, op_id`` of the instance that owns each."""
+    acts = acts.join(inst.set_index("instance")[["op_name", "direction"]], on="instance")
+    index = pd.Index(inst["instance"])
+    row = index.get_indexer(acts["instance"]) if index.is_unique else np.array([-1])
+    if len(row) == len(acts) and (row >= 0).all():
+        # the owner's id: the same hash of the same name and direction, not computed again
+        ids = inst["op_id"].to_numpy(dtype=object)[row]
+        acts["op_id"] = pd.Series(ids, index=acts.index, dtype="object")
+    else:
+        acts["op_id"] = op_id(acts["op_name"], acts["direction"])
+    return acts
 
 
 def _in(df: pd.DataFrame, keep: pd.MultiIndex) -> np.ndarray:

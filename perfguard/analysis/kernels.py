@@ -13,12 +13,15 @@ def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
 
     Input: attributed activities with ``op_id, op_name, direction``.
     Output: ``name, short_name, op_id, op_name, direction, calls,
-    gpu_time_{total,avg,min,max}`` and the launch geometry of the first
-    launch. Memops are not kernels and are left out.
+    gpu_time_{total,avg,min,max}``, the launch geometry of the first
+    launch, and ``uses_tc, tc_reason`` when the activities carry them. Memops are not
+    kernels and are left out.
     """
     k = acts[acts["activity"] == "kernel"].assign(dur=lambda d: d["end"] - d["start"])
     cols = ["name", "short_name", "op_id", "op_name", "direction", "calls", "gpu_time_total",
             "gpu_time_avg", "gpu_time_min", "gpu_time_max", *GEOMETRY]  # fmt: skip
+    if "uses_tc" in k.columns:
+        cols += ["uses_tc", "tc_reason"]
     if k.empty:
         return pd.DataFrame(columns=cols)
     g = k.groupby(["name", "op_id"], sort=False, dropna=False)
@@ -32,6 +35,11 @@ def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
         gpu_time_min=("dur", "min"),
         gpu_time_max=("dur", "max"),
         **{c: (c, "first") for c in GEOMETRY},
+        **(
+            {"uses_tc": ("uses_tc", "first"), "tc_reason": ("tc_reason", "first")}
+            if "uses_tc" in k.columns
+            else {}
+        ),
     ).reset_index()
     out = out.sort_values(["gpu_time_total", "name"], ascending=[False, True])
     return out.reset_index(drop=True)[cols]

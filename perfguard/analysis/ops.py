@@ -38,36 +38,48 @@ STATS = ("total", "avg", "min", "max")
 def op_paths(ranges: pd.DataFrame) -> pd.Series:
     """Hierarchical name of every range (Series aligned with ``ranges``).
 
-    Computed on distinct paths, level by level, so a million ranges with a
+    Names that start with ``/`` (from :func:`perfguard.instrument`) are
+    absolute paths already. Computed on distinct paths, level by level, so a million ranges with a
     few thousand distinct paths build only those few thousand strings.
     """
     n = len(ranges)
     if n == 0:
         return pd.Series([], dtype="object")
     name_code, names = pd.factorize(ranges["name"].fillna(""))
+    name_code = name_code.astype(np.int64)
     depth = ranges["depth"].to_numpy()
     parent = ranges["parent_id"].to_numpy()
-    # range_id is the row number (finalize_ranges); map parent ids to rows
-    row_of = pd.Series(np.arange(n), index=ranges["range_id"].to_numpy())
-    parent_row = np.where(parent >= 0, row_of.reindex(parent).fillna(-1).to_numpy(np.int64), -1)
+    range_id = ranges["range_id"].to_numpy()
+    if np.array_equal(range_id, np.arange(n)):  # range_id is the row number (finalize_ranges)
+        parent_row = np.where(parent >= 0, parent, -1).astype(np.int64)
+    else:  # map parent ids to rows
+        row_of = pd.Series(np.arange(n), index=range_id)
+        parent_row = np.where(parent >= 0, row_of.reindex(parent).fillna(-1).to_numpy(np.int64), -1)
     transparent = (ranges["kind"] == "iteration").to_numpy()
+    # perfguard.instrument names ranges by their full module path ("/model/fc/linear"):
+    # such a name is already hierarchical and is not prefixed again
+    absolute = np.asarray(names.str.startswith("/"), dtype=bool)[name_code]
     path_id = np.full(n, -1, dtype=np.int64)
     table_parent: list[np.ndarray] = []
     table_name: list[np.ndarray] = []
     next_id = 0
-    for level in range(int(depth.max()) + 1):
-        at = np.flatnonzero(depth == level)
+    n_names = max(len(names), 1)
+    by_depth = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
+    for level in range(len(bounds) - 1):
+        at = by_depth[bounds[level] : bounds[level + 1]]
         pp = np.where(parent_row[at] >= 0, path_id[np.clip(parent_row[at], 0, None)], -1)
+        pp[absolute[at]] = -1
         keep = ~transparent[at]
         path_id[at[~keep]] = pp[~keep]
         at, pp = at[keep], pp[keep]
         if not len(at):
             continue
-        pairs = pd.DataFrame({"p": pp, "n": name_code[at]})
-        codes, uniq = pd.factorize(pd.MultiIndex.from_frame(pairs))
+        # distinct (parent path, name) pairs, numbered in order of appearance
+        codes, uniq = pd.factorize((pp + 1) * n_names + name_code[at])
         path_id[at] = codes + next_id
-        table_parent.append(uniq.get_level_values(0).to_numpy(np.int64))
-        table_name.append(uniq.get_level_values(1).to_numpy(np.int64))
+        table_parent.append(uniq // n_names - 1)
+        table_name.append(uniq % n_names)
         next_id += len(uniq)
     text = np.empty(next_id, dtype=object)
     first = 0
@@ -83,10 +95,18 @@ def op_paths(ranges: pd.DataFrame) -> pd.Series:
 
 def op_id(op_name: pd.Series, direction: pd.Series) -> pd.Series:
     """Stable 16-hex-digit id of ``(op_name, direction)``, hashed once per distinct op."""
-    key = op_name.fillna("") + "\x1f" + direction.fillna("")
-    codes, uniques = pd.factorize(key)
+    # distinct (name, direction) pairs by codes: no per-row string building
+    name_code, names = pd.factorize(op_name.fillna(""))
+    dir_code, dirs = pd.factorize(direction.fillna(""))
+    width = max(len(dirs), 1)
+    codes, pairs = pd.factorize(name_code.astype(np.int64) * width + dir_code)
+    keys = (
+        np.asarray(names, dtype=object)[pairs // width]
+        + "\x1f"
+        + np.asarray(dirs, dtype=object)[pairs % width]
+    )
     ids = np.array(
-        [hashlib.blake2b(u.encode(), digest_size=8).hexdigest() for u in uniques], dtype=object
+        [hashlib.blake2b(u.encode(), digest_size=8).hexdigest() for u in keys], dtype=object
     )
     return pd.Series(ids[codes] if len(codes) else [], index=op_name.index, dtype="object")
 
@@ -103,21 +123,25 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
     """
     r = trace.ranges
     paths = op_paths(r)
-    ops = r[r["kind"] == "op"]
+    is_op = (r["kind"] == "op").to_numpy(dtype=bool)
+    # the op rows of the columns needed, not a copy of the whole table
+    cols = ["range_id", "rank", "pid", "tid", "start", "end", "name", "direction", "op_type",
+            "input_shapes", "dtypes"]  # fmt: skip
+    ops = {c: r[c].to_numpy()[is_op] for c in cols}
     inst = pd.DataFrame(
         {
-            "instance": ops["range_id"].to_numpy(),
-            "rank": ops["rank"].to_numpy(),
-            "pid": ops["pid"].to_numpy(),
-            "tid": ops["tid"].to_numpy(),
-            "start": ops["start"].to_numpy(),
-            "end": ops["end"].to_numpy(),
-            "op_name": paths[ops.index].to_numpy(),
-            "name": ops["name"].to_numpy(),
-            "direction": ops["direction"].to_numpy(),
-            "op_type": ops["op_type"].to_numpy(),
-            "input_shapes": ops["input_shapes"].to_numpy(),
-            "dtypes": ops["dtypes"].to_numpy(),
+            "instance": ops["range_id"],
+            "rank": ops["rank"],
+            "pid": ops["pid"],
+            "tid": ops["tid"],
+            "start": ops["start"],
+            "end": ops["end"],
+            "op_name": paths.to_numpy()[is_op],
+            "name": ops["name"],
+            "direction": ops["direction"],
+            "op_type": ops["op_type"],
+            "input_shapes": ops["input_shapes"],
+            "dtypes": ops["dtypes"],
         }
     )
     inst["cpu_time"] = inst["end"] - inst["start"]
@@ -161,10 +185,21 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
     )
     per["gpu_busy"] = union_length(acts["start"].to_numpy(), acts["end"].to_numpy(), owner)
     per["gpu_idle"] = per["gpu_span"] - per["gpu_busy"]
-    inst = inst.join(per, on="instance")
     fill = {c: 0 for c in ("gpu_time", "kernel_count", "memop_count", "gpu_span", "gpu_busy",
                             "gpu_idle")}  # fmt: skip
-    return inst.fillna(fill).astype({c: np.int64 for c in fill})
+    index = pd.Index(inst["instance"])
+    if not index.is_unique:  # pragma: no cover - instances are unique by construction
+        inst = inst.join(per, on="instance")
+        return inst.fillna(fill).astype({c: np.int64 for c in fill})
+    # per-instance figures put in place by position (0 where nothing ran), not a join
+    # that would copy every column of the table
+    row = index.get_indexer(per.index)
+    hit = row >= 0
+    for col in fill:
+        values = np.zeros(len(inst), dtype=np.int64)
+        values[row[hit]] = per[col].to_numpy(np.int64)[hit]
+        inst[col] = values
+    return inst
 
 
 def _api_time_inside(trace: Trace, inst: pd.DataFrame) -> np.ndarray:
@@ -207,6 +242,93 @@ def aggregate_ops(inst: pd.DataFrame) -> pd.DataFrame:
         },
     ).reset_index()
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
+    if "tc_eligible" in inst.columns:  # Tensor Core / FLOP columns (analysis.enrich)
+        out = out.join(_gpu_metrics(inst, ["op_name", "direction"]), on=["op_name", "direction"])
     out = out.sort_values(["gpu_time_total", "cpu_time_total", "op_name"],
                           ascending=[False, False, True])  # fmt: skip
     return out.reset_index(drop=True)
+
+
+def aggregate_op_types(inst: pd.DataFrame) -> pd.DataFrame:
+    """Per op type (DLProf's op_type report): calls, CPU/GPU time statistics and, when
+    the instances carry them, the Tensor Core and FLOP columns of :func:`aggregate_ops`.
+
+    Unassociated GPU work is its own type (``unassociated``).
+    """
+    metrics = ["cpu_time", "gpu_time"]
+    stats = {
+        f"{m}_{s}": (m, fn)
+        for m in metrics
+        for s, fn in zip(STATS, ("sum", "mean", "min", "max"), strict=True)
+    }
+    if inst.empty:
+        return pd.DataFrame(columns=["op_type", "calls", "kernel_count", *stats])
+    typed = inst.assign(op_type=inst["op_type"].fillna(inst["name"]))
+    g = typed.groupby("op_type", sort=False)
+    out = g.agg(calls=("instance", "size"), kernel_count=("kernel_count", "sum"), **stats)
+    if "tc_eligible" in inst.columns:
+        out = out.join(_gpu_metrics(typed, ["op_type"]).drop(columns=["input_shapes"]))
+    out = out.reset_index().sort_values(["gpu_time_total", "op_type"], ascending=[False, True])
+    return out.reset_index(drop=True)
+
+
+def _gpu_metrics(inst: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per group of ``keys`` (an op, an op type): Tensor Core use and utilization,
+    shapes, FLOPs, bytes and efficiency.
+
+    * ``tc_eligible`` / ``using_tc``: any instance eligible / using TC;
+    * ``tc_utilization``: 100 x TC kernel time / kernel time over the op's
+      eligible instances (DESIGN.md), NaN for an op that is not eligible;
+    * ``flops``, ``bytes``: summed over instances (counted once up the op
+      tree before this), NA when no instance has a known figure;
+    * ``achieved_tflops``: FLOPs / GPU time of the instances with known FLOPs;
+    * ``flop_efficiency_pct``: 100 x FLOPs / sum(GPU time x peak) over the
+      instances with known FLOPs and peak, which is FLOPs / GPU time / peak
+      when every instance ran on the same GPU and path.
+    """
+    eligible = inst["tc_eligible"].fillna(False).astype(bool)
+    flops = inst["flops"].astype("Float64")
+    known = flops.notna().to_numpy(bool) & (inst["gpu_time"] > 0).to_numpy(bool)
+    peak = inst["peak_flops"].astype("Float64")
+    rated = known & peak.notna().to_numpy(bool)
+    gpu_s = inst["gpu_time"].to_numpy(np.float64) * 1e-9
+    f = pd.DataFrame(
+        {
+            **{k: inst[k] for k in keys},
+            "tc_eligible": eligible,
+            "using_tc": inst["uses_tc"].fillna(False).astype(bool),
+            "tc_kernel_time": inst["tc_kernel_time"],
+            "kernel_time": inst["kernel_time"],
+            "el_tc": np.where(eligible, inst["tc_kernel_time"], 0),
+            "el_k": np.where(eligible, inst["kernel_time"], 0),
+            "data_type": inst["compute_dtype"].fillna(inst["dtypes"]),
+            "input_shapes": inst["input_shapes"],
+            "flops": flops,
+            "bytes": inst["bytes"].astype("Int64"),
+            "f_known": np.where(known, flops.fillna(0).to_numpy(np.float64), 0.0),
+            "t_known": np.where(known, gpu_s, 0.0),
+            "f_rated": np.where(rated, flops.fillna(0).to_numpy(np.float64), 0.0),
+            "tp_rated": np.where(rated, gpu_s * peak.fillna(0).to_numpy(np.float64), 0.0),
+        }
+    )
+    g = f.groupby(keys, sort=False)
+    out = g.agg(
+        tc_eligible=("tc_eligible", "any"),
+        using_tc=("using_tc", "any"),
+        tc_kernel_time=("tc_kernel_time", "sum"),
+        kernel_time=("kernel_time", "sum"),
+        el_tc=("el_tc", "sum"),
+        el_k=("el_k", "sum"),
+        data_type=("data_type", "first"),
+        input_shapes=("input_shapes", "first"),
+        f_known=("f_known", "sum"),
+        t_known=("t_known", "sum"),
+        f_rated=("f_rated", "sum"),
+        tp_rated=("tp_rated", "sum"),
+    )
+    out["flops"] = g["flops"].sum(min_count=1)
+    out["bytes"] = g["bytes"].sum(min_count=1)
+    out["tc_utilization"] = 100.0 * out["el_tc"] / out["el_k"].where(out["el_k"] > 0)
+    out["achieved_tflops"] = out["f_known"] / out["t_known"].where(out["t_known"] > 0) * 1e-12
+    out["flop_efficiency_pct"] = 100.0 * out["f_rated"] / out["tp_rated"].where(out["tp_rated"] > 0)
+    return out.drop(columns=["el_tc", "el_k", "f_known", "t_known", "f_rated", "tp_rated"])

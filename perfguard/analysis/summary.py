@@ -53,10 +53,11 @@ def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame
     """Per (rank, iteration): time, op instances, kernels, GPU time and busy time.
 
     Output: ``rank, iteration, start, end, duration, op_calls, kernel_count,
-    memop_count, gpu_time, kernel_time, gpu_busy, gpus, gpu_utilization``.
+    memop_count, gpu_time, kernel_time, tc_kernel_time, gpu_busy, gpus,
+    gpu_utilization``.
     """
     cols = ["rank", "iteration", "start", "end", "duration", "op_calls", "kernel_count",
-            "memop_count", "gpu_time", "kernel_time", "gpu_busy", "gpus",
+            "memop_count", "gpu_time", "kernel_time", "tc_kernel_time", "gpu_busy", "gpus",
             "gpu_utilization"]  # fmt: skip
     if window.empty:
         return pd.DataFrame(columns=cols)
@@ -76,6 +77,11 @@ def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame
     t["memop_count"] = g.size() - g["kernel"].sum()
     t["gpu_time"] = g["dur"].sum()
     t["kernel_time"] = a[a["kernel"]].groupby(["rank", "iteration"])["dur"].sum()
+    if "uses_tc" in acts.columns:
+        tc = a["kernel"] & acts.loc[a.index, "uses_tc"].fillna(False).astype(bool)
+        t["tc_kernel_time"] = a[tc].groupby(["rank", "iteration"])["dur"].sum()
+    else:
+        t["tc_kernel_time"] = 0
     per_dev = _busy(a, ["rank", "iteration", "device_id"])
     if len(per_dev):
         dev = per_dev.rename("busy").reset_index()
@@ -162,10 +168,22 @@ def run_summary(
             ),
             "Unassociated GPU Activities": int(unassoc.sum()),
             "Unassociated GPU Time (ns)": int(inst.loc[unassoc, "gpu_time"].sum()),
-            "Tensor Core Kernel Utilization (%)": None,
+            "Tensor Core Kernel Utilization (%)": _tc_utilization(inst),
+            "Tensor Core Kernel Time (ns)": (
+                int(inst["tc_kernel_time"].sum()) if "tc_kernel_time" in inst else None
+            ),
         },
         dtype=object,
     )
+
+
+def _tc_utilization(inst: pd.DataFrame) -> float | None:
+    """Run-level TC utilization: 100 x TC kernel time / kernel time of eligible ops."""
+    if "tc_eligible" not in inst.columns:
+        return None
+    eligible = inst["tc_eligible"].fillna(False).astype(bool)
+    total = int(inst.loc[eligible, "kernel_time"].sum())
+    return 100.0 * int(inst.loc[eligible, "tc_kernel_time"].sum()) / total if total else None
 
 
 def _distinct_pairs(a: pd.Series, b: pd.Series) -> int:

@@ -2,8 +2,10 @@
 
 Existing DLProf spreadsheets and scripts read these files, so the headers
 follow the DLProf user guide; perfguard adds ``No. Calls`` to the kernel
-report. Columns a later analysis fills (Tensor Cores, shapes, data types)
-are present and empty rather than missing, so the layout never changes.
+report and FLOP columns (``FLOPs``, ``Bytes``, ``Achieved TFLOP/s``,
+``FLOP Efficiency (%)``) to detail and op_type. Columns a capture cannot
+fill (shapes without ``record_shapes``) are present and empty rather than
+missing, so the layout never changes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import pandas as pd
 from perfguard.analysis import Analysis
 
 REPORTS = ("summary", "detail", "iteration", "kernel")
+#: every report ``--reports all`` selects (the default set stays the cheap four)
+ALL_REPORTS = (*REPORTS, "tensor", "op_type", "group_node", "expert_systems")
 FORMATS = ("csv", "json")
 
 _STAT_LABEL = {"total": "Total", "avg": "Avg.", "min": "Min", "max": "Max"}
@@ -21,6 +25,14 @@ _STAT_LABEL = {"total": "Total", "avg": "Avg.", "min": "Min", "max": "Max"}
 def _stat_columns(metric: str, label: str) -> dict[str, str]:
     return {f"{metric}_{s}": f"{_STAT_LABEL[s]} {label} (ns)" for s in _STAT_LABEL}
 
+
+#: FLOP columns perfguard adds to the detail and op_type reports.
+_FLOP_COLUMNS: dict[str, str] = {
+    "flops": "FLOPs",
+    "bytes": "Bytes",
+    "achieved_tflops": "Achieved TFLOP/s",
+    "flop_efficiency_pct": "FLOP Efficiency (%)",
+}
 
 #: detail report: internal column -> DLProf header, in DLProf's order.
 DETAIL_COLUMNS: dict[str, str] = {
@@ -38,6 +50,8 @@ DETAIL_COLUMNS: dict[str, str] = {
     "data_type": "Data Type",
     "input_shapes": "Input Shapes",
     "kernel_count": "No. Kernels",
+    "tc_utilization": "TC Utilization (%)",
+    **_FLOP_COLUMNS,
 }
 
 #: kernel report: internal column -> DLProf header (``No. Calls`` added by perfguard).
@@ -112,9 +126,131 @@ def summary_table(analysis: Analysis) -> pd.DataFrame:
     return pd.DataFrame({"Metric": s.index, "Value": s.to_numpy()})
 
 
+#: op_type report: one row per op type.
+OP_TYPE_COLUMNS: dict[str, str] = {
+    "op_type": "Op Type",
+    "calls": "No. Calls",
+    "tc_eligible": "TC Eligibility",
+    "using_tc": "Using TC",
+    "tc_utilization": "TC Utilization (%)",
+    **_stat_columns("cpu_time", "CPU Time"),
+    **_stat_columns("gpu_time", "GPU Time"),
+    "data_type": "Data Type",
+    "kernel_count": "No. Kernels",
+    **_FLOP_COLUMNS,
+}
+
+#: tensor report: TC eligible ops (or ops whose kernels used TC), DLProf's Tensor Core report.
+TENSOR_COLUMNS: dict[str, str] = {
+    "op_id": "Op ID",
+    "op_name": "Op Name",
+    "direction": "Direction",
+    "op_type": "Op Type",
+    "calls": "No. Calls",
+    "using_tc": "Using TC",
+    "tc_utilization": "TC Utilization (%)",
+    "kernel_time": "Kernel Time (ns)",
+    "tc_kernel_time": "TC Kernel Time (ns)",
+    "non_tc_time": "Non-TC Kernel Time (ns)",
+    "kernel_count": "Total Kernel Count",
+    "tc_kernels": "Kernel Count Using Tensor Cores",
+    "non_tc_kernels": "Kernel Count Not Using Tensor Cores",
+    "unknown_kernels": "Kernel Count Unknown",
+    "tc_names": "TC Kernel Names",
+    "non_tc_names": "Non-TC Kernel Names",
+    "data_type": "Data Type",
+    "input_shapes": "Input Shapes",
+}
+
+#: group_node report: inclusive roll-ups over the op hierarchy.
+GROUP_COLUMNS: dict[str, str] = {
+    "op_id": "Op ID",
+    "op_name": "Group Node Name",
+    "direction": "Direction",
+    "calls": "No. Calls",
+    "child_ops": "No. Child Ops",
+    "kernel_count": "No. Kernels",
+    "cpu_time_total": "Total CPU Time (ns)",
+    "gpu_time_total": "Total GPU Time, accumulated (ns)",
+    "gpu_time_flattened": "Total GPU Time, flattened (ns)",
+    "gpu_idle_total": "Total GPU Idle Time (ns)",
+}
+
+EXPERT_COLUMNS: dict[str, str] = {
+    "check": "Check",
+    "severity": "Severity",
+    "problem": "Problem",
+    "evidence": "Evidence",
+    "recommendation": "Recommendation",
+}
+
+
+def tensor_table(analysis: Analysis) -> pd.DataFrame:
+    """Per TC-eligible op: TC and non-TC kernel time and counts, with the kernel names."""
+    ops = analysis.ops
+    if "tc_eligible" not in ops.columns:
+        return _select(ops.iloc[0:0], TENSOR_COLUMNS)
+    ops = ops[ops["tc_eligible"].fillna(False).astype(bool)].copy()
+    k = analysis.kernels
+    flag = k["uses_tc"].astype("boolean")
+    tc, unknown = flag.fillna(False).astype(bool), flag.isna()
+    frame = pd.DataFrame(
+        {
+            "op_id": k["op_id"],
+            "tc_kernels": k["calls"].where(tc, 0),
+            "non_tc_kernels": k["calls"].where(~tc & ~unknown, 0),
+            "unknown_kernels": k["calls"].where(unknown, 0),
+        }
+    )
+    counts = frame.groupby("op_id").sum().astype("Int64")
+    names = pd.DataFrame(
+        {
+            "tc_names": k["short_name"].fillna(k["name"]).where(tc).groupby(k["op_id"]).agg(_names),
+            "non_tc_names": k["short_name"]
+            .fillna(k["name"])
+            .where(~tc)
+            .groupby(k["op_id"])
+            .agg(_names),
+        }
+    )
+    ops = ops.join(counts, on="op_id").join(names, on="op_id")
+    ops["non_tc_time"] = ops["kernel_time"] - ops["tc_kernel_time"]
+    return _select(ops, TENSOR_COLUMNS)
+
+
+def _names(s: pd.Series) -> str:
+    return "; ".join(sorted(set(s.dropna().astype(str))))
+
+
+def op_type_table(analysis: Analysis) -> pd.DataFrame:
+    """One row per op type (DLProf's op_type report)."""
+    from perfguard.analysis.ops import aggregate_op_types
+
+    return _select(aggregate_op_types(analysis.instances), OP_TYPE_COLUMNS)
+
+
+def group_node_table(analysis: Analysis) -> pd.DataFrame:
+    """Inclusive roll-ups: every op with everything below it in the op hierarchy."""
+    from perfguard.analysis.groups import aggregate_groups
+
+    groups = aggregate_groups(analysis.trace, analysis.activities, analysis.instances)
+    return _select(groups, GROUP_COLUMNS)
+
+
+def expert_table(analysis: Analysis) -> pd.DataFrame:
+    """The expert systems' findings: problem, evidence, recommendation."""
+    from perfguard.analysis.expert import run_detectors
+
+    return _select(run_detectors(analysis), EXPERT_COLUMNS)
+
+
 TABLES = {
     "summary": summary_table,
     "detail": detail_table,
     "iteration": iteration_table,
     "kernel": kernel_table,
+    "tensor": tensor_table,
+    "op_type": op_type_table,
+    "group_node": group_node_table,
+    "expert_systems": expert_table,
 }

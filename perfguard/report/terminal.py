@@ -10,7 +10,7 @@ _SUMMARY_KEYS = [
     "Capture Format", "GPU Names", "GPUs Used", "Wall Clock Time (ns)", "Iterations",
     "Iteration Range", "Average Iteration Time (ns)", "GPU Utilization (%)",
     "Total Kernel Time (ns)", "Total Memory Op Time (ns)", "Kernels", "Unique Ops",
-    "Unassociated GPU Time (ns)",
+    "Unassociated GPU Time (ns)", "Tensor Core Kernel Utilization (%)",
 ]  # fmt: skip
 
 
@@ -39,7 +39,8 @@ def format_summary(analysis: Analysis, top: int = 10, width: int = 60) -> str:
     ops = analysis.ops.head(top)
     total_gpu = float(analysis.ops["gpu_time_total"].sum()) if len(analysis.ops) else 0.0
     lines.append("")
-    lines.append(f"Top {len(ops)} ops by GPU time")
+    by = "GPU time" if total_gpu else "CPU time (no GPU activity in the capture)"
+    lines.append(f"Top {len(ops)} ops by {by}")
     header = (
         f"  {'Op Name':<{width}} {'Dir':<5} {'Calls':>7} {'GPU ms':>10} {'GPU %':>6} {'CPU ms':>10}"
     )

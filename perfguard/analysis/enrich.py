@@ -1,0 +1,169 @@
+"""Tensor Core and FLOP columns on attributed activities and op instances.
+
+The rules live in :mod:`perfguard.analysis.tensor_cores`,
+:mod:`perfguard.analysis.flops` and :mod:`perfguard.analysis.peaks`; this
+module applies them to one analysis, in the order the definitions need:
+
+1. each kernel's TC use from its name (unknown names stay ``<NA>``);
+2. each op instance's eligibility from its op type;
+3. unknown kernels of eligible ops resolved from the op's input dtypes and
+   the GPU's compute capability (never guessed);
+4. xprof's rule: an op whose kernel used TC is eligible;
+5. FLOPs and bytes per instance from shapes, counted once up the op tree;
+6. the peak of the GPU the instance's kernels ran on, for efficiency.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from perfguard.analysis.flops import count_once, op_flops
+from perfguard.analysis.peaks import match_gpu, peak_flops_series, why_unknown
+from perfguard.analysis.tensor_cores import (
+    classify_kernels,
+    eligible_by_kernels,
+    op_tc_eligible,
+    resolve_unknown,
+)
+from perfguard.trace.model import Trace
+
+
+def _device_column(trace: Trace, acts: pd.DataFrame, column: str) -> pd.Series:
+    """``trace.devices[column]`` for each activity's (rank, device_id), aligned with ``acts``."""
+    dev = trace.devices.drop_duplicates(["rank", "device_id"]).set_index(["rank", "device_id"])
+    if dev.empty or acts.empty:
+        return pd.Series(None, index=acts.index, dtype="object")
+    idx = pd.MultiIndex.from_arrays([acts["rank"], acts["device_id"]])
+    return pd.Series(dev[column].reindex(idx).to_numpy(), index=acts.index, dtype="object")
+
+
+def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> None:
+    """Add ``uses_tc``/``tc_reason`` to ``acts`` and ``tc_eligible``/``uses_tc``/
+    ``tc_kernel_time`` to ``inst`` (in place).
+
+    Memops are not kernels: their ``uses_tc`` is False and they never count
+    in TC figures.
+    """
+    kernel = (acts["activity"] == "kernel").to_numpy()
+    cls = classify_kernels(acts["name"].where(kernel, ""))
+    uses = cls["uses_tc"].astype("boolean")
+    uses[~kernel] = False
+    reason = cls["tc_reason"].where(kernel, "memory operation")
+
+    by_instance = inst.set_index("instance")
+    leaf_eligible = op_tc_eligible(by_instance["name"].fillna(""))
+    own = acts["instance"].to_numpy()
+    op_eligible = pd.Series(leaf_eligible.reindex(own).fillna(False).to_numpy(bool), acts.index)
+    op_dtypes = pd.Series(by_instance["dtypes"].reindex(own).to_numpy(), index=acts.index)
+    cc = _device_column(trace, acts, "compute_capability")
+    unknown = uses.isna()
+    resolved = resolve_unknown(uses, op_dtypes, cc, eligible=op_eligible)
+    reason = reason.where(~(unknown & resolved.notna()), "resolved from the op's input dtypes")
+    acts["uses_tc"] = resolved
+    acts["tc_reason"] = reason
+
+    k = acts[kernel]
+    dur = (k["end"] - k["start"]).to_numpy()
+    tc = k["uses_tc"].fillna(False).to_numpy(bool)
+    per = pd.DataFrame({"i": k["instance"].to_numpy(), "tc": tc, "t": np.where(tc, dur, 0)})
+    g = per.groupby("i")
+    any_tc = g["tc"].any().reindex(inst["instance"]).fillna(False).to_numpy(bool)
+    has_kernel = inst["instance"].isin(per["i"]).to_numpy()
+    inst["kernel_time"] = (
+        per.assign(d=dur).groupby("i")["d"].sum().reindex(inst["instance"]).fillna(0)
+    ).to_numpy(np.int64)
+    inst["tc_kernel_time"] = g["t"].sum().reindex(inst["instance"]).fillna(0).to_numpy(np.int64)
+    eligible = leaf_eligible.reindex(inst["instance"]).fillna(False).to_numpy(bool)
+    inst["tc_eligible"] = eligible_by_kernels(
+        pd.Series(eligible, index=inst.index), pd.Series(any_tc, index=inst.index)
+    ).to_numpy(bool)
+    inst["uses_tc"] = pd.array(np.where(has_kernel, any_tc, False), dtype="boolean")
+    inst.loc[~has_kernel, "uses_tc"] = pd.NA
+
+
+def _formula_keys(ranges: pd.DataFrame) -> pd.Series:
+    """The name :func:`op_flops` looks formulas up by, per range.
+
+    Kineto and ``emit_nvtx`` ranges are named ``aten::x``; ranges that
+    :func:`perfguard.instrument` names by module path (``/model/fc/linear``)
+    carry the aten op in ``op_type`` and their shapes in the payload.
+    """
+    name = ranges["name"].astype(object)
+    by_type = ~name.str.contains("::", regex=False, na=False) & ranges["input_shapes"].notna()
+    by_type &= ranges["op_type"].notna()
+    return name.where(~by_type, "aten::" + ranges["op_type"].astype(str))
+
+
+def gpu_keys(trace: Trace) -> tuple[pd.DataFrame, list[str]]:
+    """Peak-table key per ``(rank, device_id)``, and one note per unknown GPU saying why."""
+    dev = trace.devices.drop_duplicates(["rank", "device_id"])
+    keys, notes = [], []
+    for name, mem in zip(dev["name"], dev["memory_bytes"], strict=True):
+        m = None if pd.isna(mem) else int(mem)
+        key = match_gpu(name, m) if isinstance(name, str) else None
+        keys.append(key)
+        if key is None:
+            notes.append(f"FLOP efficiency left empty for GPU {name!r}: {why_unknown(name)}")
+    out = pd.DataFrame(
+        {"rank": dev["rank"], "device_id": dev["device_id"], "gpu": pd.Series(keys, dtype=object)}
+    )
+    return out, sorted(set(notes))
+
+
+def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]:
+    """Add ``flops, bytes, compute_dtype, flop_formula, gpu, peak_flops`` to ``inst``
+    (in place); returns notes (e.g. why a GPU's peak is unknown), each said once.
+
+    FLOPs are computed per range from its shapes, then counted at one level
+    of the op tree (:func:`count_once`), so ``aten::linear`` and the
+    ``aten::addmm`` inside it are not both counted. The peak is that of the
+    GPU the instance's first kernel ran on, on the Tensor Core path when
+    the instance used TC (after :func:`add_tensor_cores`).
+    """
+    r = trace.ranges
+    is_op = (r["kind"] == "op").to_numpy(bool)
+    frame = pd.DataFrame(
+        {
+            "name": _formula_keys(r),
+            "input_shapes": r["input_shapes"],
+            "dtypes": r["dtypes"],
+            "concrete_inputs": r["concrete_inputs"] if "concrete_inputs" in r else None,
+        }
+    )
+    cost = op_flops(frame)
+    known = cost["flops"].where(pd.Series(is_op, index=r.index))
+    flops = count_once(known, r["parent_id"], r["range_id"], cost["family"])
+    nbytes = count_once(
+        cost["bytes"].astype("Float64").where(pd.Series(is_op, index=r.index)),
+        r["parent_id"],
+        r["range_id"],
+        cost["family"],
+    )
+    by_range = pd.DataFrame(
+        {
+            "flops": flops.astype("Float64"),
+            "bytes": nbytes.round().astype("Int64"),
+            "compute_dtype": cost["compute_dtype"],
+            "flop_formula": cost["flop_formula"],
+        }
+    )
+    by_range.index = pd.Index(r["range_id"].to_numpy())
+    aligned = by_range.reindex(inst["instance"].to_numpy())  # NA for unassociated work
+    for col in by_range.columns:
+        inst[col] = aligned[col].array
+
+    devices, notes = gpu_keys(trace)
+    kern = acts.loc[acts["activity"] == "kernel", ["instance", "rank", "device_id"]]
+    first = kern.drop_duplicates("instance")
+    first = first.merge(devices, on=["rank", "device_id"], how="left")
+    gpu = pd.Series(first["gpu"].to_numpy(), index=first["instance"].to_numpy(), dtype=object)
+    inst["gpu"] = gpu.reindex(inst["instance"].to_numpy()).to_numpy()
+    peak = pd.Series(pd.array([pd.NA] * len(inst), dtype="Float64"), index=inst.index)
+    tc = inst["uses_tc"].fillna(False).astype(bool) if "uses_tc" in inst else False
+    for key in inst["gpu"].dropna().unique():
+        rows = inst["gpu"] == key
+        sub = peak_flops_series(key, inst.loc[rows, "compute_dtype"], tc[rows])
+        peak[rows] = sub
+    inst["peak_flops"] = peak
+    return notes

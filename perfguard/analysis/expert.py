@@ -1,0 +1,461 @@
+"""Expert systems: detectors that turn an analysis into findings a person can act on.
+
+DLProf's expert systems (user guide, "Expert Systems") looked at a profile
+and said what was wrong and what to do: bad iteration range, no iterations,
+tensor shapes that keep GEMMs/convs off Tensor Cores, AMP not used,
+dataloader-bound, GPU underutilized, imbalanced GPUs, missing framework
+NVTX ranges. We keep those a capture can support and add four that none of
+the peers have: an eligible op that stopped using Tensor Cores between
+iterations, split-K / GEMV fallbacks, launch-bound ops made of tiny
+kernels, and host<->device copies inside the measured iterations.
+
+Each detector is a function ``(Analysis, Thresholds) -> list[Finding]``
+registered in :data:`DETECTORS`; a finding carries the problem, the evidence
+(numbers and op names) and a recommendation. Thresholds are data, so a team
+can tune them without touching the detectors. Rules behind the Tensor Core
+findings: ``shared/reference/tensor_cores_flops.md`` section 5.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:  # the Analysis dataclass imports this module
+    from perfguard.analysis import Analysis
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem found in a profile."""
+
+    check: str
+    severity: str  # "warning" (costs time now) or "info" (worth a look)
+    problem: str
+    evidence: str
+    recommendation: str
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Where each detector fires. Defaults follow DLProf where it published one."""
+
+    min_iterations: int = 3
+    warmup_ratio: float = 1.5  # first iteration slower than this x the median of the rest
+    gpu_utilization_pct: float = 50.0
+    imbalance_ratio: float = 1.2  # busiest / least busy GPU
+    unassociated_share: float = 0.5  # share of GPU time outside every op range
+    dataloader_share: float = 0.10  # of wall time in dataloader ranges
+    tiny_kernel_ns: int = 5_000
+    tiny_kernel_min_count: int = 20
+    launch_bound_idle_share: float = 0.5  # GPU idle within the op's GPU span
+    min_gpu_share: float = 0.01  # ignore ops below this share of GPU time
+    fp32_gemm_share: float = 0.10  # GPU time in fp32 eligible ops before AMP is suggested
+
+
+FINDING_COLUMNS = ["check", "severity", "problem", "evidence", "recommendation"]
+
+_DATALOADER = re.compile(r"DataLoader|dataloader|_next_data|data_loader", re.I)
+_SPLITK = re.compile(r"splitKreduce|splitK_reduce|reduce_1Block", re.I)
+_GEMV = re.compile(r"gemv|gemmSN|dot_kernel", re.I)
+_COPY_ACROSS = ("HtoD", "DtoH")
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.3f} ms"
+
+
+def _top(names: pd.Series, n: int = 3) -> str:
+    names = [str(x) for x in names.head(n)]
+    return ", ".join(names) + (", ..." if len(names) == n else "")
+
+
+# --------------------------------------------------------------------------- iterations
+
+
+def no_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
+    if len(a.window):
+        return []
+    return [
+        Finding(
+            "no_iterations", "info", "No iterations were found in the profile.",
+            "no ProfilerStep#N or perfguard.iteration ranges, and no --key-node",
+            "Mark iterations (torch.profiler's prof.step(), the gpuprofile fixture, or "
+            "perfguard.iteration ranges) or pass --key-node NAME so per-iteration figures, "
+            "--iter-start/--iter-stop and regression checks work.",
+        )
+    ]  # fmt: skip
+
+
+def bad_iteration_range(a: Analysis, th: Thresholds) -> list[Finding]:
+    it = a.iterations
+    if it.empty:
+        return []
+    out = []
+    n = int(it.groupby("rank").size().max())
+    if n < th.min_iterations:
+        out.append(
+            Finding(
+                "bad_iteration_range", "info",
+                f"Only {n} iteration(s) are aggregated; timings of so few are noisy.",
+                f"iterations {a.summary['Iteration Range']}",
+                f"Profile or select at least {th.min_iterations} iterations.",
+            )
+        )  # fmt: skip
+    first = it.sort_values("iteration").groupby("rank").head(1)
+    rest = it.drop(first.index)
+    if len(rest):
+        med = rest.groupby("rank")["duration"].median()
+        ratio = first.set_index("rank")["duration"] / med
+        slow = ratio[ratio > th.warmup_ratio]
+        if len(slow):
+            r = slow.index[0]
+            f = first.set_index("rank").loc[r]
+            out.append(
+                Finding(
+                    "bad_iteration_range", "warning",
+                    f"Iteration {int(f['iteration'])} looks like warm-up: it takes "
+                    f"{float(slow.iloc[0]):.1f}x the median of the others and is aggregated.",
+                    f"rank {r}: {_ms(f['duration'])} vs median {_ms(med[r])}",
+                    f"Start the range after warm-up: --iter-start {int(f['iteration']) + 1}.",
+                )
+            )  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------- utilization
+
+
+def gpu_underutilized(a: Analysis, th: Thresholds) -> list[Finding]:
+    util = float(a.summary.get("GPU Utilization (%)") or 0.0)
+    if a.summary.get("GPUs Used", 0) == 0 or util >= th.gpu_utilization_pct:
+        return []
+    return [
+        Finding(
+            "gpu_underutilized", "warning",
+            f"The GPU is busy only {util:.1f}% of the wall time.",
+            f"flattened busy {_ms(a.summary['GPU Busy Time, flattened (ns)'])} "
+            f"of {_ms(a.summary['Wall Clock Time (ns)'])} wall time",
+            "Look for CPU-side gaps: data loading, host synchronisation (.item(), .cpu()), "
+            "small launch-bound kernels; raise the batch size or overlap work with streams.",
+        )
+    ]  # fmt: skip
+
+
+def imbalanced_gpus(a: Analysis, th: Thresholds) -> list[Finding]:
+    acts = a.activities
+    if acts.empty:
+        return []
+    busy = (acts["end"] - acts["start"]).groupby([acts["rank"], acts["device_id"]]).sum()
+    if len(busy) < 2 or busy.min() <= 0:
+        return []
+    ratio = float(busy.max() / busy.min())
+    if ratio <= th.imbalance_ratio:
+        return []
+    hi, lo = busy.idxmax(), busy.idxmin()
+    return [
+        Finding(
+            "imbalanced_gpus", "warning",
+            f"GPU work is imbalanced: the busiest GPU does {ratio:.2f}x the work of the least.",
+            f"rank {hi[0]} GPU {hi[1]}: {_ms(busy.max())}; rank {lo[0]} GPU {lo[1]}: "
+            f"{_ms(busy.min())}",
+            "Balance the data or model partition across GPUs; in data parallel runs check "
+            "uneven batch sizes and ranks that do extra work (logging, evaluation).",
+        )
+    ]  # fmt: skip
+
+
+def emit_nvtx_missing(a: Analysis, th: Thresholds) -> list[Finding]:
+    total = float(a.summary.get("Total Kernel Time (ns)", 0)) + float(
+        a.summary.get("Total Memory Op Time (ns)", 0)
+    )
+    un = float(a.summary.get("Unassociated GPU Time (ns)", 0))
+    if total <= 0 or un / total <= th.unassociated_share:
+        return []
+    has_ranges = bool((a.trace.ranges["kind"] == "op").any())
+    return [
+        Finding(
+            "emit_nvtx_missing", "warning",
+            f"{100 * un / total:.0f}% of GPU time belongs to no framework op"
+            + ("" if has_ranges else ": the capture has no op ranges at all") + ".",
+            f"unassociated {_ms(un)} of {_ms(total)}",
+            "Capture with op ranges: perfguard.instrument() or torch.autograd.profiler."
+            "emit_nvtx() under nsys (or nsys --pytorch=autograd-nvtx), or use the PyTorch "
+            "profiler backend, which records ops itself.",
+        )
+    ]  # fmt: skip
+
+
+def dataloader_bound(a: Analysis, th: Thresholds) -> list[Finding]:
+    r = a.trace.ranges
+    dl = r[r["name"].fillna("").str.contains(_DATALOADER)]
+    if dl.empty:
+        return []
+    if len(a.window):
+        w = a.window
+        keep = np.zeros(len(dl), dtype=bool)
+        for rank, iv in w.groupby("rank"):  # a handful of iterations per rank
+            on = (dl["rank"] == rank).to_numpy()
+            s = dl["start"].to_numpy()
+            for lo, hi in zip(iv["start"], iv["end"], strict=True):
+                keep |= on & (s >= lo) & (s < hi)
+        dl = dl[keep]
+    wall = float(a.summary.get("Wall Clock Time (ns)") or 0)
+    if dl.empty or wall <= 0:
+        return []
+    from perfguard.analysis.intervals import union_length
+
+    spent = float(union_length(dl["start"], dl["end"], dl["rank"]).max())
+    share = spent / wall
+    if share <= th.dataloader_share:
+        return []
+    return [
+        Finding(
+            "dataloader_bound", "warning",
+            f"The data loader takes {100 * share:.0f}% of the wall time.",
+            f"{len(dl)} loader ranges, {_ms(spent)} of {_ms(wall)}",
+            "Use more DataLoader workers (num_workers), pin_memory=True, persistent_workers, "
+            "prefetching, or move preprocessing to the GPU (e.g. DALI).",
+        )
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- launch and copies
+
+
+def launch_bound_tiny_kernels(a: Analysis, th: Thresholds) -> list[Finding]:
+    inst = a.instances
+    k = a.activities[a.activities["activity"] == "kernel"]
+    if k.empty:
+        return []
+    dur = k["end"] - k["start"]
+    per = pd.DataFrame({"instance": k["instance"], "tiny": dur < th.tiny_kernel_ns})
+    tiny = per.groupby("instance")["tiny"].agg(["sum", "size"])
+    j = inst.set_index("instance").join(tiny, how="inner")
+    j = j[(j["size"] >= th.tiny_kernel_min_count) & (j["sum"] >= 0.8 * j["size"])]
+    j = j[j["gpu_span"] > 0]
+    j = j[j["gpu_idle"] > th.launch_bound_idle_share * j["gpu_span"]]
+    if j.empty:
+        return []
+    g = j.groupby(["op_name", "direction"]).agg(
+        calls=("size", "size"), kernels=("size", "sum"), idle=("gpu_idle", "sum"),
+        span=("gpu_span", "sum"),
+    ).sort_values("idle", ascending=False)  # fmt: skip
+    names = pd.Series([n for n, _ in g.index])
+    return [
+        Finding(
+            "launch_bound_tiny_kernels", "warning",
+            f"{len(g)} op(s) launch many tiny kernels and leave the GPU idle between them.",
+            f"{_top(names)}: {int(g['kernels'].sum())} kernels mostly under "
+            f"{th.tiny_kernel_ns / 1000:.0f} µs, GPU idle {_ms(g['idle'].sum())} of a "
+            f"{_ms(g['span'].sum())} span",
+            "Fuse the work (torch.compile, fused optimizers such as foreach/fused Adam, "
+            "fused kernels) or capture it in a CUDA graph to remove launch overhead.",
+        )
+    ]  # fmt: skip
+
+
+def memcpy_in_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
+    m = a.activities[a.activities["activity"] == "memop"]
+    if m.empty or not len(a.window):
+        return []
+    m = m[m["iteration"].notna() & m["name"].astype(str).str.contains("|".join(_COPY_ACROSS))]
+    if m.empty:
+        return []
+    n_iter = max(len(a.window), 1)
+    t = float((m["end"] - m["start"]).sum())
+    kinds = m["name"].astype(str).value_counts()
+    owners = m["op_name"].value_counts()
+    return [
+        Finding(
+            "memcpy_in_iterations", "info",
+            f"{len(m) / n_iter:.1f} host<->device copies per iteration inside the measured "
+            "iterations.",
+            f"{', '.join(f'{k}: {v}' for k, v in kinds.items())}; {_ms(t)} in total; "
+            f"issued by {_top(pd.Series(owners.index))}",
+            "Keep tensors on the device; copy inputs with pin_memory=True and "
+            "non_blocking=True; avoid .item()/.cpu()/print of GPU tensors inside the step.",
+        )
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- Tensor Cores
+
+
+_SIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8}
+_ALIGN_BYTES = 16  # cuBLAS: dimensions x element size multiple of 16 bytes (reference 5.2)
+
+
+def _gemm_dims(shapes: str, dtypes: str) -> tuple[list[int], int] | None:
+    """The matrix dims of a GEMM-like op's two operands and the element size, or None."""
+    try:
+        sh, dt = json.loads(shapes), json.loads(dtypes)
+    except (TypeError, ValueError):
+        return None
+    mats = [(s, d) for s, d in zip(sh, dt, strict=False) if isinstance(s, list) and len(s) >= 2]
+    if len(mats) < 2 or mats[-2][1] not in _SIZE:
+        return None
+    (a, da), (b, _) = mats[-2], mats[-1]
+    return [a[-2], a[-1], b[-1]], _SIZE[da]
+
+
+def bad_tensor_shape(a: Analysis, th: Thresholds) -> list[Finding]:
+    inst = a.instances
+    if "tc_eligible" not in inst or inst.empty:
+        return []
+    gemm = inst[
+        inst["tc_eligible"].fillna(False).astype(bool)
+        & inst["op_type"].isin(["mm", "addmm", "bmm", "baddbmm", "matmul", "linear"])
+        & inst["input_shapes"].notna()
+    ]
+    if gemm.empty:
+        return []
+    keys = gemm[["input_shapes", "dtypes"]].drop_duplicates()
+    bad = []
+    for shapes, dtypes in keys.itertuples(index=False):  # distinct shapes, not events
+        dims = _gemm_dims(shapes, dtypes)
+        if dims is None or dims[1] == 4:  # fp32: TF32 alignment is 4 elements, rarely the issue
+            continue
+        need = _ALIGN_BYTES // dims[1]
+        off = [d for d in dims[0] if d % need]
+        if off:
+            bad.append((shapes, dtypes, need, off))
+    if not bad:
+        return []
+    hit = gemm[gemm["input_shapes"].isin([b[0] for b in bad])]
+    by_op = hit.groupby("op_name")["gpu_time"].sum().sort_values(ascending=False)
+    ex = bad[0]
+    return [
+        Finding(
+            "bad_tensor_shape", "warning",
+            f"{len(by_op)} Tensor Core eligible GEMM op(s) have dimensions that are not "
+            f"multiples of {ex[2]} elements.",
+            f"{_top(pd.Series(by_op.index))}; e.g. shapes {ex[0]} ({ex[1]}) with dims "
+            f"{ex[3]}; {_ms(by_op.sum())} GPU time",
+            f"Pad hidden sizes, vocabulary and batch x sequence to multiples of {ex[2]} "
+            "(64 or more is better on A100/H100) so cuBLAS picks full-width Tensor Core tiles.",
+        )
+    ]  # fmt: skip
+
+
+def amp_not_used(a: Analysis, th: Thresholds) -> list[Finding]:
+    inst = a.instances
+    if "tc_eligible" not in inst or inst.empty:
+        return []
+    cc = pd.to_numeric(a.trace.devices["compute_capability"], errors="coerce")
+    if not len(cc.dropna()) or float(cc.max()) < 7.0:
+        return []  # no TC-capable GPU known: say nothing rather than guess
+    elig = inst[inst["tc_eligible"].fillna(False).astype(bool)]
+    first = elig["dtypes"].fillna("").str.extract(r'^\["([^"]+)"')[0]
+    fp32 = elig[first == "float"]
+    total = float(inst["gpu_time"].sum())
+    share = float(fp32["gpu_time"].sum()) / total if total else 0.0
+    if fp32.empty or share < th.fp32_gemm_share:
+        return []
+    tc = fp32["uses_tc"].fillna(False).astype(bool) if "uses_tc" in fp32 else False
+    by_op = fp32.groupby("op_name")["gpu_time"].sum().sort_values(ascending=False)
+    return [
+        Finding(
+            "amp_not_used", "warning",
+            f"{100 * share:.0f}% of GPU time is in fp32 GEMMs/convolutions on a Tensor Core "
+            "GPU: automatic mixed precision is not used.",
+            f"{_top(pd.Series(by_op.index))}; {int(np.sum(tc))} of {len(fp32)} calls ran TF32 "
+            "Tensor Core kernels",
+            "Enable AMP (torch.autocast(device_type='cuda', dtype=torch.bfloat16) with a "
+            "GradScaler for fp16) or at least TF32 "
+            "(torch.backends.cuda.matmul.allow_tf32 = True).",
+        )
+    ]  # fmt: skip
+
+
+def tc_lost_between_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
+    acts = a.activities
+    if "uses_tc" not in acts or "tc_eligible" not in a.instances or acts["iteration"].isna().all():
+        return []
+    k = acts[(acts["activity"] == "kernel") & acts["iteration"].notna() & (acts["range_id"] >= 0)]
+    elig = a.instances.set_index("instance")["tc_eligible"].fillna(False).astype(bool)
+    k = k[elig.reindex(k["instance"]).fillna(False).to_numpy()]
+    if k.empty:
+        return []
+    per = (
+        k.assign(tc=k["uses_tc"].fillna(False).astype(bool))
+        .groupby(["op_name", "direction", "iteration"])["tc"]
+        .any()
+        .unstack("iteration")
+    )
+    mixed = per[per.any(axis=1) & ~per.fillna(True).all(axis=1)]
+    if mixed.empty:
+        return []
+    name, _ = mixed.index[0]
+    row = mixed.iloc[0]
+    lost = [int(i) for i, v in row.items() if pd.notna(v) and not bool(v)]
+    return [
+        Finding(
+            "tc_lost_between_iterations", "warning",
+            f"{len(mixed)} eligible op(s) use Tensor Cores in some iterations and not in others.",
+            f"{name}: no TC kernel in iteration(s) {lost[:5]}",
+            "Shapes or dtypes change between iterations (dynamic shapes, a last partial "
+            "batch, autocast turned off), or cuDNN/cuBLAS heuristics chose another algorithm: "
+            "fix the shapes (drop_last=True, padding) and set torch.backends.cudnn.benchmark.",
+        )
+    ]  # fmt: skip
+
+
+def splitk_gemv_fallbacks(a: Analysis, th: Thresholds) -> list[Finding]:
+    k = a.activities[a.activities["activity"] == "kernel"]
+    if k.empty:
+        return []
+    names = k["name"].astype(str)
+    total = float((k["end"] - k["start"]).sum())
+    out = []
+    for check, pat, what, rec in (
+        ("splitk_fallback", _SPLITK, "split-K GEMMs (an extra reduction kernel per call)",
+         "Split-K means the GEMM is too small or too skinny to fill the GPU: batch several "
+         "GEMMs together, grow M/N, or fuse them (grouped GEMM)."),
+        ("gemv_fallback", _GEMV, "GEMV / SIMT kernels (no Tensor Cores)",
+         "A GEMM with M or N of 1 runs as GEMV: batch the requests (larger decode batch) or "
+         "accept it as expected for token-by-token decoding."),
+    ):  # fmt: skip
+        hit = k[names.str.contains(pat)]
+        if hit.empty:
+            continue
+        t = float((hit["end"] - hit["start"]).sum())
+        if t < th.min_gpu_share * total:
+            continue
+        owners = hit["op_name"].value_counts()
+        out.append(
+            Finding(
+                check, "info", f"{len(hit)} kernels are {what}.",
+                f"{_ms(t)} GPU time; issued by {_top(pd.Series(owners.index))}", rec,
+            )
+        )  # fmt: skip
+    return out
+
+
+DETECTORS: tuple[Callable[[Analysis, Thresholds], list[Finding]], ...] = (
+    no_iterations,
+    bad_iteration_range,
+    gpu_underutilized,
+    imbalanced_gpus,
+    emit_nvtx_missing,
+    dataloader_bound,
+    bad_tensor_shape,
+    amp_not_used,
+    tc_lost_between_iterations,
+    splitk_gemv_fallbacks,
+    launch_bound_tiny_kernels,
+    memcpy_in_iterations,
+)
+
+
+def run_detectors(analysis: Analysis, thresholds: Thresholds | None = None) -> pd.DataFrame:
+    """Every detector's findings as a table (columns :data:`FINDING_COLUMNS`)."""
+    th = thresholds or Thresholds()
+    found = [f for detect in DETECTORS for f in detect(analysis, th)]
+    return pd.DataFrame([asdict(f) for f in found], columns=FINDING_COLUMNS)

@@ -1,0 +1,135 @@
+"""Group nodes: inclusive roll-ups of GPU work over the op hierarchy.
+
+DLProf's group-node report answers "how much does this module / name scope
+cost, everything inside it included". A *group node* is an op range that
+encloses other op ranges (a module, an NVTX scope, ``aten::linear`` around
+``aten::addmm``); it is identified, like an op, by its hierarchical name and
+direction. Every GPU activity counts toward the range that owns it *and*
+every enclosing op range (DESIGN.md, "Attribution"). Two figures per group:
+
+* accumulated GPU time: the summed durations of all activities inside it,
+  overlap counted per activity (comparable with the detail report);
+* flattened GPU time: the union of those activities' intervals per
+  instance, then summed over instances, so concurrent streams are not
+  counted twice (DESIGN.md, "flattening ... group nodes").
+
+Iteration markers are transparent: they are never groups, and the walk up
+the tree passes through them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from perfguard.analysis.intervals import union_length
+from perfguard.trace.model import Trace
+
+COLUMNS = [
+    "op_id", "op_name", "direction", "calls", "child_ops", "kernel_count", "cpu_time_total",
+    "gpu_time_total", "gpu_time_flattened", "gpu_idle_total",
+]  # fmt: skip
+
+
+def group_members(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
+    """Pairs ``(activity row, group range_id)`` for every enclosing group of each activity.
+
+    One vectorised step per tree level: the owner's ancestors are reached by
+    following ``parent_id`` for all activities at once.
+    """
+    r = trace.ranges
+    n = len(r)
+    parent = r["parent_id"].to_numpy(np.int64)  # range_id == row number (finalize_ranges)
+    is_op = (r["kind"] == "op").to_numpy()
+    has_child_op = np.zeros(n, dtype=bool)
+    op_parent = _op_parent(parent, is_op)
+    has_child_op[op_parent[(op_parent >= 0) & is_op]] = True
+    group = is_op & has_child_op
+
+    rows = np.flatnonzero(acts["range_id"].to_numpy() >= 0)
+    cur = acts["range_id"].to_numpy(np.int64)[rows]
+    out_rows, out_groups = [], []
+    while len(rows):
+        hit = group[cur]
+        out_rows.append(rows[hit])
+        out_groups.append(cur[hit])
+        cur = parent[cur]
+        alive = cur >= 0
+        rows, cur = rows[alive], cur[alive]
+    if not out_rows:
+        return pd.DataFrame({"row": [], "group": []}, dtype=np.int64)
+    return pd.DataFrame({"row": np.concatenate(out_rows), "group": np.concatenate(out_groups)})
+
+
+def _op_parent(parent: np.ndarray, is_op: np.ndarray) -> np.ndarray:
+    """Nearest enclosing *op* range of every range (skipping iteration markers), -1 if none."""
+    out = parent.copy()
+    for _ in range(len(parent)):  # bounded by tree depth; stops at the first level without markers
+        bad = (out >= 0) & ~is_op[np.clip(out, 0, None)]
+        if not bad.any():
+            break
+        out[bad] = parent[out[bad]]
+    return out
+
+
+def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) -> pd.DataFrame:
+    """The group-node table (columns :data:`COLUMNS`), sorted by accumulated GPU time.
+
+    ``acts`` and ``instances`` are :class:`perfguard.analysis.Analysis`'s
+    ``activities`` and ``instances`` (already limited to the selected
+    iterations); a group instance outside them is left out.
+    """
+    r = trace.ranges
+    inst = instances[instances["instance"] >= 0].set_index("instance")
+    members = group_members(trace, acts)
+    members = members[members["group"].isin(inst.index)]
+    s = acts["start"].to_numpy(np.int64)[members["row"].to_numpy()]
+    e = acts["end"].to_numpy(np.int64)[members["row"].to_numpy()]
+    g = members["group"].to_numpy()
+    is_kernel = (acts["activity"] == "kernel").to_numpy()[members["row"].to_numpy()]
+    per = pd.DataFrame({"g": g, "dur": e - s, "k": is_kernel, "s": s, "e": e}).groupby("g")
+    per_inst = pd.DataFrame(
+        {
+            "gpu_time": per["dur"].sum(),
+            "kernel_count": per["k"].sum(),
+            "span": per["e"].max() - per["s"].min(),
+            "flat": union_length(s, e, g),
+        }
+    )
+    is_op = (r["kind"] == "op").to_numpy()
+    groups = np.unique(_op_parent(r["parent_id"].to_numpy(np.int64), is_op)[is_op])
+    groups = groups[(groups >= 0) & np.isin(groups, inst.index.to_numpy())]
+    gi = inst.loc[groups, ["op_id", "op_name", "direction", "cpu_time"]].join(per_inst)
+    fill = {"gpu_time": 0, "kernel_count": 0, "span": 0, "flat": 0}
+    gi = gi.fillna(fill).astype({c: np.int64 for c in fill})
+    gi["idle"] = gi["span"] - gi["flat"]
+    child = _child_ops(trace, inst)
+    gi["child_ops"] = child.reindex(gi.index).fillna(0).astype(np.int64)
+    if gi.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    out = (
+        gi.groupby(["op_id", "op_name", "direction"], sort=False)
+        .agg(
+            calls=("cpu_time", "size"),
+            child_ops=("child_ops", "max"),
+            kernel_count=("kernel_count", "sum"),
+            cpu_time_total=("cpu_time", "sum"),
+            gpu_time_total=("gpu_time", "sum"),
+            gpu_time_flattened=("flat", "sum"),
+            gpu_idle_total=("idle", "sum"),
+        )
+        .reset_index()
+    )
+    out = out.sort_values(["gpu_time_total", "op_name"], ascending=[False, True])
+    return out.reset_index(drop=True)[COLUMNS]
+
+
+def _child_ops(trace: Trace, inst: pd.DataFrame) -> pd.Series:
+    """Number of distinct ops (name, direction) directly under each group instance."""
+    r = trace.ranges
+    is_op = (r["kind"] == "op").to_numpy()
+    op_parent = _op_parent(r["parent_id"].to_numpy(np.int64), is_op)
+    kids = pd.DataFrame({"parent": op_parent[is_op], "child": r["range_id"].to_numpy()[is_op]})
+    kids = kids[(kids["parent"] >= 0) & kids["child"].isin(inst.index)]
+    kids["op"] = inst.loc[kids["child"], "op_id"].to_numpy()
+    return kids.drop_duplicates(["parent", "op"]).groupby("parent").size()
