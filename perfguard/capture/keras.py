@@ -1,0 +1,161 @@
+"""A Keras callback that marks training batches and epochs as NVTX ranges.
+
+What nvtx-plugins-tf's callback offered: ``model.fit(..., callbacks=[NvtxCallback()])``
+and the nsys timeline shows each epoch and each batch, so kernels can be
+attributed per iteration. Train batches are named ``perfguard.iteration``,
+the analysis's explicit iteration marker (the batch number rides in the
+NVTX payload, so the message stays one registered string). The ranges go
+through :mod:`perfguard.capture.annotate`, so under Keras 3's torch backend
+a torch profiler sees them too.
+
+Importable without TensorFlow or Keras: the base class is
+``keras.callbacks.Callback`` when Keras imports, else a plain stand-in with
+the same hook methods (enough to call them directly, as the tests do).
+Importing this module imports Keras when it is installed, so import it
+only where a Keras callback is wanted.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_annotate = importlib.import_module("perfguard.capture.annotate")
+
+#: The analysis's explicit iteration marker (``perfguard.trace.names.ITERATION_NAMES``;
+#: not imported from there: capture code stays free of the readers and pandas).
+ITERATION_RANGE = "perfguard.iteration"
+
+__all__ = ["NvtxCallback"]
+
+
+def _keras_callback_base() -> type:
+    for module in ("keras.callbacks", "tensorflow.keras.callbacks"):
+        try:
+            return importlib.import_module(module).Callback  # type: ignore[no-any-return]
+        except Exception:  # noqa: BLE001 - absent or broken installs both mean "no Keras"
+            continue
+    return _CallbackStandIn
+
+
+class _CallbackStandIn:
+    """The hook surface of ``keras.callbacks.Callback``, for use without Keras."""
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.params: dict[str, Any] = {}
+
+    def set_model(self, model: Any) -> None:
+        self.model = model
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        self.params = params
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None: ...
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None: ...
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None: ...
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None: ...
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None: ...
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None: ...
+    def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+    def on_predict_begin(self, logs: dict[str, Any] | None = None) -> None: ...
+    def on_predict_end(self, logs: dict[str, Any] | None = None) -> None: ...
+    def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+
+_Base: Any = _keras_callback_base()
+
+
+class NvtxCallback(_Base):  # type: ignore[misc, valid-type]
+    """NVTX ranges (and torch-profiler mirrors) around Keras phases, epochs and batches.
+
+    Range names: ``keras.train``/``keras.test``/``keras.predict`` around a whole
+    ``fit``/``evaluate``/``predict``, ``keras.epoch`` per epoch,
+    ``perfguard.iteration`` per train batch, ``keras.test_batch`` and
+    ``keras.predict_batch`` per evaluation and prediction batch. Epoch and batch
+    numbers are the NVTX payload. ``batches=False`` keeps only phases and epochs
+    (per-batch ranges cost a few microseconds each).
+    """
+
+    TRAIN_BATCH = ITERATION_RANGE
+
+    def __init__(
+        self,
+        *,
+        domain: str | None = None,
+        color: str | int | None = None,
+        batches: bool = True,
+    ) -> None:
+        super().__init__()
+        self.domain = domain
+        self.color = color
+        self.batches = batches
+        self._open: dict[str, list[tuple[Any, Any]]] = {}
+        self._ranges: dict[tuple[str, int | None], Any] = {}
+
+    def _begin(self, name: str, number: int | None = None) -> None:
+        key = (name, number)
+        rng = self._ranges.get(key)
+        if rng is None:
+            rng = _annotate._Range(name, self.color, self.domain, None, number)
+            if number is None or len(self._ranges) < 4096:
+                self._ranges[key] = rng
+        self._open.setdefault(name, []).append((rng, rng.begin()))
+
+    def _end(self, name: str) -> None:
+        stack = self._open.get(name)
+        if stack:  # an end without a begin (callback added mid-run) is ignored
+            rng, token = stack.pop()
+            rng.end(token)
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._begin("keras.train")
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._end("keras.train")
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._begin("keras.epoch", epoch)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._end("keras.epoch")
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.batches:
+            self._begin(self.TRAIN_BATCH, batch)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.batches:
+            self._end(self.TRAIN_BATCH)
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._begin("keras.test")
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._end("keras.test")
+
+    def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.batches:
+            self._begin("keras.test_batch", batch)
+
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.batches:
+            self._end("keras.test_batch")
+
+    def on_predict_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._begin("keras.predict")
+
+    def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._end("keras.predict")
+
+    def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.batches:
+            self._begin("keras.predict_batch", batch)
+
+    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.batches:
+            self._end("keras.predict_batch")

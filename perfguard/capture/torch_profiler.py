@@ -1,0 +1,326 @@
+"""The torch backend: the PyTorch profiler (Kineto), in-process or around a Python program.
+
+Two ways in:
+
+* :func:`profile_torch` — a context manager for code you run yourself (a
+  notebook, a benchmark): ``torch.profiler.profile`` with the CUDA activity
+  when ``torch.cuda.is_available()`` (else CPU only), shapes, stacks and
+  FLOPs recorded, and the Kineto JSON written on exit — also when the body
+  raises.
+* :class:`TorchBackend` — for a *command*. It runs::
+
+      sys.executable -m perfguard.capture.torch_runner --output OUT --device DEV
+          [--no-record-shapes] [--no-stack] [--no-flops] [--profile-memory]
+          -- (SCRIPT.py | -m MODULE | -c CODE) [ARGS...]
+
+  which executes the Python program in that process under
+  :func:`profile_torch` (see :mod:`perfguard.capture.torch_runner`). Only
+  Python commands qualify (``python script.py``, ``python -m mod``,
+  ``python -c code``, or a bare ``script.py``); the program runs under this
+  interpreter (``sys.executable``), whatever ``python`` the command named.
+  Other programs need the nsys backend.
+
+Iterations. The runner adds no markers of its own. A program marks each
+iteration with a ``perfguard.iteration`` range, e.g.
+``with torch.profiler.record_function("perfguard.iteration"): train_step()``,
+and the analysis numbers them 0, 1, ...; or the analysis is given a key node
+(``--key-node NAME``). A program must not start its own ``torch.profiler``
+under the runner (Kineto allows one session per process): the runner sets
+``PERFGUARD_CAPTURE=torch`` so a program can skip its own profiling.
+
+A program that fails (non-zero exit or an exception) still leaves its
+trace; :meth:`TorchBackend.capture` then raises :class:`CaptureError` whose
+``result`` points at it, the same as the nsys backend for a failed command.
+
+``torch`` is imported lazily: perfguard imports without it installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from perfguard.capture.base import Backend, CaptureResult, command_list, output_base
+from perfguard.capture.process import describe_status, format_command, run_command
+from perfguard.errors import CaptureError
+
+Device = Literal["auto", "cuda", "cpu"]
+DEVICES = ("auto", "cuda", "cpu")
+INSTALL_HINT = "install it with `pip install perfguard[torch]` (or install torch)"
+#: set in the profiled program's environment by the runner
+CAPTURE_ENV = "PERFGUARD_CAPTURE"
+TRACE_SUFFIX = ".pt.trace.json.gz"
+RUNNER_MODULE = "perfguard.capture.torch_runner"
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?[tw]?(\.exe)?$", re.IGNORECASE)
+
+
+def torch_available() -> tuple[bool, str]:
+    """Whether ``torch`` can be imported here, without importing it (cheap)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return False, f"PyTorch is not installed: {INSTALL_HINT}"
+    return True, "PyTorch is installed"
+
+
+def torch_cuda_available() -> bool:
+    """``torch.cuda.is_available()`` (imports torch: call only when a GPU is likely)."""
+    try:
+        return bool(_import_torch().cuda.is_available())
+    except CaptureError:
+        return False
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+        import torch.profiler  # noqa: F401  (a submodule; make sure it loads)
+    except ImportError as exc:
+        raise CaptureError(f"PyTorch cannot be imported ({exc}): {INSTALL_HINT}") from None
+    return torch
+
+
+def resolve_device(device: str, torch: Any) -> str:
+    """``auto`` → ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` without one is an error."""
+    if device not in DEVICES:
+        raise CaptureError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    has_cuda = bool(torch.cuda.is_available())
+    if device == "cuda" and not has_cuda:
+        raise CaptureError(
+            "device 'cuda' was asked for but torch.cuda.is_available() is False "
+            f"(torch {torch.__version__}); use device 'cpu' or 'auto'"
+        )
+    if device == "auto":
+        return "cuda" if has_cuda else "cpu"
+    return device
+
+
+@dataclass
+class TorchProfile:
+    """What :func:`profile_torch` yields: where the trace goes, the device, the profiler."""
+
+    path: Path
+    device: str
+    profiler: Any
+
+
+@contextmanager
+def profile_torch(
+    output_path: str | os.PathLike[str],
+    *,
+    device: Device = "auto",
+    record_shapes: bool = True,
+    with_stack: bool = True,
+    with_flops: bool = True,
+    profile_memory: bool = False,
+) -> Iterator[TorchProfile]:
+    """Profile the ``with`` body with ``torch.profiler`` and write a Kineto JSON trace on exit.
+
+    ``output_path`` ending in ``.gz`` is compressed. The trace is written even
+    when the body raises (then the body's exception propagates). Shapes are on
+    by default because FLOP and Tensor Core figures need them.
+    """
+    torch = _import_torch()
+    dev = resolve_device(device, torch)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if dev == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    out = Path(output_path).expanduser().resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prof = torch.profiler.profile(
+        activities=activities,
+        record_shapes=record_shapes,
+        with_stack=with_stack,
+        with_flops=with_flops,
+        profile_memory=profile_memory,
+    )
+    handle = TorchProfile(path=out, device=dev, profiler=prof)
+    try:
+        with prof:
+            yield handle
+    except BaseException:
+        try:
+            _export(prof, out)
+        except CaptureError as exc:  # keep the body's exception; say why there is no trace
+            print(f"perfguard: {exc}", file=sys.stderr)
+        raise
+    _export(prof, out)
+
+
+def _export(prof: Any, out: Path) -> None:
+    try:
+        prof.export_chrome_trace(str(out))
+    except Exception as exc:  # torch raises RuntimeError/AssertionError/OSError here
+        raise CaptureError(f"{out}: the torch profiler could not write its trace: {exc}") from None
+
+
+def python_target(command: Sequence[str]) -> list[str]:
+    """The part of a Python ``command`` the runner takes after ``--``.
+
+    ``python script.py a`` → ``[script.py, a]``; ``python -m mod a`` →
+    ``[-m, mod, a]``; ``python -c CODE`` → ``[-c, CODE]``; ``script.py a`` →
+    ``[script.py, a]``. Anything else is a :class:`CaptureError`.
+    """
+    command = command_list(command)
+    first = command[0]
+    if first.endswith(".py"):
+        return command
+    if _PYTHON.match(Path(first).name) or _same_file(first, sys.executable):
+        rest = command[1:]
+        if rest and rest[0] in ("-m", "-c") and len(rest) >= 2:
+            return rest
+        if rest and not rest[0].startswith("-"):
+            return rest
+        shown = " ".join(rest[:1]) or "nothing"
+        raise CaptureError(
+            f"the torch backend runs `python SCRIPT`, `python -m MODULE` or `python -c CODE`, "
+            f"but `{format_command(command)}` gives the interpreter {shown}; "
+            "drop interpreter options or use the nsys backend"
+        )
+    raise CaptureError(
+        f"the torch backend profiles Python programs only (python script.py, python -m module, "
+        f"or a .py file), not `{format_command(command)}`: use the nsys backend for other programs"
+    )
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def torch_runner_argv(
+    output: str | Path,
+    target: Sequence[str],
+    *,
+    device: Device = "auto",
+    record_shapes: bool = True,
+    with_stack: bool = True,
+    with_flops: bool = True,
+    profile_memory: bool = False,
+) -> list[str]:
+    """The runner command line of the module contract (see the module docstring)."""
+    argv = [sys.executable, "-m", RUNNER_MODULE, "--output", str(output), "--device", device]
+    if not record_shapes:
+        argv.append("--no-record-shapes")
+    if not with_stack:
+        argv.append("--no-stack")
+    if not with_flops:
+        argv.append("--no-flops")
+    if profile_memory:
+        argv.append("--profile-memory")
+    return argv + ["--", *target]
+
+
+class TorchBackend(Backend):
+    """Profile a Python program with the PyTorch profiler; returns a Kineto JSON trace."""
+
+    name = "torch"
+
+    def __init__(
+        self,
+        *,
+        device: Device = "auto",
+        record_shapes: bool = True,
+        with_stack: bool = True,
+        with_flops: bool = True,
+        profile_memory: bool = False,
+        why: str = "",
+    ) -> None:
+        super().__init__(why=why)
+        if device not in DEVICES:
+            raise CaptureError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+        self.device: Device = device
+        self.record_shapes = record_shapes
+        self.with_stack = with_stack
+        self.with_flops = with_flops
+        self.profile_memory = profile_memory
+
+    def available(self) -> tuple[bool, str]:
+        """Whether torch is importable (checked without importing it)."""
+        return torch_available()
+
+    def capture(
+        self,
+        command: Sequence[str],
+        *,
+        output_dir: str | Path,
+        name: str = "capture",
+        delay: float | None = None,
+        duration: float | None = None,
+        capture_range: str | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CaptureResult:
+        """Run the Python ``command`` under the torch runner; return its ``.pt.trace.json.gz``."""
+        command = command_list(command)
+        nsys_only = [
+            flag
+            for flag, value in (
+                ("delay", delay), ("duration", duration), ("capture range", capture_range)
+            )
+            if value is not None
+        ]  # fmt: skip
+        if nsys_only:
+            raise CaptureError(
+                f"{' and '.join(nsys_only)} need the nsys backend; this capture uses torch "
+                f"({self.why})"
+            )
+        target = python_target(command)
+        ok, reason = torch_available()
+        if not ok:
+            raise CaptureError(reason)
+        out = output_base(output_dir, name)
+        out = out.with_name(out.name + TRACE_SUFFIX)
+        out.unlink(missing_ok=True)
+        argv = torch_runner_argv(
+            out, target, device=self.device, record_shapes=self.record_shapes,
+            with_stack=self.with_stack, with_flops=self.with_flops,
+            profile_memory=self.profile_memory,
+        )  # fmt: skip
+        done = run_command(argv, timeout=timeout, env=_runner_env(env))
+        result = CaptureResult(
+            path=out, backend=self.name, command=command, returncode=done.returncode,
+            wall_time_s=done.wall_time_s, log=done.stderr_tail, why=self.why, argv=done.argv,
+        )  # fmt: skip
+        if done.returncode != 0:
+            last = done.last_stderr_line
+            kept = out.is_file()
+            raise CaptureError(
+                f"`{format_command(command)}` under the torch profiler ended with "
+                f"{describe_status(done.returncode)}"
+                + (f": {last}" if last else "")
+                + (f" (its trace up to that point is in {out})" if kept else ""),
+                result=result if kept else None,
+            )
+        if not out.is_file():
+            raise CaptureError(f"the torch profiler wrote no trace: expected {out}")
+        return result
+
+
+def _runner_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The runner's environment: perfguard must be importable there.
+
+    An installed perfguard (regular or editable) is; one used from a source
+    tree on ``sys.path`` gets that tree appended to ``PYTHONPATH``.
+    """
+    child = dict(os.environ if env is None else env)
+    try:
+        importlib.metadata.distribution("perfguard")
+    except importlib.metadata.PackageNotFoundError:
+        tree = str(Path(__file__).resolve().parents[2])
+        parts = [p for p in child.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if tree not in parts:
+            child["PYTHONPATH"] = os.pathsep.join([*parts, tree])
+    return child
