@@ -12,11 +12,23 @@ class KinetoBuilder:
     def __init__(self) -> None:
         self.events: list[dict] = []
         self.corr = 0
+        self.devices: list[dict] = []
 
-    def op(self, name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> None:
+    def op(
+        self, name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1,
+        args: dict | None = None,
+    ) -> None:  # fmt: skip
+        """A CPU event; ``args`` adds e.g. ``Input Dims`` / ``Input type``."""
         self.events.append(
             {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-             "args": {"External id": len(self.events) + 1}}
+             "args": {"External id": len(self.events) + 1, **(args or {})}}
+        )  # fmt: skip
+
+    def device(self, name: str, major: int, minor: int, memory: int = 40 << 30) -> None:
+        """Describe device 0 as Kineto's ``deviceProperties`` does."""
+        self.devices.append(
+            {"id": 0, "name": name, "computeMajor": major, "computeMinor": minor,
+             "totalGlobalMem": memory, "numSms": 108}
         )  # fmt: skip
 
     def launch(
@@ -49,5 +61,8 @@ class KinetoBuilder:
         return c
 
     def write(self, path: Path) -> Path:
-        path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": self.events}))
+        doc = {"schemaVersion": 1, "traceEvents": self.events}
+        if self.devices:
+            doc["deviceProperties"] = self.devices
+        path.write_text(json.dumps(doc))
         return path

@@ -52,6 +52,8 @@ class Analysis:
     window: pd.DataFrame
     #: things the reader should know once, e.g. why FLOP efficiency is empty
     notes: list[str] = field(default_factory=list)
+    #: derived tables computed on demand and kept (e.g. the expert findings)
+    cache: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
 
 def analyze(

@@ -192,20 +192,34 @@ def emit_nvtx_missing(a: Analysis, th: Thresholds) -> list[Finding]:
     ]  # fmt: skip
 
 
+def _matches(values: pd.Series, pattern: re.Pattern[str] | str) -> np.ndarray:
+    """``values.str.contains(pattern)`` computed once per distinct value (names repeat)."""
+    codes, uniques = pd.factorize(values.fillna("").astype(str))
+    hit = pd.Series(uniques, dtype=object).str.contains(pattern).to_numpy(dtype=bool)
+    return hit[codes] if len(codes) else np.zeros(0, dtype=bool)
+
+
+def _inside(window: pd.DataFrame, rank: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Whether each time ``t`` on ``rank`` falls in one of the window's iterations
+    (iterations of one rank do not overlap: a binary search per rank)."""
+    keep = np.zeros(len(t), dtype=bool)
+    for r, iv in window.groupby("rank"):  # one pass per rank, not per iteration
+        iv = iv.sort_values("start")
+        lo, hi = iv["start"].to_numpy(), iv["end"].to_numpy()
+        on = np.flatnonzero(rank == r)
+        at = np.searchsorted(lo, t[on], side="right") - 1
+        ok = at >= 0
+        keep[on[ok]] = t[on[ok]] < hi[at[ok]]
+    return keep
+
+
 def dataloader_bound(a: Analysis, th: Thresholds) -> list[Finding]:
     r = a.trace.ranges
-    dl = r[r["name"].fillna("").str.contains(_DATALOADER)]
+    dl = r[_matches(r["name"], _DATALOADER)]
     if dl.empty:
         return []
     if len(a.window):
-        w = a.window
-        keep = np.zeros(len(dl), dtype=bool)
-        for rank, iv in w.groupby("rank"):  # a handful of iterations per rank
-            on = (dl["rank"] == rank).to_numpy()
-            s = dl["start"].to_numpy()
-            for lo, hi in zip(iv["start"], iv["end"], strict=True):
-                keep |= on & (s >= lo) & (s < hi)
-        dl = dl[keep]
+        dl = dl[_inside(a.window, dl["rank"].to_numpy(), dl["start"].to_numpy())]
     wall = float(a.summary.get("Wall Clock Time (ns)") or 0)
     if dl.empty or wall <= 0:
         return []
@@ -265,7 +279,7 @@ def memcpy_in_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
     m = a.activities[a.activities["activity"] == "memop"]
     if m.empty or not len(a.window):
         return []
-    m = m[m["iteration"].notna() & m["name"].astype(str).str.contains("|".join(_COPY_ACROSS))]
+    m = m[m["iteration"].notna() & _matches(m["name"], "|".join(_COPY_ACROSS))]
     if m.empty:
         return []
     n_iter = max(len(a.window), 1)
@@ -411,7 +425,6 @@ def splitk_gemv_fallbacks(a: Analysis, th: Thresholds) -> list[Finding]:
     k = a.activities[a.activities["activity"] == "kernel"]
     if k.empty:
         return []
-    names = k["name"].astype(str)
     total = float((k["end"] - k["start"]).sum())
     out = []
     for check, pat, what, rec in (
@@ -422,7 +435,7 @@ def splitk_gemv_fallbacks(a: Analysis, th: Thresholds) -> list[Finding]:
          "A GEMM with M or N of 1 runs as GEMV: batch the requests (larger decode batch) or "
          "accept it as expected for token-by-token decoding."),
     ):  # fmt: skip
-        hit = k[names.str.contains(pat)]
+        hit = k[_matches(k["name"], pat)]
         if hit.empty:
             continue
         t = float((hit["end"] - hit["start"]).sum())
@@ -455,7 +468,16 @@ DETECTORS: tuple[Callable[[Analysis, Thresholds], list[Finding]], ...] = (
 
 
 def run_detectors(analysis: Analysis, thresholds: Thresholds | None = None) -> pd.DataFrame:
-    """Every detector's findings as a table (columns :data:`FINDING_COLUMNS`)."""
+    """Every detector's findings as a table (columns :data:`FINDING_COLUMNS`).
+
+    With the default thresholds the table is kept on the analysis, so the
+    reports that show it (CSV, HTML, the plugin) run the detectors once.
+    """
+    if thresholds is None and "findings" in analysis.cache:
+        return analysis.cache["findings"].copy()  # type: ignore[attr-defined]
     th = thresholds or Thresholds()
     found = [f for detect in DETECTORS for f in detect(analysis, th)]
-    return pd.DataFrame([asdict(f) for f in found], columns=FINDING_COLUMNS)
+    table = pd.DataFrame([asdict(f) for f in found], columns=FINDING_COLUMNS)
+    if thresholds is None:
+        analysis.cache["findings"] = table.copy()
+    return table
