@@ -51,3 +51,26 @@ class CaptureError(PerfguardError):
     def __init__(self, message: str, *, result: object | None = None) -> None:
         self.result = result
         super().__init__(" ".join(str(message).split()))
+
+
+class BaselineError(PerfguardError):
+    """The baseline store or the git repository cannot serve a request.
+
+    One line naming the store file (or repository) and the problem: a store
+    that is not a perfguard store, a newer schema than this perfguard knows,
+    a ref git cannot resolve, a store locked past the retry budget.
+    """
+
+    __module__ = "perfguard"
+
+
+class CompareError(PerfguardError):
+    """Two results cannot be compared (different metrics, nothing recorded)."""
+
+    __module__ = "perfguard"
+
+
+class ReportError(PerfguardError):
+    """A report cannot be rendered from the given results file or store."""
+
+    __module__ = "perfguard"

@@ -1,0 +1,125 @@
+"""Column types of the :class:`~perfguard.baseline.record.TestRecord` tables.
+
+A record's DataFrames come out of the analysis with whatever dtypes the
+trace reader produced (a flag column that is all missing is float64, a
+string column may be ``object`` or ``str``). The store needs one fixed
+type per column to write SQLite columns and to give the compare layer the
+same dtypes whether a record was just measured or loaded from disk; this
+module declares those types and converts a frame to them without losing a
+value. ``conform_record(r)`` is exactly what ``Store.load_test`` returns
+for ``r``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from perfguard.baseline.record import (
+    KERNEL_COLUMNS,
+    OP_COLUMNS,
+    OP_SAMPLE_COLUMNS,
+    SAMPLE_COLUMNS,
+    TestRecord,
+)
+
+Kind = Literal["int", "nullable_int", "float", "bool", "str"]
+
+#: the record frames by attribute name: column -> kind
+FRAME_TYPES: dict[str, dict[str, Kind]] = {
+    "samples": {"iteration": "int", "gpu_time_ns": "int", "wall_time_ns": "int"},
+    "op_samples": {
+        "op_id": "str",
+        "iteration": "int",
+        "calls": "int",
+        "gpu_time_ns": "int",
+        "cpu_time_ns": "int",
+    },
+    "ops": {
+        "op_id": "str",
+        "op_name": "str",
+        "direction": "str",
+        "op_type": "str",
+        "calls": "int",
+        "kernel_count": "int",
+        "cpu_time_total": "int",
+        "gpu_time_total": "int",
+        "tc_eligible": "bool",
+        "using_tc": "bool",
+        "tc_utilization": "float",
+        "flops": "float",
+        "bytes": "nullable_int",
+        "flop_efficiency": "float",
+    },
+    "kernels": {
+        "op_id": "str",
+        "op_name": "str",
+        "kernel_name": "str",
+        "calls": "int",
+        "gpu_time_total": "int",
+        "uses_tc": "bool",
+    },
+}
+
+assert tuple(FRAME_TYPES["samples"]) == SAMPLE_COLUMNS
+assert tuple(FRAME_TYPES["op_samples"]) == OP_SAMPLE_COLUMNS
+assert tuple(FRAME_TYPES["ops"]) == OP_COLUMNS
+assert tuple(FRAME_TYPES["kernels"]) == KERNEL_COLUMNS
+
+#: SQLite column type of each kind
+SQL_TYPES: dict[Kind, str] = {
+    "int": "INTEGER",
+    "nullable_int": "INTEGER",
+    "float": "REAL",
+    "bool": "INTEGER",
+    "str": "TEXT",
+}
+
+#: pandas' default string dtype (``str`` on pandas 3, ``object`` before)
+_STR_DTYPE = pd.Series(["x"]).dtype
+
+
+def _convert(values: pd.Series, kind: Kind) -> pd.Series:
+    if kind == "str":
+        obj = values.astype(object)
+        return obj.where(obj.notna(), None).astype(_STR_DTYPE)
+    if kind == "bool":
+        obj = values.astype(object)
+        return obj.where(obj.notna(), None).astype("boolean")
+    if kind == "float":
+        return pd.to_numeric(values, errors="raise").astype("Float64").astype(np.float64)
+    nums = pd.to_numeric(values, errors="raise").astype("Int64")
+    if kind == "int" and not nums.isna().any():
+        return nums.astype(np.int64)
+    return nums
+
+
+def conform_frame(name: str, frame: pd.DataFrame | None) -> pd.DataFrame:
+    """``frame`` with exactly the contract columns of record table ``name``, in the fixed dtypes.
+
+    Missing columns become all-missing; extra columns are dropped (the
+    contract does not carry them). The index becomes 0..n-1, row order kept.
+    Required integer columns that hold a missing value become ``Int64``
+    rather than losing it.
+    """
+    types = FRAME_TYPES[name]
+    if frame is None:
+        frame = pd.DataFrame()
+    frame = frame.reset_index(drop=True)
+    out = {}
+    for col, kind in types.items():
+        values = frame[col] if col in frame else pd.Series([pd.NA] * len(frame), dtype=object)
+        out[col] = _convert(values, kind).reset_index(drop=True)
+    return pd.DataFrame(out, index=pd.RangeIndex(len(frame)))
+
+
+def conform_record(record: TestRecord) -> TestRecord:
+    """A copy of ``record`` with every frame in the fixed column types (:func:`conform_frame`)."""
+    return replace(
+        record,
+        **{name: conform_frame(name, getattr(record, name)) for name in FRAME_TYPES},
+        meta=dict(record.meta),
+    )
