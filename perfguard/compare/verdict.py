@@ -1,0 +1,677 @@
+"""The verdict on one test: its current record against its baseline record.
+
+A test is **regressed** when two things hold. The median of its primary
+metric grew by more than ``tolerance``. The two-sided Mann-Whitney test
+gives ``p < alpha``. **Improved** is the mirror case. Both conditions are
+needed for a reason: the tolerance alone flags noise, and the test alone
+flags changes too small to matter. The message states the number of samples.
+Fewer than :data:`MIN_SAMPLES` per side makes statistics impossible. The
+test is then ``unchanged`` and the message says why, so a short capture
+never fails a build. The statistics are in :mod:`perfguard.compare.stats`.
+
+The other outcomes:
+
+* ``no-baseline``: nothing to compare with.
+* ``new``: the baseline run exists but lacks this test.
+* ``incomparable``: the machines differ (the caller passes the
+  :meth:`Fingerprint.incompatibility` reason), or the two records measure
+  different metrics.
+
+Per op, the same statistics run on per-iteration samples. An op missing
+from an iteration counts as 0 there. Ops found on one side only are
+``added`` or ``removed``. Deterministic findings need no statistics and are
+listed in ``kernel_changes``:
+
+* an op that lost or gained Tensor Cores;
+* a kernel added to or removed from an op;
+* a change in an op's kernel launches per iteration of at least 0.5;
+* a change in FLOPs per call.
+
+These findings are named in the message. They do not change the outcome:
+DESIGN.md gates only on the median. A lost Tensor Core path that costs time
+shows up there anyway.
+
+``TestComparison.to_dict()`` is one entry of ``results.json["tests"]``. The
+plugin and the HTML report read these keys:
+
+``nodeid`` (str); ``outcome`` (one of :class:`Outcome`'s values); ``metric``
+("gpu_time" | "wall_time"); ``n_current``, ``n_baseline`` (int);
+``median_current_ns``, ``median_baseline_ns`` (float | None);
+``delta_pct`` (median change, % | None); ``ci_low_pct``, ``ci_high_pct``
+(the ``1 - alpha`` interval of the change, % | None); ``ci_level_pct``
+(float); ``p_value`` (float | None); ``p_exact`` (bool: exact U
+distribution rather than the normal approximation); ``tolerance_pct``,
+``alpha`` (float); ``baseline_commit`` (str | None); ``message`` (one
+line); ``ops``: a list of objects with the :data:`OP_COLUMNS` keys;
+``kernel_changes``: a list of objects with the :data:`CHANGE_COLUMNS`
+keys; ``samples_current``, ``samples_baseline`` (lists of ns). Every NaN is
+``null``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfguard.baseline.record import METRICS, TestRecord
+from perfguard.compare.stats import compare_samples
+from perfguard.errors import CompareError
+
+#: fewer samples than this on either side: no statistics, outcome ``unchanged``
+MIN_SAMPLES = 5
+#: launches per iteration an op's kernel count must move by to be reported
+COUNT_CHANGE = 0.5
+
+OP_COLUMNS = (
+    "op_id", "op_name", "direction", "status", "baseline_ns", "current_ns", "delta_pct",
+    "ci_low_pct", "ci_high_pct", "p_value", "calls_baseline", "calls_current",
+    "tc_util_baseline", "tc_util_current", "flop_eff_baseline", "flop_eff_current",
+)  # fmt: skip
+CHANGE_COLUMNS = ("kind", "op_name", "kernel_name", "baseline", "current")
+CHANGE_KINDS = ("tc_lost", "tc_gained", "added", "removed", "count_changed", "flops_changed")
+
+
+class Outcome(str, Enum):
+    """A test's verdict. Only ``regressed`` can fail a test."""
+
+    REGRESSED = "regressed"
+    IMPROVED = "improved"
+    UNCHANGED = "unchanged"
+    NEW = "new"
+    NO_BASELINE = "no-baseline"
+    INCOMPARABLE = "incomparable"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class TestComparison:
+    """The comparison of one test; ``to_dict()`` is its ``results.json`` entry."""
+
+    __test__ = False  # not a pytest test class
+
+    nodeid: str
+    outcome: Outcome
+    metric: str
+    n_current: int
+    n_baseline: int
+    median_current_ns: float
+    median_baseline_ns: float
+    delta_pct: float
+    ci_low_pct: float
+    ci_high_pct: float
+    p_value: float
+    tolerance_pct: float
+    alpha: float
+    message: str
+    p_exact: bool = False
+    baseline_commit: str | None = None
+    ops: pd.DataFrame = field(default_factory=lambda: _empty(OP_COLUMNS))
+    kernel_changes: pd.DataFrame = field(default_factory=lambda: _empty(CHANGE_COLUMNS))
+    samples_current: list[int] = field(default_factory=list)
+    samples_baseline: list[int] = field(default_factory=list)
+
+    @property
+    def ci_level_pct(self) -> float:
+        return round(100.0 * (1.0 - self.alpha), 6)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe data (NaN -> None, numpy scalars -> Python); keys in the module docstring."""
+        scalars = {
+            "nodeid": self.nodeid,
+            "outcome": self.outcome.value,
+            "metric": self.metric,
+            "n_current": self.n_current,
+            "n_baseline": self.n_baseline,
+            "median_current_ns": self.median_current_ns,
+            "median_baseline_ns": self.median_baseline_ns,
+            "delta_pct": self.delta_pct,
+            "ci_low_pct": self.ci_low_pct,
+            "ci_high_pct": self.ci_high_pct,
+            "ci_level_pct": self.ci_level_pct,
+            "p_value": self.p_value,
+            "p_exact": self.p_exact,
+            "tolerance_pct": self.tolerance_pct,
+            "alpha": self.alpha,
+            "baseline_commit": self.baseline_commit,
+            "message": self.message,
+        }
+        out = {k: _json_value(v) for k, v in scalars.items()}
+        out["ops"] = _records(self.ops, OP_COLUMNS)
+        out["kernel_changes"] = _records(self.kernel_changes, CHANGE_COLUMNS)
+        out["samples_current"] = [int(v) for v in self.samples_current]
+        out["samples_baseline"] = [int(v) for v in self.samples_baseline]
+        return out
+
+
+def failed(comparison: TestComparison, fail_on: str = "regression") -> bool:
+    """Whether this comparison fails its test: only a regression, and only if asked."""
+    if fail_on == "never":
+        return False
+    if fail_on != "regression":
+        raise CompareError(f"fail_on must be 'regression' or 'never', got {fail_on!r}")
+    return comparison.outcome is Outcome.REGRESSED
+
+
+def compare_records(
+    current: TestRecord,
+    baseline: TestRecord | None,
+    *,
+    tolerance: float = 0.05,
+    alpha: float = 0.01,
+    incompatibility: str | None = None,
+    baseline_commit: str | None = None,
+    baseline_run_exists: bool = False,
+) -> TestComparison:
+    """Compare ``current`` with ``baseline`` and give the verdict, per test and per op.
+
+    ``baseline=None`` gives ``no-baseline``. If ``baseline_run_exists`` is
+    also set, it gives ``new``: a baseline run was found, but this test is
+    not in it. ``incompatibility`` is the reason the two machines differ
+    (:meth:`Fingerprint.incompatibility`). Given one, the result is
+    ``incomparable`` and no figures are compared.
+    """
+    if not (tolerance >= 0 and math.isfinite(tolerance)):
+        raise CompareError(f"tolerance must be a finite fraction >= 0, got {tolerance!r}")
+    if not 0.0 < alpha < 1.0:
+        raise CompareError(f"alpha must be in (0, 1), got {alpha!r}")
+    if current.metric not in METRICS:
+        raise CompareError(f"{current.nodeid}: unknown metric {current.metric!r}")
+    cur = current.values()
+    base = np.empty(0) if baseline is None else baseline.values()
+    common = {
+        "nodeid": current.nodeid,
+        "metric": current.metric,
+        "n_current": len(cur),
+        "median_current_ns": float(np.median(cur)) if len(cur) else math.nan,
+        "tolerance_pct": 100.0 * tolerance,
+        "alpha": alpha,
+        "baseline_commit": baseline_commit,
+        "samples_current": _ints(cur),
+    }
+    nan = math.nan
+    at = f" at {baseline_commit[:12]}" if baseline_commit else ""
+
+    if baseline is None:
+        outcome = Outcome.NEW if baseline_run_exists else Outcome.NO_BASELINE
+        what = (
+            f"new test: not in the baseline run{at}"
+            if baseline_run_exists
+            else "no baseline to compare with"
+        )
+        median = format_ns(common["median_current_ns"])
+        msg = f"{what}; {current.metric} median {median}, n={len(cur)}"
+        return TestComparison(
+            outcome=outcome,
+            n_baseline=0,
+            median_baseline_ns=nan,
+            delta_pct=nan,
+            ci_low_pct=nan,
+            ci_high_pct=nan,
+            p_value=nan,
+            message=msg,
+            **common,
+        )
+
+    common["samples_baseline"] = _ints(base)
+    common["median_baseline_ns"] = float(np.median(base)) if len(base) else nan
+    common["n_baseline"] = len(base)
+    reason = incompatibility
+    if reason is None and baseline.metric != current.metric:
+        reason = (
+            f"metrics differ: baseline measured {baseline.metric}, current {current.metric} "
+            "(a GPU capture is never compared with a CPU-only one)"
+        )
+    if reason is not None:
+        return TestComparison(
+            outcome=Outcome.INCOMPARABLE,
+            delta_pct=nan,
+            ci_low_pct=nan,
+            ci_high_pct=nan,
+            p_value=nan,
+            message=f"incomparable: {reason}",
+            **common,
+        )
+
+    enough = len(cur) >= MIN_SAMPLES and len(base) >= MIN_SAMPLES
+    ops = compare_ops(current, baseline, tolerance=tolerance, alpha=alpha, statistics=enough)
+    changes = kernel_changes(current, baseline)
+    if enough:
+        r = compare_samples(base[None, :], cur[None, :], alpha)
+        delta, lo, hi, p = (
+            float(r.delta[0]),
+            float(r.ci_low[0]),
+            float(r.ci_high[0]),
+            float(r.p_value[0]),
+        )
+        exact = bool(r.exact[0])
+        outcome = str(classify(delta, p, tolerance, alpha))
+    else:
+        mb, mc = common["median_baseline_ns"], common["median_current_ns"]
+        delta = mc / mb - 1.0 if mb and mb > 0 else nan
+        lo = hi = p = nan
+        exact = False
+        outcome = Outcome.UNCHANGED
+    result = TestComparison(
+        outcome=Outcome(outcome),
+        delta_pct=100 * delta,
+        ci_low_pct=100 * lo,
+        ci_high_pct=100 * hi,
+        p_value=p,
+        p_exact=exact,
+        message="",
+        ops=ops,
+        kernel_changes=changes,
+        **common,
+    )
+    result.message = _message(result, enough)
+    return result
+
+
+def classify(
+    delta: np.ndarray | float, p: np.ndarray | float, tolerance: float, alpha: float
+) -> np.ndarray:
+    """The gate, vectorised: "regressed" / "improved" when ``p < alpha`` and the median
+    moved past ``tolerance`` that way, else "unchanged" (also for NaN figures).
+
+    One function for the test, its ops and ``benchmarks/calibration.py``, so the
+    calibrated rule is the rule in use.
+    """
+    d = np.asarray(delta, dtype=np.float64)
+    sig = np.asarray(p, dtype=np.float64) < alpha  # NaN compares False
+    return np.where(
+        sig & (d > tolerance),
+        "regressed",
+        np.where(sig & (d < -tolerance), "improved", "unchanged"),
+    )
+
+
+# ---------------------------------------------------------------------------- per op
+
+
+def _op_matrix(record: TestRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-iteration (metric, calls) of each op: rows op_id, columns iteration, absent = 0."""
+    col = "gpu_time_ns" if record.metric == "gpu_time" else "cpu_time_ns"
+    s = record.op_samples
+    iters = pd.Index(record.samples["iteration"]).union(pd.Index(s["iteration"])).unique()
+    if s.empty:
+        empty = pd.DataFrame(index=pd.Index([], dtype=object, name="op_id"), columns=iters)
+        return empty, empty
+    s = s.astype({col: np.float64, "calls": np.float64})
+    value = s.pivot_table(index="op_id", columns="iteration", values=col, aggfunc="sum")
+    calls = s.pivot_table(index="op_id", columns="iteration", values="calls", aggfunc="sum")
+    return value.reindex(columns=iters, fill_value=0.0).fillna(0.0), calls.reindex(
+        columns=iters, fill_value=0.0
+    ).fillna(0.0)
+
+
+def _op_info(record: TestRecord) -> pd.DataFrame:
+    ops = record.ops.drop_duplicates("op_id").set_index("op_id")
+    return ops.reindex(columns=["op_name", "direction", "tc_utilization", "flop_efficiency"])
+
+
+def compare_ops(
+    current: TestRecord,
+    baseline: TestRecord,
+    *,
+    tolerance: float = 0.05,
+    alpha: float = 0.01,
+    statistics: bool = True,
+) -> pd.DataFrame:
+    """One row per op of either record (:data:`OP_COLUMNS`), largest |delta time| first.
+
+    ``baseline_ns``/``current_ns`` are per-iteration medians. ``calls_*``
+    are median calls per iteration. The statistics for all ops shared by
+    both records come from one batched call.
+    """
+    vb, cb = _op_matrix(baseline)
+    vc, cc = _op_matrix(current)
+    ib, ic = _op_info(baseline), _op_info(current)
+    in_b = vb.index.union(ib.index)
+    in_c = vc.index.union(ic.index)
+    ids = in_b.union(in_c)
+    if len(ids) == 0:
+        return _empty(OP_COLUMNS)
+    out = pd.DataFrame(index=pd.Index(ids, name="op_id"))
+    info = ic.combine_first(ib).reindex(ids)
+    out["op_name"] = info["op_name"].where(info["op_name"].notna(), pd.Series(ids, index=ids))
+    out["direction"] = info["direction"]
+    both = in_b.intersection(in_c)
+    xb = vb.reindex(both, fill_value=0.0).to_numpy(np.float64)
+    xc = vc.reindex(both, fill_value=0.0).to_numpy(np.float64)
+    out["baseline_ns"] = np.nan
+    out["current_ns"] = np.nan
+    out.loc[in_b, "baseline_ns"] = _row_median(vb.reindex(in_b, fill_value=0.0))
+    out.loc[in_c, "current_ns"] = _row_median(vc.reindex(in_c, fill_value=0.0))
+    for name in ("delta_pct", "ci_low_pct", "ci_high_pct", "p_value"):
+        out[name] = np.nan
+    status = pd.Series(Outcome.UNCHANGED.value, index=ids, dtype=object)
+    status[~ids.isin(in_b)] = "added"
+    status[~ids.isin(in_c)] = "removed"
+    if len(both):
+        if statistics and xb.shape[1] >= MIN_SAMPLES and xc.shape[1] >= MIN_SAMPLES:
+            r = compare_samples(xb, xc, alpha)
+            out.loc[both, "ci_low_pct"] = 100 * r.ci_low
+            out.loc[both, "ci_high_pct"] = 100 * r.ci_high
+            out.loc[both, "p_value"] = r.p_value
+            status[both] = classify(r.delta, r.p_value, tolerance, alpha)
+        mb = out.loc[both, "baseline_ns"].to_numpy(np.float64)
+        mc = out.loc[both, "current_ns"].to_numpy(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out.loc[both, "delta_pct"] = np.where(mb > 0, 100 * (mc / mb - 1.0), np.nan)
+    out["status"] = status
+    out["calls_baseline"] = _row_median(cb.reindex(ids, fill_value=0.0)) if len(cb) else np.nan
+    out["calls_current"] = _row_median(cc.reindex(ids, fill_value=0.0)) if len(cc) else np.nan
+    out.loc[~ids.isin(in_b), "calls_baseline"] = np.nan
+    out.loc[~ids.isin(in_c), "calls_current"] = np.nan
+    out["tc_util_baseline"] = ib["tc_utilization"].reindex(ids).astype("Float64")
+    out["tc_util_current"] = ic["tc_utilization"].reindex(ids).astype("Float64")
+    out["flop_eff_baseline"] = ib["flop_efficiency"].reindex(ids).astype("Float64")
+    out["flop_eff_current"] = ic["flop_efficiency"].reindex(ids).astype("Float64")
+    gap = (out["current_ns"].fillna(0.0) - out["baseline_ns"].fillna(0.0)).abs()
+    size = out[["current_ns", "baseline_ns"]].max(axis=1).fillna(0.0)
+    out = out.assign(_gap=gap, _size=size).reset_index()
+    out = out.sort_values(
+        ["_gap", "_size", "op_name"], ascending=[False, False, True], kind="stable"
+    )
+    return out[list(OP_COLUMNS)].reset_index(drop=True)
+
+
+def _row_median(frame: pd.DataFrame) -> np.ndarray:
+    a = frame.to_numpy(np.float64)
+    return np.median(a, axis=1) if a.shape[1] else np.full(a.shape[0], np.nan)
+
+
+# ---------------------------------------------------------------------------- kernels
+
+
+def _bool_or_na(values: pd.Series) -> pd.Series:
+    """True/False where the value is a real boolean (or 0/1), NA otherwise."""
+
+    def one(v: Any) -> Any:
+        if isinstance(v, bool | np.bool_):
+            return bool(v)
+        if isinstance(v, int | np.integer | float | np.floating) and v in (0, 1):
+            return bool(v)
+        return pd.NA
+
+    return pd.Series([one(v) for v in values.to_numpy(object)], index=values.index, dtype="boolean")
+
+
+def _uses_tc(record: TestRecord) -> pd.Series:
+    """Per op_id: does the op use Tensor Cores (ops.using_tc, else any kernel's uses_tc)."""
+    ops = record.ops.drop_duplicates("op_id").set_index("op_id")
+    own = _bool_or_na(ops["using_tc"]) if "using_tc" in ops else pd.Series(dtype="boolean")
+    k = record.kernels
+    if len(k) and "uses_tc" in k:
+        flag = _bool_or_na(k["uses_tc"])
+        known = flag.notna()
+        from_k = (
+            flag[known].astype(bool).groupby(k.loc[known, "op_id"].to_numpy()).any()
+            if known.any()
+            else pd.Series(dtype=bool)
+        )
+        own = own.combine_first(from_k.astype("boolean"))
+    return own
+
+
+def _tc_kernels(record: TestRecord) -> pd.Series:
+    """Per op_id: names of its Tensor Core kernels, '; '-joined."""
+    k = record.kernels
+    if k.empty or "uses_tc" not in k:
+        return pd.Series(dtype=object)
+    tc = k[_bool_or_na(k["uses_tc"]).fillna(False).to_numpy(bool)]
+    return tc.groupby("op_id")["kernel_name"].agg(lambda s: "; ".join(sorted(set(s))))
+
+
+def _iterations(record: TestRecord) -> int:
+    return max(len(record.samples), 1)
+
+
+def kernel_changes(current: TestRecord, baseline: TestRecord) -> pd.DataFrame:
+    """Findings that need no statistics (:data:`CHANGE_COLUMNS`), for ops in both records.
+
+    ``baseline``/``current`` hold, by kind: launches per iteration
+    (added/removed/count_changed), FLOPs per call (flops_changed), or the
+    op's TC use (tc_lost/tc_gained, True/False).
+    """
+    rows: list[pd.DataFrame] = []
+    ob = baseline.ops.drop_duplicates("op_id").set_index("op_id")
+    oc = current.ops.drop_duplicates("op_id").set_index("op_id")
+    names = oc["op_name"].combine_first(ob["op_name"]) if len(ob) or len(oc) else pd.Series()
+    shared = ob.index.intersection(oc.index)
+
+    tb, tcur = _uses_tc(baseline), _uses_tc(current)
+    both_known = tb.index.intersection(tcur.index).intersection(shared)
+    tb, tcur = tb.reindex(both_known), tcur.reindex(both_known)
+    known = (tb.notna() & tcur.notna()).to_numpy(bool)
+    for kind, mask, side in (
+        ("tc_lost", known & (tb.fillna(False) & ~tcur.fillna(True)).to_numpy(bool), baseline),
+        ("tc_gained", known & (~tb.fillna(True) & tcur.fillna(False)).to_numpy(bool), current),
+    ):
+        ids = both_known[mask]
+        if len(ids):
+            rows.append(
+                pd.DataFrame(
+                    {
+                        "kind": kind,
+                        "op_name": names.reindex(ids).to_numpy(object),
+                        "kernel_name": _tc_kernels(side).reindex(ids).to_numpy(object),
+                        "baseline": tb[ids].astype(bool).to_numpy(object),
+                        "current": tcur[ids].astype(bool).to_numpy(object),
+                    }
+                )
+            )
+
+    kb, kc = baseline.kernels, current.kernels
+    key = ["op_id", "kernel_name"]
+    per_b = kb.groupby(key, sort=False)["calls"].sum() / _iterations(baseline)
+    per_c = kc.groupby(key, sort=False)["calls"].sum() / _iterations(current)
+    for kind, present, absent, values in (
+        ("added", per_c, per_b, "current"),
+        ("removed", per_b, per_c, "baseline"),
+    ):
+        only = present.index.difference(absent.index)
+        only = only[only.get_level_values(0).isin(shared)] if len(only) else only
+        if len(only):
+            v = present.reindex(only).to_numpy(np.float64)
+            frame = pd.DataFrame(
+                {
+                    "kind": kind,
+                    "op_name": names.reindex(only.get_level_values(0)).to_numpy(object),
+                    "kernel_name": only.get_level_values(1).to_numpy(object),
+                    "baseline": v if values == "baseline" else np.nan,
+                    "current": v if values == "current" else np.nan,
+                }
+            )
+            rows.append(frame.sort_values(["op_name", "kernel_name"]))
+
+    lb = per_b.groupby(level=0).sum().reindex(shared).fillna(0.0)
+    lc = per_c.groupby(level=0).sum().reindex(shared).fillna(0.0)
+    moved = shared[((lc - lb).abs() >= COUNT_CHANGE).to_numpy(bool)]
+    if len(moved):
+        rows.append(
+            pd.DataFrame(
+                {
+                    "kind": "count_changed",
+                    "op_name": names.reindex(moved).to_numpy(object),
+                    "kernel_name": None,
+                    "baseline": lb[moved].to_numpy(np.float64),
+                    "current": lc[moved].to_numpy(np.float64),
+                }
+            )
+        )
+
+    fb = _per_call(ob, "flops").reindex(shared)
+    fc = _per_call(oc, "flops").reindex(shared)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = ((fc - fb).abs() / fb.abs().where(fb != 0, 1.0)).to_numpy(np.float64)
+    differ = shared[np.nan_to_num(rel, nan=0.0) > 1e-9]
+    if len(differ):
+        rows.append(
+            pd.DataFrame(
+                {
+                    "kind": "flops_changed",
+                    "op_name": names.reindex(differ).to_numpy(object),
+                    "kernel_name": None,
+                    "baseline": fb[differ].to_numpy(np.float64),
+                    "current": fc[differ].to_numpy(np.float64),
+                }
+            )
+        )
+
+    rows = [r for r in rows if len(r)]
+    if not rows:
+        return _empty(CHANGE_COLUMNS)
+    out = pd.concat([r.astype(object) for r in rows], ignore_index=True)
+    return out[list(CHANGE_COLUMNS)]
+
+
+def _per_call(ops: pd.DataFrame, column: str) -> pd.Series:
+    if column not in ops or "calls" not in ops:
+        return pd.Series(np.nan, index=ops.index)
+    v = pd.to_numeric(ops[column], errors="coerce").astype(np.float64)
+    calls = pd.to_numeric(ops["calls"], errors="coerce").astype(np.float64)
+    return v / calls.where(calls > 0)
+
+
+# ---------------------------------------------------------------------------- text
+
+
+def _message(c: TestComparison, enough: bool) -> str:
+    head = (
+        f"{c.metric} median {format_ns(c.median_baseline_ns)} -> {format_ns(c.median_current_ns)}"
+    )
+    n = f"n={c.n_current}/{c.n_baseline}"
+    if not enough:
+        text = (
+            f"statistics impossible: {n} samples (current/baseline), need >= {MIN_SAMPLES} "
+            f"on each side; {head} ({format_pct(c.delta_pct)}), not judged"
+        )
+    else:
+        ci = (
+            f"{c.ci_level_pct:g}% CI {format_pct(c.ci_low_pct)}..{format_pct(c.ci_high_pct)}"
+            if not (math.isnan(c.ci_low_pct) or math.isnan(c.ci_high_pct))
+            else f"no {c.ci_level_pct:g}% CI at this n"
+        )
+        text = f"{head} ({format_pct(c.delta_pct)}, {ci}, p={format_p(c.p_value)}, {n})"
+        if c.outcome is Outcome.UNCHANGED:
+            if c.p_value >= c.alpha:
+                text += f": not significant (p >= {c.alpha:g})"
+            elif not math.isnan(c.delta_pct):
+                text += f": within the {c.tolerance_pct:g}% tolerance"
+    top = _top_op(c)
+    if top:
+        text += f"; top op {top}"
+    found = _findings(c.kernel_changes)
+    if found:
+        text += "; " + found
+    return text
+
+
+def _top_op(c: TestComparison) -> str:
+    """The op behind the verdict: the biggest significant mover in its direction."""
+    ops = c.ops
+    if ops.empty or c.outcome not in (Outcome.REGRESSED, Outcome.IMPROVED):
+        return ""
+    want = "regressed" if c.outcome is Outcome.REGRESSED else "improved"
+    pick = ops[ops["status"] == want]
+    if pick.empty:  # no single op is significant: name the largest mover that way
+        d = ops["current_ns"].fillna(0) - ops["baseline_ns"].fillna(0)
+        pick = ops[(d > 0) if want == "regressed" else (d < 0)]
+    if pick.empty:
+        return ""
+    row = pick.iloc[0]
+    name = str(row["op_name"])
+    label = f"{name} ({row['direction']})" if not _isnan(row["direction"]) else name
+    if row["status"] == "added":
+        return f"{label} added ({format_ns(row['current_ns'])}/iteration)"
+    return f"{label} {format_pct(row['delta_pct'], 0)}"
+
+
+def _findings(changes: pd.DataFrame) -> str:
+    if changes.empty:
+        return ""
+    parts = []
+    counts = changes["kind"].value_counts()
+    for kind, text in (
+        ("tc_lost", "Tensor Cores lost in {n} op(s): {ops}"),
+        ("tc_gained", "Tensor Cores gained in {n} op(s): {ops}"),
+        ("added", "{n} kernel(s) added"),
+        ("removed", "{n} kernel(s) removed"),
+        ("count_changed", "launches per iteration changed in {n} op(s)"),
+        ("flops_changed", "FLOPs per call changed in {n} op(s)"),
+    ):
+        n = int(counts.get(kind, 0))
+        if n:
+            names = changes.loc[changes["kind"] == kind, "op_name"].astype(str).tolist()
+            shown = ", ".join(names[:3]) + (", ..." if n > 3 else "")
+            parts.append(text.format(n=n, ops=shown))
+    return "; ".join(parts)
+
+
+def _isnan(v: Any) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+
+
+def format_ns(v: float) -> str:
+    if _isnan(v):
+        return "n/a"
+    a = abs(v)
+    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
+        if a >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.3g} ns"
+
+
+def format_pct(v: float, digits: int = 1) -> str:
+    return "n/a" if _isnan(v) else f"{v:+.{digits}f}%"
+
+
+def format_p(p: float) -> str:
+    if _isnan(p):
+        return "n/a"
+    if p >= 1e-3:
+        return f"{p:.2g}"
+    mantissa, exponent = f"{p:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+
+
+def _ints(values: np.ndarray) -> list[int]:
+    return [int(v) for v in np.asarray(values, dtype=np.float64) if math.isfinite(v)]
+
+
+def _json_value(v: Any) -> Any:
+    if v is None or v is pd.NA or v is pd.NaT:
+        return None
+    if isinstance(v, Enum):
+        return v.value
+    if isinstance(v, bool | np.bool_):
+        return bool(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, float | np.floating):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    return v
+
+
+def _records(frame: pd.DataFrame, columns: tuple[str, ...]) -> list[dict[str, Any]]:
+    frame = frame.reindex(columns=list(columns))
+    return [
+        {c: _json_value(v) for c, v in zip(columns, row, strict=True)}
+        for row in frame.astype(object).itertuples(index=False, name=None)
+    ]
