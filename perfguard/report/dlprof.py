@@ -17,7 +17,7 @@ from perfguard.analysis import Analysis
 REPORTS = ("summary", "detail", "iteration", "kernel")
 #: every report ``--reports all`` selects (the default set stays the cheap four)
 ALL_REPORTS = (*REPORTS, "tensor", "op_type", "group_node", "expert_systems")
-FORMATS = ("csv", "json")
+FORMATS = ("csv", "json", "html")
 
 _STAT_LABEL = {"total": "Total", "avg": "Avg.", "min": "Min", "max": "Max"}
 

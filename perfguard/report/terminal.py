@@ -13,6 +13,9 @@ _SUMMARY_KEYS = [
     "Unassociated GPU Time (ns)", "Tensor Core Kernel Utilization (%)",
 ]  # fmt: skip
 
+#: terminal labels for keys too long for the column
+_SHORT = {"Tensor Core Kernel Utilization (%)": "Tensor Core Utilization (%)"}
+
 
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.3f}"
@@ -35,6 +38,7 @@ def format_summary(analysis: Analysis, top: int = 10, width: int = 60) -> str:
             key, value = key.replace("(ns)", "(ms)"), _ms(float(value))
         elif key.endswith("(%)"):
             value = f"{float(value):.2f}"
+        key = _SHORT.get(key, key)
         lines.append(f"  {key:<32} {value}")
     ops = analysis.ops.head(top)
     total_gpu = float(analysis.ops["gpu_time_total"].sum()) if len(analysis.ops) else 0.0

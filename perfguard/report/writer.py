@@ -22,8 +22,11 @@ from perfguard.report.dlprof import FORMATS, REPORTS, TABLES
 def report_paths(
     out_dir: Path, base: str, reports: Iterable[str], formats: Iterable[str]
 ) -> list[Path]:
-    """The files a run will write, in order."""
-    return [out_dir / f"{base}_{r}.{f}" for r in reports for f in formats]
+    """The files a run will write, in order: tables per report and format, then
+    one HTML page (``<base>_report.html``) when ``html`` is among the formats."""
+    formats = list(formats)
+    tables = [out_dir / f"{base}_{r}.{f}" for r in reports for f in formats if f != "html"]
+    return tables + ([out_dir / f"{base}_report.html"] if "html" in formats else [])
 
 
 def check_output(
@@ -70,7 +73,12 @@ def write_reports(
     for report in reports:
         table = TABLES[report](analysis)
         for fmt in formats:
-            texts[out_dir / f"{base}_{report}.{fmt}"] = _render(report, table, fmt)
+            if fmt != "html":
+                texts[out_dir / f"{base}_{report}.{fmt}"] = _render(report, table, fmt)
+    if "html" in formats:  # the DLProf Viewer's pages in one self-contained file
+        from perfguard.report.html import render_analysis_html
+
+        texts[out_dir / f"{base}_report.html"] = render_analysis_html(analysis)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -1,0 +1,176 @@
+"""The analysis report: one capture's :class:`~perfguard.analysis.Analysis` as one HTML file.
+
+It replaces the DLProf Viewer's pages for ``perfguard analyze``: run
+summary, top ops by GPU time, Tensor Core eligible ops that do not use
+Tensor Cores, per-iteration time, the kernel table and the expert
+findings. Tensor Core and FLOP columns are shown when the analysis has
+them and read ``n/a`` otherwise (an analysis without shapes cannot know).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from perfguard.report.html.render import fmt_ns, render, write_text
+
+if TYPE_CHECKING:
+    from perfguard.analysis import Analysis
+
+#: op columns the Tensor Core / FLOP part of the tables reads, with accepted spellings
+_OP_OPTIONAL = {
+    "tc_eligible": ("tc_eligible",),
+    "using_tc": ("using_tc",),
+    "tc_utilization": ("tc_utilization", "tc_utilization_pct"),
+    "flops": ("flops",),
+    "flop_efficiency": ("flop_efficiency_pct", "flop_efficiency"),
+}
+
+
+@dataclass
+class AnalysisPage:
+    """Everything ``analysis.html.j2`` shows."""
+
+    title: str
+    source: str
+    summary: list[tuple[str, str]]  # (label, formatted value)
+    top_ops: list[dict[str, Any]]
+    total_gpu_ns: float
+    has_tc_columns: bool  # False: the analysis has no Tensor Core columns at all
+    tc_missing: list[dict[str, Any]]  # eligible ops with no Tensor Core kernel
+    iterations_svg: str | None
+    iteration_count: int
+    kernels: list[dict[str, Any]]
+    kernels_hidden: int
+    findings: list[dict[str, Any]]
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as dicts of plain Python values, missing values as None."""
+    if not len(df):
+        return []
+    return [
+        {k: _plain(v) for k, v in row.items()} for row in df.to_dict(orient="records")
+    ]  # at most the few hundred rows a page shows
+
+
+def _plain(v: Any) -> Any:
+    if v is None or v is pd.NA or v is pd.NaT:
+        return None
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
+    return v
+
+
+def _summary_rows(summary: pd.Series) -> list[tuple[str, str]]:
+    rows = []
+    for key, value in summary.items():
+        value = _plain(value)
+        if isinstance(value, str) and key == "Profile Name":
+            value = Path(value).name or value
+        if value is None or value == "":
+            text = "n/a"
+        elif str(key).endswith("(ns)"):
+            key, text = str(key).replace(" (ns)", ""), fmt_ns(value)
+        elif str(key).endswith("(%)") and isinstance(value, int | float):
+            text = f"{value:.2f}"
+        elif isinstance(value, float):
+            text = f"{value:,.3f}"
+        elif isinstance(value, int):
+            text = f"{value:,}"
+        else:
+            text = str(value)
+        rows.append((str(key), text))
+    return rows
+
+
+def _ops_view(ops: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """``ops`` with the optional columns under one spelling each (missing ones all None)."""
+    out = ops.copy()
+    present = False
+    for name, spellings in _OP_OPTIONAL.items():
+        found = next((s for s in spellings if s in ops.columns), None)
+        present |= found is not None and name in ("tc_eligible", "using_tc")
+        out[name] = ops[found] if found else None
+    return out, present
+
+
+def analysis_page(
+    analysis: Analysis,
+    *,
+    findings: pd.DataFrame | None = None,
+    top: int = 10,
+    max_kernels: int = 200,
+) -> AnalysisPage:
+    """The page context for ``analysis``; runs the expert detectors unless given ``findings``."""
+    from perfguard.report.figures import iteration_bars
+
+    if findings is None:
+        from perfguard.analysis.expert import run_detectors
+
+        findings = run_detectors(analysis)
+    ops, has_tc = _ops_view(analysis.ops)
+    ops = ops.sort_values("gpu_time_total", ascending=False, kind="stable")
+    total_gpu = float(ops["gpu_time_total"].sum()) if len(ops) else 0.0
+    ops["gpu_share"] = 100.0 * ops["gpu_time_total"] / total_gpu if total_gpu else np.nan
+    if has_tc:
+        eligible = ops["tc_eligible"].astype("boolean").fillna(False).astype(bool)
+        using = ops["using_tc"].astype("boolean").fillna(False).astype(bool)
+        ran = (ops["gpu_time_total"] > 0).to_numpy()  # a group range's kernels count on its ops
+        tc_missing = _records(ops[eligible.to_numpy() & ~using.to_numpy() & ran])
+    else:
+        tc_missing = []
+
+    it = analysis.iterations
+    if len(it) and "rank" in it:
+        it = it[it["rank"] == it["rank"].min()]
+    source = str(_plain(analysis.summary.get("Profile Name")) or "capture")
+    svg = iteration_bars(
+        it["duration"].to_numpy(dtype=float),
+        it["gpu_time"].to_numpy(dtype=float),
+        f"iteration time of {Path(source).name}",
+    )
+
+    k = analysis.kernels.sort_values("gpu_time_total", ascending=False, kind="stable")
+    shown = k.head(max_kernels).copy()
+    dims = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+    if all(c in shown for c in dims) and len(shown):
+        for part in ("grid", "block"):
+            cols = [shown[f"{part}_{a}"].astype("Int64").astype(str) for a in "xyz"]
+            shown[part] = cols[0] + "×" + cols[1] + "×" + cols[2]
+            shown[part] = shown[part].where(shown[f"{part}_x"].notna(), None)
+    else:
+        shown["grid"] = shown["block"] = None
+    if "uses_tc" not in shown:
+        shown["uses_tc"] = None
+
+    return AnalysisPage(
+        title=f"perfguard analysis: {Path(source).name}",
+        source=source,
+        summary=_summary_rows(analysis.summary),
+        top_ops=_records(ops.head(top)),
+        total_gpu_ns=total_gpu,
+        has_tc_columns=has_tc,
+        tc_missing=tc_missing,
+        iterations_svg=svg,
+        iteration_count=len(it),
+        kernels=_records(shown),
+        kernels_hidden=max(len(k) - max_kernels, 0),
+        findings=_records(findings),
+    )
+
+
+def render_analysis_html(analysis: Analysis, **options: Any) -> str:
+    """The analysis report as one HTML document (options: see :func:`analysis_page`)."""
+    return render("analysis.html.j2", page=analysis_page(analysis, **options))
+
+
+def write_analysis_html(analysis: Analysis, path: str | Path, **options: Any) -> Path:
+    """Render the analysis report and write it to ``path``; returns the path."""
+    return write_text(path, render_analysis_html(analysis, **options), "HTML report")

@@ -1,0 +1,161 @@
+"""``summary.md``: a session's verdicts, short enough for a pull-request comment.
+
+One line per regressed or improved test with its numbers, every other
+test in a collapsed ``<details>`` table, and a link to the HTML report.
+The link target is :data:`REPORT_URL_PLACEHOLDER` unless a URL is given:
+CI knows the artifact's URL only after the upload, so the workflow
+substitutes it (``examples/github-actions.yml``).
+
+Test and op names are user text: they go into code spans (with a fence
+longer than any backtick run inside) and table pipes are escaped, so a
+name can neither break the layout nor inject HTML into the comment.
+GitHub caps a comment at 65,536 characters; the lists are capped well
+below that and say how many entries they left out.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from perfguard.errors import ReportError
+from perfguard.report.html.render import fmt_ci, fmt_ns, fmt_p, fmt_pct, write_text
+from perfguard.report.html.results import OUTCOMES, validate_results
+
+#: what the link to the HTML report points at until CI substitutes the artifact URL
+REPORT_URL_PLACEHOLDER = "PERFGUARD_REPORT_URL"
+_ICON = {"regressed": ":red_circle:", "improved": ":green_circle:"}
+_MAX_LINES = 30  # regressed/improved lines
+_MAX_ROWS = 150  # rows of the collapsed table
+
+
+def _code(text: Any, table: bool = False) -> str:
+    """``text`` as an inline code span that nothing inside can end early."""
+    text = " ".join(str(text).split())
+    runs = re.findall(r"`+", text)
+    fence = "`" * (max((len(r) for r in runs), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    span = f"{fence}{pad}{text}{pad}{fence}"
+    return span.replace("|", "\\|") if table else span
+
+
+def _text(text: Any) -> str:
+    """Plain user text for Markdown: HTML and emphasis characters escaped, one line."""
+    text = " ".join(str(text).split())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return re.sub(r"([\\`*_\[\]|#~])", r"\\\1", text)
+
+
+def _top_op(test: dict[str, Any]) -> str:
+    """The changed op with the largest |Δ time|, as `` `name` +12.3 %``, or ""."""
+    best, best_abs = None, -1.0
+    for op in test["ops"]:
+        if op.get("status") not in ("regressed", "improved"):
+            continue
+        b, c = op.get("baseline_ns"), op.get("current_ns")
+        d = abs(c - b) if b is not None and c is not None else 0.0
+        if d > best_abs:
+            best, best_abs = op, d
+    if best is None:
+        return ""
+    return f"; top op {_code(best.get('op_name') or best.get('op_id') or '?')} " + fmt_pct(
+        best.get("delta_pct")
+    )
+
+
+def _line(test: dict[str, Any]) -> str:
+    t = test
+    return (
+        f"- {_ICON[t['outcome']]} **{t['outcome']}** {_code(t['nodeid'])}: "
+        f"{fmt_pct(t['delta_pct'])} (interval {fmt_ci(t['ci_low_pct'], t['ci_high_pct'])}, "
+        f"p {fmt_p(t['p_value'])}, n {_count(t['n_baseline'])}/{_count(t['n_current'])}), "
+        f"median {fmt_ns(t['median_baseline_ns'])} → {fmt_ns(t['median_current_ns'])}"
+        f"{_top_op(t)}"
+    )
+
+
+def _count(x: float | None) -> str:
+    return "?" if x is None else str(int(x))
+
+
+def render_markdown(results: dict[str, Any], report_url: str | None = None) -> str:
+    """The Markdown summary of a session's ``results`` (a results.json dict)."""
+    results = validate_results(results)
+    tests = results["tests"]
+    counts = results["counts"]
+    verdict = "FAIL" if counts.get("regressed") else "PASS"
+    icon = ":x:" if verdict == "FAIL" else ":white_check_mark:"
+    parts = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts.get(o)) or "no tests"
+    out = [f"## perfguard {icon} {verdict}: {parts}", ""]
+
+    run, base = results["run"], results["baseline"]
+    fp = run.get("fingerprint") or {}
+    where = [f"commit {_code((run.get('commit') or 'unknown')[:12])}"]
+    if base:
+        where.append(f"vs baseline {_code((base.get('commit') or 'unknown')[:12])}")
+        if base.get("ref"):
+            where.append(f"({_code(base['ref'])})")
+    else:
+        where.append("(no baseline)")
+    machine = fp.get("gpu_name") or (f"CPU {fp['cpu']}" if fp.get("cpu") else "")
+    backend = fp.get("backend") or results["settings"].get("backend")
+    extra = [_text(x) for x in (machine, backend) if x]
+    out += [" ".join(where) + (" on " + ", ".join(extra) if extra else ""), ""]
+
+    changed = [t for t in tests if t["outcome"] in ("regressed", "improved")]
+    changed.sort(key=lambda t: (t["outcome"] != "regressed", -abs(t["delta_pct"] or 0.0)))
+    out += [_line(t) for t in changed[:_MAX_LINES]]
+    if len(changed) > _MAX_LINES:
+        out.append(f"- … and {len(changed) - _MAX_LINES} more changed tests (see the report)")
+    if changed:
+        out.append("")
+
+    rest = [t for t in tests if t["outcome"] not in ("regressed", "improved")]
+    if rest:
+        by = ", ".join(f"{o}: {n}" for o in OUTCOMES if (n := sum(t["outcome"] == o for t in rest)))
+        out += [f"<details><summary>{len(rest)} other tests ({by})</summary>", ""]
+        out += [
+            "| Test | Outcome | Δ median | p | Median baseline → current |",
+            "|---|---|---|---|---|",
+        ]
+        for t in rest[:_MAX_ROWS]:
+            out.append(
+                f"| {_code(t['nodeid'], table=True)} | {t['outcome']} | {fmt_pct(t['delta_pct'])} "
+                f"| {fmt_p(t['p_value'])} | {fmt_ns(t['median_baseline_ns'])} → "
+                f"{fmt_ns(t['median_current_ns'])} |"
+            )
+        if len(rest) > _MAX_ROWS:
+            out.append(f"\n… and {len(rest) - _MAX_ROWS} more (see the report)")
+        out += ["", "</details>", ""]
+
+    url = report_url or REPORT_URL_PLACEHOLDER
+    out.append(f"[Full HTML report (report.html)]({url})")
+    return "\n".join(out) + "\n"
+
+
+def write_markdown(
+    results: dict[str, Any],
+    path: str | Path,
+    *,
+    report_url: str | None = None,
+    step_summary: bool = True,
+) -> Path:
+    """Write ``summary.md`` to ``path``; also append it to ``$GITHUB_STEP_SUMMARY`` when set.
+
+    ``step_summary=False`` skips the append (e.g. when re-rendering locally
+    inside a CI job that already posted one).
+    """
+    text = render_markdown(results, report_url)
+    written = write_text(path, text, "Markdown summary")
+    target = os.environ.get("GITHUB_STEP_SUMMARY") if step_summary else None
+    if target:
+        try:
+            with open(target, "a", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except OSError as exc:
+            raise ReportError(
+                f"{target}: cannot append to GITHUB_STEP_SUMMARY ({exc.strerror})"
+            ) from None
+    return written
