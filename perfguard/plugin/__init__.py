@@ -1,18 +1,126 @@
 """The pytest plugin (entry point ``pytest11: perfguard``).
 
-This release only registers the ``gpuprofile`` marker so marked tests run as
-ordinary tests; capture, baselines and verdicts come with the plugin issue.
-Heavy imports stay out of this module so loading the plugin costs nothing.
+``pytest --perfguard`` captures every test marked ``@pytest.mark.gpuprofile``
+(or using the ``gpuprofile`` fixture), compares it with the baseline of an
+earlier commit and fails the ones that regressed. Without ``--perfguard``
+marked tests run as ordinary tests (``gpuprofile.iterations()`` still runs
+its steps) and nothing heavy is imported: this module, :mod:`.options`,
+:mod:`.marker` and :mod:`.iterate` use the standard library and pytest only.
+With ``--perfguard``, :class:`perfguard.plugin.session.PerfguardSession` is
+registered and does the work (see its docstring for where each step runs).
+In a child pytest started by the nsys backend (``PERFGUARD_CHILD`` set),
+:class:`perfguard.plugin.child.ChildPlugin` runs instead.
+
+Plugin state lives in ``config.stash``, never in attributes of ``config``.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
 import pytest
+
+from perfguard.plugin.capture import CHILD_ENV
+from perfguard.plugin.iterate import GpuProfile
+from perfguard.plugin.marker import MARKER, MARKER_HELP, ProfileSpec, parse_marker
+from perfguard.plugin.options import Settings, add_options, read_settings
+
+if TYPE_CHECKING:
+    from perfguard.plugin.child import ChildPlugin
+    from perfguard.plugin.session import PerfguardSession
+
+__all__ = ["GpuProfile", "ProfileSpec", "gpuprofile", "profiled", "settings_key", "spec_of"]
+
+FIXTURE = "gpuprofile"
+
+settings_key: pytest.StashKey[Settings] = pytest.StashKey()
+session_key: pytest.StashKey[PerfguardSession] = pytest.StashKey()
+child_key: pytest.StashKey[ChildPlugin] = pytest.StashKey()
+spec_key: pytest.StashKey[ProfileSpec] = pytest.StashKey()
+profile_key: pytest.StashKey[GpuProfile] = pytest.StashKey()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "gpuprofile(iterations=30, warmup=5, tolerance='5%', metrics=('gpu_time',), "
-        "key_node=None, backend=None): profile this benchmark test with perfguard.",
+    config.addinivalue_line("markers", MARKER_HELP)
+    settings = read_settings(config)
+    config.stash[settings_key] = settings
+    if os.environ.get(CHILD_ENV):
+        from perfguard.plugin.child import ChildPlugin
+
+        child = ChildPlugin(os.environ[CHILD_ENV])
+        config.stash[child_key] = child
+        config.pluginmanager.register(child, "perfguard-child")
+        return
+    if settings.enabled:
+        from perfguard.plugin.session import PerfguardSession  # the heavy part
+
+        session = PerfguardSession(config, settings)
+        config.stash[session_key] = session
+        config.pluginmanager.register(session, "perfguard-session")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for key in (session_key, child_key):
+        plugin: Any = config.stash.get(key, None)
+        if plugin is not None:
+            del config.stash[key]
+            plugin.close()
+            config.pluginmanager.unregister(plugin)
+
+
+def profiled(item: pytest.Item) -> bool:
+    """Whether perfguard measures ``item``: it carries the marker or uses the fixture."""
+    return item.get_closest_marker(MARKER) is not None or FIXTURE in getattr(
+        item, "fixturenames", ()
     )
+
+
+def spec_of(item: pytest.Item) -> ProfileSpec:
+    """The item's checked marker arguments (cached); ValueError for a bad marker."""
+    spec = item.stash.get(spec_key, None)
+    if spec is None:
+        spec = parse_marker(item.get_closest_marker(MARKER))
+        item.stash[spec_key] = spec
+    return spec
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A bad ``gpuprofile`` marker is this test's setup error, with the reason only."""
+    if not profiled(item):
+        return
+    try:
+        spec_of(item)
+    except ValueError as exc:
+        pytest.fail(f"@pytest.mark.{MARKER} on {item.nodeid}: {exc}", pytrace=False)
+
+
+@pytest.fixture
+def gpuprofile(request: pytest.FixtureRequest) -> Iterator[GpuProfile]:
+    """The benchmark loop: ``for step in gpuprofile.iterations(): train_step()``.
+
+    Runs the marker's ``warmup`` steps unrecorded, then ``iterations``
+    recorded steps, each a ``perfguard.iteration`` range timed between
+    device synchronisations; under ``--perfguard`` the recorded steps are
+    captured and the test is compared with its baseline.
+    """
+    item = request.node
+    spec = spec_of(item)
+    config = request.config
+    session = config.stash.get(session_key, None)
+    child = config.stash.get(child_key, None)
+    if session is not None:
+        profile = session.profile_for(item, spec)
+    elif child is not None:
+        profile = child.profile_for(item, spec)
+    else:
+        profile = GpuProfile(spec)
+    item.stash[profile_key] = profile
+    yield profile
+    profile.close()

@@ -1,0 +1,654 @@
+"""The pytest plugin end to end: real CPU captures (torch profiler) in real git repositories.
+
+Each test builds a project with ``pytester`` and runs pytest on it, in
+process (torch is imported once) except where a clean interpreter is the
+point (heavy imports).
+
+The benchmark workload is a real matmul chain plus a 30 ms blocking wait
+that stands in for the device (a CPU-only machine has none). The wait
+dominates on purpose: on this shared 2-core machine, CPU-bound iteration
+times swing up to 2x between sessions with other jobs' load (measured: wall
+time doubled while the thread's CPU time stayed within ~5%), which would
+make any wall-time verdict flaky; a 30 ms wait moved by a few percent, also
+with three extra busy loops running. The regression of commit C is a real
+extra blocking op in the step (``extra_sync``, 10 ms: the classic stray
+host-device synchronisation), so the trace, the analysis and the verdict
+all see a real change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch  # noqa: F401
+
+# Loaded here, before pytester snapshots sys.modules: the in-process runs would
+# otherwise drop torch after each run and the next import of it crashes.
+import perfguard.plugin.session  # noqa: F401
+from perfguard.capture.torch_profiler import TRACE_SUFFIX
+from perfguard.plugin.capture import capture_name
+from perfguard.plugin.marker import parse_marker
+from perfguard.compare.tolerance import parse_tolerance
+
+pytest_plugins = ["pytester"]
+
+BENCH = """
+import time
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+A = torch.randn(128, 128)
+EXTRA_SYNC = {extra}
+
+
+def step():
+    x = torch.tanh(A @ A) @ A
+    with torch.profiler.record_function("wait_for_device"):
+        time.sleep(0.030)
+    if EXTRA_SYNC:
+        with torch.profiler.record_function("extra_sync"):
+            time.sleep(0.010)
+    return x
+
+
+@pytest.mark.gpuprofile(iterations=16, warmup=1, tolerance="15%")
+def test_train_step(gpuprofile):
+    for _ in gpuprofile.iterations():
+        step()
+
+
+@pytest.mark.gpuprofile
+def test_whole_call():
+    step()
+"""
+TRAIN = "test_bench.py::test_train_step"
+WHOLE = "test_bench.py::test_whole_call"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _profiler_loaded(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Run the profiler once before any pytester snapshot (see the imports above).
+
+    Starting ``torch.profiler`` imports more of torch on first use; modules
+    loaded inside an in-process run are dropped after it, and torch cannot
+    register them twice.
+    """
+    from perfguard.capture.torch_profiler import profile_torch
+
+    with profile_torch(tmp_path_factory.mktemp("warm") / "t.json", device="cpu"):
+        torch.ones(2) @ torch.ones(2)
+
+
+def git(path: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=path, check=True, capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def commit(path: Path, message: str) -> str:
+    git(path, "add", "-A", "--", ".", ":!baselines", ":!.perfguard")
+    git(path, "commit", "-q", "-m", message)
+    return git(path, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(pytester: pytest.Pytester) -> pytest.Pytester:
+    """An empty git repository with a pytest.ini, as the project under test."""
+    pytester.makeini("[pytest]\n")
+    git(pytester.path, "init", "-q", "-b", "main")
+    git(pytester.path, "config", "user.email", "ci@example.com")
+    git(pytester.path, "config", "user.name", "CI")
+    git(pytester.path, "config", "commit.gpgsign", "false")
+    return pytester
+
+
+def bench(pytester: pytest.Pytester, *, extra: bool, comment: str = "") -> None:
+    pytester.makepyfile(test_bench=BENCH.format(extra=extra) + comment)
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_inprocess("--perfguard", "-p", "no:cacheprovider", *args)
+
+
+def results(pytester: pytest.Pytester) -> dict:
+    return json.loads((pytester.path / ".perfguard" / "results.json").read_text())
+
+
+def entry(doc: dict, nodeid: str) -> dict:
+    (found,) = [t for t in doc["tests"] if t["nodeid"] == nodeid]
+    return found
+
+
+def store_runs(pytester: pytest.Pytester) -> list[tuple]:
+    with sqlite3.connect(pytester.path / "baselines" / "perfguard.db") as db:
+        return db.execute('SELECT run_id, "commit", dirty FROM runs ORDER BY run_id').fetchall()
+
+
+# ---------------------------------------------------------------------------------- flow
+
+
+def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) -> None:
+    path = repo.path
+    # A: the first commit has no baseline; --perfguard-save stores the run under A
+    bench(repo, extra=False)
+    sha_a = commit(path, "A")
+    r = run(repo, "--perfguard-save")
+    r.assert_outcomes(passed=2)
+    doc = results(repo)
+    assert doc["baseline"] is None
+    assert doc["counts"] == {"no-baseline": 2}
+    assert doc["run"]["commit"] == sha_a and doc["run"]["dirty"] is False
+    assert doc["run"]["fingerprint"]["backend"] == "cpu"
+    whole = entry(doc, WHOLE)
+    assert whole["n_current"] == 1
+    assert "captured as one iteration" in " ".join(whole["notes"])
+    assert store_runs(repo) == [(1, sha_a, 0)]
+    r.stdout.fnmatch_lines(["*= perfguard =*", f"*{TRAIN}*no-baseline*", "*saved run 1*"])
+
+    # B: same workload, one commit later: compared with A, unchanged, passes
+    bench(repo, extra=False, comment="\n# refactor: no change to the step\n")
+    sha_b = commit(path, "B")
+    r = run(repo, "--perfguard-save")
+    r.assert_outcomes(passed=2)
+    doc = results(repo)
+    # the walk starts at HEAD (B, no run yet) and finds A one first-parent step back
+    assert doc["baseline"] == {"ref": sha_b, "commit": sha_a, "run_id": 1}
+    train = entry(doc, TRAIN)
+    assert train["outcome"] == "unchanged", train["message"]
+    assert train["n_current"] == train["n_baseline"] == 16
+    assert abs(train["delta_pct"]) < 15
+    assert [h["commit"] for h in train["history"]] == [sha_a]  # history before this run
+    assert store_runs(repo)[-1] == (2, sha_b, 0)
+
+    # C: one real extra blocking op per step (+10 ms on ~31 ms): regressed, the test fails
+    bench(repo, extra=True)
+    commit(path, "C")
+    r = run(repo, "--junitxml=junit.xml")
+    r.assert_outcomes(passed=1, failed=1)
+    r.stdout.fnmatch_lines([f"{TRAIN}*regressed*", f"FAILED {TRAIN} - Failed: perfguard: *"])
+    doc = results(repo)
+    assert doc["baseline"]["commit"] == sha_b  # the nearest first-parent run
+    train = entry(doc, TRAIN)
+    assert train["outcome"] == "regressed"
+    assert train["p_value"] < 0.01 and train["ci_low_pct"] > 15
+    msg = train["message"]
+    for part in ("wall_time median", "->", "99% CI", "p=", "n=16/16", "top op"):
+        assert part in msg, msg
+    failure = "\n".join(r.outlines)
+    assert f"perfguard: {TRAIN} regressed against the baseline at {sha_b[:12]}" in failure
+    # the figures, cross-checked against the raw samples in results.json
+    cur, base = np.array(train["samples_current"]), np.array(train["samples_baseline"])
+    assert train["median_current_ns"] == pytest.approx(np.median(cur))
+    assert train["delta_pct"] == pytest.approx(100 * (np.median(cur) / np.median(base) - 1))
+    assert 8e6 < np.median(cur) - np.median(base) < 14e6  # the extra 10 ms wait
+    assert isinstance(train["findings"], list)  # the expert system ran on the capture
+    assert all({"check", "severity", "problem"} <= set(f) for f in train["findings"])
+    top = train["ops"][0]
+    assert (top["op_name"], top["status"]) == ("extra_sync", "added")
+    # the capture is a real Kineto trace with the 20 recorded iterations in it
+    from perfguard.trace import load_trace
+
+    trace = load_trace(train["capture"])
+    assert (trace.ranges["name"] == "perfguard.iteration").sum() == 16
+    # junit carries the figures
+    props = {
+        p.get("name"): p.get("value")
+        for case in ET.parse(path / "junit.xml").iter("testcase")
+        if case.get("name") == "test_train_step"
+        for p in case.iter("property")
+    }
+    assert props["perfguard_outcome"] == "regressed"
+    assert float(props["perfguard_delta_pct"]) == pytest.approx(train["delta_pct"])
+
+    # fail-on=never reports the regression without failing
+    r = run(repo, "--perfguard-fail-on=never")
+    r.assert_outcomes(passed=2)
+    assert entry(results(repo), TRAIN)["outcome"] == "regressed"
+
+    # another machine: every stored run's CPU rewritten -> incomparable, never a failure
+    with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
+        for run_id, fp in db.execute("SELECT run_id, fingerprint FROM runs").fetchall():
+            other = {**json.loads(fp), "cpu": "Some Other CPU 9000"}
+            db.execute(
+                "UPDATE runs SET cpu=?, fingerprint=? WHERE run_id=?",
+                ("Some Other CPU 9000", json.dumps(other), run_id),
+            )
+    # ... measured on a dirty tree, which the saved run records
+    bench(repo, extra=True, comment="\n# uncommitted edit\n")
+    r = run(repo, "--perfguard-save")
+    r.assert_outcomes(passed=2)
+    doc = results(repo)
+    assert doc["counts"] == {"incomparable": 2}
+    assert "cpu differs" in entry(doc, TRAIN)["message"]
+    assert doc["run"]["dirty"] is True
+    assert store_runs(repo)[-1][2] == 1
+    r.stdout.fnmatch_lines(["*baseline: only incomparable runs*cpu differs*", "*dirty tree*"])
+
+
+def test_no_baseline_in_store_is_no_baseline(repo: pytest.Pytester) -> None:
+    repo.makepyfile(
+        test_one="""
+        import time
+        import pytest
+
+        @pytest.mark.gpuprofile(iterations=6, warmup=1)
+        def test_sleep(gpuprofile):
+            for _ in gpuprofile.iterations():
+                time.sleep(0.001)
+        """
+    )
+    commit(repo.path, "A")
+    (repo.path / "README").write_text("b\n")
+    commit(repo.path, "B")  # HEAD has a parent, but no run is stored anywhere
+    r = run(repo)
+    r.assert_outcomes(passed=1)
+    doc = results(repo)
+    assert doc["baseline"] is None and doc["counts"] == {"no-baseline": 1}
+    only = doc["tests"][0]
+    assert only["n_current"] == 6 and only["baseline_commit"] is None
+    assert not (repo.path / "baselines").exists()  # nothing saved without --perfguard-save
+    r.stdout.fnmatch_lines(["*baseline: no baseline: no store at*"])
+
+
+@pytest.mark.parametrize(
+    ("args", "store_bytes", "message"),
+    [
+        (["--perfguard-baseline=no-such-branch"], None,
+         "ERROR: --perfguard-baseline: *cannot resolve ref 'no-such-branch'*"),
+        ([], b"this is not SQLite, just text" * 50, "ERROR: --perfguard-store: *perfguard.db*"),
+    ],
+    ids=["unknown-ref", "not-a-store"],
+)  # fmt: skip
+def test_bad_baseline_ref_or_store_is_a_usage_error(
+    repo: pytest.Pytester, args: list[str], store_bytes: bytes | None, message: str
+) -> None:
+    repo.makepyfile(test_x="def test_x():\n    pass\n")
+    commit(repo.path, "A")
+    (repo.path / "README").write_text("b\n")
+    commit(repo.path, "B")
+    if store_bytes is not None:
+        (repo.path / "baselines").mkdir()
+        (repo.path / "baselines" / "perfguard.db").write_bytes(store_bytes)
+    r = run(repo, *args)
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines([message])
+    if store_bytes is not None:  # refused, never modified
+        assert (repo.path / "baselines" / "perfguard.db").read_bytes() == store_bytes
+
+
+# ----------------------------------------------------------------- failures stay per test
+
+
+def test_capture_failure_is_an_error_and_the_session_goes_on(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Settings from the ini; no git repository (then no baseline, still captured)."""
+    pytester.makeini(
+        """
+        [pytest]
+        perfguard = true
+        perfguard_backend = cpu
+        perfguard_output = out
+        """
+    )
+    pytester.makepyfile(
+        test_cap="""
+        import time
+        import pytest
+
+        @pytest.mark.gpuprofile(iterations=5, warmup=0)
+        def test_a_raises(gpuprofile):
+            for step in gpuprofile.iterations():
+                if step == 2:
+                    raise RuntimeError("the workload broke")
+
+        @pytest.mark.gpuprofile(iterations=5, warmup=0)
+        def test_b_blocked(gpuprofile):
+            for _ in gpuprofile.iterations():
+                time.sleep(0.001)
+
+        @pytest.mark.gpuprofile(iterations=5, warmup=0)
+        def test_c_fine(gpuprofile):
+            for _ in gpuprofile.iterations():
+                time.sleep(0.001)
+
+        @pytest.mark.gpuprofile(backend="nsys")
+        def test_d_needs_nsys(gpuprofile):
+            pass
+        """
+    )
+    monkeypatch.delenv("PERFGUARD_NSYS", raising=False)
+    monkeypatch.setenv(
+        "PATH",
+        os.pathsep.join(
+            p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nsys").exists()
+        ),
+    )
+    name = capture_name("test_cap.py::test_b_blocked") + TRACE_SUFFIX
+    blocked = pytester.path / "out" / "captures" / name
+    blocked.mkdir(parents=True)  # the trace cannot be written where the capture goes
+    r = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=2, failed=1, errors=2)
+    r.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_b_blocked*",
+            "perfguard: capture of test_cap.py::test_b_blocked failed: "
+            "the torch profiler did not start: *Is a directory*",
+            "*ERROR at setup of test_d_needs_nsys*",
+            "perfguard: backend 'nsys' of test_cap.py::test_d_needs_nsys: *nsys*not found*",
+            "*RuntimeError: the workload broke*",
+            "FAILED test_cap.py::test_a_raises - RuntimeError: the workload broke",
+            "ERROR test_cap.py::test_b_blocked - Failed: perfguard: capture of*",
+        ]
+    )
+    doc = json.loads((pytester.path / "out" / "results.json").read_text())
+    by_id = {t["nodeid"]: t for t in doc["tests"]}
+    assert set(by_id) == {f"test_cap.py::test_{n}" for n in ("b_blocked", "c_fine", "d_needs_nsys")}
+    assert "nsys" in by_id["test_cap.py::test_d_needs_nsys"]["error"]
+    assert by_id["test_cap.py::test_b_blocked"]["outcome"] == "error"
+    assert str(blocked) in by_id["test_cap.py::test_b_blocked"]["error"]
+    fine = by_id["test_cap.py::test_c_fine"]  # captured after both failures
+    assert fine["outcome"] == "no-baseline" and fine["n_current"] == 5
+    assert doc["counts"] == {"error": 2, "no-baseline": 1}
+    assert any("no git state" in n for n in doc["notes"])
+
+
+def test_bad_marker_is_that_tests_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.gpuprofile(iterations=0)
+        def test_bad(gpuprofile):
+            pass
+
+        @pytest.mark.gpuprofile(iterations=3, warmup=1)
+        def test_good(gpuprofile):
+            assert list(gpuprofile.iterations()) == [-1, 0, 1, 2]
+        """
+    )
+    r = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1, errors=1)
+    r.stdout.fnmatch_lines(
+        ["*@pytest.mark.gpuprofile on *test_bad: iterations must be an integer >= 1, got 0*"]
+    )
+
+
+# ------------------------------------------------------------------ without --perfguard
+
+
+def test_without_the_flag_iterations_run_and_nothing_is_captured(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.gpuprofile(iterations=4, warmup=2)
+        def test_loop(gpuprofile):
+            steps = list(gpuprofile.iterations())
+            assert steps == [-2, -1, 0, 1, 2, 3]
+            assert not gpuprofile.capturing and gpuprofile.wall_times_ns == []
+
+        @pytest.mark.gpuprofile
+        def test_no_fixture():
+            pass
+        """
+    )
+    r = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=2)
+    assert not (pytester.path / ".perfguard").exists()
+    assert "= perfguard =" not in r.stdout.str()
+
+
+def test_heavy_imports_only_with_the_flag(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import sys
+        import pytest
+
+        HEAVY = ("pandas", "numpy", "torch", "perfguard.analysis", "perfguard.baseline.store")
+
+        @pytest.mark.gpuprofile(iterations=2, warmup=1)
+        def test_light(gpuprofile):
+            for _ in gpuprofile.iterations():
+                pass
+            loaded = [m for m in HEAVY if m in sys.modules]
+            assert loaded == [], loaded
+            assert "perfguard.plugin" in sys.modules
+        """
+    )
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1)
+
+
+def test_markers_help(pytester: pytest.Pytester) -> None:
+    r = pytester.runpytest_inprocess("--markers")
+    r.stdout.fnmatch_lines(
+        ["@pytest.mark.gpuprofile(iterations=30, warmup=5, tolerance='5%', metrics=('gpu_time',), "
+         "key_node=None, backend=None): profile this benchmark test with perfguard*"]
+    )  # fmt: skip
+
+
+def test_help_lists_the_option_group(pytester: pytest.Pytester) -> None:
+    r = pytester.runpytest_inprocess("--help")
+    r.stdout.fnmatch_lines(
+        ["perfguard: GPU performance regression checks:", "*--perfguard *",
+         "*--perfguard-fail-on={regression,never}*", "*perfguard_tolerance *"]
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "message"),
+    [
+        (["--perfguard-backend=gpu"], "",
+         "*--perfguard-backend*'gpu' is not one of auto, torch, nsys, cpu*"),
+        (["--perfguard-tolerance=abc"], "", "*--perfguard-tolerance*'abc' is not a percentage*"),
+        (["--perfguard-tolerance=5"], "", "*--perfguard-tolerance*ambiguous*'5%'*'0.05'*"),
+        (["--perfguard-tolerance=-0.1"], "", "*--perfguard-tolerance*non-negative*"),
+        (["--perfguard-fail-on=always"], "",
+         "*--perfguard-fail-on*'always' is not one of regression, never*"),
+        (["--perfguard-baseline=--x"], "", "*--perfguard-baseline*not a git ref*"),
+        ([], "perfguard_tolerance = lots", "*ini perfguard_tolerance*'lots'*"),
+        (["--perfguard", "--perfguard-save"], "", "*--perfguard-save needs a git repository*"),
+    ],
+    ids=["backend", "tolerance-text", "tolerance-bare", "tolerance-negative", "fail-on",
+         "baseline", "ini", "save-without-git"],
+)  # fmt: skip
+def test_bad_option_values_are_usage_errors(
+    pytester: pytest.Pytester, args: list[str], ini: str, message: str
+) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    r = pytester.runpytest_inprocess(*args)
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("5%", 0.05), ("0.05", 0.05), (" 12.5 % ", 0.125), (0.2, 0.2), ("150%", 1.5)],
+)
+def test_parse_tolerance(text: object, value: float) -> None:
+    assert parse_tolerance(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["", "5", "x%", "-0.1", "nan", True, None])
+def test_parse_tolerance_refuses(text: object) -> None:
+    with pytest.raises(ValueError, match="tolerance"):
+        parse_tolerance(text)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"iterations": 1.5}, "iterations must be an integer >= 1"),
+        ({"warmup": -1}, "warmup must be an integer >= 0"),
+        ({"iterations": True}, "iterations must be an integer"),
+        ({"metrics": ("flops",)}, "unknown metric"),
+        ({"metrics": ()}, "metrics must be a non-empty tuple"),
+        ({"backend": "gpu"}, "backend must be one of"),
+        ({"key_node": ""}, "key_node must be a range name"),
+        ({"tolerance": "big"}, "not a percentage"),
+        ({"iteration": 3}, "unknown argument"),
+    ],
+)
+def test_marker_arguments_are_checked(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_marker(pytest.mark.gpuprofile(**kwargs).mark)
+
+
+def test_marker_defaults_and_values() -> None:
+    mark = pytest.mark.gpuprofile(iterations=7, tolerance="2%", metrics="wall_time").mark
+    spec = parse_marker(mark)
+    got = (spec.iterations, spec.warmup, spec.tolerance, spec.metrics)
+    assert got == (7, 5, 0.02, ("wall_time",))
+    assert parse_marker(pytest.mark.gpuprofile.mark).tolerance is None  # the session's applies
+
+
+# ---------------------------------------------------------------------------------- xdist
+
+
+def test_xdist_workers_capture_and_the_controller_saves_one_run(repo: pytest.Pytester) -> None:
+    repo.makepyfile(
+        test_par="""
+        import time
+        import pytest
+
+        @pytest.mark.parametrize("ms", [1, 2, 3])
+        @pytest.mark.gpuprofile(iterations=6, warmup=1)
+        def test_sleep(gpuprofile, ms):
+            for _ in gpuprofile.iterations():
+                time.sleep(ms / 1000)
+        """
+    )
+    sha = commit(repo.path, "A")
+    r = run(repo, "-n", "2", "--perfguard-save")
+    r.assert_outcomes(passed=3)
+    doc = results(repo)
+    assert doc["counts"] == {"no-baseline": 3}
+    assert {t["worker"] for t in doc["tests"]} <= {"gw0", "gw1"}
+    medians = {t["nodeid"]: t["median_current_ns"] for t in doc["tests"]}
+    for ms in (1, 2, 3):
+        assert 0.9 * ms * 1e6 < medians[f"test_par.py::test_sleep[{ms}]"] < ms * 1e6 + 2e6
+    assert store_runs(repo) == [(1, sha, 0)]  # one run, saved by the controller
+    from perfguard.baseline.store import Store
+
+    with Store(repo.path / "baselines" / "perfguard.db", create=False) as store:
+        _, records = store.load_run(1)
+    assert sorted(records) == sorted(medians)
+    assert all(len(rec.samples) == 6 for rec in records.values())
+
+
+# ------------------------------------------------------------------------ nsys backend
+
+# A stand-in for nsys (none on this machine): it logs its argv, runs the program it
+# was given (the child pytest) and writes what nsys would: a report and, as the
+# SQLite export, a copy of a real nsys capture.
+FAKE_NSYS = """
+import json, os, shutil, subprocess, sys
+
+args = sys.argv[1:]
+with open(LOG, "a") as log:
+    log.write(json.dumps({"argv": sys.argv, "child": os.environ.get("PERFGUARD_CHILD")}) + "\\n")
+i = 1
+while i < len(args) and args[i].startswith("-"):
+    i += 2 if args[i] in ("-t", "-s", "-o", "--force-overwrite") else 1
+status = subprocess.call(args[i:])
+out = args[args.index("-o") + 1]
+open(out + ".nsys-rep", "wb").close()
+shutil.copyfile(EXPORT, out + ".sqlite")
+sys.exit(status)
+"""
+
+
+def test_nsys_backend_reruns_each_test_in_a_child_pytest(
+    repo: pytest.Pytester, fixture_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export = fixture_file("nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite")
+    log = repo.path / "nsys-calls.jsonl"
+    fake = repo.path / "bin" / "nsys"
+    fake.parent.mkdir()
+    head = f"#!{sys.executable}\nLOG = {str(log)!r}\nEXPORT = {str(export)!r}\n"
+    fake.write_text(head + FAKE_NSYS)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PERFGUARD_NSYS", str(fake))
+    repo.makepyfile(
+        test_gpu="""
+        import os
+        import pytest
+
+        @pytest.mark.gpuprofile(iterations=3, warmup=1, key_node="saxpy")
+        def test_ok(gpuprofile):
+            assert os.environ.get("PERFGUARD_CHILD")  # the body runs in the child only
+            for _ in gpuprofile.iterations():
+                pass
+
+        @pytest.mark.gpuprofile(iterations=3, warmup=0)
+        def test_fails(gpuprofile):
+            assert os.environ.get("PERFGUARD_CHILD")
+            assert 1 + 1 == 3, "wrong sum in the child"
+        """
+    )
+    commit(repo.path, "A")
+    r = run(repo, "--perfguard-backend=nsys")
+    # test_ok: no usable CUDA here, so the child cannot open nsys's capture range:
+    # a capture error, reported as that test's error; test_fails: the child's failure
+    r.assert_outcomes(passed=1, failed=1, errors=1)
+    r.stdout.fnmatch_lines(
+        [
+            "perfguard: capture of test_gpu.py::test_ok failed: *cudaProfilerStart*"
+            "capture range never opens*",
+            "AssertionError: wrong sum in the child*(run under nsys)",
+            "FAILED test_gpu.py::test_fails - Failed: AssertionError: wrong sum*",
+        ]
+    )
+    argvs = [c["argv"] for c in calls(log)]
+    assert len(argvs) == 2
+    for argv, name in zip(argvs, ("test_ok", "test_fails"), strict=True):
+        assert argv[1:3] == ["profile", "-t"]
+        assert "--capture-range=cudaProfilerApi" in argv and "--capture-range-end=stop" in argv
+        at = argv.index("-m")
+        assert argv[at - 1] == sys.executable and argv[at + 1] == "pytest"
+        assert argv[at + 2] == f"{repo.path / 'test_gpu.py'}::{name}"  # one argument, no shell
+    assert all(c["child"].endswith(".child.json") for c in calls(log))
+    doc = results(repo)
+    assert doc["settings"]["resolved_backend"] == "nsys"
+    (only,) = doc["tests"]
+    assert only["outcome"] == "error" and "cudaProfilerStart" in only["error"]
+
+    # with the CUDA profiler API stubbed in the child (conftest), the capture goes
+    # through: the parent analyses the export, iterations from the marker's key node
+    repo.makeconftest(
+        """
+        import os
+
+        if os.environ.get("PERFGUARD_CHILD"):
+            from perfguard.plugin import capture
+
+            capture._cuda_profiler = lambda which: None
+        """
+    )
+    r = run(repo, "--perfguard-backend=nsys", "-k", "test_ok")
+    r.assert_outcomes(passed=1)
+    (ok,) = results(repo)["tests"]
+    assert ok["outcome"] == "no-baseline" and ok["backend"] == "nsys"
+    assert ok["metric"] == "gpu_time"  # the export has kernels
+    assert ok["n_current"] == 6  # 5 saxpy key-node instances -> 6 iterations (DLProf's rule)
+    assert "3 timed iterations but 6 in the capture" in " ".join(ok["notes"])
+    assert ok["capture"].endswith(".sqlite")
+
+
+def calls(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
