@@ -9,12 +9,14 @@ one line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
+from perfguard.commands import argtypes
 from perfguard.errors import AnalysisError, PerfguardError
 
 PROG = "perfguard"
@@ -44,16 +46,6 @@ def _choices(allowed: Sequence[str], extra: Sequence[str] = ()) -> argparse._Act
     return parse
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _file_name(text: str) -> str:
     name = text.strip()
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
@@ -70,7 +62,7 @@ def _one_line(text: object) -> str:
 
 def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     """Analysis options, shared by ``analyze`` and (later) ``profile``."""
-    from perfguard.report.dlprof import FORMATS, REPORTS
+    from perfguard.report.dlprof import ALL_REPORTS, FORMATS
 
     parser.add_argument("--key-node", "--key_node", dest="key_node", metavar="NAME",
                         help="range name that ends each iteration (DLProf: N instances give "
@@ -79,7 +71,7 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
         "--iter-start",
         "--iter_start",
         dest="iter_start",
-        type=_non_negative,
+        type=argtypes.integer(0),
         metavar="N",
         help="first iteration to aggregate (inclusive)",
     )
@@ -87,20 +79,21 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
         "--iter-stop",
         "--iter_stop",
         dest="iter_stop",
-        type=_non_negative,
+        type=argtypes.integer(0),
         metavar="N",
         help="last iteration to aggregate (inclusive)",
     )
-    parser.add_argument("--reports", type=_choices(REPORTS, ("all",)), default=list(REPORTS),
-                        metavar="LIST",
-                        help=f"comma-separated reports: {','.join(REPORTS)} or all "
+    parser.add_argument("--reports", type=_choices(ALL_REPORTS, ("all",)),
+                        default=list(ALL_REPORTS), metavar="LIST",
+                        help=f"comma-separated reports: {','.join(ALL_REPORTS)} or all "
                              "(default: all)")  # fmt: skip
     parser.add_argument(
         "--formats",
         type=_choices(FORMATS),
         default=list(FORMATS),
         metavar="LIST",
-        help="comma-separated: csv,json (default: both)",
+        help="comma-separated: csv,json,html (default: all three; html is one page, "
+        "<base>_report.html, with every report)",
     )
     parser.add_argument(
         "--output-path",
@@ -125,6 +118,17 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: one module per further subcommand, each with ``add_parser(subparsers)`` that
+#: registers it (``set_defaults(func=...)``); they import their layer lazily,
+#: inside ``func``, so ``perfguard --help`` stays fast
+COMMAND_MODULES: tuple[str, ...] = (
+    "perfguard.commands.profile",
+    "perfguard.commands.baseline",
+    "perfguard.commands.compare",
+    "perfguard.commands.report",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from perfguard import __version__
 
@@ -143,17 +147,27 @@ def build_parser() -> argparse.ArgumentParser:
                               "directory of per-rank traces")  # fmt: skip
     add_analyze_options(analyze)
     analyze.set_defaults(func=run_analyze)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from perfguard.analysis import analyze
-    from perfguard.report import format_summary, write_reports
     from perfguard.report.writer import check_output
-    from perfguard.trace import load_trace
 
     # refuse before the (possibly long) read when the reports could not be written anyway
     check_output(args.output_path, args.base_name, args.reports, args.formats, args.force)
+    analyze_and_report(args)
+    return 0
+
+
+def analyze_and_report(args: argparse.Namespace) -> None:
+    """Load ``args.database``, analyse it with the analysis options, print the
+    summary and notes, write the reports (shared by ``analyze`` and ``profile``)."""
+    from perfguard.analysis import analyze
+    from perfguard.report import format_summary, write_reports
+    from perfguard.trace import load_trace
+
     trace = load_trace(args.database)
     try:
         result = analyze(
@@ -162,6 +176,8 @@ def run_analyze(args: argparse.Namespace) -> int:
     except AnalysisError as exc:  # name the capture the request does not fit
         raise AnalysisError(f"{args.database}: {exc}") from None
     print(format_summary(result))
+    for note in result.notes:
+        print(f"note: {note}")
     written = write_reports(
         result,
         args.output_path,
@@ -173,7 +189,6 @@ def run_analyze(args: argparse.Namespace) -> int:
     print("\nReports written:")
     for path in written:
         print(f"  {path}")
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,6 +25,7 @@ import pytest
 
 import perfguard
 from perfguard import AnalysisError, TraceError, load_trace
+from perfguard.report.dlprof import ALL_REPORTS
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "captures" / "a100_alexnet_tiny_cudasync.pt.trace.json.gz"
@@ -409,11 +410,8 @@ def test_cli_existing_report_is_replaced_with_force(existing_report_runs) -> Non
     header = (out / "dlprof_kernel.csv").read_text().splitlines()[0]
     assert header.startswith("Kernel Name,Op ID,Op Name,Direction,Uses TC")
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(
-        f"dlprof_{r}.{f}"
-        for r in ("summary", "detail", "iteration", "kernel")
-        for f in ("csv", "json")
-    )
+    expected = [f"dlprof_{r}.{f}" for r in ALL_REPORTS for f in ("csv", "json")]
+    assert names == sorted([*expected, "dlprof_report.html"])
 
 
 # ----------------------------------------------------------------------- internal failures

@@ -26,13 +26,29 @@ import pytest
 
 import perfguard
 from perfguard.cli import build_parser
-from perfguard.report.dlprof import DETAIL_COLUMNS, ITERATION_COLUMNS, KERNEL_COLUMNS
+from perfguard.report.dlprof import (
+    DETAIL_COLUMNS,
+    GROUP_COLUMNS,
+    ITERATION_COLUMNS,
+    KERNEL_COLUMNS,
+    OP_TYPE_COLUMNS,
+    TENSOR_COLUMNS,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "captures" / "a100_alexnet_tiny_cudasync.pt.trace.json.gz"
 SAXPY = "nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite"
 A100_STEPS = "kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz"  # ProfilerStep#4..6
-ALL_REPORTS = ("summary", "detail", "iteration", "kernel")
+ALL_REPORTS = (
+    "summary",
+    "detail",
+    "iteration",
+    "kernel",
+    "tensor",
+    "op_type",
+    "group_node",
+    "expert_systems",
+)
 TIMEOUT = 180
 
 HEADERS = {
@@ -40,6 +56,10 @@ HEADERS = {
     "detail": list(DETAIL_COLUMNS.values()),
     "iteration": list(ITERATION_COLUMNS.values()),
     "kernel": list(KERNEL_COLUMNS.values()),
+    "tensor": list(TENSOR_COLUMNS.values()),
+    "op_type": list(OP_TYPE_COLUMNS.values()),
+    "group_node": list(GROUP_COLUMNS.values()),
+    "expert_systems": ["Check", "Severity", "Problem", "Evidence", "Recommendation"],
 }
 
 
@@ -159,6 +179,7 @@ def test_example_succeeds_quietly(example_run: Run) -> None:
 
 def test_example_writes_every_report_and_nothing_else(example_run: Run) -> None:
     expected = [f"dlprof_{r}.{f}" for r in ALL_REPORTS for f in ("csv", "json")]
+    expected.append("dlprof_report.html")
     assert example_run.files() == sorted(expected)
     listed = example_run.stdout.split("Reports written:\n", 1)[1].split()
     assert listed == [str(example_run.out / name) for name in expected]
@@ -177,6 +198,8 @@ def test_example_terminal_summary_matches_the_library(example_run: Run, example_
         s["Wall Clock Time (ns)"] / 1e6, abs=5e-4
     )
     assert float(shown["GPU Utilization (%)"]) == pytest.approx(s["GPU Utilization (%)"], abs=5e-3)
+    tc = s["Tensor Core Kernel Utilization (%)"]
+    assert float(shown["Tensor Core Utilization (%)"]) == pytest.approx(tc, abs=5e-3)
     top = example_analysis.ops.iloc[0]
     table = example_run.stdout.split("ops by GPU time\n", 1)[1].splitlines()
     assert table[1].split()[-4:-2] == [str(top["calls"]), f"{top['gpu_time_total'] / 1e6:,.3f}"]
@@ -231,7 +254,9 @@ def test_dlprof_spellings_and_console_script_give_identical_reports(cli, example
         script=True,
     )  # fmt: skip
     assert alias.returncode == 0, alias.stderr
-    assert alias.files() == sorted(f"alexnet_{r}.{f}" for r in ALL_REPORTS for f in ("csv", "json"))
+    assert alias.files() == sorted(
+        [f"alexnet_{r}.{f}" for r in ALL_REPORTS for f in ("csv", "json")] + ["alexnet_report.html"]
+    )
     for name in example_run.files():
         ours = (alias.out / name.replace("dlprof_", "alexnet_", 1)).read_bytes()
         assert ours == (example_run.out / name).read_bytes(), name
@@ -312,7 +337,8 @@ def test_iteration_window_restricts_the_iteration_report(window_run: Run, steps_
     assert window_run.returncode == 0, window_run.stderr
     assert sorted(steps_events) == ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"]
     assert window_run.files() == sorted(
-        f"steps_{r}.{f}" for r in ("iteration", "kernel") for f in ("csv", "json")
+        [f"steps_{r}.{f}" for r in ("iteration", "kernel") for f in ("csv", "json")]
+        + ["steps_report.html"]
     )
     rows = window_run.csv_rows("steps", "iteration")
     assert rows[0] == HEADERS["iteration"]
@@ -391,7 +417,7 @@ def test_every_dlprof_spelling_parses_like_ours() -> None:
 
 def test_defaults_are_all_reports_both_formats_dlprof_prefix() -> None:
     args = build_parser().parse_args(["analyze", "--database", "x"])
-    assert args.reports == list(ALL_REPORTS) and args.formats == ["csv", "json"]
+    assert args.reports == list(ALL_REPORTS) and args.formats == ["csv", "json", "html"]
     assert (args.base_name, args.output_path, args.force) == ("dlprof", ".", False)
     assert build_parser().parse_args(["analyze", "-d", "x", "--reports", "all"]).reports == list(
         ALL_REPORTS

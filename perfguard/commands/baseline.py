@@ -1,0 +1,179 @@
+"""``perfguard baseline list|show|export|import|prune``: look after the baseline store.
+
+A thin client of :class:`perfguard.baseline.store.Store`; every error it
+raises is one line naming the store or file (exit 2 via ``perfguard.cli``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from perfguard.commands import argtypes
+
+DEFAULT_STORE = "baselines/perfguard.db"
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``baseline`` and its subcommands."""
+    parser = subparsers.add_parser(
+        "baseline",
+        help="list, show, export, import or prune the runs in a baseline store",
+        description="Look after the SQLite store of baseline runs (one run per pytest "
+        "session, keyed by git commit and machine).",
+    )
+    store_opt = argparse.ArgumentParser(add_help=False)
+    store_opt.add_argument(
+        "--store",
+        default=DEFAULT_STORE,
+        metavar="PATH",
+        help=f"baseline store file (default: {DEFAULT_STORE})",
+    )
+    sub = parser.add_subparsers(dest="baseline_command", metavar="ACTION")
+    sub.required = True
+
+    p = sub.add_parser("list", parents=[store_opt], help="print the runs in the store")
+    p.add_argument("--commit", metavar="SHA", help="only runs of this (abbreviated) commit")
+    p.set_defaults(func=run_list)
+
+    p = sub.add_parser("show", parents=[store_opt], help="print one run's tests and medians")
+    p.add_argument("run_id", type=int, metavar="RUN_ID")
+    p.set_defaults(func=run_show)
+
+    p = sub.add_parser("export", parents=[store_opt], help="write runs to one JSON file")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="JSON file to write")
+    p.add_argument("run_ids", type=int, nargs="*", metavar="RUN_ID", help="default: all runs")
+    p.set_defaults(func=run_export)
+
+    p = sub.add_parser(
+        "import", parents=[store_opt], help="add the runs of an export (skips ones present)"
+    )
+    p.add_argument("file", metavar="FILE")
+    p.set_defaults(func=run_import)
+
+    p = sub.add_parser("prune", parents=[store_opt], help="delete old runs")
+    p.add_argument(
+        "--keep-last",
+        type=argtypes.integer(0),
+        metavar="N",
+        help="keep the N latest runs of each machine (host, GPU, backend)",
+    )
+    p.add_argument(
+        "--older-than", type=argtypes.days, metavar="DAYS", help="delete runs older than DAYS"
+    )
+    p.add_argument(
+        "--commit",
+        action="append",
+        default=[],
+        metavar="SHA",
+        help="delete the runs of this commit (repeatable)",
+    )
+    p.set_defaults(func=run_prune, _parser=p)
+
+
+def _human(ns: float) -> str:
+    """A duration in the unit that keeps it readable (the store keeps ns)."""
+    if ns != ns:
+        return "-"
+    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
+        if abs(ns) >= scale:
+            return f"{ns / scale:.3f} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def _machine(row: Any) -> str:
+    if row.gpu_name:
+        gpus = f"{row.gpu_count}x {row.gpu_name}" if row.gpu_count > 1 else row.gpu_name
+    else:
+        gpus = f"CPU {row.cpu}".strip()
+    return f"{gpus} [{row.backend or '?'}] @ {row.host}"
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from perfguard.baseline.store import Store
+
+    with Store(args.store, create=False) as store:
+        runs = store.runs(commit=args.commit)
+    if runs.empty:
+        print(f"no runs in {args.store}" + (f" for commit {args.commit}" if args.commit else ""))
+        return 0
+    table = runs.assign(
+        commit=runs["commit"].str[:12],
+        branch=runs["branch"].fillna("(detached)"),
+        dirty=runs["dirty"].map({True: "yes", False: ""}),
+        machine=[_machine(r) for r in runs.itertuples()],
+    )[["run_id", "commit", "branch", "dirty", "time", "n_tests", "machine"]]
+    print(table.rename(columns={"n_tests": "tests"}).to_string(index=False))
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from perfguard.baseline.store import Store
+
+    with Store(args.store, create=False) as store:
+        info, records = store.load_run(args.run_id)
+        row = store.runs(commit=info.commit)
+    row = row[row["run_id"] == args.run_id].iloc[0]
+    print(f"run {args.run_id}: commit {info.commit}" + (" (dirty)" if info.dirty else ""))
+    print(f"  branch  {info.branch or '(detached)'}")
+    print(f"  time    {info.time}")
+    print(f"  machine {_machine(row)}")
+    if not records:
+        print("  no tests recorded")
+        return 0
+    rows = []
+    for nodeid, rec in sorted(records.items()):
+        values = rec.values()
+        rows.append(
+            {
+                "test": nodeid,
+                "metric": rec.metric,
+                "n": len(values),
+                "median": _human(float(np.median(values))) if len(values) else "-",
+                "min": _human(float(values.min())) if len(values) else "-",
+                "ops": len(rec.ops),
+            }
+        )
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from perfguard.baseline.store import Store
+
+    with Store(args.store, create=False) as store:
+        count = store.export_json(args.output, args.run_ids or None)
+    print(f"exported {count} run(s) to {args.output}")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from perfguard.baseline.store import Store
+
+    with Store(args.store) as store:
+        before = set(store.runs()["run_id"])
+        ids = store.import_json(args.file)
+    added = [i for i in ids if i not in before]
+    print(
+        f"imported {len(added)} run(s) into {args.store}"
+        + (f", {len(ids) - len(added)} already present" if len(ids) > len(added) else "")
+        + (f": run ids {', '.join(map(str, ids))}" if ids else "")
+    )
+    return 0
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    from perfguard.baseline.store import Store
+
+    if args.keep_last is None and args.older_than is None and not args.commit:
+        args._parser.error("give at least one of --keep-last, --older-than, --commit")
+    with Store(args.store, create=False) as store:
+        removed = store.prune(
+            keep_last=args.keep_last, older_than_days=args.older_than, commits=args.commit
+        )
+        left = len(store.runs())
+    print(f"pruned {removed} run(s) from {args.store}; {left} left")
+    return 0

@@ -1,0 +1,252 @@
+"""``perfguard compare CURRENT BASELINE``: the verdict on two captures or two stored runs.
+
+Each side is one of:
+
+* a capture: an nsys ``.sqlite``, a Kineto ``.json[.gz]``, or a folder of
+  per-rank traces. It is read, analysed (``--key-node`` sets the
+  iterations) and turned into one test record.
+* ``STORE.db#RUN_ID``: a run in a baseline store. Every test in it is a
+  record.
+
+Two runs are matched by nodeid. A test that is only in CURRENT is ``new``.
+A capture can be compared with a run that holds one test. Machines that
+differ give ``incomparable``: for runs, the stored fingerprints; for
+captures, the GPU names in the traces. The exit code is 1 when a test
+regressed, 0 otherwise, and 2 on bad input (``perfguard.cli.main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from perfguard.commands import argtypes
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``compare``."""
+    p = subparsers.add_parser(
+        "compare",
+        help="compare two captures or stored runs; exit 1 on a regression",
+        description="Noise-aware verdict (Mann-Whitney U + Hodges-Lehmann interval) of "
+        "CURRENT against BASELINE, per test and per op.",
+    )
+    for name in ("current", "baseline"):
+        p.add_argument(
+            name,
+            metavar=name.upper(),
+            help="capture (.sqlite, .json[.gz], folder of ranks) or STORE.db#RUN_ID",
+        )
+    p.add_argument(
+        "--tolerance",
+        type=argtypes.tolerance,
+        default=0.05,
+        metavar="PCT",
+        help="smallest median slowdown that counts (default: 5%%)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=argtypes.alpha,
+        default=0.01,
+        help="significance level of the Mann-Whitney test (default: 0.01)",
+    )
+    p.add_argument(
+        "--key-node",
+        "--key_node",
+        dest="key_node",
+        metavar="NAME",
+        help="range that ends each iteration, for captures (DLProf semantics)",
+    )
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        metavar="FILE",
+        help='write {"tests": [...]} (results.json entries) to FILE',
+    )
+    p.add_argument(
+        "--ops",
+        type=int,
+        default=5,
+        metavar="N",
+        help="ops listed under each regressed/improved test (default: 5)",
+    )
+    p.set_defaults(func=run)
+
+
+def _store_spec(text: str) -> tuple[Path, str] | None:
+    """``(store path, run id)`` when ``text`` is ``FILE#RUN`` and FILE exists, else None."""
+    if "#" not in text or Path(text).exists():
+        return None
+    path, _, run = text.rpartition("#")
+    if not Path(path).is_file():
+        return None
+    return Path(path), run
+
+
+class _Side:
+    """One side of the comparison: records by nodeid, and what to check machines with."""
+
+    def __init__(self, spec: str, key_node: str | None, nodeid: str) -> None:
+        from perfguard.errors import CompareError
+
+        self.spec = spec
+        self.commit: str | None = None
+        self.fingerprint: Any = None
+        self.gpus: tuple[str, ...] = ()
+        stored = _store_spec(spec)
+        if stored is None:
+            self.records = {nodeid: self._capture(spec, key_node, nodeid)}
+            self.is_run = False
+            return
+        path, run = stored
+        if not run.strip().isdigit():
+            raise CompareError(f"{spec}: run id must be an integer (see perfguard baseline list)")
+        try:
+            from perfguard.baseline.store import Store
+        except ImportError:
+            raise CompareError(
+                f"{spec}: stored runs need the baseline store, which this perfguard does not have"
+            ) from None
+        with Store(path, create=False) as store:
+            info, self.records = store.load_run(int(run))
+        self.commit = info.commit
+        self.fingerprint = info.fingerprint
+        self.is_run = True
+
+    def _capture(self, spec: str, key_node: str | None, nodeid: str) -> Any:
+        from perfguard.analysis import analyze
+        from perfguard.baseline.record import record_from_analysis
+        from perfguard.errors import AnalysisError
+        from perfguard.trace import load_trace
+
+        trace = load_trace(spec)
+        try:
+            analysis = analyze(trace, key_node=key_node)
+        except AnalysisError as exc:
+            raise AnalysisError(f"{spec}: {exc}") from None
+        names = trace.devices["name"] if "name" in trace.devices else []
+        self.gpus = tuple(sorted({str(n) for n in names if isinstance(n, str) and n}))
+        return record_from_analysis(nodeid, analysis, meta={"capture": spec})
+
+
+def _incompatibility(current: _Side, baseline: _Side) -> str | None:
+    if current.fingerprint is not None and baseline.fingerprint is not None:
+        return current.fingerprint.incompatibility(baseline.fingerprint)
+    if current.gpus and baseline.gpus and current.gpus != baseline.gpus:
+        return f"gpu differs: {list(baseline.gpus)} (baseline) vs {list(current.gpus)} (current)"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from perfguard.compare import Outcome, compare_records
+    from perfguard.errors import CompareError
+
+    label = Path(args.current.rpartition("#")[0] or args.current).name or args.current
+    current = _Side(args.current, args.key_node, label)
+    baseline = _Side(args.baseline, args.key_node, label)
+    if current.is_run != baseline.is_run:  # a capture against a run: match its one test
+        run_side, capture_side = (current, baseline) if current.is_run else (baseline, current)
+        if len(run_side.records) != 1:
+            raise CompareError(
+                f"{run_side.spec}: holds {len(run_side.records)} tests; a capture is compared "
+                "with a run of exactly one test (or compare two runs)"
+            )
+        ((only, record),) = run_side.records.items()
+        capture_side.records = {only: _renamed(capture_side.records[label], only)}
+    if not current.records:
+        raise CompareError(f"{current.spec}: no tests recorded")
+    reason = _incompatibility(current, baseline)
+    results = [
+        compare_records(
+            rec,
+            baseline.records.get(nodeid),
+            tolerance=args.tolerance,
+            alpha=args.alpha,
+            incompatibility=reason,
+            baseline_commit=baseline.commit,
+            baseline_run_exists=baseline.is_run,
+        )
+        for nodeid, rec in sorted(current.records.items())
+    ]
+    gone = sorted(set(baseline.records) - set(current.records))
+    print(_table(results))
+    for r in results:
+        print(f"\n{r.outcome.value.upper()} {r.nodeid}\n  {r.message}")
+        if r.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and args.ops > 0:
+            print(_ops_table(r.ops.head(args.ops)))
+    for nodeid in gone:
+        print(f"\nMISSING {nodeid}: in the baseline, not in the current run")
+    if args.json_out:
+        out = Path(args.json_out)
+        payload = {
+            "current": args.current,
+            "baseline": args.baseline,
+            "tests": [r.to_dict() for r in results],
+            "missing": gone,
+        }
+        try:
+            out.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
+        except OSError as exc:
+            raise CompareError(f"{out}: cannot write: {exc.strerror or exc}") from None
+        print(f"\nJSON written: {out}")
+    return 1 if any(r.outcome is Outcome.REGRESSED for r in results) else 0
+
+
+def _renamed(record: Any, nodeid: str) -> Any:
+    from dataclasses import replace
+
+    return replace(record, nodeid=nodeid)
+
+
+def _table(results: list[Any]) -> str:
+    from perfguard.compare.verdict import format_ns, format_p, format_pct
+
+    rows = [("outcome", "test", "baseline", "current", "change", "interval", "p", "n")]
+    for r in results:
+        ci = (
+            f"{format_pct(r.ci_low_pct)}..{format_pct(r.ci_high_pct)}"
+            if not (math.isnan(r.ci_low_pct) or math.isnan(r.ci_high_pct))
+            else "-"
+        )
+        rows.append(
+            (
+                r.outcome.value,
+                r.nodeid,
+                format_ns(r.median_baseline_ns),
+                format_ns(r.median_current_ns),
+                format_pct(r.delta_pct),
+                ci,
+                format_p(r.p_value),
+                f"{r.n_current}/{r.n_baseline}",
+            )
+        )
+    return _format(rows)
+
+
+def _ops_table(ops: Any) -> str:
+    from perfguard.compare.verdict import format_ns, format_p, format_pct
+
+    rows = [("  op", "dir", "status", "baseline", "current", "change", "p")]
+    for o in ops.itertuples(index=False):
+        rows.append(
+            (
+                f"  {o.op_name}",
+                str(o.direction),
+                o.status,
+                format_ns(o.baseline_ns),
+                format_ns(o.current_ns),
+                format_pct(o.delta_pct),
+                format_p(o.p_value),
+            )
+        )
+    return _format(rows)
+
+
+def _format(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )

@@ -1,0 +1,190 @@
+"""``perfguard report``: render the HTML report (and summary.md) from stored results.
+
+Two sources:
+
+* a session's ``results.json`` (what the pytest plugin wrote): re-rendered as is;
+* a baseline store (SQLite) with ``--run RUN_ID``: that run is compared with
+  ``--baseline-run ID`` (or the run found for ``--baseline REF`` in the git
+  repository), test by test, exactly as the plugin would, and rendered.
+  Without a baseline every test reads ``no-baseline``.
+
+Errors are one line naming the file (exit 2 through :mod:`perfguard.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from perfguard.commands import argtypes
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``report``."""
+    p = subparsers.add_parser(
+        "report",
+        help="render report.html (and summary.md) from results.json or a baseline store",
+        description="Render the self-contained HTML report of a pytest session from its "
+        "results.json, or of a stored run compared with a baseline run.",
+    )
+    p.add_argument("source", metavar="RESULTS.json|STORE.db",
+                   help="a session's results.json, or a baseline store (then --run)")  # fmt: skip
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="HTML file to write (default: report.html next to SOURCE)")  # fmt: skip
+    p.add_argument("--markdown", metavar="FILE",
+                   help="also write the Markdown summary (appended to $GITHUB_STEP_SUMMARY "
+                        "when that is set)")  # fmt: skip
+    p.add_argument("--report-url", metavar="URL",
+                   help="link target for the HTML report in the Markdown summary")  # fmt: skip
+    p.add_argument("--run", type=argtypes.integer(1, "a run id"), metavar="RUN_ID",
+                   help="store only: the run to report")  # fmt: skip
+    base = p.add_mutually_exclusive_group()
+    base.add_argument("--baseline-run", type=argtypes.integer(1, "a run id"), metavar="ID",
+                      help="store only: compare with this run")  # fmt: skip
+    base.add_argument("--baseline", metavar="REF",
+                      help="store only: compare with the run of the nearest first-parent "
+                           "ancestor of REF measured on a compatible machine")  # fmt: skip
+    p.add_argument("--repo", default=".", metavar="DIR",
+                   help="git repository for --baseline (default: .)")  # fmt: skip
+    p.add_argument("--tolerance", type=argtypes.tolerance, default=0.05, metavar="PCT",
+                   help="store only: slowdown that counts, e.g. 5%% (default 5%%)")  # fmt: skip
+    p.add_argument("--alpha", type=argtypes.alpha, default=0.01, metavar="P",
+                   help="store only: significance level (default 0.01)")  # fmt: skip
+    p.add_argument("--max-ops", type=argtypes.integer(1), default=50, metavar="N",
+                   help="ops listed per test, largest change first (default 50)")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def results_from_store(
+    store_path: str | Path,
+    run_id: int,
+    *,
+    baseline_run: int | None = None,
+    baseline_ref: str | None = None,
+    repo: str | Path = ".",
+    tolerance: float = 0.05,
+    alpha: float = 0.01,
+) -> dict[str, Any]:
+    """A results.json dict for stored run ``run_id`` against a baseline run (or none)."""
+    from perfguard import __version__
+    from perfguard.baseline.store import Store
+    from perfguard.compare import compare_records
+
+    with Store(store_path, create=False) as store:
+        info, records = store.load_run(run_id)
+        fp = info.fingerprint
+        baseline: dict[str, Any] | None = None
+        base_records: dict[str, Any] = {}
+        reason = None
+        if baseline_ref is not None and baseline_run is None:
+            from perfguard.baseline.git import find_baseline
+
+            match = find_baseline(store, repo, baseline_ref, fp, exclude_run_id=run_id)
+            if match.found:
+                baseline_run = match.run_id
+            elif match.status == "incomparable":
+                reason = match.reason
+        if baseline_run is not None:
+            base_info, base_records = store.load_run(baseline_run)
+            reason = fp.incompatibility(base_info.fingerprint)
+            baseline = {
+                "ref": baseline_ref,
+                "commit": base_info.commit,
+                "run_id": str(baseline_run),
+            }
+        tests = []
+        for nodeid, record in records.items():
+            base = base_records.get(nodeid)
+            c = compare_records(
+                record,
+                base,
+                tolerance=tolerance,
+                alpha=alpha,
+                incompatibility=reason if base is not None else None,
+                baseline_commit=baseline["commit"] if baseline else None,
+                baseline_run_exists=baseline is not None,
+            )
+            entry = c.to_dict()
+            hist = store.history(nodeid, fingerprint=fp)
+            entry["history"] = [
+                {"commit": h.commit, "time": h.time, "median_ns": float(h.median_ns)}
+                for h in hist.itertuples(index=False)
+            ]  # at most `limit` (50) stored runs
+            entry["backend"] = fp.backend
+            entry["capture"] = record.meta.get("capture")
+            tests.append(entry)
+    counts: dict[str, int] = {}
+    for t in tests:
+        counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
+    return {
+        "schema": 1,
+        "perfguard_version": __version__,
+        "run": info.to_dict(),
+        "baseline": baseline,
+        "settings": {
+            "tolerance": tolerance,
+            "alpha": alpha,
+            "fail_on": None,
+            "backend": fp.backend,
+        },
+        "counts": counts,
+        "tests": tests,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from perfguard.errors import ReportError
+    from perfguard.report.html import load_results, validate_results, write_session_html
+    from perfguard.report.markdown import write_markdown
+
+    source = Path(args.source)
+    if not source.exists():
+        raise ReportError(f"{source}: no such file")
+    if _is_sqlite(source):
+        if args.run is None:
+            raise ReportError(f"{source}: is a baseline store; give --run RUN_ID "
+                              "(see `perfguard baseline list --store ...`)")  # fmt: skip
+        results = validate_results(
+            results_from_store(
+                source,
+                args.run,
+                baseline_run=args.baseline_run,
+                baseline_ref=args.baseline,
+                repo=args.repo,
+                tolerance=args.tolerance,
+                alpha=args.alpha,
+            ),
+            source=f"{source} run {args.run}",
+        )
+    else:
+        store_only = [f for f in ("run", "baseline_run", "baseline") if getattr(args, f)]
+        if store_only:
+            flag = "--" + store_only[0].replace("_", "-")
+            raise ReportError(f"{source}: {flag} applies to a baseline store, not results.json")
+        results = load_results(source)
+    output = Path(args.output) if args.output else source.with_name("report.html")
+    if output.resolve() == source.resolve():
+        raise ReportError(f"{output}: would overwrite the input; choose another --output")
+    written = [write_session_html(results, output, max_ops=args.max_ops)]
+    if args.markdown:
+        written.append(write_markdown(results, args.markdown, report_url=args.report_url))
+    counts = results["counts"]
+    summary = ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "no tests"
+    print(f"perfguard report: {summary}")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+__all__ = ["add_parser", "results_from_store", "run"]
