@@ -19,6 +19,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -449,3 +450,26 @@ def test_internal_error_shows_the_traceback_with_perfguard_debug(tmp_path: Path)
     r = _run_broken(tmp_path, debug=True)
     assert r.returncode == 1
     assert "Traceback" in r.stderr and "RuntimeError: simulated bug" in r.stderr
+
+
+def test_cli_out_of_memory_is_one_line_naming_the_file(fixture_file) -> None:
+    """A capture too big for the machine: a real parse under an address-space cap just
+    above what the interpreter already uses."""
+    trace = fixture_file("kineto/v100_torchrec_train_rank1_2022.pt.trace.json.gz")
+    code = (
+        "import resource, sys\n"
+        "import perfguard.cli as c, perfguard.trace, perfguard.analysis\n"
+        "vm = [l for l in open('/proc/self/status') if l.startswith('VmSize')][0]\n"
+        "cap = int(vm.split()[1]) * 1024 + (40 << 20)\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (cap, cap))\n"
+        "sys.exit(c.main(['analyze', '-d', sys.argv[1], '--reports', 'summary',\n"
+        "                 '--formats', 'csv', '--output-path', sys.argv[2]]))\n"
+    )
+    with tempfile.TemporaryDirectory() as out:
+        run = subprocess.run(
+            [sys.executable, "-c", code, str(trace), out],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith(f"perfguard: error: {trace}: not enough memory to read this capture (")

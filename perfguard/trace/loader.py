@@ -23,9 +23,32 @@ def load_trace(path: str | Path) -> Trace:
 
     The format is decided by content (SQLite header, gzip/JSON), not by the
     file name. Anything unreadable raises :class:`perfguard.TraceError`
-    whose message names the file and the problem on one line.
+    whose message names the file and the problem on one line, including a
+    capture too large for this machine's memory.
     """
     path = Path(path)
+    try:
+        return _load(path)
+    except MemoryError:
+        size = _size_text(path)
+        raise TraceError(
+            path,
+            f"not enough memory to read this capture{size}: JSON traces are parsed whole "
+            "(about 5x their size); export a shorter window or use nsys's SQLite export",
+        ) from None
+
+
+def _size_text(path: Path) -> str:
+    try:
+        if path.is_dir():
+            return ""
+        size = path.stat().st_size
+        return f" ({size / 2**30:.1f} GiB)" if size >= 2**30 else f" ({size / 2**20:.1f} MiB)"
+    except OSError:
+        return ""
+
+
+def _load(path: Path) -> Trace:
     if not path.exists():
         raise TraceError(path, "no such file or directory")
     if path.is_dir():
