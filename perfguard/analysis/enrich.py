@@ -123,31 +123,38 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
     """
     r = trace.ranges
     is_op = (r["kind"] == "op").to_numpy(bool)
-    frame = pd.DataFrame(
-        {
-            "name": _formula_keys(r),
-            "input_shapes": r["input_shapes"],
-            "dtypes": r["dtypes"],
-            "concrete_inputs": r["concrete_inputs"] if "concrete_inputs" in r else None,
-        }
-    )
-    cost = op_flops(frame)
-    known = cost["flops"].where(pd.Series(is_op, index=r.index))
-    flops = count_once(known, r["parent_id"], r["range_id"], cost["family"])
-    nbytes = count_once(
-        cost["bytes"].astype("Float64").where(pd.Series(is_op, index=r.index)),
-        r["parent_id"],
-        r["range_id"],
-        cost["family"],
-    )
+    # every formula needs shapes: ranges without them (emit_nvtx without record_shapes,
+    # annotations) have no figure, so only ranges with shapes are costed
+    shaped = is_op & r["input_shapes"].notna().to_numpy(bool)
+    n, missing = len(r), np.ones(len(r), dtype=bool)
     by_range = pd.DataFrame(
         {
-            "flops": flops.astype("Float64"),
-            "bytes": nbytes.round().astype("Int64"),
-            "compute_dtype": cost["compute_dtype"],
-            "flop_formula": cost["flop_formula"],
-        }
+            "flops": pd.arrays.FloatingArray(np.zeros(n), missing),
+            "bytes": pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), missing.copy()),
+            "compute_dtype": np.full(n, None, dtype=object),
+            "flop_formula": np.full(n, None, dtype=object),
+        },
+        index=r.index,
     )
+    if shaped.any():
+        sub = r[shaped]
+        frame = pd.DataFrame(
+            {
+                "name": _formula_keys(sub),
+                "input_shapes": sub["input_shapes"],
+                "dtypes": sub["dtypes"],
+                "concrete_inputs": sub["concrete_inputs"] if "concrete_inputs" in sub else None,
+            }
+        )
+        cost = op_flops(frame).reindex(r.index)
+        flops = count_once(cost["flops"], r["parent_id"], r["range_id"], cost["family"])
+        nbytes = count_once(
+            cost["bytes"].astype("Float64"), r["parent_id"], r["range_id"], cost["family"]
+        )
+        by_range["flops"] = flops.astype("Float64")
+        by_range["bytes"] = nbytes.round().astype("Int64")
+        by_range["compute_dtype"] = cost["compute_dtype"].to_numpy(dtype=object)
+        by_range["flop_formula"] = cost["flop_formula"].to_numpy(dtype=object)
     by_range.index = pd.Index(r["range_id"].to_numpy())
     aligned = by_range.reindex(inst["instance"].to_numpy())  # NA for unassociated work
     for col in by_range.columns:
@@ -159,7 +166,8 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
     first = first.merge(devices, on=["rank", "device_id"], how="left")
     gpu = pd.Series(first["gpu"].to_numpy(), index=first["instance"].to_numpy(), dtype=object)
     inst["gpu"] = gpu.reindex(inst["instance"].to_numpy()).to_numpy()
-    peak = pd.Series(pd.array([pd.NA] * len(inst), dtype="Float64"), index=inst.index)
+    none = np.ones(len(inst), dtype=bool)
+    peak = pd.Series(pd.arrays.FloatingArray(np.zeros(len(inst)), none), index=inst.index)
     tc = inst["uses_tc"].fillna(False).astype(bool) if "uses_tc" in inst else False
     for key in inst["gpu"].dropna().unique():
         rows = inst["gpu"] == key
