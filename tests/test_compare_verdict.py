@@ -24,6 +24,7 @@ import pytest
 from perfguard.analysis import analyze
 from perfguard.baseline.record import Fingerprint, RunInfo, TestRecord, record_from_analysis
 from perfguard.compare import Outcome, compare_records, failed
+from perfguard.compare.verdict import format_ns
 from perfguard.errors import CompareError
 
 RESNET = "kineto/v100_resnet50_train_torch1.9_tbplugin.pt.trace.json.gz"
@@ -323,3 +324,26 @@ def test_cli_bad_input_is_one_line(tmp_path: Path, args: list[str], needle: str)
     p = _cli(*[a.format(db=db) for a in args], cwd=tmp_path)
     assert p.returncode == 2 and needle in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_message_names_an_added_op_that_moved_more_than_a_regressed_one(resnet) -> None:
+    """The plugin's case: a real extra op is the slowdown, while a contended op also
+    reads as regressed by less; the message names the op that moved the most."""
+    base = resnet
+    second = base.op_samples.groupby("op_id")["gpu_time_ns"].sum().sort_values().index[-2]
+    cur = _scale_op(base, second, 1.10)  # a small, significant regression
+    top = base.op_samples[base.op_samples["op_id"] == _top_gpu_op(base)]
+    extra = top.assign(op_id="feedfacefeedface")  # as big as the top op: added
+    cur.op_samples = pd.concat([cur.op_samples, extra], ignore_index=True)
+    per_it = extra.groupby("iteration")["gpu_time_ns"].sum()
+    cur.samples["gpu_time_ns"] += per_it.reindex(cur.samples["iteration"]).to_numpy(np.int64)
+    c = compare_records(cur, base)
+    assert c.outcome == "regressed"
+    ops = c.ops.set_index("op_id")
+    assert (
+        ops.loc[second, "status"] == "regressed"
+        and ops.loc["feedfacefeedface", "status"] == "added"
+    )
+    # no ops row was made for the new op, so its id stands in for its name
+    added = format_ns(float(np.median(per_it)))
+    assert f"; top op feedfacefeedface added ({added}/iteration)" in c.message

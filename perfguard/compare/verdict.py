@@ -576,12 +576,15 @@ def _message(c: TestComparison, enough: bool) -> str:
 
 
 def _top_op(c: TestComparison) -> str:
-    """The op behind the verdict: the biggest significant mover in its direction."""
+    """The op behind the verdict: the biggest significant mover in its direction, an
+    op that appeared (for a regression) or vanished (for an improvement) included.
+    ``ops`` is sorted by |delta time|, so the first candidate moved the most."""
     ops = c.ops
     if ops.empty or c.outcome not in (Outcome.REGRESSED, Outcome.IMPROVED):
         return ""
     want = "regressed" if c.outcome is Outcome.REGRESSED else "improved"
-    pick = ops[ops["status"] == want]
+    appeared = "added" if want == "regressed" else "removed"
+    pick = ops[ops["status"].isin([want, appeared])]
     if pick.empty:  # no single op is significant: name the largest mover that way
         d = ops["current_ns"].fillna(0) - ops["baseline_ns"].fillna(0)
         pick = ops[(d > 0) if want == "regressed" else (d < 0)]
@@ -592,6 +595,8 @@ def _top_op(c: TestComparison) -> str:
     label = f"{name} ({row['direction']})" if not _isnan(row["direction"]) else name
     if row["status"] == "added":
         return f"{label} added ({format_ns(row['current_ns'])}/iteration)"
+    if row["status"] == "removed":
+        return f"{label} removed ({format_ns(row['baseline_ns'])}/iteration)"
     return f"{label} {format_pct(row['delta_pct'], 0)}"
 
 
