@@ -377,8 +377,10 @@ def _schema(conn: sqlite3.Connection) -> dict[str, list[str]]:
 
 
 def rewind_to_v1(path: Path) -> None:
-    """What a v1 store looked like: no kernels table, fingerprint only as JSON."""
+    """What a v1 store looked like: no kernels table, fingerprint only as JSON, no
+    per-iteration CPU time (v3)."""
     with sqlite3.connect(path, isolation_level=None) as conn:
+        conn.execute("ALTER TABLE samples DROP COLUMN cpu_time_ns")
         conn.execute("DROP TABLE kernels")
         conn.execute("DROP INDEX runs_commit")
         for col in FINGERPRINT_COLUMNS:

@@ -34,9 +34,9 @@ import torch  # noqa: F401
 # otherwise drop torch after each run and the next import of it crashes.
 import perfguard.plugin.session  # noqa: F401
 from perfguard.capture.torch_profiler import TRACE_SUFFIX
+from perfguard.compare.tolerance import parse_tolerance
 from perfguard.plugin.capture import capture_name
 from perfguard.plugin.marker import parse_marker
-from perfguard.compare.tolerance import parse_tolerance
 
 pytest_plugins = ["pytester"]
 
@@ -652,3 +652,48 @@ def test_nsys_backend_reruns_each_test_in_a_child_pytest(
 
 def calls(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+CPU_BENCH = """
+import time
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+A = torch.randn(192, 192)
+MATMULS, SLEEP = {matmuls}, {sleep}
+
+
+@pytest.mark.gpuprofile(iterations=16, warmup=2, tolerance="15%", metrics=("cpu_time",))
+def test_cpu_step(gpuprofile):
+    for _ in gpuprofile.iterations():
+        for _ in range(MATMULS):
+            A @ A
+        time.sleep(SLEEP)
+"""
+
+
+def test_cpu_time_metric_is_recorded_stored_and_judged(repo: pytest.Pytester) -> None:
+    """``metrics=("cpu_time",)`` judges the per-iteration CPU time of the thread that ran
+    the step (what other jobs on a shared runner inflate least); twice the matmuls per
+    step is a regression on it, and the store keeps the CPU time of every iteration."""
+    path = repo.path
+    repo.makepyfile(test_cpu=CPU_BENCH.format(matmuls=12, sleep=0.002))
+    commit(path, "A")
+    run(repo, "--perfguard-save").assert_outcomes(passed=1)
+    first = entry(results(repo), "test_cpu.py::test_cpu_step")
+    assert first["metric"] == "cpu_time" and first["n_current"] == 16
+    with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
+        cpu = [r[0] for r in db.execute("SELECT cpu_time_ns FROM samples")]
+    assert len(cpu) == 16 and all(c > 0 for c in cpu)
+    assert first["median_current_ns"] == pytest.approx(float(np.median(cpu)))
+
+    repo.makepyfile(test_cpu=CPU_BENCH.format(matmuls=24, sleep=0.002))  # 2x the compute
+    commit(path, "C: computes twice as much")
+    r = run(repo)
+    r.assert_outcomes(failed=1)
+    slower = entry(results(repo), "test_cpu.py::test_cpu_step")
+    assert slower["outcome"] == "regressed" and slower["metric"] == "cpu_time"
+    assert slower["delta_pct"] > 50  # about +100%: twice the matmuls
+    r.stdout.fnmatch_lines(["*test_cpu.py::test_cpu_step*regressed*"])

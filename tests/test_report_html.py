@@ -144,18 +144,19 @@ def renamed(record: TestRecord, op_id: str, new_name: str, nodeid: str) -> TestR
 
 
 def cpu_record(tmp: Path, name: str, reps: int) -> TestRecord:
-    """A real CPU torch-profiler run: 8 recorded iterations of ``reps`` 128x128 matmuls."""
+    """A real CPU torch-profiler run: 12 recorded iterations of ``reps`` 256x256 matmuls
+    (about 1 ms each: big enough that a loaded CI machine does not blur 2 vs 10)."""
     torch = pytest.importorskip("torch")
     from perfguard.capture import profile_torch
     from perfguard.trace import load_trace
 
     torch.set_num_threads(1)
-    x = torch.randn(128, 128)
+    x = torch.randn(256, 256)
     for _ in range(3):  # warm-up outside the capture
         x @ x
     path = tmp / f"{name}.json"
     with profile_torch(path, device="cpu", with_stack=False, record_shapes=False):
-        for _ in range(8):
+        for _ in range(12):
             with torch.profiler.record_function("perfguard.iteration"):
                 for _ in range(reps):
                     x @ x

@@ -30,7 +30,12 @@ Kind = Literal["int", "nullable_int", "float", "bool", "str"]
 
 #: the record frames by attribute name: column -> kind
 FRAME_TYPES: dict[str, dict[str, Kind]] = {
-    "samples": {"iteration": "int", "gpu_time_ns": "int", "wall_time_ns": "int"},
+    "samples": {
+        "iteration": "int",
+        "gpu_time_ns": "int",
+        "wall_time_ns": "int",
+        "cpu_time_ns": "nullable_int",
+    },
     "op_samples": {
         "op_id": "str",
         "iteration": "int",

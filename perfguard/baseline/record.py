@@ -8,8 +8,12 @@ fixed columns so a notebook can read them as easily as the code does.
 The *primary metric* of a test is per-iteration GPU time (sum of the
 durations of the kernels and memops attributed to the iteration) when the
 capture saw a GPU; a CPU-only capture has no GPU time, so its primary
-metric is the iteration's wall time. ``TestRecord.metric`` says which one
-was used, and two records are only compared on the same metric.
+metric is the iteration's wall time, or, when the marker asks for it, the
+CPU time of the thread that ran the iteration (``cpu_time``: inflated
+far less than wall time by other jobs on a shared CPU runner, blind to
+time spent waiting; caches and clock speed still move it).
+``TestRecord.metric`` says which one was used, and two records are only
+compared on the same metric.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 #: columns of :attr:`TestRecord.samples`: one row per recorded iteration
-SAMPLE_COLUMNS = ("iteration", "gpu_time_ns", "wall_time_ns")
+#: (``cpu_time_ns``: the harness thread's CPU time, NA when not measured)
+SAMPLE_COLUMNS = ("iteration", "gpu_time_ns", "wall_time_ns", "cpu_time_ns")
 #: columns of :attr:`TestRecord.op_samples`: one row per (op, iteration)
 OP_SAMPLE_COLUMNS = ("op_id", "iteration", "calls", "gpu_time_ns", "cpu_time_ns")
 #: columns of :attr:`TestRecord.ops`: one row per op (whole capture)
@@ -35,7 +40,7 @@ OP_COLUMNS = (
 KERNEL_COLUMNS = ("op_id", "op_name", "kernel_name", "calls", "gpu_time_total", "uses_tc")
 
 #: metric names a record's samples can carry
-METRICS = {"gpu_time": "gpu_time_ns", "wall_time": "wall_time_ns"}
+METRICS = {"gpu_time": "gpu_time_ns", "wall_time": "wall_time_ns", "cpu_time": "cpu_time_ns"}
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ class TestRecord:
         return self.samples[col].to_numpy(dtype=np.float64)
 
     def op_values(self, op_id: str, metric: str | None = None) -> np.ndarray:
-        """Per-iteration values of one op (GPU time, or CPU time for a wall-time record)."""
+        """Per-iteration values of one op (GPU time, or CPU time for a wall/CPU-time record)."""
         col = "gpu_time_ns" if (metric or self.metric) == "gpu_time" else "cpu_time_ns"
         rows = self.op_samples[self.op_samples["op_id"] == op_id]
         return rows[col].to_numpy(dtype=np.float64)
@@ -146,6 +151,7 @@ def record_from_analysis(
     analysis: Any,
     *,
     wall_times_ns: np.ndarray | None = None,
+    cpu_times_ns: np.ndarray | None = None,
     metric: str | None = None,
     meta: dict[str, Any] | None = None,
 ) -> TestRecord:
@@ -154,7 +160,8 @@ def record_from_analysis(
     ``wall_times_ns`` are the harness's own per-iteration wall times (the
     ``gpuprofile`` fixture measures them around each recorded iteration,
     after synchronising the device); without them the iteration ranges'
-    durations are used. ``metric`` defaults to ``gpu_time`` when the
+    durations are used. ``cpu_times_ns`` (the same iterations' thread CPU
+    time) fills ``cpu_time_ns``, else it is NA. ``metric`` defaults to ``gpu_time`` when the
     capture has GPU activity and ``wall_time`` otherwise.
     """
     it = analysis.iterations
@@ -168,6 +175,11 @@ def record_from_analysis(
     )
     if wall_times_ns is not None and len(wall_times_ns) == len(samples):
         samples["wall_time_ns"] = np.asarray(wall_times_ns, dtype=np.int64)
+    cpu = np.zeros(len(samples), dtype=np.int64)
+    measured = cpu_times_ns is not None and len(cpu_times_ns) == len(samples)
+    if measured:
+        cpu = np.asarray(cpu_times_ns, dtype=np.int64)
+    samples["cpu_time_ns"] = pd.arrays.IntegerArray(cpu, np.full(len(cpu), not measured))
     if metric is None:
         metric = "gpu_time" if len(analysis.activities) else "wall_time"
 

@@ -85,9 +85,15 @@ def _v2_fingerprint_columns_and_kernels(conn: sqlite3.Connection) -> None:
     conn.execute('CREATE INDEX runs_commit ON runs("commit")')
 
 
+def _v3_sample_cpu_time(conn: sqlite3.Connection) -> None:
+    """v3: per-iteration thread CPU time (the ``cpu_time`` metric); NULL in older runs."""
+    conn.execute("ALTER TABLE samples ADD COLUMN cpu_time_ns INTEGER")
+
+
 #: (version reached, migration), in order
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _v1_initial),
     (2, _v2_fingerprint_columns_and_kernels),
+    (3, _v3_sample_cpu_time),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]

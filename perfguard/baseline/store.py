@@ -460,7 +460,7 @@ class Store:
         cand = cand.head(max(int(limit), 0)).iloc[::-1].reset_index(drop=True)
         ids = json.dumps([int(i) for i in cand["test_id"]])
         samples = self._query(
-            "SELECT test_id, gpu_time_ns, wall_time_ns FROM samples "
+            "SELECT test_id, gpu_time_ns, wall_time_ns, cpu_time_ns FROM samples "
             "WHERE test_id IN (SELECT value FROM json_each(?))",
             [ids],
         )

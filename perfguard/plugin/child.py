@@ -64,12 +64,13 @@ class ChildPlugin:
         profile = self.profiles.get(item.nodeid)
         if profile is not None:
             walls, error = list(profile.wall_times_ns), profile.capturer.error  # type: ignore[union-attr]
+            cpus = list(profile.cpu_times_ns)
             fixture, completed = True, profile.completed
         elif item.nodeid in self.whole:
             capturer, walls = self.whole[item.nodeid]
-            error, fixture, completed = capturer.error, False, bool(walls)
+            error, fixture, completed, cpus = capturer.error, False, bool(walls), []
         else:
-            walls, error, fixture, completed = [], None, False, False
+            walls, error, fixture, completed, cpus = [], None, False, False, []
         skip_reason = None
         if report.skipped and isinstance(report.longrepr, tuple):
             skip_reason = str(report.longrepr[2])
@@ -83,6 +84,7 @@ class ChildPlugin:
                 "crash": getattr(getattr(report.longrepr, "reprcrash", None), "message", None),
                 "skip_reason": skip_reason,
                 "wall_times_ns": [int(w) for w in walls],
+                "cpu_times_ns": [int(c) for c in cpus],
                 "fixture": fixture,
                 "completed": completed,
                 "error": error,

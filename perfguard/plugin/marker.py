@@ -20,7 +20,7 @@ from perfguard.plugin.options import BACKEND_CHOICES
 
 MARKER = "gpuprofile"
 #: the metric names a marker may ask for (keys of perfguard.baseline.record.METRICS)
-METRIC_NAMES = ("gpu_time", "wall_time")
+METRIC_NAMES = ("gpu_time", "wall_time", "cpu_time")
 MARKER_HELP = (
     "gpuprofile(iterations=30, warmup=5, tolerance='5%', metrics=('gpu_time',), "
     "key_node=None, backend=None): profile this benchmark test with perfguard "

@@ -286,6 +286,7 @@ class PerfguardSession:
         if "child" in info:
             child = info["child"]
             walls, error = child.get("wall_times_ns") or [], child.get("error")
+            info["cpu_times_ns"] = child.get("cpu_times_ns") or []
             if not child.get("fixture"):
                 notes.append("test does not use the gpuprofile fixture: captured as one iteration")
             if child.get("fixture") and not child.get("completed"):
@@ -359,14 +360,15 @@ class PerfguardSession:
 
         analysis = analyze(load_trace(path), key_node=spec.key_node)
         has_gpu = len(analysis.activities) > 0
-        if has_gpu and "gpu_time" in spec.metrics:
-            metric = "gpu_time"
-        elif "wall_time" in spec.metrics or not has_gpu:
-            metric = "wall_time"
-            if "wall_time" not in spec.metrics:
-                notes.append("no GPU activity captured: judged on per-iteration wall time")
-        else:
-            metric = "gpu_time"
+        available = {"gpu_time": has_gpu, "wall_time": True, "cpu_time": bool(cpu_times)}
+        # the first metric the marker names that this capture has; wall time otherwise
+        metric = next((m for m in spec.metrics if available[m]), "wall_time")
+        if metric not in spec.metrics:
+            notes.append(
+                f"no {' or '.join(spec.metrics)} measured here"
+                f"{'' if has_gpu else ' (no GPU activity captured)'}: "
+                "judged on per-iteration wall time"
+            )
         n_ranges = int((analysis.iterations["rank"] == analysis.iterations["rank"].min()).sum())
         if n_ranges == 0:
             raise PerfguardError(f"{path}: the capture holds no iteration")
@@ -387,6 +389,7 @@ class PerfguardSession:
             item.nodeid,
             analysis,
             wall_times_ns=np.asarray(walls, dtype=np.int64) if walls else None,
+            cpu_times_ns=np.asarray(cpu_times, dtype=np.int64) if cpu_times else None,
             metric=metric,
             meta=meta,
         )
