@@ -276,3 +276,24 @@ def session(fixture_file, cached_trace, tmp_path_factory) -> dict[str, Any]:
 
     resnet = record_from_analysis("base", analyze(cached_trace(fixture_file(RESNET))))
     return build_session(resnet, tmp_path_factory.mktemp("cpu"))
+
+
+def test_analysis_page_has_no_console_errors_and_sorts(browser, tmp_path, fixture_file):
+    """The page `perfguard analyze` writes, on the real H100 capture."""
+    from perfguard import analyze, load_trace
+    from perfguard.report.html import write_analysis_html
+
+    trace = fixture_file("kineto/h100_bf16_bert-small_inference_torch2.6.pt.trace.json.gz")
+    page = write_analysis_html(analyze(load_trace(trace)), tmp_path / "analysis.html")
+    browser.events.clear()
+    browser.open(page.as_uri())
+    assert browser.errors() == []
+    rows = "Array.from(document.querySelectorAll('#top-ops tbody tr'))"
+    calls = f"{rows}.map(r => Number(r.cells[3].getAttribute('data-v')))"
+    before = browser.eval(calls)
+    browser.click("#top-ops thead th:nth-child(4)")  # "Calls"
+    after = browser.eval(calls)
+    assert sorted(before) == after != before
+    first = browser.eval(f"{rows}[0].cells[0].textContent.trim()")
+    assert first  # a real op name, rendered as text
+    assert browser.errors() == []
