@@ -676,8 +676,8 @@ def test_cpu_step(gpuprofile):
 
 def test_cpu_time_metric_is_recorded_stored_and_judged(repo: pytest.Pytester) -> None:
     """``metrics=("cpu_time",)`` judges the per-iteration CPU time of the thread that ran
-    the step (what other jobs on a shared runner inflate least); twice the matmuls per
-    step is a regression on it, and the store keeps the CPU time of every iteration."""
+    the step (what other jobs on a shared runner inflate least); four times the matmuls
+    per step is a regression on it, and the store keeps the CPU time of every iteration."""
     path = repo.path
     repo.makepyfile(test_cpu=CPU_BENCH.format(matmuls=12, sleep=0.002))
     commit(path, "A")
@@ -689,11 +689,13 @@ def test_cpu_time_metric_is_recorded_stored_and_judged(repo: pytest.Pytester) ->
     assert len(cpu) == 16 and all(c > 0 for c in cpu)
     assert first["median_current_ns"] == pytest.approx(float(np.median(cpu)))
 
-    repo.makepyfile(test_cpu=CPU_BENCH.format(matmuls=24, sleep=0.002))  # 2x the compute
-    commit(path, "C: computes twice as much")
+    repo.makepyfile(test_cpu=CPU_BENCH.format(matmuls=48, sleep=0.002))  # 4x the compute
+    commit(path, "C: computes four times as much")
     r = run(repo)
     r.assert_outcomes(failed=1)
     slower = entry(results(repo), "test_cpu.py::test_cpu_step")
     assert slower["outcome"] == "regressed" and slower["metric"] == "cpu_time"
-    assert slower["delta_pct"] > 50  # about +100%: twice the matmuls
+    # four times the matmuls: +300% on an idle machine; CPU contention inflates the fixed
+    # per-step costs (profiler, wake-ups) of both sides, so only a clear rise is asserted
+    assert slower["delta_pct"] > 30
     r.stdout.fnmatch_lines(["*test_cpu.py::test_cpu_step*regressed*"])
