@@ -412,12 +412,22 @@ def _beta_is_zero(a: _Args, i: int) -> bool:
     return a.number(i) == 0.0
 
 
-def _mm(a: _Args) -> OpCost:
-    A, B = a.shape(0), a.shape(1)
-    cd = _cd(a, 0, 1)
+def _matrix_operands(a: _Args, first: int, op: str) -> tuple[int, int, int] | OpCost:
+    """``(M, K, N)`` of the ``[M,K] x [K,N]`` operands at ``first``, ``first + 1``."""
+    A, B = a.shape(first), a.shape(first + 1)
     if A is None or B is None or len(A) != 2 or len(B) != 2 or A[1] != B[0]:
-        return _unknown(GEMM, "mm operands not recorded as [M,K]x[K,N]", cd)
-    m, k, n = A[0], A[1], B[1]
+        return _unknown(
+            GEMM, f"{op} operands not recorded as [M,K]x[K,N]", _cd(a, first, first + 1)
+        )
+    return A[0], A[1], B[1]
+
+
+def _mm(a: _Args) -> OpCost:
+    cd = _cd(a, 0, 1)
+    dims = _matrix_operands(a, 0, "mm")
+    if isinstance(dims, OpCost):
+        return dims
+    m, k, n = dims
     out_dt = 2 if a.n > 2 and not a.is_tensor(2) else None  # mm.dtype(self, mat2, out_dtype)
     by = _sum_or_none(a.nbytes(0), a.nbytes(1), _out_bytes_gemm(a, m * n, 0, out_dt))
     return OpCost(2.0 * m * n * k, by, cd, f"2*M*N*K (M={m} N={n} K={k})", GEMM)
@@ -425,11 +435,11 @@ def _mm(a: _Args) -> OpCost:
 
 def _addmm(a: _Args) -> OpCost:
     """addmm / addmm_ / _addmm_activation(self, mat1, mat2, beta, alpha)."""
-    A, B = a.shape(1), a.shape(2)
     cd = _cd(a, 1, 2)
-    if A is None or B is None or len(A) != 2 or len(B) != 2 or A[1] != B[0]:
-        return _unknown(GEMM, "addmm operands not recorded as [M,K]x[K,N]", cd)
-    m, k, n = A[0], A[1], B[1]
+    dims = _matrix_operands(a, 1, "addmm")
+    if isinstance(dims, OpCost):
+        return dims
+    m, k, n = dims
     # addmm.dtype(self, mat1, mat2, out_dtype, beta, alpha) has 6 args and no out tensor
     has_out_dtype = a.n >= 6 and not a.is_tensor(5) and a.dtype(3) == "Scalar"
     beta_idx = 4 if has_out_dtype else 3
@@ -556,22 +566,22 @@ def _dot(a: _Args) -> OpCost:
 def _scaled_mm(a: _Args) -> OpCost:
     """_scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum):
     2*M*N*K (flop_counter ``_scaled_mm_flop``); out dtype = ``out_dtype`` or self's."""
-    A, B = a.shape(0), a.shape(1)
     cd = _cd(a, 0, 1)
-    if A is None or B is None or len(A) != 2 or len(B) != 2 or A[1] != B[0]:
-        return _unknown(GEMM, "_scaled_mm operands not recorded as [M,K]x[K,N]", cd)
-    m, k, n = A[0], A[1], B[1]
+    dims = _matrix_operands(a, 0, "_scaled_mm")
+    if isinstance(dims, OpCost):
+        return dims
+    m, k, n = dims
     reads = [a.nbytes(0), a.nbytes(1)] + [a.opt_bytes(i) for i in (2, 3, 4, 5)]
     by = _sum_or_none(*reads, _out_bytes_gemm(a, m * n, 0, 6))
     return OpCost(2.0 * m * n * k, by, cd, f"2*M*N*K (M={m} N={n} K={k})", GEMM)
 
 
 def _int_mm(a: _Args) -> OpCost:
-    A, B = a.shape(0), a.shape(1)
     cd = _cd(a, 0, 1)
-    if A is None or B is None or len(A) != 2 or len(B) != 2 or A[1] != B[0]:
-        return _unknown(GEMM, "_int_mm operands not recorded as [M,K]x[K,N]", cd)
-    m, k, n = A[0], A[1], B[1]
+    dims = _matrix_operands(a, 0, "_int_mm")
+    if isinstance(dims, OpCost):
+        return dims
+    m, k, n = dims
     by = _sum_or_none(a.nbytes(0), a.nbytes(1), m * n * 4)  # int32 result
     return OpCost(2.0 * m * n * k, by, cd, f"2*M*N*K (M={m} N={n} K={k})", GEMM)
 
