@@ -383,6 +383,21 @@ def compare_ops(
     return out[list(OP_COLUMNS)].reset_index(drop=True)
 
 
+def _op_change(
+    kind: str, ops: pd.Index, names: pd.Series, baseline: pd.Series, current: pd.Series
+) -> pd.DataFrame:
+    """One ``kernel_changes`` row per op in ``ops`` whose per-op figure moved (empty if none)."""
+    return pd.DataFrame(
+        {
+            "kind": kind,
+            "op_name": names.reindex(ops).to_numpy(object),
+            "kernel_name": None,
+            "baseline": baseline[ops].to_numpy(np.float64),
+            "current": current[ops].to_numpy(np.float64),
+        }
+    )
+
+
 def _row_median(frame: pd.DataFrame) -> np.ndarray:
     a = frame.to_numpy(np.float64)
     return np.median(a, axis=1) if a.shape[1] else np.full(a.shape[0], np.nan)
@@ -495,36 +510,14 @@ def kernel_changes(current: TestRecord, baseline: TestRecord) -> pd.DataFrame:
     lb = per_b.groupby(level=0).sum().reindex(shared).fillna(0.0)
     lc = per_c.groupby(level=0).sum().reindex(shared).fillna(0.0)
     moved = shared[((lc - lb).abs() >= COUNT_CHANGE).to_numpy(bool)]
-    if len(moved):
-        rows.append(
-            pd.DataFrame(
-                {
-                    "kind": "count_changed",
-                    "op_name": names.reindex(moved).to_numpy(object),
-                    "kernel_name": None,
-                    "baseline": lb[moved].to_numpy(np.float64),
-                    "current": lc[moved].to_numpy(np.float64),
-                }
-            )
-        )
+    rows.append(_op_change("count_changed", moved, names, lb, lc))
 
     fb = _per_call(ob, "flops").reindex(shared)
     fc = _per_call(oc, "flops").reindex(shared)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = ((fc - fb).abs() / fb.abs().where(fb != 0, 1.0)).to_numpy(np.float64)
     differ = shared[np.nan_to_num(rel, nan=0.0) > 1e-9]
-    if len(differ):
-        rows.append(
-            pd.DataFrame(
-                {
-                    "kind": "flops_changed",
-                    "op_name": names.reindex(differ).to_numpy(object),
-                    "kernel_name": None,
-                    "baseline": fb[differ].to_numpy(np.float64),
-                    "current": fc[differ].to_numpy(np.float64),
-                }
-            )
-        )
+    rows.append(_op_change("flops_changed", differ, names, fb, fc))
 
     rows = [r for r in rows if len(r)]
     if not rows:
