@@ -19,7 +19,7 @@ from perfguard.analysis.iterations import (
     select_window,
 )
 from perfguard.analysis.kernels import aggregate_kernels
-from perfguard.analysis.ops import aggregate_ops, op_id, op_instances
+from perfguard.analysis.ops import aggregate_ops, op_id, op_id_by_key, op_instances
 from perfguard.analysis.summary import iteration_table, run_summary
 from perfguard.trace.model import Trace
 
@@ -83,7 +83,7 @@ def analyze(
         inst["rank"].to_numpy(), inst["start"].to_numpy(), intervals
     ).array
 
-    inst["op_id"] = op_id(inst["op_name"], inst["direction"])
+    inst["op_id"] = op_id_by_key(inst)
     acts = _join_op(acts, inst)
     add_tensor_cores(trace, acts, inst)
     notes = add_flops(trace, acts, inst)

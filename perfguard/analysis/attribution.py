@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import unique_first
 from perfguard.trace.model import NO_CORRELATION, Trace
 from perfguard.trace.nesting import Nesting, group_codes
 
@@ -63,13 +64,14 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
 
     r = trace.ranges
     is_op = (r["kind"] == "op").to_numpy(dtype=bool)
-    ops = pd.DataFrame({c: r[c].to_numpy()[is_op] for c in ("rank", "pid", "tid")})
+    ops = pd.DataFrame({c: r[c].to_numpy()[is_op] for c in ("rank", "pid", "tid")}, copy=False)
     calls = pd.DataFrame(
         {
             "rank": out["rank"].to_numpy()[has_launch],
             "pid": out["pid"].to_numpy()[has_launch],
             "tid": out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
-        }
+        },
+        copy=False,
     )
     op_groups, call_groups = group_codes(ops, calls)
     nest = Nesting(r["start"].to_numpy()[is_op], r["end"].to_numpy()[is_op], op_groups)
@@ -110,7 +112,7 @@ def _launching_call(api: pd.DataFrame, activities: pd.DataFrame) -> np.ndarray:
         return _launching_call_merge(api, activities)
     a_key = a_code[valid] * span + (a_corr[valid] - lo)
     b_key = b_code * span + (b_corr - lo)
-    uniq, first = np.unique(a_key, return_index=True)  # first call of each key
+    uniq, first = unique_first(a_key)  # first call of each key
     at = np.clip(np.searchsorted(uniq, b_key), 0, len(uniq) - 1)
     hit = uniq[at] == b_key
     out[hit] = valid[first[at[hit]]]

@@ -66,7 +66,9 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
     k = acts[kernel]
     dur = (k["end"] - k["start"]).to_numpy()
     tc = k["uses_tc"].fillna(False).to_numpy(bool)
-    per = pd.DataFrame({"i": k["instance"].to_numpy(), "tc": tc, "t": np.where(tc, dur, 0)})
+    per = pd.DataFrame(
+        {"i": k["instance"].to_numpy(), "tc": tc, "t": np.where(tc, dur, 0)}, copy=False
+    )
     g = per.groupby("i")
     any_tc = g["tc"].any().reindex(inst["instance"]).fillna(False).to_numpy(bool)
     has_kernel = inst["instance"].isin(per["i"]).to_numpy()
@@ -106,7 +108,8 @@ def gpu_keys(trace: Trace) -> tuple[pd.DataFrame, list[str]]:
         if key is None:
             notes.append(f"FLOP efficiency left empty for GPU {name!r}: {why_unknown(name)}")
     out = pd.DataFrame(
-        {"rank": dev["rank"], "device_id": dev["device_id"], "gpu": pd.Series(keys, dtype=object)}
+        {"rank": dev["rank"], "device_id": dev["device_id"], "gpu": pd.Series(keys, dtype=object)},
+        copy=False,
     )
     return out, sorted(set(notes))
 
@@ -135,6 +138,7 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
             "flop_formula": np.full(n, None, dtype=object),
         },
         index=r.index,
+        copy=False,
     )
     if shaped.any():
         sub = r[shaped]
@@ -144,7 +148,8 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
                 "input_shapes": sub["input_shapes"],
                 "dtypes": sub["dtypes"],
                 "concrete_inputs": sub["concrete_inputs"] if "concrete_inputs" in sub else None,
-            }
+            },
+            copy=False,
         )
         cost = op_flops(frame).reindex(r.index)
         flops = count_once(cost["flops"], r["parent_id"], r["range_id"], cost["family"])

@@ -57,6 +57,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import unique_first
+
 __all__ = [
     "COMPUTE_DTYPE",
     "CONTRACTION_FAMILIES",
@@ -1698,7 +1700,7 @@ def op_flops(ops: pd.DataFrame) -> pd.DataFrame:
     if len(rows):
         sub = [keys.iloc[rows], shapes.iloc[rows], dtypes.iloc[rows], concrete.iloc[rows]]
         codes = _group_codes(sub)
-        _, first = np.unique(codes, return_index=True)
+        _, first = unique_first(codes)
         g = len(first)
         u_fl = np.full(g, np.nan)
         u_by = np.full(g, np.nan)
@@ -1725,6 +1727,7 @@ def op_flops(ops: pd.DataFrame) -> pd.DataFrame:
             "family": family,
         },
         index=ops.index,
+        copy=False,
     )
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.intervals import union_length
+from perfguard.arrays import unique_sorted
 from perfguard.trace.model import Trace
 
 COLUMNS = [
@@ -58,7 +59,9 @@ def group_members(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
         rows, cur = rows[alive], cur[alive]
     if not out_rows:
         return pd.DataFrame({"row": [], "group": []}, dtype=np.int64)
-    return pd.DataFrame({"row": np.concatenate(out_rows), "group": np.concatenate(out_groups)})
+    return pd.DataFrame(
+        {"row": np.concatenate(out_rows), "group": np.concatenate(out_groups)}, copy=False
+    )
 
 
 def _op_parent(parent: np.ndarray, is_op: np.ndarray) -> np.ndarray:
@@ -80,36 +83,55 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
     iterations); a group instance outside them is left out.
     """
     r = trace.ranges
-    inst = instances[instances["instance"] >= 0].set_index("instance")
-    members = group_members(trace, acts)
-    members = members[members["group"].isin(inst.index)]
-    s = acts["start"].to_numpy(np.int64)[members["row"].to_numpy()]
-    e = acts["end"].to_numpy(np.int64)[members["row"].to_numpy()]
-    g = members["group"].to_numpy()
-    is_kernel = (acts["activity"] == "kernel").to_numpy()[members["row"].to_numpy()]
-    per = pd.DataFrame({"g": g, "dur": e - s, "k": is_kernel, "s": s, "e": e}).groupby("g")
-    per_inst = pd.DataFrame(
-        {
-            "gpu_time": per["dur"].sum(),
-            "kernel_count": per["k"].sum(),
-            "span": per["e"].max() - per["s"].min(),
-            "flat": union_length(s, e, g),
-        }
-    )
+    n = len(r)
+    # range_id == row number (finalize_ranges): per-range arrays are indexed by it
+    ranged = instances["instance"].to_numpy(np.int64) >= 0
+    cols = ["instance", "op_id", "op_name", "direction", "cpu_time"]
+    inst = instances.loc[ranged, cols + (["op_key"] if "op_key" in instances else [])]
+    inst_row = np.full(n, -1, dtype=np.int64)  # row of ``inst`` of each range, -1: outside
+    inst_row[inst["instance"].to_numpy(np.int64)] = np.arange(len(inst))
     is_op = (r["kind"] == "op").to_numpy()
-    groups = np.unique(_op_parent(r["parent_id"].to_numpy(np.int64), is_op)[is_op])
-    groups = groups[(groups >= 0) & np.isin(groups, inst.index.to_numpy())]
-    gi = inst.loc[groups, ["op_id", "op_name", "direction", "cpu_time"]].join(per_inst)
-    fill = {"gpu_time": 0, "kernel_count": 0, "span": 0, "flat": 0}
-    gi = gi.fillna(fill).astype({c: np.int64 for c in fill})
+    op_parent = _op_parent(r["parent_id"].to_numpy(np.int64), is_op)
+    is_group = np.zeros(n, dtype=bool)
+    is_group[op_parent[is_op & (op_parent >= 0)]] = True
+    is_group &= inst_row >= 0
+    groups = np.flatnonzero(is_group)
+
+    members = group_members(trace, acts)
+    members = members[is_group[members["group"].to_numpy()]]
+    row = members["row"].to_numpy()
+    s = acts["start"].to_numpy(np.int64)[row]
+    e = acts["end"].to_numpy(np.int64)[row]
+    g = members["group"].to_numpy()
+    is_kernel = (acts["activity"] == "kernel").to_numpy()[row]
+    per = pd.DataFrame({"g": g, "dur": e - s, "k": is_kernel, "s": s, "e": e}, copy=False).groupby(
+        "g"
+    )
+    at = np.searchsorted(groups, per.size().index.to_numpy())  # per's groups, sorted
+    figures = {}
+    for col, values in (
+        ("gpu_time", per["dur"].sum()),
+        ("kernel_count", per["k"].sum()),
+        ("span", per["e"].max() - per["s"].min()),
+        ("flat", union_length(s, e, g)),
+    ):
+        full = np.zeros(len(groups), dtype=np.int64)
+        full[at] = values.reindex(per.size().index).to_numpy(np.int64)
+        figures[col] = full
+    gi = inst.iloc[inst_row[groups]].reset_index(drop=True)
+    for col, values in figures.items():
+        gi[col] = values
     gi["idle"] = gi["span"] - gi["flat"]
-    child = _child_ops(trace, inst)
-    gi["child_ops"] = child.reindex(gi.index).fillna(0).astype(np.int64)
+    gi["child_ops"] = _child_ops(r, is_op, op_parent, inst, inst_row)[groups]
     if gi.empty:
         return pd.DataFrame(columns=COLUMNS)
+    keys = ["op_key"] if "op_key" in gi else ["op_id", "op_name", "direction"]
     out = (
-        gi.groupby(["op_id", "op_name", "direction"], sort=False)
+        gi.groupby(keys, sort=False)
         .agg(
+            op_id=("op_id", "first"),
+            op_name=("op_name", "first"),
+            direction=("direction", "first"),
             calls=("cpu_time", "size"),
             child_ops=("child_ops", "max"),
             kernel_count=("kernel_count", "sum"),
@@ -118,18 +140,25 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
             gpu_time_flattened=("flat", "sum"),
             gpu_idle_total=("idle", "sum"),
         )
-        .reset_index()
+        .reset_index(drop=True)
     )
     out = out.sort_values(["gpu_time_total", "op_name"], ascending=[False, True])
     return out.reset_index(drop=True)[COLUMNS]
 
 
-def _child_ops(trace: Trace, inst: pd.DataFrame) -> pd.Series:
-    """Number of distinct ops (name, direction) directly under each group instance."""
-    r = trace.ranges
-    is_op = (r["kind"] == "op").to_numpy()
-    op_parent = _op_parent(r["parent_id"].to_numpy(np.int64), is_op)
-    kids = pd.DataFrame({"parent": op_parent[is_op], "child": r["range_id"].to_numpy()[is_op]})
-    kids = kids[(kids["parent"] >= 0) & kids["child"].isin(inst.index)]
-    kids["op"] = inst.loc[kids["child"], "op_id"].to_numpy()
-    return kids.drop_duplicates(["parent", "op"]).groupby("parent").size()
+def _child_ops(
+    r: pd.DataFrame,
+    is_op: np.ndarray,
+    op_parent: np.ndarray,
+    inst: pd.DataFrame,
+    inst_row: np.ndarray,
+) -> np.ndarray:
+    """Number of distinct ops (name, direction) directly under each range (by range id)."""
+    child = np.flatnonzero(is_op & (op_parent >= 0) & (inst_row >= 0))
+    if "op_key" in inst:
+        op = inst["op_key"].to_numpy(np.int64)[inst_row[child]]
+    else:
+        op = pd.factorize(inst["op_id"].to_numpy(dtype=object)[inst_row[child]])[0]
+    pairs = unique_sorted(op_parent[child] * (int(op.max()) + 1 if len(op) else 1) + op)
+    parents = pairs // (int(op.max()) + 1 if len(op) else 1)
+    return np.bincount(parents, minlength=len(r)).astype(np.int64)

@@ -26,7 +26,9 @@ def union_length(start: np.ndarray, end: np.ndarray, group: np.ndarray | None = 
         fast = _union_length_int(start, end, g)
         if fast is not None:
             return fast
-    df = pd.DataFrame({"g": g, "s": start, "e": end}).sort_values(["g", "s"], kind="stable")
+    df = pd.DataFrame({"g": g, "s": start, "e": end}, copy=False).sort_values(
+        ["g", "s"], kind="stable"
+    )
     # the furthest end reached by earlier intervals of the same group (int64 throughout:
     # ns timestamps exceed float64's exact range)
     reach = df.groupby("g", sort=False)["e"].cummax().to_numpy(np.int64)

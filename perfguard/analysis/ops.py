@@ -42,9 +42,21 @@ def op_paths(ranges: pd.DataFrame) -> pd.Series:
     absolute paths already. Computed on distinct paths, level by level, so a million ranges with a
     few thousand distinct paths build only those few thousand strings.
     """
+    path_id, text = op_path_codes(ranges)
+    out = np.where(path_id >= 0, text[np.clip(path_id, 0, None)] if len(text) else None, None)
+    return pd.Series(out, index=ranges.index, dtype="object")
+
+
+def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """``(path_id, text)``: each range's path as a code into ``text`` (-1: none).
+
+    Two codes may spell the same text (``/a/b`` named absolutely, ``b``
+    under ``a``); callers that need one code per distinct name factorize
+    ``text``, which holds only the distinct paths.
+    """
     n = len(ranges)
     if n == 0:
-        return pd.Series([], dtype="object")
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
     name_code, names = pd.factorize(ranges["name"].fillna(""))
     name_code = name_code.astype(np.int64)
     depth = ranges["depth"].to_numpy()
@@ -89,8 +101,7 @@ def op_paths(ranges: pd.DataFrame) -> pd.Series:
         parent_text = np.where(tp >= 0, text[np.clip(tp, 0, None)], "")
         text[first : first + len(tp)] = np.where(tp < 0, leaf, parent_text + "/" + leaf)
         first += len(tp)
-    out = np.where(path_id >= 0, text[np.clip(path_id, 0, None)] if len(text) else None, None)
-    return pd.Series(out, index=ranges.index, dtype="object")
+    return path_id, text
 
 
 def op_id(op_name: pd.Series, direction: pd.Series) -> pd.Series:
@@ -111,6 +122,20 @@ def op_id(op_name: pd.Series, direction: pd.Series) -> pd.Series:
     return pd.Series(ids[codes] if len(codes) else [], index=op_name.index, dtype="object")
 
 
+def op_id_by_key(inst: pd.DataFrame) -> pd.Series:
+    """:func:`op_id` of instances that carry ``op_key`` (one code per op): hashed once
+    per distinct key, from one representative row, without touching the name of
+    every row."""
+    key = inst["op_key"].to_numpy(np.int64)
+    codes, uniq = pd.factorize(key)
+    first = np.zeros(len(uniq), dtype=np.int64)
+    first[codes[::-1]] = np.arange(len(key) - 1, -1, -1)  # first row of each key
+    reps = inst.iloc[first] if len(first) else inst.iloc[:0]
+    ids = op_id(reps["op_name"].reset_index(drop=True), reps["direction"].reset_index(drop=True))
+    out = ids.to_numpy(dtype=object)[codes] if len(codes) else np.zeros(0, dtype=object)
+    return pd.Series(out, index=inst.index, dtype="object")
+
+
 def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
     """One row per op instance with its metrics.
 
@@ -119,10 +144,12 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
     ``instance``, ``rank, pid, tid, start, end,
     op_name, name, direction, op_type, input_shapes, dtypes, cpu_time,
     gpu_time, kernel_count, memop_count, api_time, cpu_overhead, gpu_span,
-    gpu_busy, gpu_idle``.
+    gpu_busy, gpu_idle`` and ``op_key``, an int64 code per op (distinct
+    ``(op_name, direction)``) within this analysis: grouping millions of
+    instances by it is far cheaper than by the two text columns.
     """
     r = trace.ranges
-    paths = op_paths(r)
+    path_id, path_text = op_path_codes(r)
     is_op = (r["kind"] == "op").to_numpy(dtype=bool)
     # the op rows of the columns needed, not a copy of the whole table
     cols = ["range_id", "rank", "pid", "tid", "start", "end", "name", "direction", "op_type",
@@ -136,13 +163,14 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
             "tid": ops["tid"],
             "start": ops["start"],
             "end": ops["end"],
-            "op_name": paths.to_numpy()[is_op],
+            "op_name": None,
             "name": ops["name"],
             "direction": ops["direction"],
             "op_type": ops["op_type"],
             "input_shapes": ops["input_shapes"],
             "dtypes": ops["dtypes"],
-        }
+        },
+        copy=False,
     )
     inst["cpu_time"] = inst["end"] - inst["start"]
     inst["api_time"] = _api_time_inside(trace, inst)
@@ -163,17 +191,22 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
             "op_type": "unassociated",
             "cpu_time": 0,
             "api_time": 0,
-        }
+        },
+        copy=False,
     )
     owner = acts["instance"].to_numpy()
     inst = pd.concat([inst, un], ignore_index=True) if len(un) else inst
+    name_code, names = _op_name_codes(path_id[is_op], path_text, orphan_name)
+    inst["op_name"] = pd.Series(names, dtype="object").array.take(name_code)
+    bprop = (inst["direction"] == "bprop").to_numpy(dtype=bool)
+    inst["op_key"] = name_code * 2 + bprop
     inst["cpu_overhead"] = (inst["cpu_time"] - inst["api_time"]).clip(lower=0)
 
     dur = (acts["end"] - acts["start"]).to_numpy()
     is_kernel = (acts["activity"] == "kernel").to_numpy()
     g = pd.DataFrame(
         {"owner": owner, "dur": dur, "k": is_kernel, "m": ~is_kernel,
-         "s": acts["start"].to_numpy(), "e": acts["end"].to_numpy()}
+         "s": acts["start"].to_numpy(), "e": acts["end"].to_numpy()}, copy=False
     ).groupby("owner")  # fmt: skip
     per = pd.DataFrame(
         {
@@ -181,7 +214,8 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
             "kernel_count": g["k"].sum(),
             "memop_count": g["m"].sum(),
             "gpu_span": g["e"].max() - g["s"].min(),
-        }
+        },
+        copy=False,
     )
     per["gpu_busy"] = union_length(acts["start"].to_numpy(), acts["end"].to_numpy(), owner)
     per["gpu_idle"] = per["gpu_span"] - per["gpu_busy"]
@@ -200,6 +234,18 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
         values[row[hit]] = per[col].to_numpy(np.int64)[hit]
         inst[col] = values
     return inst
+
+
+def _op_name_codes(
+    path_id: np.ndarray, path_text: np.ndarray, orphan_name: pd.Series
+) -> tuple[np.ndarray, np.ndarray]:
+    """Op-name codes of the op ranges (by path) then the unassociated instances,
+    one code per distinct name: ``(codes, names)``. Only distinct texts are hashed."""
+    orphan_code, orphan_names = pd.factorize(orphan_name.to_numpy(dtype=object))
+    table = np.concatenate([np.asarray(path_text, dtype=object), np.asarray(orphan_names, object)])
+    table_code, names = pd.factorize(table)
+    codes = np.concatenate([table_code[path_id], table_code[len(path_text) + orphan_code]])
+    return codes.astype(np.int64), np.asarray(names, dtype=object)
 
 
 def _api_time_inside(trace: Trace, inst: pd.DataFrame) -> np.ndarray:
@@ -230,8 +276,14 @@ def aggregate_ops(inst: pd.DataFrame) -> pd.DataFrame:
         cols = ["op_id", "op_name", "direction", "op_type", "calls", "kernel_count"]
         cols += [f"{m}_{s}" for m in metrics for s in STATS]
         return pd.DataFrame(columns=cols)
-    g = inst.groupby(["op_name", "direction"], sort=False)
+    keys = ["op_key"] if "op_key" in inst.columns else ["op_name", "direction"]
+    g = inst.groupby(keys, sort=False)
     out = g.agg(
+        **(
+            {"op_name": ("op_name", "first"), "direction": ("direction", "first")}
+            if keys == ["op_key"]
+            else {}
+        ),
         op_type=("op_type", "first"),
         calls=("instance", "size"),
         kernel_count=("kernel_count", "sum"),
@@ -243,10 +295,10 @@ def aggregate_ops(inst: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
     if "tc_eligible" in inst.columns:  # Tensor Core / FLOP columns (analysis.enrich)
-        out = out.join(_gpu_metrics(inst, ["op_name", "direction"]), on=["op_name", "direction"])
+        out = out.join(_gpu_metrics(inst, keys), on=keys)
     out = out.sort_values(["gpu_time_total", "cpu_time_total", "op_name"],
                           ascending=[False, False, True])  # fmt: skip
-    return out.reset_index(drop=True)
+    return out.drop(columns=["op_key"], errors="ignore").reset_index(drop=True)
 
 
 def aggregate_op_types(inst: pd.DataFrame) -> pd.DataFrame:
@@ -309,7 +361,8 @@ def _gpu_metrics(inst: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
             "t_known": np.where(known, gpu_s, 0.0),
             "f_rated": np.where(rated, flops.fillna(0).to_numpy(np.float64), 0.0),
             "tp_rated": np.where(rated, gpu_s * peak.fillna(0).to_numpy(np.float64), 0.0),
-        }
+        },
+        copy=False,
     )
     g = f.groupby(keys, sort=False)
     out = g.agg(

@@ -14,6 +14,7 @@ import pandas as pd
 
 from perfguard.analysis.intervals import union_length
 from perfguard.analysis.iterations import rank_spans
+from perfguard.arrays import unique_first, unique_sorted
 from perfguard.trace.model import Trace
 
 
@@ -25,7 +26,7 @@ def _busy(acts: pd.DataFrame, keys: list[str]) -> pd.Series:
     if codes is None:
         codes, uniq = pd.factorize(pd.MultiIndex.from_frame(acts[keys]))
     else:  # the distinct key rows, in order of first appearance (as factorize numbers them)
-        first = np.unique(codes, return_index=True)[1]
+        first = unique_first(codes)[1]
         uniq = pd.MultiIndex.from_frame(acts[keys].iloc[first])
     u = union_length(acts["start"].to_numpy(), acts["end"].to_numpy(), codes)
     return pd.Series(u.to_numpy(), index=uniq[u.index.to_numpy()])
@@ -190,4 +191,4 @@ def _distinct_pairs(a: pd.Series, b: pd.Series) -> int:
     """Number of distinct ``(a, b)`` pairs (NA equal to NA, as ``drop_duplicates``)."""
     ca, _ = pd.factorize(a, use_na_sentinel=False)
     cb, ub = pd.factorize(b, use_na_sentinel=False)
-    return len(np.unique(ca.astype(np.int64) * max(len(ub), 1) + cb))
+    return len(unique_sorted(ca.astype(np.int64) * max(len(ub), 1) + cb))

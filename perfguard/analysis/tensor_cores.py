@@ -370,7 +370,9 @@ def classify_kernels(
     reasons = np.array([r.reason for r in rules] + [NOT_MATRIX_REASON, "no kernel name"], object)
     idx = np.where(codes >= 0, rule_of[np.maximum(codes, 0)], len(rules) + 1)
     uses_tc = pd.arrays.BooleanArray(values[idx], masks[idx])
-    return pd.DataFrame({"uses_tc": uses_tc, "tc_reason": reasons[idx]}, index=names.index)
+    return pd.DataFrame(
+        {"uses_tc": uses_tc, "tc_reason": reasons[idx]}, index=names.index, copy=False
+    )
 
 
 # ---- resolving unknown kernels from the op's dtypes ------------------------------------------
@@ -664,7 +666,8 @@ def tc_utilization(acts: pd.DataFrame, by: str = "op_key") -> tuple[pd.DataFrame
             "eligible_time": np.where(eligible, dur, zero),
             "tc_time": np.where(tc, dur, zero),
             "unknown_time": np.where(unknown, dur, zero),
-        }
+        },
+        copy=False,
     )
     per_group = frame.groupby(by, sort=False, dropna=False).sum()
     denominator = per_group["eligible_time"].where(per_group["eligible_time"] > 0)

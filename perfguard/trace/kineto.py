@@ -251,7 +251,7 @@ def _read(path: Path, data: dict[str, Any], rank: int | None) -> Trace:
         {
             "start": api["start"], "end": api["end"], "pid": api["pid_i"], "tid": api["tid_i"],
             "correlation_id": api["correlation_id"], "name": api["name"],
-        }
+        }, copy=False
     )  # fmt: skip
     launcher = (
         api_calls[api_calls["correlation_id"] != NO_CORRELATION]
@@ -299,7 +299,8 @@ def _gpu_events(
             "stream_id": np.where(ga["stream"].notna(), _int_column(ga["stream"], -1), g["tid_i"]),
             "correlation_id": g["correlation_id"],
             "name": g["name"],
-        }
+        },
+        copy=False,
     )
 
 
@@ -340,7 +341,7 @@ def _ranges(x: pd.DataFrame, a: pd.DataFrame) -> pd.DataFrame:
             "dtypes": _json_text(ra["Input type"]),
             "concrete_inputs": _json_text(ra["Concrete Inputs"]),
             "call_site": call_site,
-        }
+        }, copy=False
     )  # fmt: skip
 
 
@@ -369,7 +370,7 @@ def _devices(data: dict[str, Any], rank: int) -> pd.DataFrame:
             "rank": rank, "device_id": df["id"], "name": df["name"], "sm_count": df["numSms"],
             "memory_bytes": df["totalGlobalMem"],
             "compute_capability": cc.where(df["computeMajor"].notna(), None),
-        }
+        }, copy=False
     )  # fmt: skip
 
 
@@ -382,7 +383,7 @@ def _threads(events: pd.DataFrame, rank: int) -> pd.DataFrame:
     tid = pd.to_numeric(m["tid"], errors="coerce")
     ok = pid.notna() & tid.notna()
     return pd.DataFrame(
-        {"rank": rank, "pid": pid[ok], "tid": tid[ok], "name": names["name"][ok]}
+        {"rank": rank, "pid": pid[ok], "tid": tid[ok], "name": names["name"][ok]}, copy=False
     ).astype({"pid": np.int64, "tid": np.int64})
 
 

