@@ -7,7 +7,10 @@ for 4M values on the 2-core development machine): these helpers sort.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import pandas as pd
 
 
 def unique_sorted(values: np.ndarray) -> np.ndarray:
@@ -32,3 +35,26 @@ def unique_first(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         keep[0] = True
         np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep], order[keep]
+
+
+def factorize(values: Any, use_na_sentinel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize`` of a text column, the same codes and uniques, 3-5x faster
+    when values repeat.
+
+    Trace columns hold few distinct strings repeated millions of times, and
+    a repeat is usually the very same Python object: rows are grouped by
+    object identity first (integers hash fast), then only one row per
+    object is factorized by value, so equal strings that are distinct
+    objects still get one code.
+    """
+    arr = values.to_numpy(dtype=object) if isinstance(values, pd.Series) else values
+    arr = np.asarray(arr, dtype=object)
+    if len(arr) < 4096:
+        codes, uniques = pd.factorize(arr, use_na_sentinel=use_na_sentinel)
+        return codes.astype(np.int64), np.asarray(uniques, dtype=object)
+    ids = np.fromiter(map(id, arr), dtype=np.int64, count=len(arr))
+    id_codes, id_uniques = pd.factorize(ids)
+    first = np.empty(len(id_uniques), dtype=np.int64)
+    first[id_codes[::-1]] = np.arange(len(arr) - 1, -1, -1)  # lowest row of each object
+    rep_codes, uniques = pd.factorize(arr[first], use_na_sentinel=use_na_sentinel)
+    return rep_codes[id_codes].astype(np.int64), np.asarray(uniques, dtype=object)

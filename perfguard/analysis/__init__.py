@@ -19,7 +19,7 @@ from perfguard.analysis.iterations import (
     select_window,
 )
 from perfguard.analysis.kernels import aggregate_kernels
-from perfguard.analysis.ops import aggregate_ops, op_id, op_id_by_key, op_instances
+from perfguard.analysis.ops import aggregate_ops, instance_rows, op_id_by_key, op_instances
 from perfguard.analysis.summary import iteration_table, run_summary
 from perfguard.trace.model import Trace
 
@@ -111,15 +111,11 @@ def analyze(
 
 def _join_op(acts: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     """``acts`` with ``op_name, direction, op_id`` of the instance that owns each."""
-    acts = acts.join(inst.set_index("instance")[["op_name", "direction"]], on="instance")
-    index = pd.Index(inst["instance"])
-    row = index.get_indexer(acts["instance"]) if index.is_unique else np.array([-1])
-    if len(row) == len(acts) and (row >= 0).all():
-        # the owner's id: the same hash of the same name and direction, not computed again
-        ids = inst["op_id"].to_numpy(dtype=object)[row]
-        acts["op_id"] = pd.Series(ids, index=acts.index, dtype="object")
-    else:
-        acts["op_id"] = op_id(acts["op_name"], acts["direction"])
+    # by position: every activity's instance is a row of ``inst`` (NA if one is not)
+    row = instance_rows(inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64))
+    acts = acts.copy(deep=False)
+    for col in ("op_name", "direction", "op_id", "op_key"):
+        acts[col] = pd.api.extensions.take(inst[col].array, row, allow_fill=True)
     return acts
 
 

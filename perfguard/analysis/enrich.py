@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.flops import count_once, op_flops
+from perfguard.analysis.ops import instance_rows
 from perfguard.analysis.peaks import match_gpu, peak_flops_series, why_unknown
 from perfguard.analysis.tensor_cores import (
     classify_kernels,
@@ -51,11 +52,13 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
     uses[~kernel] = False
     reason = cls["tc_reason"].where(kernel, "memory operation")
 
-    by_instance = inst.set_index("instance")
-    leaf_eligible = op_tc_eligible(by_instance["name"].fillna(""))
-    own = acts["instance"].to_numpy()
-    op_eligible = pd.Series(leaf_eligible.reindex(own).fillna(False).to_numpy(bool), acts.index)
-    op_dtypes = pd.Series(by_instance["dtypes"].reindex(own).to_numpy(), index=acts.index)
+    rows = instance_rows(inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64))
+    has_op = rows >= 0
+    at = np.where(has_op, rows, 0)
+    leaf_eligible = op_tc_eligible(inst["name"].fillna("")).to_numpy(bool)
+    op_eligible = pd.Series(np.where(has_op, leaf_eligible[at], False), index=acts.index)
+    dtypes = inst["dtypes"].to_numpy(dtype=object)
+    op_dtypes = pd.Series(np.where(has_op, dtypes[at], None), index=acts.index, dtype="object")
     cc = _device_column(trace, acts, "compute_capability")
     unknown = uses.isna()
     resolved = resolve_unknown(uses, op_dtypes, cc, eligible=op_eligible)
@@ -63,25 +66,34 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
     acts["uses_tc"] = resolved
     acts["tc_reason"] = reason
 
-    k = acts[kernel]
-    dur = (k["end"] - k["start"]).to_numpy()
-    tc = k["uses_tc"].fillna(False).to_numpy(bool)
-    per = pd.DataFrame(
-        {"i": k["instance"].to_numpy(), "tc": tc, "t": np.where(tc, dur, 0)}, copy=False
-    )
-    g = per.groupby("i")
-    any_tc = g["tc"].any().reindex(inst["instance"]).fillna(False).to_numpy(bool)
-    has_kernel = inst["instance"].isin(per["i"]).to_numpy()
-    inst["kernel_time"] = (
-        per.assign(d=dur).groupby("i")["d"].sum().reindex(inst["instance"]).fillna(0)
-    ).to_numpy(np.int64)
-    inst["tc_kernel_time"] = g["t"].sum().reindex(inst["instance"]).fillna(0).to_numpy(np.int64)
-    eligible = leaf_eligible.reindex(inst["instance"]).fillna(False).to_numpy(bool)
+    # per instance row: kernel time, TC kernel time, any TC kernel (activities of
+    # instances outside ``inst`` count nowhere)
+    n = len(inst)
+    counted = kernel & has_op
+    krows = rows[counted]
+    dur = (acts["end"] - acts["start"]).to_numpy(np.int64)[counted]
+    tc = acts["uses_tc"].fillna(False).to_numpy(bool)[counted]
+    has_kernel = np.bincount(krows, minlength=n) > 0
+    any_tc = np.bincount(krows[tc], minlength=n) > 0
+    inst["kernel_time"] = sum_by_row(krows, dur, n)
+    inst["tc_kernel_time"] = sum_by_row(krows[tc], dur[tc], n)
     inst["tc_eligible"] = eligible_by_kernels(
-        pd.Series(eligible, index=inst.index), pd.Series(any_tc, index=inst.index)
+        pd.Series(leaf_eligible, index=inst.index), pd.Series(any_tc, index=inst.index)
     ).to_numpy(bool)
-    inst["uses_tc"] = pd.array(np.where(has_kernel, any_tc, False), dtype="boolean")
-    inst.loc[~has_kernel, "uses_tc"] = pd.NA
+    inst["uses_tc"] = pd.arrays.BooleanArray(any_tc, ~has_kernel)
+
+
+def sum_by_row(rows: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """int64 sums of ``values`` per row ``0..n-1``: ``bincount`` (float64) while every
+    sum is exact in a double, else ``np.add.at`` in int64."""
+    values = np.asarray(values, dtype=np.int64)
+    if not len(values):
+        return np.zeros(n, dtype=np.int64)
+    if int(np.abs(values).sum(dtype=np.float64)) < 2**53:
+        return np.rint(np.bincount(rows, weights=values, minlength=n)).astype(np.int64)
+    out = np.zeros(n, dtype=np.int64)  # pragma: no cover - over 104 days of GPU time
+    np.add.at(out, rows, values)  # pragma: no cover
+    return out  # pragma: no cover
 
 
 def _formula_keys(ranges: pd.DataFrame) -> pd.Series:
@@ -160,17 +172,19 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
         by_range["bytes"] = nbytes.round().astype("Int64")
         by_range["compute_dtype"] = cost["compute_dtype"].to_numpy(dtype=object)
         by_range["flop_formula"] = cost["flop_formula"].to_numpy(dtype=object)
-    by_range.index = pd.Index(r["range_id"].to_numpy())
-    aligned = by_range.reindex(inst["instance"].to_numpy())  # NA for unassociated work
+    # the range of each instance by position (-1, so NA, for unassociated work)
+    at = instance_rows(r["range_id"].to_numpy(np.int64), inst["instance"].to_numpy(np.int64))
     for col in by_range.columns:
-        inst[col] = aligned[col].array
+        inst[col] = pd.api.extensions.take(by_range[col].array, at, allow_fill=True)
 
     devices, notes = gpu_keys(trace)
     kern = acts.loc[acts["activity"] == "kernel", ["instance", "rank", "device_id"]]
     first = kern.drop_duplicates("instance")
     first = first.merge(devices, on=["rank", "device_id"], how="left")
-    gpu = pd.Series(first["gpu"].to_numpy(), index=first["instance"].to_numpy(), dtype=object)
-    inst["gpu"] = gpu.reindex(inst["instance"].to_numpy()).to_numpy()
+    gpu = np.full(len(inst), np.nan, dtype=object)
+    row = instance_rows(inst["instance"].to_numpy(np.int64), first["instance"].to_numpy(np.int64))
+    gpu[row[row >= 0]] = first["gpu"].to_numpy(dtype=object)[row >= 0]
+    inst["gpu"] = gpu
     none = np.ones(len(inst), dtype=bool)
     peak = pd.Series(pd.arrays.FloatingArray(np.zeros(len(inst)), none), index=inst.index)
     tc = inst["uses_tc"].fillna(False).astype(bool) if "uses_tc" in inst else False

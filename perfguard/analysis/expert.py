@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import factorize
+
 if TYPE_CHECKING:  # the Analysis dataclass imports this module
     from perfguard.analysis import Analysis
 
@@ -194,8 +196,9 @@ def emit_nvtx_missing(a: Analysis, th: Thresholds) -> list[Finding]:
 
 def _matches(values: pd.Series, pattern: re.Pattern[str] | str) -> np.ndarray:
     """``values.str.contains(pattern)`` computed once per distinct value (names repeat)."""
-    codes, uniques = pd.factorize(values.fillna("").astype(str))
-    hit = pd.Series(uniques, dtype=object).str.contains(pattern).to_numpy(dtype=bool)
+    codes, uniques = factorize(values, use_na_sentinel=False)
+    text = pd.Series(["" if pd.isna(u) else str(u) for u in uniques], dtype=object)
+    hit = text.str.contains(pattern).to_numpy(dtype=bool)
     return hit[codes] if len(codes) else np.zeros(0, dtype=bool)
 
 

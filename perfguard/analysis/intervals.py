@@ -44,14 +44,41 @@ def union_length(start: np.ndarray, end: np.ndarray, group: np.ndarray | None = 
 
 
 def _union_length_int(start: np.ndarray, end: np.ndarray, g: np.ndarray) -> pd.Series | None:
-    """:func:`union_length` for integer groups, in numpy: a running maximum over all
-    groups at once (each group shifted above the previous one), sums by ``reduceat``.
+    """:func:`union_length` for integer groups, in numpy (see :func:`sorted_union_length`).
     None when the shifted ends would not fit in int64."""
-    order = np.lexsort((start, g))
+    order = sort_by_group_then(g, start)
     gs, s, e = g[order], start[order], end[order]
     first = np.ones(len(gs), dtype=bool)
     first[1:] = gs[1:] != gs[:-1]
     heads = np.flatnonzero(first)
+    lengths = sorted_union_length(s, e, heads)
+    return None if lengths is None else pd.Series(lengths, index=gs[heads])
+
+
+def sort_by_group_then(group: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The order that sorts by ``group`` then ``t`` (``np.lexsort((t, group))``, ties
+    in input order): one argsort of a packed int64 key when it fits, 2-3x faster."""
+    group = np.asarray(group, dtype=np.int64)
+    t = np.asarray(t, dtype=np.int64)
+    if not len(t):
+        return np.zeros(0, dtype=np.int64)
+    g0, t0 = int(group.min()), int(t.min())
+    span = int(t.max()) - t0 + 1
+    if (int(group.max()) - g0 + 1) * span >= 2**62:
+        return np.lexsort((t, group))
+    return np.argsort((group - g0) * span + (t - t0), kind="stable")
+
+
+def sorted_union_length(s: np.ndarray, e: np.ndarray, heads: np.ndarray) -> np.ndarray | None:
+    """Union length of each segment of intervals sorted by (segment, start); ``heads``
+    are the segments' first positions. A running maximum over all segments at once
+    (each shifted above the previous one), sums by ``reduceat``. None when the shifted
+    ends would not fit in int64 (int64 throughout: ns timestamps exceed float64)."""
+    n = len(s)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    first = np.zeros(n, dtype=bool)
+    first[heads] = True
     rank = np.cumsum(first, dtype=np.int64) - 1
     t0 = int(e.min())
     span = int(e.max()) - t0 + 1
@@ -63,4 +90,4 @@ def _union_length_int(start: np.ndarray, end: np.ndarray, g: np.ndarray) -> pd.S
     prev[1:] = reach[:-1]
     prev[first] = np.iinfo(np.int64).min
     contrib = np.clip(e - np.maximum(s, prev), 0, None)
-    return pd.Series(np.add.reduceat(contrib, heads), index=gs[heads])
+    return np.add.reduceat(contrib, heads)

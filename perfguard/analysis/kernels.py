@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from perfguard.arrays import factorize
+
 GEOMETRY = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
             "shared_mem"]  # fmt: skip
 
@@ -24,8 +26,15 @@ def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
         cols += ["uses_tc", "tc_reason"]
     if k.empty:
         return pd.DataFrame(columns=cols)
-    g = k.groupby(["name", "op_id"], sort=False, dropna=False)
+    # one int64 key per (name, op): grouping a million rows by two text columns
+    # hashes every string; names repeat, so they are coded once (same groups, same order)
+    name_code, _ = factorize(k["name"], use_na_sentinel=False)
+    op_code, n_ops = factorize(k["op_id"], use_na_sentinel=False)
+    k = k.assign(_key=name_code * max(len(n_ops), 1) + op_code)
+    g = k.groupby("_key", sort=False)
     out = g.agg(
+        name=("name", "first"),
+        op_id=("op_id", "first"),
         short_name=("short_name", "first"),
         op_name=("op_name", "first"),
         direction=("direction", "first"),
@@ -40,6 +49,6 @@ def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
             if "uses_tc" in k.columns
             else {}
         ),
-    ).reset_index()
+    ).reset_index(drop=True)
     out = out.sort_values(["gpu_time_total", "name"], ascending=[False, True])
     return out.reset_index(drop=True)[cols]

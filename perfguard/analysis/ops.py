@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.attribution import UNASSOCIATED_PREFIX
-from perfguard.analysis.intervals import union_length
+from perfguard.analysis.intervals import sort_by_group_then, sorted_union_length, union_length
+from perfguard.arrays import factorize
 from perfguard.trace.model import Trace
 from perfguard.trace.nesting import group_codes
 
@@ -57,8 +58,8 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     n = len(ranges)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
-    name_code, names = pd.factorize(ranges["name"].fillna(""))
-    name_code = name_code.astype(np.int64)
+    name_code, names = factorize(ranges["name"].fillna(""))
+    names = pd.Index(names, dtype=object)
     depth = ranges["depth"].to_numpy()
     parent = ranges["parent_id"].to_numpy()
     range_id = ranges["range_id"].to_numpy()
@@ -150,90 +151,112 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
     """
     r = trace.ranges
     path_id, path_text = op_path_codes(r)
-    is_op = (r["kind"] == "op").to_numpy(dtype=bool)
-    # the op rows of the columns needed, not a copy of the whole table
-    cols = ["range_id", "rank", "pid", "tid", "start", "end", "name", "direction", "op_type",
-            "input_shapes", "dtypes"]  # fmt: skip
-    ops = {c: r[c].to_numpy()[is_op] for c in cols}
+    op_rows = np.flatnonzero((r["kind"] == "op").to_numpy(dtype=bool))
+    orphan = np.flatnonzero(acts["range_id"].to_numpy() < 0)
+    n_un = len(orphan)
+
+    def col(ranges_col: str, orphan_values: object) -> np.ndarray:
+        """One column: the op ranges' values, then the unassociated instances'."""
+        ours = r[ranges_col].to_numpy()[op_rows]
+        theirs = np.broadcast_to(np.asarray(orphan_values, dtype=ours.dtype), (n_un,))
+        return np.concatenate([ours, theirs])
+
+    a_start = acts["start"].to_numpy(np.int64)
+    short = acts["short_name"].to_numpy(dtype=object)[orphan]
+    full = acts["name"].to_numpy(dtype=object)[orphan]
+    orphan_name = UNASSOCIATED_PREFIX + pd.Series(
+        np.where(pd.isna(short), full, short), dtype="object"
+    ).astype(str)
+    name_code, names = _op_name_codes(path_id[op_rows], path_text, orphan_name)
+    start = col("start", a_start[orphan])
+    end = col("end", a_start[orphan])  # unassociated work takes no CPU time
+    direction = col("direction", "fprop")
+    api_time = np.zeros(len(start), dtype=np.int64)
+    api_time[: len(op_rows)] = _api_time_inside(
+        trace.api_calls,
+        {c: r[c].to_numpy()[op_rows] for c in ("rank", "pid", "tid", "start", "end")},
+    )
+    cpu_time = end - start
     inst = pd.DataFrame(
         {
-            "instance": ops["range_id"],
-            "rank": ops["rank"],
-            "pid": ops["pid"],
-            "tid": ops["tid"],
-            "start": ops["start"],
-            "end": ops["end"],
-            "op_name": None,
-            "name": ops["name"],
-            "direction": ops["direction"],
-            "op_type": ops["op_type"],
-            "input_shapes": ops["input_shapes"],
-            "dtypes": ops["dtypes"],
+            "instance": col("range_id", acts["instance"].to_numpy(np.int64)[orphan]),
+            "rank": col("rank", acts["rank"].to_numpy(np.int64)[orphan]),
+            "pid": col("pid", acts["pid"].to_numpy(np.int64)[orphan]),
+            "tid": col("tid", acts["launch_tid"].to_numpy(np.int64, na_value=-1)[orphan]),
+            "start": start,
+            "end": end,
+            "op_name": np.asarray(names, dtype=object)[name_code],
+            "name": col("name", orphan_name.to_numpy(dtype=object)),
+            "direction": direction,
+            "op_type": col("op_type", np.full(n_un, "unassociated", dtype=object)),
+            "input_shapes": col("input_shapes", None),
+            "dtypes": col("dtypes", None),
+            "cpu_time": cpu_time,
+            "api_time": api_time,
+            "op_key": name_code * 2 + (direction == "bprop"),
+            "cpu_overhead": np.clip(cpu_time - api_time, 0, None),
         },
         copy=False,
     )
-    inst["cpu_time"] = inst["end"] - inst["start"]
-    inst["api_time"] = _api_time_inside(trace, inst)
-
-    orphan = acts[acts["range_id"] < 0]
-    orphan_name = UNASSOCIATED_PREFIX + orphan["short_name"].fillna(orphan["name"]).astype(str)
-    un = pd.DataFrame(
-        {
-            "instance": orphan["instance"].to_numpy(),
-            "rank": orphan["rank"].to_numpy(),
-            "pid": orphan["pid"].to_numpy(),
-            "tid": orphan["launch_tid"].fillna(-1).to_numpy(np.int64),
-            "start": orphan["start"].to_numpy(),
-            "end": orphan["start"].to_numpy(),
-            "op_name": orphan_name.to_numpy(),
-            "name": orphan_name.to_numpy(),
-            "direction": "fprop",
-            "op_type": "unassociated",
-            "cpu_time": 0,
-            "api_time": 0,
-        },
-        copy=False,
-    )
-    owner = acts["instance"].to_numpy()
-    inst = pd.concat([inst, un], ignore_index=True) if len(un) else inst
-    name_code, names = _op_name_codes(path_id[is_op], path_text, orphan_name)
-    inst["op_name"] = pd.Series(names, dtype="object").array.take(name_code)
-    bprop = (inst["direction"] == "bprop").to_numpy(dtype=bool)
-    inst["op_key"] = name_code * 2 + bprop
-    inst["cpu_overhead"] = (inst["cpu_time"] - inst["api_time"]).clip(lower=0)
-
-    dur = (acts["end"] - acts["start"]).to_numpy()
-    is_kernel = (acts["activity"] == "kernel").to_numpy()
-    g = pd.DataFrame(
-        {"owner": owner, "dur": dur, "k": is_kernel, "m": ~is_kernel,
-         "s": acts["start"].to_numpy(), "e": acts["end"].to_numpy()}, copy=False
-    ).groupby("owner")  # fmt: skip
-    per = pd.DataFrame(
-        {
-            "gpu_time": g["dur"].sum(),
-            "kernel_count": g["k"].sum(),
-            "memop_count": g["m"].sum(),
-            "gpu_span": g["e"].max() - g["s"].min(),
-        },
-        copy=False,
-    )
-    per["gpu_busy"] = union_length(acts["start"].to_numpy(), acts["end"].to_numpy(), owner)
-    per["gpu_idle"] = per["gpu_span"] - per["gpu_busy"]
-    fill = {c: 0 for c in ("gpu_time", "kernel_count", "memop_count", "gpu_span", "gpu_busy",
-                            "gpu_idle")}  # fmt: skip
-    index = pd.Index(inst["instance"])
-    if not index.is_unique:  # pragma: no cover - instances are unique by construction
-        inst = inst.join(per, on="instance")
-        return inst.fillna(fill).astype({c: np.int64 for c in fill})
-    # per-instance figures put in place by position (0 where nothing ran), not a join
-    # that would copy every column of the table
-    row = index.get_indexer(per.index)
-    hit = row >= 0
-    for col in fill:
-        values = np.zeros(len(inst), dtype=np.int64)
-        values[row[hit]] = per[col].to_numpy(np.int64)[hit]
-        inst[col] = values
+    for column, values in _gpu_per_instance(inst["instance"].to_numpy(np.int64), acts).items():
+        inst[column] = values
     return inst
+
+
+def instance_rows(instance: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Row of each of ``ids`` in an ``instance`` column, -1 where absent.
+
+    Instance ids are range ids (>= 0, at most the number of ranges) or
+    ``-1 - k`` for unassociated work, so two lookup tables find them without
+    hashing.
+    """
+    instance = np.asarray(instance, dtype=np.int64)
+    ids = np.asarray(ids, dtype=np.int64)
+    out = np.full(len(ids), -1, dtype=np.int64)
+    for sign in (1, -1):
+        mine = instance >= 0 if sign == 1 else instance < 0
+        want = ids >= 0 if sign == 1 else ids < 0
+        if not mine.any() or not want.any():
+            continue
+        key = instance[mine] if sign == 1 else -1 - instance[mine]
+        table = np.full(int(key.max()) + 1, -1, dtype=np.int64)
+        table[key] = np.flatnonzero(mine)
+        q = ids[want] if sign == 1 else -1 - ids[want]
+        ok = q < len(table)
+        found = np.full(len(q), -1, dtype=np.int64)
+        found[ok] = table[q[ok]]
+        out[want] = found
+    return out
+
+
+def _gpu_per_instance(instance: np.ndarray, acts: pd.DataFrame) -> dict[str, np.ndarray]:
+    """GPU figures per instance row: time, kernel and memop counts, span, busy
+    (flattened) and idle; 0 where nothing ran. Sorted segments and ``reduceat``."""
+    n = len(instance)
+    names = ("gpu_time", "kernel_count", "memop_count", "gpu_span", "gpu_busy", "gpu_idle")
+    out = {c: np.zeros(n, dtype=np.int64) for c in names}
+    rows = instance_rows(instance, acts["instance"].to_numpy(np.int64))
+    s = acts["start"].to_numpy(np.int64)
+    e = acts["end"].to_numpy(np.int64)
+    kernel = (acts["activity"] == "kernel").to_numpy(dtype=bool)
+    keep = rows >= 0
+    if not keep.any():
+        return out
+    rows, s, e, kernel = rows[keep], s[keep], e[keep], kernel[keep]
+    order = sort_by_group_then(rows, s)
+    rows, s, e, kernel = rows[order], s[order], e[order], kernel[order]
+    heads = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]]))
+    at = rows[heads]
+    out["gpu_time"][at] = np.add.reduceat(e - s, heads)
+    out["kernel_count"][at] = np.add.reduceat(kernel.astype(np.int64), heads)
+    out["memop_count"][at] = np.add.reduceat((~kernel).astype(np.int64), heads)
+    out["gpu_span"][at] = np.maximum.reduceat(e, heads) - np.minimum.reduceat(s, heads)
+    busy = sorted_union_length(s, e, heads)
+    if busy is None:  # pragma: no cover - needs > 2**62 ns of spread
+        busy = union_length(s, e, rows).to_numpy(np.int64)  # ascending rows, as ``at``
+    out["gpu_busy"][at] = busy
+    out["gpu_idle"] = out["gpu_span"] - out["gpu_busy"]
+    return out
 
 
 def _op_name_codes(
@@ -248,20 +271,21 @@ def _op_name_codes(
     return codes.astype(np.int64), np.asarray(names, dtype=object)
 
 
-def _api_time_inside(trace: Trace, inst: pd.DataFrame) -> np.ndarray:
-    """Summed duration of API calls on each instance's thread starting inside it."""
-    api = trace.api_calls
-    if api.empty or inst.empty:
-        return np.zeros(len(inst), dtype=np.int64)
-    a_code, i_code = group_codes(api[["rank", "pid", "tid"]], inst[["rank", "pid", "tid"]])
+def _api_time_inside(api: pd.DataFrame, inst: dict[str, np.ndarray]) -> np.ndarray:
+    """Summed duration of API calls on each instance's thread starting inside it
+    (``inst``: arrays ``rank, pid, tid, start, end``)."""
+    if api.empty or not len(inst["start"]):
+        return np.zeros(len(inst["start"]), dtype=np.int64)
+    keys = ["rank", "pid", "tid"]
+    a_code, i_code = group_codes(api[keys], pd.DataFrame({k: inst[k] for k in keys}, copy=False))
     t0 = int(min(api["start"].min(), inst["start"].min()))
     span = int(max(api["end"].max(), inst["end"].max())) - t0 + 2
     a_key = a_code * span + (api["start"].to_numpy() - t0)
-    order = np.argsort(a_key, kind="stable")
+    order = np.argsort(a_key)
     a_key = a_key[order]
     cum = np.concatenate([[0], np.cumsum((api["end"] - api["start"]).to_numpy()[order])])
-    lo = np.searchsorted(a_key, i_code * span + (inst["start"].to_numpy() - t0), side="left")
-    hi = np.searchsorted(a_key, i_code * span + (inst["end"].to_numpy() - t0), side="right")
+    lo = np.searchsorted(a_key, i_code * span + (inst["start"] - t0), side="left")
+    hi = np.searchsorted(a_key, i_code * span + (inst["end"] - t0), side="right")
     return cum[hi] - cum[lo]
 
 
@@ -315,12 +339,20 @@ def aggregate_op_types(inst: pd.DataFrame) -> pd.DataFrame:
     }
     if inst.empty:
         return pd.DataFrame(columns=["op_type", "calls", "kernel_count", *stats])
-    typed = inst.assign(op_type=inst["op_type"].fillna(inst["name"]))
-    g = typed.groupby("op_type", sort=False)
-    out = g.agg(calls=("instance", "size"), kernel_count=("kernel_count", "sum"), **stats)
+    op_type = inst["op_type"].fillna(inst["name"])
+    code, _ = factorize(op_type, use_na_sentinel=False)  # grouped by code, not by text
+    typed = inst.assign(op_type=op_type, type_key=code)
+    g = typed.groupby("type_key", sort=False)
+    out = g.agg(
+        op_type=("op_type", "first"),
+        calls=("instance", "size"),
+        kernel_count=("kernel_count", "sum"),
+        **stats,
+    )
     if "tc_eligible" in inst.columns:
-        out = out.join(_gpu_metrics(typed, ["op_type"]).drop(columns=["input_shapes"]))
-    out = out.reset_index().sort_values(["gpu_time_total", "op_type"], ascending=[False, True])
+        out = out.join(_gpu_metrics(typed, ["type_key"]).drop(columns=["input_shapes"]))
+    out = out.reset_index(drop=True)
+    out = out.sort_values(["gpu_time_total", "op_type"], ascending=[False, True])
     return out.reset_index(drop=True)
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from perfguard.analysis.intervals import union_length
 from perfguard.analysis.iterations import rank_spans
-from perfguard.arrays import unique_first, unique_sorted
+from perfguard.arrays import factorize, unique_first, unique_sorted
 from perfguard.trace.model import Trace
 
 
@@ -162,10 +162,12 @@ def run_summary(
             "Memory-only Busy Time, flattened (ns)": busy_total - kernel_busy,
             "Kernels": int(kernel.sum()),
             "Memory Ops": int((~kernel).sum()),
-            "Unique Kernels": int(acts.loc[kernel, "name"].nunique()),
+            "Unique Kernels": len(factorize(acts.loc[kernel, "name"])[1]),
             "Op Instances": n_ops,
-            "Unique Ops": _distinct_pairs(
-                inst.loc[~unassoc, "op_name"], inst.loc[~unassoc, "direction"]
+            "Unique Ops": (
+                len(unique_sorted(inst.loc[~unassoc, "op_key"].to_numpy(np.int64)))
+                if "op_key" in inst
+                else _distinct_pairs(inst.loc[~unassoc, "op_name"], inst.loc[~unassoc, "direction"])
             ),
             "Unassociated GPU Activities": int(unassoc.sum()),
             "Unassociated GPU Time (ns)": int(inst.loc[unassoc, "gpu_time"].sum()),
@@ -189,6 +191,6 @@ def _tc_utilization(inst: pd.DataFrame) -> float | None:
 
 def _distinct_pairs(a: pd.Series, b: pd.Series) -> int:
     """Number of distinct ``(a, b)`` pairs (NA equal to NA, as ``drop_duplicates``)."""
-    ca, _ = pd.factorize(a, use_na_sentinel=False)
-    cb, ub = pd.factorize(b, use_na_sentinel=False)
+    ca, _ = factorize(a, use_na_sentinel=False)
+    cb, ub = factorize(b, use_na_sentinel=False)
     return len(unique_sorted(ca.astype(np.int64) * max(len(ub), 1) + cb))

@@ -50,6 +50,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import factorize
+
 __all__ = [
     "KERNEL_RULES",
     "NOT_MATRIX_REASON",
@@ -351,7 +353,7 @@ def classify_kernels(
     matching rule's reason, or :data:`NOT_MATRIX_REASON`). First rule wins.
     """
     names = pd.Series(names, copy=False)
-    codes, uniques = pd.factorize(names, use_na_sentinel=True)
+    codes, uniques = factorize(names, use_na_sentinel=True)
     unique_names = pd.Series([str(u) for u in uniques], dtype=object)
     n = len(unique_names)
     rule_of = np.full(n, len(rules), dtype=np.int64)  # len(rules) = default
@@ -613,7 +615,7 @@ def op_tc_eligible(op_name_or_type: pd.Series, rules: tuple[OpRule, ...] = OP_RU
     names are ``False``.
     """
     s = pd.Series(op_name_or_type, copy=False)
-    codes, uniques = pd.factorize(s, use_na_sentinel=True)
+    codes, uniques = factorize(s, use_na_sentinel=True)
     leaves = op_leaf(pd.Series([str(u) for u in uniques], dtype=object))
     answer = np.zeros(len(leaves), dtype=bool)
     open_ = np.ones(len(leaves), dtype=bool)

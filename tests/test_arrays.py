@@ -1,0 +1,82 @@
+"""The fast numpy/pandas helpers give exactly what the library calls they replace give."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfguard.analysis.intervals import sort_by_group_then, union_length
+from perfguard.analysis.ops import instance_rows
+from perfguard.arrays import factorize, unique_first, unique_sorted
+from perfguard.trace.nesting import Nesting
+from perfguard.trace.nsys import _OP_ID_SUFFIX, _strip_op_ids
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 5000])
+def test_unique_helpers_match_numpy(n):
+    rng = np.random.default_rng(n)
+    values = rng.integers(-50, 50, n)
+    assert np.array_equal(unique_sorted(values), np.unique(values))
+    uniq, first = unique_first(values)
+    want_u, want_first = np.unique(values, return_index=True)
+    assert np.array_equal(uniq, want_u) and np.array_equal(first, want_first)
+
+
+def test_factorize_matches_pandas_with_repeats_nas_and_equal_distinct_objects():
+    rng = random.Random(0)
+    pool = ["aten::mm", "aten::add", "", None, float("nan"), "é" * 3, "sm90_xmma"]
+    for n in (0, 3, 4095, 4096, 9000):
+        values = [rng.choice(pool) for _ in range(n)]
+        # equal strings that are not the same object must still share a code
+        values = [
+            "".join(list(v)) if isinstance(v, str) and rng.random() < 0.3 else v for v in values
+        ]
+        arr = np.array(values, dtype=object)
+        for sentinel in (True, False):
+            want_codes, want_uniques = pd.factorize(arr, use_na_sentinel=sentinel)
+            codes, uniques = factorize(arr, use_na_sentinel=sentinel)
+            assert np.array_equal(codes, want_codes)
+            assert [None if pd.isna(u) else u for u in uniques] == [
+                None if pd.isna(u) else u for u in want_uniques
+            ]
+
+
+def test_strip_op_ids_matches_the_regex_on_every_name():
+    rng = random.Random(1)
+    parts = ["aten::add", ", op_id = ", "12", "\n", "", "é", "x", ", op_id = 5", "seq = 3",
+             "9", ",", " op_id = 1", "日本", "\x01"]  # fmt: skip
+    for _ in range(5000):
+        names = [
+            "".join(rng.choice(parts) for _ in range(rng.randint(0, 5)))
+            for _ in range(rng.randint(1, 6))
+        ]
+        got = _strip_op_ids("\0".join(names)).split("\0")
+        assert got == [_OP_ID_SUFFIX.sub("", name, count=1) for name in names]
+
+
+def test_sort_by_group_then_is_lexsort_and_nesting_order_is_lexsort():
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        n = int(rng.integers(0, 300))
+        start = rng.integers(0, 50, n)
+        end = start + rng.integers(0, 20, n)
+        group = rng.integers(-3, 3, n)
+        assert np.array_equal(sort_by_group_then(group, start), np.lexsort((start, group)))
+        nest = Nesting(start, end, group - group.min() if n else group)
+        want = np.lexsort((-end, start, group))
+        assert np.array_equal(nest.order, want)
+
+
+def test_union_length_by_hand():
+    # [0,10) and [5,12) overlap -> 12; [20,25) apart -> 5; group 7: [3,4) -> 1
+    got = union_length(np.array([0, 5, 20, 3]), np.array([10, 12, 25, 4]), np.array([1, 1, 1, 7]))
+    assert got.to_dict() == {1: 17, 7: 1}
+
+
+def test_instance_rows_finds_ranges_and_unassociated_ids():
+    instance = np.array([4, 0, 9, -1, -2, 2])
+    ids = np.array([9, -2, 3, -5, 0, 2, 100, -1])
+    assert instance_rows(instance, ids).tolist() == [2, 4, -1, -1, 1, 5, -1, 3]
