@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from perfguard.commands import argtypes
+from perfguard.commands.memory import reuse_freed_memory
 from perfguard.errors import AnalysisError, PerfguardError
 
 PROG = "perfguard"
@@ -193,6 +194,7 @@ def analyze_and_report(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
+    reuse_freed_memory()
     args = build_parser().parse_args(argv)
     debug = bool(os.environ.get("PERFGUARD_DEBUG"))
     try:

@@ -1,0 +1,43 @@
+"""Process-wide allocator settings for the ``perfguard`` command.
+
+Analysing a large capture allocates and frees many arrays of tens of MB.
+glibc serves each from a fresh ``mmap`` and unmaps it on free, so every new
+array is a new set of pages the kernel must zero: on the 1M-kernel
+benchmark, ``perf`` put 30 % of all CPU time in the kernel's
+``clear_page`` and the run spent 11 s in the kernel against 15 s in
+user code. Keeping freed memory in the heap for reuse (no ``mmap`` for
+large blocks, no trimming, one arena) cut that to 4 s, with the same peak
+RSS (the peak is set by what is alive at once, not by what was freed).
+
+Only the command line does this, for its own short-lived process: a
+library import must not change how a notebook's or pytest's process
+allocates. Elsewhere than glibc it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+# mallopt parameters (glibc <malloc.h>)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
+
+
+def reuse_freed_memory() -> bool:
+    """Ask glibc to keep freed memory for reuse; True when it took the settings."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    ok = mallopt(_M_MMAP_MAX, 0)  # large blocks from the heap, not one mmap each
+    ok &= mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # keep freed memory for the next array
+    ok &= mallopt(_M_ARENA_MAX, 1)  # reader threads share the heap instead of their own
+    return bool(ok)
