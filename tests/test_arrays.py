@@ -80,3 +80,28 @@ def test_instance_rows_finds_ranges_and_unassociated_ids():
     instance = np.array([4, 0, 9, -1, -2, 2])
     ids = np.array([9, -2, 3, -5, 0, 2, 100, -1])
     assert instance_rows(instance, ids).tolist() == [2, 4, -1, -1, 1, 5, -1, 3]
+
+
+def test_group_codes_number_key_tuples_in_sorted_order():
+    from perfguard.trace.nesting import group_codes
+
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        n1, n2 = rng.integers(0, 40, 2)
+
+        def frame(n):
+            low = -2 if trial % 5 == 0 else 0  # negative ids take the general path
+            return pd.DataFrame(
+                {
+                    "rank": rng.integers(0, 3, n),
+                    "pid": rng.integers(0, 2 ** int(rng.integers(1, 24)), n),
+                    "tid": rng.integers(low, 2 ** int(rng.integers(1, 24)), n),
+                }
+            )
+
+        a, b = frame(n1), frame(n2)
+        both = pd.concat([a, b], ignore_index=True)
+        if both.empty:
+            continue
+        want = both.groupby(list(both.columns), sort=True).ngroup().to_numpy()
+        assert np.array_equal(np.concatenate(group_codes(a, b)), want)

@@ -194,6 +194,12 @@ def emit_nvtx_missing(a: Analysis, th: Thresholds) -> list[Finding]:
     ]  # fmt: skip
 
 
+def _kernels(a: Analysis, columns: list[str]) -> pd.DataFrame:
+    """The kernel rows of the activities, only ``columns`` (a filter copies what it keeps)."""
+    acts = a.activities
+    return acts.loc[(acts["activity"] == "kernel").to_numpy(), columns]
+
+
 def _matches(values: pd.Series, pattern: re.Pattern[str] | str) -> np.ndarray:
     """``values.str.contains(pattern)`` computed once per distinct value (names repeat)."""
     codes, uniques = factorize(values, use_na_sentinel=False)
@@ -247,8 +253,8 @@ def dataloader_bound(a: Analysis, th: Thresholds) -> list[Finding]:
 
 
 def launch_bound_tiny_kernels(a: Analysis, th: Thresholds) -> list[Finding]:
-    inst = a.instances
-    k = a.activities[a.activities["activity"] == "kernel"]
+    inst = a.instances[["instance", "op_name", "direction", "gpu_span", "gpu_idle"]]
+    k = _kernels(a, ["instance", "start", "end"])
     if k.empty:
         return []
     dur = k["end"] - k["start"]
@@ -425,7 +431,7 @@ def tc_lost_between_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
 
 
 def splitk_gemv_fallbacks(a: Analysis, th: Thresholds) -> list[Finding]:
-    k = a.activities[a.activities["activity"] == "kernel"]
+    k = _kernels(a, ["name", "start", "end", "op_name"])
     if k.empty:
         return []
     total = float((k["end"] - k["start"]).sum())

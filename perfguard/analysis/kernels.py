@@ -19,7 +19,11 @@ def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
     launch, and ``uses_tc, tc_reason`` when the activities carry them. Memops are not
     kernels and are left out.
     """
-    k = acts[acts["activity"] == "kernel"].assign(dur=lambda d: d["end"] - d["start"])
+    is_kernel = (acts["activity"] == "kernel").to_numpy()
+    keep = ["name", "short_name", "op_id", "op_name", "direction", "start", "end", *GEOMETRY]
+    keep += [c for c in ("uses_tc", "tc_reason") if c in acts.columns]
+    k = acts.loc[is_kernel, keep]  # only what the report needs: a filter copies every column
+    k = k.assign(dur=k["end"] - k["start"])
     cols = ["name", "short_name", "op_id", "op_name", "direction", "calls", "gpu_time_total",
             "gpu_time_avg", "gpu_time_min", "gpu_time_max", *GEOMETRY]  # fmt: skip
     if "uses_tc" in k.columns:

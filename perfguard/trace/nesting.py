@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import unique_sorted
+
 _LIMIT = 2**62
 
 
@@ -46,6 +48,9 @@ def _int_group_codes(keys: tuple[pd.DataFrame, ...]) -> np.ndarray | None:
     """
     if not keys or not sum(len(k) for k in keys):
         return None
+    packed = _packed_key(keys)
+    if packed is not None:
+        return _sorted_codes(packed)[0]
     combined: np.ndarray | None = None
     size = 1
     for col in keys[0].columns:
@@ -59,6 +64,31 @@ def _int_group_codes(keys: tuple[pd.DataFrame, ...]) -> np.ndarray | None:
         combined = codes if combined is None else combined * count + codes
     assert combined is not None
     return _sorted_codes(combined)[0]
+
+
+def _packed_key(keys: tuple[pd.DataFrame, ...]) -> np.ndarray | None:
+    """The key columns packed into one int64 whose order is the rows' sorted order,
+    when every column is a non-negative numpy integer and the widths fit in 62
+    bits (rank, pid, tid do); None otherwise."""
+    columns = []
+    bits = 0
+    for col in keys[0].columns:
+        parts = [k[col] for k in keys]
+        if not all(isinstance(p.dtype, np.dtype) and p.dtype.kind in "iu" for p in parts):
+            return None
+        values = np.concatenate([p.to_numpy() for p in parts]).astype(np.int64, copy=False)
+        if values.min() < 0:
+            return None
+        width = int(values.max()).bit_length()
+        bits += width
+        columns.append((values, width))
+    if bits > 62:
+        return None
+    packed = np.zeros(len(columns[0][0]), dtype=np.int64)
+    for values, width in columns:
+        packed <<= width
+        packed |= values
+    return packed
 
 
 def _sorted_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
@@ -75,6 +105,9 @@ def _sorted_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
             present[offset] = True
             rank = np.cumsum(present, dtype=np.int64) - 1
             return rank[offset], int(rank[-1]) + 1
+    if values.dtype.kind in "iu":  # a sort and a binary search: faster than hashing
+        uniques = unique_sorted(values)
+        return np.searchsorted(uniques, values).astype(np.int64), len(uniques)
     codes, uniques = pd.factorize(values, sort=True)
     return codes.astype(np.int64), len(uniques)
 
