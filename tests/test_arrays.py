@@ -105,3 +105,20 @@ def test_group_codes_number_key_tuples_in_sorted_order():
             continue
         want = both.groupby(list(both.columns), sort=True).ngroup().to_numpy()
         assert np.array_equal(np.concatenate(group_codes(a, b)), want)
+
+
+def test_nesting_from_a_finalized_tree_equals_nesting_built_from_times():
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(0, 200))
+        start = rng.integers(0, 60, n)
+        end = start + rng.integers(0, 25, n)
+        group = rng.integers(0, 3, n)
+        built = Nesting(start, end, group)
+        reused = Nesting.from_tree(
+            start, end, group, built.unsorted_depth(), built.unsorted_parent()
+        )
+        for attr in ("order", "start", "end", "group", "key", "depth", "parent"):
+            assert np.array_equal(getattr(built, attr), getattr(reused, attr)), attr
+        t, g = rng.integers(0, 90, 50), rng.integers(-1, 4, 50)
+        assert np.array_equal(built.innermost_enclosing(g, t), reused.innermost_enclosing(g, t))

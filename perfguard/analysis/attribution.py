@@ -74,7 +74,15 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
         copy=False,
     )
     op_groups, call_groups = group_codes(ops, calls)
-    nest = Nesting(r["start"].to_numpy()[is_op], r["end"].to_numpy()[is_op], op_groups)
+    start, end = r["start"].to_numpy()[is_op], r["end"].to_numpy()[is_op]
+    if is_op.all() and _is_tree(r):
+        # every range is an op: the reader's tree (finalize_ranges, the same Nesting on
+        # the same ranges and threads) is this one, so only the sort is redone
+        nest = Nesting.from_tree(
+            start, end, op_groups, r["depth"].to_numpy(), r["parent_id"].to_numpy()
+        )
+    else:
+        nest = Nesting(start, end, op_groups)
     t = out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[has_launch]
     pos = nest.innermost_enclosing(call_groups, t)
     range_id = np.full(len(out), -1, dtype=np.int64)
@@ -88,6 +96,21 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
     instance[orphans] = -1 - np.arange(len(orphans), dtype=np.int64)
     out["instance"] = instance
     return out
+
+
+def _is_tree(ranges: pd.DataFrame) -> bool:
+    """Whether ``range_id`` is the row number and ``parent_id``/``depth`` form a forest
+    (each parent one level up), as :func:`perfguard.trace.ranges.finalize_ranges`
+    leaves them; a hand-built table may not."""
+    n = len(ranges)
+    if not np.array_equal(ranges["range_id"].to_numpy(), np.arange(n)):
+        return False
+    parent = ranges["parent_id"].to_numpy(np.int64)
+    depth = ranges["depth"].to_numpy(np.int64)
+    root = parent < 0
+    if (parent >= n).any() or (depth[root] != 0).any():
+        return False
+    return bool((depth[parent[~root]] + 1 == depth[~root]).all())
 
 
 def _launching_call(api: pd.DataFrame, activities: pd.DataFrame) -> np.ndarray:

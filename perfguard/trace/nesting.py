@@ -154,6 +154,39 @@ class Nesting:
         self.depth = self._depth()
         self.parent = self._parent()
 
+    @classmethod
+    def from_tree(
+        cls,
+        start: np.ndarray,
+        end: np.ndarray,
+        group: np.ndarray,
+        depth: np.ndarray,
+        parent: np.ndarray,
+    ) -> Nesting:
+        """The same forest, from a depth and parent (input row, -1 for roots) already
+        computed by :class:`Nesting` on exactly these ranges (a finalized ranges
+        table): only the sort is done again."""
+        empty = np.zeros(0, dtype=np.int64)
+        self = cls(empty, empty, empty)
+        start = np.asarray(start, dtype=np.int64)
+        end = np.asarray(end, dtype=np.int64)
+        group = np.asarray(group, dtype=np.int64)
+        if not len(start):
+            return self
+        self.t0 = int(min(start.min(), end.min()))
+        self.span = int(max(start.max(), end.max())) - self.t0 + 1
+        key = _composite(group, start, self.t0, self.span)
+        by_end = np.argsort(-end, kind="stable")
+        self.order = by_end[np.argsort(key[by_end], kind="stable")]
+        self.start, self.end = start[self.order], end[self.order]
+        self.group, self.key = group[self.order], key[self.order]
+        self.depth = np.asarray(depth, dtype=np.int64)[self.order]
+        position = np.empty(len(start), dtype=np.int64)
+        position[self.order] = np.arange(len(start), dtype=np.int64)
+        p = np.asarray(parent, dtype=np.int64)[self.order]
+        self.parent = np.where(p >= 0, position[np.clip(p, 0, None)], -1)
+        return self
+
     def _depth(self) -> np.ndarray:
         n = len(self.start)
         pos = np.arange(n, dtype=np.int64)
