@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import factorize
 from perfguard.errors import TraceError
 from perfguard.trace.model import NO_CORRELATION, Trace
 from perfguard.trace.names import is_backward_name, is_iteration_name, op_type_of
@@ -209,9 +210,21 @@ def _us_to_ns(values: pd.Series) -> np.ndarray:
 
 
 def _int_column(s: pd.Series, default: int) -> np.ndarray:
-    """Numbers or numeric strings (``"stream 7"`` -> 7) as int64."""
+    """Numbers or numeric strings (``"stream 7"`` -> 7) as int64.
+
+    Numbers convert in one C pass; only values that are not numbers are
+    searched for digits, once per distinct text (legacy string tids repeat).
+    """
     if s.dtype == object:
-        s = s.astype(str).str.extract(r"(-?\d+)")[0]
+        num = pd.to_numeric(s, errors="coerce")
+        text = (num.isna() & s.notna()).to_numpy()
+        if text.any():
+            codes, uniques = factorize(s[text].astype(str))
+            digits = pd.Series(uniques, dtype=object).str.extract(r"(-?\d+)")[0]
+            found = pd.to_numeric(digits, errors="coerce").to_numpy(np.float64)
+            num = num.astype(np.float64)
+            num[text] = found[codes]
+        s = num
     return pd.to_numeric(s, errors="coerce").fillna(default).astype(np.int64).to_numpy()
 
 
@@ -226,9 +239,15 @@ def _read(path: Path, data: dict[str, Any], rank: int | None) -> Trace:
     events = pd.DataFrame.from_records(
         data["traceEvents"], columns=["ph", "cat", "name", "pid", "tid", "ts", "dur", "args"]
     )
-    cats = events["cat"].astype(object)
-    legacy = bool(cats.isin(list(LEGACY_CATEGORIES)).any())
-    events["cat"] = cats.replace(LEGACY_CATEGORIES)
+    # categories repeat: renamed once per distinct value, not per event
+    codes, distinct = factorize(events["cat"], use_na_sentinel=False)
+    distinct = pd.Series(distinct, dtype=object)
+    legacy = bool(distinct.isin(list(LEGACY_CATEGORIES)).any())
+    events["cat"] = pd.Series(
+        distinct.replace(LEGACY_CATEGORIES).to_numpy(dtype=object)[codes],
+        index=events.index,
+        dtype=object,
+    )
     known = events["cat"].isin(RANGE_CATEGORIES + API_CATEGORIES + ("kernel",) + MEMOP_CATEGORIES)
     if len(events) and not known.any():
         found = ", ".join(sorted(map(str, events["cat"].dropna().unique()))[:8]) or "none"

@@ -20,9 +20,12 @@ like the Kineto reader's (compact JSON, the same dtype spellings).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
+
+from perfguard.arrays import factorize
 
 _SUFFIX = re.compile(r",\s*(?:stashed seq|seq|op_id|sizes|input_op_ids)\s*=\s*.*$", flags=re.DOTALL)
 _SEQ = re.compile(r",\s*(stashed )?seq\s*=\s*(\d+)")
@@ -97,18 +100,33 @@ def _unescape_json(s: pd.Series) -> pd.Series:
     return s.str.replace(",\\u0020", ", ", regex=False)
 
 
+def _per_distinct(names: pd.Series, rule: Callable[[pd.Series], pd.Series]) -> pd.Series:
+    """``rule(names)``, computed once per distinct name (names repeat millions of times)."""
+    names = pd.Series(names, copy=False)
+    codes, uniques = factorize(names, use_na_sentinel=False)
+    answer = rule(pd.Series(uniques, dtype=object))
+    return pd.Series(answer.array.take(codes), index=names.index)
+
+
 def is_backward_name(names: pd.Series) -> pd.Series:
     """True for autograd backward nodes (``MulBackward0``, ``autograd::engine::...``)."""
-    s = names.fillna("")
-    return s.str.contains(r"Backward\d*\b", regex=True) | s.str.startswith(
-        "autograd::engine::evaluate_function"
-    )
+
+    def rule(u: pd.Series) -> pd.Series:
+        s = u.fillna("")
+        backward = s.str.contains(r"Backward\d*\b", regex=True)
+        return (backward | s.str.startswith("autograd::engine::evaluate_function")).astype(bool)
+
+    return _per_distinct(names, rule)
 
 
 def iteration_number(names: pd.Series) -> pd.Series:
     """``N`` of ``ProfilerStep#N`` (Int64), NA for other names."""
-    m = names.fillna("").str.extract(_PROFILER_STEP)[0]
-    return pd.to_numeric(m, errors="coerce").astype("Int64")
+
+    def rule(u: pd.Series) -> pd.Series:
+        m = u.fillna("").str.extract(_PROFILER_STEP)[0]
+        return pd.to_numeric(m, errors="coerce").astype("Int64")
+
+    return _per_distinct(names, rule)
 
 
 def is_iteration_name(names: pd.Series) -> pd.Series:
