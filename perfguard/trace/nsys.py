@@ -101,8 +101,6 @@ class _Db:
             with self._lock:
                 self._conns.append(conn)
             conn.execute("PRAGMA query_only = 1")
-            # read pages through a memory map, not a pread copy each (large exports)
-            conn.execute("PRAGMA mmap_size = 4294967296")
             self._local.conn = conn
         return conn
 
