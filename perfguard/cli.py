@@ -169,6 +169,8 @@ def analyze_and_report(args: argparse.Namespace) -> None:
     from perfguard.report import format_summary, write_reports
     from perfguard.trace import load_trace
 
+    if "html" in args.formats:
+        _import_in_background("matplotlib.figure")
     trace = load_trace(args.database)
     try:
         result = analyze(
@@ -190,6 +192,20 @@ def analyze_and_report(args: argparse.Namespace) -> None:
     print("\nReports written:")
     for path in written:
         print(f"  {path}")
+
+
+def _import_in_background(module: str) -> None:
+    """Import ``module`` on a daemon thread: the HTML page needs matplotlib (0.3-0.5 s
+    to import), and while a capture is read the main thread mostly waits on SQLite."""
+    import threading
+
+    def work() -> None:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the page's own import reports any real problem
+            pass
+
+    threading.Thread(target=work, name="perfguard-import", daemon=True).start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

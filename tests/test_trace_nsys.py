@@ -491,3 +491,31 @@ def test_range_tree_is_consistent(trace) -> None:
     assert (p["end"].to_numpy() >= c["end"].to_numpy()).all()
     assert (p["depth"].to_numpy() + 1 == c["depth"].to_numpy()).all()
     assert (r.loc[~has, "depth"] == 0).all()
+
+
+def test_kernel_values_too_wide_to_pack_are_read_unpacked(fixtures_dir, tmp_path):
+    """The reader packs kernel columns several to one SQL value; a value beyond its
+    bits (a 70,000-block gridY, a 2**40 stream id) must come back exact."""
+    from perfguard.trace import load_trace
+
+    path = tmp_path / "wide.sqlite"
+    path.write_bytes((fixtures_dir / NSYS_2024_6).read_bytes())
+    conn = sqlite3.connect(path)
+    rowid = conn.execute("SELECT min(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    conn.execute(
+        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridY = 70000, streamId = ?,"
+        " registersPerThread = 600 WHERE rowid = ?",
+        (2**40, rowid),
+    )
+    conn.commit()
+    want = conn.execute(
+        "SELECT start, gridX, gridY, gridZ, blockX, blockY, blockZ, registersPerThread, streamId,"
+        " deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start"
+    ).fetchall()
+    conn.close()
+    k = load_trace(path).kernels.sort_values("start", kind="stable")
+    cols = ["start", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
+            "stream_id", "device_id"]  # fmt: skip
+    got = [tuple(int(v) for v in row) for row in k[cols].itertuples(index=False)]
+    assert got == [tuple(int(v) for v in row) for row in want]
+    assert (70000, 600, 2**40) in {(r[2], r[7], r[8]) for r in got}
