@@ -57,13 +57,18 @@ def test_strip_op_ids_matches_the_regex_on_every_name():
         assert got == [_OP_ID_SUFFIX.sub("", name, count=1) for name in names]
 
 
+def _random_ranges(rng: np.random.Generator, max_n: int, low_group: int = 0):
+    """``(start, end, group)`` of up to ``max_n`` ranges with many ties and nestings."""
+    n = int(rng.integers(0, max_n))
+    start = rng.integers(0, 50, n)
+    return start, start + rng.integers(0, 20, n), rng.integers(low_group, 3, n)
+
+
 def test_sort_by_group_then_is_lexsort_and_nesting_order_is_lexsort():
     rng = np.random.default_rng(2)
     for _ in range(200):
-        n = int(rng.integers(0, 300))
-        start = rng.integers(0, 50, n)
-        end = start + rng.integers(0, 20, n)
-        group = rng.integers(-3, 3, n)
+        start, end, group = _random_ranges(rng, 300, low_group=-3)
+        n = len(start)
         assert np.array_equal(sort_by_group_then(group, start), np.lexsort((start, group)))
         nest = Nesting(start, end, group - group.min() if n else group)
         want = np.lexsort((-end, start, group))
@@ -110,10 +115,7 @@ def test_group_codes_number_key_tuples_in_sorted_order():
 def test_nesting_from_a_finalized_tree_equals_nesting_built_from_times():
     rng = np.random.default_rng(5)
     for _ in range(300):
-        n = int(rng.integers(0, 200))
-        start = rng.integers(0, 60, n)
-        end = start + rng.integers(0, 25, n)
-        group = rng.integers(0, 3, n)
+        start, end, group = _random_ranges(rng, 200)
         built = Nesting(start, end, group)
         reused = Nesting.from_tree(
             start, end, group, built.unsorted_depth(), built.unsorted_parent()

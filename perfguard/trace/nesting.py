@@ -127,7 +127,16 @@ class Nesting:
     parent, -1 for roots), ``start``, ``end``, ``group``.
     """
 
-    def __init__(self, start: np.ndarray, end: np.ndarray, group: np.ndarray) -> None:
+    def __init__(
+        self,
+        start: np.ndarray,
+        end: np.ndarray,
+        group: np.ndarray,
+        tree: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """``tree``: ``(depth, parent)`` in input order (parent an input row, -1 for
+        roots), when :class:`Nesting` already computed them on exactly these ranges
+        (see :meth:`from_tree`); otherwise they are derived from the times."""
         start = np.asarray(start, dtype=np.int64)
         end = np.asarray(end, dtype=np.int64)
         group = np.asarray(group, dtype=np.int64)
@@ -151,8 +160,16 @@ class Nesting:
         self.end = end[self.order]
         self.group = group[self.order]
         self.key = key[self.order]
-        self.depth = self._depth()
-        self.parent = self._parent()
+        if tree is None:
+            self.depth = self._depth()
+            self.parent = self._parent()
+            return
+        depth, parent = tree
+        self.depth = np.asarray(depth, dtype=np.int64)[self.order]
+        position = np.empty(n, dtype=np.int64)
+        position[self.order] = np.arange(n, dtype=np.int64)
+        p = np.asarray(parent, dtype=np.int64)[self.order]
+        self.parent = np.where(p >= 0, position[np.clip(p, 0, None)], -1)
 
     @classmethod
     def from_tree(
@@ -166,26 +183,7 @@ class Nesting:
         """The same forest, from a depth and parent (input row, -1 for roots) already
         computed by :class:`Nesting` on exactly these ranges (a finalized ranges
         table): only the sort is done again."""
-        empty = np.zeros(0, dtype=np.int64)
-        self = cls(empty, empty, empty)
-        start = np.asarray(start, dtype=np.int64)
-        end = np.asarray(end, dtype=np.int64)
-        group = np.asarray(group, dtype=np.int64)
-        if not len(start):
-            return self
-        self.t0 = int(min(start.min(), end.min()))
-        self.span = int(max(start.max(), end.max())) - self.t0 + 1
-        key = _composite(group, start, self.t0, self.span)
-        by_end = np.argsort(-end, kind="stable")
-        self.order = by_end[np.argsort(key[by_end], kind="stable")]
-        self.start, self.end = start[self.order], end[self.order]
-        self.group, self.key = group[self.order], key[self.order]
-        self.depth = np.asarray(depth, dtype=np.int64)[self.order]
-        position = np.empty(len(start), dtype=np.int64)
-        position[self.order] = np.arange(len(start), dtype=np.int64)
-        p = np.asarray(parent, dtype=np.int64)[self.order]
-        self.parent = np.where(p >= 0, position[np.clip(p, 0, None)], -1)
-        return self
+        return cls(start, end, group, tree=(depth, parent))
 
     def _depth(self) -> np.ndarray:
         n = len(self.start)
