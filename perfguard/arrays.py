@@ -37,6 +37,20 @@ def unique_first(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[keep], order[keep]
 
 
+def first_rows(codes: np.ndarray) -> np.ndarray:
+    """Row of the first occurrence of each code, for codes numbered in order of first
+    appearance (as ``pd.factorize`` numbers them): a row is a code's first exactly
+    when the code exceeds every code before it. One pass, no sort."""
+    codes = np.asarray(codes)
+    if not len(codes):
+        return np.zeros(0, dtype=np.int64)
+    top = np.maximum.accumulate(codes)
+    new = np.empty(len(codes), dtype=bool)
+    new[0] = True
+    np.greater(top[1:], top[:-1], out=new[1:])
+    return np.flatnonzero(new)
+
+
 def factorize(values: Any, use_na_sentinel: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``pd.factorize`` of a text column, the same codes and uniques, 3-5x faster
     when values repeat.
@@ -53,8 +67,6 @@ def factorize(values: Any, use_na_sentinel: bool = True) -> tuple[np.ndarray, np
         codes, uniques = pd.factorize(arr, use_na_sentinel=use_na_sentinel)
         return codes.astype(np.int64), np.asarray(uniques, dtype=object)
     ids = np.fromiter(map(id, arr), dtype=np.int64, count=len(arr))
-    id_codes, id_uniques = pd.factorize(ids)
-    first = np.empty(len(id_uniques), dtype=np.int64)
-    first[id_codes[::-1]] = np.arange(len(arr) - 1, -1, -1)  # lowest row of each object
-    rep_codes, uniques = pd.factorize(arr[first], use_na_sentinel=use_na_sentinel)
+    id_codes, _ = pd.factorize(ids)
+    rep_codes, uniques = pd.factorize(arr[first_rows(id_codes)], use_na_sentinel=use_na_sentinel)
     return rep_codes[id_codes].astype(np.int64), np.asarray(uniques, dtype=object)

@@ -10,7 +10,7 @@ import pytest
 
 from perfguard.analysis.intervals import sort_by_group_then, union_length
 from perfguard.analysis.ops import instance_rows
-from perfguard.arrays import factorize, unique_first, unique_sorted
+from perfguard.arrays import factorize, first_rows, unique_first, unique_sorted
 from perfguard.trace.nesting import Nesting
 from perfguard.trace.nsys import _OP_ID_SUFFIX, _strip_op_ids
 
@@ -124,3 +124,12 @@ def test_nesting_from_a_finalized_tree_equals_nesting_built_from_times():
             assert np.array_equal(getattr(built, attr), getattr(reused, attr)), attr
         t, g = rng.integers(0, 90, 50), rng.integers(-1, 4, 50)
         assert np.array_equal(built.innermost_enclosing(g, t), reused.innermost_enclosing(g, t))
+
+
+def test_first_rows_are_the_first_occurrences_of_factorized_codes():
+    rng = np.random.default_rng(6)
+    for n in (0, 1, 50, 3000):
+        values = rng.integers(0, 20, n)
+        codes, _ = pd.factorize(values)
+        _, want = np.unique(codes, return_index=True)
+        assert np.array_equal(first_rows(codes), want)

@@ -107,7 +107,8 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
     per = pd.DataFrame({"g": g, "dur": e - s, "k": is_kernel, "s": s, "e": e}, copy=False).groupby(
         "g"
     )
-    at = np.searchsorted(groups, per.size().index.to_numpy())  # per's groups, sorted
+    present = per.size().index  # the groups with members, ascending
+    at = np.searchsorted(groups, present.to_numpy())
     figures = {}
     for col, values in (
         ("gpu_time", per["dur"].sum()),
@@ -116,7 +117,7 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
         ("flat", union_length(s, e, g)),
     ):
         full = np.zeros(len(groups), dtype=np.int64)
-        full[at] = values.reindex(per.size().index).to_numpy(np.int64)
+        full[at] = values.reindex(present).to_numpy(np.int64)
         figures[col] = full
     gi = inst.iloc[inst_row[groups]].reset_index(drop=True)
     for col, values in figures.items():
@@ -159,6 +160,6 @@ def _child_ops(
         op = inst["op_key"].to_numpy(np.int64)[inst_row[child]]
     else:
         op = pd.factorize(inst["op_id"].to_numpy(dtype=object)[inst_row[child]])[0]
-    pairs = unique_sorted(op_parent[child] * (int(op.max()) + 1 if len(op) else 1) + op)
-    parents = pairs // (int(op.max()) + 1 if len(op) else 1)
+    width = int(op.max()) + 1 if len(op) else 1
+    parents = unique_sorted(op_parent[child] * width + op) // width
     return np.bincount(parents, minlength=len(r)).astype(np.int64)

@@ -29,7 +29,7 @@ import pandas as pd
 
 from perfguard.analysis.attribution import UNASSOCIATED_PREFIX
 from perfguard.analysis.intervals import sort_by_group_then, sorted_union_length, union_length
-from perfguard.arrays import factorize
+from perfguard.arrays import factorize, first_rows
 from perfguard.trace.model import Trace
 from perfguard.trace.nesting import group_codes
 
@@ -128,10 +128,8 @@ def op_id_by_key(inst: pd.DataFrame) -> pd.Series:
     per distinct key, from one representative row, without touching the name of
     every row."""
     key = inst["op_key"].to_numpy(np.int64)
-    codes, uniq = pd.factorize(key)
-    first = np.zeros(len(uniq), dtype=np.int64)
-    first[codes[::-1]] = np.arange(len(key) - 1, -1, -1)  # first row of each key
-    reps = inst.iloc[first] if len(first) else inst.iloc[:0]
+    codes, _ = pd.factorize(key)
+    reps = inst.iloc[first_rows(codes)]
     ids = op_id(reps["op_name"].reset_index(drop=True), reps["direction"].reset_index(drop=True))
     out = ids.to_numpy(dtype=object)[codes] if len(codes) else np.zeros(0, dtype=object)
     return pd.Series(out, index=inst.index, dtype="object")
