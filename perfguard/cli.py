@@ -210,7 +210,8 @@ def _import_in_background(module: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
-    reuse_freed_memory()
+    if argv is None:  # run as a program: the process is ours (not a test or a notebook)
+        reuse_freed_memory()
     args = build_parser().parse_args(argv)
     debug = bool(os.environ.get("PERFGUARD_DEBUG"))
     try:

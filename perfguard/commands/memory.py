@@ -9,8 +9,10 @@ user code. Keeping freed memory in the heap for reuse (no ``mmap`` for
 large blocks, no trimming, one arena) cut that to 4 s, with the same peak
 RSS (the peak is set by what is alive at once, not by what was freed).
 
-Only the command line does this, for its own short-lived process: a
-library import must not change how a notebook's or pytest's process
+Only the command line does this, for its own short-lived process
+(``perfguard.cli.main`` called with no arguments, as the console script and
+``python -m perfguard`` call it): a library import, or ``main([...])``
+called from a test or a notebook, must not change how that process
 allocates. Elsewhere than glibc it does nothing.
 """
 
