@@ -31,7 +31,8 @@ class Analysis:
     """What :func:`analyze` found.
 
     * ``activities``: every kernel/memop in the window with its owner
-      (``range_id``, ``op_name``, ``op_id``, ``direction``) and ``iteration``;
+      (``range_id``, ``op_name``, ``op_id``, ``direction``, ``instance_row``:
+      its row of ``instances``, -1 for none) and ``iteration``;
     * ``instances``: one row per op instance (see
       :func:`perfguard.analysis.ops.op_instances`);
     * ``ops``: per-op aggregates (detail report);
@@ -92,6 +93,9 @@ def analyze(
         keep = window.set_index(["rank", "iteration"]).index
         inst = inst[_in(inst, keep)].reset_index(drop=True)
         acts = acts[_in(acts, keep)].reset_index(drop=True)
+        acts["instance_row"] = instance_rows(
+            inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64)
+        )
     ops = aggregate_ops(inst)
     kernels = aggregate_kernels(acts)
     iterations = iteration_table(window, inst, acts)
@@ -110,10 +114,12 @@ def analyze(
 
 
 def _join_op(acts: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
-    """``acts`` with ``op_name, direction, op_id`` of the instance that owns each."""
-    # by position: every activity's instance is a row of ``inst`` (NA if one is not)
+    """``acts`` with ``op_name, direction, op_id`` of the instance that owns each, and
+    ``instance_row``, the row of ``inst`` that owns it (-1 for none): the later steps
+    look instances up by it instead of searching ids again."""
     row = instance_rows(inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64))
     acts = acts.copy(deep=False)
+    acts["instance_row"] = row
     for col in ("op_name", "direction", "op_id", "op_key"):
         acts[col] = pd.api.extensions.take(inst[col].array, row, allow_fill=True)
     return acts

@@ -23,6 +23,8 @@ from perfguard.trace.model import NO_CORRELATION, Trace
 from perfguard.trace.nesting import Nesting, group_codes
 
 UNASSOCIATED_PREFIX = "unassociated_"
+#: the values of the activities' ``activity`` column (a categorical)
+ACTIVITY_KINDS = ("kernel", "memop")
 
 
 def gpu_activities(trace: Trace) -> pd.DataFrame:
@@ -32,11 +34,14 @@ def gpu_activities(trace: Trace) -> pd.DataFrame:
     pid, device_id, stream_id, correlation_id, name, short_name, bytes``
     plus the kernel launch geometry; row order is kernels then memops.
     """
-    k = trace.kernels.assign(activity="kernel")
-    m = trace.memops.rename(columns={"kind": "name"}).assign(
-        activity="memop", short_name=lambda d: d["name"]
-    )
-    return pd.concat([k, m], ignore_index=True)
+    k = trace.kernels
+    m = trace.memops.rename(columns={"kind": "name"}).assign(short_name=lambda d: d["name"])
+    out = pd.concat([k, m], ignore_index=True)
+    # a categorical: every step asks "is it a kernel?", a code compare instead of
+    # a million string compares each time
+    is_memop = np.repeat(np.array([0, 1], dtype=np.int8), [len(k), len(m)])
+    out.insert(len(k.columns), "activity", pd.Categorical.from_codes(is_memop, ACTIVITY_KINDS))
+    return out
 
 
 def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:

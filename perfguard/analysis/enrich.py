@@ -27,7 +27,9 @@ from perfguard.analysis.tensor_cores import (
     op_tc_eligible,
     resolve_unknown,
 )
+from perfguard.arrays import unique_first
 from perfguard.trace.model import Trace
+from perfguard.trace.nesting import group_codes
 
 
 def _device_column(trace: Trace, acts: pd.DataFrame, column: str) -> pd.Series:
@@ -52,7 +54,7 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
     uses[~kernel] = False
     reason = cls["tc_reason"].where(kernel, "memory operation")
 
-    rows = instance_rows(inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64))
+    rows = activity_rows(acts, inst)
     has_op = rows >= 0
     at = np.where(has_op, rows, 0)
     leaf_eligible = op_tc_eligible(inst["name"].fillna("")).to_numpy(bool)
@@ -81,6 +83,14 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
         pd.Series(leaf_eligible, index=inst.index), pd.Series(any_tc, index=inst.index)
     ).to_numpy(bool)
     inst["uses_tc"] = pd.arrays.BooleanArray(any_tc, ~has_kernel)
+
+
+def activity_rows(acts: pd.DataFrame, inst: pd.DataFrame) -> np.ndarray:
+    """Row of ``inst`` owning each activity (-1 for none): ``acts["instance_row"]`` as
+    :func:`perfguard.analysis.analyze` leaves it, else looked up by instance id."""
+    if "instance_row" in acts.columns:
+        return acts["instance_row"].to_numpy(np.int64)
+    return instance_rows(inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64))
 
 
 def sum_by_row(rows: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -178,13 +188,7 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
         inst[col] = pd.api.extensions.take(by_range[col].array, at, allow_fill=True)
 
     devices, notes = gpu_keys(trace)
-    kern = acts.loc[acts["activity"] == "kernel", ["instance", "rank", "device_id"]]
-    first = kern.drop_duplicates("instance")
-    first = first.merge(devices, on=["rank", "device_id"], how="left")
-    gpu = np.full(len(inst), np.nan, dtype=object)
-    row = instance_rows(inst["instance"].to_numpy(np.int64), first["instance"].to_numpy(np.int64))
-    gpu[row[row >= 0]] = first["gpu"].to_numpy(dtype=object)[row >= 0]
-    inst["gpu"] = gpu
+    inst["gpu"] = _first_kernel_gpu(acts, inst, devices)
     none = np.ones(len(inst), dtype=bool)
     peak = pd.Series(pd.arrays.FloatingArray(np.zeros(len(inst)), none), index=inst.index)
     tc = inst["uses_tc"].fillna(False).astype(bool) if "uses_tc" in inst else False
@@ -194,3 +198,25 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
         peak[rows] = sub
     inst["peak_flops"] = peak
     return notes
+
+
+def _first_kernel_gpu(acts: pd.DataFrame, inst: pd.DataFrame, devices: pd.DataFrame) -> np.ndarray:
+    """Peak-table key of the GPU each instance's first kernel ran on (NaN without one).
+
+    Only the few distinct ``(rank, device_id)`` pairs are matched against ``devices``.
+    """
+    gpu = np.full(len(inst), np.nan, dtype=object)
+    kernel = np.flatnonzero((acts["activity"] == "kernel").to_numpy(bool))
+    rows = activity_rows(acts, inst)[kernel]
+    owned = rows >= 0
+    kernel, rows = kernel[owned], rows[owned]
+    if not len(rows):
+        return gpu
+    at, first = unique_first(rows)  # each instance row and its first kernel
+    kernel = kernel[first]
+    pairs = pd.DataFrame({c: acts[c].to_numpy()[kernel] for c in ("rank", "device_id")}, copy=False)
+    (code,) = group_codes(pairs)  # 0..k-1 over the distinct pairs
+    _, rep = unique_first(code)
+    key = pairs.iloc[rep].merge(devices, on=["rank", "device_id"], how="left")["gpu"]
+    gpu[at] = key.to_numpy(dtype=object)[code]
+    return gpu

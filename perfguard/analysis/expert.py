@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis.enrich import activity_rows
 from perfguard.arrays import factorize
 
 if TYPE_CHECKING:  # the Analysis dataclass imports this module
@@ -253,17 +254,22 @@ def dataloader_bound(a: Analysis, th: Thresholds) -> list[Finding]:
 
 
 def launch_bound_tiny_kernels(a: Analysis, th: Thresholds) -> list[Finding]:
-    inst = a.instances[["instance", "op_name", "direction", "gpu_span", "gpu_idle"]]
-    k = _kernels(a, ["instance", "start", "end"])
-    if k.empty:
+    inst = a.instances
+    acts = a.activities
+    kernel = (acts["activity"] == "kernel").to_numpy(bool)
+    if not kernel.any() or inst.empty:
         return []
-    dur = k["end"] - k["start"]
-    per = pd.DataFrame({"instance": k["instance"], "tiny": dur < th.tiny_kernel_ns})
-    tiny = per.groupby("instance")["tiny"].agg(["sum", "size"])
-    j = inst.set_index("instance").join(tiny, how="inner")
-    j = j[(j["size"] >= th.tiny_kernel_min_count) & (j["sum"] >= 0.8 * j["size"])]
-    j = j[j["gpu_span"] > 0]
-    j = j[j["gpu_idle"] > th.launch_bound_idle_share * j["gpu_span"]]
+    # per instance row: its kernels and how many of them are tiny
+    rows = activity_rows(acts, inst)[kernel]
+    dur = (acts["end"] - acts["start"]).to_numpy(np.int64)[kernel]
+    owned = rows >= 0
+    size = np.bincount(rows[owned], minlength=len(inst))
+    tiny = np.bincount(rows[owned & (dur < th.tiny_kernel_ns)], minlength=len(inst))
+    span = inst["gpu_span"].to_numpy(np.int64)
+    idle = inst["gpu_idle"].to_numpy(np.int64)
+    hit = (size >= th.tiny_kernel_min_count) & (tiny >= 0.8 * size)
+    hit &= (span > 0) & (idle > th.launch_bound_idle_share * span)
+    j = inst.loc[hit, ["op_name", "direction", "gpu_span", "gpu_idle"]].assign(size=size[hit])
     if j.empty:
         return []
     g = j.groupby(["op_name", "direction"]).agg(
@@ -431,10 +437,11 @@ def tc_lost_between_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
 
 
 def splitk_gemv_fallbacks(a: Analysis, th: Thresholds) -> list[Finding]:
-    k = _kernels(a, ["name", "start", "end", "op_name"])
+    # the kernel report's rows (one per kernel and op) hold every count and time needed
+    k = a.kernels
     if k.empty:
         return []
-    total = float((k["end"] - k["start"]).sum())
+    total = float(k["gpu_time_total"].sum())
     out = []
     for check, pat, what, rec in (
         ("splitk_fallback", _SPLITK, "split-K GEMMs (an extra reduction kernel per call)",
@@ -447,14 +454,18 @@ def splitk_gemv_fallbacks(a: Analysis, th: Thresholds) -> list[Finding]:
         hit = k[_matches(k["name"], pat)]
         if hit.empty:
             continue
-        t = float((hit["end"] - hit["start"]).sum())
+        t = float(hit["gpu_time_total"].sum())
         if t < th.min_gpu_share * total:
             continue
-        owners = hit["op_name"].value_counts()
+        # kernels per owning op, most first (ties by name)
+        owners = (
+            hit.groupby("op_name")["calls"].sum().reset_index()
+            .sort_values(["calls", "op_name"], ascending=[False, True])
+        )  # fmt: skip
         out.append(
             Finding(
-                check, "info", f"{len(hit)} kernels are {what}.",
-                f"{_ms(t)} GPU time; issued by {_top(pd.Series(owners.index))}", rec,
+                check, "info", f"{int(hit['calls'].sum())} kernels are {what}.",
+                f"{_ms(t)} GPU time; issued by {_top(owners['op_name'])}", rec,
             )
         )  # fmt: skip
     return out
