@@ -154,7 +154,10 @@ class _Db:
     def _chunks(self, table: str, where: str) -> list[str] | None:
         """``WHERE`` clauses that split ``table`` into rowid ranges, in rowid order."""
         try:
-            lo, hi = self.conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+            # two queries: SQLite answers a lone min() or max() of the rowid from the
+            # b-tree's ends, but scans the whole table for both in one SELECT
+            (lo,) = self.conn.execute(f"SELECT min(rowid) FROM {table}").fetchone()
+            (hi,) = self.conn.execute(f"SELECT max(rowid) FROM {table}").fetchone()
         except sqlite3.OperationalError:  # a table without rowid
             return None
         cond = f" AND ({where})" if where else ""
