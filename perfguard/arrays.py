@@ -7,6 +7,8 @@ for 4M values on the 2-core development machine): these helpers sort.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from typing import Any
 
 import numpy as np
@@ -66,7 +68,21 @@ def factorize(values: Any, use_na_sentinel: bool = True) -> tuple[np.ndarray, np
     if len(arr) < 4096:
         codes, uniques = pd.factorize(arr, use_na_sentinel=use_na_sentinel)
         return codes.astype(np.int64), np.asarray(uniques, dtype=object)
-    ids = np.fromiter(map(id, arr), dtype=np.int64, count=len(arr))
-    id_codes, _ = pd.factorize(ids)
+    id_codes, _ = pd.factorize(_object_ids(arr))
     rep_codes, uniques = pd.factorize(arr[first_rows(id_codes)], use_na_sentinel=use_na_sentinel)
     return rep_codes[id_codes].astype(np.int64), np.asarray(uniques, dtype=object)
+
+
+def _object_ids(arr: np.ndarray) -> np.ndarray:
+    """``id()`` of every element of an object array, as int64.
+
+    In CPython an object array's buffer holds the elements' addresses, which
+    are their ids: read as integers they come at memory speed instead of a
+    Python call per element (a million calls cost 40-70 ms). Elsewhere,
+    ``map(id, ...)``.
+    """
+    if sys.implementation.name != "cpython" or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return np.fromiter(map(id, arr), dtype=np.int64, count=len(arr))  # pragma: no cover
+    arr = np.ascontiguousarray(arr, dtype=object)
+    view = np.ctypeslib.as_array((ctypes.c_int64 * len(arr)).from_address(arr.ctypes.data))
+    return view.copy()  # a copy: the view does not keep ``arr`` (and its objects) alive

@@ -10,7 +10,7 @@ import pytest
 
 from perfguard.analysis.intervals import sort_by_group_then, union_length
 from perfguard.analysis.ops import instance_rows
-from perfguard.arrays import factorize, first_rows, unique_first, unique_sorted
+from perfguard.arrays import _object_ids, factorize, first_rows, unique_first, unique_sorted
 from perfguard.trace.nesting import Nesting
 from perfguard.trace.nsys import _OP_ID_SUFFIX, _strip_op_ids
 
@@ -124,6 +124,15 @@ def test_nesting_from_a_finalized_tree_equals_nesting_built_from_times():
             assert np.array_equal(getattr(built, attr), getattr(reused, attr)), attr
         t, g = rng.integers(0, 90, 50), rng.integers(-1, 4, 50)
         assert np.array_equal(built.innermost_enclosing(g, t), reused.innermost_enclosing(g, t))
+
+
+def test_object_ids_are_the_ids_of_the_elements():
+    names = ["aten::mm", "aten::add", None, 3.5, "é"]
+    arr = np.array(
+        [names[i % 5] for i in range(5000)] + ["x" * i for i in range(100)], dtype=object
+    )
+    for a in (arr, arr[::3], arr[:0]):
+        assert _object_ids(a).tolist() == [id(x) for x in a]
 
 
 def test_first_rows_are_the_first_occurrences_of_factorized_codes():
