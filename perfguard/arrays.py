@@ -53,6 +53,67 @@ def first_rows(codes: np.ndarray) -> np.ndarray:
     return np.flatnonzero(new)
 
 
+class Groups:
+    """Rows grouped by codes ``0..k-1`` (every code present, as ``pd.factorize``
+    numbers them), reduced per group with numpy.
+
+    One stable sort (a radix sort while codes fit 16 bits), then one
+    ``ufunc.reduceat`` per statistic: a pandas named aggregation of 18
+    columns over a million rows spends most of its 50 ms outside the
+    arithmetic. Integer sums are exact; floating-point sums are left to
+    pandas, whose compensated summation the reports rely on.
+    """
+
+    def __init__(self, codes: np.ndarray) -> None:
+        codes = np.asarray(codes, dtype=np.int64)
+        n_groups = int(codes.max()) + 1 if len(codes) else 0
+        key = codes.astype(np.uint16) if n_groups <= 2**16 else codes
+        self.order = np.argsort(key, kind="stable")
+        ordered = codes[self.order]
+        self.heads = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+        if len(self.heads) != n_groups or (len(codes) and ordered[0] != 0):
+            raise ValueError("codes must number groups 0..k-1 with every code present")
+        self.size = np.diff(np.append(self.heads, len(codes)))
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(np.asarray(values)[self.order], self.heads)
+
+    def min(self, values: np.ndarray) -> np.ndarray:
+        return np.minimum.reduceat(np.asarray(values)[self.order], self.heads)
+
+    def max(self, values: np.ndarray) -> np.ndarray:
+        return np.maximum.reduceat(np.asarray(values)[self.order], self.heads)
+
+    def any(self, values: np.ndarray) -> np.ndarray:
+        return np.logical_or.reduceat(np.asarray(values, dtype=bool)[self.order], self.heads)
+
+    def mean(self, values: np.ndarray) -> np.ndarray:
+        """Mean of integers as pandas gives it (exact sum, then one division)."""
+        return self.sum(np.asarray(values, dtype=np.int64)) / self.size
+
+
+def first_valid(values: pd.Series, codes: np.ndarray, rows: np.ndarray) -> pd.Series:
+    """``values.groupby(codes).first()`` (the first non-NA value of each group, NA
+    when a group has none) for codes ``0..k-1`` whose first rows are ``rows``.
+
+    A group's first row answers unless it is NA, so only groups whose first
+    row is NA are searched: one ``take`` instead of a groupby, which costs
+    10-15 ms per text column of a million rows. Returns a Series indexed
+    ``0..k-1`` with the column's dtype.
+    """
+    out = values.array.take(rows)
+    missing = np.flatnonzero(pd.isna(out))
+    if not len(missing):
+        return pd.Series(out, dtype=values.dtype)
+    valid = np.flatnonzero(values.notna().to_numpy(dtype=bool))
+    found, at = unique_first(np.asarray(codes)[valid])  # each group's first non-NA row
+    pick = np.asarray(rows).copy()
+    hit = np.isin(found, missing)
+    pick[found[hit]] = valid[at[hit]]
+    # a group with no value at all keeps its first (NA) row
+    return pd.Series(values.array.take(pick), dtype=values.dtype)
+
+
 def factorize(values: Any, use_na_sentinel: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``pd.factorize`` of a text column, the same codes and uniques, 3-5x faster
     when values repeat.

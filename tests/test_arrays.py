@@ -10,7 +10,15 @@ import pytest
 
 from perfguard.analysis.intervals import sort_by_group_then, union_length
 from perfguard.analysis.ops import instance_rows
-from perfguard.arrays import _object_ids, factorize, first_rows, unique_first, unique_sorted
+from perfguard.arrays import (
+    Groups,
+    _object_ids,
+    factorize,
+    first_rows,
+    first_valid,
+    unique_first,
+    unique_sorted,
+)
 from perfguard.trace.nesting import Nesting
 from perfguard.trace.nsys import _OP_ID_SUFFIX, _strip_op_ids
 
@@ -124,6 +132,50 @@ def test_nesting_from_a_finalized_tree_equals_nesting_built_from_times():
             assert np.array_equal(getattr(built, attr), getattr(reused, attr)), attr
         t, g = rng.integers(0, 90, 50), rng.integers(-1, 4, 50)
         assert np.array_equal(built.innermost_enclosing(g, t), reused.innermost_enclosing(g, t))
+
+
+def test_first_valid_is_groupby_first() -> None:
+    rng = np.random.default_rng(7)
+    for n in (1, 5, 300, 5000):
+        codes, _ = pd.factorize(rng.integers(0, 12, n))
+        rows = first_rows(codes)
+        na = rng.random(n) < 0.4
+        text = np.array([f"k{v}" for v in rng.integers(0, 5, n)], dtype=object)
+        columns = {
+            "object": pd.Series(np.where(na, None, text), dtype=object),
+            "str": pd.Series(np.where(na, None, text), dtype="str"),
+            "Int64": pd.Series(pd.arrays.IntegerArray(rng.integers(0, 9, n), na)),
+            "boolean": pd.Series(pd.arrays.BooleanArray(rng.random(n) < 0.5, na)),
+            "float": pd.Series(np.where(na, np.nan, rng.random(n))),
+            "int": pd.Series(rng.integers(0, 9, n)),
+        }
+        for name, values in columns.items():
+            want = values.groupby(codes, sort=True).first()
+            got = pd.Series(first_valid(values, codes, rows))
+            assert got.dtype == want.dtype, name
+            pd.testing.assert_series_equal(got, want.reset_index(drop=True), check_names=False)
+
+
+@pytest.mark.parametrize("n_groups", [1, 7, 70_000])
+def test_groups_reduce_as_pandas_groupby(n_groups: int) -> None:
+    rng = np.random.default_rng(n_groups)
+    codes, _ = pd.factorize(rng.integers(0, n_groups, 200_000))
+    values = rng.integers(-(10**12), 10**12, len(codes))
+    flags = rng.random(len(codes)) < 0.01
+    g = pd.Series(values).groupby(codes, sort=True)
+    groups = Groups(codes)
+    assert np.array_equal(groups.size, g.size().to_numpy())
+    assert np.array_equal(groups.sum(values), g.sum().to_numpy())
+    assert np.array_equal(groups.min(values), g.min().to_numpy())
+    assert np.array_equal(groups.max(values), g.max().to_numpy())
+    assert np.array_equal(groups.mean(values), g.mean().to_numpy())
+    want_any = pd.Series(flags).groupby(codes, sort=True).any().to_numpy()
+    assert np.array_equal(groups.any(flags), want_any)
+
+
+def test_groups_refuse_codes_with_gaps() -> None:
+    with pytest.raises(ValueError, match="0..k-1"):
+        Groups(np.array([0, 2, 2]))
 
 
 def test_object_ids_are_the_ids_of_the_elements():
