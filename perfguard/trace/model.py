@@ -29,8 +29,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+#: ``ranges.kind``: a categorical, since every analysis step asks "is it an op?"
+#: of millions of ranges (a code compare instead of a string compare each time).
+RANGE_KIND = pd.CategoricalDtype(["op", "async", "iteration"])
+
 #: Column name -> dtype for every table of the model.
-SCHEMA: dict[str, dict[str, str]] = {
+SCHEMA: dict[str, dict[str, Any]] = {
     "ranges": {
         "range_id": "int64",
         "name": "object",
@@ -43,7 +47,7 @@ SCHEMA: dict[str, dict[str, str]] = {
         "parent_id": "int64",
         "domain": "object",
         "category": "object",
-        "kind": "object",
+        "kind": RANGE_KIND,
         "source": "object",
         "op_type": "object",
         "direction": "object",
@@ -134,7 +138,10 @@ def conform(table: str, df: pd.DataFrame) -> pd.DataFrame:
             s = pd.Series(np.zeros(n, dtype=np.int64), index=df.index)
         else:
             s = pd.Series(pd.NA, index=df.index, dtype=dtype)
-        if dtype != "object" and str(s.dtype) != dtype:
+        if isinstance(dtype, pd.CategoricalDtype):
+            if not (isinstance(s.dtype, pd.CategoricalDtype) and s.dtype == dtype):
+                s = s.astype(dtype)
+        elif dtype != "object" and str(s.dtype) != dtype:
             s = s.astype(dtype)
         out[col] = s
     # no copy: readers hand over freshly built columns (a copy of a 5M-range table is seconds)

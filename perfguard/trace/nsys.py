@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.errors import TraceError
-from perfguard.trace.model import NO_CORRELATION, Trace
+from perfguard.trace.model import NO_CORRELATION, RANGE_KIND, Trace
 from perfguard.trace.names import is_iteration_name, op_type_of, parse_range_names
 from perfguard.trace.ranges import finalize_ranges
 
@@ -550,7 +550,7 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
             "name": _take(parsed["name"], codes),
             "domain": domain,
             "category": "nvtx",
-            "kind": _take(["op", "async", "iteration"], kind),
+            "kind": pd.Categorical.from_codes(kind, dtype=RANGE_KIND),  # op, async, iteration
             "source": _take(["nvtx:start_end", "nvtx:push_pop"], push_pop),
             "op_type": _take(op_type_of(parsed["name"]), codes),
             "bprop": parsed["bprop"].to_numpy(dtype=bool)[codes],
