@@ -94,7 +94,8 @@ class Groups:
 
 def first_valid(values: pd.Series, codes: np.ndarray, rows: np.ndarray) -> pd.Series:
     """``values.groupby(codes).first()`` (the first non-NA value of each group, NA
-    when a group has none) for codes ``0..k-1`` whose first rows are ``rows``.
+    when a group has none) for codes ``0..k-1`` whose first rows are ``rows``;
+    rows coded -1 belong to no group.
 
     A group's first row answers unless it is NA, so only groups whose first
     row is NA are searched: one ``take`` instead of a groupby, which costs

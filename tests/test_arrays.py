@@ -151,8 +151,15 @@ def test_first_valid_is_groupby_first() -> None:
         }
         for name, values in columns.items():
             want = values.groupby(codes, sort=True).first()
-            got = pd.Series(first_valid(values, codes, rows))
+            got = first_valid(values, codes, rows)
             assert got.dtype == want.dtype, name
+            pd.testing.assert_series_equal(got, want.reset_index(drop=True), check_names=False)
+            # rows coded -1 (in no group) change nothing
+            outside = codes.copy()
+            outside[rng.random(n) < 0.3] = -1
+            outside[rows] = codes[rows]
+            want = values[outside >= 0].groupby(outside[outside >= 0], sort=True).first()
+            got = first_valid(values, outside, rows)
             pd.testing.assert_series_equal(got, want.reset_index(drop=True), check_names=False)
 
 

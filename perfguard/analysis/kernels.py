@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from perfguard.arrays import factorize, first_rows, first_valid
+from perfguard.arrays import Groups, factorize, first_rows, first_valid
 
 GEOMETRY = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
             "shared_mem"]  # fmt: skip
@@ -19,30 +20,32 @@ def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
     launch, and ``uses_tc, tc_reason`` when the activities carry them. Memops are not
     kernels and are left out.
     """
-    is_kernel = (acts["activity"] == "kernel").to_numpy()
-    keep = ["name", "short_name", "op_id", "op_name", "direction", "start", "end", *GEOMETRY]
-    keep += [c for c in ("uses_tc", "tc_reason") if c in acts.columns]
-    k = acts.loc[is_kernel, keep]  # only what the report needs: a filter copies every column
-    k = k.assign(dur=k["end"] - k["start"])
     cols = ["name", "short_name", "op_id", "op_name", "direction", "calls", "gpu_time_total",
             "gpu_time_avg", "gpu_time_min", "gpu_time_max", *GEOMETRY]  # fmt: skip
-    if "uses_tc" in k.columns:
+    if "uses_tc" in acts.columns:
         cols += ["uses_tc", "tc_reason"]
-    if k.empty:
+    kernel = np.flatnonzero((acts["activity"] == "kernel").to_numpy(bool))
+    if not len(kernel):
         return pd.DataFrame(columns=cols)
+    # the kernel rows are not copied out of ``acts`` (17 columns of a million rows):
+    # only the two key columns and the durations are taken, the rest is read at
+    # each group's first row
     # one int64 key per (name, op): grouping a million rows by two text columns
     # hashes every string; names repeat, so they are coded once (same groups, same order)
-    name_code, _ = factorize(k["name"], use_na_sentinel=False)
-    op_code, n_ops = factorize(k["op_id"], use_na_sentinel=False)
+    name_code, _ = factorize(acts["name"].to_numpy(dtype=object)[kernel], use_na_sentinel=False)
+    op_code, n_ops = factorize(acts["op_id"].to_numpy(dtype=object)[kernel], use_na_sentinel=False)
     codes, _ = pd.factorize(name_code * max(len(n_ops), 1) + op_code)  # groups as first seen
     rows = first_rows(codes)
     # the per-group "first" columns by one take at each group's first row (a groupby
-    # "first" costs 10-15 ms per text column of a million rows), the statistics by groupby
-    firsts = ["name", "op_id", "short_name", "op_name", "direction", *GEOMETRY]
-    firsts += [c for c in ("uses_tc", "tc_reason") if c in k.columns]
-    out = pd.DataFrame({c: first_valid(k[c], codes, rows) for c in firsts}, copy=False)
-    stats = k["dur"].groupby(codes, sort=True).agg(["size", "sum", "mean", "min", "max"])
-    for col, stat in zip(cols[5:10], stats.columns, strict=True):
-        out[col] = stats[stat].to_numpy()
+    # "first" costs 10-15 ms per text column of a million rows)
+    in_acts = np.full(len(acts), -1, dtype=np.int64)  # group of every activity, -1: memop
+    in_acts[kernel] = codes
+    firsts = [c for c in cols if c in acts.columns and c not in cols[5:10]]
+    out = pd.DataFrame({c: first_valid(acts[c], in_acts, kernel[rows]) for c in firsts}, copy=False)
+    dur = (acts["end"].to_numpy(np.int64) - acts["start"].to_numpy(np.int64))[kernel]
+    groups = Groups(codes)
+    out["calls"] = groups.size
+    for col, fn in zip(cols[6:10], (groups.sum, groups.mean, groups.min, groups.max), strict=True):
+        out[col] = fn(dur)
     out = out.sort_values(["gpu_time_total", "name"], ascending=[False, True])
     return out.reset_index(drop=True)[cols]
