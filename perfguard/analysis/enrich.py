@@ -151,41 +151,14 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
     # every formula needs shapes: ranges without them (emit_nvtx without record_shapes,
     # annotations) have no figure, so only ranges with shapes are costed
     shaped = is_op & r["input_shapes"].notna().to_numpy(bool)
-    n, missing = len(r), np.ones(len(r), dtype=bool)
-    by_range = pd.DataFrame(
-        {
-            "flops": pd.arrays.FloatingArray(np.zeros(n), missing),
-            "bytes": pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), missing.copy()),
-            "compute_dtype": np.full(n, None, dtype=object),
-            "flop_formula": np.full(n, None, dtype=object),
-        },
-        index=r.index,
-        copy=False,
-    )
     if shaped.any():
-        sub = r[shaped]
-        frame = pd.DataFrame(
-            {
-                "name": _formula_keys(sub),
-                "input_shapes": sub["input_shapes"],
-                "dtypes": sub["dtypes"],
-                "concrete_inputs": sub["concrete_inputs"] if "concrete_inputs" in sub else None,
-            },
-            copy=False,
-        )
-        cost = op_flops(frame).reindex(r.index)
-        flops = count_once(cost["flops"], r["parent_id"], r["range_id"], cost["family"])
-        nbytes = count_once(
-            cost["bytes"].astype("Float64"), r["parent_id"], r["range_id"], cost["family"]
-        )
-        by_range["flops"] = flops.astype("Float64")
-        by_range["bytes"] = nbytes.round().astype("Int64")
-        by_range["compute_dtype"] = cost["compute_dtype"].to_numpy(dtype=object)
-        by_range["flop_formula"] = cost["flop_formula"].to_numpy(dtype=object)
-    # the range of each instance by position (-1, so NA, for unassociated work)
-    at = instance_rows(r["range_id"].to_numpy(np.int64), inst["instance"].to_numpy(np.int64))
-    for col in by_range.columns:
-        inst[col] = pd.api.extensions.take(by_range[col].array, at, allow_fill=True)
+        _add_range_flops(r, shaped, inst)
+    else:  # nothing to cost: empty columns, without a per-range table to look up
+        m = len(inst)
+        inst["flops"] = pd.arrays.FloatingArray(np.zeros(m), np.ones(m, dtype=bool))
+        inst["bytes"] = pd.arrays.IntegerArray(np.zeros(m, np.int64), np.ones(m, dtype=bool))
+        inst["compute_dtype"] = np.full(m, None, dtype=object)
+        inst["flop_formula"] = np.full(m, None, dtype=object)
 
     devices, notes = gpu_keys(trace)
     inst["gpu"] = _first_kernel_gpu(acts, inst, devices)
@@ -198,6 +171,45 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
         peak[rows] = sub
     inst["peak_flops"] = peak
     return notes
+
+
+def _add_range_flops(r: pd.DataFrame, shaped: np.ndarray, inst: pd.DataFrame) -> None:
+    """``flops, bytes, compute_dtype, flop_formula`` of the ``shaped`` ranges, counted
+    once up the op tree, onto their instances (NA for the others)."""
+    n, missing = len(r), np.ones(len(r), dtype=bool)
+    by_range = pd.DataFrame(
+        {
+            "flops": pd.arrays.FloatingArray(np.zeros(n), missing),
+            "bytes": pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), missing.copy()),
+            "compute_dtype": np.full(n, None, dtype=object),
+            "flop_formula": np.full(n, None, dtype=object),
+        },
+        index=r.index,
+        copy=False,
+    )
+    sub = r[shaped]
+    frame = pd.DataFrame(
+        {
+            "name": _formula_keys(sub),
+            "input_shapes": sub["input_shapes"],
+            "dtypes": sub["dtypes"],
+            "concrete_inputs": sub["concrete_inputs"] if "concrete_inputs" in sub else None,
+        },
+        copy=False,
+    )
+    cost = op_flops(frame).reindex(r.index)
+    flops = count_once(cost["flops"], r["parent_id"], r["range_id"], cost["family"])
+    nbytes = count_once(
+        cost["bytes"].astype("Float64"), r["parent_id"], r["range_id"], cost["family"]
+    )
+    by_range["flops"] = flops.astype("Float64")
+    by_range["bytes"] = nbytes.round().astype("Int64")
+    by_range["compute_dtype"] = cost["compute_dtype"].to_numpy(dtype=object)
+    by_range["flop_formula"] = cost["flop_formula"].to_numpy(dtype=object)
+    # the range of each instance by position (-1, so NA, for unassociated work)
+    at = instance_rows(r["range_id"].to_numpy(np.int64), inst["instance"].to_numpy(np.int64))
+    for col in by_range.columns:
+        inst[col] = pd.api.extensions.take(by_range[col].array, at, allow_fill=True)
 
 
 def _first_kernel_gpu(acts: pd.DataFrame, inst: pd.DataFrame, devices: pd.DataFrame) -> np.ndarray:

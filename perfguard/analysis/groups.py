@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis.enrich import sum_by_row
 from perfguard.analysis.intervals import union_length
 from perfguard.arrays import unique_sorted
 from perfguard.trace.model import Trace
@@ -104,21 +105,23 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
     e = acts["end"].to_numpy(np.int64)[row]
     g = members["group"].to_numpy()
     is_kernel = (acts["activity"] == "kernel").to_numpy()[row]
-    per = pd.DataFrame({"g": g, "dur": e - s, "k": is_kernel, "s": s, "e": e}, copy=False).groupby(
-        "g"
-    )
-    present = per.size().index  # the groups with members, ascending
-    at = np.searchsorted(groups, present.to_numpy())
-    figures = {}
-    for col, values in (
-        ("gpu_time", per["dur"].sum()),
-        ("kernel_count", per["k"].sum()),
-        ("span", per["e"].max() - per["s"].min()),
-        ("flat", union_length(s, e, g)),
-    ):
-        full = np.zeros(len(groups), dtype=np.int64)
-        full[at] = values.reindex(present).to_numpy(np.int64)
-        figures[col] = full
+    # per group range (group ids are range ids, below n): sums by bincount, the span
+    # from per-group minimum start and maximum end, the flattened time by a sort
+    figures = {
+        "gpu_time": sum_by_row(g, e - s, n)[groups],
+        "kernel_count": np.bincount(g[is_kernel], minlength=n)[groups].astype(np.int64),
+        "span": np.zeros(len(groups), dtype=np.int64),
+        "flat": np.zeros(len(groups), dtype=np.int64),
+    }
+    if len(g):
+        first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+        last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(first, g, s)
+        np.maximum.at(last, g, e)
+        present = np.bincount(g, minlength=n)[groups] > 0
+        figures["span"][present] = last[groups[present]] - first[groups[present]]
+        flat = union_length(s, e, g)  # indexed by the groups with members, ascending
+        figures["flat"][np.searchsorted(groups, flat.index.to_numpy())] = flat.to_numpy()
     gi = inst.iloc[inst_row[groups]].reset_index(drop=True)
     for col, values in figures.items():
         gi[col] = values

@@ -210,6 +210,8 @@ def instance_rows(instance: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """
     instance = np.asarray(instance, dtype=np.int64)
     ids = np.asarray(ids, dtype=np.int64)
+    if np.array_equal(instance, np.arange(len(instance))):  # ids are row numbers already
+        return np.where((ids >= 0) & (ids < len(instance)), ids, -1)
     out = np.full(len(ids), -1, dtype=np.int64)
     for sign in (1, -1):
         mine = instance >= 0 if sign == 1 else instance < 0
