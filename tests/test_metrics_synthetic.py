@@ -243,3 +243,33 @@ def test_trace_without_gpu_work(tmp_path: Path) -> None:
     assert set(a.ops["op_name"]) == {"aten::add", "aten::mul"}
     assert a.ops["gpu_time_total"].sum() == 0
     assert a.summary["GPU Utilization (%)"] == 0.0 and a.summary["Kernels"] == 0
+
+
+def test_kernel_report_geometry_is_each_groups_first_launch_that_has_it() -> None:
+    """The kernel report reads launch geometry from the trace's kernels table (the
+    activities do not carry it); like a groupby "first", a launch without a value is
+    skipped for the group's next launch that has one."""
+    from perfguard.analysis.kernels import aggregate_kernels
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "captures"
+    a = perfguard.analyze(
+        perfguard.load_trace(example / "a100_alexnet_tiny_cudasync.pt.trace.json.gz")
+    )
+    kernels = a.trace.kernels.copy()
+    kernels.loc[kernels.index[::2], "grid_x"] = pd.NA  # every other launch loses its grid_x
+    got = aggregate_kernels(a.activities, kernels).set_index(["name", "op_id"])["grid_x"]
+    k = a.activities[a.activities["activity"] == "kernel"]
+    want = (
+        pd.DataFrame({
+            "name": k["name"].to_numpy(), "op_id": k["op_id"].to_numpy(),
+            "grid_x": kernels["grid_x"].array.take(k["kernel_row"].to_numpy()),
+        })
+        .groupby(["name", "op_id"], sort=False)["grid_x"].first()
+    )  # fmt: skip
+    first_launch = (
+        pd.DataFrame({"name": k["name"].to_numpy(), "op_id": k["op_id"].to_numpy(),
+                      "na": kernels["grid_x"].isna().to_numpy()[k["kernel_row"].to_numpy()]})
+        .groupby(["name", "op_id"], sort=False)["na"].first()
+    )  # fmt: skip
+    assert first_launch.any() and got[first_launch[first_launch].index].notna().any()
+    pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)

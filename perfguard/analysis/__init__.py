@@ -97,7 +97,7 @@ def analyze(
             inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64)
         )
     ops = aggregate_ops(inst)
-    kernels = aggregate_kernels(acts)
+    kernels = aggregate_kernels(acts, trace.kernels)
     iterations = iteration_table(window, inst, acts)
     summary = run_summary(trace, window if restricted else None, acts, inst, iterations)
     return Analysis(

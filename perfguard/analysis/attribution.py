@@ -23,6 +23,9 @@ from perfguard.trace.model import NO_CORRELATION, Trace
 from perfguard.trace.nesting import Nesting, group_codes
 
 UNASSOCIATED_PREFIX = "unassociated_"
+#: launch geometry columns of ``trace.kernels``
+KERNEL_GEOMETRY = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
+                   "shared_mem")  # fmt: skip
 #: the values of the activities' ``activity`` column (a categorical)
 ACTIVITY_KINDS = ("kernel", "memop")
 
@@ -31,11 +34,17 @@ def gpu_activities(trace: Trace) -> pd.DataFrame:
     """Kernels and memops in one table.
 
     Output columns: ``activity`` (``kernel``/``memop``), ``start, end, rank,
-    pid, device_id, stream_id, correlation_id, name, short_name, bytes``
-    plus the kernel launch geometry; row order is kernels then memops.
+    pid, device_id, stream_id, correlation_id, name, short_name, bytes`` and
+    ``kernel_row`` (the kernel's row of ``trace.kernels``, where its launch
+    geometry is; -1 for a memop); row order is kernels then memops.
     """
-    k = trace.kernels
-    m = trace.memops.rename(columns={"kind": "name"}).assign(short_name=lambda d: d["name"])
+    # the launch geometry stays in trace.kernels (8 columns of a million rows that only
+    # the kernel report reads, at one row per kernel and op): ``kernel_row`` finds it
+    k = trace.kernels.drop(columns=[c for c in KERNEL_GEOMETRY if c in trace.kernels.columns])
+    k = k.assign(kernel_row=np.arange(len(k), dtype=np.int64))
+    m = trace.memops.rename(columns={"kind": "name"}).assign(
+        short_name=lambda d: d["name"], kernel_row=-1
+    )
     out = pd.concat([k, m], ignore_index=True)
     # a categorical: every step asks "is it a kernel?", a code compare instead of
     # a million string compares each time

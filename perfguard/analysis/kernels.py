@@ -5,20 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis.attribution import KERNEL_GEOMETRY
 from perfguard.arrays import Groups, factorize, first_rows, first_valid
 
-GEOMETRY = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
-            "shared_mem"]  # fmt: skip
+GEOMETRY = list(KERNEL_GEOMETRY)
 
 
-def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
+def aggregate_kernels(acts: pd.DataFrame, kernels: pd.DataFrame | None = None) -> pd.DataFrame:
     """Kernels grouped by ``(name, op_id)``, sorted by total GPU time.
 
     Input: attributed activities with ``op_id, op_name, direction``.
     Output: ``name, short_name, op_id, op_name, direction, calls,
     gpu_time_{total,avg,min,max}``, the launch geometry of the first
     launch, and ``uses_tc, tc_reason`` when the activities carry them. Memops are not
-    kernels and are left out.
+    kernels and are left out. The geometry is read from ``acts`` when it has
+    the columns, else from ``kernels`` (the trace's) at ``acts["kernel_row"]``.
     """
     cols = ["name", "short_name", "op_id", "op_name", "direction", "calls", "gpu_time_total",
             "gpu_time_avg", "gpu_time_min", "gpu_time_max", *GEOMETRY]  # fmt: skip
@@ -42,6 +43,14 @@ def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
     in_acts[kernel] = codes
     firsts = [c for c in cols if c in acts.columns and c not in cols[5:10]]
     out = pd.DataFrame({c: first_valid(acts[c], in_acts, kernel[rows]) for c in firsts}, copy=False)
+    if kernels is not None and "kernel_row" in acts.columns:
+        krow = acts["kernel_row"].to_numpy(np.int64)[kernel]  # row of trace.kernels
+        for c in GEOMETRY:
+            if c not in out.columns and c in kernels.columns:
+                out[c] = _first_of_kernels(kernels[c], krow, codes, rows)
+    for c in GEOMETRY:  # activities built without the geometry, and no kernels to read it from
+        if c not in out.columns:
+            out[c] = pd.array([pd.NA] * len(out), dtype="Int64")
     dur = (acts["end"].to_numpy(np.int64) - acts["start"].to_numpy(np.int64))[kernel]
     groups = Groups(codes)
     out["calls"] = groups.size
@@ -49,3 +58,15 @@ def aggregate_kernels(acts: pd.DataFrame) -> pd.DataFrame:
         out[col] = fn(dur)
     out = out.sort_values(["gpu_time_total", "name"], ascending=[False, True])
     return out.reset_index(drop=True)[cols]
+
+
+def _first_of_kernels(
+    column: pd.Series, krow: np.ndarray, codes: np.ndarray, rows: np.ndarray
+) -> pd.Series:
+    """:func:`first_valid` of a ``trace.kernels`` column seen through ``krow`` (the
+    kernel row of each grouped launch), taking only the groups' first rows unless
+    one of them is NA."""
+    first = pd.Series(column.array.take(krow[rows]), dtype=column.dtype)
+    if not first.isna().any():
+        return first
+    return first_valid(pd.Series(column.array.take(krow), dtype=column.dtype), codes, rows)
