@@ -281,7 +281,7 @@ def _api_time_inside(api: pd.DataFrame, inst: dict[str, np.ndarray]) -> np.ndarr
     t0 = int(min(api["start"].min(), inst["start"].min()))
     span = int(max(api["end"].max(), inst["end"].max())) - t0 + 2
     a_key = a_code * span + (api["start"].to_numpy() - t0)
-    order = np.argsort(a_key)
+    order = np.argsort(a_key, kind="stable")  # calls come nearly in order: timsort runs
     a_key = a_key[order]
     cum = np.concatenate([[0], np.cumsum((api["end"] - api["start"]).to_numpy()[order])])
     lo = np.searchsorted(a_key, i_code * span + (inst["start"] - t0), side="left")

@@ -192,7 +192,8 @@ class Nesting:
         new_group = np.ones(n, dtype=bool)
         new_group[1:] = self.group[1:] != self.group[:-1]
         group_first = np.maximum.accumulate(np.where(new_group, pos, 0))
-        end_key = np.sort(_composite(self.group, self.end, self.t0, self.span))
+        # nearly sorted already (ends follow starts): a stable sort finds the runs
+        end_key = np.sort(_composite(self.group, self.end, self.t0, self.span), kind="stable")
         # ranges of this thread closed at or before my start (earlier threads drop out)
         closed = np.searchsorted(end_key, self.key, side="right") - group_first
         # zero-length ranges starting when I start are counted as closed but come
