@@ -1,15 +1,18 @@
-"""The command's process-wide memory settings (perfguard.commands.memory): the
-command line takes them, a library caller of ``main([...])`` does not."""
+"""The command's process-wide settings (perfguard.commands.memory, and exiting without
+interpreter teardown): the command line takes them, a library caller of ``main([...])``
+does not."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from numpy._core import multiarray
 
-from perfguard.cli import main
+from perfguard.cli import build_parser, main
 from perfguard.commands import memory
 
 EXAMPLE = (
@@ -37,3 +40,25 @@ def test_main_called_with_arguments_leaves_the_process_alone(
     assert main(["analyze", "--database", str(EXAMPLE), "--output-path",
                  str(tmp_path), "--formats", "csv"]) == 0  # fmt: skip
     assert multiarray._set_madvise_hugepage(True) is True  # still on
+
+
+def test_exit_without_teardown_flushes_what_was_printed() -> None:
+    """``analyze``/``profile`` end the program with os._exit (no teardown of a large
+    analysis): buffered output must still arrive, and the exit code must carry."""
+    code = (
+        "import sys; from perfguard.cli import _exit_now; "
+        "print('report line'); print('note', file=sys.stderr, end=''); _exit_now(7)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (7, "report line\n", "note")
+
+
+def test_the_analyze_command_exits_through_it(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfguard", "analyze", "--database", str(EXAMPLE),
+         "--output-path", str(tmp_path), "--formats", "csv"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().endswith("dlprof_expert_systems.csv")  # the last line arrived
+    assert build_parser().parse_args(["analyze", "--database", "x"]).skip_teardown

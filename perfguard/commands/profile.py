@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_analyze_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the program to profile and its arguments")  # fmt: skip
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, skip_teardown=True)  # see perfguard.cli._exit_now
 
 
 def run(args: argparse.Namespace) -> int:
