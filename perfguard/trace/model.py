@@ -13,7 +13,7 @@ Columns beyond DESIGN.md, and why:
 * ``kind`` on ranges: ``op`` (an NVTX range or framework op that can own
   kernels), ``iteration`` (``ProfilerStep#N`` or ``perfguard.iteration``, an
   iteration marker, never an op) or ``async`` (a start/end range closed on
-  another thread, which cannot nest).
+  another thread, which cannot nest); a categorical (:data:`RANGE_KIND`).
 * ``category`` on ranges: the Kineto category (``cpu_op``,
   ``user_annotation``) or ``nvtx``.
 * ``concrete_inputs`` on ranges: the scalar arguments of an op (stride,
