@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return rc
 
 
-def _exit_now(rc: int) -> None:
+def _exit_now(rc: int) -> NoReturn:
     """End the process without tearing the interpreter down.
 
     After a large analysis, freeing millions of objects one by one at exit
@@ -250,6 +250,10 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (`perfguard analyze ... | head`): not a bug
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+        return 141  # 128 + SIGPIPE, as a shell reports a command killed by the signal
     except Exception as exc:  # a bug: one line unless the user asks for the traceback
         if debug:
             raise

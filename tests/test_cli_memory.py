@@ -62,3 +62,16 @@ def test_the_analyze_command_exits_through_it(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip().endswith("dlprof_expert_systems.csv")  # the last line arrived
     assert build_parser().parse_args(["analyze", "--database", "x"]).skip_teardown
+
+
+def test_a_reader_that_closes_the_pipe_early_is_not_an_internal_error(tmp_path: Path) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-m", "perfguard", "analyze", "--database", str(EXAMPLE),
+         "--output-path", str(tmp_path), "--formats", "csv"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # as `| head -0` does
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141
+    assert err == ""
