@@ -22,8 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfguard.analysis.enrich import sum_by_row
-from perfguard.analysis.intervals import union_length
+from perfguard.analysis.intervals import sort_by_group_then, sorted_union_length, union_length
 from perfguard.arrays import unique_sorted
 from perfguard.trace.model import Trace
 
@@ -40,16 +39,22 @@ def group_members(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
     following ``parent_id`` for all activities at once.
     """
     r = trace.ranges
-    n = len(r)
     parent = r["parent_id"].to_numpy(np.int64)  # range_id == row number (finalize_ranges)
     is_op = (r["kind"] == "op").to_numpy()
-    has_child_op = np.zeros(n, dtype=bool)
     op_parent = _op_parent(parent, is_op)
-    has_child_op[op_parent[(op_parent >= 0) & is_op]] = True
-    group = is_op & has_child_op
+    group = np.zeros(len(r), dtype=bool)
+    group[op_parent[(op_parent >= 0) & is_op]] = True
+    rows, groups = _member_pairs(parent, acts["range_id"].to_numpy(np.int64), group & is_op)
+    return pd.DataFrame({"row": rows, "group": groups}, copy=False)
 
-    rows = np.flatnonzero(acts["range_id"].to_numpy() >= 0)
-    cur = acts["range_id"].to_numpy(np.int64)[rows]
+
+def _member_pairs(
+    parent: np.ndarray, owner: np.ndarray, group: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(activity row, range)`` for every range flagged in ``group`` that encloses (or
+    is) the range owning each activity (``owner``: its range id, -1 for none)."""
+    rows = np.flatnonzero(owner >= 0)
+    cur = owner[rows]
     out_rows, out_groups = [], []
     while len(rows):
         hit = group[cur]
@@ -59,10 +64,8 @@ def group_members(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
         alive = cur >= 0
         rows, cur = rows[alive], cur[alive]
     if not out_rows:
-        return pd.DataFrame({"row": [], "group": []}, dtype=np.int64)
-    return pd.DataFrame(
-        {"row": np.concatenate(out_rows), "group": np.concatenate(out_groups)}, copy=False
-    )
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(out_rows), np.concatenate(out_groups)
 
 
 def _op_parent(parent: np.ndarray, is_op: np.ndarray) -> np.ndarray:
@@ -98,30 +101,30 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
     is_group &= inst_row >= 0
     groups = np.flatnonzero(is_group)
 
-    members = group_members(trace, acts)
-    members = members[is_group[members["group"].to_numpy()]]
-    row = members["row"].to_numpy()
-    s = acts["start"].to_numpy(np.int64)[row]
-    e = acts["end"].to_numpy(np.int64)[row]
-    g = members["group"].to_numpy()
-    is_kernel = (acts["activity"] == "kernel").to_numpy()[row]
-    # per group range (group ids are range ids, below n): sums by bincount, the span
-    # from per-group minimum start and maximum end, the flattened time by a sort
-    figures = {
-        "gpu_time": sum_by_row(g, e - s, n)[groups],
-        "kernel_count": np.bincount(g[is_kernel], minlength=n)[groups].astype(np.int64),
-        "span": np.zeros(len(groups), dtype=np.int64),
-        "flat": np.zeros(len(groups), dtype=np.int64),
-    }
+    # every (activity, enclosing group) pair, sorted by group then start: the sums, the
+    # span and the flattened time of each group are segment reductions of one sort
+    rows, g = _member_pairs(
+        r["parent_id"].to_numpy(np.int64), acts["range_id"].to_numpy(np.int64), is_group
+    )
+    figures = {c: np.zeros(len(groups), dtype=np.int64) for c in ("gpu_time", "kernel_count",
+                                                                  "span", "flat")}  # fmt: skip
     if len(g):
-        first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-        last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-        np.minimum.at(first, g, s)
-        np.maximum.at(last, g, e)
-        present = np.bincount(g, minlength=n)[groups] > 0
-        figures["span"][present] = last[groups[present]] - first[groups[present]]
-        flat = union_length(s, e, g)  # indexed by the groups with members, ascending
-        figures["flat"][np.searchsorted(groups, flat.index.to_numpy())] = flat.to_numpy()
+        start = acts["start"].to_numpy(np.int64)
+        order = sort_by_group_then(g, start[rows])
+        rows, g = rows[order], g[order]
+        del order
+        s, e = start[rows], acts["end"].to_numpy(np.int64)[rows]
+        kernel = (acts["activity"] == "kernel").to_numpy()[rows]
+        del rows
+        heads = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
+        at = np.searchsorted(groups, g[heads])
+        figures["gpu_time"][at] = np.add.reduceat(e - s, heads)
+        figures["kernel_count"][at] = np.add.reduceat(kernel.astype(np.int64), heads)
+        figures["span"][at] = np.maximum.reduceat(e, heads) - np.minimum.reduceat(s, heads)
+        flat = sorted_union_length(s, e, heads)
+        if flat is None:  # pragma: no cover - needs > 2**62 ns of spread
+            flat = union_length(s, e, g).to_numpy(np.int64)  # ascending groups, as ``at``
+        figures["flat"][at] = flat
     gi = inst.iloc[inst_row[groups]].reset_index(drop=True)
     for col, values in figures.items():
         gi[col] = values
