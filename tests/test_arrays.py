@@ -16,6 +16,7 @@ from perfguard.arrays import (
     factorize,
     first_rows,
     first_valid,
+    per_distinct,
     unique_first,
     unique_sorted,
 )
@@ -183,6 +184,18 @@ def test_groups_reduce_as_pandas_groupby(n_groups: int) -> None:
 def test_groups_refuse_codes_with_gaps() -> None:
     with pytest.raises(ValueError, match="0..k-1"):
         Groups(np.array([0, 2, 2]))
+
+
+def test_per_distinct_is_the_rule_applied_to_every_value() -> None:
+    rng = np.random.default_rng(11)
+    pool = np.array(["aten::mm", "MmBackward0", None, "é::x", "ProfilerStep#7"], dtype=object)
+    values = pd.Series(pool[rng.integers(0, len(pool), 6000)], dtype=object)
+
+    def rule(u: pd.Series) -> pd.Series:
+        return u.fillna("").str.len().astype("Int64")
+
+    got = per_distinct(values, rule)
+    pd.testing.assert_series_equal(got, rule(values))
 
 
 def test_object_ids_are_the_ids_of_the_elements():

@@ -19,13 +19,10 @@ import numpy as np
 import pandas as pd
 
 from perfguard.arrays import unique_first
-from perfguard.trace.model import NO_CORRELATION, Trace
+from perfguard.trace.model import KERNEL_GEOMETRY, NO_CORRELATION, Trace
 from perfguard.trace.nesting import Nesting, group_codes
 
 UNASSOCIATED_PREFIX = "unassociated_"
-#: launch geometry columns of ``trace.kernels``
-KERNEL_GEOMETRY = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
-                   "shared_mem")  # fmt: skip
 #: the values of the activities' ``activity`` column (a categorical)
 ACTIVITY_KINDS = ("kernel", "memop")
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.enrich import activity_rows
-from perfguard.arrays import factorize
+from perfguard.arrays import per_distinct
 
 if TYPE_CHECKING:  # the Analysis dataclass imports this module
     from perfguard.analysis import Analysis
@@ -195,18 +195,14 @@ def emit_nvtx_missing(a: Analysis, th: Thresholds) -> list[Finding]:
     ]  # fmt: skip
 
 
-def _kernels(a: Analysis, columns: list[str]) -> pd.DataFrame:
-    """The kernel rows of the activities, only ``columns`` (a filter copies what it keeps)."""
-    acts = a.activities
-    return acts.loc[(acts["activity"] == "kernel").to_numpy(), columns]
-
-
 def _matches(values: pd.Series, pattern: re.Pattern[str] | str) -> np.ndarray:
     """``values.str.contains(pattern)`` computed once per distinct value (names repeat)."""
-    codes, uniques = factorize(values, use_na_sentinel=False)
-    text = pd.Series(["" if pd.isna(u) else str(u) for u in uniques], dtype=object)
-    hit = text.str.contains(pattern).to_numpy(dtype=bool)
-    return hit[codes] if len(codes) else np.zeros(0, dtype=bool)
+
+    def rule(u: pd.Series) -> pd.Series:
+        text = pd.Series(["" if pd.isna(x) else str(x) for x in u], dtype=object)
+        return text.str.contains(pattern).astype(bool)
+
+    return per_distinct(values, rule).to_numpy(dtype=bool)
 
 
 def _inside(window: pd.DataFrame, rank: np.ndarray, t: np.ndarray) -> np.ndarray:

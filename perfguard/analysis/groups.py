@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfguard.analysis.intervals import sort_by_group_then, sorted_union_length, union_length
+from perfguard.analysis.intervals import segment_figures
 from perfguard.arrays import unique_sorted
 from perfguard.trace.model import Trace
 
@@ -30,22 +30,6 @@ COLUMNS = [
     "op_id", "op_name", "direction", "calls", "child_ops", "kernel_count", "cpu_time_total",
     "gpu_time_total", "gpu_time_flattened", "gpu_idle_total",
 ]  # fmt: skip
-
-
-def group_members(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
-    """Pairs ``(activity row, group range_id)`` for every enclosing group of each activity.
-
-    One vectorised step per tree level: the owner's ancestors are reached by
-    following ``parent_id`` for all activities at once.
-    """
-    r = trace.ranges
-    parent = r["parent_id"].to_numpy(np.int64)  # range_id == row number (finalize_ranges)
-    is_op = (r["kind"] == "op").to_numpy()
-    op_parent = _op_parent(parent, is_op)
-    group = np.zeros(len(r), dtype=bool)
-    group[op_parent[(op_parent >= 0) & is_op]] = True
-    rows, groups = _member_pairs(parent, acts["range_id"].to_numpy(np.int64), group & is_op)
-    return pd.DataFrame({"row": rows, "group": groups}, copy=False)
 
 
 def _member_pairs(
@@ -101,30 +85,25 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
     is_group &= inst_row >= 0
     groups = np.flatnonzero(is_group)
 
-    # every (activity, enclosing group) pair, sorted by group then start: the sums, the
-    # span and the flattened time of each group are segment reductions of one sort
+    # every (activity, enclosing group) pair; the figures are segment reductions of
+    # one sort of the pairs by group and start
     rows, g = _member_pairs(
         r["parent_id"].to_numpy(np.int64), acts["range_id"].to_numpy(np.int64), is_group
     )
-    figures = {c: np.zeros(len(groups), dtype=np.int64) for c in ("gpu_time", "kernel_count",
-                                                                  "span", "flat")}  # fmt: skip
-    if len(g):
-        start = acts["start"].to_numpy(np.int64)
-        order = sort_by_group_then(g, start[rows])
-        rows, g = rows[order], g[order]
-        del order
-        s, e = start[rows], acts["end"].to_numpy(np.int64)[rows]
-        kernel = (acts["activity"] == "kernel").to_numpy()[rows]
-        del rows
-        heads = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
-        at = np.searchsorted(groups, g[heads])
-        figures["gpu_time"][at] = np.add.reduceat(e - s, heads)
-        figures["kernel_count"][at] = np.add.reduceat(kernel.astype(np.int64), heads)
-        figures["span"][at] = np.maximum.reduceat(e, heads) - np.minimum.reduceat(s, heads)
-        flat = sorted_union_length(s, e, heads)
-        if flat is None:  # pragma: no cover - needs > 2**62 ns of spread
-            flat = union_length(s, e, g).to_numpy(np.int64)  # ascending groups, as ``at``
-        figures["flat"][at] = flat
+    present, fig = segment_figures(
+        g,
+        rows,
+        acts["start"].to_numpy(np.int64),
+        acts["end"].to_numpy(np.int64),
+        (acts["activity"] == "kernel").to_numpy(dtype=bool),
+    )
+    del rows, g
+    at = np.searchsorted(groups, present)
+    figures = {}
+    for col, name in (("gpu_time", "time"), ("kernel_count", "kernels"), ("span", "span"),
+                      ("flat", "busy")):  # fmt: skip
+        figures[col] = np.zeros(len(groups), dtype=np.int64)
+        figures[col][at] = fig[name]
     gi = inst.iloc[inst_row[groups]].reset_index(drop=True)
     for col, values in figures.items():
         gi[col] = values

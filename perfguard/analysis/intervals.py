@@ -91,3 +91,38 @@ def sorted_union_length(s: np.ndarray, e: np.ndarray, heads: np.ndarray) -> np.n
     prev[first] = np.iinfo(np.int64).min
     contrib = np.clip(e - np.maximum(s, prev), 0, None)
     return np.add.reduceat(contrib, heads)
+
+
+def segment_figures(
+    group: np.ndarray, at: np.ndarray, start: np.ndarray, end: np.ndarray, kernel: np.ndarray
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """GPU figures of each group of activities: ``(groups, figures)``.
+
+    Pair ``i`` puts activity ``at[i]`` (a row of the per-activity arrays
+    ``start``, ``end``, ``kernel``) in group ``group[i]``; an activity may sit
+    in several groups. ``groups`` are the distinct group values ascending, and
+    ``figures`` holds, per group in that order, ``time`` (summed durations,
+    overlap counted per activity), ``count``, ``kernels`` (how many are
+    kernels), ``span`` (last end minus first start) and ``busy`` (the union
+    of the intervals). One sort by group then start, then segment reductions.
+    """
+    group = np.asarray(group, dtype=np.int64)
+    if not len(group):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, {c: empty for c in ("time", "count", "kernels", "span", "busy")}
+    order = sort_by_group_then(group, start[at])
+    group, at = group[order], at[order]
+    del order
+    s, e, k = start[at], end[at], kernel[at]
+    heads = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
+    busy = sorted_union_length(s, e, heads)
+    if busy is None:  # pragma: no cover - needs > 2**62 ns of spread
+        busy = union_length(s, e, group).to_numpy(np.int64)  # ascending groups, as heads
+    figures = {
+        "time": np.add.reduceat(e - s, heads),
+        "count": np.diff(np.append(heads, len(group))),
+        "kernels": np.add.reduceat(k.astype(np.int64), heads),
+        "span": np.maximum.reduceat(e, heads) - np.minimum.reduceat(s, heads),
+        "busy": busy,
+    }
+    return group[heads], figures

@@ -5,10 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfguard.analysis.attribution import KERNEL_GEOMETRY
 from perfguard.arrays import Groups, factorize, first_rows, first_valid
-
-GEOMETRY = list(KERNEL_GEOMETRY)
+from perfguard.trace.model import KERNEL_GEOMETRY
 
 
 def aggregate_kernels(acts: pd.DataFrame, kernels: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -21,8 +19,8 @@ def aggregate_kernels(acts: pd.DataFrame, kernels: pd.DataFrame | None = None) -
     kernels and are left out. The geometry is read from ``acts`` when it has
     the columns, else from ``kernels`` (the trace's) at ``acts["kernel_row"]``.
     """
-    cols = ["name", "short_name", "op_id", "op_name", "direction", "calls", "gpu_time_total",
-            "gpu_time_avg", "gpu_time_min", "gpu_time_max", *GEOMETRY]  # fmt: skip
+    stats = ["calls", "gpu_time_total", "gpu_time_avg", "gpu_time_min", "gpu_time_max"]
+    cols = ["name", "short_name", "op_id", "op_name", "direction", *stats, *KERNEL_GEOMETRY]
     if "uses_tc" in acts.columns:
         cols += ["uses_tc", "tc_reason"]
     kernel = np.flatnonzero((acts["activity"] == "kernel").to_numpy(bool))
@@ -39,34 +37,22 @@ def aggregate_kernels(acts: pd.DataFrame, kernels: pd.DataFrame | None = None) -
     rows = first_rows(codes)
     # the per-group "first" columns by one take at each group's first row (a groupby
     # "first" costs 10-15 ms per text column of a million rows)
-    in_acts = np.full(len(acts), -1, dtype=np.int64)  # group of every activity, -1: memop
-    in_acts[kernel] = codes
-    firsts = [c for c in cols if c in acts.columns and c not in cols[5:10]]
-    out = pd.DataFrame({c: first_valid(acts[c], in_acts, kernel[rows]) for c in firsts}, copy=False)
+    firsts = [c for c in cols if c in acts.columns and c not in stats]
+    out = pd.DataFrame(
+        {c: first_valid(acts[c], codes, rows, through=kernel) for c in firsts}, copy=False
+    )
     if kernels is not None and "kernel_row" in acts.columns:
         krow = acts["kernel_row"].to_numpy(np.int64)[kernel]  # row of trace.kernels
-        for c in GEOMETRY:
+        for c in KERNEL_GEOMETRY:
             if c not in out.columns and c in kernels.columns:
-                out[c] = _first_of_kernels(kernels[c], krow, codes, rows)
-    for c in GEOMETRY:  # activities built without the geometry, and no kernels to read it from
+                out[c] = first_valid(kernels[c], codes, rows, through=krow)
+    for c in KERNEL_GEOMETRY:  # activities without the geometry, and no kernels to read it in
         if c not in out.columns:
             out[c] = pd.array([pd.NA] * len(out), dtype="Int64")
     dur = (acts["end"].to_numpy(np.int64) - acts["start"].to_numpy(np.int64))[kernel]
     groups = Groups(codes)
     out["calls"] = groups.size
-    for col, fn in zip(cols[6:10], (groups.sum, groups.mean, groups.min, groups.max), strict=True):
+    for col, fn in zip(stats[1:], (groups.sum, groups.mean, groups.min, groups.max), strict=True):
         out[col] = fn(dur)
     out = out.sort_values(["gpu_time_total", "name"], ascending=[False, True])
     return out.reset_index(drop=True)[cols]
-
-
-def _first_of_kernels(
-    column: pd.Series, krow: np.ndarray, codes: np.ndarray, rows: np.ndarray
-) -> pd.Series:
-    """:func:`first_valid` of a ``trace.kernels`` column seen through ``krow`` (the
-    kernel row of each grouped launch), taking only the groups' first rows unless
-    one of them is NA."""
-    first = pd.Series(column.array.take(krow[rows]), dtype=column.dtype)
-    if not first.isna().any():
-        return first
-    return first_valid(pd.Series(column.array.take(krow), dtype=column.dtype), codes, rows)

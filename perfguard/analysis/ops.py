@@ -23,12 +23,13 @@ Per op instance (one range, or one unassociated GPU activity):
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from perfguard.analysis.attribution import UNASSOCIATED_PREFIX
-from perfguard.analysis.intervals import sort_by_group_then, sorted_union_length, union_length
+from perfguard.analysis.intervals import segment_figures
 from perfguard.arrays import Groups, factorize, first_rows, first_valid
 from perfguard.trace.model import Trace
 from perfguard.trace.nesting import group_codes
@@ -236,25 +237,19 @@ def _gpu_per_instance(instance: np.ndarray, acts: pd.DataFrame) -> dict[str, np.
     names = ("gpu_time", "kernel_count", "memop_count", "gpu_span", "gpu_busy", "gpu_idle")
     out = {c: np.zeros(n, dtype=np.int64) for c in names}
     rows = instance_rows(instance, acts["instance"].to_numpy(np.int64))
-    s = acts["start"].to_numpy(np.int64)
-    e = acts["end"].to_numpy(np.int64)
-    kernel = (acts["activity"] == "kernel").to_numpy(dtype=bool)
-    keep = rows >= 0
-    if not keep.any():
-        return out
-    rows, s, e, kernel = rows[keep], s[keep], e[keep], kernel[keep]
-    order = sort_by_group_then(rows, s)
-    rows, s, e, kernel = rows[order], s[order], e[order], kernel[order]
-    heads = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]]))
-    at = rows[heads]
-    out["gpu_time"][at] = np.add.reduceat(e - s, heads)
-    out["kernel_count"][at] = np.add.reduceat(kernel.astype(np.int64), heads)
-    out["memop_count"][at] = np.add.reduceat((~kernel).astype(np.int64), heads)
-    out["gpu_span"][at] = np.maximum.reduceat(e, heads) - np.minimum.reduceat(s, heads)
-    busy = sorted_union_length(s, e, heads)
-    if busy is None:  # pragma: no cover - needs > 2**62 ns of spread
-        busy = union_length(s, e, rows).to_numpy(np.int64)  # ascending rows, as ``at``
-    out["gpu_busy"][at] = busy
+    owned = np.flatnonzero(rows >= 0)
+    at, fig = segment_figures(
+        rows[owned],
+        owned,
+        acts["start"].to_numpy(np.int64),
+        acts["end"].to_numpy(np.int64),
+        (acts["activity"] == "kernel").to_numpy(dtype=bool),
+    )
+    out["gpu_time"][at] = fig["time"]
+    out["kernel_count"][at] = fig["kernels"]
+    out["memop_count"][at] = fig["count"] - fig["kernels"]
+    out["gpu_span"][at] = fig["span"]
+    out["gpu_busy"][at] = fig["busy"]
     out["gpu_idle"] = out["gpu_span"] - out["gpu_busy"]
     return out
 
@@ -304,31 +299,49 @@ def aggregate_ops(inst: pd.DataFrame) -> pd.DataFrame:
         codes, _ = pd.factorize(inst["op_key"].to_numpy(np.int64))
     else:  # groupby drops NA keys: so do these codes
         codes = inst.groupby(["op_name", "direction"], sort=False).ngroup().to_numpy(np.int64)
-    out = _group_stats(inst, codes, ["op_name", "direction", "op_type"], metrics)
+    grouped = _Grouped.of(inst, codes)
+    out = _group_stats(grouped, ["op_name", "direction", "op_type"], metrics)
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
     if "tc_eligible" in inst.columns:  # Tensor Core / FLOP columns (analysis.enrich)
-        out = pd.concat([out, _gpu_metrics(inst, codes)], axis=1)
+        out = pd.concat([out, _gpu_metrics(grouped)], axis=1)
     out = out.sort_values(["gpu_time_total", "cpu_time_total", "op_name"],
                           ascending=[False, False, True])  # fmt: skip
     return out.reset_index(drop=True)
 
 
-def _group_stats(
-    inst: pd.DataFrame, codes: np.ndarray, firsts: list[str], metrics: list[str]
-) -> pd.DataFrame:
-    """Per group of ``codes`` (numbered as first seen; -1 rows belong to none): the
-    first value of each of ``firsts``, ``calls``, ``kernel_count`` and the
-    total/avg/min/max of each of ``metrics``, one row per code in code order.
+@dataclass(frozen=True)
+class _Grouped:
+    """Instances grouped by codes numbered as first seen (rows coded -1 dropped), with
+    what every per-group figure needs, computed once: each group's first row and
+    the sort of :class:`perfguard.arrays.Groups`."""
+
+    inst: pd.DataFrame
+    codes: np.ndarray
+    rows: np.ndarray
+    groups: Groups
+
+    @classmethod
+    def of(cls, inst: pd.DataFrame, codes: np.ndarray) -> _Grouped:
+        keep = codes >= 0
+        if not keep.all():
+            inst, codes = inst[keep], codes[keep]
+        return cls(inst, codes, first_rows(codes), Groups(codes))
+
+    def first(self, values: pd.Series) -> pd.Series:
+        """Each group's first non-NA value of ``values`` (a column of ``inst``)."""
+        return first_valid(values, self.codes, self.rows)
+
+
+def _group_stats(grouped: _Grouped, firsts: list[str], metrics: list[str]) -> pd.DataFrame:
+    """Per group, one row per code in code order: the first value of each of
+    ``firsts``, ``calls``, ``kernel_count`` and the total/avg/min/max of each of
+    ``metrics``.
 
     The text columns come from each group's first row (:func:`first_valid`),
     not from a groupby "first", which costs 10-15 ms per million rows each.
     """
-    keep = codes >= 0
-    if not keep.all():
-        inst, codes = inst[keep], codes[keep]
-    rows = first_rows(codes)
-    out = pd.DataFrame({c: first_valid(inst[c], codes, rows) for c in firsts}, copy=False)
-    groups = Groups(codes)
+    inst, groups = grouped.inst, grouped.groups
+    out = pd.DataFrame({c: grouped.first(inst[c]) for c in firsts}, copy=False)
     out["calls"] = groups.size
     out["kernel_count"] = groups.sum(inst["kernel_count"].to_numpy(np.int64))
     for m in metrics:
@@ -350,19 +363,18 @@ def aggregate_op_types(inst: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["op_type", "calls", "kernel_count", *stats])
     op_type = inst["op_type"].fillna(inst["name"])
     code, _ = factorize(op_type, use_na_sentinel=False)  # grouped by code, not by text
-    typed = inst.assign(op_type=op_type)
-    out = _group_stats(typed, code, ["op_type"], metrics)
+    grouped = _Grouped.of(inst.assign(op_type=op_type), code)
+    out = _group_stats(grouped, ["op_type"], metrics)
     if "tc_eligible" in inst.columns:
-        gpu = _gpu_metrics(typed, code).drop(columns=["input_shapes"])
+        gpu = _gpu_metrics(grouped).drop(columns=["input_shapes"])
         out = pd.concat([out, gpu], axis=1)
     out = out.sort_values(["gpu_time_total", "op_type"], ascending=[False, True])
     return out.reset_index(drop=True)
 
 
-def _gpu_metrics(inst: pd.DataFrame, codes: np.ndarray) -> pd.DataFrame:
-    """Per group of ``codes`` (an op, an op type; numbered as first seen, one row per
-    code in code order): Tensor Core use and utilization, shapes, FLOPs, bytes
-    and efficiency.
+def _gpu_metrics(grouped: _Grouped) -> pd.DataFrame:
+    """Per group (an op, an op type; one row per code in code order): Tensor Core
+    use and utilization, shapes, FLOPs, bytes and efficiency.
 
     * ``tc_eligible`` / ``using_tc``: any instance eligible / using TC;
     * ``tc_utilization``: 100 x TC kernel time / kernel time over the op's
@@ -374,9 +386,7 @@ def _gpu_metrics(inst: pd.DataFrame, codes: np.ndarray) -> pd.DataFrame:
       instances with known FLOPs and peak, which is FLOPs / GPU time / peak
       when every instance ran on the same GPU and path.
     """
-    keep = codes >= 0
-    if not keep.all():
-        inst, codes = inst[keep], codes[keep]
+    inst, codes, groups = grouped.inst, grouped.codes, grouped.groups
     eligible = inst["tc_eligible"].fillna(False).astype(bool)
     flops = inst["flops"].astype("Float64")
     known = flops.notna().to_numpy(bool) & (inst["gpu_time"] > 0).to_numpy(bool)
@@ -384,7 +394,6 @@ def _gpu_metrics(inst: pd.DataFrame, codes: np.ndarray) -> pd.DataFrame:
     rated = known & peak.notna().to_numpy(bool)
     gpu_s = inst["gpu_time"].to_numpy(np.float64) * 1e-9
     # integers and flags reduced exactly with numpy; floating-point sums by pandas
-    groups = Groups(codes)
     sums = pd.DataFrame(
         {
             "tc_eligible": groups.any(eligible.to_numpy(bool)),
@@ -411,10 +420,9 @@ def _gpu_metrics(inst: pd.DataFrame, codes: np.ndarray) -> pd.DataFrame:
     floats = g[["f_known", "t_known", "f_rated", "tp_rated"]].sum()
     for col in floats.columns:
         sums[col] = floats[col].to_numpy()
-    rows = first_rows(codes)
     out = sums[["tc_eligible", "using_tc", "tc_kernel_time", "kernel_time"]].copy()
-    out["data_type"] = first_valid(inst["compute_dtype"].fillna(inst["dtypes"]), codes, rows)
-    out["input_shapes"] = first_valid(inst["input_shapes"], codes, rows)
+    out["data_type"] = grouped.first(inst["compute_dtype"].fillna(inst["dtypes"]))
+    out["input_shapes"] = grouped.first(inst["input_shapes"])
     out["flops"] = g["flops"].sum(min_count=1).array
     out["bytes"] = g["bytes"].sum(min_count=1).array
     el_k = sums["el_k"].where(sums["el_k"] > 0)

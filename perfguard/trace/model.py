@@ -33,6 +33,10 @@ import pandas as pd
 #: of millions of ranges (a code compare instead of a string compare each time).
 RANGE_KIND = pd.CategoricalDtype(["op", "async", "iteration"])
 
+#: ``kernels``' launch geometry columns (only the kernel report reads them)
+KERNEL_GEOMETRY = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
+                   "shared_mem")  # fmt: skip
+
 #: Column name -> dtype for every table of the model.
 SCHEMA: dict[str, dict[str, Any]] = {
     "ranges": {

@@ -20,12 +20,11 @@ like the Kineto reader's (compact JSON, the same dtype spellings).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
-from perfguard.arrays import factorize
+from perfguard.arrays import per_distinct
 
 _SUFFIX = re.compile(r",\s*(?:stashed seq|seq|op_id|sizes|input_op_ids)\s*=\s*.*$", flags=re.DOTALL)
 _SEQ = re.compile(r",\s*(stashed )?seq\s*=\s*(\d+)")
@@ -100,14 +99,6 @@ def _unescape_json(s: pd.Series) -> pd.Series:
     return s.str.replace(",\\u0020", ", ", regex=False)
 
 
-def _per_distinct(names: pd.Series, rule: Callable[[pd.Series], pd.Series]) -> pd.Series:
-    """``rule(names)``, computed once per distinct name (names repeat millions of times)."""
-    names = pd.Series(names, copy=False)
-    codes, uniques = factorize(names, use_na_sentinel=False)
-    answer = rule(pd.Series(uniques, dtype=object))
-    return pd.Series(answer.array.take(codes), index=names.index)
-
-
 def is_backward_name(names: pd.Series) -> pd.Series:
     """True for autograd backward nodes (``MulBackward0``, ``autograd::engine::...``)."""
 
@@ -116,7 +107,7 @@ def is_backward_name(names: pd.Series) -> pd.Series:
         backward = s.str.contains(r"Backward\d*\b", regex=True)
         return (backward | s.str.startswith("autograd::engine::evaluate_function")).astype(bool)
 
-    return _per_distinct(names, rule)
+    return per_distinct(names, rule)
 
 
 def iteration_number(names: pd.Series) -> pd.Series:
@@ -126,7 +117,7 @@ def iteration_number(names: pd.Series) -> pd.Series:
         m = u.fillna("").str.extract(_PROFILER_STEP)[0]
         return pd.to_numeric(m, errors="coerce").astype("Int64")
 
-    return _per_distinct(names, rule)
+    return per_distinct(names, rule)
 
 
 def is_iteration_name(names: pd.Series) -> pd.Series:
@@ -140,11 +131,14 @@ def op_type_of(names: pd.Series) -> pd.Series:
     Absolute hierarchical names (``perfguard.instrument``) give their last level
     without the repeat number: ``/Net/fc(2)/aten::addmm(3)`` -> ``addmm``.
     """
-    codes, uniques = pd.factorize(names.fillna(""), sort=False)
-    u = pd.Series(uniques, dtype="object")
-    path = u.str.startswith("/")
-    if path.any():
-        leaf = u.str.rsplit("/", n=1).str[-1].str.replace(_REPEAT, "", regex=True)
-        u = u.where(~path, leaf)
-    t = u.str.rsplit("::", n=1).str[-1].str.strip()
-    return pd.Series(t.to_numpy(dtype=object)[codes], index=names.index, dtype="object")
+
+    def rule(u: pd.Series) -> pd.Series:
+        u = u.fillna("")
+        path = u.str.startswith("/")
+        if path.any():
+            leaf = u.str.rsplit("/", n=1).str[-1].str.replace(_REPEAT, "", regex=True)
+            u = u.where(~path, leaf)
+        t = u.str.rsplit("::", n=1).str[-1].str.strip()
+        return pd.Series(t.to_numpy(dtype=object), dtype="object")
+
+    return per_distinct(names, rule)

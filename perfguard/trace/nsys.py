@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.errors import TraceError
-from perfguard.trace.model import NO_CORRELATION, RANGE_KIND, Trace
+from perfguard.trace.model import KERNEL_GEOMETRY, NO_CORRELATION, RANGE_KIND, Trace
 from perfguard.trace.names import is_iteration_name, op_type_of, parse_range_names
 from perfguard.trace.ranges import finalize_ranges
 
@@ -412,8 +412,7 @@ def _kernels(db: _Db, strings: _Strings) -> pd.DataFrame:
             "name": name, "short_name": short,
         }, copy=False
     )  # fmt: skip
-    for col in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
-                "shared_mem"):  # fmt: skip
+    for col in KERNEL_GEOMETRY:
         df[col] = cols[col]
     return df
 
