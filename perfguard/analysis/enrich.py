@@ -154,11 +154,8 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
     if shaped.any():
         _add_range_flops(r, shaped, inst)
     else:  # nothing to cost: empty columns, without a per-range table to look up
-        m = len(inst)
-        inst["flops"] = pd.arrays.FloatingArray(np.zeros(m), np.ones(m, dtype=bool))
-        inst["bytes"] = pd.arrays.IntegerArray(np.zeros(m, np.int64), np.ones(m, dtype=bool))
-        inst["compute_dtype"] = np.full(m, None, dtype=object)
-        inst["flop_formula"] = np.full(m, None, dtype=object)
+        for col, values in _no_flops(len(inst)).items():
+            inst[col] = values
 
     devices, notes = gpu_keys(trace)
     inst["gpu"] = _first_kernel_gpu(acts, inst, devices)
@@ -173,20 +170,20 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
     return notes
 
 
+def _no_flops(n: int) -> dict[str, object]:
+    """The FLOP columns of ``n`` rows with nothing known (all NA)."""
+    return {
+        "flops": pd.arrays.FloatingArray(np.zeros(n), np.ones(n, dtype=bool)),
+        "bytes": pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool)),
+        "compute_dtype": np.full(n, None, dtype=object),
+        "flop_formula": np.full(n, None, dtype=object),
+    }
+
+
 def _add_range_flops(r: pd.DataFrame, shaped: np.ndarray, inst: pd.DataFrame) -> None:
     """``flops, bytes, compute_dtype, flop_formula`` of the ``shaped`` ranges, counted
     once up the op tree, onto their instances (NA for the others)."""
-    n, missing = len(r), np.ones(len(r), dtype=bool)
-    by_range = pd.DataFrame(
-        {
-            "flops": pd.arrays.FloatingArray(np.zeros(n), missing),
-            "bytes": pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), missing.copy()),
-            "compute_dtype": np.full(n, None, dtype=object),
-            "flop_formula": np.full(n, None, dtype=object),
-        },
-        index=r.index,
-        copy=False,
-    )
+    by_range = pd.DataFrame(_no_flops(len(r)), index=r.index, copy=False)
     sub = r[shaped]
     frame = pd.DataFrame(
         {
