@@ -37,11 +37,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import FIXTURES, NO_FIXTURES
 
 from perfguard.analysis import analyze
 from perfguard.trace import load_trace
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+if FIXTURES is None:  # pragma: no cover - depends on the checkout
+    pytest.skip(NO_FIXTURES, allow_module_level=True)
 NSYS_DIR = FIXTURES / "nsys"
 KINETO_DIR = FIXTURES / "kineto"
 HTA_DIR = KINETO_DIR / "hta_reference"
@@ -64,9 +66,6 @@ KINETO_FILES = [
 ]
 A100 = KINETO_FILES[0]
 DLRM = KINETO_FILES[-1]
-
-if not FIXTURES.is_dir():  # pragma: no cover - depends on the checkout
-    pytest.skip(f"fixture directory {FIXTURES} not found", allow_module_level=True)
 
 
 def _need(path: Path) -> Path:
