@@ -87,7 +87,7 @@ def analyze(
     inst["op_id"] = op_id_by_key(inst)
     acts = _join_op(acts, inst)
     add_tensor_cores(trace, acts, inst)
-    notes = add_flops(trace, acts, inst)
+    notes = list(trace.notes) + add_flops(trace, acts, inst)
 
     if restricted:
         keep = window.set_index(["rank", "iteration"]).index

@@ -158,7 +158,10 @@ class Trace:
 
     ``meta`` holds ``format`` (``nsys-sqlite`` or ``kineto-json``),
     ``version``, ``path`` and whatever else the capture records (driver,
-    CUDA, capture command, ...).
+    CUDA, capture command, ...). ``notes`` holds one line per thing the
+    reader repaired, dropped or clamped in the capture (a truncated tail, an
+    unclosed range, a negative duration): the analysis and the reports
+    show them, so a repaired capture is never silently taken at face value.
     """
 
     ranges: pd.DataFrame = field(default_factory=lambda: empty_table("ranges"))
@@ -168,6 +171,7 @@ class Trace:
     devices: pd.DataFrame = field(default_factory=lambda: empty_table("devices"))
     threads: pd.DataFrame = field(default_factory=lambda: empty_table("threads"))
     meta: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for table in SCHEMA:
