@@ -73,33 +73,14 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
         ~has_launch,
     )
 
-    r = trace.ranges
-    is_op = (r["kind"] == "op").to_numpy(dtype=bool)
-    ops = pd.DataFrame({c: r[c].to_numpy()[is_op] for c in ("rank", "pid", "tid")}, copy=False)
-    calls = pd.DataFrame(
-        {
-            "rank": out["rank"].to_numpy()[has_launch],
-            "pid": out["pid"].to_numpy()[has_launch],
-            "tid": out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
-        },
-        copy=False,
-    )
-    op_groups, call_groups = group_codes(ops, calls)
-    start, end = r["start"].to_numpy()[is_op], r["end"].to_numpy()[is_op]
-    if is_op.all() and _is_tree(r):
-        # every range is an op: the reader's tree (finalize_ranges, the same Nesting on
-        # the same ranges and threads) is this one, so only the sort is redone
-        nest = Nesting.from_tree(
-            start, end, op_groups, r["depth"].to_numpy(), r["parent_id"].to_numpy()
-        )
-    else:
-        nest = Nesting(start, end, op_groups)
-    t = out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[has_launch]
-    pos = nest.innermost_enclosing(call_groups, t)
     range_id = np.full(len(out), -1, dtype=np.int64)
-    found = pos >= 0
-    owner = r["range_id"].to_numpy()[is_op][nest.order[pos[found]]]
-    range_id[np.flatnonzero(has_launch)[found]] = owner
+    range_id[has_launch] = enclosing_op(
+        trace,
+        out["rank"].to_numpy()[has_launch],
+        out["pid"].to_numpy()[has_launch],
+        out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
+        out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
+    )
     out["range_id"] = range_id
     # the op instance that owns it: the range, or a pseudo-instance of its own
     orphans = np.flatnonzero(range_id < 0)
@@ -122,6 +103,36 @@ def _is_tree(ranges: pd.DataFrame) -> bool:
     if (parent >= n).any() or (depth[root] != 0).any():
         return False
     return bool((depth[parent[~root]] + 1 == depth[~root]).all())
+
+
+def enclosing_op(
+    trace: Trace, rank: np.ndarray, pid: np.ndarray, tid: np.ndarray, t: np.ndarray
+) -> np.ndarray:
+    """The ``range_id`` of the innermost op range on thread ``(rank, pid, tid)`` that
+    encloses time ``t`` (``start <= t <= end``), -1 where none does; vectorised.
+
+    Rule 2 of the module docstring, for any event with a thread and a time: a
+    kernel's launching call here, a synchronising API call in the counters.
+    """
+    r = trace.ranges
+    is_op = (r["kind"] == "op").to_numpy(dtype=bool)
+    ops = pd.DataFrame({c: r[c].to_numpy()[is_op] for c in ("rank", "pid", "tid")}, copy=False)
+    calls = pd.DataFrame({"rank": rank, "pid": pid, "tid": tid}, copy=False)
+    op_groups, call_groups = group_codes(ops, calls)
+    start, end = r["start"].to_numpy()[is_op], r["end"].to_numpy()[is_op]
+    if is_op.all() and _is_tree(r):
+        # every range is an op: the reader's tree (finalize_ranges, the same Nesting on
+        # the same ranges and threads) is this one, so only the sort is redone
+        nest = Nesting.from_tree(
+            start, end, op_groups, r["depth"].to_numpy(), r["parent_id"].to_numpy()
+        )
+    else:
+        nest = Nesting(start, end, op_groups)
+    pos = nest.innermost_enclosing(call_groups, np.asarray(t, dtype=np.int64))
+    range_id = np.full(len(pos), -1, dtype=np.int64)
+    found = pos >= 0
+    range_id[found] = r["range_id"].to_numpy()[is_op][nest.order[pos[found]]]
+    return range_id
 
 
 def _launching_call(api: pd.DataFrame, activities: pd.DataFrame) -> np.ndarray:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.baseline.record import (
+    COUNTER_COLUMNS,
     KERNEL_COLUMNS,
     OP_COLUMNS,
     OP_SAMPLE_COLUMNS,
@@ -35,6 +36,7 @@ FRAME_TYPES: dict[str, dict[str, Kind]] = {
         "gpu_time_ns": "int",
         "wall_time_ns": "int",
         "cpu_time_ns": "nullable_int",
+        "round": "int",
     },
     "op_samples": {
         "op_id": "str",
@@ -58,6 +60,7 @@ FRAME_TYPES: dict[str, dict[str, Kind]] = {
         "flops": "float",
         "bytes": "nullable_int",
         "flop_efficiency": "float",
+        "dtypes": "str",
     },
     "kernels": {
         "op_id": "str",
@@ -67,12 +70,20 @@ FRAME_TYPES: dict[str, dict[str, Kind]] = {
         "gpu_time_total": "int",
         "uses_tc": "bool",
     },
+    "counters": {
+        "op_id": "str",
+        "op_name": "str",
+        "counter": "str",
+        "value": "float",
+        "stable": "bool",
+    },
 }
 
 assert tuple(FRAME_TYPES["samples"]) == SAMPLE_COLUMNS
 assert tuple(FRAME_TYPES["op_samples"]) == OP_SAMPLE_COLUMNS
 assert tuple(FRAME_TYPES["ops"]) == OP_COLUMNS
 assert tuple(FRAME_TYPES["kernels"]) == KERNEL_COLUMNS
+assert tuple(FRAME_TYPES["counters"]) == COUNTER_COLUMNS
 
 #: SQLite column type of each kind
 SQL_TYPES: dict[Kind, str] = {

@@ -27,17 +27,24 @@ import pandas as pd
 
 #: columns of :attr:`TestRecord.samples`: one row per recorded iteration
 #: (``cpu_time_ns``: the harness thread's CPU time, NA when not measured)
-SAMPLE_COLUMNS = ("iteration", "gpu_time_ns", "wall_time_ns", "cpu_time_ns")
+#: (``round``: which round of the test's loop the iteration belongs to, 0 for a
+#: single-round run: rounds, not iterations, are the unit of replication)
+SAMPLE_COLUMNS = ("iteration", "gpu_time_ns", "wall_time_ns", "cpu_time_ns", "round")
 #: columns of :attr:`TestRecord.op_samples`: one row per (op, iteration)
 OP_SAMPLE_COLUMNS = ("op_id", "iteration", "calls", "gpu_time_ns", "cpu_time_ns")
 #: columns of :attr:`TestRecord.ops`: one row per op (whole capture)
 OP_COLUMNS = (
     "op_id", "op_name", "direction", "op_type", "calls", "kernel_count",
     "cpu_time_total", "gpu_time_total", "tc_eligible", "using_tc", "tc_utilization",
-    "flops", "bytes", "flop_efficiency",
+    "flops", "bytes", "flop_efficiency", "dtypes",
 )  # fmt: skip
 #: columns of :attr:`TestRecord.kernels`: one row per (kernel name, op)
 KERNEL_COLUMNS = ("op_id", "op_name", "kernel_name", "calls", "gpu_time_total", "uses_tc")
+#: columns of :attr:`TestRecord.counters`: one row per (op, deterministic counter), the
+#: mean per recorded iteration (:mod:`perfguard.analysis.counters`); ``stable``: the
+#: same value in every round, so the gates may compare it exactly (op_id "" is the
+#: whole test, e.g. ``peak_memory``)
+COUNTER_COLUMNS = ("op_id", "op_name", "counter", "value", "stable")
 
 #: metric names a record's samples can carry
 METRICS = {"gpu_time": "gpu_time_ns", "wall_time": "wall_time_ns", "cpu_time": "cpu_time_ns"}
@@ -114,7 +121,8 @@ class TestRecord:
     """One benchmark test's measurements in one run.
 
     ``samples`` (SAMPLE_COLUMNS), ``op_samples`` (OP_SAMPLE_COLUMNS), ``ops``
-    (OP_COLUMNS) and ``kernels`` (KERNEL_COLUMNS) are DataFrames; ``meta``
+    (OP_COLUMNS), ``kernels`` (KERNEL_COLUMNS) and ``counters``
+    (COUNTER_COLUMNS) are DataFrames; ``meta``
     holds the marker's settings (iterations, warmup, tolerance, metrics),
     the capture path and any note (e.g. "test did not use the gpuprofile
     fixture: captured as one iteration").
@@ -129,11 +137,29 @@ class TestRecord:
     ops: pd.DataFrame
     kernels: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    counters: pd.DataFrame = field(default_factory=lambda: empty_frame(COUNTER_COLUMNS))
 
     def values(self, metric: str | None = None) -> np.ndarray:
         """Per-iteration values of ``metric`` (default: the primary one), in ns, as float64."""
         col = METRICS[metric or self.metric]
         return self.samples[col].to_numpy(dtype=np.float64)
+
+    def rounds(self) -> np.ndarray:
+        """The round of each sample (0 everywhere for a record of one round)."""
+        if "round" not in self.samples:
+            return np.zeros(len(self.samples), dtype=np.int64)
+        return self.samples["round"].to_numpy(dtype=np.int64, na_value=0)
+
+    def round_values(self, metric: str | None = None) -> np.ndarray:
+        """One value per round: the median of its iterations' ``metric`` (ns).
+
+        The median, not the mean: one iteration held up by a page fault or a
+        collector pause must not move the round.
+        """
+        values, rounds = self.values(metric), self.rounds()
+        if not len(values):
+            return np.zeros(0)
+        return np.array([np.median(values[rounds == r]) for r in np.unique(rounds)])
 
     def op_values(self, op_id: str, metric: str | None = None) -> np.ndarray:
         """Per-iteration values of one op (GPU time, or CPU time for a wall/CPU-time record)."""
@@ -154,6 +180,8 @@ def record_from_analysis(
     cpu_times_ns: np.ndarray | None = None,
     metric: str | None = None,
     meta: dict[str, Any] | None = None,
+    rounds: np.ndarray | None = None,
+    extra_counters: dict[str, float] | None = None,
 ) -> TestRecord:
     """A :class:`TestRecord` from a :class:`perfguard.analysis.Analysis` of one test.
 
@@ -162,7 +190,9 @@ def record_from_analysis(
     after synchronising the device); without them the iteration ranges'
     durations are used. ``cpu_times_ns`` (the same iterations' thread CPU
     time) fills ``cpu_time_ns``, else it is NA. ``metric`` defaults to ``gpu_time`` when the
-    capture has GPU activity and ``wall_time`` otherwise.
+    capture has GPU activity and ``wall_time`` otherwise. ``rounds`` gives
+    each recorded iteration's round (all 0 when None); ``extra_counters`` are
+    whole-test counters measured outside the trace (``peak_memory`` in bytes).
     """
     it = analysis.iterations
     it = it[it["rank"] == it["rank"].min()] if len(it) and "rank" in it else it
@@ -180,6 +210,10 @@ def record_from_analysis(
     if measured:
         cpu = np.asarray(cpu_times_ns, dtype=np.int64)
     samples["cpu_time_ns"] = pd.arrays.IntegerArray(cpu, np.full(len(cpu), not measured))
+    if rounds is not None and len(rounds) == len(samples):
+        samples["round"] = np.asarray(rounds, dtype=np.int64)
+    else:
+        samples["round"] = np.zeros(len(samples), dtype=np.int64)
     if metric is None:
         metric = "gpu_time" if len(analysis.activities) else "wall_time"
 
@@ -195,6 +229,8 @@ def record_from_analysis(
     ops = analysis.ops.rename(
         columns={"tc_utilization_pct": "tc_utilization", "flop_efficiency_pct": "flop_efficiency"}
     )
+    if "data_type" in ops and "dtypes" not in ops:
+        ops["dtypes"] = ops["data_type"]
     ops = ops.reindex(columns=list(OP_COLUMNS))
     k = analysis.kernels
     kernels = pd.DataFrame(
@@ -207,4 +243,70 @@ def record_from_analysis(
             "uses_tc": k["uses_tc"] if "uses_tc" in k else pd.Series(pd.NA, index=k.index),
         }
     )
-    return TestRecord(nodeid, metric, samples, op_samples, ops, kernels, dict(meta or {}))
+    counters = reduce_counters(op_counters_of(analysis), samples, extra_counters or {})
+    return TestRecord(
+        nodeid, metric, samples, op_samples, ops, kernels, dict(meta or {}), counters
+    )
+
+
+def op_counters_of(analysis: Any) -> pd.DataFrame:
+    from perfguard.analysis.counters import op_counters
+
+    return op_counters(analysis)
+
+
+def reduce_counters(
+    per_iteration: pd.DataFrame, samples: pd.DataFrame, extra: dict[str, float]
+) -> pd.DataFrame:
+    """:data:`COUNTER_COLUMNS` from the per-(op, iteration, counter) rows.
+
+    ``value`` is the mean per recorded iteration (an iteration without the
+    op counts 0); ``stable`` says every round had the same mean, so a
+    difference from a baseline is the code's, not the run's (a counter that
+    moves between rounds of one run, e.g. a data-dependent ``nonzero``, is
+    reported but never gates).
+    """
+    n_iter = len(samples)
+    rows = []
+    if n_iter and len(per_iteration):
+        round_of = pd.Series(samples["round"].to_numpy(np.int64), index=samples["iteration"])
+        per_round = samples.groupby("round").size()
+        df = per_iteration.assign(
+            round=round_of.reindex(per_iteration["iteration"].to_numpy()).to_numpy()
+        )
+        df = df[df["round"].notna()]
+        g = df.groupby(["op_id", "counter", "round"], sort=True)
+        sums = g["value"].sum().unstack("round").reindex(columns=per_round.index, fill_value=0.0)
+        sums = sums.fillna(0.0)
+        means = sums.to_numpy() / per_round.to_numpy()[None, :]
+        total = sums.to_numpy().sum(axis=1) / n_iter
+        spread = means.max(axis=1) - means.min(axis=1)
+        stable = spread <= 1e-9 * np.maximum(np.abs(means).max(axis=1), 1.0)
+        names = df.groupby("op_id", sort=False)["op_name"].first()
+        idx = sums.index
+        rows.append(
+            pd.DataFrame(
+                {
+                    "op_id": idx.get_level_values("op_id").astype(object),
+                    "op_name": names.reindex(idx.get_level_values("op_id")).to_numpy(),
+                    "counter": idx.get_level_values("counter").astype(object),
+                    "value": total,
+                    "stable": stable,
+                }
+            )
+        )
+    if extra:
+        rows.append(
+            pd.DataFrame(
+                {
+                    "op_id": "",
+                    "op_name": "",
+                    "counter": list(extra),
+                    "value": [float(v) for v in extra.values()],
+                    "stable": True,
+                }
+            )
+        )
+    if not rows:
+        return empty_frame(COUNTER_COLUMNS)
+    return pd.concat(rows, ignore_index=True)[list(COUNTER_COLUMNS)]

@@ -90,10 +90,24 @@ def _v3_sample_cpu_time(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE samples ADD COLUMN cpu_time_ns INTEGER")
 
 
+def _v4_rounds_dtypes_counters(conn: sqlite3.Connection) -> None:
+    """v4: the round of each sample (0 in older runs: one round), an op's input dtypes,
+    and the deterministic counters the gates compare."""
+    conn.execute("ALTER TABLE samples ADD COLUMN round INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE ops ADD COLUMN dtypes TEXT")
+    conn.execute(
+        """CREATE TABLE counters (
+            test_id INTEGER NOT NULL REFERENCES tests(test_id) ON DELETE CASCADE,
+            op_id TEXT, op_name TEXT, counter TEXT, value REAL, stable INTEGER)"""
+    )
+    conn.execute("CREATE INDEX counters_test ON counters(test_id)")
+
+
 #: (version reached, migration), in order
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _v1_initial),
     (2, _v2_fingerprint_columns_and_kernels),
     (3, _v3_sample_cpu_time),
+    (4, _v4_rounds_dtypes_counters),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
