@@ -1,7 +1,10 @@
 """Baseline vs current: noise-aware verdicts per test and per op (see DESIGN.md, Verdicts).
 
-Knows :mod:`perfguard.baseline.record` only. :func:`compare_records` is the
-one call; the statistics live in :mod:`perfguard.compare.stats`. Names are
+Knows :mod:`perfguard.baseline.record` only. :func:`judge` is the one call
+that decides an outcome (:mod:`.judge`); its halves are :mod:`.timing`
+(rounds, history noise, A/B pairs) and :mod:`.gates` (deterministic
+counters); per-op tables and the U statistics live in :mod:`.verdict` and
+:mod:`.stats`; the typed session document in :mod:`.results`. Names are
 loaded on first use (PEP 562) so the pytest plugin can parse a tolerance
 (:mod:`perfguard.compare.tolerance`) without importing numpy and pandas.
 """
@@ -12,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from perfguard.compare.judge import Against, JudgeSettings, judge
     from perfguard.compare.verdict import (
         CHANGE_COLUMNS,
         MIN_SAMPLES,
@@ -25,7 +29,13 @@ if TYPE_CHECKING:
         kernel_changes,
     )
 
+#: where each lazily loaded name lives
+_HOME = {"Against": "judge", "JudgeSettings": "judge", "judge": "judge"}
+
 __all__ = [
+    "Against",
+    "JudgeSettings",
+    "judge",
     "CHANGE_COLUMNS",
     "MIN_SAMPLES",
     "OP_COLUMNS",
@@ -41,7 +51,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        value = getattr(importlib.import_module("perfguard.compare.verdict"), name)
+        module = _HOME.get(name, "verdict")
+        value = getattr(importlib.import_module(f"perfguard.compare.{module}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'perfguard.compare' has no attribute {name!r}")

@@ -58,7 +58,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfguard.baseline.record import METRICS, TestRecord
+from perfguard.baseline.record import TestRecord
+from perfguard.compare.outcomes import Outcome
 from perfguard.compare.stats import compare_samples
 from perfguard.errors import CompareError
 
@@ -74,20 +75,6 @@ OP_COLUMNS = (
 )  # fmt: skip
 CHANGE_COLUMNS = ("kind", "op_name", "kernel_name", "baseline", "current")
 CHANGE_KINDS = ("tc_lost", "tc_gained", "added", "removed", "count_changed", "flops_changed")
-
-
-class Outcome(str, Enum):
-    """A test's verdict. Only ``regressed`` can fail a test."""
-
-    REGRESSED = "regressed"
-    IMPROVED = "improved"
-    UNCHANGED = "unchanged"
-    NEW = "new"
-    NO_BASELINE = "no-baseline"
-    INCOMPARABLE = "incomparable"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass
@@ -116,6 +103,12 @@ class TestComparison:
     kernel_changes: pd.DataFrame = field(default_factory=lambda: _empty(CHANGE_COLUMNS))
     samples_current: list[int] = field(default_factory=list)
     samples_baseline: list[int] = field(default_factory=list)
+    #: one value per round (the median of its iterations), ns: the replicates
+    rounds_current: list[int] = field(default_factory=list)
+    rounds_baseline: list[int] = field(default_factory=list)
+    mode: str = "store"  # "store" | "ab"
+    timing: Any = None  # perfguard.compare.timing.TimingVerdict
+    gates: Any = None  # perfguard.compare.gates.GateVerdict (None: nothing to gate against)
 
     @property
     def ci_level_pct(self) -> float:
@@ -147,6 +140,11 @@ class TestComparison:
         out["kernel_changes"] = _records(self.kernel_changes, CHANGE_COLUMNS)
         out["samples_current"] = [int(v) for v in self.samples_current]
         out["samples_baseline"] = [int(v) for v in self.samples_baseline]
+        out["rounds_current"] = [int(v) for v in self.rounds_current]
+        out["rounds_baseline"] = [int(v) for v in self.rounds_baseline]
+        out["mode"] = self.mode
+        out["timing"] = self.timing.to_dict() if self.timing is not None else None
+        out["gates"] = self.gates.to_dict() if self.gates is not None else None
         return out
 
 
@@ -168,110 +166,29 @@ def compare_records(
     incompatibility: str | None = None,
     baseline_commit: str | None = None,
     baseline_run_exists: bool = False,
+    history: np.ndarray | None = None,
+    mode: str = "store",
+    gates: dict[str, Any] | None = None,
 ) -> TestComparison:
-    """Compare ``current`` with ``baseline`` and give the verdict, per test and per op.
+    """Compare ``current`` with one ``baseline`` record: :func:`perfguard.compare.judge`
+    with that record as the baseline (kept for notebooks and the CLI's two-capture case).
 
-    ``baseline=None`` gives ``no-baseline``. If ``baseline_run_exists`` is
-    also set, it gives ``new``: a baseline run was found, but this test is
-    not in it. ``incompatibility`` is the reason the two machines differ
-    (:meth:`Fingerprint.incompatibility`). Given one, the result is
-    ``incomparable`` and no figures are compared.
+    ``baseline=None`` gives ``no-baseline``, or ``new`` with
+    ``baseline_run_exists``; ``incompatibility`` gives ``incomparable``.
     """
-    if not (tolerance >= 0 and math.isfinite(tolerance)):
-        raise CompareError(f"tolerance must be a finite fraction >= 0, got {tolerance!r}")
-    if not 0.0 < alpha < 1.0:
-        raise CompareError(f"alpha must be in (0, 1), got {alpha!r}")
-    if current.metric not in METRICS:
-        raise CompareError(f"{current.nodeid}: unknown metric {current.metric!r}")
-    cur = current.values()
-    base = np.empty(0) if baseline is None else baseline.values()
-    common = {
-        "nodeid": current.nodeid,
-        "metric": current.metric,
-        "n_current": len(cur),
-        "median_current_ns": float(np.median(cur)) if len(cur) else math.nan,
-        "tolerance_pct": 100.0 * tolerance,
-        "alpha": alpha,
-        "baseline_commit": baseline_commit,
-        "samples_current": _ints(cur),
-    }
-    nan = math.nan
-    at = f" at {baseline_commit[:12]}" if baseline_commit else ""
+    from perfguard.compare.gates import parse_gates
+    from perfguard.compare.judge import Against, JudgeSettings, judge
 
-    if baseline is None:
-        outcome = Outcome.NEW if baseline_run_exists else Outcome.NO_BASELINE
-        what = (
-            f"new test: not in the baseline run{at}"
-            if baseline_run_exists
-            else "no baseline to compare with"
-        )
-        median = format_ns(common["median_current_ns"])
-        msg = f"{what}; {current.metric} median {median}, n={len(cur)}"
-        return TestComparison(
-            outcome=outcome,
-            n_baseline=0,
-            median_baseline_ns=nan,
-            delta_pct=nan,
-            ci_low_pct=nan,
-            ci_high_pct=nan,
-            p_value=nan,
-            message=msg,
-            **common,
-        )
-
-    common["samples_baseline"] = _ints(base)
-    common["median_baseline_ns"] = float(np.median(base)) if len(base) else nan
-    common["n_baseline"] = len(base)
-    reason = incompatibility
-    if reason is None and baseline.metric != current.metric:
-        reason = (
-            f"metrics differ: baseline measured {baseline.metric}, current {current.metric} "
-            "(a GPU capture is never compared with a CPU-only one)"
-        )
-    if reason is not None:
-        return TestComparison(
-            outcome=Outcome.INCOMPARABLE,
-            delta_pct=nan,
-            ci_low_pct=nan,
-            ci_high_pct=nan,
-            p_value=nan,
-            message=f"incomparable: {reason}",
-            **common,
-        )
-
-    enough = len(cur) >= MIN_SAMPLES and len(base) >= MIN_SAMPLES
-    ops = compare_ops(current, baseline, tolerance=tolerance, alpha=alpha, statistics=enough)
-    changes = kernel_changes(current, baseline)
-    if enough:
-        r = compare_samples(base[None, :], cur[None, :], alpha)
-        delta, lo, hi, p = (
-            float(r.delta[0]),
-            float(r.ci_low[0]),
-            float(r.ci_high[0]),
-            float(r.p_value[0]),
-        )
-        exact = bool(r.exact[0])
-        outcome = str(classify(delta, p, tolerance, alpha))
-    else:
-        mb, mc = common["median_baseline_ns"], common["median_current_ns"]
-        delta = mc / mb - 1.0 if mb and mb > 0 else nan
-        lo = hi = p = nan
-        exact = False
-        outcome = Outcome.UNCHANGED
-    result = TestComparison(
-        outcome=Outcome(outcome),
-        delta_pct=100 * delta,
-        ci_low_pct=100 * lo,
-        ci_high_pct=100 * hi,
-        p_value=p,
-        p_exact=exact,
-        message="",
-        ops=ops,
-        kernel_changes=changes,
-        **common,
+    against = Against(
+        records=[baseline] if baseline is not None else [],
+        mode=mode,
+        commit=baseline_commit,
+        run_found=baseline_run_exists or baseline is not None,
+        incompatibility=incompatibility,
+        history=np.zeros(0) if history is None else np.asarray(history, dtype=np.float64),
     )
-    result.message = _message(result, enough)
-    return result
+    settings = JudgeSettings(tolerance=tolerance, alpha=alpha, gates=parse_gates(gates))
+    return judge(current, against, settings)
 
 
 def classify(
@@ -293,6 +210,16 @@ def classify(
 
 
 # ---------------------------------------------------------------------------- per op
+
+
+def _by_round(record: TestRecord, frame: pd.DataFrame) -> pd.DataFrame:
+    """Columns iteration -> round: the median of each round's iterations (rounds are the
+    replicates; iterations of one round are not independent)."""
+    rounds = pd.Series(record.rounds(), index=record.samples["iteration"].to_numpy())
+    if frame.shape[1] == 0 or rounds.nunique() < 2:
+        return frame
+    keys = rounds.reindex(frame.columns).fillna(-1).to_numpy()
+    return frame.T.groupby(keys).median().T
 
 
 def _op_matrix(record: TestRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -355,12 +282,19 @@ def compare_ops(
     status[~ids.isin(in_b)] = "added"
     status[~ids.isin(in_c)] = "removed"
     if len(both):
-        if statistics and xb.shape[1] >= MIN_SAMPLES and xc.shape[1] >= MIN_SAMPLES:
+        rb = _by_round(baseline, vb.reindex(both, fill_value=0.0)).to_numpy(np.float64)
+        rc = _by_round(current, vc.reindex(both, fill_value=0.0)).to_numpy(np.float64)
+        if rb.shape[1] >= 3 and rc.shape[1] >= 3:
+            xb, xc = rb, rc  # several rounds a side: they are the samples
+        if statistics and xb.shape[1] >= MIN_SAMPLES and xc.shape[1] >= MIN_SAMPLES or (
+            statistics and xb is rb and xb.shape[1] >= 3
+        ):
             r = compare_samples(xb, xc, alpha)
+            p_adj = benjamini_hochberg(r.p_value)
             out.loc[both, "ci_low_pct"] = 100 * r.ci_low
             out.loc[both, "ci_high_pct"] = 100 * r.ci_high
-            out.loc[both, "p_value"] = r.p_value
-            status[both] = classify(r.delta, r.p_value, tolerance, alpha)
+            out.loc[both, "p_value"] = p_adj
+            status[both] = classify(r.delta, p_adj, tolerance, alpha)
         mb = out.loc[both, "baseline_ns"].to_numpy(np.float64)
         mc = out.loc[both, "current_ns"].to_numpy(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -381,6 +315,26 @@ def compare_ops(
         ["_gap", "_size", "op_name"], ascending=[False, False, True], kind="stable"
     )
     return out[list(OP_COLUMNS)].reset_index(drop=True)
+
+
+def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (NaN kept): 40 ops tested at alpha 0.01 must
+    not yield false "regressed" rows by chance; the false discovery rate is held at
+    alpha instead."""
+    p = np.asarray(p, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = np.isfinite(p)
+    m = int(ok.sum())
+    if m == 0:
+        return out
+    q = p[ok]
+    order = np.argsort(q)
+    scaled = q[order] * m / np.arange(1, m + 1)
+    adj = np.minimum.accumulate(scaled[::-1])[::-1]
+    res = np.empty(m)
+    res[order] = np.minimum(adj, 1.0)
+    out[ok] = res
+    return out
 
 
 def _op_change(

@@ -22,11 +22,13 @@ MARKER = "gpuprofile"
 #: the metric names a marker may ask for (keys of perfguard.baseline.record.METRICS)
 METRIC_NAMES = ("gpu_time", "wall_time", "cpu_time")
 MARKER_HELP = (
-    "gpuprofile(iterations=30, warmup=5, tolerance='5%', metrics=('gpu_time',), "
-    "key_node=None, backend=None): profile this benchmark test with perfguard "
-    "(pytest --perfguard): `warmup` unrecorded then `iterations` recorded iterations of "
-    "`for step in gpuprofile.iterations(): ...`, compared with the baseline's; a slowdown "
-    "of the median over `tolerance` that is significant fails the test."
+    "gpuprofile(iterations=30, warmup=5, rounds=5, tolerance='5%', metrics=('gpu_time',), "
+    "gates=None, key_node=None, backend=None): profile this benchmark test with perfguard "
+    "(pytest --perfguard): `warmup` unrecorded steps, then `rounds` rounds of `iterations` "
+    "recorded steps of `for step in gpuprofile.iterations(): ...`, compared with the "
+    "baseline: a slowdown beyond both `tolerance` and the noise between runs fails the "
+    "test, and so does a deterministic counter (calls, launches, FLOPs, syncs, copies, "
+    "Tensor Cores, dtypes, peak memory) beyond its budget in `gates`."
 )
 
 
@@ -36,6 +38,9 @@ class ProfileSpec:
 
     iterations: int = 30
     warmup: int = 5
+    rounds: int = 5  # the session's --perfguard-rounds wins over the default, not a marker's
+    rounds_given: bool = False
+    gates: dict[str, Any] | None = None
     tolerance: float | None = None
     metrics: tuple[str, ...] = ("gpu_time",)
     key_node: str | None = None
@@ -46,6 +51,8 @@ class ProfileSpec:
         return {
             "iterations": self.iterations,
             "warmup": self.warmup,
+            "rounds": self.rounds,
+            "gates": self.gates,
             "tolerance": self.tolerance,
             "metrics": list(self.metrics),
             "key_node": self.key_node,
@@ -67,7 +74,9 @@ def parse_marker(mark: pytest.Mark | None) -> ProfileSpec:
         raise ValueError(
             f"takes keyword arguments only (iterations=, warmup=, ...), got {mark.args!r}"
         )
-    known = {"iterations", "warmup", "tolerance", "metrics", "key_node", "backend"}
+    known = {
+        "iterations", "warmup", "rounds", "tolerance", "metrics", "key_node", "backend", "gates",
+    }  # fmt: skip
     unknown = sorted(set(mark.kwargs) - known)
     if unknown:
         names, allowed = ", ".join(unknown), ", ".join(sorted(known))
@@ -75,6 +84,14 @@ def parse_marker(mark: pytest.Mark | None) -> ProfileSpec:
     kw = mark.kwargs
     iterations = _count(kw.get("iterations", 30), "iterations", 1)
     warmup = _count(kw.get("warmup", 5), "warmup", 0)
+    rounds = _count(kw.get("rounds", 5), "rounds", 1)
+    gates = kw.get("gates")
+    if gates is not None:
+        if not isinstance(gates, dict):
+            raise ValueError(f"gates must be a dict such as {{'syncs': 0}}, got {gates!r}")
+        from perfguard.compare.gates import parse_gates
+
+        parse_gates(gates)  # a bad key or budget is the marker's error, at set-up
     tolerance = None
     if "tolerance" in kw:
         tolerance = parse_tolerance(kw["tolerance"], "tolerance")
@@ -100,6 +117,9 @@ def parse_marker(mark: pytest.Mark | None) -> ProfileSpec:
     return ProfileSpec(
         iterations=iterations,
         warmup=warmup,
+        rounds=rounds,
+        rounds_given="rounds" in kw,
+        gates=dict(gates) if gates is not None else None,
         tolerance=tolerance,
         metrics=tuple(metrics_arg),
         key_node=key_node,

@@ -29,6 +29,13 @@ FAIL_ON_CHOICES = ("regression", "never")
 DEFAULT_STORE = "baselines/perfguard.db"
 DEFAULT_OUTPUT = ".perfguard"
 DEFAULT_TOLERANCE = 0.05
+#: rounds of a test's loop per session (store mode): enough for a spread and a
+#: t interval, few enough that a CI run stays practical
+DEFAULT_ROUNDS = 5
+#: A/B mode: pairs of rounds (base, head) measured before any auto-sampling
+DEFAULT_AB_PAIRS = 6
+#: A/B mode: at most this many pairs when sampling on until the change is resolved
+MAX_AB_PAIRS = 20
 #: seconds one nsys child run (one test) may take before it is stopped
 DEFAULT_CAPTURE_TIMEOUT = 900.0
 
@@ -54,6 +61,17 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "(a marker's tolerance= wins); default 5%"),
     ("perfguard_fail_on", "--perfguard-fail-on", "string",
      "regression (default): a regressed test fails; never: report only"),
+    ("perfguard_rounds", "--perfguard-rounds", "string",
+     f"rounds of each test's iteration loop (the verdict's replicates; a marker's rounds= "
+     f"wins); default {DEFAULT_ROUNDS}"),
+    ("perfguard_against", "--perfguard-against", "string",
+     "A/B mode: check REF out into a git worktree and run the marked tests of both trees "
+     "in alternating rounds on this machine, judging the paired differences"),
+    ("perfguard_ab_pairs", "--perfguard-ab-pairs", "string",
+     f"A/B mode: pairs of rounds measured first (default {DEFAULT_AB_PAIRS})"),
+    ("perfguard_ab_budget", "--perfguard-ab-budget", "string",
+     f"A/B mode: seconds to keep adding pairs (up to {MAX_AB_PAIRS}) while a test's change "
+     "is unresolved (its interval wider than the tolerance); default 0: no auto-sampling"),
 )  # fmt: skip
 
 
@@ -64,6 +82,10 @@ _METAVARS = {
     "perfguard_output": "DIR",
     "perfguard_tolerance": "TOLERANCE",
     "perfguard_fail_on": "{regression,never}",
+    "perfguard_rounds": "N",
+    "perfguard_against": "REF",
+    "perfguard_ab_pairs": "N",
+    "perfguard_ab_budget": "SECONDS",
 }
 
 
@@ -99,6 +121,10 @@ class Settings:
     output: Path
     tolerance: float
     fail_on: str
+    rounds: int | None = None  # None: the marker's, else DEFAULT_ROUNDS
+    against: str | None = None
+    ab_pairs: int = DEFAULT_AB_PAIRS
+    ab_budget: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -155,6 +181,15 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = _path(config, dest, DEFAULT_STORE)
             elif dest == "perfguard_output":
                 values[dest] = _path(config, dest, DEFAULT_OUTPUT)
+            elif dest in ("perfguard_rounds", "perfguard_ab_pairs"):
+                values[dest] = None if value is None else _count(value, 3 if "ab" in dest else 1)
+            elif dest == "perfguard_ab_budget":
+                values[dest] = 0.0 if value is None else _seconds(value)
+            elif dest == "perfguard_against":
+                ref = None if value is None else str(value).strip()
+                if ref is not None and (not ref or ref.startswith("-")):
+                    raise ValueError(f"{value!r} is not a git ref")
+                values[dest] = ref
     except ValueError as exc:
         raise pytest.UsageError(f"{current} (or ini {_dest(current)}): {exc}") from None
     return Settings(
@@ -166,7 +201,31 @@ def read_settings(config: pytest.Config) -> Settings:
         output=values["perfguard_output"],
         tolerance=values["perfguard_tolerance"],
         fail_on=values["perfguard_fail_on"],
+        rounds=values["perfguard_rounds"],
+        against=values["perfguard_against"],
+        ab_pairs=values["perfguard_ab_pairs"] or DEFAULT_AB_PAIRS,
+        ab_budget=values["perfguard_ab_budget"],
     )
+
+
+def _count(value: Any, minimum: int) -> int:
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{value!r} is not a whole number") from None
+    if n < minimum:
+        raise ValueError(f"must be at least {minimum}, got {n}")
+    return n
+
+
+def _seconds(value: Any) -> float:
+    try:
+        s = float(str(value).strip().rstrip("s"))
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number of seconds") from None
+    if not s >= 0 or s == float("inf"):
+        raise ValueError(f"must be a finite number of seconds >= 0, got {value!r}")
+    return s
 
 
 def _dest(flag: str) -> str:

@@ -192,8 +192,17 @@ class PerfguardSession:
 
         if not profiled(item):
             return None
-        spec = spec_of(item)  # validated in setup already
+        spec = self.effective(spec_of(item))  # validated in setup already
         return spec, (self._backend(spec.backend) if spec.backend else self.backend)
+
+    def effective(self, spec: ProfileSpec) -> ProfileSpec:
+        """The marker's settings with the session's: ``--perfguard-rounds`` fills in the
+        rounds a marker did not set."""
+        from dataclasses import replace
+
+        if not spec.rounds_given and self.settings.rounds is not None:
+            return replace(spec, rounds=self.settings.rounds)
+        return spec
 
     def _capture_path(self, item: pytest.Item) -> Path:
         folder = self.settings.output / "captures"
@@ -207,10 +216,10 @@ class PerfguardSession:
         except PerfguardError:
             return GpuProfile(spec)  # the marker's backend cannot run: setup reports it next
         if what is None or what[1].label == "nsys":
-            return GpuProfile(spec)  # nsys: the child runs the body, not this process
+            return GpuProfile(self.effective(spec))  # nsys: the child runs the body
         path = self._capture_path(item)
         item.stash[_capture_key] = {"path": path, "backend": what[1].label}
-        return GpuProfile(spec, TorchCapturer(path, what[1].device or "cpu"))
+        return GpuProfile(what[0], TorchCapturer(path, what[1].device or "cpu"))
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -282,6 +291,8 @@ class PerfguardSession:
         if info is None:
             return
         notes: list[str] = []
+        rounds: list[int] = []
+        env: dict[str, Any] = {}
         profile = item.stash.get(profile_key, None)
         if "child" in info:
             child = info["child"]
@@ -296,6 +307,8 @@ class PerfguardSession:
             capturer = profile.capturer
             walls, error = profile.wall_times_ns, getattr(capturer, "error", None)
             info["cpu_times_ns"] = list(profile.cpu_times_ns)
+            rounds = list(profile.round_of)
+            env = {"load": profile.load, "peak_memory": profile.peak_memory}
             if not profile.started:
                 error = error or (
                     "the test requests the gpuprofile fixture but never runs "
@@ -314,8 +327,9 @@ class PerfguardSession:
             return
         try:
             record, findings = self._record(
-                item, spec, Path(info["path"]), walls, notes, backend, info.get("cpu_times_ns", [])
-            )
+                item, spec, Path(info["path"]), walls, notes, backend,
+                info.get("cpu_times_ns", []), rounds, env,
+            )  # fmt: skip
             comparison = self._compare(record, spec)
         except (PerfguardError, ValueError, KeyError) as exc:
             msg = " ".join(str(exc).split()) or type(exc).__name__
@@ -324,6 +338,7 @@ class PerfguardSession:
         self.records[item.nodeid] = record
         entry = comparison.to_dict()
         entry.update(
+            load=record.meta.get("load"),
             findings=findings,
             history=self._history(item.nodeid),
             capture=str(info["path"]),
@@ -353,6 +368,8 @@ class PerfguardSession:
         notes: list[str],
         backend: str,
         cpu_times: list[int],
+        rounds: list[int] | None = None,
+        env: dict[str, Any] | None = None,
     ) -> tuple[TestRecord, list[dict[str, Any]]]:
         from perfguard.analysis import analyze
         from perfguard.baseline.record import record_from_analysis
@@ -377,6 +394,8 @@ class PerfguardSession:
                 f"{len(walls)} timed iterations but {n_ranges} in the capture: "
                 "iteration durations from the capture are used"
             )
+        env = env or {}
+        load = env.get("load")
         meta = {
             "marker": spec.to_dict(),
             "tolerance": self._tolerance(spec),
@@ -384,7 +403,9 @@ class PerfguardSession:
             "backend": backend,
             "note": "; ".join(notes) or None,
             "cpu_times_ns": cpu_times or None,
+            "load": load if load is not None and np.isfinite(load) else None,
         }
+        peak = env.get("peak_memory")
         record = record_from_analysis(
             item.nodeid,
             analysis,
@@ -392,6 +413,8 @@ class PerfguardSession:
             cpu_times_ns=np.asarray(cpu_times, dtype=np.int64) if cpu_times else None,
             metric=metric,
             meta=meta,
+            rounds=np.asarray(rounds, dtype=np.int64) if rounds else None,
+            extra_counters={"peak_memory": float(peak)} if peak else None,
         )
         return record, _findings(analysis)
 
@@ -399,24 +422,63 @@ class PerfguardSession:
         return self.settings.tolerance if spec.tolerance is None else spec.tolerance
 
     def _compare(self, record: TestRecord, spec: ProfileSpec) -> Any:
-        from perfguard.compare.verdict import compare_records
+        """The verdict, from :func:`perfguard.compare.judge` (store mode)."""
+        from perfguard.compare.gates import parse_gates
+        from perfguard.compare.judge import JudgeSettings, judge
 
-        tolerance = self._tolerance(spec)
+        settings = JudgeSettings(
+            tolerance=self._tolerance(spec), alpha=ALPHA, gates=parse_gates(spec.gates)
+        )
+        return judge(record, self._against(record), settings)
+
+    def _against(self, record: TestRecord) -> Any:
+        """The baseline commit's runs of this test (pooled) and its history on this machine."""
+        from perfguard.compare.judge import Against
+
         match = self.match
         if match is not None and match.status == "incomparable":
-            return _incomparable(record, match.reason or "machines differ", tolerance)
+            return Against(incompatibility=match.reason or "machines differ")
         if match is None or not match.found or self._store is None:
-            return compare_records(record, None, tolerance=tolerance, alpha=ALPHA)
-        baseline = self._store.load_test(int(match.run_id or 0), record.nodeid)
+            return Against()
+        records = []
+        for run_id in self._baseline_runs(match):
+            rec = self._store.load_test(run_id, record.nodeid)
+            if rec is not None:
+                records.append(rec)
         reason = None
-        if baseline is not None:
-            theirs = (baseline.meta or {}).get("backend")
+        if records:
+            theirs = (records[0].meta or {}).get("backend")
             if theirs and theirs != record.meta.get("backend"):
                 reason = f"backend differs: {theirs!r} (baseline) vs {record.meta['backend']!r}"
-        return compare_records(
-            record, baseline, tolerance=tolerance, alpha=ALPHA, incompatibility=reason,
-            baseline_commit=match.commit, baseline_run_exists=True,
+        loads = [r.meta.get("load") for r in records if r.meta.get("load") is not None]
+        history = self._history_levels(record.nodeid, record.metric)
+        return Against(
+            records=records, commit=match.commit, run_found=True, incompatibility=reason,
+            history=history, load=float(np.median(loads)) if loads else float("nan"),
         )  # fmt: skip
+
+    def _baseline_runs(self, match: BaselineMatch) -> list[int]:
+        """Every comparable run stored for the baseline commit (rounds of all of them are
+        pooled), the matched one first."""
+        assert self._store is not None
+        runs = self._store.runs(match.commit)
+        ok = [
+            int(r.run_id)
+            for r in runs.itertuples()
+            if r.commit == match.commit and self.fingerprint.incompatibility(r.fingerprint) is None
+        ]
+        first = int(match.run_id or 0)
+        return [first] + [r for r in ok if r != first]
+
+    def _history_levels(self, nodeid: str, metric: str) -> np.ndarray:
+        if self._store is None:
+            return np.zeros(0)
+        try:
+            rows = self._store.history(nodeid, fingerprint=self.fingerprint, limit=50)
+        except PerfguardError:
+            return np.zeros(0)
+        rows = rows[rows["metric"] == metric]
+        return rows["median_ns"].to_numpy(dtype=np.float64)
 
     def _history(self, nodeid: str) -> list[dict[str, Any]]:
         if self._store is None:
@@ -571,22 +633,6 @@ def spec_backend(item: pytest.Item) -> str | None:
     from perfguard.plugin import spec_of
 
     return spec_of(item).backend
-
-
-def _incomparable(record: TestRecord, reason: str, tolerance: float) -> Any:
-    """The ``incomparable`` verdict when the only baseline runs are from another machine."""
-    from perfguard.compare.verdict import Outcome, TestComparison
-
-    values = record.values()
-    nan = float("nan")
-    return TestComparison(
-        nodeid=record.nodeid, outcome=Outcome.INCOMPARABLE, metric=record.metric,
-        n_current=len(values), n_baseline=0,
-        median_current_ns=float(np.median(values)) if len(values) else nan,
-        median_baseline_ns=nan, delta_pct=nan, ci_low_pct=nan, ci_high_pct=nan, p_value=nan,
-        tolerance_pct=100.0 * tolerance, alpha=ALPHA, message=f"incomparable: {reason}",
-        samples_current=[int(v) for v in values],
-    )  # fmt: skip
 
 
 def _findings(analysis: Any) -> list[dict[str, Any]]:

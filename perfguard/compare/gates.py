@@ -1,0 +1,320 @@
+"""The deterministic half of a verdict: counters compared exactly, against budgets.
+
+Calls, kernel launches, FLOPs and bytes, memcpy count and bytes, host-device
+synchronisations (per op and iteration, :mod:`perfguard.analysis.counters`),
+the set of kernel names of each op, Tensor Core use, an op's input dtypes
+and the peak memory do not vary between runs of the same code, so a change
+beyond the test's budget is a regression with no statistics needed, on any
+machine; on a CPU-only runner these are the main gate. Each finding names
+the gate, the op (and kernel), both values and the budget.
+
+Budgets (the marker's ``gates=``, merged over :data:`DEFAULT_GATES`):
+
+* a number: the increase per iteration allowed (``"syncs": 0``);
+* ``"N%"``: the relative increase allowed, per op and for the test's total
+  (``"flops": "1%"``: an op whose FLOPs grow by more than 1 % fails even when
+  the test's total hides it);
+* ``True``/``False`` (or ``None``): a yes/no gate on or off (``tc_lost``,
+  ``kernel_set``, ``dtypes``); ``None`` or ``False`` also turns a counter off.
+
+A decrease beyond the budget is reported as an improvement. A counter that
+moved between rounds of one run (``stable`` false: data-dependent work) is
+listed and never gates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfguard.analysis.counters import COUNTERS
+from perfguard.baseline.record import TestRecord
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.tolerance import parse_tolerance
+
+#: the defaults, chosen so that the changes a reviewer always wants to hear about
+#: fail (a new sync, a lost Tensor Core path, more launches or copies, an op whose
+#: FLOPs grew) while allocator jitter does not (peak memory 10 %)
+DEFAULT_GATES: dict[str, Any] = {
+    "calls": 0,
+    "kernels": 0,
+    "flops": "1%",
+    "bytes": "1%",
+    "memcpy": 0,
+    "memcpy_bytes": "1%",
+    "syncs": 0,
+    "host_reads": 0,
+    "peak_memory": "10%",
+    "kernel_set": True,
+    "tc_lost": True,
+    "dtypes": True,
+}
+SWITCHES = ("kernel_set", "tc_lost", "dtypes")
+#: how each counter is named in a message
+LABELS = {
+    "calls": "op calls", "kernels": "kernel launches", "flops": "FLOPs", "bytes": "bytes",
+    "memcpy": "memcpy", "memcpy_bytes": "memcpy bytes", "syncs": "host-device syncs",
+    "host_reads": "host reads of device values (.item(), nonzero)",
+    "peak_memory": "peak memory (bytes)",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much a counter may grow: ``kind`` "abs" (per iteration), "rel" or "off"."""
+
+    kind: str
+    value: float = 0.0
+
+    def exceeded(self, base: float, cur: float) -> bool:
+        if self.kind == "off":
+            return False
+        allowed = self.value if self.kind == "abs" else self.value * abs(base)
+        return cur - base > allowed + 1e-9 * max(abs(base), 1.0)
+
+    def __str__(self) -> str:
+        if self.kind == "off":
+            return "off"
+        return f"{self.value:g}" if self.kind == "abs" else f"{100 * self.value:g}%"
+
+
+def parse_gates(spec: dict[str, Any] | None) -> dict[str, Budget | bool]:
+    """The marker's ``gates=`` over the defaults; ValueError names a bad key or value."""
+    merged = dict(DEFAULT_GATES)
+    for key, value in (spec or {}).items():
+        if key not in DEFAULT_GATES:
+            known = ", ".join(DEFAULT_GATES)
+            raise ValueError(f"gates: unknown gate {key!r}; known: {known}")
+        merged[key] = value
+    out: dict[str, Budget | bool] = {}
+    for key, value in merged.items():
+        if key in SWITCHES:
+            if value not in (True, False, None):
+                raise ValueError(f"gates: {key} is on or off (True/False), got {value!r}")
+            out[key] = bool(value)
+        elif value is None or value is False:
+            out[key] = Budget("off")
+        elif isinstance(value, str) and value.strip().endswith("%"):
+            out[key] = Budget("rel", parse_tolerance(value, f"gates[{key!r}]"))
+        elif isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            out[key] = Budget("abs", float(value))
+        else:
+            raise ValueError(
+                f"gates: {key} takes a number (increase per iteration), 'N%' or None, "
+                f"got {value!r}"
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class GateFinding:
+    """One gate that moved: ``baseline``/``current`` per iteration (or the op's value)."""
+
+    gate: str
+    op_name: str  # "" for the whole test
+    kernel_name: str
+    baseline: Any
+    current: Any
+    budget: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("baseline", "current"):
+            v = d[k]
+            if isinstance(v, float) and not math.isfinite(v):
+                d[k] = None
+            elif isinstance(v, np.generic):
+                d[k] = v.item()
+        return d
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """The deterministic evidence of one test."""
+
+    outcome: Outcome  # regressed | improved | unchanged | not-judged
+    regressions: list[GateFinding] = field(default_factory=list)
+    improvements: list[GateFinding] = field(default_factory=list)
+    unstable: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "regressions": [f.to_dict() for f in self.regressions],
+            "improvements": [f.to_dict() for f in self.improvements],
+            "unstable": list(self.unstable),
+            "checked": list(self.checked),
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GateVerdict:
+        return cls(
+            outcome=Outcome(d["outcome"]),
+            regressions=[GateFinding(**f) for f in d.get("regressions") or []],
+            improvements=[GateFinding(**f) for f in d.get("improvements") or []],
+            unstable=list(d.get("unstable") or []),
+            checked=list(d.get("checked") or []),
+            message=str(d.get("message") or ""),
+        )
+
+
+def _fmt(v: float) -> str:
+    if not math.isfinite(v):
+        return "-"
+    if abs(v) >= 1e6:
+        return f"{v:.4g}"
+    return f"{v:g}" if v == int(v) else f"{v:.3g}"
+
+
+def _short(op_name: str) -> str:
+    return op_name.rsplit("/", 1)[-1] if op_name else "the test"
+
+
+def _counter_table(record: TestRecord) -> pd.DataFrame:
+    c = record.counters
+    if c is None or c.empty:
+        return pd.DataFrame(columns=["op_id", "op_name", "counter", "value", "stable"])
+    return c
+
+
+def judge_gates(
+    current: TestRecord, baseline: TestRecord, budgets: dict[str, Budget | bool]
+) -> GateVerdict:
+    """Compare the deterministic counters of ``current`` with ``baseline``'s."""
+    cb, cc = _counter_table(baseline), _counter_table(current)
+    if cb.empty and not baseline.ops.empty:
+        return GateVerdict(
+            Outcome.NOT_JUDGED,
+            message="gates not judged: the baseline run has no counters "
+            "(saved by an older perfguard); the next saved run will have them",
+        )
+    worse: list[GateFinding] = []
+    better: list[GateFinding] = []
+    unstable: set[str] = set()
+    checked: list[str] = []
+    for counter in (*COUNTERS, "peak_memory"):
+        budget = budgets.get(counter)
+        if not isinstance(budget, Budget) or budget.kind == "off":
+            continue
+        b = cb[cb["counter"] == counter]
+        c = cc[cc["counter"] == counter]
+        if counter == "peak_memory" and (b.empty or c.empty):
+            continue  # measured on one side only (e.g. no CUDA allocator): nothing to gate
+        checked.append(counter)
+        drop = set(b.loc[~b["stable"].astype(bool), "op_id"])
+        drop |= set(c.loc[~c["stable"].astype(bool), "op_id"])
+        if drop:
+            shaky = pd.concat([b, c])
+            shaky = shaky[shaky["op_id"].isin(drop)]["op_name"]
+            unstable.update(f"{counter} of {_short(str(n))}" for n in set(shaky))
+            b, c = b[~b["op_id"].isin(drop)], c[~c["op_id"].isin(drop)]
+        vb = b.groupby("op_id")["value"].sum()
+        vc = c.groupby("op_id")["value"].sum()
+        names = pd.concat([b.set_index("op_id")["op_name"], c.set_index("op_id")["op_name"]])
+        names = names[~names.index.duplicated()]
+        ids = vb.index.union(vc.index)
+        vb, vc = vb.reindex(ids, fill_value=0.0), vc.reindex(ids, fill_value=0.0)
+        tb, tc = float(vb.sum()), float(vc.sum())
+        moved = (vc - vb).abs().sort_values(ascending=False)
+        moved = moved[moved > 0]
+        top = "; ".join(
+            f"{_short(str(names.get(i, i)))} {_fmt(float(vb[i]))} -> {_fmt(float(vc[i]))}"
+            for i in moved.index[:3]
+        )
+        label = LABELS[counter]
+        per = "" if counter == "peak_memory" else " per iteration"
+        if budget.exceeded(tb, tc) or budget.exceeded(tc, tb):
+            up = tc > tb
+            msg = (
+                f"{label}{per} {_fmt(tb)} -> {_fmt(tc)} (budget {budget})"
+                + (f": {top}" if top else "")
+            )
+            top_op = str(names.get(moved.index[0], "")) if len(moved) else ""
+            finding = GateFinding(counter, top_op, "", tb, tc, str(budget), msg)
+            if budget.exceeded(tb, tc) and up:
+                worse.append(finding)
+            elif budget.exceeded(tc, tb) and not up:
+                better.append(finding)
+        if budget.kind == "rel":
+            both = ids[(vb > 0) & (vc > 0)]
+            for i in both:
+                x, y = float(vb[i]), float(vc[i])
+                if budget.exceeded(x, y) and not any(f.op_name == names.get(i) and
+                                                     f.gate == counter for f in worse):
+                    op = str(names.get(i, i))
+                    worse.append(GateFinding(
+                        counter, op, "", x, y, str(budget),
+                        f"{label}{per} of {_short(op)} {_fmt(x)} -> {_fmt(y)} "
+                        f"({100 * (y / x - 1):+.1f}%, budget {budget})",
+                    ))  # fmt: skip
+    _switch_gates(current, baseline, budgets, worse, better, checked)
+    if worse:
+        outcome = Outcome.REGRESSED
+        msg = "gates: " + "; ".join(f.message for f in worse[:3])
+    elif better:
+        outcome = Outcome.IMPROVED
+        msg = "gates improved: " + "; ".join(f.message for f in better[:3])
+    else:
+        outcome = Outcome.UNCHANGED
+        msg = f"gates unchanged ({', '.join(checked)})"
+    if unstable:
+        msg += f"; not gated, they vary between rounds: {', '.join(sorted(unstable)[:5])}"
+    return GateVerdict(outcome, worse, better, sorted(unstable), checked, msg)
+
+
+def _switch_gates(
+    current: TestRecord,
+    baseline: TestRecord,
+    budgets: dict[str, Budget | bool],
+    worse: list[GateFinding],
+    better: list[GateFinding],
+    checked: list[str],
+) -> None:
+    """The yes/no gates: Tensor Cores lost, kernels added or removed, input dtypes."""
+    from perfguard.compare.verdict import kernel_changes
+
+    changes = kernel_changes(current, baseline)
+    if budgets.get("tc_lost"):
+        checked.append("tc_lost")
+        for row in changes[changes["kind"] == "tc_lost"].itertuples():
+            worse.append(GateFinding(
+                "tc_lost", str(row.op_name), str(row.kernel_name or ""), True, False, "on",
+                f"{_short(str(row.op_name))} lost Tensor Cores "
+                f"(was: {row.kernel_name or 'a TC kernel'})",
+            ))  # fmt: skip
+        for row in changes[changes["kind"] == "tc_gained"].itertuples():
+            better.append(GateFinding(
+                "tc_lost", str(row.op_name), str(row.kernel_name or ""), False, True, "on",
+                f"{_short(str(row.op_name))} now uses Tensor Cores",
+            ))  # fmt: skip
+    if budgets.get("kernel_set"):
+        checked.append("kernel_set")
+        for kind, verb in (("added", "launches a new kernel"), ("removed", "no longer launches")):
+            for row in changes[changes["kind"] == kind].itertuples():
+                (worse if kind == "added" else better).append(GateFinding(
+                    "kernel_set", str(row.op_name), str(row.kernel_name or ""),
+                    row.baseline, row.current, "on",
+                    f"{_short(str(row.op_name))} {verb} {row.kernel_name}",
+                ))  # fmt: skip
+    if budgets.get("dtypes"):
+        checked.append("dtypes")
+        ob = baseline.ops.drop_duplicates("op_id").set_index("op_id")
+        oc = current.ops.drop_duplicates("op_id").set_index("op_id")
+        if "dtypes" in ob and "dtypes" in oc:
+            both = ob.index.intersection(oc.index)
+            db, dc = ob.loc[both, "dtypes"], oc.loc[both, "dtypes"]
+            differ = db.notna() & dc.notna() & (db.astype(str) != dc.astype(str))
+            for op_id in both[differ.to_numpy()]:
+                name = str(oc.at[op_id, "op_name"])
+                worse.append(GateFinding(
+                    "dtypes", name, "", str(db[op_id]), str(dc[op_id]), "on",
+                    f"input dtypes of {_short(name)} changed: {db[op_id]} -> {dc[op_id]}",
+                ))  # fmt: skip

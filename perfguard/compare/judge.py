@@ -1,0 +1,188 @@
+"""The one judge: a test's current record against what it is compared with.
+
+The plugin (store and A/B mode), ``perfguard report`` and ``perfguard
+compare`` all call :func:`judge`; nothing else decides an outcome. The
+verdict has two halves, judged separately and reported side by side:
+
+* **timing** (:mod:`perfguard.compare.timing`): rounds, history noise or
+  A/B pairs;
+* **gates** (:mod:`perfguard.compare.gates`): deterministic counters.
+
+The test's outcome combines them: a regression of either is a regression
+(each with its own reason); else an improvement of either; else the
+timing's ``noisy``; else ``unchanged`` when the timing was judged, and
+``not-judged`` when it was not (the gates' figures are still shown): a
+test whose timing nobody could judge is never shown as passing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from perfguard.baseline.record import METRICS, TestRecord
+from perfguard.compare.gates import Budget, GateVerdict, judge_gates, parse_gates
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.timing import (
+    TimingVerdict,
+    judge_ab,
+    judge_store,
+    not_judged,
+)
+from perfguard.errors import CompareError
+
+#: significance level of every interval and test (one place for the default)
+ALPHA = 0.01
+#: the tolerance when neither the marker nor the session sets one
+TOLERANCE = 0.05
+
+
+@dataclass
+class Against:
+    """What one test is judged against.
+
+    ``records``: the baseline's record(s) of this test (store mode: the
+    baseline commit's runs, pooled; A/B: the base tree's rounds, one record),
+    empty when the baseline run lacks the test. ``run_found``: a baseline run
+    exists at all (so an empty ``records`` means ``new``). ``history``: the
+    test's run levels on this machine, oldest first (store mode).
+    ``incompatibility``: why the machines cannot be compared, if they cannot.
+    """
+
+    records: list[TestRecord] = field(default_factory=list)
+    mode: str = "store"  # "store" | "ab"
+    commit: str | None = None
+    run_found: bool = False
+    incompatibility: str | None = None
+    history: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    load: float = math.nan  # the baseline session's load (store mode)
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    """The thresholds of one test (marker over session options over the defaults)."""
+
+    tolerance: float = TOLERANCE
+    alpha: float = ALPHA
+    gates: dict[str, Budget | bool] = field(default_factory=lambda: parse_gates(None))
+
+    def __post_init__(self) -> None:
+        if not (self.tolerance >= 0 and math.isfinite(self.tolerance)):
+            raise CompareError(f"tolerance must be a finite fraction >= 0, got {self.tolerance!r}")
+        if not 0.0 < self.alpha < 1.0:
+            raise CompareError(f"alpha must be in (0, 1), got {self.alpha!r}")
+
+
+def combine(timing: TimingVerdict, gates: GateVerdict | None) -> Outcome:
+    """The test's outcome from its two halves (module docstring)."""
+    halves = [timing.outcome] + ([gates.outcome] if gates is not None else [])
+    if Outcome.REGRESSED in halves:
+        return Outcome.REGRESSED
+    if Outcome.IMPROVED in halves:
+        return Outcome.IMPROVED
+    if timing.outcome is Outcome.NOISY:
+        return Outcome.NOISY
+    if timing.outcome is Outcome.UNCHANGED:
+        return Outcome.UNCHANGED
+    return Outcome.NOT_JUDGED
+
+
+def _pooled(records: list[TestRecord], metric: str) -> np.ndarray:
+    return np.concatenate([r.round_values(metric) for r in records]) if records else np.zeros(0)
+
+
+def _iterations(record: TestRecord) -> int:
+    rounds = record.rounds()
+    return int(np.bincount(rounds - rounds.min()).max()) if len(rounds) else 0
+
+
+def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any:
+    """The verdict on ``current`` (a :class:`~perfguard.compare.verdict.TestComparison`)."""
+    from perfguard.compare.verdict import TestComparison, compare_ops, format_ns, kernel_changes
+
+    if current.metric not in METRICS:
+        raise CompareError(f"{current.nodeid}: unknown metric {current.metric!r}")
+    tol, alpha = settings.tolerance, settings.alpha
+    cur_rounds = current.round_values()
+    load = float(current.meta.get("load", math.nan) or math.nan)
+    base_rec = against.records[0] if against.records else None
+    common: dict[str, Any] = dict(
+        nodeid=current.nodeid, metric=current.metric, tolerance_pct=100 * tol, alpha=alpha,
+        baseline_commit=against.commit, samples_current=_ints(current.values()),
+        rounds_current=_ints(cur_rounds), mode=against.mode,
+    )  # fmt: skip
+    at = f" at {against.commit[:12]}" if against.commit else ""
+
+    reason = against.incompatibility
+    if reason is None and base_rec is not None and base_rec.metric != current.metric:
+        reason = (
+            f"metrics differ: baseline measured {base_rec.metric}, current {current.metric} "
+            "(a GPU capture is never compared with a CPU-only one)"
+        )
+    if base_rec is None or reason is not None:
+        if reason is not None:
+            outcome, text = Outcome.INCOMPARABLE, f"incomparable: {reason}"
+        elif against.run_found:
+            outcome, text = Outcome.NEW, f"new test: not in the baseline run{at}"
+        else:
+            outcome, text = Outcome.NO_BASELINE, "no baseline to compare with"
+        median = float(np.median(cur_rounds)) if len(cur_rounds) else math.nan
+        timing = not_judged(
+            current.metric, text, tol, median_current_ns=median, n_current=len(cur_rounds),
+            load=load,
+        )  # fmt: skip
+        msg = f"{text}; {current.metric} median {format_ns(median)}, {len(cur_rounds)} round(s)"
+        return TestComparison(
+            outcome=outcome, message=msg, timing=timing, gates=None,
+            **_figures(timing), **common,
+        )  # fmt: skip
+
+    metric = current.metric
+    if against.mode == "ab":
+        base_rounds = base_rec.round_values(metric)
+        n = min(len(base_rounds), len(cur_rounds))
+        timing = judge_ab(
+            base_rounds[:n], cur_rounds[:n], metric=metric, tolerance=tol, alpha=alpha,
+            load=load, iterations=_iterations(current),
+        )  # fmt: skip
+    else:
+        timing = judge_store(
+            cur_rounds, _pooled(against.records, metric), against.history, metric=metric,
+            tolerance=tol, alpha=alpha, baseline_runs=len(against.records), load=load,
+            baseline_load=against.load, iterations=_iterations(current),
+        )  # fmt: skip
+    gates = judge_gates(current, base_rec, settings.gates)
+    outcome = combine(timing, gates)
+    ops = compare_ops(current, base_rec, tolerance=tol, alpha=alpha)
+    changes = kernel_changes(current, base_rec)
+    parts = [timing.message]
+    if gates.outcome is not Outcome.UNCHANGED or outcome is Outcome.NOT_JUDGED:
+        parts.append(gates.message)
+    result = TestComparison(
+        outcome=outcome, message="", timing=timing, gates=gates, ops=ops,
+        kernel_changes=changes, samples_baseline=_ints(base_rec.values()),
+        rounds_baseline=_ints(base_rec.round_values(metric)),
+        **_figures(timing), **common,
+    )  # fmt: skip
+    from perfguard.compare.verdict import _top_op
+
+    top = _top_op(result)
+    result.message = "; ".join(parts) + (f"; top op {top}" if top else "")
+    return result
+
+
+def _figures(t: TimingVerdict) -> dict[str, Any]:
+    """The flat figures the reports show next to the outcome (from the timing half)."""
+    return dict(
+        n_current=t.n_current, n_baseline=t.n_baseline,
+        median_current_ns=t.median_current_ns, median_baseline_ns=t.median_baseline_ns,
+        delta_pct=t.delta_pct, ci_low_pct=t.ci_low_pct, ci_high_pct=t.ci_high_pct,
+        p_value=t.p_value,
+    )  # fmt: skip
+
+
+def _ints(values: np.ndarray) -> list[int]:
+    return [int(v) for v in np.asarray(values, dtype=np.float64) if math.isfinite(v)]

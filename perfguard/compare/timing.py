@@ -1,0 +1,344 @@
+"""The timing half of a verdict: is the change bigger than the noise between runs?
+
+The unit of replication is the **round** (one execution of the test's
+iteration loop), never the iteration: iterations of one run share the
+machine's state (clock, caches, the other processes, the memory layout), so
+their spread says nothing about the next run, and a test on them calls
+unchanged code "regressed" whenever two runs differ by more than one run's
+jitter. A round's value is the median of its iterations.
+
+Two ways to judge, each on the log scale (a change is a ratio):
+
+* **store** (:func:`judge_store`): this session's rounds against the
+  baseline run's rounds, with the between-run noise of the test on this
+  machine estimated from its stored history: the spread of successive
+  differences of the run levels, by the median absolute deviation, so a
+  real step in the history moves one difference and not the estimate. The
+  standard error of the change is the larger of what the rounds and what
+  history say; with too little history (:data:`MIN_HISTORY` runs) the
+  rounds alone are used and the verdict says how many more runs are needed.
+* **A/B** (:func:`judge_ab`): both commits measured on one machine in
+  alternating rounds (ABBA); the paired log ratios of adjacent rounds
+  cancel the machine's drift, and their t interval judges the change.
+
+In both, ``regressed`` needs the interval of the change to exclude zero
+*and* the change to exceed the tolerance; so the threshold is the larger of
+the tolerance and what the noise allows (``threshold_pct``). ``noisy``: not
+significant either way and the rounds disagree by more than the tolerance
+(or the interval is wider than the tolerance), so a change of the
+tolerance's size could not have been seen; a change larger than the noise
+still regresses. A CPU-time or wall-time round measured while other
+processes held the CPU (``load``, the share of the machine's CPU time used
+by other processes) is not judged against an idle baseline: it is
+``noisy`` with the load in the message; A/B pairs share the load and are
+judged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+from perfguard.compare.outcomes import Outcome
+
+#: stored runs of a test on one machine needed to estimate its between-run noise
+MIN_HISTORY = 5
+#: rounds a side needs before any timing is judged
+MIN_ROUNDS = 3
+#: share of the machine's CPU time used by other processes above which a CPU-bound
+#: timing is not comparable with a quieter run (store mode)
+BUSY_LOAD = 0.25
+#: MAD -> standard deviation for a normal distribution
+_MAD_SD = 1.4826
+
+
+@dataclass(frozen=True)
+class TimingVerdict:
+    """The timing evidence of one test; figures in % of the baseline, NaN when unknown."""
+
+    outcome: Outcome
+    mode: str  # "store" | "ab" | "none"
+    metric: str
+    n_current: int  # rounds (A/B: pairs)
+    n_baseline: int
+    median_current_ns: float
+    median_baseline_ns: float
+    delta_pct: float
+    ci_low_pct: float
+    ci_high_pct: float
+    ci_level_pct: float
+    p_value: float
+    tolerance_pct: float
+    threshold_pct: float
+    noise_pct: float  # between-run (store) or between-pair (A/B) standard deviation
+    spread_pct: float  # this session's rounds: (max - min) / median
+    history_runs: int
+    load: float  # other processes' share of the CPU during this session's rounds
+    replicated: str  # what was replicated, and how many times
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outcome"] = self.outcome.value
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in d.items()}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimingVerdict:
+        nan = math.nan
+        vals = {k: (nan if d.get(k) is None and k in _FLOATS else d.get(k)) for k in _FIELDS}
+        vals["outcome"] = Outcome(d["outcome"])
+        for k in ("n_current", "n_baseline", "history_runs"):
+            vals[k] = int(vals[k] or 0)
+        for k in ("mode", "metric", "replicated", "message"):
+            vals[k] = str(vals[k] or "")
+        return cls(**vals)
+
+
+_FIELDS = tuple(TimingVerdict.__dataclass_fields__)
+_FLOATS = {k for k, f in TimingVerdict.__dataclass_fields__.items() if f.type == "float"}
+
+
+def not_judged(metric: str, reason: str, tolerance: float, **figures: Any) -> TimingVerdict:
+    """A timing that could not be judged (too few rounds, no baseline figures)."""
+    nan = math.nan
+    base = dict(
+        outcome=Outcome.NOT_JUDGED, mode="none", metric=metric, n_current=0, n_baseline=0,
+        median_current_ns=nan, median_baseline_ns=nan, delta_pct=nan, ci_low_pct=nan,
+        ci_high_pct=nan, ci_level_pct=nan, p_value=nan, tolerance_pct=100 * tolerance,
+        threshold_pct=nan, noise_pct=nan, spread_pct=nan, history_runs=0, load=nan,
+        replicated="", message=reason,
+    )  # fmt: skip
+    base.update(figures)
+    return TimingVerdict(**base)
+
+
+def spread(rounds: np.ndarray) -> float:
+    """(max - min) / median of round values: how much one session's rounds disagree."""
+    r = np.asarray(rounds, dtype=np.float64)
+    if len(r) < 2 or np.median(r) <= 0:
+        return math.nan
+    return float((r.max() - r.min()) / np.median(r))
+
+
+def between_run_sd(levels: np.ndarray) -> float:
+    """Robust standard deviation of one run's log level, from a history of run levels.
+
+    Successive differences remove slow trends and steps (a step moves one
+    difference), their MAD ignores the odd outlier run; the difference of two
+    runs has twice a run's variance, hence the ``sqrt(2)``.
+    """
+    x = np.log(np.asarray(levels, dtype=np.float64))
+    x = x[np.isfinite(x)]
+    if len(x) < 3:
+        return math.nan
+    d = np.diff(x)
+    mad = float(np.median(np.abs(d - np.median(d))))
+    sd = _MAD_SD * mad / math.sqrt(2.0)
+    # a MAD of 0 (identical runs, e.g. deterministic simulations) would claim
+    # infinite precision; the plain SD of the differences bounds it from below
+    return max(sd, float(np.std(d, ddof=1)) / math.sqrt(2.0) / 3.0)
+
+
+def _interval(
+    delta: float, se: float, df: float, alpha: float
+) -> tuple[float, float, float]:
+    if not (se > 0 and math.isfinite(se)) or df < 1:
+        return math.nan, math.nan, math.nan
+    t = float(sps.t.ppf(1 - alpha / 2, df))
+    p = float(2 * sps.t.sf(abs(delta) / se, df))
+    return delta - t * se, delta + t * se, p
+
+
+def _pct(log_ratio: float) -> float:
+    return 100.0 * math.expm1(log_ratio) if math.isfinite(log_ratio) else math.nan
+
+
+def _decide(
+    lo: float, hi: float, delta: float, tolerance: float, noisy: bool
+) -> Outcome:
+    tol = math.log1p(tolerance)
+    if math.isfinite(lo) and lo > 0 and delta > tol:
+        return Outcome.REGRESSED
+    if math.isfinite(hi) and hi < 0 and delta < -tol:
+        return Outcome.IMPROVED
+    return Outcome.NOISY if noisy else Outcome.UNCHANGED
+
+
+def judge_store(
+    current: np.ndarray,
+    baseline: np.ndarray,
+    history: np.ndarray,
+    *,
+    metric: str,
+    tolerance: float,
+    alpha: float,
+    baseline_runs: int = 1,
+    load: float = math.nan,
+    baseline_load: float = math.nan,
+    iterations: int = 0,
+) -> TimingVerdict:
+    """Judge this session's round values against the baseline's (ns), with history.
+
+    ``history``: one level per stored run of this test on this machine (the
+    baseline's runs included), oldest first. ``baseline_runs``: how many
+    runs the baseline rounds were pooled from.
+    """
+    cur = np.log(np.asarray(current, dtype=np.float64))
+    base = np.log(np.asarray(baseline, dtype=np.float64))
+    cur, base = cur[np.isfinite(cur)], base[np.isfinite(base)]
+    sp = spread(np.exp(cur)) if len(cur) else math.nan
+    common = dict(
+        n_current=len(cur), n_baseline=len(base), load=load, spread_pct=100 * sp,
+        median_current_ns=float(np.exp(np.median(cur))) if len(cur) else math.nan,
+        median_baseline_ns=float(np.exp(np.median(base))) if len(base) else math.nan,
+        history_runs=int(len(history)),
+    )  # fmt: skip
+    if len(cur) < MIN_ROUNDS or len(base) < MIN_ROUNDS:
+        side = "this session" if len(cur) < MIN_ROUNDS else "the baseline"
+        return not_judged(
+            metric,
+            f"too few rounds to judge timing: {side} has {min(len(cur), len(base))} "
+            f"(at least {MIN_ROUNDS} needed; set rounds= on the marker or --perfguard-rounds)",
+            tolerance,
+            mode="store",
+            **common,
+        )
+    delta = float(cur.mean() - base.mean())
+    se_rounds = math.sqrt(cur.var(ddof=1) / len(cur) + base.var(ddof=1) / len(base))
+    sd_run = between_run_sd(history) if len(history) >= MIN_HISTORY else math.nan
+    if math.isfinite(sd_run):
+        se_history = sd_run * math.sqrt(1.0 + 1.0 / max(baseline_runs, 1))
+        se, df = max(se_rounds, se_history), max(len(history) - 1, 1)
+        noise_from = f"between-run noise from {len(history)} stored runs on this machine"
+    else:
+        se, df = se_rounds, len(cur) + len(base) - 2
+        more = MIN_HISTORY - len(history)
+        noise_from = (
+            f"history has {len(history)} of the {MIN_HISTORY} runs needed for a between-run "
+            f"noise estimate ({more} more saved run(s) on this machine): judged on this "
+            "session's rounds alone"
+        )
+    lo, hi, p = _interval(delta, se, df, alpha)
+    t = float(sps.t.ppf(1 - alpha / 2, df)) if df >= 1 else math.nan
+    threshold = max(tolerance, math.expm1(t * se)) if math.isfinite(t) else tolerance
+    busy = metric != "gpu_time" and _busy(load, baseline_load)
+    noisy = busy or (math.isfinite(sp) and sp > tolerance)
+    outcome = _decide(lo, hi, delta, tolerance, noisy)
+    if busy and outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
+        outcome = Outcome.NOISY  # a busy machine's CPU time is not this code's
+    per = f" x {iterations} iterations" if iterations else ""
+    replicated = (
+        f"{len(cur)} rounds{per} this session vs {len(base)} rounds of the baseline "
+        f"({baseline_runs} run(s)); {noise_from}"
+    )
+    verdict = TimingVerdict(
+        outcome=outcome, mode="store", metric=metric, delta_pct=_pct(delta), ci_low_pct=_pct(lo),
+        ci_high_pct=_pct(hi), ci_level_pct=100 * (1 - alpha), p_value=p,
+        tolerance_pct=100 * tolerance, threshold_pct=100 * threshold,
+        noise_pct=100 * math.expm1(sd_run) if math.isfinite(sd_run) else math.nan,
+        replicated=replicated, message="", **common,
+    )  # fmt: skip
+    return _with_message(verdict, busy, baseline_load)
+
+
+def _busy(load: float, baseline_load: float) -> bool:
+    if not math.isfinite(load):
+        return False
+    quiet_base = baseline_load if math.isfinite(baseline_load) else 0.0
+    return load > BUSY_LOAD and load - quiet_base > BUSY_LOAD / 2
+
+
+def judge_ab(
+    base: np.ndarray,
+    head: np.ndarray,
+    *,
+    metric: str,
+    tolerance: float,
+    alpha: float,
+    load: float = math.nan,
+    iterations: int = 0,
+) -> TimingVerdict:
+    """Judge paired rounds: ``base[i]`` and ``head[i]`` ran next to each other (ABBA)."""
+    a = np.log(np.asarray(base, dtype=np.float64))
+    b = np.log(np.asarray(head, dtype=np.float64))
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b = a[ok], b[ok]
+    d = b - a
+    common = dict(
+        n_current=len(b), n_baseline=len(a), load=load,
+        median_current_ns=float(np.exp(np.median(b))) if len(b) else math.nan,
+        median_baseline_ns=float(np.exp(np.median(a))) if len(a) else math.nan,
+        spread_pct=100 * spread(np.exp(b)) if len(b) else math.nan, history_runs=0,
+    )  # fmt: skip
+    if len(d) < MIN_ROUNDS:
+        return not_judged(
+            metric,
+            f"too few A/B pairs to judge timing: {len(d)} (at least {MIN_ROUNDS} needed)",
+            tolerance,
+            mode="ab",
+            **common,
+        )
+    delta = float(d.mean())
+    sd = float(d.std(ddof=1))
+    se = sd / math.sqrt(len(d))
+    lo, hi, p = _interval(delta, se, len(d) - 1, alpha) if se > 0 else (delta, delta, 0.0)
+    if se == 0:
+        p = 0.0 if delta != 0 else 1.0
+    half = (hi - lo) / 2 if math.isfinite(hi) else math.inf
+    noisy = half > math.log1p(tolerance)
+    outcome = _decide(lo, hi, delta, tolerance, noisy)
+    per = f" x {iterations} iterations" if iterations else ""
+    verdict = TimingVerdict(
+        outcome=outcome, mode="ab", metric=metric, delta_pct=_pct(delta), ci_low_pct=_pct(lo),
+        ci_high_pct=_pct(hi), ci_level_pct=100 * (1 - alpha), p_value=p,
+        tolerance_pct=100 * tolerance,
+        threshold_pct=100 * max(tolerance, math.expm1(half)) if math.isfinite(half) else math.nan,
+        noise_pct=100 * math.expm1(sd),
+        replicated=f"{len(d)} A/B pairs of rounds{per}, alternating ABBA on this machine",
+        message="", **common,
+    )  # fmt: skip
+    return _with_message(verdict, False, math.nan)
+
+
+def ab_resolved(verdict: TimingVerdict, tolerance: float) -> bool:
+    """Auto-sampling may stop: the change is decided, or its interval is narrower than
+    the tolerance (tachometer's rule)."""
+    if verdict.outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
+        return True
+    lo, hi = verdict.ci_low_pct, verdict.ci_high_pct
+    return math.isfinite(lo) and math.isfinite(hi) and (hi - lo) / 2 < 100 * tolerance
+
+
+def _with_message(v: TimingVerdict, busy: bool, baseline_load: float) -> TimingVerdict:
+    from dataclasses import replace
+
+    change = (
+        f"{v.metric} {v.delta_pct:+.1f}% [{v.ci_low_pct:+.1f}%, {v.ci_high_pct:+.1f}%] "
+        f"({v.ci_level_pct:.0f}% interval, {v.replicated})"
+        if math.isfinite(v.ci_low_pct)
+        else f"{v.metric} {v.delta_pct:+.1f}% ({v.replicated})"
+    )
+    o = v.outcome
+    if o is Outcome.REGRESSED:
+        why = f"slower beyond the threshold {v.threshold_pct:.1f}% (tolerance {v.tolerance_pct:g}%)"
+    elif o is Outcome.IMPROVED:
+        why = f"faster beyond the threshold {v.threshold_pct:.1f}%"
+    elif o is Outcome.NOISY and busy:
+        base = f" (baseline {baseline_load:.0%})" if math.isfinite(baseline_load) else ""
+        why = (
+            f"machine busy: other processes used {v.load:.0%} of the CPU during the rounds"
+            f"{base}; CPU timings are not comparable (use A/B mode or the gates)"
+        )
+    elif o is Outcome.NOISY:
+        why = (
+            f"too noisy to resolve a {v.tolerance_pct:g}% change: rounds spread "
+            f"{v.spread_pct:.1f}%, smallest change this run can see {v.threshold_pct:.1f}%"
+        )
+    else:
+        why = f"within the threshold {v.threshold_pct:.1f}% (tolerance {v.tolerance_pct:g}%)"
+    return replace(v, message=f"{why}: {change}")
