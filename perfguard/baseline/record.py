@@ -310,3 +310,80 @@ def reduce_counters(
     if not rows:
         return empty_frame(COUNTER_COLUMNS)
     return pd.concat(rows, ignore_index=True)[list(COUNTER_COLUMNS)]
+
+
+def merge_rounds(records: list[TestRecord]) -> TestRecord:
+    """One record of several one-round records of the same test (A/B mode's children).
+
+    Samples and per-op samples are concatenated, round ``k`` from the
+    ``k``-th record, iterations renumbered to stay unique; per-op and
+    per-kernel totals are summed; counters are the mean of the rounds', and
+    ``stable`` only where every round had the same value (and was stable).
+    """
+    if not records:
+        raise ValueError("merge_rounds needs at least one record")
+    first = records[0]
+    samples, op_samples = [], []
+    offset = 0
+    for k, r in enumerate(records):
+        s = r.samples.copy()
+        s["round"] = k
+        shift = offset - (int(s["iteration"].min()) if len(s) else 0)
+        s["iteration"] = s["iteration"].astype(np.int64) + shift
+        o = r.op_samples.copy()
+        if len(o):
+            o["iteration"] = o["iteration"].astype(np.int64) + shift
+        samples.append(s)
+        op_samples.append(o)
+        offset += max(len(s), 1)
+    ops = pd.concat([r.ops for r in records], ignore_index=True)
+    summed = ["calls", "kernel_count", "cpu_time_total", "gpu_time_total"]
+    if len(ops):
+        firsts = ops.drop_duplicates("op_id").set_index("op_id")
+        totals = ops.groupby("op_id")[summed].sum(min_count=1)
+        firsts[summed] = totals.reindex(firsts.index)
+        ops = firsts.reset_index()[list(first.ops.columns)]
+    kernels = pd.concat([r.kernels for r in records], ignore_index=True)
+    if len(kernels):
+        key = ["op_id", "kernel_name"]
+        kfirst = kernels.drop_duplicates(key).set_index(key)
+        ksum = kernels.groupby(key)[["calls", "gpu_time_total"]].sum(min_count=1)
+        kfirst[["calls", "gpu_time_total"]] = ksum.reindex(kfirst.index)
+        kernels = kfirst.reset_index()[list(first.kernels.columns)]
+    counters = _merge_counters([r.counters for r in records])
+    meta = dict(first.meta)
+    loads = [r.meta.get("load") for r in records if r.meta.get("load") is not None]
+    meta["load"] = float(np.mean(loads)) if loads else None
+    meta["rounds"] = len(records)
+    return TestRecord(
+        first.nodeid, first.metric, pd.concat(samples, ignore_index=True),
+        pd.concat(op_samples, ignore_index=True), ops, kernels, meta, counters,
+    )  # fmt: skip
+
+
+def _merge_counters(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if f is not None and len(f)]
+    if not frames:
+        return empty_frame(COUNTER_COLUMNS)
+    n = len(frames)
+    key = ["op_id", "counter"]
+    wide = pd.concat(
+        [f.assign(_round=k) for k, f in enumerate(frames)], ignore_index=True
+    )
+    g = wide.groupby(key, sort=True)
+    value = g["value"].sum() / n  # a round without the row counts 0
+    present = g["_round"].nunique()
+    lo, hi = g["value"].min(), g["value"].max()
+    same = (hi - lo).abs() <= 1e-9 * hi.abs().clip(lower=1.0)
+    stable = g["stable"].all().astype(bool) & (present == n) & same
+    names = g["op_name"].first()
+    out = pd.DataFrame(
+        {
+            "op_id": value.index.get_level_values("op_id"),
+            "op_name": names.to_numpy(),
+            "counter": value.index.get_level_values("counter"),
+            "value": value.to_numpy(np.float64),
+            "stable": stable.to_numpy(bool),
+        }
+    )
+    return out[list(COUNTER_COLUMNS)]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -60,10 +61,22 @@ from perfguard.baseline.store import Store
 from perfguard.capture.select import select_backend
 from perfguard.capture.torch_profiler import TRACE_SUFFIX, TorchBackend
 from perfguard.errors import PerfguardError
+from perfguard.plugin.ab import (
+    AB_FOREIGN_ENV,
+    AB_OUT_ENV,
+    AB_OWN_ENV,
+    AB_SELECT_ENV,
+    ABRunner,
+    RoundOutput,
+    TestAB,
+    foreign_modules,
+    prepare_worktree,
+    write_round_output,
+)
 from perfguard.plugin.capture import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
-from perfguard.plugin.options import DEFAULT_CAPTURE_TIMEOUT, Settings
+from perfguard.plugin.options import DEFAULT_CAPTURE_TIMEOUT, MAX_AB_PAIRS, Settings
 
 RESULTS_SCHEMA = 1
 ALPHA = 0.01
@@ -146,6 +159,17 @@ class PerfguardSession:
         )
         self.baseline_ref: str | None = None
         self.match: BaselineMatch | None = None
+        #: round-child mode (A/B): this process runs one round for a parent session
+        self.ab_out = os.environ.get(AB_OUT_ENV)
+        self.ab_outcomes: dict[str, dict[str, str]] = {}
+        self.ab: ABRunner | None = None
+        self.ab_results: dict[str, TestAB] = {}
+        self.ab_commit: str | None = None
+        if self.ab_out:
+            return
+        if settings.against:
+            self._prepare_ab()
+            return
         self._find_baseline()
 
     # ------------------------------------------------------------------ set-up helpers
@@ -180,6 +204,125 @@ class PerfguardSession:
             self.match = find_baseline(self._store, root, ref, self.fingerprint)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-store: {exc}") from None
+
+    def _prepare_ab(self) -> None:
+        """A/B mode: the base worktree, made before any test runs (a bad ref is a usage
+        error); the measurement itself runs once the tests are collected."""
+        flag = f"--perfguard-against {self.settings.against}"
+        if self.worker_id is not None or getattr(self.config.option, "numprocesses", None):
+            raise pytest.UsageError(
+                f"{flag}: A/B mode alternates rounds of both trees in fresh processes on "
+                "this machine; run it without -n (pytest-xdist)"
+            )
+        if self.git is None:
+            raise pytest.UsageError(f"{flag} needs a git repository")
+        try:
+            base_root, self.ab_commit = prepare_worktree(
+                self.git.root, self.settings.against, _git_dir(self.git.root) / "perfguard-ab"
+            )
+        except (RuntimeError, OSError) as exc:
+            raise pytest.UsageError(f"{flag}: cannot check it out: {exc}") from None
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        self.ab = ABRunner(
+            head_root=self.git.root, base_root=base_root,
+            head_rel=self.config.rootpath.resolve().relative_to(self.git.root.resolve()),
+            output=self.settings.output, backend=self.settings.backend,
+            xdist=self.config.pluginmanager.hasplugin("xdist"),
+            timeout=DEFAULT_CAPTURE_TIMEOUT,
+            say=(reporter.write_line if reporter is not None else lambda line: None),
+        )  # fmt: skip
+        self.notes.append(
+            f"A/B mode: {self.settings.ab_pairs} ABBA pairs of rounds against "
+            f"{self.settings.against} ({self.ab_commit[:12]}), each round a fresh process"
+        )
+
+    # ------------------------------------------------------------------ A/B mode
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        """A round child runs only the tests its parent selected."""
+        select = os.environ.get(AB_SELECT_ENV)
+        if not self.ab_out or not select:
+            return
+        wanted = set(Path(select).read_text(encoding="utf-8").split("\n"))
+        keep = [i for i in items if i.nodeid in wanted]
+        dropped = [i for i in items if i.nodeid not in wanted]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """A/B parent: measure every selected marked test in both trees, up front."""
+        if self.ab is None:
+            return
+        from perfguard.plugin import profiled
+
+        nodeids = [i.nodeid for i in session.items if profiled(i)]
+        if not nodeids:
+            return
+        self.ab_results = self.ab.measure(
+            nodeids, self.settings.ab_pairs, budget=self.settings.ab_budget,
+            max_pairs=MAX_AB_PAIRS, unresolved=self._ab_unresolved,
+        )  # fmt: skip
+        self.notes.extend(self.ab.notes)
+
+    def _ab_unresolved(self, nodeid: str, ab: TestAB) -> bool:
+        from perfguard.compare.timing import ab_resolved, judge_ab
+
+        if ab.base.failure or ab.head.failure or not ab.base.records or not ab.head.records:
+            return False
+        metric = ab.head.records[0].metric
+        a = np.array([r.round_values(metric)[0] for r in ab.base.records])
+        b = np.array([r.round_values(metric)[0] for r in ab.head.records])
+        n = min(len(a), len(b))
+        tol = self.settings.tolerance
+        verdict = judge_ab(a[:n], b[:n], metric=metric, tolerance=tol, alpha=ALPHA)
+        return not ab_resolved(verdict, tol)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """A round child remembers each test's pytest outcome for its parent."""
+        if not self.ab_out:
+            return
+        if report.failed and report.nodeid not in self.ab_outcomes:
+            text = " ".join((report.longreprtext or "failed").strip().splitlines()[-1:])
+            self.ab_outcomes[report.nodeid] = {"outcome": "failed", "message": text[:500]}
+
+    def _judge_ab(self, item: pytest.Item, spec: ProfileSpec) -> None:
+        """The A/B verdict of one test from its rounds in both trees."""
+        from perfguard.baseline.record import merge_rounds
+        from perfguard.compare.gates import parse_gates
+        from perfguard.compare.judge import Against, JudgeSettings, judge
+
+        ab = self.ab_results.get(item.nodeid)
+        if ab is None:
+            return
+        if ab.head.failure is not None or not ab.head.records:
+            why = ab.head.failure or f"no round of the head reported ({ab.head.missing} lost)"
+            self._error_entry(item, why, self.backend.label, at_teardown=ab.head.failure is None)
+            return
+        head = merge_rounds(ab.head.records)
+        notes = []
+        if ab.head.missing or ab.base.missing:
+            notes.append(f"rounds lost: head {ab.head.missing}, base {ab.base.missing}")
+        reason = None
+        if ab.foreign:
+            reason = "a tree imported the other tree's code: " + ", ".join(ab.foreign[:3])
+        if ab.base.failure is not None:
+            notes.append(f"in the base tree: {ab.base.failure}")
+        against = Against(
+            records=[merge_rounds(ab.base.records)] if ab.base.records else [],
+            mode="ab", commit=self.ab_commit,
+            run_found=ab.base.failure != "the test's file is not in this tree" and bool(
+                ab.base.records or ab.base.failure),
+            incompatibility=reason,
+        )  # fmt: skip
+        settings = JudgeSettings(
+            tolerance=self._tolerance(spec), alpha=ALPHA, gates=parse_gates(spec.gates)
+        )
+        comparison = judge(head, against, settings)
+        self._finish(item, head, comparison, [], head.meta.get("capture"), self.backend.label,
+                     notes)  # fmt: skip
 
     def close(self) -> None:
         if self._store is not None:
@@ -246,6 +389,11 @@ class PerfguardSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
+        ab = self.ab_results.get(pyfuncitem.nodeid)
+        if ab is not None:
+            if ab.head.failure is not None:
+                pytest.fail(f"{ab.head.failure} (in an A/B round of the head)", pytrace=False)
+            return True  # the body ran in the round children
         child = pyfuncitem.stash.get(_capture_key, {}).get("child")
         if child is None:
             return None
@@ -262,6 +410,10 @@ class PerfguardSession:
             what = self._captures(item)
         except (ValueError, PerfguardError):
             what = None
+        if item.nodeid in self.ab_results and what is not None:
+            result = yield
+            self._judge_ab(item, what[0])
+            return result
         uses_fixture = "gpuprofile" in getattr(item, "fixturenames", ())
         if what is None or what[1].label == "nsys" or uses_fixture:
             result = yield
@@ -335,13 +487,26 @@ class PerfguardSession:
             msg = " ".join(str(exc).split()) or type(exc).__name__
             self._error_entry(item, msg, backend, info.get("path"))
             return
+        self._finish(item, record, comparison, findings, info["path"], backend, notes)
+
+    def _finish(
+        self,
+        item: pytest.Item,
+        record: TestRecord,
+        comparison: Any,
+        findings: list[dict[str, Any]],
+        capture: Any,
+        backend: str,
+        notes: list[str],
+    ) -> None:
+        """Keep the record and the verdict; a regression fails the test here."""
         self.records[item.nodeid] = record
         entry = comparison.to_dict()
         entry.update(
             load=record.meta.get("load"),
             findings=findings,
             history=self._history(item.nodeid),
-            capture=str(info["path"]),
+            capture=str(capture) if capture else None,
             backend=backend,
             error=None,
             notes=notes,
@@ -352,9 +517,10 @@ class PerfguardSession:
         from perfguard.compare.verdict import failed
 
         if failed(comparison, self.settings.fail_on):
-            at = (self.match.commit or "")[:12] if self.match else ""
+            commit = comparison.baseline_commit or ""
+            what = "the base tree" if comparison.mode == "ab" else "the baseline"
             pytest.fail(
-                f"perfguard: {item.nodeid} regressed against the baseline at {at}: "
+                f"perfguard: {item.nodeid} regressed against {what} at {commit[:12]}: "
                 f"{comparison.message}",
                 pytrace=False,
             )
@@ -520,6 +686,14 @@ class PerfguardSession:
 
     # ------------------------------------------------------------------ the end
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.ab_out:
+            errors = {k: str(e.get("error")) for k, e in self.entries.items() if e.get("error")}
+            foreign, own = os.environ.get(AB_FOREIGN_ENV), os.environ.get(AB_OWN_ENV)
+            write_round_output(self.ab_out, RoundOutput(
+                records=self.records, outcomes=self.ab_outcomes, errors=errors,
+                foreign=foreign_modules(foreign, own) if foreign and own else [],
+            ))  # fmt: skip
+            return
         if self.worker_id is not None:
             self.config.workeroutput[OUTPUT_KEY] = {  # type: ignore[attr-defined]
                 "entries": self.entries,
@@ -620,13 +794,24 @@ class PerfguardSession:
             self.notes.append(f"could not write the HTML/Markdown report in {out}: {exc}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.worker_id is not None:
+        if self.worker_id is not None or self.ab_out:
             return
         from perfguard.plugin.summary import summary_lines
 
         terminalreporter.section("perfguard")
         for line in summary_lines(self):
             terminalreporter.write_line(line)
+
+
+def _git_dir(root: Path) -> Path:
+    """The repository's common git folder (``.git`` of the main worktree)."""
+    import subprocess
+
+    out = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--git-common-dir"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    return (root / out).resolve()
 
 
 def spec_backend(item: pytest.Item) -> str | None:

@@ -1,0 +1,302 @@
+"""A/B mode: the base commit and the head measured in alternating rounds on one machine.
+
+``pytest --perfguard --perfguard-against=REF`` checks REF out into a git
+worktree (``.git/perfguard-ab/base-<sha>``, inside the repository's git
+folder so it never shows in ``git status``; detached, reused while it is at REF)
+and measures the marked tests of both trees in rounds: each round is a
+fresh child pytest in one tree (its own code really imported: the tree's
+root, and its ``src/`` if there is one, lead ``PYTHONPATH``, so an editable
+install of the head does not shadow the base), running every selected test
+for one round of its loop (``--perfguard-rounds=1``); rounds alternate
+ABBA (A B, B A, A B, ...), so a drift of the machine hits both sides alike
+and pairs of adjacent rounds cancel it. The child writes its records (one
+round each) and each test's pytest outcome to a pickle
+(:data:`AB_OUT_ENV`); the parent merges a side's rounds into one record
+(:func:`perfguard.baseline.record.merge_rounds`) and judges the paired
+rounds (:func:`perfguard.compare.timing.judge_ab`).
+
+After the first pairs, tests whose change is not yet resolved (interval
+wider than the tolerance, tachometer's rule) get more pairs while the
+budget (``--perfguard-ab-budget`` seconds) lasts, up to
+:data:`~perfguard.plugin.options.MAX_AB_PAIRS`.
+
+A child that crashes or times out loses its round: the tests it did not
+report are noted, and a side with too few rounds is ``not-judged``. Each
+child also lists modules it imported from the *other* tree (outside any
+``site-packages``): a base tree that ran the head's code would make the
+comparison a lie, so such a test is ``incomparable``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: the child's output file (a pickle of :class:`RoundOutput`); set => round-child mode
+AB_OUT_ENV = "PERFGUARD_AB_OUT"
+#: a file with the nodeids the child runs, one per line
+AB_SELECT_ENV = "PERFGUARD_AB_SELECT"
+#: the other tree's root: modules imported from there are reported
+AB_FOREIGN_ENV = "PERFGUARD_AB_FOREIGN"
+#: the child's own tree root (the trees may nest)
+AB_OWN_ENV = "PERFGUARD_AB_OWN"
+
+
+@dataclass
+class RoundOutput:
+    """What one round child reports: records by nodeid, pytest outcomes, foreign modules."""
+
+    records: dict[str, Any] = field(default_factory=dict)  # nodeid -> TestRecord
+    outcomes: dict[str, dict[str, str]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # capture/analysis errors
+    foreign: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Side:
+    """One tree's measurements of one test, round by round."""
+
+    records: list[Any] = field(default_factory=list)
+    failure: str | None = None  # the test raised (or its capture failed) in this tree
+    missing: int = 0  # rounds in which the test did not report (crash, not collected)
+
+
+@dataclass
+class TestAB:
+    """Both sides of one test."""
+
+    __test__ = False
+
+    base: Side = field(default_factory=Side)
+    head: Side = field(default_factory=Side)
+    foreign: list[str] = field(default_factory=list)
+
+
+def foreign_modules(other_root: str, own_root: str) -> list[str]:
+    """``name (file)`` of every loaded module whose file lies in ``other_root`` but not in
+    ``own_root`` (the trees may nest), outside any site-packages: evidence that a tree
+    ran the other tree's code."""
+    other = os.path.realpath(other_root) + os.sep
+    own = os.path.realpath(own_root) + os.sep
+    found = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if not isinstance(path, str) or not os.path.isabs(path):
+            continue  # frozen or synthetic modules (torch.ops names a relative file)
+        real = os.path.realpath(path)
+        if real.startswith(other) and not real.startswith(own):
+            if "-packages" + os.sep not in real:
+                found.append(f"{name} ({real})")
+    return sorted(found)
+
+
+def write_round_output(path: str, output: RoundOutput) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as fh:
+        pickle.dump(output, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def _git(root: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr or done.stdout).strip().splitlines()[-1:] or ["git failed"])
+    return done.stdout.strip()
+
+
+def prepare_worktree(head_root: Path, ref: str, folder: Path) -> tuple[Path, str]:
+    """A detached worktree of ``ref`` under ``folder`` (reused when already at ``ref``).
+
+    Returns its path and the commit. Raises :class:`RuntimeError` with git's message.
+    """
+    sha = _git(head_root, "rev-parse", "--verify", f"{ref}^{{commit}}")
+    path = folder / f"base-{sha[:12]}"
+    if path.is_dir():
+        try:
+            if _git(path, "rev-parse", "HEAD") == sha and not _git(path, "status", "--porcelain"):
+                return path, sha
+        except RuntimeError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+        _git(head_root, "worktree", "prune")
+    folder.mkdir(parents=True, exist_ok=True)
+    _git(head_root, "worktree", "add", "--detach", "--force", str(path), sha)
+    return path, sha
+
+
+def abba(pairs: int, start: int = 0) -> list[str]:
+    """``A B B A A B ...`` for pairs ``start .. start+pairs-1``."""
+    order: list[str] = []
+    for k in range(start, start + pairs):
+        order += ["A", "B"] if k % 2 == 0 else ["B", "A"]
+    return order
+
+
+class ABRunner:
+    """Runs round children in both trees and gathers each test's sides."""
+
+    def __init__(
+        self,
+        *,
+        head_root: Path,
+        base_root: Path,
+        head_rel: Path,
+        output: Path,
+        backend: str,
+        xdist: bool,
+        timeout: float,
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.roots = {"A": base_root, "B": head_root}
+        self.head_rel = head_rel  # the pytest rootdir relative to the git root
+        self.output = output
+        self.backend = backend
+        self.xdist = xdist
+        self.timeout = timeout
+        self.say = say
+        self.results: dict[str, TestAB] = {}
+        self.notes: list[str] = []
+        self.rounds_run = 0
+
+    def _argv(self, side: str, files: list[str], out: Path) -> list[str]:
+        argv = [sys.executable, "-m", "pytest", *files, "-p", "no:cacheprovider", "-q"]
+        argv += ["--rootdir", str(self.roots[side] / self.head_rel)]
+        argv += ["--perfguard", "--perfguard-rounds=1", f"--perfguard-backend={self.backend}"]
+        argv += ["--perfguard-output", str(out), "--perfguard-fail-on=never"]
+        if self.xdist:
+            argv.append("-n0")
+        return argv
+
+    def _env(self, side: str, out_file: Path, select: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        root = self.roots[side] / self.head_rel
+        lead = [str(root)] + ([str(root / "src")] if (root / "src").is_dir() else [])
+        env["PYTHONPATH"] = os.pathsep.join(lead + [p for p in [env.get("PYTHONPATH")] if p])
+        env[AB_OUT_ENV] = str(out_file)
+        env[AB_SELECT_ENV] = str(select)
+        other = self.roots["B" if side == "A" else "A"]
+        env[AB_FOREIGN_ENV] = str(other)
+        env[AB_OWN_ENV] = str(self.roots[side])
+        return env
+
+    def run_round(self, side: str, nodeids: list[str], index: int) -> None:
+        """One child in tree ``side`` ("A" base, "B" head), one round of each test."""
+        root = self.roots[side] / self.head_rel
+        present = [n for n in nodeids if (root / n.split("::", 1)[0]).is_file()]
+        for n in set(nodeids) - set(present):
+            self._side(n, side).failure = "the test's file is not in this tree"
+        if not present:
+            return
+        files = sorted({n.split("::", 1)[0] for n in present})
+        work = self.output / "ab" / f"round-{index:03d}-{side}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        select = work / "select.txt"
+        select.write_text("\n".join(present) + "\n", encoding="utf-8")
+        out_file = work / "round.pkl"
+        t0 = time.monotonic()
+        try:
+            done = subprocess.run(
+                self._argv(side, files, work / "output"), cwd=root,
+                env=self._env(side, out_file, select), capture_output=True, text=True,
+                timeout=self.timeout, check=False,
+            )  # fmt: skip
+            code: int | str = done.returncode
+            tail = (done.stdout or "")[-2000:] + (done.stderr or "")[-2000:]
+        except subprocess.TimeoutExpired:
+            code, tail = f"timed out after {self.timeout:g} s", ""
+        self.rounds_run += 1
+        name = "base" if side == "A" else "head"
+        self.say(f"perfguard A/B: round {index + 1} ({name}) {time.monotonic() - t0:.1f} s")
+        (work / "child.log").write_text(tail, encoding="utf-8", errors="replace")
+        output = _read_output(out_file)
+        if output is None:
+            why = _exit_reason(code)
+            self.notes.append(f"A/B round {index + 1} ({name}) reported nothing: {why}")
+            for n in present:
+                self._side(n, side).missing += 1
+            return
+        for n in present:
+            s = self._side(n, side)
+            if n in output.records:
+                s.records.append(output.records[n])
+            else:
+                s.missing += 1
+            result = output.outcomes.get(n)
+            if result and result.get("outcome") == "failed" and s.failure is None:
+                s.failure = result.get("message") or "failed"
+            if n in output.errors and s.failure is None:
+                s.failure = f"capture failed: {output.errors[n]}"
+            if output.foreign:
+                self.results[n].foreign = output.foreign
+
+    def _side(self, nodeid: str, side: str) -> Side:
+        ab = self.results.setdefault(nodeid, TestAB())
+        return ab.base if side == "A" else ab.head
+
+    def measure(
+        self,
+        nodeids: list[str],
+        pairs: int,
+        *,
+        budget: float,
+        max_pairs: int,
+        unresolved: Callable[[str, TestAB], bool],
+    ) -> dict[str, TestAB]:
+        """``pairs`` ABBA pairs of rounds, then more for unresolved tests within ``budget``."""
+        for n in nodeids:
+            self.results.setdefault(n, TestAB())
+        index = 0
+        for side in abba(pairs):
+            self.run_round(side, nodeids, index)
+            index += 1
+        deadline = time.monotonic() + budget
+        done = pairs
+        while budget > 0 and done < max_pairs and time.monotonic() < deadline:
+            todo = [n for n in nodeids if unresolved(n, self.results[n])]
+            if not todo:
+                break
+            for side in abba(1, done):
+                self.run_round(side, todo, index)
+                index += 1
+            done += 1
+        if budget > 0 and done > pairs:
+            self.notes.append(f"A/B auto-sampling: {done} pairs for the unresolved test(s)")
+        return self.results
+
+
+def _read_output(path: Path) -> RoundOutput | None:
+    try:
+        with open(path, "rb") as fh:
+            data = pickle.load(fh)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+        return None
+    return data if isinstance(data, RoundOutput) else None
+
+
+def _exit_reason(code: int | str) -> str:
+    if isinstance(code, str):
+        return code
+    if code < 0:
+        import signal
+
+        try:
+            return f"the child was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the child was killed by signal {-code}"
+    return f"the child exited with {code} before writing its results"
+
+
+def nan_if_none(value: Any) -> float:
+    return math.nan if value is None else float(value)
