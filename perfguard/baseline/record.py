@@ -352,8 +352,9 @@ def merge_rounds(records: list[TestRecord]) -> TestRecord:
         kernels = kfirst.reset_index()[list(first.kernels.columns)]
     counters = _merge_counters([r.counters for r in records])
     meta = dict(first.meta)
-    loads = [r.meta.get("load") for r in records if r.meta.get("load") is not None]
-    meta["load"] = float(np.mean(loads)) if loads else None
+    for key in ("load", "wait"):
+        seen = [r.meta.get(key) for r in records if r.meta.get(key) is not None]
+        meta[key] = float(np.mean(seen)) if seen else None
     meta["rounds"] = len(records)
     return TestRecord(
         first.nodeid, first.metric, pd.concat(samples, ignore_index=True),

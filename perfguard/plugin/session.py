@@ -460,7 +460,7 @@ class PerfguardSession:
             walls, error = profile.wall_times_ns, getattr(capturer, "error", None)
             info["cpu_times_ns"] = list(profile.cpu_times_ns)
             rounds = list(profile.round_of)
-            env = {"load": profile.load, "peak_memory": profile.peak_memory}
+            env = {"load": profile.load, "wait": profile.wait, "peak_memory": profile.peak_memory}
             if not profile.started:
                 error = error or (
                     "the test requests the gpuprofile fixture but never runs "
@@ -504,6 +504,7 @@ class PerfguardSession:
         entry = comparison.to_dict()
         entry.update(
             load=record.meta.get("load"),
+            wait=record.meta.get("wait"),
             findings=findings,
             history=self._history(item.nodeid),
             capture=str(capture) if capture else None,
@@ -561,7 +562,7 @@ class PerfguardSession:
                 "iteration durations from the capture are used"
             )
         env = env or {}
-        load = env.get("load")
+        load, wait = env.get("load"), env.get("wait")
         meta = {
             "marker": spec.to_dict(),
             "tolerance": self._tolerance(spec),
@@ -570,6 +571,7 @@ class PerfguardSession:
             "note": "; ".join(notes) or None,
             "cpu_times_ns": cpu_times or None,
             "load": load if load is not None and np.isfinite(load) else None,
+            "wait": wait if wait is not None and np.isfinite(wait) else None,
         }
         peak = env.get("peak_memory")
         record = record_from_analysis(
@@ -616,11 +618,11 @@ class PerfguardSession:
             theirs = (records[0].meta or {}).get("backend")
             if theirs and theirs != record.meta.get("backend"):
                 reason = f"backend differs: {theirs!r} (baseline) vs {record.meta['backend']!r}"
-        loads = [r.meta.get("load") for r in records if r.meta.get("load") is not None]
+        waits = [r.meta.get("wait") for r in records if r.meta.get("wait") is not None]
         history = self._history_levels(record.nodeid, record.metric)
         return Against(
             records=records, commit=match.commit, run_found=True, incompatibility=reason,
-            history=history, load=float(np.median(loads)) if loads else float("nan"),
+            history=history, wait=float(np.median(waits)) if waits else float("nan"),
         )  # fmt: skip
 
     def _baseline_runs(self, match: BaselineMatch) -> list[int]:
