@@ -16,7 +16,8 @@ Two ways to judge, each on the log scale (a change is a ratio):
   real step in the history moves one difference and not the estimate. The
   standard error of the change is the larger of what the rounds and what
   history say; with too little history (:data:`MIN_HISTORY` runs) the
-  rounds alone are used and the verdict says how many more runs are needed.
+  rounds are used with a stated prior for the between-run noise
+  (:data:`PRIOR_RUN_SD`), and the verdict says how many more runs are needed.
 * **A/B** (:func:`judge_ab`): both commits measured on one machine in
   alternating rounds (ABBA); the paired log ratios of adjacent rounds
   cancel the machine's drift, and their t interval judges the change.
@@ -52,6 +53,11 @@ MIN_ROUNDS = 3
 #: excess wait (share of round time the thread waited for a CPU, over the baseline's)
 #: above which a timing is called busy rather than quiet
 BUSY_WAIT = 0.02
+#: between-run standard deviation (log scale) assumed until a test has MIN_HISTORY stored
+#: runs: one session's rounds cannot see the drift between sessions (another
+#: process layout, another hour), so a first comparison must not be sharper than a
+#: typical drift; GPU kernel time drifts far less than CPU timings
+PRIOR_RUN_SD = {"gpu_time": 0.01, "wall_time": 0.03, "cpu_time": 0.03}
 #: MAD -> standard deviation for a normal distribution
 _MAD_SD = 1.4826
 
@@ -218,12 +224,14 @@ def judge_store(
         se, df = max(se_rounds, se_history), max(len(history) - 1, 1)
         noise_from = f"between-run noise from {len(history)} stored runs on this machine"
     else:
-        se, df = se_rounds, len(cur) + len(base) - 2
+        prior = PRIOR_RUN_SD.get(metric, 0.03)
+        se_prior = prior * math.sqrt(1.0 + 1.0 / max(baseline_runs, 1))
+        se, df = max(se_rounds, se_prior), len(cur) + len(base) - 2
         more = MIN_HISTORY - len(history)
         noise_from = (
             f"history has {len(history)} of the {MIN_HISTORY} runs needed for a between-run "
-            f"noise estimate ({more} more saved run(s) on this machine): judged on this "
-            "session's rounds alone"
+            f"noise estimate ({more} more saved run(s) on this machine): judged on the "
+            f"rounds, with a between-run noise of {100 * prior:g}% assumed until then"
         )
     lo, hi, p = _interval(delta, se, df, alpha)
     t = float(sps.t.ppf(1 - alpha / 2, df)) if df >= 1 else math.nan
