@@ -165,8 +165,23 @@ class PerfguardSession:
         self.ab: ABRunner | None = None
         self.ab_results: dict[str, TestAB] = {}
         self.ab_commit: str | None = None
+        self._lock: Any = None
+        self._restore_sigterm: Any = None
+        if self.worker_id is None and not self.ab_out:
+            self._claim_output()
+            self._restore_sigterm = _sigterm_interrupts()
+        #: --perfguard-isolate: each measured test runs in a child process of its own
+        self.isolated: set[str] = set()
+        self.isolator: ABRunner | None = None
         if self.ab_out:
             return
+        if settings.isolate and not settings.against:
+            self.isolator = ABRunner(
+                head_root=config.rootpath, base_root=config.rootpath, head_rel=Path("."),
+                output=settings.output / "isolated", backend=settings.backend,
+                xdist=config.pluginmanager.hasplugin("xdist"), timeout=settings.timeout,
+                rounds=settings.rounds,
+            )  # fmt: skip
         if settings.against:
             self._prepare_ab()
             return
@@ -204,6 +219,38 @@ class PerfguardSession:
             self.match = find_baseline(self._store, root, ref, self.fingerprint)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-store: {exc}") from None
+
+    def _claim_output(self) -> None:
+        """The output folder must be writable, and one session's alone: a second session
+        in the same checkout would overwrite the first one's captures and results."""
+        out = self.settings.output
+        flag = "--perfguard-output"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self._lock = open(out / ".lock", "a+")  # noqa: SIM115 (held for the session)
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"{flag} {out}: cannot write there ({exc.strerror or exc})"
+            ) from None
+        try:
+            import fcntl
+
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # not on POSIX: no lock, as before
+            return
+        except OSError:
+            self._lock.seek(0)
+            other = self._lock.read().strip() or "?"
+            self._lock.close()
+            self._lock = None
+            raise pytest.UsageError(
+                f"{flag} {out}: another perfguard session (pid {other}) is writing there; "
+                "give this one its own folder with --perfguard-output"
+            ) from None
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(str(os.getpid()))
+        self._lock.flush()
 
     def _prepare_ab(self) -> None:
         """A/B mode: the base worktree, made before any test runs (a bad ref is a usage
@@ -324,7 +371,27 @@ class PerfguardSession:
         self._finish(item, head, comparison, [], head.meta.get("capture"), self.backend.label,
                      notes)  # fmt: skip
 
+    def _judge_isolated(self, item: pytest.Item, spec: ProfileSpec) -> None:
+        """Store mode on the record the test's own child process made."""
+        ab = self.ab_results[item.nodeid]
+        if not ab.head.records:
+            return
+        record = ab.head.records[0]
+        try:
+            comparison = self._compare(record, spec)
+        except (PerfguardError, ValueError, KeyError) as exc:
+            self._error_entry(item, " ".join(str(exc).split()), self.backend.label)
+            return
+        self._finish(item, record, comparison, [], record.meta.get("capture"),
+                     str(record.meta.get("backend") or self.backend.label), [])  # fmt: skip
+
     def close(self) -> None:
+        if self._restore_sigterm is not None:
+            self._restore_sigterm()
+            self._restore_sigterm = None
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -372,6 +439,11 @@ class PerfguardSession:
             backend = spec_backend(item) or "?"
             self._error_entry(item, str(exc), backend, at_teardown=False)
             pytest.fail(f"perfguard: backend {backend!r} of {item.nodeid}: {exc}", pytrace=False)
+        if what is not None and self.isolator is not None and what[1].label != "nsys":
+            self.isolated.add(item.nodeid)
+            self.isolator.run_round("B", [item.nodeid], len(self.isolated) - 1)
+            self.ab_results[item.nodeid] = self.isolator.results[item.nodeid]
+            return
         if what is None or what[1].label != "nsys":
             return
         out = self.settings.output / "captures"
@@ -391,9 +463,16 @@ class PerfguardSession:
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
         ab = self.ab_results.get(pyfuncitem.nodeid)
         if ab is not None:
+            where = "its own process" if pyfuncitem.nodeid in self.isolated else (
+                "an A/B round of the head")
             if ab.head.failure is not None:
-                pytest.fail(f"{ab.head.failure} (in an A/B round of the head)", pytrace=False)
-            return True  # the body ran in the round children
+                pytest.fail(f"{ab.head.failure} (in {where})", pytrace=False)
+            if not ab.head.records and ab.head.crash:
+                why = f"crashed in {where}: {ab.head.crash}"
+                self._error_entry(pyfuncitem, why, self.backend.label, at_teardown=False,
+                                  outcome="crashed")  # fmt: skip
+                pytest.fail(f"perfguard: {pyfuncitem.nodeid} {why}", pytrace=False)
+            return True  # the body ran in the child processes
         child = pyfuncitem.stash.get(_capture_key, {}).get("child")
         if child is None:
             return None
@@ -410,20 +489,34 @@ class PerfguardSession:
             what = self._captures(item)
         except (ValueError, PerfguardError):
             what = None
-        if item.nodeid in self.ab_results and what is not None:
-            result = yield
-            self._judge_ab(item, what[0])
-            return result
-        uses_fixture = "gpuprofile" in getattr(item, "fixturenames", ())
-        if what is None or what[1].label == "nsys" or uses_fixture:
-            result = yield
-        else:
-            path = self._capture_path(item)
-            capturer = TorchCapturer(path, what[1].device or "cpu")
-            with whole_call(capturer) as walls:
+        try:
+            if item.nodeid in self.ab_results and what is not None:
                 result = yield
-            item.stash[_capture_key] = {"path": path, "backend": what[1].label,
-                                        "capturer": capturer, "walls": walls}  # fmt: skip
+                if item.nodeid in self.isolated:
+                    self._judge_isolated(item, what[0])
+                else:
+                    self._judge_ab(item, what[0])
+                return result
+            uses_fixture = "gpuprofile" in getattr(item, "fixturenames", ())
+            if what is None or what[1].label == "nsys" or uses_fixture:
+                result = yield
+            else:
+                path = self._capture_path(item)
+                capturer = TorchCapturer(path, what[1].device or "cpu")
+                with whole_call(capturer) as walls:
+                    result = yield
+                item.stash[_capture_key] = {"path": path, "backend": what[1].label,
+                                            "capturer": capturer, "walls": walls}  # fmt: skip
+        except (pytest.skip.Exception, pytest.xfail.Exception):
+            raise
+        except BaseException as exc:
+            if what is not None and item.nodeid not in self.entries:
+                text = " ".join(str(exc).split()) or type(exc).__name__
+                self._error_entry(
+                    item, f"the test raised {type(exc).__name__}: {text}"[:500],
+                    what[1].label, at_teardown=False,
+                )  # fmt: skip
+            raise
         if what is not None:
             self._judge(item, what[0])
         return result
@@ -515,6 +608,7 @@ class PerfguardSession:
         )
         self.entries[item.nodeid] = entry
         _add_properties(item, entry)
+        self._write_partial()
         from perfguard.compare.verdict import failed
 
         if failed(comparison, self.settings.fail_on):
@@ -664,16 +758,33 @@ class PerfguardSession:
         backend: str,
         path: Any = None,
         at_teardown: bool = True,
+        outcome: str = "error",
     ) -> None:
-        """Record a failed capture; teardown raises it as the test's error (unless raised)."""
+        """Record a test nothing could be judged on (capture failed, test raised, child
+        crashed); teardown raises a capture failure as the test's error."""
         if at_teardown:
             item.stash[_error_key] = error
         self.entries[item.nodeid] = {
-            "nodeid": item.nodeid, "outcome": "error", "message": error, "findings": [],
+            "nodeid": item.nodeid, "outcome": outcome, "message": error, "findings": [],
             "history": [], "capture": str(path) if path else None, "backend": backend,
             "error": error, "notes": [], "worker": self.worker_id,
         }  # fmt: skip
-        item.user_properties.append(("perfguard_outcome", "error"))
+        item.user_properties.append(("perfguard_outcome", outcome))
+        self._write_partial()
+
+    def _write_partial(self) -> None:
+        """results.json after every test (``complete: false``): a session killed later
+        (os._exit, a segfault, OOM) still leaves what it measured before."""
+        if self.worker_id is not None or self.ab_out:
+            return
+        try:
+            self.settings.output.mkdir(parents=True, exist_ok=True)
+            path = self.settings.output / "results.json"
+            tmp = path.with_name("results.json.tmp")
+            tmp.write_text(json.dumps(self.results(complete=False), indent=1, allow_nan=False))
+            tmp.replace(path)
+        except (OSError, ValueError):
+            pass  # the final write at the session's end reports a broken output folder
 
     # ------------------------------------------------------------------ xdist
     @pytest.hookimpl(optionalhook=True)
@@ -687,7 +798,7 @@ class PerfguardSession:
             self.records[record.nodeid] = record
 
     # ------------------------------------------------------------------ the end
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.ab_out:
             errors = {k: str(e.get("error")) for k, e in self.entries.items() if e.get("error")}
             foreign, own = os.environ.get(AB_FOREIGN_ENV), os.environ.get(AB_OWN_ENV)
@@ -704,9 +815,30 @@ class PerfguardSession:
                 ],
             }
             return
-        if self.settings.save:
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        if self.settings.save and interrupted:
+            self.save_error = "the session was interrupted: a partial run is never saved"
+        elif self.settings.save:
             self._save()
+        if self.save_error and self.settings.save and not interrupted:
+            # --perfguard-save exists to make baselines: not saving must not look green
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.settings.require_baseline and not self._compared():
+            self.notes.append(
+                "--perfguard-require-baseline: no test was compared with a baseline"
+            )
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self._write_results()
+
+    def _compared(self) -> bool:
+        """Some test was compared with something (a judged timing or gates)."""
+        for e in self.entries.values():
+            timing, gates = e.get("timing") or {}, e.get("gates") or {}
+            if timing.get("mode") in ("store", "ab") and timing.get("n_baseline"):
+                return True
+            if gates.get("outcome") in ("regressed", "improved", "unchanged"):
+                return True
+        return False
 
     def _save(self) -> None:
         if not self.records:
@@ -719,8 +851,8 @@ class PerfguardSession:
         except (PerfguardError, ValueError) as exc:
             self.save_error = " ".join(str(exc).split())
 
-    def results(self) -> dict[str, Any]:
-        """The ``results.json`` document."""
+    def results(self, complete: bool = True) -> dict[str, Any]:
+        """The ``results.json`` document (``complete`` false while the session runs)."""
         from perfguard import __version__
 
         counts: dict[str, int] = {}
@@ -732,6 +864,7 @@ class PerfguardSession:
             baseline = {"ref": match.ref, "commit": match.commit, "run_id": match.run_id}
         return {
             "schema": RESULTS_SCHEMA,
+            "complete": complete,
             "perfguard_version": __version__,
             "run": self.run.to_dict(),
             "baseline": baseline,
@@ -803,6 +936,25 @@ class PerfguardSession:
         terminalreporter.section("perfguard")
         for line in summary_lines(self):
             terminalreporter.write_line(line)
+
+
+def _sigterm_interrupts() -> Any:
+    """SIGTERM (a CI runner cancelling the job) ends the session as Ctrl-C does: the
+    reports are written, and an interrupted run is never saved as a baseline. Returns
+    the function that puts the previous handler back (None when nothing was changed)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None  # someone else handles it
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _git_dir(root: Path) -> Path:
