@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.arrays import factorize
+from perfguard.trace.pyprof import PYTHON_OP, python_op
 
 __all__ = [
     "KERNEL_RULES",
@@ -598,10 +599,15 @@ OP_RULES: tuple[OpRule, ...] = (
 def op_leaf(names: pd.Series) -> pd.Series:
     """The op-type part of op names: the last ``/`` component, without a
     ``namespace::`` prefix or a trailing instance number (TF/ONNX ``_3``, HLO
-    ``.12``, perfguard's own repeat count ``(2)`` as in ``/Net/fc1/aten::addmm(2)``)."""
+    ``.12``, perfguard's own repeat count ``(2)`` as in ``/Net/fc1/aten::addmm(2)``), and
+    the op of PyProf's ``torch.nn.functional.conv2d`` / ``Tensor.__matmul__``."""
     s = pd.Series(names, copy=False).astype(object)
     leaf = s.str.rsplit("/", n=1).str[-1].str.rsplit("::", n=1).str[-1].str.strip()
-    return leaf.str.replace(r"(?:[._]\d+|\(\d+\))$", "", regex=True)
+    leaf = leaf.str.replace(r"(?:[._]\d+|\(\d+\))$", "", regex=True)
+    py = leaf.str.fullmatch(PYTHON_OP).fillna(False).astype(bool)
+    if py.any():  # PyProf: torch.nn.functional.conv2d, Tensor.__matmul__
+        leaf = leaf.where(~py, python_op(leaf[py]))
+    return leaf
 
 
 def op_tc_eligible(op_name_or_type: pd.Series, rules: tuple[OpRule, ...] = OP_RULES) -> pd.Series:
