@@ -7,6 +7,7 @@ is only replaced with ``force``.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterable
@@ -17,16 +18,23 @@ import pandas as pd
 from perfguard.analysis import Analysis
 from perfguard.errors import PerfguardError
 from perfguard.report.dlprof import FORMATS, REPORTS, TABLES
+from perfguard.report.perfetto import FORMAT as PERFETTO
+from perfguard.report.perfetto import perfetto_path, render_perfetto
+
+#: formats written as one file per report (html and perfetto are one file for all)
+_TABLE_FORMATS = ("csv", "json")
 
 
 def report_paths(
     out_dir: Path, base: str, reports: Iterable[str], formats: Iterable[str]
 ) -> list[Path]:
     """The files a run will write, in order: tables per report and format, then
-    one HTML page (``<base>_report.html``) when ``html`` is among the formats."""
+    one HTML page (``<base>_report.html``) when ``html`` is among the formats and
+    the Perfetto timeline (``<base>_perfetto.json.gz``) for ``perfetto``."""
     formats = list(formats)
-    tables = [out_dir / f"{base}_{r}.{f}" for r in reports for f in formats if f != "html"]
-    return tables + ([out_dir / f"{base}_report.html"] if "html" in formats else [])
+    tables = [out_dir / f"{base}_{r}.{f}" for r in reports for f in formats if f in _TABLE_FORMATS]
+    html = [out_dir / f"{base}_report.html"] if "html" in formats else []
+    return tables + html + ([perfetto_path(out_dir, base)] if PERFETTO in formats else [])
 
 
 def check_output(
@@ -73,12 +81,14 @@ def write_reports(
     for report in reports:
         table = TABLES[report](analysis)
         for fmt in formats:
-            if fmt != "html":
+            if fmt in _TABLE_FORMATS:
                 texts[out_dir / f"{base}_{report}.{fmt}"] = _render(report, table, fmt)
     if "html" in formats:  # the DLProf Viewer's pages in one self-contained file
         from perfguard.report.html import render_analysis_html
 
         texts[out_dir / f"{base}_report.html"] = render_analysis_html(analysis)
+    if PERFETTO in formats:  # a timeline for ui.perfetto.dev (gzip: traces are large)
+        texts[perfetto_path(out_dir, base)] = gzip.compress(render_perfetto(analysis), 6, mtime=0)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -106,10 +116,10 @@ def _plain(v: object) -> object:
     return v.item() if hasattr(v, "item") else v
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _atomic_write(path: Path, text: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
