@@ -7,7 +7,6 @@ is only replaced with ``force``.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from collections.abc import Iterable
@@ -19,7 +18,7 @@ from perfguard.analysis import Analysis
 from perfguard.errors import PerfguardError
 from perfguard.report.dlprof import FORMATS, REPORTS, TABLES
 from perfguard.report.perfetto import FORMAT as PERFETTO
-from perfguard.report.perfetto import perfetto_path, render_perfetto
+from perfguard.report.perfetto import perfetto_path, write_perfetto
 
 #: formats written as one file per report (html and perfetto are one file for all)
 _TABLE_FORMATS = ("csv", "json")
@@ -87,8 +86,6 @@ def write_reports(
         from perfguard.report.html import render_analysis_html
 
         texts[out_dir / f"{base}_report.html"] = render_analysis_html(analysis)
-    if PERFETTO in formats:  # a timeline for ui.perfetto.dev (gzip: traces are large)
-        texts[perfetto_path(out_dir, base)] = gzip.compress(render_perfetto(analysis), 6, mtime=0)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -97,7 +94,10 @@ def write_reports(
         ) from None
     for path, text in texts.items():
         _atomic_write(path, text)
-    return list(texts)
+    written = list(texts)
+    if PERFETTO in formats:  # streamed to a temporary file and renamed: traces are large
+        written.append(write_perfetto(analysis, perfetto_path(out_dir, base)))
+    return written
 
 
 def _render(report: str, table: pd.DataFrame, fmt: str) -> str:
@@ -116,10 +116,10 @@ def _plain(v: object) -> object:
     return v.item() if hasattr(v, "item") else v
 
 
-def _atomic_write(path: Path, text: str | bytes) -> None:
+def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

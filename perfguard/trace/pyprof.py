@@ -283,7 +283,9 @@ def apply_markers(ranges: pd.DataFrame) -> pd.DataFrame:
         names[ops[named]] = stack[named]
         out["name"] = names
     owner = _owners(out, ops)
-    _link_backward(out, ops, owner)
+    # autograd backward nodes (XBackward0, not an aten:: op), judged once per distinct name
+    node = u.str.contains(r"^[^:]*Backward\d*$", regex=True).to_numpy(bool)[codes]
+    _link_backward(out, ops, owner, node)
 
     # the framework's own ranges inside an op (autograd's aten::...) go: the kernels belong
     # to the op that PyProf/DLProf name, which carries the shapes (PyProf did the same)
@@ -311,7 +313,7 @@ def _owners(r: pd.DataFrame, ops: np.ndarray) -> np.ndarray:
     return owner
 
 
-def _link_backward(r: pd.DataFrame, ops: np.ndarray, owner: np.ndarray) -> None:
+def _link_backward(r: pd.DataFrame, ops: np.ndarray, owner: np.ndarray, node: np.ndarray) -> None:
     """PyProf's fprop/bprop correlation by ``seq`` (in place, before renumbering).
 
     Each op gets the ``seq`` of the first autograd range inside it; each
@@ -338,7 +340,6 @@ def _link_backward(r: pd.DataFrame, ops: np.ndarray, owner: np.ndarray) -> None:
     r["seq"] = op_seq
 
     bwd = (r["direction"] == "bprop").to_numpy(bool) & seq.notna().to_numpy()
-    node = r["name"].fillna("").str.contains(r"^[^:]*Backward\d*$", regex=True).to_numpy(bool)
     bwd &= node
     if not bwd.any():
         return
