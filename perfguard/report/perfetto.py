@@ -305,21 +305,10 @@ def _range_events(
             ("op_name", "op_id", "iteration", "tc_eligible", "uses_tc", "flops")}},
     )  # fmt: skip
 
-    def text(f: pd.DataFrame) -> np.ndarray:
-        return _cat(
-            ',"iteration":', _nullable_int(f["iteration"]),
-            ',"direction":', _quoted(f["direction"]),
-            ',"tc_eligible":', _nullable_bool(f["tc_eligible"].astype("boolean")),
-            ',"uses_tc":', _nullable_bool(f["uses_tc"]),
-            ',"flops":', _nullable_float(f["flops"]),
-            ',"op_id":', _quoted(f["op_id"]),
-            ',"call_site":', _quoted(f["call_site"]),
-            ',"op_name":', _quoted(f["op_name"]),
-            '},"cat":', _quoted(f["kind"]),
-            ',"name":', _quoted(f["name"]), "}",
-        )  # fmt: skip
-
-    static = _per_distinct(fields, text)
+    spec = (("iteration", _nullable_int), ("direction", _quoted), ("tc_eligible", _nullable_bool),
+            ("uses_tc", _nullable_bool), ("flops", _nullable_float), ("op_id", _quoted),
+            ("call_site", _quoted), ("op_name", _quoted))  # fmt: skip
+    static = _per_distinct(fields, lambda f: _closing_fields(f, spec))
     where = _cat(',"pid":', _int(procs.host_pid(r["rank"], r["pid"])), ',"tid":', _int(r["tid"]),
                  ',"args":{"range_id":', _int(r["range_id"]))  # fmt: skip
     start = r["start"].to_numpy(np.int64)
@@ -337,6 +326,15 @@ def _range_events(
         head = _cat('{"ph":"', ph, '","id":', ident, ',"ts":', _us(t - origin), where[asyn])
         events.append(_cat(head, static[asyn]))
     return np.concatenate(events)
+
+
+def _closing_fields(f: pd.DataFrame, spec: tuple) -> np.ndarray:
+    """The tail of an event: ``args`` fields (``(key, formatter)`` pairs, long text last),
+    the closing brace, ``cat`` (``kind``) and ``name``."""
+    parts: list = []
+    for key, fmt in spec:
+        parts += [f',"{key}":', fmt(f[key])]
+    return _cat(*parts, '},"cat":', _quoted(f["kind"]), ',"name":', _quoted(f["name"]), "}")
 
 
 def _per_distinct(fields: pd.DataFrame, text) -> np.ndarray:
@@ -416,18 +414,9 @@ def _gpu_events(
          "iteration": a["iteration"].array}
     )  # fmt: skip
 
-    def text(f: pd.DataFrame) -> np.ndarray:
-        return _cat(
-            ',"iteration":', _nullable_int(f["iteration"]),
-            ',"uses_tc":', _nullable_bool(f["uses_tc"]),
-            ',"op_flops":', _nullable_float(f["op_flops"]),
-            ',"direction":', _quoted(f["direction"]),
-            ',"op_id":', _quoted(f["op_id"]),
-            ',"tc_reason":', _quoted(f["tc_reason"]),
-            ',"op_name":', _quoted(f["op_name"]),
-            '},"cat":', _quoted(f["kind"]),
-            ',"name":', _quoted(f["name"]), "}",
-        )  # fmt: skip
+    spec = (("iteration", _nullable_int), ("uses_tc", _nullable_bool),
+            ("op_flops", _nullable_float), ("direction", _quoted), ("op_id", _quoted),
+            ("tc_reason", _quoted), ("op_name", _quoted))  # fmt: skip
 
     start = a["start"].to_numpy(np.int64)
     head = _cat(
@@ -438,7 +427,7 @@ def _gpu_events(
         ',"args":{"correlation":', _int(a["correlation_id"]),
         ',"bytes":', _nullable_int(a["bytes"]),
     )  # fmt: skip
-    return _cat(head, _per_distinct(fields, text))
+    return _cat(head, _per_distinct(fields, lambda f: _closing_fields(f, spec)))
 
 
 def _flow_events(acts: pd.DataFrame, procs: _Processes, origin: int) -> np.ndarray:
