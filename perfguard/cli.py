@@ -64,6 +64,7 @@ def _one_line(text: object) -> str:
 def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     """Analysis options, shared by ``analyze`` and (later) ``profile``."""
     from perfguard.report.dlprof import ALL_REPORTS, FORMATS
+    from perfguard.report.perfetto import FORMAT as PERFETTO
 
     parser.add_argument("--key-node", "--key_node", dest="key_node", metavar="NAME",
                         help="range name that ends each iteration (DLProf: N instances give "
@@ -90,11 +91,12 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
                              "(default: all)")  # fmt: skip
     parser.add_argument(
         "--formats",
-        type=_choices(FORMATS),
+        type=_choices((*FORMATS, PERFETTO)),
         default=list(FORMATS),
         metavar="LIST",
-        help="comma-separated: csv,json,html (default: all three; html is one page, "
-        "<base>_report.html, with every report)",
+        help="comma-separated: csv,json,html,perfetto (default: csv,json,html; html is one "
+        "page, <base>_report.html, with every report; perfetto is a timeline for "
+        "ui.perfetto.dev, <base>_perfetto.json.gz)",
     )
     parser.add_argument(
         "--output-path",

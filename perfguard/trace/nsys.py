@@ -36,6 +36,7 @@ import pandas as pd
 from perfguard.errors import TraceError
 from perfguard.trace.model import KERNEL_GEOMETRY, NO_CORRELATION, RANGE_KIND, Trace
 from perfguard.trace.names import is_iteration_name, op_type_of, parse_range_names
+from perfguard.trace.pyprof import apply_markers
 from perfguard.trace.ranges import finalize_ranges
 
 NVTX_PUSH_POP = (59, 70)
@@ -292,7 +293,7 @@ def _read(db: _Db) -> Trace:
         ranges["end"] = ranges["end"].fillna(last).astype(np.int64)
         ranges = finalize_ranges(ranges)
     return Trace(
-        ranges=ranges,
+        ranges=apply_markers(ranges),  # PyProf/DLProf markers: wrappers folded into their ops
         api_calls=api,
         kernels=kernels,
         memops=memops,
