@@ -332,7 +332,9 @@ class PerfguardSession:
         if not self.ab_out:
             return
         if report.failed and report.nodeid not in self.ab_outcomes:
-            text = " ".join((report.longreprtext or "failed").strip().splitlines()[-1:])
+            crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+            text = crash or (report.longreprtext or "failed").strip().splitlines()[-1]
+            text = " ".join(str(text).split())
             self.ab_outcomes[report.nodeid] = {"outcome": "failed", "message": text[:500]}
 
     def _judge_ab(self, item: pytest.Item, spec: ProfileSpec) -> None:
@@ -360,8 +362,7 @@ class PerfguardSession:
         against = Against(
             records=[merge_rounds(ab.base.records)] if ab.base.records else [],
             mode="ab", commit=self.ab_commit,
-            run_found=ab.base.failure != "the test's file is not in this tree" and bool(
-                ab.base.records or ab.base.failure),
+            run_found=True,  # the base tree was measured: a test it lacks is new
             incompatibility=reason,
         )  # fmt: skip
         settings = JudgeSettings(
@@ -407,11 +408,13 @@ class PerfguardSession:
 
     def effective(self, spec: ProfileSpec) -> ProfileSpec:
         """The marker's settings with the session's: ``--perfguard-rounds`` fills in the
-        rounds a marker did not set."""
+        rounds a marker did not set; in an A/B round child it is the parent's word (one
+        round per child, whatever the marker says)."""
         from dataclasses import replace
 
-        if not spec.rounds_given and self.settings.rounds is not None:
-            return replace(spec, rounds=self.settings.rounds)
+        rounds = self.settings.rounds
+        if rounds is not None and (self.ab_out or not spec.rounds_given):
+            return replace(spec, rounds=rounds)
         return spec
 
     def _capture_path(self, item: pytest.Item) -> Path:
@@ -507,15 +510,14 @@ class PerfguardSession:
                     result = yield
                 item.stash[_capture_key] = {"path": path, "backend": what[1].label,
                                             "capturer": capturer, "walls": walls}  # fmt: skip
-        except (pytest.skip.Exception, pytest.xfail.Exception):
-            raise
+        except (pytest.skip.Exception, pytest.xfail.Exception, KeyboardInterrupt):
+            raise  # skipped, or the session is being interrupted: not this test's fault
         except BaseException as exc:
             if what is not None and item.nodeid not in self.entries:
                 text = " ".join(str(exc).split()) or type(exc).__name__
-                self._error_entry(
-                    item, f"the test raised {type(exc).__name__}: {text}"[:500],
-                    what[1].label, at_teardown=False,
-                )  # fmt: skip
+                if not isinstance(exc, pytest.fail.Exception):
+                    text = f"the test raised {type(exc).__name__}: {text}"
+                self._error_entry(item, text[:500], what[1].label, at_teardown=False)
             raise
         if what is not None:
             self._judge(item, what[0])
