@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ import pandas as pd
 
 from perfguard.arrays import factorize
 from perfguard.errors import TraceError
-from perfguard.trace.kineto_stream import Args, Event, Fallback, read_plain, stream_events
+from perfguard.trace.kineto_stream import NA_INT, Event, Fallback, read_plain, stream_events
 from perfguard.trace.model import NO_CORRELATION, Trace
 from perfguard.trace.names import is_backward_name, is_iteration_name, op_type_of
 from perfguard.trace.ranges import finalize_ranges
@@ -225,7 +226,6 @@ _ARG_ATTRS = {
     "seq": "Sequence number", "call_stack": "Call stack", "concrete": "Concrete Inputs",
 }  # fmt: skip
 KNOWN_CATEGORIES = RANGE_CATEGORIES + API_CATEGORIES + ("kernel",) + MEMOP_CATEGORIES
-_NO_ARGS = Args()
 #: kernel columns read from a number in ``args``
 _KERNEL_NUMBERS = (("registers", "registers per thread"), ("shared_mem", "shared memory"))
 #: events per piece when the plain reader's dicts are turned into columns
@@ -264,39 +264,103 @@ class _Columns:
     # -- input
 
     def add_structs(self, events: list[Event]) -> None:
-        """One piece of :class:`Event` structs (the streaming reader)."""
+        """One piece of typed :class:`Event` structs (the streaming reader).
+
+        Each field becomes a numpy column in one C-level pass
+        (``np.fromiter(map(attrgetter(...)))``); no Python code runs per event.
+        """
         n = len(events)
         if not n:
             return
-        ph = np.array(list(map(attrgetter("ph"), events)), dtype=object)
-        cat = pd.Series(list(map(attrgetter("cat"), events)), dtype=object)
-        keep, threads, cat = self._select(ph, cat, list(map(attrgetter("name"), events)))
+        ph = np.array(list(map(_PH, events)), dtype=object)
+        cat = np.array(list(map(_CAT, events)), dtype=object)
+        every = np.empty(n, dtype=object)
+        every[:] = events
+        keep, threads, cat = self._select(ph, cat, lambda m, e=every: list(map(_NAME, e[m])))
+        del ph
         rows = np.flatnonzero(keep)
-        sel = _take(events, rows)
-        x = pd.DataFrame(
-            {f: list(map(attrgetter(f), sel)) for f in _FIELDS if f not in ("ph", "cat")},
-            index=rows + self.n, dtype=object,
-        )  # fmt: skip
-        x.insert(0, "cat", cat[keep])
-        args = [a if a is not None else _NO_ARGS for a in map(attrgetter("args"), sel)]
-        a = pd.DataFrame(
-            {col: list(map(attrgetter(attr), args)) for attr, col in _ARG_ATTRS.items()},
-            index=x.index, dtype=object,
-        )  # fmt: skip
-        ext = pd.Series(list(map(attrgetter("external_id"), args)), index=x.index, dtype=object)
-        legacy = pd.Series(
-            list(map(attrgetter("external_id_legacy"), args)), index=x.index, dtype=object
-        )
-        a["External id"] = ext.where(ext.notna(), legacy)
-        for col in ("Input Dims", "Input type", "Concrete Inputs"):  # msgspec.Raw -> bytes
-            a[col] = list(map(bytes, a[col]))
-        t = _take(events, np.flatnonzero(threads))
-        tn = [e.args.name if e.args is not None else None for e in t]  # a few per trace
-        th = pd.DataFrame(
-            {"pid": [e.pid for e in t], "tid": [e.tid for e in t], "name": tn}, dtype=object
-        )
-        self._add(x, a, th)
+        sel = every[rows]
+        if len(threads) and threads.any():
+            t = every[threads]  # a few per trace
+            self.parts["threads"].append(pd.DataFrame(
+                {"pid": [e.pid for e in t], "tid": [e.tid for e in t],
+                 "name": [e.args.name for e in t]}, dtype=object
+            ))  # fmt: skip
+        del every
+        if len(sel):
+            self._add_structs(sel, cat[rows], rows + self.n)
         self.n += n
+
+    def _add_structs(self, ev: np.ndarray, cat: np.ndarray, index: np.ndarray) -> None:
+        k = len(ev)
+        ts = np.array(list(map(_TS, ev)), dtype=np.float64)  # None -> NaN
+        dur = np.array(list(map(_DUR, ev)), dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.abs(ts) < _MAX_US) | (np.abs(dur) >= _MAX_US)
+        if bad.any():  # the plain check words the error
+            names = list(map(_NAME, ev))
+            x = pd.DataFrame({"cat": cat, "name": names, "ts": ts, "dur": dur}, index=index)
+            _check_times(self.path, x)
+        start = _float_us_to_ns(ts)
+        end = start + _float_us_to_ns(np.nan_to_num(dur, nan=0.0))
+        pid = _ints(list(map(_PID, ev)), -1)
+        tid = _ints(list(map(_TID, ev)), -1)
+        name = self._shared_names(pd.Series(list(map(_NAME, ev)), dtype=object))
+        args = list(map(_ARGS_OF, ev))
+        corr = np.fromiter(map(_CORR, args), np.int64, k)
+        arg_arr = np.empty(k, dtype=object)
+        arg_arr[:] = args
+        del args
+
+        def rows(cats: tuple[str, ...]) -> np.ndarray:
+            return np.flatnonzero(np.isin(cat, list(cats)))
+
+        i = rows(API_CATEGORIES)
+        if len(i):
+            self.parts["api"].append(pd.DataFrame(
+                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
+                 "correlation_id": corr[i], "name": name[i]}
+            ))  # fmt: skip
+        for table, cats in (("kernels", ("kernel",)), ("memops", MEMOP_CATEGORIES)):
+            i = rows(cats)
+            if not len(i):
+                continue
+            ga = arg_arr[i]
+            m = len(i)
+            dev = np.fromiter(map(_DEVICE, ga), np.int64, m)
+            stream = np.fromiter(map(_STREAM, ga), np.int64, m)
+            df = pd.DataFrame(
+                {"start": start[i], "end": end[i], "correlation_id": corr[i],
+                 "device_id": np.where(dev != NA_INT, dev, pid[i]),
+                 "stream_id": np.where(stream != NA_INT, stream, tid[i]), "name": name[i]}
+            )  # fmt: skip
+            if table == "kernels":
+                for field, get in (("grid", _GRID), ("block", _BLOCK)):
+                    xyz = np.array(list(map(get, ga)), dtype=np.int64).reshape(m, 3)
+                    for col, axis in enumerate("xyz"):
+                        df[f"{field}_{axis}"] = _nullable(xyz[:, col])
+                df["registers"] = _nullable(np.fromiter(map(_REGS, ga), np.int64, m))
+                df["shared_mem"] = _nullable(np.fromiter(map(_SHMEM, ga), np.int64, m))
+            else:
+                df["bytes"] = _nullable(np.fromiter(map(_BYTES, ga), np.int64, m))
+            self.parts[table].append(df)
+        i = rows(RANGE_CATEGORIES)
+        if len(i):
+            ra = arg_arr[i]
+            m = len(i)
+            stack = pd.Series(list(map(_STACK, ra)), dtype=object)
+            call_site = stack.where(stack.notna() & (stack != ""), None)
+            if call_site.notna().any():
+                call_site = call_site.str.split(";").str[0]
+            self.parts["ranges"].append(pd.DataFrame(
+                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
+                 "name": name[i], "category": cat[i],
+                 "seq": _nullable(np.fromiter(map(_SEQ, ra), np.int64, m)),
+                 "input_shapes": _raw_json_text(list(map(_DIMS, ra))),
+                 "dtypes": _raw_json_text(list(map(_TYPES, ra))),
+                 "concrete_inputs": _raw_json_text(list(map(_CONCRETE, ra))),
+                 "call_site": call_site.to_numpy(dtype=object)}
+            ))  # fmt: skip
 
     def add_dicts(self, events: list[dict[str, Any]]) -> None:
         """Events parsed by the plain reader (the fallback), a piece at a time."""
@@ -304,7 +368,9 @@ class _Columns:
             piece = events[lo : lo + _PLAIN_PIECE]
             ev = pd.DataFrame.from_records(piece, columns=_FIELDS + ["args"])
             ev.index += self.n
-            keep, threads, cat = self._select(ev["ph"].to_numpy(object), ev["cat"], ev["name"])
+            keep, threads, cat = self._select(
+                ev["ph"].to_numpy(object), ev["cat"], lambda m, e=ev: e["name"].to_numpy(object)[m]
+            )
             x = ev[keep].drop(columns=["ph"]).assign(cat=cat[keep])
             m = ev[threads]
             names = pd.DataFrame.from_records(
@@ -318,11 +384,11 @@ class _Columns:
             self.n += len(ev)
 
     def _select(
-        self, ph: np.ndarray, cat: pd.Series, name: Any
+        self, ph: np.ndarray, cat: Any, names_of: Callable[[np.ndarray], Any]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(kept X events, thread_name events, categories renamed), noting categories seen."""
         # categories repeat: renamed once per distinct value, not per event
-        codes, distinct = factorize(cat, use_na_sentinel=False)
+        codes, distinct = pd.factorize(np.asarray(cat, dtype=object), use_na_sentinel=False)
         distinct = pd.Series(distinct, dtype=object)
         self.legacy |= bool(distinct.isin(list(LEGACY_CATEGORIES)).any())
         renamed = distinct.replace(LEGACY_CATEGORIES)
@@ -332,8 +398,9 @@ class _Columns:
         self.any_known |= bool(known.any())
         keep = (ph == "X") & known
         threads = ph == "M"
-        if threads.any():
-            threads &= np.asarray(pd.Series(name, dtype=object) == "thread_name")
+        if threads.any():  # metadata events are few: their names are looked at alone
+            m = np.flatnonzero(threads)
+            threads[m] = np.asarray(pd.Series(names_of(m), dtype=object) == "thread_name")
         return keep, threads, renamed.to_numpy(dtype=object)[codes]
 
     def _shared_names(self, names: pd.Series) -> np.ndarray:
@@ -417,6 +484,40 @@ class _Columns:
         if not parts:
             return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
         return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+
+
+_PH, _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS_OF = map(attrgetter, _FIELDS + ["args"])
+_CORR, _DEVICE, _STREAM, _GRID, _BLOCK = map(
+    attrgetter, ["correlation", "device", "stream", "grid", "block"]
+)
+_REGS, _SHMEM, _BYTES, _SEQ, _STACK = map(
+    attrgetter, ["registers", "shared_memory", "bytes", "seq", "call_stack"]
+)
+_DIMS, _TYPES, _CONCRETE = map(attrgetter, ["input_dims", "input_type", "concrete"])
+
+
+def _float_us_to_ns(f: np.ndarray) -> np.ndarray:
+    """µs as float64 (exact for integers below 2**53) -> int64 ns, as :func:`_us_to_ns`."""
+    whole = np.floor(f)
+    return whole.astype(np.int64) * 1000 + np.rint((f - whole) * 1000).astype(np.int64)
+
+
+def _ints(values: list[Any], default: int) -> np.ndarray:
+    """Integers as int64 in one pass; text ids (2021 ``"stream 7"``) the slow way."""
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except (TypeError, ValueError, OverflowError):
+        return _int_column(pd.Series(values, dtype=object), default)
+
+
+def _nullable(v: np.ndarray) -> pd.arrays.IntegerArray:
+    """int64 with :data:`NA_INT` for "absent" -> a nullable Int64 column."""
+    return pd.arrays.IntegerArray(v, v == NA_INT)
+
+
+def _raw_json_text(raws: list[Any]) -> np.ndarray:
+    """Raw JSON values (``b""`` when absent) -> compact JSON text, parsed once per distinct text."""
+    return _json_text(pd.Series(list(map(bytes, raws)), dtype=object)).to_numpy()
 
 
 def _decode(path: Path) -> tuple[_Columns, dict[str, Any], list[str]]:

@@ -59,38 +59,48 @@ class Fallback(Exception):
     """The streaming decoder cannot read this file; read it with :func:`json.loads`."""
 
 
-class Args(msgspec.Struct, gc=False):
-    """The ``args`` fields the reader uses; shapes/dtypes stay raw JSON text."""
+#: an integer field the event does not have (no real id or size is this value)
+NA_INT = -(2**63)
+_NA3 = (NA_INT, NA_INT, NA_INT)
 
-    correlation: Any = None
-    external_id: Any = msgspec.field(default=None, name="External id")
-    external_id_legacy: Any = msgspec.field(default=None, name="external id")
-    device: Any = None
-    stream: Any = None
-    grid: Any = None
-    block: Any = None
-    registers: Any = msgspec.field(default=None, name="registers per thread")
-    shared_memory: Any = msgspec.field(default=None, name="shared memory")
-    bytes: Any = None
+
+class Args(msgspec.Struct, gc=False, frozen=True):
+    """The ``args`` fields the reader uses, typed as torch writes them.
+
+    Shapes/dtypes stay raw JSON text. A value of another type fails the
+    typed decode and the file is read by the plain reader instead.
+    """
+
+    correlation: int = -1
+    device: int = NA_INT
+    stream: int = NA_INT
+    grid: tuple[int, int, int] = _NA3
+    block: tuple[int, int, int] = _NA3
+    registers: int = msgspec.field(default=NA_INT, name="registers per thread")
+    shared_memory: int = msgspec.field(default=NA_INT, name="shared memory")
+    bytes: int = NA_INT
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
-    seq: Any = msgspec.field(default=None, name="Sequence number")
-    call_stack: Any = msgspec.field(default=None, name="Call stack")
+    seq: int = msgspec.field(default=NA_INT, name="Sequence number")
+    call_stack: str | None = msgspec.field(default=None, name="Call stack")
     concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
     name: Any = None  # thread_name metadata events
 
 
-class Event(msgspec.Struct, gc=False):
-    """One trace event, only the fields the reader uses."""
+_NO_ARGS = Args()
 
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: Args | None = None
+
+class Event(msgspec.Struct, gc=False):
+    """One trace event, only the fields the reader uses (``tid`` is text in 2021 traces)."""
+
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: Args = _NO_ARGS
 
 
 _DECODER = msgspec.json.Decoder(list[Event])
