@@ -307,7 +307,7 @@ class _Columns:
         tid = _ints(list(map(_TID, ev)), -1)
         name = self._shared_names(pd.Series(list(map(_NAME, ev)), dtype=object))
         args = list(map(_ARGS_OF, ev))
-        corr = np.fromiter(map(_CORR, args), np.int64, k)
+        corr = _int_field(_CORR, args, NO_CORRELATION)
         arg_arr = np.empty(k, dtype=object)
         arg_arr[:] = args
         del args
@@ -326,9 +326,8 @@ class _Columns:
             if not len(i):
                 continue
             ga = arg_arr[i]
-            m = len(i)
-            dev = np.fromiter(map(_DEVICE, ga), np.int64, m)
-            stream = np.fromiter(map(_STREAM, ga), np.int64, m)
+            dev = _int_field(_DEVICE, ga)
+            stream = _int_field(_STREAM, ga)
             df = pd.DataFrame(
                 {"start": start[i], "end": end[i], "correlation_id": corr[i],
                  "device_id": np.where(dev != NA_INT, dev, pid[i]),
@@ -336,18 +335,17 @@ class _Columns:
             )  # fmt: skip
             if table == "kernels":
                 for field, get in (("grid", _GRID), ("block", _BLOCK)):
-                    xyz = np.array(list(map(get, ga)), dtype=np.int64).reshape(m, 3)
+                    xyz = _triples(list(map(get, ga)))
                     for col, axis in enumerate("xyz"):
                         df[f"{field}_{axis}"] = _nullable(xyz[:, col])
-                df["registers"] = _nullable(np.fromiter(map(_REGS, ga), np.int64, m))
-                df["shared_mem"] = _nullable(np.fromiter(map(_SHMEM, ga), np.int64, m))
+                df["registers"] = _nullable(_int_field(_REGS, ga))
+                df["shared_mem"] = _nullable(_int_field(_SHMEM, ga))
             else:
-                df["bytes"] = _nullable(np.fromiter(map(_BYTES, ga), np.int64, m))
+                df["bytes"] = _nullable(_int_field(_BYTES, ga))
             self.parts[table].append(df)
         i = rows(RANGE_CATEGORIES)
         if len(i):
             ra = arg_arr[i]
-            m = len(i)
             stack = pd.Series(list(map(_STACK, ra)), dtype=object)
             call_site = stack.where(stack.notna() & (stack != ""), None)
             if call_site.notna().any():
@@ -355,7 +353,7 @@ class _Columns:
             self.parts["ranges"].append(pd.DataFrame(
                 {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
                  "name": name[i], "category": cat[i],
-                 "seq": _nullable(np.fromiter(map(_SEQ, ra), np.int64, m)),
+                 "seq": _nullable(_int_field(_SEQ, ra)),
                  "input_shapes": _raw_json_text(list(map(_DIMS, ra))),
                  "dtypes": _raw_json_text(list(map(_TYPES, ra))),
                  "concrete_inputs": _raw_json_text(list(map(_CONCRETE, ra))),
@@ -508,6 +506,24 @@ def _ints(values: list[Any], default: int) -> np.ndarray:
         return np.fromiter(values, np.int64, len(values))
     except (TypeError, ValueError, OverflowError):
         return _int_column(pd.Series(values, dtype=object), default)
+
+
+def _int_field(get: Callable[[Any], Any], objs: Any, absent: int = NA_INT) -> np.ndarray:
+    """An int field of every struct as int64, ``null`` (a repaired NaN) as ``absent``."""
+    values = list(map(get, objs))
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except TypeError:  # None among them: only in a repaired file
+        return pd.Series(values, dtype=object).fillna(absent).to_numpy(np.int64)
+
+
+def _triples(values: list[Any]) -> np.ndarray:
+    """``[x, y, z]`` per struct as an (n, 3) int64 array, ``null`` as absent."""
+    try:
+        return np.array(values, dtype=np.int64).reshape(len(values), 3)
+    except (TypeError, ValueError):  # None among them: only in a repaired file
+        na = (NA_INT, NA_INT, NA_INT)
+        return np.array([na if v is None else v for v in values], dtype=np.int64)
 
 
 def _nullable(v: np.ndarray) -> pd.arrays.IntegerArray:

@@ -13,6 +13,7 @@ characters) are rewritten.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -70,48 +71,92 @@ def _closes(line: str, k: int) -> bool:
     return k >= n or line[k] in _AFTER_COMMA
 
 
+def _string(line: str, i: int, fixes: Counter[str], end: int | None = None) -> tuple[str, int]:
+    """The JSON string opening at ``line[i]``, re-escaped; returns (text, index after it).
+
+    It closes at the quote at ``end`` when given, else at the first quote
+    that :func:`_closes` accepts.
+    """
+    n = len(line)
+    j = i + 1
+    s: list[str] = ['"']
+    while j < n:
+        ch = line[j]
+        if ch == "\\":
+            nxt = line[j + 1 : j + 2]
+            if nxt and nxt in _ESCAPES and not (nxt == '"' and j + 1 == end):
+                s.append(line[j : j + 2])
+                j += 2
+                continue
+            if nxt == "u" and set(line[j + 2 : j + 6]) <= _HEX and len(line) >= j + 6:
+                s.append(line[j : j + 6])
+                j += 6
+                continue
+            s.append("\\\\")
+            fixes["backslash"] += 1
+            j += 1
+            continue
+        if ch == '"':
+            if j == end if end is not None else _closes(line, j + 1):
+                break
+            s.append('\\"')
+            fixes["quote"] += 1
+            j += 1
+            continue
+        s.append(ch)
+        j += 1
+    s.append('"')
+    return "".join(s), j + 1
+
+
 def repair_line(line: str, fixes: Counter[str]) -> str:
     """One line of JSON with strings re-escaped and NaN/Infinity made null.
 
     A quote inside a string closes it only when what follows could follow a
     JSON value (``:``, ``,`` and a key or value, ``}``, ``]``, end of line);
     any other quote, and a backslash that starts no valid escape, is escaped.
+    When that does not give a valid ``"key": value`` line and the line holds
+    one key and a string (torch writes ``"name": "...",`` alone on a line),
+    the value runs to the line's last quote: ``say "hi", "there"`` is a name.
     """
+    local: Counter[str] = Counter()
+    out = _repair_scan(line, local)
+    if not _pair_ok(out):
+        m = _ONE_PAIR.match(line)
+        if m:
+            greedy: Counter[str] = Counter()
+            value, _ = _string(line, m.end(1), greedy, end=m.start(3) - 1)
+            candidate = m.group(1) + value + m.group(3)
+            if _pair_ok(candidate):
+                out, local = candidate, greedy
+    fixes.update(local)
+    return out
+
+
+#: ``"key": "..."`` alone on a line (group 3: what follows the value's last quote)
+_ONE_PAIR = re.compile(r'^(\s*"[^"\\]*"\s*:\s*)(".*")(\s*,?\s*)$')
+
+
+def _pair_ok(line: str) -> bool:
+    """Is ``line`` a valid ``"key": value`` line (or not such a line at all)?"""
+    t = line.strip().rstrip(",")
+    if not (t.startswith('"') and ":" in t) or t.endswith(("{", "[")):
+        return True
+    try:
+        json.loads("{" + t + "}")
+    except ValueError:
+        return False
+    return True
+
+
+def _repair_scan(line: str, fixes: Counter[str]) -> str:
     out: list[str] = []
     i, n = 0, len(line)
     while i < n:
         c = line[i]
         if c == '"':
-            j = i + 1
-            s: list[str] = ['"']
-            while j < n:
-                ch = line[j]
-                if ch == "\\":
-                    nxt = line[j + 1 : j + 2]
-                    if nxt and nxt in _ESCAPES:
-                        s.append(line[j : j + 2])
-                        j += 2
-                        continue
-                    if nxt == "u" and len(line) >= j + 6 and set(line[j + 2 : j + 6]) <= _HEX:
-                        s.append(line[j : j + 6])
-                        j += 6
-                        continue
-                    s.append("\\\\")
-                    fixes["backslash"] += 1
-                    j += 1
-                    continue
-                if ch == '"':
-                    if _closes(line, j + 1):
-                        break
-                    s.append('\\"')
-                    fixes["quote"] += 1
-                    j += 1
-                    continue
-                s.append(ch)
-                j += 1
-            s.append('"')
-            out.append("".join(s))
-            i = j + 1
+            text, i = _string(line, i, fixes)
+            out.append(text)
             continue
         for word in ("-Infinity", "Infinity", "NaN"):
             if line.startswith(word, i):
@@ -171,13 +216,14 @@ def repair_piece(
         except ValueError as exc:  # msgspec.DecodeError is a ValueError
             msg = str(exc)
         m = _BYTE_AT.search(msg)
-        if m is None:  # "truncated": a lone surrogate escape also reads as running out of input
+        if m is None or "surrogate" in msg:  # a lone surrogate may read as running out of input
             lone = _LONE_SURROGATE.findall(text)
-            if not lone:
-                raise Unrepairable(msg, truncated=True) from None
-            text = _LONE_SURROGATE.sub(rb"\\ufffd", text)
-            fixes["surrogate"] += len(lone)
-            continue
+            if lone:
+                text = _LONE_SURROGATE.sub(rb"\\ufffd", text)
+                fixes["surrogate"] += len(lone)
+                continue
+        if m is None:
+            raise Unrepairable(msg, truncated=True)
         p = int(m.group(1))
         before = fixes.copy()
         repaired = _repair_lines(text, [min(p, len(text) - 1)], fixes)

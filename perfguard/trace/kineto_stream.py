@@ -67,21 +67,22 @@ _NA3 = (NA_INT, NA_INT, NA_INT)
 class Args(msgspec.Struct, gc=False, frozen=True):
     """The ``args`` fields the reader uses, typed as torch writes them.
 
-    Shapes/dtypes stay raw JSON text. A value of another type fails the
-    typed decode and the file is read by the plain reader instead.
+    Shapes/dtypes stay raw JSON text. ``null`` (a repaired NaN) reads as
+    absent; a value of another type fails the typed decode and the file is
+    read by the plain reader instead.
     """
 
-    correlation: int = -1
-    device: int = NA_INT
-    stream: int = NA_INT
-    grid: tuple[int, int, int] = _NA3
-    block: tuple[int, int, int] = _NA3
-    registers: int = msgspec.field(default=NA_INT, name="registers per thread")
-    shared_memory: int = msgspec.field(default=NA_INT, name="shared memory")
-    bytes: int = NA_INT
+    correlation: int | None = -1
+    device: int | None = NA_INT
+    stream: int | None = NA_INT
+    grid: tuple[int, int, int] | None = _NA3
+    block: tuple[int, int, int] | None = _NA3
+    registers: int | None = msgspec.field(default=NA_INT, name="registers per thread")
+    shared_memory: int | None = msgspec.field(default=NA_INT, name="shared memory")
+    bytes: int | None = NA_INT
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
-    seq: int = msgspec.field(default=NA_INT, name="Sequence number")
+    seq: int | None = msgspec.field(default=NA_INT, name="Sequence number")
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
     concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
     name: Any = None  # thread_name metadata events
