@@ -60,12 +60,11 @@ print(len(d["traceEvents"]))
 _DECODE = r"""
 import sys, time
 path, how = sys.argv[1], sys.argv[2]
-raw = open(path, "rb").read()
 t = time.perf_counter()
 if how == "json":
-    import json; n = len(json.loads(raw)["traceEvents"])
+    import json; n = len(json.loads(open(path, "rb").read())["traceEvents"])
 elif how == "orjson":
-    import orjson; n = len(orjson.loads(raw)["traceEvents"])
+    import orjson; n = len(orjson.loads(open(path, "rb").read())["traceEvents"])
 else:
     from perfguard.trace.kineto_stream import stream_events
     from pathlib import Path
