@@ -53,7 +53,7 @@ RANGE_CATEGORIES = ("cpu_op", "user_annotation")
 API_CATEGORIES = ("cuda_runtime", "cuda_driver")
 MEMOP_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 _ARGS = [
-    "correlation", "External id", "external id", "device", "stream", "grid", "block",
+    "correlation", "device", "stream", "grid", "block",
     "registers per thread", "shared memory", "bytes", "Input Dims", "Input type",
     "Sequence number", "Call stack", "Concrete Inputs",
 ]  # fmt: skip
@@ -211,20 +211,11 @@ def _int_column(s: pd.Series, default: int) -> np.ndarray:
 
 def _args_frame(args: pd.Series) -> pd.DataFrame:
     records = [a if isinstance(a, dict) else {} for a in args]
-    df = pd.DataFrame.from_records(records, columns=_ARGS, index=args.index)
-    ext = df["External id"].where(df["External id"].notna(), df["external id"])
-    return df.drop(columns=["external id"]).assign(**{"External id": ext})
+    return pd.DataFrame.from_records(records, columns=_ARGS, index=args.index)
 
 
 #: event fields the reader uses, in :class:`Event` and in the plain reader's records
 _FIELDS = ["ph", "cat", "name", "pid", "tid", "ts", "dur"]
-#: :class:`kineto_stream.Args` attribute -> the ``_ARGS`` column it fills
-_ARG_ATTRS = {
-    "correlation": "correlation", "device": "device", "stream": "stream", "grid": "grid",
-    "block": "block", "registers": "registers per thread", "shared_memory": "shared memory",
-    "bytes": "bytes", "input_dims": "Input Dims", "input_type": "Input type",
-    "seq": "Sequence number", "call_stack": "Call stack", "concrete": "Concrete Inputs",
-}  # fmt: skip
 KNOWN_CATEGORIES = RANGE_CATEGORIES + API_CATEGORIES + ("kernel",) + MEMOP_CATEGORIES
 #: kernel columns read from a number in ``args``
 _KERNEL_NUMBERS = (("registers", "registers per thread"), ("shared_mem", "shared memory"))
