@@ -16,6 +16,7 @@ status=0
 for db in "$fixtures"/kineto/*.json.gz "$fixtures"/kineto/*/ "$repo"/examples/captures/*.json.gz; do
   db=${db%/}
   [ -e "$db" ] || continue
+  if [ -d "$db" ] && ! ls "$db" | grep -q '\.json'; then continue; fi  # e.g. hta_reference/
   n=$(basename "$db")
   for v in old new; do
     src=$repo; [ $v = old ] && src=$work/src
