@@ -11,7 +11,9 @@ a capture starts.
 
 from __future__ import annotations
 
+import sys
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from perfguard.capture.xspace_capture import ITERATION_RANGE, XSpaceCapturer
@@ -22,14 +24,16 @@ class TensorFlowCapturer(XSpaceCapturer):
 
     framework = "TensorFlow"
 
+    def __init__(self, path: Path, device: str = "cpu") -> None:
+        super().__init__(path, device)
+        self._gpus: bool | None = None
+
     def _start(self, logdir: str) -> None:
         import tensorflow as tf
 
-        # the Python tracer records every Python call: far more events than ops, and slower
-        options = tf.profiler.experimental.ProfilerOptions(
-            host_tracer_level=2, python_tracer_level=0, device_tracer_level=1
-        )
-        tf.profiler.experimental.start(logdir, options=options)
+        # TensorFlow's defaults: host ops, no Python tracer (far more events than ops, and
+        # slower), device tracer on (CUPTI where there is a GPU)
+        tf.profiler.experimental.start(logdir)
 
     def _stop(self) -> None:
         import tensorflow as tf
@@ -42,8 +46,10 @@ class TensorFlowCapturer(XSpaceCapturer):
         return tf.profiler.experimental.Trace(ITERATION_RANGE, step_num=number, _r=1)
 
     def _sync(self) -> None:
-        import sys
-
-        tf = sys.modules.get("tensorflow")
-        if tf is not None:  # never import TensorFlow just to wait for nothing
-            tf.test.experimental.sync_devices()
+        # eager CPU ops finish before they return: only GPUs have queued work to wait for
+        # (a sync is also an op, SyncDevice, that would show in every iteration)
+        if self._gpus is None:
+            tf = sys.modules.get("tensorflow")
+            self._gpus = bool(tf is not None and tf.config.list_logical_devices("GPU"))
+        if self._gpus:
+            sys.modules["tensorflow"].test.experimental.sync_devices()

@@ -16,7 +16,8 @@ What becomes what:
   range ``ProfilerStep#N`` (the analysis numbers iterations by N; the
   annotation's own name is kept in ``domain``);
 * **ops** (``ranges``, kind ``op``): TensorFlow op kernels (TraceMe ``node:Type``,
-  ``category`` ``tf_op``, name the node, ``op_type`` the type), XLA HLO ops
+  ``category`` ``tf_op``, name the node, ``op_type`` the type; an eager op is
+  its ``EagerExecute`` event, named by its ``eager_op`` stat), XLA HLO ops
   (an ``hlo_op`` stat; ``category`` ``hlo_op``, name ``<module>::<hlo op>``,
   ``op_type`` the name without its ``.N`` suffix) and ``tf.function`` calls
   (``category`` ``tf_function``). The runtime's own TraceMe events
@@ -58,8 +59,8 @@ from perfguard.trace.xspace_proto import xspace_class
 __all__ = ["find_xplanes", "is_xprof_json", "read_xplane", "read_xplane_dir", "read_xprof_json"]
 
 #: stats the reader keeps; every other stat is skipped without decoding its value
-STATS = ("step_num", "hlo_op", "hlo_module", "tf_function_call", "correlation_id",
-         "kernel_details", "memcpy_details", "tf_op")  # fmt: skip
+STATS = ("step_num", "hlo_op", "hlo_module", "tf_function_call", "eager_op", "is_func",
+         "correlation_id", "kernel_details", "memcpy_details", "tf_op")  # fmt: skip
 _EVENT_COLUMNS = ["plane", "line", "name", "display_name", "start", "end", *STATS]
 _TF_OP = re.compile(r"^(?P<node>[^:\s]+):(?P<type>_?[A-Z][A-Za-z0-9_]*)$")
 _HLO_SUFFIX = re.compile(r"\.\d+$")
@@ -266,6 +267,7 @@ def read_xprof_json(path: str | Path) -> Trace:
 # ---------------------------------------------------------------------------------------------
 # event table -> Trace (shared by both formats)
 
+
 def _checked(
     path: Path, events: pd.DataFrame, planes: dict[str, dict[str, Any]], meta: dict[str, Any]
 ) -> Trace:
@@ -323,6 +325,10 @@ def _ranges(host: pd.DataFrame, pid: int) -> pd.DataFrame:
     own_iter = name.isin(ITERATION_NAMES) & ~is_step
     hlo = host["hlo_op"].notna() & (host["hlo_op"] != "") & ~is_step
     tf_node, tf_type = _tf_ops(name, display)
+    # an eager op: EagerExecute with the op's type (functions are the tf_function events)
+    eager = host["eager_op"].notna() & (pd.to_numeric(host["is_func"], errors="coerce") != 1)
+    tf_node = tf_node.where(~eager, host["eager_op"])
+    tf_type = tf_type.where(~eager, host["eager_op"])
     is_tf = tf_type.notna() & ~hlo & ~is_step & ~own_iter
     is_fn = host["tf_function_call"].notna() & ~is_step & ~hlo & ~is_tf
     keep = is_step | own_iter | hlo | is_tf | is_fn
@@ -432,9 +438,8 @@ def _kernel_details(details: pd.Series) -> pd.DataFrame:
     pairs = text.str.extractall(_KERNEL_DETAIL)
     if pairs.empty:
         return out
-    wide = pairs.reset_index().pivot_table(
-        index="level_0", columns=0, values=1, aggfunc="first"
-    ).reindex(details.index)
+    row = pairs.index.get_level_values(0)
+    wide = pairs.groupby([row, pairs[0]])[1].first().unstack().reindex(details.index)
 
     def num(col: str) -> pd.Series:
         if col not in wide:
@@ -442,7 +447,9 @@ def _kernel_details(details: pd.Series) -> pd.DataFrame:
         return pd.to_numeric(wide[col], errors="coerce").astype("Int64")
 
     out["registers"] = num("regs")
-    out["shared_mem"] = num("static_shared").fillna(0) + num("dynamic_shared").fillna(0)
+    static, dynamic = num("static_shared"), num("dynamic_shared")
+    shared = static.fillna(0) + dynamic.fillna(0)
+    out["shared_mem"] = shared.where(static.notna() | dynamic.notna(), pd.NA)
     for geo in ("grid", "block"):
         parts = wide[geo].str.split(",", expand=True) if geo in wide else None
         for i, axis in enumerate("xyz"):
