@@ -41,20 +41,24 @@ three integers are read in Python, stats only for events that carry them.
 from __future__ import annotations
 
 import gzip
+import itertools
 import re
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import factorize, per_distinct
 from perfguard.errors import TraceError
 from perfguard.trace.kineto import _MALFORMED, _us_to_ns, load_json
 from perfguard.trace.model import NO_CORRELATION, Trace
 from perfguard.trace.names import ITERATION_NAMES
 from perfguard.trace.ranges import finalize_ranges
-from perfguard.trace.xspace_proto import xspace_class
+from perfguard.trace.xevents import DOUBLE_KIND, REF_KIND, TEXT_KINDS, Events, decode_events
+from perfguard.trace.xspace_proto import message_class, xspace_class
 
 __all__ = ["find_xplanes", "is_xprof_json", "read_xplane", "read_xplane_dir", "read_xprof_json"]
 
@@ -96,7 +100,7 @@ def _parse(path: Path) -> Any:
         raise TraceError(path, f"cannot read file ({exc.strerror or exc})") from None
     if not raw:
         raise TraceError(path, "file is empty")
-    space = xspace_class()()
+    space = xspace_class(raw_events=True)()
     try:
         space.ParseFromString(raw)
     except Exception as exc:  # noqa: BLE001 - google.protobuf.message.DecodeError and kin
@@ -118,65 +122,113 @@ def _xspace_events(space: Any) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]
     planes: dict[str, dict[str, Any]] = {}
     for plane in space.planes:
         stat_names = {e.key: e.value.name for e in plane.stat_metadata}
-        wanted = {k for k, v in stat_names.items() if v in STATS}
-        emeta = {e.key: e.value for e in plane.event_metadata}
-        md_ids = np.fromiter(emeta, np.int64, len(emeta))
-        order = np.argsort(md_ids)
-        md_ids = md_ids[order]
-        # one slot past the end: an event whose metadata is missing gets ""
-        md_name = np.array([m.name for m in emeta.values()] + [""], dtype=object)[
-            np.append(order, len(order))
-        ]
-        md_display = np.array([m.display_name for m in emeta.values()] + [""], dtype=object)[
-            np.append(order, len(order))
-        ]
-        md_stats = {k: _stats(m.stats, wanted, stat_names) for k, m in emeta.items() if m.stats}
         planes[plane.name] = _stats(plane.stats, set(stat_names), stat_names)
-        for line in plane.lines:
-            evs = line.events
-            n = len(evs)
-            if not n:
-                continue
-            mid = np.fromiter((e.metadata_id for e in evs), np.int64, n)
-            off = np.fromiter((e.offset_ps for e in evs), np.int64, n)
-            dur = np.fromiter((e.duration_ps for e in evs), np.int64, n)
-            pos = np.searchsorted(md_ids, mid)
-            found = pos < len(md_ids)
-            found[found] = md_ids[pos[found]] == mid[found]
-            pos = np.where(found, pos, len(md_ids))
-            df = pd.DataFrame(
-                {
-                    "plane": plane.name,
-                    "line": line.id,
-                    "line_name": line.display_name or line.name,
-                    "name": md_name[pos],
-                    "display_name": md_display[pos],
-                    "start": line.timestamp_ns + off // 1000,
-                    "end": line.timestamp_ns + (off + dur) // 1000,
-                },
-                copy=False,
-            )
-            rows = {}
-            if md_stats:  # metadata stats are every event's defaults
-                for i, m in enumerate(mid):
-                    s = md_stats.get(int(m))
-                    if s:
-                        rows[i] = dict(s)
-            if wanted:
-                with_stats = [i for i, e in enumerate(evs) if e.stats]
-                for i in with_stats:
-                    s = _stats(evs[i].stats, wanted, stat_names)
-                    if s:
-                        rows.setdefault(i, {}).update(s)
-            stats = pd.DataFrame.from_dict(rows, orient="index", columns=list(STATS))
-            parts.append(df.join(stats) if len(stats) else df)
+        lines = [ln for ln in plane.lines if len(ln.events)]
+        if lines:
+            parts.append(_plane_events(plane, lines, stat_names))
     if not parts:
         return pd.DataFrame(columns=[*_EVENT_COLUMNS, "line_name"]), planes
     events = pd.concat(parts, ignore_index=True)
-    for col in STATS:
-        if col not in events:
-            events[col] = None
+    # few distinct planes over millions of events: every "which plane" test compares codes
+    events["plane"] = events["plane"].astype("category")
     return events, planes
+
+
+def _plane_events(plane: Any, lines: list[Any], stat_names: dict[int, str]) -> pd.DataFrame:
+    """One plane's events: decoded together (:mod:`perfguard.trace.xevents`), then named."""
+    counts = np.fromiter((len(ln.events) for ln in lines), np.int64, len(lines))
+    ev = decode_events(itertools.chain.from_iterable(ln.events for ln in lines))
+    wanted = {k: v for k, v in stat_names.items() if v in STATS}
+    repaired = _redecode(ev, lines, set(wanted), stat_names) if ev.bad.any() else {}
+    line_of = np.repeat(np.arange(len(lines)), counts)
+    base_ns = np.fromiter((ln.timestamp_ns for ln in lines), np.int64, len(lines))[line_of]
+    emeta = {e.key: e.value for e in plane.event_metadata}
+    md_ids = np.fromiter(emeta, np.int64, len(emeta))
+    order = np.argsort(md_ids)
+    md_ids = md_ids[order]
+    slot = np.append(order, len(order))  # one slot past the end: missing metadata gets ""
+    md_name = np.array([m.name for m in emeta.values()] + [""], dtype=object)[slot]
+    md_display = np.array([m.display_name for m in emeta.values()] + [""], dtype=object)[slot]
+    pos = np.searchsorted(md_ids, ev.metadata_id)
+    found = pos < len(md_ids)
+    found[found] = md_ids[pos[found]] == ev.metadata_id[found]
+    pos = np.where(found, pos, len(md_ids))
+    line_ids = np.fromiter((ln.id for ln in lines), np.int64, len(lines))
+    line_names = np.array([ln.display_name or ln.name for ln in lines], dtype=object)
+    n = len(pos)
+    df = pd.DataFrame(
+        {
+            "plane": _text(np.full(n, plane.name, dtype=object)),
+            "line": line_ids[line_of],
+            "line_name": _text(line_names[line_of]),
+            "name": _text(md_name[pos]),
+            "display_name": _text(md_display[pos]),
+            "start": base_ns + ev.offset_ps // 1000,
+            "end": base_ns + (ev.offset_ps + ev.duration_ps) // 1000,
+        },
+        copy=False,
+    )
+    # metadata stats are every event's defaults; the event's own stats override them
+    md_stats = {k: _stats(m.stats, set(wanted), stat_names) for k, m in emeta.items() if m.stats}
+    md_of = np.append(md_ids, -1)[pos]
+    for name in STATS:
+        col = np.full(len(df), None, dtype=object)
+        defaults = {k: v[name] for k, v in md_stats.items() if name in v}
+        if defaults:
+            keys = np.fromiter(defaults, np.int64, len(defaults))
+            hit = np.isin(md_of, keys)
+            col[hit] = pd.Series(md_of[hit]).map(defaults).to_numpy(object)
+        ids = [k for k, v in wanted.items() if v == name]
+        rows = np.flatnonzero(np.isin(ev.stats.metadata_id, ids)) if ids else []
+        if len(rows):
+            col[ev.stats.event[rows]] = _stat_values(ev, rows, stat_names)
+        for i, found in repaired.items():
+            if name in found:
+                col[i] = found[name]
+        df[name] = _text(col)
+    return df
+
+
+def _text(values: np.ndarray) -> pd.Series:
+    """Keep object dtype: pandas 3 would convert every string column to its string dtype,
+    a copy of millions of names that the lookups then pay for again."""
+    return pd.Series(values, dtype=object, copy=False)
+
+
+def _stat_values(ev: Events, rows: np.ndarray, stat_names: dict[int, str]) -> np.ndarray:
+    """The values of stat ``rows``: ints, refs resolved to their names, strings, doubles."""
+    kind, value = ev.stats.kind[rows], ev.stats.value[rows]
+    out = value.astype(object)
+    ref = kind == REF_KIND
+    if ref.any():
+        out[ref] = pd.Series(value[ref]).map(stat_names).fillna("").to_numpy(object)
+    text = np.isin(kind, TEXT_KINDS)
+    if text.any():
+        out[text] = ev.text(rows[text])
+    dbl = kind == DOUBLE_KIND
+    if dbl.any():
+        out[dbl] = value[dbl].view(np.float64).astype(object)
+    return out
+
+
+def _redecode(
+    ev: Events, lines: list[Any], wanted: set[int], stat_names: dict[int, str]
+) -> dict[int, dict[str, Any]]:
+    """Events the vectorised pass could not read (fields out of the usual order): decoded
+    one by one with protobuf; returns their wanted stats by event index."""
+    xevent = message_class("XEvent")
+    flat = [b for ln in lines for b in ln.events]
+    found = {}
+    for i in np.flatnonzero(ev.bad):
+        e = xevent.FromString(flat[i])
+        ev.metadata_id[i], ev.offset_ps[i], ev.duration_ps[i] = (
+            e.metadata_id, e.offset_ps, e.duration_ps,
+        )  # fmt: skip
+        found[int(i)] = _stats(e.stats, wanted, stat_names)
+    # the vectorised pass may have read a stat or two of these before it lost its way
+    stale = np.isin(ev.stats.event, np.flatnonzero(ev.bad))
+    ev.stats.metadata_id[stale] = -1
+    return found
 
 
 def _stats(stats: Any, wanted: set[int], names: dict[int, str]) -> dict[str, Any]:
@@ -283,7 +335,12 @@ def _checked(
 def _trace(events: pd.DataFrame, planes: dict[str, dict[str, Any]], meta: dict[str, Any]) -> Trace:
     pid = int(meta.get("process_id", 0) or 0)
     host = events[events["plane"] == HOST_PLANE]
-    gpu_plane = events["plane"].str.match(_DEVICE_PLANE.pattern)
+    plane = events["plane"].astype(object) if events["plane"].dtype != "category" else None
+    gpu_plane = (
+        events["plane"].map(lambda p: bool(_DEVICE_PLANE.match(str(p)))).astype(bool)
+        if plane is None
+        else per_distinct(plane, lambda u: u.fillna("").str.match(_DEVICE_PLANE.pattern))
+    )
     device = events[gpu_plane & events["correlation_id"].notna()]
     cupti = events[(events["plane"] == CUPTI_PLANE) & events["correlation_id"].notna()]
     notes = []
@@ -320,28 +377,30 @@ def _ranges(host: pd.DataFrame, pid: int) -> pd.DataFrame:
     """Steps, TF ops, HLO ops and tf.function calls of the host plane (see the module doc)."""
     name = host["name"].astype(object)
     display = host["display_name"].fillna("").astype(object)
-    step = pd.to_numeric(host["step_num"], errors="coerce")
+    step = _numbers(host["step_num"])
     is_step = step.notna()
     own_iter = name.isin(ITERATION_NAMES) & ~is_step
     hlo = host["hlo_op"].notna() & (host["hlo_op"] != "") & ~is_step
     tf_node, tf_type = _tf_ops(name, display)
     # an eager op: EagerExecute with the op's type (functions are the tf_function events)
-    eager = host["eager_op"].notna() & (pd.to_numeric(host["is_func"], errors="coerce") != 1)
+    eager = host["eager_op"].notna() & (_numbers(host["is_func"]) != 1)
     tf_node = tf_node.where(~eager, host["eager_op"])
     tf_type = tf_type.where(~eager, host["eager_op"])
     is_tf = tf_type.notna() & ~hlo & ~is_step & ~own_iter
     is_fn = host["tf_function_call"].notna() & ~is_step & ~hlo & ~is_tf
     keep = is_step | own_iter | hlo | is_tf | is_fn
     h = host[keep]
-    module = h["hlo_module"].fillna("").astype(str)
-    hlo_name = h["hlo_op"].fillna("").astype(str)
     k_step, k_hlo, k_tf = is_step[keep], hlo[keep], is_tf[keep]
-    step_k = step[keep]
+    hlo_full, hlo_type = _pairwise(
+        h["hlo_module"].fillna(""), h["hlo_op"].fillna(""),
+        lambda m, o: (f"{m}::{o}" if m else o, _HLO_SUFFIX.sub("", o)),
+    )  # fmt: skip
+    steps = step[keep].fillna(0).astype(np.int64)
     out_name = np.select(
         [k_step.to_numpy(), k_hlo.to_numpy(), k_tf.to_numpy()],
         [
-            ("ProfilerStep#" + step_k.fillna(0).astype(np.int64).astype(str)).to_numpy(object),
-            np.where(module != "", module + "::" + hlo_name, hlo_name).astype(object),
+            per_distinct(steps, lambda u: "ProfilerStep#" + u.astype(str)).to_numpy(object),
+            hlo_full,
             tf_node[keep].to_numpy(object),
         ],
         default=h["name"].to_numpy(object),
@@ -350,7 +409,7 @@ def _ranges(host: pd.DataFrame, pid: int) -> pd.DataFrame:
         [k_step.to_numpy(), k_hlo.to_numpy(), k_tf.to_numpy(), is_fn[keep].to_numpy()],
         [
             np.full(len(h), None, object),
-            hlo_name.str.replace(_HLO_SUFFIX, "", regex=True).to_numpy(object),
+            hlo_type,
             tf_type[keep].to_numpy(object),
             np.full(len(h), "tf.function", object),
         ],
@@ -374,32 +433,54 @@ def _ranges(host: pd.DataFrame, pid: int) -> pd.DataFrame:
     )  # fmt: skip
 
 
+def _numbers(values: pd.Series) -> pd.Series:
+    """A sparse stat column (mostly None) as float, converting only the values present."""
+    out = pd.Series(np.nan, index=values.index)
+    present = values.notna()
+    if present.any():
+        out[present] = pd.to_numeric(values[present], errors="coerce")
+    return out
+
+
 def _tf_ops(name: pd.Series, display: pd.Series) -> tuple[pd.Series, pd.Series]:
     """Node and type of TensorFlow op events (``node:Type``; NA for other events).
 
     XSpace states the type as the event's display name; XProf JSON does not,
     so there the name is parsed. Worked out once per distinct name.
     """
-    codes, uniques = pd.MultiIndex.from_arrays([name.fillna(""), display]).factorize()
-    n = pd.Series(uniques.get_level_values(0), dtype=object)
-    d = pd.Series(uniques.get_level_values(1), dtype=object).fillna("")
-    parsed = n.str.extract(_TF_OP)
-    stated = (d != "") & pd.Series(
-        [a.endswith(":" + b) for a, b in zip(n, d, strict=True)], dtype=bool
-    )
-    node = pd.Series([a[: len(a) - len(b) - 1] if s else p for a, b, s, p in
-                      zip(n, d, stated, parsed["node"], strict=True)], dtype=object)  # fmt: skip
-    kind = parsed["type"].where(~stated, d)
+
+    def rule(n: str, d: str) -> tuple[object, object]:
+        if d and n.endswith(":" + d):
+            return n[: len(n) - len(d) - 1], d
+        m = _TF_OP.match(n)
+        return (m["node"], m["type"]) if m else (None, None)
+
+    node, kind = _pairwise(name.fillna(""), display.fillna(""), rule)
     return (
-        pd.Series(node.to_numpy(object)[codes], index=name.index, dtype=object),
-        pd.Series(kind.to_numpy(object)[codes], index=name.index, dtype=object),
+        pd.Series(node, index=name.index, dtype=object),
+        pd.Series(kind, index=name.index, dtype=object),
     )
+
+
+def _pairwise(
+    a: pd.Series, b: pd.Series, rule: Callable[[Any, Any], tuple[object, object]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``rule(a, b)`` (two results) once per distinct pair: names repeat millions of times."""
+    a_codes, a_uniques = factorize(a)
+    b_codes, b_uniques = factorize(b)
+    width = len(b_uniques) + 1
+    codes, pairs = pd.factorize(a_codes * width + b_codes)
+    results = [rule(a_uniques[p // width], b_uniques[p % width]) for p in pairs]
+    first = np.array([r[0] for r in results] + [None], dtype=object)[:-1]
+    second = np.array([r[1] for r in results] + [None], dtype=object)[:-1]
+    return first[codes], second[codes]
 
 
 def _is_backward(names: np.ndarray) -> np.ndarray:
     """TF's gradient nodes live under ``gradient_tape/`` (or ``gradients/`` in TF1 graphs)."""
-    s = pd.Series(names, dtype=object).fillna("")
-    return s.str.contains(r"(?:^|/)(?:gradient_tape|gradients)/", regex=True).to_numpy(bool)
+    pattern = r"(?:^|/)(?:gradient_tape|gradients)/"
+    s = pd.Series(names, dtype=object)
+    return per_distinct(s, lambda u: u.fillna("").str.contains(pattern, regex=True)).to_numpy(bool)
 
 
 def _device_work(device: pd.DataFrame, pid: int) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -74,12 +74,19 @@ _PACKAGE = "perfguard.xspace"
 
 
 @cache
-def xspace_class() -> Any:
-    """The ``XSpace`` message class (built once per process)."""
+def xspace_class(raw_events: bool = False) -> Any:
+    """The ``XSpace`` message class (built once per process).
+
+    ``raw_events=True``: ``XLine.events`` is declared ``repeated bytes``, so
+    parsing leaves each event serialized, for :mod:`perfguard.trace.xevents`
+    to decode all at once (same wire format: a message field and a bytes
+    field are both length-delimited).
+    """
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+    package = _PACKAGE + (".raw" if raw_events else "")
     fdp = descriptor_pb2.FileDescriptorProto(
-        name="perfguard/xspace.proto", package=_PACKAGE, syntax="proto3"
+        name=f"{package.replace('.', '/')}.proto", package=package, syntax="proto3"
     )
     fd = descriptor_pb2.FieldDescriptorProto
     for msg_name, fields in _MESSAGES:
@@ -88,13 +95,23 @@ def xspace_class() -> Any:
         if oneof:
             msg.oneof_decl.add(name=oneof)
         for name, number, ftype, label, ref in fields:
+            if raw_events and (msg_name, name) == ("XLine", "events"):
+                ftype, ref = _BYT, None
             f = msg.field.add(name=name, number=number, json_name=name)
             f.type = getattr(fd, f"TYPE_{ftype.upper()}")
             f.label = fd.LABEL_REPEATED if label == _REP else fd.LABEL_OPTIONAL
             if name in members:
                 f.oneof_index = 0
             if ref:
-                f.type_name = f".{_PACKAGE}.{ref}"
+                f.type_name = f".{package}.{ref}"
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.XSpace"))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.XSpace"))
+
+
+def message_class(name: str) -> Any:
+    """Another message class of the schema (``XEvent``, for events decoded one by one)."""
+    from google.protobuf import message_factory
+
+    pool = xspace_class().DESCRIPTOR.file.pool
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
