@@ -78,3 +78,22 @@ def test_unwritable_output_is_an_error(tmp_path: Path) -> None:
     cap.start()
     cap.stop()
     assert cap.error is not None and "did not start" in cap.error
+
+
+def test_runner_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from perfguard.capture import xspace_runner
+
+    assert xspace_runner.main(["--framework", "jax", "--output", "x.xplane.pb"]) == 2
+    assert "put `--` before the program" in capsys.readouterr().err
+    assert xspace_runner.main(["--framework", "jax", "--output", "x.xplane.pb", "--"]) == 2
+    assert "nothing to run" in capsys.readouterr().err
+
+
+def test_profile_backends_are_selectable() -> None:
+    from perfguard.capture.select import BACKENDS
+    from perfguard.capture.xspace_runner import XSpaceBackend
+
+    assert {"tf", "jax"} <= set(BACKENDS)
+    with pytest.raises(Exception, match="framework must be one of"):
+        XSpaceBackend("mxnet")
+    assert XSpaceBackend("jax").name == "jax"

@@ -5,8 +5,10 @@ Skipped without JAX (``pip install -e ".[jax]"``).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 jax = pytest.importorskip("jax", reason='JAX is not installed: pip install -e ".[jax]"')
@@ -64,6 +66,32 @@ def test_doubling_a_matmul_shows_in_the_per_op_figures(tmp_path: Path) -> None:
 
 
 def test_framework_for_a_jax_test_module() -> None:
-    import sys
-
     assert framework_for(sys.modules[__name__]) == "jax"
+
+
+def test_perfguard_profile_with_the_jax_backend(tmp_path: Path) -> None:
+    """``perfguard profile --backend jax -- python train.py``: the program's own steps."""
+    from perfguard.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "@jax.jit\n"
+        "def step(w, x):\n"
+        "    return w - 0.01 * jnp.tanh(x.T @ (x @ w))\n"
+        "w, x = jnp.ones((16, 16)), jnp.ones((8, 16))\n"
+        "for i in range(4):\n"
+        "    with jax.profiler.StepTraceAnnotation('train', step_num=i):\n"
+        "        w = step(w, x).block_until_ready()\n"
+    )
+    out = tmp_path / "out"
+    rc = main(["profile", "--backend", "jax", "--output-path", str(out), "--formats", "csv",
+               "--reports", "detail,iteration", "--", sys.executable, str(script)])  # fmt: skip
+    assert rc == 0 and (out / "capture.xplane.pb").is_file()
+    iterations = pd.read_csv(out / "dlprof_iteration.csv")
+    assert list(iterations["Iteration"]) == [0, 1, 2, 3]
+    detail = pd.read_csv(out / "dlprof_detail.csv")
+    steps = detail[detail["Op Name"].str.startswith("jit_step::")]
+    assert len(steps) >= 2 and (steps["No. Calls"] == 4).all()  # once per step
+    # the rest: jnp.ones' own small jitted computations, before the first step
+    assert detail["Op Name"].str.contains("::").all()
