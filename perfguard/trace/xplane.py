@@ -335,11 +335,8 @@ def _checked(
 def _trace(events: pd.DataFrame, planes: dict[str, dict[str, Any]], meta: dict[str, Any]) -> Trace:
     pid = int(meta.get("process_id", 0) or 0)
     host = events[events["plane"] == HOST_PLANE]
-    plane = events["plane"].astype(object) if events["plane"].dtype != "category" else None
-    gpu_plane = (
-        events["plane"].map(lambda p: bool(_DEVICE_PLANE.match(str(p)))).astype(bool)
-        if plane is None
-        else per_distinct(plane, lambda u: u.fillna("").str.match(_DEVICE_PLANE.pattern))
+    gpu_plane = per_distinct(
+        events["plane"].astype(object), lambda u: u.fillna("").str.match(_DEVICE_PLANE.pattern)
     )
     device = events[gpu_plane & events["correlation_id"].notna()]
     cupti = events[(events["plane"] == CUPTI_PLANE) & events["correlation_id"].notna()]
