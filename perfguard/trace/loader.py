@@ -9,6 +9,13 @@ from perfguard.errors import TraceError
 from perfguard.trace.kineto import read_kineto, read_kineto_dir
 from perfguard.trace.model import Trace
 from perfguard.trace.nsys import is_sqlite, read_nsys
+from perfguard.trace.xplane import (
+    find_xplanes,
+    is_xprof_json,
+    read_xplane,
+    read_xplane_dir,
+    read_xprof_json,
+)
 
 _NSYS_REPORTS = (".nsys-rep", ".qdrep")
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -20,6 +27,10 @@ _MALFORMED = (
 
 def load_trace(path: str | Path) -> Trace:
     """Read an nsys SQLite export, a Kineto trace, or a directory of per-rank traces.
+
+    Also TensorFlow/JAX profiles: an ``*.xplane.pb``, a TensorBoard logdir or
+    ``plugins/profile/<run>`` folder holding them, or XProf's trace JSON
+    (JAX's ``perfetto_trace.json.gz``).
 
     The format is decided by content (SQLite header, gzip/JSON), not by the
     file name. Anything unreadable raises :class:`perfguard.TraceError`
@@ -52,7 +63,9 @@ def _load(path: Path) -> Trace:
     if not path.exists():
         raise TraceError(path, "no such file or directory")
     if path.is_dir():
-        return read_kineto_dir(path)
+        return read_xplane_dir(path) if find_xplanes(path) else read_kineto_dir(path)
+    if path.name.endswith(".xplane.pb"):
+        return read_xplane(path)
     if path.name.lower().endswith(_NSYS_REPORTS):
         raise TraceError(
             path,
@@ -70,8 +83,12 @@ def _load(path: Path) -> Trace:
     if not head:
         raise TraceError(path, "file is empty")
     if head[:2] == b"\x1f\x8b" or head.removeprefix(_UTF8_BOM).lstrip()[:1] in (b"{", b"["):
-        return read_kineto(path)
-    raise TraceError(path, "not an nsys SQLite export or a PyTorch profiler (Kineto) JSON trace")
+        return read_xprof_json(path) if is_xprof_json(path) else read_kineto(path)
+    raise TraceError(
+        path,
+        "not an nsys SQLite export or a PyTorch profiler (Kineto) JSON trace "
+        "(nor a TensorFlow/JAX profile, *.xplane.pb)",
+    )
 
 
 def _check_sqlite_size(path: Path) -> None:
