@@ -486,6 +486,12 @@ def test_badge_rules_in_every_report(session, keep, fail_on, badge):
     assert results_lines(doc)[0].startswith(f"perfguard: {badge} (")
 
 
+def test_pass_says_what_was_not_judged_or_too_noisy(session):
+    doc = SessionResults.from_dict(_doc(session, {"unchanged", "improved", "noisy", "new"}))
+    assert doc.badge() == "PASS"
+    assert doc.badge_reason() == "2 passed, none regressed; 1 too noisy to judge; not judged: 1 new"
+
+
 def test_sorted_tests_by_severity_then_name(session):
     doc = SessionResults.from_dict(session["results"])
     got = [(t.nodeid, t.outcome.value) for t in doc.sorted_tests()]

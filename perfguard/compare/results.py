@@ -284,8 +284,12 @@ class SessionResults:
                 ": " + ", ".join(f"{n} {o}" for o, n in c.items() if n) if self.tests else
                 ": no test was measured"
             )  # fmt: skip
-        judged = sum(n for o, n in c.items() if Outcome(o).judged)
-        return f"{judged} judged test(s), none regressed"
+        passed = sum(n for o, n in c.items() if Outcome(o).passing)
+        text = f"{passed} passed, none regressed"
+        if c["noisy"]:
+            text += f"; {c['noisy']} too noisy to judge"
+        unjudged = [f"{n} {o}" for o, n in c.items() if n and not Outcome(o).judged]
+        return text + (f"; not judged: {', '.join(unjudged)}" if unjudged else "")
 
     def sorted_tests(self) -> list[TestEntry]:
         """Worst outcome first (:attr:`Outcome.severity`), then by node id."""
