@@ -78,7 +78,6 @@ from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.options import DEFAULT_CAPTURE_TIMEOUT, MAX_AB_PAIRS, Settings
 
-RESULTS_SCHEMA = 1
 ALPHA = 0.01
 OUTPUT_KEY = "perfguard"
 
@@ -783,9 +782,10 @@ class PerfguardSession:
             self.settings.output.mkdir(parents=True, exist_ok=True)
             path = self.settings.output / "results.json"
             tmp = path.with_name("results.json.tmp")
-            tmp.write_text(json.dumps(self.results(complete=False), indent=1, allow_nan=False))
+            doc = self.results(complete=False).to_dict()
+            tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
             tmp.replace(path)
-        except (OSError, ValueError):
+        except (OSError, ValueError, PerfguardError):
             pass  # the final write at the session's end reports a broken output folder
 
     # ------------------------------------------------------------------ xdist
@@ -853,40 +853,46 @@ class PerfguardSession:
         except (PerfguardError, ValueError) as exc:
             self.save_error = " ".join(str(exc).split())
 
-    def results(self, complete: bool = True) -> dict[str, Any]:
-        """The ``results.json`` document (``complete`` false while the session runs)."""
+    def results(self, complete: bool = True) -> Any:
+        """The session document (:class:`~perfguard.compare.results.SessionResults`,
+        schema 2): every entry checked into a typed :class:`TestEntry`; ``complete``
+        is false while the session runs."""
         from perfguard import __version__
+        from perfguard.compare.results import SessionResults, TestEntry
 
-        counts: dict[str, int] = {}
-        for entry in self.entries.values():
-            counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
         match = self.match
         baseline = None
         if match is not None and match.found:
             baseline = {"ref": match.ref, "commit": match.commit, "run_id": match.run_id}
-        return {
-            "schema": RESULTS_SCHEMA,
-            "complete": complete,
-            "perfguard_version": __version__,
-            "run": self.run.to_dict(),
-            "baseline": baseline,
-            "baseline_status": self.baseline_status(),
-            "saved": (
+        tests = [
+            TestEntry.from_dict(self.entries[k], "results", f"tests[{k!r}]")
+            for k in sorted(self.entries)
+        ]
+        settings = {
+            **self.settings.to_dict(),
+            "alpha": ALPHA,
+            "resolved_backend": self.backend.label,
+            "backend_why": self.backend.why,
+        }
+        mode = settings.get("mode")
+        return SessionResults(
+            tests=tests,
+            perfguard_version=__version__,
+            run=self.run.to_dict(),
+            baseline=baseline,
+            baseline_status=self.baseline_status(),
+            saved=(
                 {"run_id": self.saved_run_id, "store": str(self.settings.store)}
                 if self.saved_run_id is not None
                 else None
             ),
-            "save_error": self.save_error,
-            "settings": {
-                **self.settings.to_dict(),
-                "alpha": ALPHA,
-                "resolved_backend": self.backend.label,
-                "backend_why": self.backend.why,
-            },
-            "counts": dict(sorted(counts.items())),
-            "notes": self.notes,
-            "tests": [self.entries[k] for k in sorted(self.entries)],
-        }
+            save_error=self.save_error,
+            settings=settings,
+            notes=list(self.notes),
+            mode=mode if mode in ("store", "ab") else
+            ("ab" if any(t.mode == "ab" for t in tests) else "store"),
+            complete=complete,
+        )  # fmt: skip
 
     def baseline_status(self) -> str:
         """One line on which baseline this session compared with, or why none."""
@@ -905,30 +911,48 @@ class PerfguardSession:
     def _write_results(self) -> None:
         out = self.settings.output
         try:
+            results = self.results()
             out.mkdir(parents=True, exist_ok=True)
             path = out / "results.json"
             tmp = path.with_name("results.json.tmp")
-            tmp.write_text(json.dumps(self.results(), indent=1, allow_nan=False))
+            tmp.write_text(json.dumps(results.to_dict(), indent=1, allow_nan=False))
             tmp.replace(path)
             self.results_path = path
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, PerfguardError) as exc:
             self.notes.append(f"could not write results.json in {out}: {exc}")
+            self._remove_stale_reports(out)
             return
-        self._write_reports(out)
+        self._write_reports(out, results)
 
-    def _write_reports(self, out: Path) -> None:
+    def _write_reports(self, out: Path, results: Any) -> None:
         """``report.html`` for the reviewer and ``summary.md`` for the PR comment (and
         ``$GITHUB_STEP_SUMMARY``), from the results just written. A failure here is
-        said in the terminal summary; it never changes the session's outcome."""
+        said in the terminal summary and removes the reports of an earlier session (a
+        stale report must never pass for this one's); it never changes the outcome."""
         from perfguard.report.html import write_session_html
         from perfguard.report.markdown import write_markdown
 
-        results = self.results()
         try:
             self.report_path = write_session_html(results, out / "report.html")
             write_markdown(results, out / "summary.md")
-        except (PerfguardError, OSError, ValueError) as exc:
-            self.notes.append(f"could not write the HTML/Markdown report in {out}: {exc}")
+        except Exception as exc:  # a report bug must not cost the session: say it, clean up
+            self.report_path = None
+            why = " ".join(str(exc).split()) or type(exc).__name__
+            self.notes.append(f"could not write the HTML/Markdown report in {out}: {why}")
+            self._remove_stale_reports(out)
+
+    def _remove_stale_reports(self, out: Path) -> None:
+        gone = []
+        for name in ("report.html", "summary.md"):
+            try:
+                (out / name).unlink()
+                gone.append(name)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.notes.append(f"could not remove the stale {out / name}: {exc.strerror}")
+        if gone:
+            self.notes.append(f"removed {' and '.join(gone)} so that no stale report remains")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.worker_id is not None or self.ab_out:
