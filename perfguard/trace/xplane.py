@@ -53,7 +53,8 @@ import pandas as pd
 
 from perfguard.arrays import factorize, per_distinct
 from perfguard.errors import TraceError
-from perfguard.trace.kineto import _MALFORMED, _us_to_ns, load_json
+from perfguard.trace.kineto import _MALFORMED, _check_plain, _us_to_ns
+from perfguard.trace.kineto_stream import read_plain
 from perfguard.trace.model import NO_CORRELATION, Trace
 from perfguard.trace.names import ITERATION_NAMES
 from perfguard.trace.ranges import finalize_ranges
@@ -274,7 +275,8 @@ def is_xprof_json(path: Path) -> bool:
 def read_xprof_json(path: str | Path) -> Trace:
     """Read JAX's ``perfetto_trace.json.gz`` (or XProf's trace JSON) into a Trace."""
     path = Path(path)
-    data = load_json(path)
+    data = read_plain(path)
+    _check_plain(path, data)  # a Chrome trace: a non-empty list of event objects
     ev = pd.DataFrame.from_records(
         data["traceEvents"], columns=["ph", "pid", "tid", "ts", "dur", "name", "args"]
     )
