@@ -64,7 +64,7 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def write(path: Path, *, sleep: float = 6, extra: str = "pass", rounds: int = 5) -> None:
+def write(path: Path, *, sleep: float = 20, extra: str = "pass", rounds: int = 5) -> None:
     (path / "test_bench.py").write_text(STEP.format(sleep=sleep, extra=extra, rounds=rounds))
 
 
@@ -87,18 +87,18 @@ def only(doc: dict) -> dict:
 
 
 def test_ab_head_slower_regresses_and_faster_improves(project: Path) -> None:
-    write(project, sleep=6)
+    write(project, sleep=20)
     base = commit(project, "base")
-    write(project, sleep=12)  # the head sleeps twice as long per step
+    write(project, sleep=40)  # the head sleeps twice as long per step
     commit(project, "slower")
-    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=4")
+    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=5")
     assert done.returncode == 1, done.stdout[-2000:]
     t = only(doc)
     assert t["outcome"] == "regressed" and t["mode"] == "ab", t["message"]
     timing = t["timing"]
     assert timing["mode"] == "ab" and timing["outcome"] == "regressed"
-    assert timing["n_current"] == timing["n_baseline"] == 4  # four pairs of rounds
-    assert len(t["samples_current"]) == 4 * 3  # one round of 3 iterations per child
+    assert timing["n_current"] == timing["n_baseline"] == 5  # five pairs of rounds
+    assert len(t["samples_current"]) == 5 * 3  # one round of 3 iterations per child
     assert timing["delta_pct"] > 40 and timing["ci_low_pct"] > 0
     assert "ABBA" in timing["replicated"]
     assert t["baseline_commit"] == base
@@ -111,7 +111,7 @@ def test_ab_head_slower_regresses_and_faster_improves(project: Path) -> None:
     # the other way round: the head is the fast one -> improved, the run passes
     head = git(project, "rev-parse", "HEAD")
     git(project, "checkout", "-q", base)
-    done, doc = session(project, f"--perfguard-against={head}", "--perfguard-ab-pairs=4")
+    done, doc = session(project, f"--perfguard-against={head}", "--perfguard-ab-pairs=5")
     assert done.returncode == 0, done.stdout[-2000:]
     assert only(doc)["outcome"] == "improved", only(doc)["message"]
 
@@ -121,7 +121,7 @@ def test_ab_unchanged_code_and_gates(project: Path) -> None:
     base = commit(project, "base")
     (project / "README").write_text("docs only\n")
     commit(project, "docs")
-    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=4")
+    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=5")
     assert done.returncode == 0, done.stdout[-2000:]
     t = only(doc)
     assert t["outcome"] in ("unchanged", "noisy"), t["message"]
@@ -130,7 +130,7 @@ def test_ab_unchanged_code_and_gates(project: Path) -> None:
     # a real .item() per step: a sync on a GPU; the gate names it, timing or not
     write(project, extra="x.sum().item()")
     commit(project, "sync")
-    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=4")
+    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=5")
     t = only(doc)
     assert t["outcome"] == "regressed", t["message"]
     gates = {f["gate"]: f for f in t["gates"]["regressions"]}
@@ -147,7 +147,7 @@ def test_ab_new_test_and_failing_head(project: Path) -> None:
     )
     write(project, extra="raise RuntimeError('broken in the head')")
     commit(project, "head")
-    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=4")
+    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=5")
     tests = {t["nodeid"]: t for t in doc["tests"]}
     assert tests["test_more.py::test_new"]["outcome"] == "new"
     broken = tests["test_bench.py::test_step"]
@@ -173,7 +173,7 @@ def test_ab_bad_ref_is_a_usage_error(project: Path) -> None:
 @pytest.mark.parametrize(
     "old, new, gate",
     [
-        # an added sync, hidden in a 6 ms sleep
+        # an added sync, hidden in a 20 ms sleep
         ("pass", "x.sum().item()", "host_reads"),
         # the same ops on float64 inputs: twice the bytes, another dtype
         ("A = torch.randn(96, 96)", "A = torch.randn(96, 96, dtype=torch.float64)", "dtypes"),

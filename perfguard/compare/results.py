@@ -140,11 +140,17 @@ class TestEntry:
         return self.message or (self.error or "")
 
     @property
-    def load_high(self) -> bool:
-        """Other processes held enough of the CPU to matter for a CPU timing."""
-        from perfguard.compare.timing import BUSY_LOAD
+    def wait(self) -> float | None:
+        """Share of the rounds' time the test's thread waited for a CPU (busy machine)."""
+        value = getattr(self.timing, "wait", None)
+        return None if value is None or value != value else float(value)
 
-        return self.load is not None and self.load > BUSY_LOAD
+    @property
+    def load_high(self) -> bool:
+        """The machine was busy enough to stretch a CPU timing (see compare.timing)."""
+        from perfguard.compare.timing import BUSY_WAIT
+
+        return self.wait is not None and self.wait > BUSY_WAIT
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe data: one entry of ``results.json["tests"]``."""
