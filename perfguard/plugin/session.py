@@ -56,7 +56,7 @@ from perfguard.baseline.git import (
     resolve,
 )
 from perfguard.baseline.record import RunInfo, TestRecord
-from perfguard.baseline.store import Store
+from perfguard.baseline.store import Store, open_store
 from perfguard.capture.select import select_backend
 from perfguard.capture.torch_profiler import TRACE_SUFFIX, TorchBackend
 from perfguard.errors import PerfguardError
@@ -172,11 +172,11 @@ class PerfguardSession:
             self.notes.append("no baseline: HEAD is the repository's first commit")
             return
         self.baseline_ref = ref
-        if not self.settings.store.is_file():
+        if isinstance(self.settings.store, Path) and not self.settings.store.is_file():
             self.notes.append(f"no baseline: no store at {self.settings.store}")
             return
         try:
-            self._store = Store(self.settings.store, create=False)
+            self._store = open_store(self.settings.store, create=False)
             self.match = find_baseline(self._store, root, ref, self.fingerprint)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-store: {exc}") from None
@@ -475,7 +475,7 @@ class PerfguardSession:
             self.save_error = "nothing captured, nothing saved"
             return
         try:
-            with Store(self.settings.store) as store:
+            with open_store(self.settings.store, create=True) as store:
                 records = [self.records[k] for k in sorted(self.records)]
                 self.saved_run_id = store.save_run(self.run, records)
         except (PerfguardError, ValueError) as exc:
