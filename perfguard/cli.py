@@ -127,6 +127,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "perfguard.commands.baseline",
     "perfguard.commands.compare",
     "perfguard.commands.report",
+    "perfguard.commands.history",
 )
 
 

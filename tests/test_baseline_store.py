@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from pandas.testing import assert_frame_equal
+from store_writers import run_writers
 
 from perfguard.analysis import analyze
 from perfguard.baseline import Fingerprint, RunInfo, TestRecord, record_from_analysis
@@ -308,52 +309,6 @@ def test_prune_by_count_age_and_commit(records, new_store):
 
 
 # ------------------------------------------------------------------ concurrency
-
-WORKER = """
-import json, pickle, sys, time
-from pathlib import Path
-from perfguard.baseline.record import Fingerprint, RunInfo
-from perfguard.baseline.store import open_store
-
-store, recs, worker, n_workers, n_runs, gate = sys.argv[1:]
-worker, n_workers, n_runs, gate = int(worker), int(n_workers), int(n_runs), Path(gate)
-records = pickle.loads(Path(recs).read_bytes())
-(gate / f"ready-{worker}").touch()
-deadline = time.monotonic() + 120
-while len(list(gate.glob("ready-*"))) < n_workers and time.monotonic() < deadline:
-    time.sleep(0.005)
-fp = Fingerprint(gpu_name="NVIDIA H100", gpu_count=1, backend="torch", host=f"w{worker}")
-with open_store(store, create=True) as s:  # all open (and race to create) the store at once
-    ids = [s.save_run(RunInfo(f"{worker:02d}{k:038d}", "main", False,
-                              f"2024-01-01T00:{worker:02d}:{k:02d}+00:00", fp), records)
-           for k in range(n_runs)]
-print(json.dumps(ids))
-"""
-
-
-def run_writers(
-    tmp_path: Path, location: Path | str, recs: list[TestRecord], n_workers: int, n_runs: int
-) -> list[int]:
-    """``n_workers`` processes that start together and each save ``n_runs`` runs of ``recs``."""
-    (tmp_path / "recs.pkl").write_bytes(pickle.dumps(recs))
-    (tmp_path / "worker.py").write_text(WORKER)
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    args = [str(location), str(tmp_path / "recs.pkl")]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(tmp_path / "worker.py"), *args,
-             str(w), str(n_workers), str(n_runs), str(gate)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        for w in range(n_workers)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
-    return [i for out, _ in outs for i in json.loads(out)]
-
 
 def test_concurrent_writers_lose_duplicate_and_corrupt_nothing(tmp_path, records, new_store):
     recs = [records["a100"], records["bert"]]

@@ -425,6 +425,10 @@ class Store:
         out["run_id"] = out["run_id"].astype(np.int64)
         return out
 
+    def nodeids(self) -> list[str]:
+        """Every test with a record in the store, sorted."""
+        return sorted(self._query("SELECT DISTINCT nodeid FROM tests")["nodeid"].tolist())
+
     def test_rows(self, nodeid: str, table: str) -> pd.DataFrame:
         """One record table of a test across all its stored runs, in one query.
 

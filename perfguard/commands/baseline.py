@@ -14,6 +14,19 @@ from perfguard.commands import argtypes
 DEFAULT_STORE = "baselines/perfguard.db"
 
 
+def store_option() -> argparse.ArgumentParser:
+    """A parent parser with ``--store PATH_OR_URL`` (shared by the commands that read it)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--store",
+        default=DEFAULT_STORE,
+        metavar="PATH_OR_URL",
+        help=f"baseline store: a SQLite file (default: {DEFAULT_STORE}) or a "
+        "postgresql:// URL",
+    )
+    return parent
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``baseline`` and its subcommands."""
     parser = subparsers.add_parser(
@@ -23,14 +36,7 @@ def add_parser(subparsers: Any) -> None:
         "keyed by git commit and machine): a SQLite file, or a PostgreSQL server given as "
         "postgresql://user@host/dbname.",
     )
-    store_opt = argparse.ArgumentParser(add_help=False)
-    store_opt.add_argument(
-        "--store",
-        default=DEFAULT_STORE,
-        metavar="PATH_OR_URL",
-        help=f"baseline store: a SQLite file (default: {DEFAULT_STORE}) or a "
-        "postgresql:// URL",
-    )
+    store_opt = store_option()
     sub = parser.add_subparsers(dest="baseline_command", metavar="ACTION")
     sub.required = True
 
