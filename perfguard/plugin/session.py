@@ -176,7 +176,9 @@ class PerfguardSession:
             self.notes.append(f"no baseline: no store at {self.settings.store}")
             return
         try:
-            self._store = open_store(self.settings.store, create=False)
+            # a server store is made on first use; a lookup never leaves a new empty file
+            server = isinstance(self.settings.store, str)
+            self._store = open_store(self.settings.store, create=server)
             self.match = find_baseline(self._store, root, ref, self.fingerprint)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-store: {exc}") from None
