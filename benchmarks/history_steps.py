@@ -41,7 +41,8 @@ def main() -> int:
     args = ap.parse_args()
     root = args.repo or Path(tempfile.mkdtemp(prefix="perfguard-history-")) / "repo"
     store_path = root / "baselines" / "perfguard.db"
-    if not store_path.exists():
+    have = len(history_repo.git(root, "rev-list", "HEAD").split()) if store_path.exists() else 0
+    if have < args.commits:
         started = time.monotonic()
         history_repo.build(root, args.commits, args.up, args.down)
         print(f"{args.commits} sessions in {time.monotonic() - started:.0f} s ({root})")
