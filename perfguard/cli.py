@@ -129,6 +129,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "perfguard.commands.baseline",
     "perfguard.commands.compare",
     "perfguard.commands.report",
+    "perfguard.commands.history",
 )
 
 

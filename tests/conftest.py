@@ -90,3 +90,18 @@ def cached_trace():
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL cluster for this session (skips, with the reason, without one)."""
+    from pgserver import WHY_NOT, PgServer, find_binaries
+
+    bindir = find_binaries()
+    if bindir is None:
+        pytest.skip(f"no PostgreSQL server to test against: {'; '.join(WHY_NOT)}")
+    server = PgServer(bindir).start()
+    try:
+        yield server
+    finally:
+        server.stop()

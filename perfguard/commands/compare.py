@@ -93,11 +93,16 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _store_spec(text: str) -> tuple[Path, str] | None:
-    """``(store path, run id)`` when ``text`` is ``FILE#RUN`` and FILE exists, else None."""
+def _store_spec(text: str) -> tuple[Path | str, str] | None:
+    """``(store, run id)`` when ``text`` is ``FILE#RUN`` and FILE exists, or ``URL#RUN``
+    with a postgresql:// URL; else None."""
+    from perfguard.baseline.db import is_url
+
     if "#" not in text or Path(text).exists():
         return None
     path, _, run = text.rpartition("#")
+    if is_url(path):
+        return path, run
     if not Path(path).is_file():
         return None
     return Path(path), run
@@ -122,12 +127,12 @@ class _Side:
         if not run.strip().isdigit():
             raise CompareError(f"{spec}: run id must be an integer (see perfguard baseline list)")
         try:
-            from perfguard.baseline.store import Store
+            from perfguard.baseline.store import open_store
         except ImportError:
             raise CompareError(
                 f"{spec}: stored runs need the baseline store, which this perfguard does not have"
             ) from None
-        with Store(path, create=False) as store:
+        with open_store(path, create=False) as store:
             info, self.records = store.load_run(int(run))
         self.commit = info.commit
         self.fingerprint = info.fingerprint

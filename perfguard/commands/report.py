@@ -80,10 +80,10 @@ def results_from_store(
 ) -> SessionResults:
     """The session document of stored run ``run_id`` against a baseline run (or none)."""
     from perfguard import __version__
-    from perfguard.baseline.store import Store
+    from perfguard.baseline.store import open_store
     from perfguard.compare import compare_records
 
-    with Store(store_path, create=False) as store:
+    with open_store(store_path, create=False) as store:
         info, records = store.load_run(run_id)
         fp = info.fingerprint
         baseline: dict[str, Any] | None = None
@@ -139,19 +139,21 @@ def results_from_store(
 
 
 def run(args: argparse.Namespace) -> int:
+    from perfguard.baseline.db import is_url
     from perfguard.errors import ReportError
     from perfguard.report.html import load_results, write_session_html
     from perfguard.report.markdown import write_markdown
 
+    url = is_url(args.source)
     source = Path(args.source)
-    if not source.exists():
+    if not url and not source.exists():
         raise ReportError(f"{source}: no such file")
-    if _is_sqlite(source):
+    if url or _is_sqlite(source):
         if args.run is None:
             raise ReportError(f"{source}: is a baseline store; give --run RUN_ID "
                               "(see `perfguard baseline list --store ...`)")  # fmt: skip
         results = results_from_store(
-            source,
+            args.source if url else source,
             args.run,
             baseline_run=args.baseline_run,
             baseline_ref=args.baseline,
@@ -165,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
             flag = "--" + store_only[0].replace("_", "-")
             raise ReportError(f"{source}: {flag} applies to a baseline store, not results.json")
         results = load_results(source)
-    output = Path(args.output) if args.output else source.with_name("report.html")
+    default = Path("report.html") if url else source.with_name("report.html")
+    output = Path(args.output) if args.output else default
     if output.resolve() == source.resolve():
         raise ReportError(f"{output}: would overwrite the input; choose another --output")
     written = [write_session_html(results, output, max_ops=args.max_ops)]

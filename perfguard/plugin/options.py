@@ -53,7 +53,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("perfguard_save", "--perfguard-save", "bool",
      "store this run's results under HEAD's commit"),
     ("perfguard_store", "--perfguard-store", "string",
-     f"baseline store (SQLite); default {DEFAULT_STORE} under the rootdir"),
+     f"baseline store: a SQLite file (default {DEFAULT_STORE} under the rootdir) or a "
+     "postgresql://user@host/dbname URL"),
     ("perfguard_output", "--perfguard-output", "string",
      f"folder for captures and results.json; default {DEFAULT_OUTPUT}/ under the rootdir"),
     ("perfguard_tolerance", "--perfguard-tolerance", "string",
@@ -86,7 +87,7 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
 _METAVARS = {
     "perfguard_backend": "{auto,torch,nsys,cpu}",
     "perfguard_baseline": "REF",
-    "perfguard_store": "PATH",
+    "perfguard_store": "PATH_OR_URL",
     "perfguard_output": "DIR",
     "perfguard_tolerance": "TOLERANCE",
     "perfguard_fail_on": "{regression,never}",
@@ -126,7 +127,7 @@ class Settings:
     backend: str
     baseline: str | None
     save: bool
-    store: Path
+    store: Path | str  # a SQLite file, or a postgresql:// URL
     output: Path
     tolerance: float
     fail_on: str
@@ -166,6 +167,16 @@ def _path(config: pytest.Config, dest: str, default: str) -> Path:
     return (Path(base) / Path(text).expanduser()).resolve()
 
 
+def _store(config: pytest.Config, dest: str, value: Any) -> Path | str:
+    """A postgresql:// URL as given, else the store file's path."""
+    if value is not None:
+        from perfguard.baseline.db import is_url  # only when given: the plugin loads light
+
+        if is_url(str(value).strip()):
+            return str(value).strip()
+    return _path(config, dest, DEFAULT_STORE)
+
+
 def read_settings(config: pytest.Config) -> Settings:
     """Every option, checked. A bad value is a :class:`pytest.UsageError` naming the option."""
     current = "--perfguard"
@@ -190,7 +201,7 @@ def read_settings(config: pytest.Config) -> Settings:
                     raise ValueError(f"{value!r} is not a git ref")
                 values[dest] = ref
             elif dest == "perfguard_store":
-                values[dest] = _path(config, dest, DEFAULT_STORE)
+                values[dest] = _store(config, dest, value)
             elif dest == "perfguard_output":
                 values[dest] = _path(config, dest, DEFAULT_OUTPUT)
             elif dest in ("perfguard_rounds", "perfguard_ab_pairs"):

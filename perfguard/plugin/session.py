@@ -57,7 +57,7 @@ from perfguard.baseline.git import (
     resolve,
 )
 from perfguard.baseline.record import RunInfo, TestRecord
-from perfguard.baseline.store import Store
+from perfguard.baseline.store import Store, open_store
 from perfguard.capture.select import select_backend
 from perfguard.capture.torch_profiler import TRACE_SUFFIX, TorchBackend
 from perfguard.errors import PerfguardError
@@ -210,11 +210,13 @@ class PerfguardSession:
             self.notes.append("no baseline: HEAD is the repository's first commit")
             return
         self.baseline_ref = ref
-        if not self.settings.store.is_file():
+        if isinstance(self.settings.store, Path) and not self.settings.store.is_file():
             self.notes.append(f"no baseline: no store at {self.settings.store}")
             return
         try:
-            self._store = Store(self.settings.store, create=False)
+            # a server store is made on first use; a lookup never leaves a new empty file
+            server = isinstance(self.settings.store, str)
+            self._store = open_store(self.settings.store, create=server)
             self.match = find_baseline(self._store, root, ref, self.fingerprint)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-store: {exc}") from None
@@ -847,7 +849,7 @@ class PerfguardSession:
             self.save_error = "nothing captured, nothing saved"
             return
         try:
-            with Store(self.settings.store) as store:
+            with open_store(self.settings.store, create=True) as store:
                 records = [self.records[k] for k in sorted(self.records)]
                 self.saved_run_id = store.save_run(self.run, records)
         except (PerfguardError, ValueError) as exc:
