@@ -431,9 +431,19 @@ class PerfguardSession:
             return GpuProfile(spec)  # the marker's backend cannot run: setup reports it next
         if what is None or what[1].label == "nsys":
             return GpuProfile(self.effective(spec))  # nsys: the child runs the body
-        path = self._capture_path(item)
+        from perfguard.capture.frameworks import framework_for, make_capturer
+
+        try:  # the marker's framework=, else what the test imported (torch by default)
+            framework = framework_for(getattr(item, "module", None), spec.framework)
+        except ValueError as exc:
+            pytest.fail(f"perfguard: {item.nodeid}: {exc}", pytrace=False)
+        where = self._capture_path(item)
+        if framework != "torch":  # the capturer names its own file (<name>.xplane.pb)
+            where = where.with_name(capture_name(item.nodeid))
+        capturer = make_capturer(framework, where, what[1].device or "cpu")
+        path = Path(getattr(capturer, "path", where))
         item.stash[_capture_key] = {"path": path, "backend": what[1].label}
-        return GpuProfile(what[0], TorchCapturer(path, what[1].device or "cpu"))
+        return GpuProfile(what[0], capturer)
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
