@@ -108,6 +108,17 @@ def test_single_rank_has_no_straggler(fixture_file) -> None:
     )
     table = rank_table(a)
     assert len(table) == 1 and straggler(table) is None and not table["straggler"].any()
+    # one rank's figures come from the summary and the kernel report: check them on the events
+    acts = a.activities
+    kernel = acts["activity"] == "kernel"
+    dur = acts["end"] - acts["start"]
+    nccl = kernel & acts["name"].str.startswith("ncclKernel_")
+    row = table.iloc[0]
+    assert row["comm_time"] == int(dur[nccl].sum()) > 0
+    assert row["compute_time"] == int(dur[kernel & ~nccl].sum()) > 0
+    assert row["memop_time"] == int(dur[~kernel].sum()) > 0
+    assert row["gpu_time"] == int(dur.sum())
+    assert row["iterations"] == len(a.iterations) == 3
     assert 'id="ranks"' not in render_analysis_html(a)
 
 

@@ -83,19 +83,30 @@ def _rank_table(analysis: Analysis) -> pd.DataFrame:
     if not len(ranks):
         return pd.DataFrame(columns=COLUMNS)
     out = pd.DataFrame(index=pd.Index(ranks, name="rank"))
-    rank = acts["rank"].to_numpy(np.int64)
-    dur = (acts["end"] - acts["start"]).to_numpy(np.int64)
-    kernel = (acts["activity"] == "kernel").to_numpy(bool)
-    comm = kernel & _is_comm(acts["name"], kernel)
-
-    def per_rank(mask: np.ndarray) -> pd.Series:
-        return pd.Series(dur[mask]).groupby(rank[mask]).sum().reindex(ranks, fill_value=0)
-
-    if len(ranks) == 1:  # the summary's figures: no second pass over the activities
-        s = analysis.summary
+    if len(ranks) == 1:  # the summary's and the kernel report's figures: no pass over events
+        s, k = analysis.summary, analysis.kernels
+        comm_k = _is_comm(k["name"], np.ones(len(k), dtype=bool))
+        kernel_t, memop_t = s["Total Kernel Time (ns)"], s["Total Memory Op Time (ns)"]
+        comm_t = int(k["gpu_time_total"].to_numpy(np.int64)[comm_k].sum())
+        out["gpu_time"], out["kernel_time"] = kernel_t + memop_t, kernel_t
+        out["comm_time"], out["compute_time"] = comm_t, kernel_t - comm_t
+        out["memop_time"] = memop_t
         busy_rank = pd.Series([s["GPU Busy Time, flattened (ns)"]], index=ranks)
         gpus = pd.Series([s["GPUs Used"]], index=ranks)
     else:
+        rank = acts["rank"].to_numpy(np.int64)
+        dur = (acts["end"] - acts["start"]).to_numpy(np.int64)
+        kernel = (acts["activity"] == "kernel").to_numpy(bool)
+        comm = kernel & _is_comm(acts["name"], kernel)
+
+        def per_rank(mask: np.ndarray) -> pd.Series:
+            return pd.Series(dur[mask]).groupby(rank[mask]).sum().reindex(ranks, fill_value=0)
+
+        out["gpu_time"] = per_rank(np.ones(len(acts), dtype=bool))
+        out["kernel_time"] = per_rank(kernel)
+        out["comm_time"] = per_rank(comm)
+        out["compute_time"] = per_rank(kernel & ~comm)
+        out["memop_time"] = per_rank(~kernel)
         busy = busy_by(acts, ["rank", "device_id"])
         busy_rank = busy.groupby(level=0).sum() if len(busy) else pd.Series(dtype=np.int64)
         gpus = busy.groupby(level=0).size() if len(busy) else pd.Series(dtype=np.int64)
@@ -109,11 +120,6 @@ def _rank_table(analysis: Analysis) -> pd.DataFrame:
         avg = pd.Series(np.nan, index=ranks)
     out["iteration_time_avg"] = avg.round().astype("Int64")
     out["wall_time"] = wall_by_rank.reindex(ranks, fill_value=0).astype(np.int64)
-    out["gpu_time"] = per_rank(np.ones(len(acts), dtype=bool))
-    out["kernel_time"] = per_rank(kernel)
-    out["comm_time"] = per_rank(comm)
-    out["compute_time"] = per_rank(kernel & ~comm)
-    out["memop_time"] = per_rank(~kernel)
     out["gpu_busy"] = busy_rank.reindex(ranks, fill_value=0).astype(np.int64)
     capacity = out["wall_time"] * out["gpus"]
     out["idle_time"] = (capacity - out["gpu_busy"]).clip(lower=0)
