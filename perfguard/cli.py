@@ -180,7 +180,7 @@ def analyze_and_report(args: argparse.Namespace) -> None:
     if "html" in args.formats:
         _import_in_background("matplotlib.figure")
     with Progress(quiet=getattr(args, "quiet", False)) as progress:
-        progress.phase("reading", os.path.basename(os.path.normpath(args.database)))
+        progress.phase("reading", _what(args.database))
         trace = load_trace(
             args.database,
             jobs=getattr(args, "jobs", None),
@@ -213,6 +213,15 @@ def analyze_and_report(args: argparse.Namespace) -> None:
     print("\nReports written:")
     for path in written:
         print(f"  {path}")
+
+
+def _what(path: str) -> str:
+    """The capture's name and size, for the progress line."""
+    name = os.path.basename(os.path.normpath(path))
+    try:
+        return f"{name} ({os.path.getsize(path) / 1e6:,.0f} MB)" if os.path.isfile(path) else name
+    except OSError:
+        return name
 
 
 def _import_in_background(module: str) -> None:

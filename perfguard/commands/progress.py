@@ -9,6 +9,7 @@ nothing extra, and never when stderr is not a terminal or with ``-q``.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -40,6 +41,7 @@ class Progress:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._drawn = 0  # width of the line on screen, 0: nothing drawn
+        self._last = ""  # the text on screen: redrawn only when it changes
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Progress:
@@ -92,6 +94,11 @@ class Progress:
             self._stop.wait(self.interval)
 
     def _draw(self, text: str) -> None:
+        # a line wider than the terminal wraps, and "\r" would not get back to its start
+        text = text[: max(shutil.get_terminal_size((80, 24)).columns - 1, 20)]
+        if text == self._last:
+            return
+        self._last = text
         pad = max(self._drawn - len(text), 0)
         try:
             self.stream.write("\r" + text + " " * pad)
