@@ -216,12 +216,18 @@ def analyze_and_report(args: argparse.Namespace) -> None:
 
 
 def _what(path: str) -> str:
-    """The capture's name and size, for the progress line."""
+    """The capture's name and size (and events, for an nsys export) for the progress line."""
+    from perfguard.trace.loader import events_in
+
     name = os.path.basename(os.path.normpath(path))
     try:
-        return f"{name} ({os.path.getsize(path) / 1e6:,.0f} MB)" if os.path.isfile(path) else name
+        if not os.path.isfile(path):
+            return name
+        size = f"{os.path.getsize(path) / 1e6:,.0f} MB"
     except OSError:
         return name
+    events = events_in(path)
+    return f"{name} ({size}, {events:,} events)" if events else f"{name} ({size})"
 
 
 def _import_in_background(module: str) -> None:

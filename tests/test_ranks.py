@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pandas as pd
@@ -228,3 +229,21 @@ def test_rank_table_empty_trace() -> None:
     a = perfguard.analyze(perfguard.Trace())
     table = rank_table(a)
     assert table.empty and list(table.columns) == list(perfguard.analysis.ranks.COLUMNS)
+
+
+def test_events_in_an_nsys_export(nsys_file: Path) -> None:
+    """The progress line's event count of an export, against a count of the rows."""
+    from perfguard.trace.loader import events_in
+
+    conn = sqlite3.connect(f"file:{nsys_file}?mode=ro", uri=True)
+    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    tables = [f"CUPTI_ACTIVITY_KIND_{t}" for t in ("KERNEL", "RUNTIME", "MEMCPY", "MEMSET")]
+    rows = sum(
+        conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        for t in [*tables, "NVTX_EVENTS"]
+        if t in have
+    )
+    conn.close()
+    assert events_in(nsys_file) == rows > 0
+    assert events_in(nsys_file.parent) is None
+    assert events_in(nsys_file.parent.parent / "MANIFEST.md") is None

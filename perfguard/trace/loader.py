@@ -139,6 +139,33 @@ def _read_nsys_checked(path: Path) -> Trace:
         ) from exc
 
 
+#: the nsys export tables whose rows are the events a progress line counts
+_EVENT_TABLES = tuple(
+    f"CUPTI_ACTIVITY_KIND_{t}" for t in ("KERNEL", "RUNTIME", "MEMCPY", "MEMSET")
+) + ("NVTX_EVENTS",)
+
+
+def events_in(path: str | Path) -> int | None:
+    """About how many events an nsys export holds (the largest rowid of its event tables,
+    read from each b-tree without a scan), for a progress line; None when unknown."""
+    path = Path(path)
+    if not path.is_file() or not is_sqlite(path):
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            return sum(
+                conn.execute(f"SELECT max(rowid) FROM {t}").fetchone()[0] or 0
+                for t in _EVENT_TABLES
+                if t in have
+            )
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+
+
 def rank_files(path: Path) -> list[Path]:
     """The per-rank capture files of a directory, sorted by name; TraceError for none."""
     try:
