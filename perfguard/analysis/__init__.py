@@ -53,6 +53,8 @@ class Analysis:
     window: pd.DataFrame
     #: things the reader should know once, e.g. why FLOP efficiency is empty
     notes: list[str] = field(default_factory=list)
+    #: whether ``--iter-start/--iter-stop`` restricted the figures to ``window``
+    restricted: bool = False
     #: derived tables computed on demand and kept (e.g. the expert findings)
     cache: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
@@ -110,6 +112,7 @@ def analyze(
         iterations=iterations,
         summary=summary,
         window=window,
+        restricted=restricted,
     )
 
 

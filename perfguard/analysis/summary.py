@@ -101,6 +101,19 @@ def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame
     return t.reset_index()[cols]
 
 
+def rank_walls(spans: pd.DataFrame, window: pd.DataFrame | None) -> pd.Series:
+    """Wall time per rank: its span (``rank_spans``) for the whole run, else the summed
+    duration of its iterations in ``window``."""
+    if window is None:
+        return (spans["t1"] - spans["t0"]).set_axis(spans["rank"])
+    return (window["end"] - window["start"]).groupby(window["rank"]).sum()
+
+
+def busy_by(acts: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Flattened busy time of ``acts`` per group of ``keys`` (a Series on those keys)."""
+    return _busy(acts, keys)
+
+
 def run_summary(
     trace: Trace,
     window: pd.DataFrame | None,
@@ -115,10 +128,7 @@ def run_summary(
     longest rank counts).
     """
     spans = rank_spans(trace)
-    if window is None:
-        wall_by_rank = (spans["t1"] - spans["t0"]).set_axis(spans["rank"])
-    else:
-        wall_by_rank = (window["end"] - window["start"]).groupby(window["rank"]).sum()
+    wall_by_rank = rank_walls(spans, window)
     wall = int(wall_by_rank.max()) if len(wall_by_rank) else 0
 
     dur = (acts["end"] - acts["start"]).to_numpy()
