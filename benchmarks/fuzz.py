@@ -23,7 +23,7 @@ Each case is classified:
 * ``untyped`` (bug): exit 3, an exception perfguard did not type;
 * ``crash`` (bug): killed by a signal, or any other exit status;
 * ``timeout`` (bug): over ``--slow`` CPU seconds (CPU, not wall: the machine
-  may be shared), or killed at ``--kill`` wall seconds;
+  may be shared), killed at ``--kill`` CPU seconds or ``--wall-kill`` wall seconds;
 * ``memory`` (bug): out of memory (the address-space limit, or a peak RSS
   over ``--max-rss-mb`` above the forked child's starting size).
 """
@@ -513,7 +513,8 @@ def _child(capture: Path, out_dir: Path, log: Path, mem_bytes: int, kill_s: floa
     rc = 99
     try:
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
-        signal.setitimer(signal.ITIMER_REAL, kill_s)  # SIGALRM's default action ends us
+        # CPU seconds, not wall: SIGXCPU's default action ends us
+        resource.setrlimit(resource.RLIMIT_CPU, (int(kill_s), int(kill_s) + 5))
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -553,7 +554,7 @@ def run_case(case: Case, capture: Path, work: Path, opts: argparse.Namespace) ->
         done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
             break
-        if time.monotonic() - t0 > opts.kill + 5:  # the alarm did not end it: force it
+        if time.monotonic() - t0 > opts.wall_kill:  # stuck without using CPU: force it
             os.kill(pid, signal.SIGKILL)
             _, status, usage = os.wait4(pid, 0)
             break
@@ -568,7 +569,7 @@ def run_case(case: Case, capture: Path, work: Path, opts: argparse.Namespace) ->
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         case.rc = -sig
-        case.outcome = "timeout" if sig in (signal.SIGALRM, signal.SIGKILL) else "crash"
+        case.outcome = "timeout" if sig in (signal.SIGXCPU, signal.SIGKILL) else "crash"
         case.message = f"killed by signal {signal.Signals(sig).name}"
     else:
         case.rc = os.WEXITSTATUS(status)
@@ -766,7 +767,10 @@ def _parser() -> argparse.ArgumentParser:
         "--slow", type=float, default=10.0, help="CPU seconds over which a case is a bug"
     )
     p.add_argument(
-        "--kill", type=float, default=60.0, help="wall seconds after which it is killed (a timeout)"
+        "--kill", type=float, default=30.0, help="CPU seconds after which it is killed (a timeout)"
+    )
+    p.add_argument(
+        "--wall-kill", type=float, default=900.0, help="wall seconds after which it is killed"
     )
     p.add_argument("--mem-limit-mb", type=int, default=6144, help="address-space limit")
     p.add_argument(
