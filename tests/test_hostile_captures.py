@@ -221,6 +221,15 @@ def test_names_that_are_not_text(tmp_path: Path, value: str) -> None:
         p.read_text(encoding="utf-8")  # valid UTF-8 throughout
 
 
+def test_a_gpu_name_that_is_a_blob(tmp_path: Path) -> None:
+    """Found by the fuzzer (case 5150): pandas decoded the blob as UTF-8 and raised."""
+    path = _copy(tmp_path, "nsys/nsys2021.2.1_gpu-db-query_no-nvtx_quadro-rtx6000.sqlite")
+    _sql(path, "UPDATE TARGET_INFO_GPU SET name = X'ffff'")
+    analysis = analyze(load_trace(path))
+    assert set(analysis.trace.devices["name"]) == {"\ufffd\ufffd"}
+    write_reports(analysis, tmp_path / "out", formats=["csv", "json"])
+
+
 def test_lone_surrogates_and_numbers_as_op_names() -> None:
     """A reader may hand over any name: ``op_id`` and the report writer must cope."""
     ranges = pd.DataFrame(

@@ -804,6 +804,7 @@ def _devices(db: _Db) -> pd.DataFrame:
     else:
         return pd.DataFrame()
     df = pd.DataFrame(rows, columns=["device_id", "name", "sm_count", "memory_bytes", "ma", "mi"])
+    df["name"] = pd.Series([_text(v) for v in df["name"]], index=df.index, dtype=object)
     df = df.drop_duplicates("device_id")
     cc = df["ma"].astype("Int64").astype(str) + "." + df["mi"].astype("Int64").astype(str)
     df["compute_capability"] = cc.where(df["ma"].notna(), None)
