@@ -323,3 +323,15 @@ def test_covered_within_by_hand() -> None:
     lo = np.array([0, 12, -5, 25, 31, 0, 40])
     hi = np.array([100, 22, 0, 45, 39, 15, 40])
     assert covered_within(s, e, lo, hi).tolist() == [26, 5, 0, 6, 0, 15, 0]
+
+
+@pytest.mark.parametrize(
+    "shapes, dtypes",
+    [("123", '["float"]'), ("[[2, 3], [3, 4]]", "7"), ('[[2, "x"], [3, 4]]', '["float", "float"]')],
+)
+def test_gemm_dims_of_damaged_shapes_are_unknown(shapes: str, dtypes: str) -> None:
+    """Fuzz case 389: Kineto ``Input Dims`` = 123 made the tensor-shape detector raise."""
+    from perfguard.analysis.expert import _gemm_dims
+
+    assert _gemm_dims(shapes, dtypes) is None
+    assert _gemm_dims("[[2, 8], [8, 4]]", '["float", "float"]') == ([2, 8, 4], 4)
