@@ -105,3 +105,19 @@ def postgres_server():
         yield server
     finally:
         server.stop()
+
+
+def load_fuzzer():  # noqa: ANN201 - the module benchmarks/fuzz.py
+    """``benchmarks/fuzz.py`` as a module (benchmarks/ is not a package)."""
+    import importlib.util
+    import sys
+
+    if "perfguard_fuzz" in sys.modules:
+        return sys.modules["perfguard_fuzz"]
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz.py"
+    spec = importlib.util.spec_from_file_location("perfguard_fuzz", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["perfguard_fuzz"] = module
+    spec.loader.exec_module(module)
+    return module

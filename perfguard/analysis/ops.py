@@ -60,7 +60,8 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
     name_code, names = factorize(ranges["name"].fillna(""))
-    names = pd.Index(names, dtype=object)
+    # a reader may hand over a name that is not text (a number in a damaged capture)
+    names = pd.Index([v if isinstance(v, str) else str(v) for v in names], dtype=object)
     depth = ranges["depth"].to_numpy()
     parent = ranges["parent_id"].to_numpy()
     range_id = ranges["range_id"].to_numpy()
@@ -113,13 +114,14 @@ def op_id(op_name: pd.Series, direction: pd.Series) -> pd.Series:
     dir_code, dirs = pd.factorize(direction.fillna(""))
     width = max(len(dirs), 1)
     codes, pairs = pd.factorize(name_code.astype(np.int64) * width + dir_code)
-    keys = (
-        np.asarray(names, dtype=object)[pairs // width]
-        + "\x1f"
-        + np.asarray(dirs, dtype=object)[pairs % width]
-    )
+    names = np.asarray([v if isinstance(v, str) else str(v) for v in names], dtype=object)
+    keys = names[pairs // width] + "\x1f" + np.asarray(dirs, dtype=object)[pairs % width]
     ids = np.array(
-        [hashlib.blake2b(u.encode(), digest_size=8).hexdigest() for u in keys], dtype=object
+        [
+            hashlib.blake2b(u.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+            for u in keys
+        ],
+        dtype=object,
     )
     return pd.Series(ids[codes] if len(codes) else [], index=op_name.index, dtype="object")
 
@@ -170,7 +172,7 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
     full = acts["name"].to_numpy(dtype=object)[orphan]
     orphan_name = UNASSOCIATED_PREFIX + pd.Series(
         np.where(pd.isna(short), full, short), dtype="object"
-    ).astype(str)
+    ).fillna("unnamed").astype(str)
     name_code, names = _op_name_codes(path_id[op_rows], path_text, orphan_name)
     start = col("start", a_start[orphan])
     end = col("end", a_start[orphan])  # unassociated work takes no CPU time

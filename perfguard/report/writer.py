@@ -101,6 +101,29 @@ def write_reports(
 
 
 def _render(report: str, table: pd.DataFrame, fmt: str) -> str:
+    try:
+        return _render_as(report, table, fmt)
+    except UnicodeEncodeError:  # a lone surrogate in a name (a damaged capture)
+        return _render_as(report, _escape_surrogates(table), fmt)
+
+
+def _escape_surrogates(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with lone surrogates in text written as ``\\udXXX`` (pandas' JSON
+    writer cannot encode them); only taken after such a failure."""
+
+    def fix(v: object) -> object:
+        if isinstance(v, str):
+            return v.encode("utf-8", "backslashreplace").decode("utf-8")
+        return v
+
+    table = table.copy()
+    for col in table.columns:
+        if pd.api.types.is_object_dtype(table[col]) or pd.api.types.is_string_dtype(table[col]):
+            table[col] = table[col].map(fix).astype(object)
+    return table
+
+
+def _render_as(report: str, table: pd.DataFrame, fmt: str) -> str:
     if fmt == "csv":
         return table.to_csv(index=False)
     if report == "summary":
@@ -119,7 +142,8 @@ def _plain(v: object) -> object:
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        # a lone surrogate (a damaged name) is written as \\udXXX, never fails the report
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
