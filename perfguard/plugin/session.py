@@ -76,7 +76,7 @@ from perfguard.plugin.ab import (
 from perfguard.plugin.capture import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
-from perfguard.plugin.options import DEFAULT_CAPTURE_TIMEOUT, MAX_AB_PAIRS, Settings
+from perfguard.plugin.options import MAX_AB_PAIRS, Settings
 
 ALPHA = 0.01
 OUTPUT_KEY = "perfguard"
@@ -140,7 +140,7 @@ class PerfguardSession:
             self.backend = self._backend(settings.backend)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-backend {settings.backend}: {exc}") from None
-        self.fingerprint = machine_fingerprint(self.backend.label)
+        self.fingerprint = machine_fingerprint(self.backend.label, workers=_workers(config))
         self.git: GitState | None = None
         try:
             self.git = repo_state(config.rootpath)
@@ -276,7 +276,7 @@ class PerfguardSession:
             head_rel=self.config.rootpath.resolve().relative_to(self.git.root.resolve()),
             output=self.settings.output, backend=self.settings.backend,
             xdist=self.config.pluginmanager.hasplugin("xdist"),
-            timeout=DEFAULT_CAPTURE_TIMEOUT,
+            timeout=self.settings.timeout,
             say=(reporter.write_line if reporter is not None else lambda line: None),
         )  # fmt: skip
         self.notes.append(
@@ -465,7 +465,7 @@ class PerfguardSession:
         try:
             path, child = run_nsys_child(
                 item.nodeid, rootdir=self.config.rootpath, inifile=self.config.inipath,
-                output_dir=out, timeout=DEFAULT_CAPTURE_TIMEOUT,
+                output_dir=out, timeout=self.settings.timeout,
                 xdist=self.config.pluginmanager.hasplugin("xdist"),
             )  # fmt: skip
         except PerfguardError as exc:
@@ -974,6 +974,20 @@ class PerfguardSession:
         terminalreporter.section("perfguard")
         for line in summary_lines(self):
             terminalreporter.write_line(line)
+
+
+def _workers(config: pytest.Config) -> int:
+    """How many test processes measure at once: xdist's worker count, else 1. Recorded in
+    the fingerprint, so a -n 4 run is never silently compared with a serial baseline."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput:
+        return int(workerinput.get("workercount", 1) or 1)
+    n = getattr(config.option, "numprocesses", None)
+    if isinstance(n, int) and n > 0:
+        return n
+    if n in ("auto", "logical"):
+        return os.cpu_count() or 1
+    return 1
 
 
 def _sigterm_interrupts() -> Any:
