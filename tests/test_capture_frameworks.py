@@ -64,7 +64,7 @@ def test_missing_framework_is_an_error_not_a_crash(
 ) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
     cap = make_capturer(framework, tmp_path / "t", "cpu")
-    gp = GpuProfile(ProfileSpec(iterations=2, warmup=0), cap)
+    gp = GpuProfile(ProfileSpec(iterations=2, warmup=0, rounds=1), cap)
     ran = [step for step in gp.iterations()]
     assert ran == [0, 1] and gp.completed  # the test ran, uncaptured
     assert cap.error is not None and "profiler did not start" in cap.error

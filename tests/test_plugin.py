@@ -372,13 +372,18 @@ def test_capture_failure_is_an_error_and_the_session_goes_on(
     )
     doc = json.loads((pytester.path / "out" / "results.json").read_text())
     by_id = {t["nodeid"]: t for t in doc["tests"]}
-    assert set(by_id) == {f"test_cap.py::test_{n}" for n in ("b_blocked", "c_fine", "d_needs_nsys")}
+    names = ("a_raises", "b_blocked", "c_fine", "d_needs_nsys")
+    assert set(by_id) == {f"test_cap.py::test_{n}" for n in names}
+    # the test that raised is a row too, with its exception: no result is lost
+    raised = by_id["test_cap.py::test_a_raises"]
+    assert raised["outcome"] == "error"
+    assert raised["message"] == "the test raised RuntimeError: the workload broke"
     assert "nsys" in by_id["test_cap.py::test_d_needs_nsys"]["error"]
     assert by_id["test_cap.py::test_b_blocked"]["outcome"] == "error"
     assert str(blocked) in by_id["test_cap.py::test_b_blocked"]["error"]
-    fine = by_id["test_cap.py::test_c_fine"]  # captured after both failures
-    assert fine["outcome"] == "no-baseline" and fine["n_current"] == 5
-    assert doc["counts"] == {"error": 2, "no-baseline": 1}
+    fine = by_id["test_cap.py::test_c_fine"]  # captured after the failures
+    assert fine["outcome"] == "no-baseline" and len(fine["samples_current"]) == 5 * 5
+    assert doc["counts"] == {"error": 3, "no-baseline": 1}
     assert any("no git state" in n for n in doc["notes"])
 
 
@@ -454,8 +459,9 @@ def test_heavy_imports_only_with_the_flag(pytester: pytest.Pytester) -> None:
 def test_markers_help(pytester: pytest.Pytester) -> None:
     r = pytester.runpytest_inprocess("--markers")
     r.stdout.fnmatch_lines(
-        ["@pytest.mark.gpuprofile(iterations=30, warmup=5, tolerance='5%', metrics=('gpu_time',), "
-         "key_node=None, backend=None): profile this benchmark test with perfguard*"]
+        ["@pytest.mark.gpuprofile(iterations=30, warmup=5, rounds=5, tolerance='5%', "
+         "metrics=('gpu_time',), gates=None, framework=None, key_node=None, backend=None): "
+         "profile this benchmark test with perfguard*"]
     )  # fmt: skip
 
 
@@ -568,7 +574,7 @@ def test_xdist_workers_capture_and_the_controller_saves_one_run(repo: pytest.Pyt
     with Store(repo.path / "baselines" / "perfguard.db", create=False) as store:
         _, records = store.load_run(1)
     assert sorted(records) == sorted(medians)
-    assert all(len(rec.samples) == 6 for rec in records.values())
+    assert all(len(rec.samples) == 5 * 6 for rec in records.values())  # 5 rounds of 6
 
 
 # ------------------------------------------------------------------------ nsys backend
@@ -645,8 +651,12 @@ def test_nsys_backend_reruns_each_test_in_a_child_pytest(
     assert all(c["child"].endswith(".child.json") for c in calls(log))
     doc = results(repo)
     assert doc["settings"]["resolved_backend"] == "nsys"
-    (only,) = doc["tests"]
+    by = {t["nodeid"].split("::")[1]: t for t in doc["tests"]}
+    only = by["test_ok"]
     assert only["outcome"] == "error" and "cudaProfilerStart" in only["error"]
+    # the test that failed in the child is a row too, with the child's failure
+    assert by["test_fails"]["outcome"] == "error"
+    assert "wrong sum" in by["test_fails"]["message"]
 
     # with the CUDA profiler API stubbed in the child (conftest), the capture goes
     # through: the parent analyses the export, iterations from the marker's key node
@@ -665,8 +675,9 @@ def test_nsys_backend_reruns_each_test_in_a_child_pytest(
     (ok,) = results(repo)["tests"]
     assert ok["outcome"] == "no-baseline" and ok["backend"] == "nsys"
     assert ok["metric"] == "gpu_time"  # the export has kernels
-    assert ok["n_current"] == 6  # 5 saxpy key-node instances -> 6 iterations (DLProf's rule)
-    assert "3 timed iterations but 6 in the capture" in " ".join(ok["notes"])
+    # 5 saxpy key-node instances -> 6 iterations (DLProf's rule), in one capture: one round
+    assert len(ok["samples_current"]) == 6 and ok["n_current"] == 1
+    assert "15 timed iterations but 6 in the capture" in " ".join(ok["notes"])
     assert ok["capture"].endswith(".sqlite")
 
 

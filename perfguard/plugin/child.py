@@ -85,6 +85,7 @@ class ChildPlugin:
                 "skip_reason": skip_reason,
                 "wall_times_ns": [int(w) for w in walls],
                 "cpu_times_ns": [int(c) for c in cpus],
+                "rounds": list(profile.round_of) if profile is not None else [],
                 "fixture": fixture,
                 "completed": completed,
                 "error": error,

@@ -26,7 +26,6 @@ from collections.abc import Generator, Iterator
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from perfguard.capture.load import LoadProbe, load_of
 from perfguard.plugin.marker import ProfileSpec
 
 #: pause between rounds, seconds: lets a collector, a frequency governor or a
@@ -108,15 +107,20 @@ class GpuProfile:
     @property
     def load(self) -> float:
         """Other processes' share of the machine's CPU during the recorded rounds."""
+        from perfguard.capture.load import load_of
+
         return load_of(self.load_ticks)
 
     @property
     def wait(self) -> float:
         """Share of the rounds' wall time the test's thread waited for a CPU."""
+        from perfguard.capture.load import load_of
+
         return load_of(self.wait_ns)
 
     def _plain(self) -> Generator[int, None, None]:
-        yield from range(-self.spec.warmup, self.spec.iterations * self.spec.rounds)
+        # an ordinary test run: one round (rounds are replicates for a verdict)
+        yield from range(-self.spec.warmup, self.spec.iterations)
         self.completed = True
 
     def _run(self) -> Generator[int, None, None]:
@@ -129,6 +133,8 @@ class GpuProfile:
         if cuda is not None:
             cuda.reset_peak_memory_stats()
         cap.start()
+        from perfguard.capture.load import LoadProbe  # not at import: the plugin loads light
+
         probe = LoadProbe()
         try:
             clock, cpu = time.perf_counter_ns, time.thread_time_ns

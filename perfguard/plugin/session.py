@@ -166,9 +166,6 @@ class PerfguardSession:
         self.ab_commit: str | None = None
         self._lock: Any = None
         self._restore_sigterm: Any = None
-        if self.worker_id is None and not self.ab_out:
-            self._claim_output()
-            self._restore_sigterm = _sigterm_interrupts()
         #: --perfguard-isolate: each measured test runs in a child process of its own
         self.isolated: set[str] = set()
         self.isolator: ABRunner | None = None
@@ -183,8 +180,11 @@ class PerfguardSession:
             )  # fmt: skip
         if settings.against:
             self._prepare_ab()
-            return
-        self._find_baseline()
+        else:
+            self._find_baseline()
+        if self.worker_id is None:  # last: a usage error above leaves no lock behind
+            self._claim_output()
+            self._restore_sigterm = _sigterm_interrupts()
 
     # ------------------------------------------------------------------ set-up helpers
     def _backend(self, choice: str) -> ResolvedBackend:
@@ -556,6 +556,7 @@ class PerfguardSession:
             child = info["child"]
             walls, error = child.get("wall_times_ns") or [], child.get("error")
             info["cpu_times_ns"] = child.get("cpu_times_ns") or []
+            rounds = list(child.get("rounds") or [])
             if not child.get("fixture"):
                 notes.append("test does not use the gpuprofile fixture: captured as one iteration")
             if child.get("fixture") and not child.get("completed"):
