@@ -18,6 +18,7 @@ all see a real change.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sqlite3
@@ -212,6 +213,13 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert all({"check", "severity", "problem"} <= set(f) for f in train["findings"])
     top = train["ops"][0]
     assert (top["op_name"], top["status"]) == ("extra_sync", "added")
+    # the regressed test's capture as a Perfetto timeline, linked from the report
+    timeline = path / ".perfguard" / train["timeline"]
+    with gzip.open(timeline, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    assert any(e.get("name") == "extra_sync" for e in events)
+    html = (path / ".perfguard" / "report.html").read_text()
+    assert f'href="{train["timeline"]}"' in html
     # the capture is a real Kineto trace with the 16 recorded iterations in it
     from perfguard.trace import load_trace
 

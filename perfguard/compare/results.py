@@ -47,7 +47,7 @@ _FIGURES = (
     "ci_level_pct", "p_value", "tolerance_pct", "alpha", "load",
 )  # fmt: skip
 _COUNTS = ("n_current", "n_baseline")
-_TEXTS = ("metric", "capture", "backend", "error", "worker", "baseline_commit")
+_TEXTS = ("metric", "capture", "backend", "error", "worker", "baseline_commit", "timeline")
 _SERIES = ("samples_current", "samples_baseline", "rounds_current", "rounds_baseline")
 _OP_NUMBERS = (
     "baseline_ns", "current_ns", "delta_pct", "ci_low_pct", "ci_high_pct", "p_value",
@@ -109,6 +109,8 @@ class TestEntry:
     worker: str | None = None
     load: float | None = None
     baseline_commit: str | None = None
+    #: a regressed test's capture as a Perfetto/Chrome trace, relative to the report
+    timeline: str | None = None
 
     # ------------------------------------------------------------------ build
     @classmethod

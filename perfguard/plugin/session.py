@@ -585,7 +585,7 @@ class PerfguardSession:
             self._error_entry(item, error, backend, info.get("path"))
             return
         try:
-            record, findings = self._record(
+            record, findings, analysis = self._record(
                 item, spec, Path(info["path"]), walls, notes, backend,
                 info.get("cpu_times_ns", []), rounds, env,
             )  # fmt: skip
@@ -594,7 +594,24 @@ class PerfguardSession:
             msg = " ".join(str(exc).split()) or type(exc).__name__
             self._error_entry(item, msg, backend, info.get("path"))
             return
-        self._finish(item, record, comparison, findings, info["path"], backend, notes)
+        timeline = self._timeline(comparison, analysis, Path(info["path"]))
+        self._finish(item, record, comparison, findings, info["path"], backend, notes, timeline)
+
+    def _timeline(self, comparison: Any, analysis: Any, capture: Path) -> str | None:
+        """A regressed test's capture as a Perfetto trace beside it (the report links it):
+        the reviewer opens the evidence in ui.perfetto.dev, op to kernel."""
+        from perfguard.compare.outcomes import Outcome
+
+        if comparison.outcome is not Outcome.REGRESSED:
+            return None
+        from perfguard.report.perfetto import write_perfetto
+
+        name = capture.name.split(".")[0] + ".perfetto.json.gz"
+        try:
+            path = write_perfetto(analysis, capture.with_name(name))
+            return str(Path(path).resolve().relative_to(self.settings.output.resolve()))
+        except (OSError, ValueError, PerfguardError):
+            return None  # the verdict stands without its timeline
 
     def _finish(
         self,
@@ -605,11 +622,13 @@ class PerfguardSession:
         capture: Any,
         backend: str,
         notes: list[str],
+        timeline: str | None = None,
     ) -> None:
         """Keep the record and the verdict; a regression fails the test here."""
         self.records[item.nodeid] = record
         entry = comparison.to_dict()
         entry.update(
+            timeline=timeline,
             load=record.meta.get("load"),
             wait=record.meta.get("wait"),
             findings=findings,
@@ -645,7 +664,7 @@ class PerfguardSession:
         cpu_times: list[int],
         rounds: list[int] | None = None,
         env: dict[str, Any] | None = None,
-    ) -> tuple[TestRecord, list[dict[str, Any]]]:
+    ) -> tuple[TestRecord, list[dict[str, Any]], Any]:
         from perfguard.analysis import analyze
         from perfguard.baseline.record import record_from_analysis
         from perfguard.trace import load_trace
@@ -692,7 +711,7 @@ class PerfguardSession:
             rounds=np.asarray(rounds, dtype=np.int64) if rounds else None,
             extra_counters={"peak_memory": float(peak)} if peak else None,
         )
-        return record, _findings(analysis)
+        return record, _findings(analysis), analysis
 
     def _tolerance(self, spec: ProfileSpec) -> float:
         return self.settings.tolerance if spec.tolerance is None else spec.tolerance
