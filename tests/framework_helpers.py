@@ -27,7 +27,7 @@ def capture_steps(
 ) -> tuple[Analysis, GpuProfile]:
     """``step`` run as a marked test's loop under ``framework``'s capturer, analysed."""
     cap = make_capturer(framework, path, "cpu")
-    gp = GpuProfile(ProfileSpec(iterations=iterations, warmup=warmup), cap)
+    gp = GpuProfile(ProfileSpec(iterations=iterations, warmup=warmup, rounds=1), cap)
     for _ in gp.iterations():
         step()
     assert cap.error is None, cap.error
