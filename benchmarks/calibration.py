@@ -531,7 +531,8 @@ def run_judged(project: Project, plan: dict, modes: list[str], loads: list[str],
                                   timeout)  # fmt: skip
                 row = {"key": key, "load": load, "mode": mode, "cond": cond, "i": i,
                        "time": now(), "spinners": len(spinners), **summarize(cond, raw),
-                       "control": summarize("aa", raw, CONTROL)}  # fmt: skip
+                       "control": summarize("aa", raw, CONTROL),
+                       "pairs": pairs if mode == "ab" else None}  # fmt: skip
                 append(sessions, row)
                 say(log, f"[{k + 1}/{len(todo)}] {key}: {row['outcome']} "
                          f"delta {fmt(row.get('delta_pct'))}% "
@@ -593,11 +594,18 @@ def tally(rows: list[dict]) -> list[dict[str, Any]]:
         line["delta_pct_range"] = [min(deltas), max(deltas)] if deltas else None
         loads = [r["loadavg_before"][0] for r in rs if r.get("loadavg_before")]
         line["loadavg_1m_range"] = [min(loads), max(loads)] if loads else None
+        shares = [r["cpu_load"] for r in rs if r.get("cpu_load") is not None]
+        line["cpu_load_range"] = [min(shares), max(shares)] if shares else None
         th = [r["threshold_pct"] for r in rs if r.get("threshold_pct") is not None]
         line["threshold_pct_median"] = float(np.median(th)) if th else None
         line["wall_s_median"] = float(np.median([r["wall_s"] for r in rs]))
         out.append(line)
     return out
+
+
+def _range(values: list[Any]) -> str:
+    v = [x for x in values if x is not None]
+    return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
 
 
 def markdown(lines: list[dict], state: dict, settings: dict) -> str:
@@ -611,7 +619,8 @@ def markdown(lines: list[dict], state: dict, settings: dict) -> str:
         f"iterations={w.get('iterations')}, warmup={w.get('warmup')}, "
         f"rounds={w.get('rounds')}, tolerance={w.get('tolerance')}; "
         f"A/B: {settings.get('pairs')} ABBA pairs per session; store: "
-        f"{len(seeds)} seed runs on c0 (history and pooled baseline).",
+        f"{len(seeds)} seed runs on c0 (history and pooled baseline), others' CPU share "
+        f"during the seeds {_range([x.get('load') for x in seeds])}.",
     ]
     if sizing:
         units = ", ".join(f"{k} {v}" for k, v in sizing.get("units", {}).items())
@@ -621,8 +630,9 @@ def markdown(lines: list[dict], state: dict, settings: dict) -> str:
         )
     rows = [
         "| mode | load | condition | sessions | outcomes | rate | interval > 0 | "
-        "median delta % [min, max] | median threshold % | load avg 1 min | s/session |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "median delta % [min, max] | median threshold % | load avg 1 min | others' CPU share "
+        "| s/session |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ln in lines:
         counts = ", ".join(f"{k} {v}" for k, v in ln["counts"].items())
@@ -635,10 +645,12 @@ def markdown(lines: list[dict], state: dict, settings: dict) -> str:
         delta = f"{d:+.2f} [{dr[0]:+.1f}, {dr[1]:+.1f}]" if d is not None else "-"
         th = ln["threshold_pct_median"]
         la = ln["loadavg_1m_range"]
+        cl = ln["cpu_load_range"]
         rows.append(
             f"| {ln['mode']} | {ln['load']} | {ln['cond']} | {ln['n']} | {counts} | {rate} "
             f"| {excl} | {delta} | {'-' if th is None else f'{th:.1f}'} | "
-            f"{'-' if not la else f'{la[0]:.1f}-{la[1]:.1f}'} | {ln['wall_s_median']:.0f} |"
+            f"{'-' if not la else f'{la[0]:.1f}-{la[1]:.1f}'} | "
+            f"{'-' if not cl else f'{cl[0]:.2f}-{cl[1]:.2f}'} | {ln['wall_s_median']:.0f} |"
         )
     return "\n".join(head) + "\n\n" + "\n".join(rows) + "\n"
 
@@ -842,6 +854,9 @@ def write_outputs(out: Path, state: dict, settings: dict, sim: dict | None) -> N
     if sessions.is_file():
         rows = [json.loads(x) for x in sessions.read_text().splitlines() if x.strip()]
     lines = tally(rows)
+    seen = sorted({r["pairs"] for r in rows if r.get("pairs")})
+    # what the sessions ran with, not this invocation's --pairs
+    settings = {**settings, "pairs": "/".join(str(x) for x in seen) or "-"}
     doc: dict[str, Any] = {"written": now(), "settings": settings, "state": state,
                            "table": lines, "sessions": rows}  # fmt: skip
     md = "## Real sessions\n\n" + markdown(lines, state, settings) if rows else ""
@@ -874,6 +889,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per session")
     p.add_argument("--stop-at", help="UTC time HH:MM after which no new session starts")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--report-only", action="store_true",
+                   help="only rewrite the tables from what OUT already holds")
     p.add_argument("--gpu-sim", action="store_true", help="also run the GPU simulation")
     p.add_argument("--gpu-sim-only", action="store_true", help="only the GPU simulation")
     p.add_argument("--gpu-trials", type=int, default=100,
@@ -916,12 +933,12 @@ def main(argv: list[str] | None = None) -> int:
     sim_path = a.out / "gpu_sim.json"
     if sim_path.is_file():
         sim = json.loads(sim_path.read_text())
-    if not a.gpu_sim_only:
+    if not (a.gpu_sim_only or a.report_only):
         project.build_base()
         seed_store(project, a.seeds, a.timeout, log)
         size_slowdowns(project, log)
         run_judged(project, plan, modes, loads, conds, a.pairs, a.timeout, deadline, log)
-    if a.gpu_sim or a.gpu_sim_only:
+    if (a.gpu_sim or a.gpu_sim_only) and not a.report_only:
         from perfguard.compare.tolerance import parse_tolerance
 
         tolerance = parse_tolerance(workload.tolerance, "tolerance")
