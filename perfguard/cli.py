@@ -64,6 +64,7 @@ def _one_line(text: object) -> str:
 def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     """Analysis options, shared by ``analyze`` and (later) ``profile``."""
     from perfguard.report.dlprof import ALL_REPORTS, FORMATS
+    from perfguard.report.perfetto import FORMAT as PERFETTO
 
     parser.add_argument("--key-node", "--key_node", dest="key_node", metavar="NAME",
                         help="range name that ends each iteration (DLProf: N instances give "
@@ -90,11 +91,12 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
                              "(default: all)")  # fmt: skip
     parser.add_argument(
         "--formats",
-        type=_choices(FORMATS),
+        type=_choices((*FORMATS, PERFETTO)),
         default=list(FORMATS),
         metavar="LIST",
-        help="comma-separated: csv,json,html (default: all three; html is one page, "
-        "<base>_report.html, with every report)",
+        help="comma-separated: csv,json,html,perfetto (default: csv,json,html; html is one "
+        "page, <base>_report.html, with every report; perfetto is a timeline for "
+        "ui.perfetto.dev, <base>_perfetto.json.gz)",
     )
     parser.add_argument(
         "--output-path",
@@ -117,6 +119,12 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-f", "--force", action="store_true", help="overwrite existing report files"
     )
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress line on stderr (it shows only on a terminal, "
+                             "after 2 s)")  # fmt: skip
+    parser.add_argument("-j", "--jobs", type=argtypes.integer(1), metavar="N",
+                        help="processes reading a directory's per-rank captures at once "
+                             "(default: one per core, up to one per rank)")  # fmt: skip
 
 
 #: one module per further subcommand, each with ``add_parser(subparsers)`` that
@@ -127,6 +135,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "perfguard.commands.baseline",
     "perfguard.commands.compare",
     "perfguard.commands.report",
+    "perfguard.commands.history",
 )
 
 
@@ -166,32 +175,62 @@ def analyze_and_report(args: argparse.Namespace) -> None:
     """Load ``args.database``, analyse it with the analysis options, print the
     summary and notes, write the reports (shared by ``analyze`` and ``profile``)."""
     from perfguard.analysis import analyze
+    from perfguard.analysis.ranks import rank_table, straggler
+    from perfguard.commands.progress import Progress
     from perfguard.report import format_summary, write_reports
     from perfguard.trace import load_trace
 
     if "html" in args.formats:
         _import_in_background("matplotlib.figure")
-    trace = load_trace(args.database)
-    try:
-        result = analyze(
-            trace, key_node=args.key_node, iter_start=args.iter_start, iter_stop=args.iter_stop
+    with Progress(quiet=getattr(args, "quiet", False)) as progress:
+        progress.phase("reading", _what(args.database))
+        trace = load_trace(
+            args.database,
+            jobs=getattr(args, "jobs", None),
+            on_rank=lambda done, total, n: progress.events(n, f"{done}/{total} ranks"),
         )
-    except AnalysisError as exc:  # name the capture the request does not fit
-        raise AnalysisError(f"{args.database}: {exc}") from None
+        progress.phase("analysing")
+        progress.events(sum(len(t) for t in (trace.ranges, trace.api_calls, trace.kernels,
+                                             trace.memops)))  # fmt: skip
+        try:
+            result = analyze(
+                trace, key_node=args.key_node, iter_start=args.iter_start, iter_stop=args.iter_stop
+            )
+        except AnalysisError as exc:  # name the capture the request does not fit
+            raise AnalysisError(f"{args.database}: {exc}") from None
+        progress.phase("writing reports")
+        found = straggler(rank_table(result))  # None for one rank
+        written = write_reports(
+            result,
+            args.output_path,
+            reports=args.reports,
+            formats=args.formats,
+            base=args.base_name,
+            force=args.force,
+        )
     print(format_summary(result))
+    if found is not None:
+        print(f"\n{found.describe()}")
     for note in result.notes:
         print(f"note: {note}")
-    written = write_reports(
-        result,
-        args.output_path,
-        reports=args.reports,
-        formats=args.formats,
-        base=args.base_name,
-        force=args.force,
-    )
     print("\nReports written:")
     for path in written:
         print(f"  {path}")
+
+
+def _what(path: str) -> str:
+    """The capture's name and size (and events, for an nsys export) for the progress line."""
+    from perfguard.trace.loader import events_in
+
+    name = os.path.basename(os.path.normpath(path))
+    try:
+        if not os.path.isfile(path):
+            return name
+        size = f"{os.path.getsize(path) / 1e6:,.0f} MB"
+    except OSError:
+        return name
+    events = events_in(path)
+    return f"{name} ({size}, {events:,} events)" if events else f"{name} ({size})"
 
 
 def _import_in_background(module: str) -> None:

@@ -90,3 +90,34 @@ def cached_trace():
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL cluster for this session (skips, with the reason, without one)."""
+    from pgserver import WHY_NOT, PgServer, find_binaries
+
+    bindir = find_binaries()
+    if bindir is None:
+        pytest.skip(f"no PostgreSQL server to test against: {'; '.join(WHY_NOT)}")
+    server = PgServer(bindir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def load_fuzzer():  # noqa: ANN201 - the module benchmarks/fuzz.py
+    """``benchmarks/fuzz.py`` as a module (benchmarks/ is not a package)."""
+    import importlib.util
+    import sys
+
+    if "perfguard_fuzz" in sys.modules:
+        return sys.modules["perfguard_fuzz"]
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz.py"
+    spec = importlib.util.spec_from_file_location("perfguard_fuzz", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["perfguard_fuzz"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -127,14 +127,15 @@ def _make_inputs(root: Path, fixtures: Path | None) -> dict[str, tuple[Path, Pat
     _empty_sqlite(add("empty SQLite database", root / "nothing.sqlite"))
 
     example = EXAMPLE.read_bytes()
-    add("gzip cut mid-stream", root / "cut.pt.trace.json.gz").write_bytes(
-        example[: len(example) // 2]
-    )
+    # cut before the first event: a capture cut later keeps its complete events
+    # (tests/test_trace_kineto_repair.py)
+    add("gzip cut in its header", root / "cut.pt.trace.json.gz").write_bytes(example[:300])
     add("gzip of non-JSON", root / "words.json.gz").write_bytes(
         gzip.compress(b"this is plain text, not a trace\n" * 50)
     )
     text = gzip.decompress(example)
-    add("JSON cut in the middle", root / "cut.pt.trace.json").write_bytes(text[: len(text) // 2])
+    cut = text.index(b'"traceEvents"') + 100
+    add("JSON cut in its first event", root / "cut.pt.trace.json").write_bytes(text[:cut])
     add("JSON object, not a trace", root / "config.json").write_text('{"a": 1}')
     add("JSON array, not a trace", root / "list.json").write_text("[1, 2]")
     add("traceEvents not a list", root / "te_string.json").write_text('{"traceEvents": "x"}')
@@ -204,9 +205,9 @@ PROBLEMS: dict[str, str] = {
     "ELF binary": r"not an nsys SQLite export or a PyTorch profiler",
     "foreign SQLite database": r"not an nsys export",
     "empty SQLite database": r"not an nsys export",
-    "gzip cut mid-stream": r"truncated or corrupt gzip",
+    "gzip cut in its header": r"truncated or corrupt gzip",
     "gzip of non-JSON": r"not valid JSON",
-    "JSON cut in the middle": r"not valid JSON, truncated",
+    "JSON cut in its first event": r"truncated or corrupt before its first complete event",
     "JSON object, not a trace": r"not a Kineto/Chrome trace",
     "JSON array, not a trace": r"not a Kineto/Chrome trace",
     "traceEvents not a list": r"not a Kineto/Chrome trace",
@@ -217,8 +218,8 @@ PROBLEMS: dict[str, str] = {
     "rank that is not a number": r"rank is not an integer",
     "nsys report (.nsys-rep)": r"nsys export --type sqlite",
     "nsys report (.qdrep)": r"nsys export --type sqlite",
-    "empty directory": r"no \.json or \.json\.gz trace files",
-    "directory without trace files": r"no \.json or \.json\.gz trace files",
+    "empty directory": r"no \.json, \.json\.gz or \.sqlite capture files",
+    "directory without trace files": r"no \.json, \.json\.gz or \.sqlite capture files",
     "directory with a non-trace .json": r"not a Kineto/Chrome trace",
     "directory with a duplicate rank": r"rank 0 appears twice",
     "unreadable file": r"cannot read file .*permission denied",

@@ -1,11 +1,16 @@
-"""The baseline store on real SQLite files with records made from real captures.
+"""The baseline store on real SQLite files and a real PostgreSQL server, with records
+made from real captures.
 
-Records come from ``record_from_analysis`` on the shared fixtures; what the
-store returns is checked against those records (frames equal after the
-documented dtype conversion, values equal before it) and against figures
-computed here with numpy and plain sqlite3. Concurrency is 8 real
-processes writing to one file; migration starts from a real store rewound
-to the v1 shape; bad files are real foreign, corrupt and truncated files.
+Every test that is not about one engine runs on both (the ``backend``
+parameter): a SQLite file in a temp dir, and a fresh database on the
+session's throwaway PostgreSQL cluster (``postgres_server``). Records come
+from ``record_from_analysis`` on the shared fixtures; what the store returns
+is checked against those records (frames equal after the documented dtype
+conversion, values equal before it) and against figures computed here with
+numpy and plain sqlite3 / psycopg. Concurrency is 8 real processes writing
+to one store; migration starts from a real store rewound to the v1 shape;
+bad files are real foreign, corrupt and truncated files; bad servers are a
+wrong URL, a stopped server and a role without rights.
 """
 
 from __future__ import annotations
@@ -14,20 +19,24 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
 import pytest
 from pandas.testing import assert_frame_equal
+from store_writers import run_writers
 
 from perfguard.analysis import analyze
 from perfguard.baseline import Fingerprint, RunInfo, TestRecord, record_from_analysis
+from perfguard.baseline import db as db_mod
 from perfguard.baseline import store as store_mod
 from perfguard.baseline.frames import FRAME_TYPES, conform_frame, conform_record
 from perfguard.baseline.record import METRICS
@@ -77,9 +86,36 @@ def run(commit: str, when: str, fp: Fingerprint = H100, **kw) -> RunInfo:
     )
 
 
-def count(path: Path, table: str) -> int:
-    with sqlite3.connect(path) as conn:
-        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def new_store(backend, tmp_path, request):
+    """``new_store(name)``: where a new, empty store goes (a file path, or a new database's URL)."""
+    if backend == "sqlite":
+        return lambda name="s.db": tmp_path / name
+    server = request.getfixturevalue("postgres_server")
+    return lambda name=None: server.new_database()
+
+
+def sql(location: Path | str, statement: str, params: tuple = ()) -> list[tuple]:
+    """Rows of ``statement`` on the store's database, read without perfguard."""
+    if isinstance(location, Path):
+        with sqlite3.connect(location) as conn:
+            rows = conn.execute(statement, params).fetchall()
+        conn.close()
+        return rows
+    import psycopg
+
+    with psycopg.connect(location, autocommit=True) as conn:
+        cur = conn.execute(statement.replace("?", "%s"), params)
+        return cur.fetchall() if cur.description else []
+
+
+def count(location: Path | str, table: str) -> int:
+    return sql(location, f"SELECT count(*) FROM {table}")[0][0]
 
 
 def plain(frame: pd.DataFrame) -> list[list[object]]:
@@ -100,8 +136,8 @@ def assert_same_record(loaded: TestRecord, original: TestRecord) -> None:
 # ------------------------------------------------------------------ round trip
 
 
-def test_round_trip_of_real_records_is_exact(tmp_path, records):
-    path = tmp_path / "baselines" / "perfguard.db"  # the folder is created
+def test_round_trip_of_real_records_is_exact(tmp_path, records, new_store, backend):
+    path = tmp_path / "baselines" / "perfguard.db" if backend == "sqlite" else new_store()
     info = run("a" * 40, "2024-05-01T10:00:00+00:00", branch=None, dirty=True)
     with Store(path) as store:
         assert store.schema_version == SCHEMA_VERSION
@@ -116,21 +152,22 @@ def test_round_trip_of_real_records_is_exact(tmp_path, records):
         assert store.load_test(run_id, "tests/x.py::absent") is None
         with pytest.raises(BaselineError, match=r"no run 999$"):
             store.load_test(999, "x")
-    # the rows are in SQLite as plain values, one row per frame row (checked without perfguard)
+    # the rows are in the database as plain values, one row per frame row (checked without
+    # perfguard); the folder of a SQLite store was created
     assert count(path, "runs") == 1 and count(path, "tests") == len(records)
     for name in FRAMES:
         assert count(path, name) == sum(len(getattr(r, name)) for r in records.values())
-    with sqlite3.connect(path) as conn:
-        total = conn.execute("SELECT sum(gpu_time_total) FROM ops").fetchone()[0]
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    total = sql(path, "SELECT sum(gpu_time_total) FROM ops")[0][0]
     assert total == sum(int(r.ops["gpu_time_total"].sum()) for r in records.values())
+    if backend == "sqlite":
+        assert sql(path, "PRAGMA journal_mode")[0][0] == "wal"
 
 
-def test_a_failing_save_leaves_nothing_behind(tmp_path, records):
+def test_a_failing_save_leaves_nothing_behind(records, new_store):
     good = records["a100"]
     bad_ops = good.op_samples.assign(calls="many")  # cannot be an INTEGER column
     bad = TestRecord("tests/t.py::bad", "gpu_time", good.samples, bad_ops, good.ops, good.kernels)
-    path = tmp_path / "s.db"
+    path = new_store()
     with Store(path) as store:
         with pytest.raises(ValueError):
             store.save_run(run("1" * 40, "2024-01-01T00:00:00Z"), [good, bad])
@@ -152,9 +189,9 @@ def test_conform_record_keeps_every_value(records):
         assert conformed.samples["gpu_time_ns"].dtype == np.int64
 
 
-def test_runs_history_and_medians(tmp_path, records):
+def test_runs_history_and_medians(records, new_store):
     a100, bert = records["a100"], records["bert"]
-    with Store(tmp_path / "s.db") as store:
+    with Store(new_store()) as store:
         ids = [
             store.save_run(run(str(i) * 40, f"2024-05-0{i + 1}T00:00:00+00:00"), [a100, bert])
             for i in range(4)
@@ -184,8 +221,8 @@ def test_runs_history_and_medians(tmp_path, records):
 # ------------------------------------------------------------------ JSON export / import
 
 
-def test_export_import_round_trip_is_idempotent_and_diffable(tmp_path, records):
-    src = tmp_path / "a.db"
+def test_export_import_round_trip_is_idempotent_and_diffable(tmp_path, records, new_store):
+    src = new_store("a.db")
     with Store(src) as store:
         first = store.save_run(run("1" * 40, "2024-01-01T00:00:00+00:00"), list(records.values()))
         store.save_run(run("2" * 40, "2024-01-02T00:00:00+00:00", A100), [records["a100"]])
@@ -201,7 +238,7 @@ def test_export_import_round_trip_is_idempotent_and_diffable(tmp_path, records):
         len(r.kernels) for r in records.values()
     ) + len(records["a100"].kernels)
 
-    dst = tmp_path / "b.db"
+    dst = new_store("b.db")
     with Store(dst) as store:
         ids = store.import_json(tmp_path / "a.json")
         assert store.import_json(tmp_path / "a.json") == ids  # nothing duplicated
@@ -230,10 +267,10 @@ def test_export_import_round_trip_is_idempotent_and_diffable(tmp_path, records):
         ),
     ],
 )
-def test_import_of_a_bad_file_adds_nothing(tmp_path, content, problem):
+def test_import_of_a_bad_file_adds_nothing(tmp_path, content, problem, new_store):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    with Store(tmp_path / "s.db") as store:
+    with Store(new_store()) as store:
         store.save_run(run("1" * 40, "2024-01-01T00:00:00+00:00"), [])
         with pytest.raises(BaselineError) as err:
             store.import_json(bad)
@@ -245,9 +282,9 @@ def test_import_of_a_bad_file_adds_nothing(tmp_path, content, problem):
 # ------------------------------------------------------------------ prune
 
 
-def test_prune_by_count_age_and_commit(tmp_path, records):
+def test_prune_by_count_age_and_commit(records, new_store):
     rec = records["bert"]
-    path = tmp_path / "s.db"
+    path = new_store()
     with Store(path) as store:
         h100 = [
             store.save_run(run(str(i) * 40, f"2024-03-{i + 1:02d}T00:00:00Z"), [rec])
@@ -273,78 +310,88 @@ def test_prune_by_count_age_and_commit(tmp_path, records):
 
 # ------------------------------------------------------------------ concurrency
 
-WORKER = """
-import json, pickle, sys, time
-from pathlib import Path
-from perfguard.baseline.record import Fingerprint, RunInfo
-from perfguard.baseline.store import Store
-
-store, recs, worker, n_runs, gate = sys.argv[1:]
-worker, n_runs, gate = int(worker), int(n_runs), Path(gate)
-records = pickle.loads(Path(recs).read_bytes())
-(gate / f"ready-{worker}").touch()
-deadline = time.monotonic() + 120
-while len(list(gate.glob("ready-*"))) < 8 and time.monotonic() < deadline:
-    time.sleep(0.005)
-fp = Fingerprint(gpu_name="NVIDIA H100", gpu_count=1, backend="torch", host=f"w{worker}")
-with Store(store) as s:  # all 8 open (and race to create) the store at once
-    ids = [s.save_run(RunInfo(f"{worker:02d}{k:038d}", "main", False,
-                              f"2024-01-01T00:{worker:02d}:{k:02d}+00:00", fp), records)
-           for k in range(n_runs)]
-print(json.dumps(ids))
-"""
-
-
-def test_eight_processes_write_one_store_at_once(tmp_path, records):
+def test_concurrent_writers_lose_duplicate_and_corrupt_nothing(tmp_path, records, new_store):
     recs = [records["a100"], records["bert"]]
-    (tmp_path / "recs.pkl").write_bytes(pickle.dumps(recs))
-    (tmp_path / "worker.py").write_text(WORKER)
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    path = tmp_path / "shared.db"
-    n_runs = 3
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(tmp_path / "worker.py"),
-                str(path),
-                str(tmp_path / "recs.pkl"),
-                str(w),
-                str(n_runs),
-                str(gate),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for w in range(8)
-    ]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
-    ids = [i for out, _ in outs for i in json.loads(out)]
-    assert len(ids) == len(set(ids)) == 8 * n_runs
-    with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
-    assert count(path, "runs") == 8 * n_runs
-    assert count(path, "tests") == 8 * n_runs * len(recs)
+    path = new_store("shared.db")
+    n_workers, n_runs = 4, 10
+    ids = run_writers(tmp_path, path, recs, n_workers, n_runs)
+    assert len(ids) == len(set(ids)) == n_workers * n_runs
+    if isinstance(path, Path):
+        assert sql(path, "PRAGMA integrity_check")[0][0] == "ok"
+        assert sql(path, "PRAGMA foreign_key_check") == []
+    assert count(path, "runs") == n_workers * n_runs
+    assert sql(path, 'SELECT count(DISTINCT "commit" || host) FROM runs')[0][0] == len(ids)
+    assert count(path, "tests") == n_workers * n_runs * len(recs)
     for name in FRAMES:
-        assert count(path, name) == 8 * n_runs * sum(len(getattr(r, name)) for r in recs)
+        assert count(path, name) == n_workers * n_runs * sum(len(getattr(r, name)) for r in recs)
     with Store(path) as store:
         runs = store.runs()
-        assert sorted(runs["host"].value_counts().tolist()) == [n_runs] * 8
-        for run_id in runs["run_id"].iloc[:: n_runs + 1]:  # a few, from different workers
+        assert sorted(runs["run_id"]) == sorted(ids)
+        assert sorted(runs["host"].value_counts().tolist()) == [n_runs] * n_workers
+        for run_id in runs["run_id"].iloc[:: n_runs - 1]:  # a few, from different workers
             _, loaded = store.load_run(int(run_id))
             for rec in recs:
                 assert_same_record(loaded[rec.nodeid], rec)
 
 
+KILLED = """
+import sys, time
+from pathlib import Path
+from perfguard.baseline import db, pg
+from perfguard.baseline.record import Fingerprint, RunInfo
+import pickle
+from perfguard.baseline.store import open_store
+
+store, recs, flag = sys.argv[1:]
+records = pickle.loads(Path(recs).read_bytes())
+with open_store(store) as s:
+    s.save_run(RunInfo("1" * 40, "main", False, "2024-01-01T00:00:00Z", Fingerprint()), records)
+    real = type(s.db).insert_rows
+    def insert_rows(self, table, columns, rows):
+        real(self, table, columns, rows)
+        if table == "op_samples":  # the run row, its tests and samples are written: stop here
+            Path(flag).touch()
+            time.sleep(600)
+    type(s.db).insert_rows = insert_rows
+    s.save_run(RunInfo("2" * 40, "main", False, "2024-01-02T00:00:00Z", Fingerprint()), records)
+"""
+
+
+def test_a_writer_killed_during_save_run_leaves_no_partial_run(tmp_path, records, new_store):
+    recs = [records["a100"], records["bert"]]
+    path = new_store()
+    (tmp_path / "recs.pkl").write_bytes(pickle.dumps(recs))
+    (tmp_path / "killed.py").write_text(KILLED)
+    flag = tmp_path / "inside-save-run"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "killed.py"), str(path), str(tmp_path / "recs.pkl"),
+         str(flag)], env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert flag.exists(), proc.stderr.read() if proc.poll() is not None else "no flag"
+    proc.send_signal(signal.SIGKILL)  # mid-transaction: rows of run 2 written, not committed
+    proc.communicate(timeout=60)
+    time.sleep(0.5)  # the server notices the closed connection and rolls back
+    with Store(path, create=False) as store:
+        runs = store.runs()
+        assert runs["commit"].tolist() == ["1" * 40]  # run 1 whole, nothing of run 2
+        # the store takes the next run at once: no lock is left behind by the dead writer
+        again = store.save_run(run("3" * 40, "2024-01-03T00:00:00Z"), recs)
+        _, loaded = store.load_run(again)
+        for rec in recs:
+            assert_same_record(loaded[rec.nodeid], rec)
+    assert count(path, "runs") == 2 and count(path, "tests") == 2 * len(recs)
+    for name in FRAMES:
+        assert count(path, name) == 2 * sum(len(getattr(r, name)) for r in recs), name
+    if isinstance(path, Path):
+        assert sql(path, "PRAGMA integrity_check")[0][0] == "ok"
+
+
 def test_a_locked_store_is_retried_then_refused_in_one_line(tmp_path, records, monkeypatch):
-    monkeypatch.setattr(store_mod, "BUSY_TIMEOUT_MS", 50)
+    monkeypatch.setattr(db_mod, "BUSY_TIMEOUT_MS", 50)
     path = tmp_path / "s.db"
     Store(path).close()
     blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -357,7 +404,7 @@ def test_a_locked_store_is_retried_then_refused_in_one_line(tmp_path, records, m
         assert time.monotonic() - started >= 0.5  # it waited for the lock, then wrote
         assert store.load_test(run_id, records["bert"].nodeid) is not None
         release.join()
-        monkeypatch.setattr(store_mod, "LOCK_BUDGET_S", 0.3)
+        monkeypatch.setattr(db_mod, "LOCK_BUDGET_S", 0.3)
         blocker.execute("BEGIN IMMEDIATE")
         with pytest.raises(BaselineError) as err:
             store.save_run(run("2" * 40, "2024-01-02T00:00:00Z"), [])
@@ -370,31 +417,62 @@ def test_a_locked_store_is_retried_then_refused_in_one_line(tmp_path, records, m
 # ------------------------------------------------------------------ schema versions
 
 
-def _schema(conn: sqlite3.Connection) -> dict[str, list[str]]:
-    sql = "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
-    tables = [r[0] for r in conn.execute(sql)]
-    return {t: [c[1] for c in conn.execute(f"PRAGMA table_info({t})")] for t in sorted(tables)}
+def _schema(location: Path | str) -> dict[str, list[str]]:
+    """Tables and their columns, in order, read without perfguard."""
+    if isinstance(location, Path):
+        q = "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+        tables = [r[0] for r in sql(location, q)]
+        return {t: [c[1] for c in sql(location, f"PRAGMA table_info({t})")] for t in sorted(tables)}
+    rows = sql(
+        location,
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position",
+    )
+    out: dict[str, list[str]] = {}
+    for table, column in rows:
+        out.setdefault(table, []).append(column)
+    return out
 
 
-def rewind_to_v1(path: Path) -> None:
+def rewind_to_v1(location: Path | str) -> None:
     """What a v1 store looked like: no kernels table, fingerprint only as JSON, no
     per-iteration CPU time (v3), no rounds, dtypes or counters (v4)."""
-    with sqlite3.connect(path, isolation_level=None) as conn:
-        conn.execute("ALTER TABLE samples DROP COLUMN round")
-        conn.execute("ALTER TABLE ops DROP COLUMN dtypes")
-        conn.execute("DROP TABLE counters")
-        conn.execute("ALTER TABLE samples DROP COLUMN cpu_time_ns")
-        conn.execute("DROP TABLE kernels")
-        conn.execute("DROP INDEX runs_commit")
-        for col in FINGERPRINT_COLUMNS:
-            conn.execute(f'ALTER TABLE runs DROP COLUMN "{col}"')
-        conn.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
+    statements = [
+        "ALTER TABLE samples DROP COLUMN round",
+        "ALTER TABLE ops DROP COLUMN dtypes",
+        "DROP TABLE counters",
+        "ALTER TABLE samples DROP COLUMN cpu_time_ns",
+        "DROP TABLE kernels",
+        "DROP INDEX runs_commit",
+        *(f'ALTER TABLE runs DROP COLUMN "{col}"' for col in FINGERPRINT_COLUMNS),
+        "UPDATE meta SET value='1' WHERE key='schema_version'",
+    ]
+    if isinstance(location, Path):
+        with sqlite3.connect(location, isolation_level=None) as conn:
+            for statement in statements:
+                conn.execute(statement)
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(location) as conn, conn.transaction():
+        for statement in statements:
+            conn.execute(statement)
 
 
-def test_v1_store_is_migrated_in_place_and_keeps_every_row(tmp_path, records):
-    path = tmp_path / "perfguard.db"
+def fresh_v1(location: Path | str) -> None:
+    """An empty store built by the frozen v1 migration alone."""
+    db = db_mod.open_database(location, create=True)
+    try:
+        with db.write():
+            _v1_initial(db)
+    finally:
+        db.close()
+
+
+def test_v1_store_is_migrated_in_place_and_keeps_every_row(tmp_path, records, new_store):
+    path = new_store("perfguard.db")
     recs = list(records.values())
     with Store(path) as store:
         ids = [
@@ -402,14 +480,11 @@ def test_v1_store_is_migrated_in_place_and_keeps_every_row(tmp_path, records):
             for i, fp in enumerate([H100, A100, H100])
         ]
     rewind_to_v1(path)
-    # the rewound file has exactly the shape the frozen v1 migration creates
-    fresh = sqlite3.connect(":memory:")
-    _v1_initial(fresh)
-    with sqlite3.connect(path) as conn:
-        assert _schema(conn) == _schema(fresh)
-        before = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _schema(conn)}
-    conn.close()
-    fresh.close()
+    # the rewound store has exactly the shape the frozen v1 migration creates
+    fresh = new_store("fresh.db")
+    fresh_v1(fresh)
+    assert _schema(path) == _schema(fresh)
+    before = {t: count(path, t) for t in _schema(path)}
 
     with Store(path) as store:
         assert store.schema_version == SCHEMA_VERSION
@@ -430,18 +505,18 @@ def test_v1_store_is_migrated_in_place_and_keeps_every_row(tmp_path, records):
             assert got.kernels.empty and got.counters.empty
         new = store.save_run(run("9" * 40, "2024-02-01T00:00:00Z"), recs)
         assert_same_record(store.load_test(new, recs[-1].nodeid), recs[-1])
-    with sqlite3.connect(path) as conn:
-        for table, n in before.items():
-            if table != "meta":
-                got = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-                assert got == n + (
-                    1
-                    if table == "runs"
-                    else len(recs)
-                    if table == "tests"
-                    else sum(len(getattr(r, table)) for r in recs)
-                )
-    conn.close()
+    for table, n in before.items():
+        if table != "meta":
+            got = count(path, table)
+            assert got == n + (
+                1
+                if table == "runs"
+                else len(recs)
+                if table == "tests"
+                else sum(len(getattr(r, table)) for r in recs)
+            )
+    if not isinstance(path, Path):
+        return  # a PostgreSQL migration is one transaction: no backup copy
     backup = tmp_path / "perfguard.db.v1.bak"
     with sqlite3.connect(backup) as conn:  # the pre-migration copy, complete
         assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
@@ -602,3 +677,111 @@ def test_cli_refuses_a_missing_store_and_a_prune_without_criteria(tmp_path, caps
 def test_metric_names_match_sample_columns():
     # the store reads the primary metric column through METRICS; a new metric needs a column
     assert set(METRICS.values()) <= set(FRAME_TYPES["samples"])
+
+
+# ------------------------------------------------------------------ PostgreSQL: bad servers
+
+
+def test_newer_schema_on_a_server_is_refused_and_left_alone(postgres_server):
+    url = postgres_server.new_database()
+    Store(url).close()
+    sql(url, f"UPDATE meta SET value='{SCHEMA_VERSION + 1}' WHERE key='schema_version'")
+    before = _schema(url)
+    with pytest.raises(BaselineError) as err:
+        Store(url)
+    msg = str(err.value)
+    assert msg.startswith(f"{url}: ") and "\n" not in msg
+    assert f"schema version {SCHEMA_VERSION + 1} is newer" in msg
+    assert _schema(url) == before
+    assert sql(url, "SELECT value FROM meta WHERE key='schema_version'") == [
+        (str(SCHEMA_VERSION + 1),)
+    ]
+
+
+def _refused(location: str, action, shown: str | None = None) -> str:
+    with pytest.raises(BaselineError) as err:
+        action()
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{shown or location}: "), msg
+    return msg
+
+
+def test_bad_urls_a_stopped_server_and_missing_rights_fail_in_one_line(postgres_server, tmp_path):
+    server = postgres_server
+    # a database of another application: refused, untouched
+    other = server.new_database()
+    sql(other, "CREATE TABLE users (id int)")
+    msg = _refused(other, lambda: Store(other))
+    assert "not a perfguard baseline store (a PostgreSQL schema with tables users)" in msg
+    assert _schema(other) == {"users": ["id"]}
+    # an empty database is not a store to read
+    empty = server.new_database()
+    assert "no tables in this database" in _refused(empty, lambda: Store(empty, create=False))
+    assert _schema(empty) == {}
+    # no such database, no server there, a malformed URL, an unknown scheme
+    missing = server.url("no_such_db")
+    assert 'database "no_such_db" does not exist' in _refused(missing, lambda: Store(missing))
+    down = f"postgresql://postgres@/x?host={tmp_path}"
+    assert "cannot connect" in _refused(down, lambda: Store(down))
+    bad = "postgresql://postgres@/x?hots=/tmp"
+    assert "bad store URL" in _refused(bad, lambda: Store(bad))
+    mysql = "mysql://root@localhost/x"
+    assert "unknown store URL scheme 'mysql'" in _refused(mysql, lambda: Store(mysql))
+    # a password never shows in a message
+    secret = f"postgresql://postgres:hunter2@/x?host={tmp_path}"
+    shown = f"postgresql://postgres:***@/x?host={tmp_path}"
+    assert "hunter2" not in _refused(secret, lambda: Store(secret), shown)
+
+    # a role that may read but not write, and may not create tables
+    store_url = server.new_database()
+    with Store(store_url) as store:
+        store.save_run(run("1" * 40, "2024-01-01T00:00:00Z"), [])
+    server.admin("DROP ROLE IF EXISTS reader; CREATE ROLE reader LOGIN")
+    dbname = urlsplit(store_url).path.lstrip("/")
+    server.admin("GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader", dbname)
+    as_reader = server.url(dbname, user="reader")
+    with Store(as_reader, create=False) as store:
+        assert len(store.runs()) == 1
+        msg = _refused(as_reader, lambda: store.save_run(run("2" * 40, "2024-01-02Z"), []))
+        assert "permission denied" in msg
+    new_db = urlsplit(server.new_database()).path.lstrip("/")
+    server.admin("REVOKE CREATE ON SCHEMA public FROM PUBLIC", new_db)
+    no_create = server.url(new_db, user="reader")
+    assert "permission denied" in _refused(no_create, lambda: Store(no_create))
+    hidden = urlsplit(server.new_database()).path.lstrip("/")
+    Store(server.url(hidden)).close()
+    no_read = server.url(hidden, user="reader")
+    assert "permission denied" in _refused(no_read, lambda: Store(no_read, create=False))
+    assert count(store_url, "runs") == 1
+
+
+def test_migrate_copies_a_sqlite_store_to_a_server_losslessly(tmp_path, records, postgres_server):
+    src = tmp_path / "perfguard.db"
+    recs = list(records.values())
+    with Store(src) as store:
+        for i, fp in enumerate([H100, A100, H100]):
+            store.save_run(run(f"{i:040x}", f"2024-01-0{i + 1}T00:00:00Z", fp), recs)
+        store.save_run(run("e" * 40, "2024-01-09T00:00:00Z", branch=None, dirty=True), [])
+    url = postgres_server.new_database()
+    done = cli("migrate", "--store", src, "--to", url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"copied 4 run(s) from {src} to {url}"
+    again = cli("migrate", "--store", src, "--to", url)
+    assert again.stdout.strip().endswith("copied 0 run(s) from " f"{src} to {url}; 4 already there")
+    for table in ("runs", "tests", *FRAMES):
+        assert count(url, table) == count(src, table), table
+    with Store(src) as a, Store(url) as b:
+        runs_a, runs_b = a.runs(), b.runs()
+        cols = ["commit", "branch", "dirty", "time", "perfguard_version", "n_tests", "fingerprint"]
+        assert runs_a[cols].equals(runs_b[cols])
+        for id_a, id_b in zip(runs_a["run_id"], runs_b["run_id"], strict=True):
+            info_a, loaded_a = a.load_run(int(id_a))
+            info_b, loaded_b = b.load_run(int(id_b))
+            assert info_a == info_b and sorted(loaded_a) == sorted(loaded_b)
+            for nodeid, rec in loaded_a.items():
+                assert_same_record(loaded_b[nodeid], rec)
+        a.export_json(tmp_path / "a.json")
+        b.export_json(tmp_path / "b.json")
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    listed = cli("list", "--store", url)
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 5

@@ -32,6 +32,7 @@ from perfguard.report.dlprof import (
     ITERATION_COLUMNS,
     KERNEL_COLUMNS,
     OP_TYPE_COLUMNS,
+    RANK_COLUMNS,
     TENSOR_COLUMNS,
 )
 
@@ -48,6 +49,7 @@ ALL_REPORTS = (
     "op_type",
     "group_node",
     "expert_systems",
+    "rank",
 )
 TIMEOUT = 180
 
@@ -60,6 +62,7 @@ HEADERS = {
     "op_type": list(OP_TYPE_COLUMNS.values()),
     "group_node": list(GROUP_COLUMNS.values()),
     "expert_systems": ["Check", "Severity", "Problem", "Evidence", "Recommendation"],
+    "rank": list(RANK_COLUMNS.values()),
 }
 
 

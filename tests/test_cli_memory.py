@@ -14,6 +14,7 @@ from numpy._core import multiarray
 
 from perfguard.cli import build_parser, main
 from perfguard.commands import memory
+from perfguard.report.dlprof import ALL_REPORTS
 
 EXAMPLE = (
     Path(__file__).resolve().parents[1]
@@ -60,7 +61,8 @@ def test_the_analyze_command_exits_through_it(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.rstrip().endswith("dlprof_expert_systems.csv")  # the last line arrived
+    last = f"dlprof_{ALL_REPORTS[-1]}.csv"
+    assert proc.stdout.rstrip().endswith(last)  # the last line arrived
     assert build_parser().parse_args(["analyze", "--database", "x"]).skip_teardown
 
 

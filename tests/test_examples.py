@@ -22,13 +22,12 @@ EXAMPLES = ("test_cnn_train_step.py::test_cnn_train_step",
 
 
 def _run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    """One session; fail-on=never because this is about the flow and its outputs, not
-    about whether two runs of an unchanged workload on a busy CI machine differ
-    (tests/test_plugin.py judges verdicts on controlled workloads)."""
+    """One session, exactly as the README's quick start runs it (no fail-on=never: the
+    second run on unchanged code must pass, however busy the CI machine is)."""
     return subprocess.run(
         [sys.executable, "-m", "pytest", "examples", "-q", "-p", "no:cacheprovider",
          "-p", "no:xdist", "--perfguard", f"--perfguard-output={out}",
-         f"--perfguard-store={out / 'perfguard.db'}", "--perfguard-fail-on=never", *extra],
+         f"--perfguard-store={out / 'perfguard.db'}", *extra],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 
@@ -54,10 +53,13 @@ def test_first_run_saves_a_baseline_and_the_second_compares_with_it(runs) -> Non
     assert results["baseline"]["run_id"] == 1
     assert sorted(t["nodeid"] for t in results["tests"]) == [f"examples/{e}" for e in EXAMPLES]
     for test in results["tests"]:
-        # judged against the first run on the same machine: a verdict, never "incomparable"
-        assert test["outcome"] in {"unchanged", "improved", "regressed"}, test["message"]
+        # judged against the first run on the same machine: unchanged code never reads
+        # regressed (noisy when the machine is too busy to resolve 5 %), never incomparable
+        assert test["outcome"] in {"unchanged", "improved", "noisy"}, test["message"]
+        assert test["gates"]["outcome"] == "unchanged", test["gates"]["message"]
         assert test["metric"] == "wall_time"  # CPU-only capture: no GPU time to compare
-        assert test["n_current"] == test["n_baseline"] == 20  # the markers' iterations
+        assert test["n_current"] == test["n_baseline"] == 5  # rounds
+        assert len(test["samples_current"]) == 5 * 20  # of the markers' 20 iterations
     assert "perfguard" in second.stdout and "report: " in second.stdout
 
 

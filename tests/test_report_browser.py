@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from perfguard.report.html import render_session_html
+from perfguard.report.html import render_session_html, write_session_html
 
 CHROMIUM = next(
     (p for n in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(n))), None
@@ -215,13 +215,38 @@ _ORDER = (
 )
 
 
+_ROWS = (
+    "Array.from(document.querySelectorAll('#tests tbody tr')).map(r => {"
+    " const b = r.getBoundingClientRect(); const s = getComputedStyle(r);"
+    " return [r.cells[0].textContent.trim(), r.getAttribute('data-outcome'),"
+    " b.width > 0 && b.height > 0 && s.visibility === 'visible' && s.display !== 'none',"
+    " r.cells[10].textContent.trim()]; })"
+)
+
+
 def test_report_has_no_console_errors_and_sorts_on_click(session, browser, tmp_path):
-    report = tmp_path / "report.html"
-    report.write_text(render_session_html(session["results"]), encoding="utf-8")
+    """The report of a session with every outcome (an error, a crashed and a not-judged
+    test among them), written as the plugin writes it."""
+    from test_report_html import CRASH_REASON, EXPECTED
+
+    report = write_session_html(session["results"], tmp_path / "report.html")
     browser.events.clear()
     browser.open(report.as_uri())
     assert browser.errors() == []
+    assert browser.eval("document.getElementById('badge').textContent") == "FAIL"
+    shown = browser.eval(_ROWS)
+    assert [(r[1]) for r in shown] == [o for _, o in EXPECTED]  # worst first
+    assert all(r[2] for r in shown), [r for r in shown if not r[2]]  # every row visible
+    by = {r[1]: r for r in shown}
+    assert by["crashed"][3] == CRASH_REASON and by["error"][3].startswith("the test requests")
+    assert by["not-judged"][3].startswith("too few rounds to judge timing")
+    sections = browser.eval(
+        "Array.from(document.querySelectorAll('section.test')).map(s => "
+        "[s.getAttribute('data-outcome'), s.getBoundingClientRect().height > 0])"
+    )
+    assert [s[0] for s in sections] == [o for _, o in EXPECTED] and all(s[1] for s in sections)
     assert browser.eval("document.querySelectorAll('section.test svg').length") >= 6
+    assert browser.eval("document.querySelectorAll('.halves .timing').length") == len(EXPECTED)
 
     before = browser.eval(_ORDER)
     browser.click("#tests thead th:nth-child(6)")  # "Δ median"
@@ -244,6 +269,14 @@ def test_report_has_no_console_errors_and_sorts_on_click(session, browser, tmp_p
     assert browser.errors() == []
 
     browser.eval("window.scrollTo(0, 0)")
+    advisory = dict(session["results"], settings={**session["results"]["settings"],
+                                                  "fail_on": "never"})  # fmt: skip
+    page = write_session_html(advisory, tmp_path / "advisory.html")
+    browser.open(page.as_uri())
+    assert browser.eval("document.getElementById('badge').textContent") == "ADVISORY"
+    colour = browser.eval("getComputedStyle(document.getElementById('badge')).backgroundColor")
+    assert colour == "rgb(154, 103, 0)"  # --warn: not the red of FAIL, not the green of PASS
+    browser.open(report.as_uri())
     shot = tmp_path / "report.png"
     browser.screenshot(shot)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
@@ -269,13 +302,13 @@ def test_error_collection_catches_script_errors_and_blocked_fetches(browser, tmp
 @pytest.fixture(scope="module")
 def session(fixture_file, cached_trace, tmp_path_factory) -> dict[str, Any]:
     """The real-results session of ``test_report_html`` (ResNet-50 fixture + CPU runs)."""
-    from test_report_html import RESNET, build_session
+    from test_report_html import RESNET, build_session, with_rounds
 
     from perfguard import analyze
     from perfguard.baseline.record import record_from_analysis
 
     resnet = record_from_analysis("base", analyze(cached_trace(fixture_file(RESNET))))
-    return build_session(resnet, tmp_path_factory.mktemp("cpu"))
+    return build_session(with_rounds(resnet, range(6)), tmp_path_factory.mktemp("cpu"))
 
 
 def test_analysis_page_has_no_console_errors_and_sorts(browser, tmp_path, fixture_file):

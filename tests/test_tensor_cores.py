@@ -7,7 +7,12 @@ The expected answers never come from perfguard:
   ``shared/reference/tensor_cores_flops.md`` (§1.2 name decoding, §1.3
   patterns per generation and library, §1.5 false positives); ``uses_tc`` is
   ``True``/``False`` or empty for "the name cannot tell". A test checks that
-  every name really occurs in the fixture it names.
+  every name really occurs in the fixture it names, and another that every
+  kernel name of every shared capture is in the table (459 names).
+* ``data/tc_kernel_labels_public.csv`` holds current GPUs' names (Blackwell
+  trtllm-gen ``bmm_*``/``fmhaSm100*``, CUTLASS 3.x ``sm100``, TensorRT,
+  nvFuser, DeepGEMM) copied from public traces and sources, each with its
+  reason and where it was found.
 * The synthetic names below (marked SYNTHETIC) cover patterns no fixture has
   (Volta/Turing TC kernels, Blackwell nvjet, int8, WMMA, Triton, fmha, FA
   helpers); they are built from the reference's examples.
@@ -35,6 +40,9 @@ from perfguard.analysis.tensor_cores import (
 )
 
 LABELS_CSV = Path(__file__).resolve().parent / "data" / "tc_kernel_labels.csv"
+#: current GPUs' names (Blackwell trtllm-gen, CUTLASS 3.x sm100, TensorRT, nvFuser) copied from
+#: public traces and sources, each with its reason and where it was found
+PUBLIC_CSV = Path(__file__).resolve().parent / "data" / "tc_kernel_labels_public.csv"
 _TRUTH = {"True": True, "False": False, "": None}
 
 
@@ -45,6 +53,8 @@ def _labels() -> pd.DataFrame:
 
 
 LABELS = _labels()
+PUBLIC = pd.read_csv(PUBLIC_CSV, dtype=str, keep_default_na=False)
+PUBLIC["expected"] = PUBLIC["uses_tc"].map(_TRUTH)
 
 
 def _as_objects(flags: pd.Series) -> list[bool | None]:
@@ -81,6 +91,48 @@ def test_classifier_agrees_with_every_labelled_name() -> None:
         if flag is not row.expected
     ]
     assert wrong == []
+
+
+def test_classifier_agrees_with_every_public_name_of_current_gpus() -> None:
+    assert len(PUBLIC) >= 20 and PUBLIC["name"].is_unique
+    assert (PUBLIC["reason"].str.len() > 0).all() and (PUBLIC["source"].str.len() > 0).all()
+    got = classify_kernels(PUBLIC["name"])
+    wrong = [
+        (name[:100], expected, flag, reason)
+        for name, expected, flag, reason in zip(
+            PUBLIC["name"],
+            PUBLIC["expected"],
+            _as_objects(got["uses_tc"]),
+            got["tc_reason"],
+            strict=True,
+        )
+        if flag is not expected
+    ]
+    assert wrong == []
+
+
+def test_unknown_only_where_the_name_cannot_tell() -> None:
+    """Every labelled name is decided except nvFuser's manually scheduled kernels
+    (``nvfuser_none_*``: the scheduler, hence MMA or not, is not in the name)."""
+    names = pd.concat([LABELS["name"], PUBLIC["name"]])
+    got = classify_kernels(names)
+    unknown = names[got["uses_tc"].isna().to_numpy()]
+    assert len(unknown) == 2
+    assert unknown.str.contains(r"(?:^|::)nvfuser_none_f\d", regex=True).all()
+
+
+def _assert_all_labelled(path: Path, cached_trace) -> None:
+    names = set(cached_trace(path).kernels["name"].dropna())
+    assert names - set(LABELS["name"]) == set(), path.name
+
+
+def test_every_kernel_name_of_every_nsys_fixture_is_labelled(nsys_file, cached_trace) -> None:
+    """The 100 % agreement above covers all of the shared captures, not a sample."""
+    _assert_all_labelled(nsys_file, cached_trace)
+
+
+def test_every_kernel_name_of_every_kineto_fixture_is_labelled(kineto_file, cached_trace) -> None:
+    _assert_all_labelled(kineto_file, cached_trace)
 
 
 @pytest.mark.parametrize("fixture", sorted(LABELS["fixture"].unique()))
@@ -229,7 +281,30 @@ SYNTHETIC = [
     ("triton_for_fused_0", False),
     ("matmul_kernel", None),  # user @triton.jit kernel from the Triton tutorial
     ("_attn_fwd", None),
-    ("nvfuser_pointwise_f0_c1_r0_g0", None),
+    ("nvfuser_pointwise_f0_c1_r0_g0", False),  # Fuser scheduler_types.cpp: no MMA
+    ("nvfuser_inner_outer_persistent_f2_c1_r0_g3", False),
+    ("nvfuser_transpose_f0_c1_r0_g0", False),
+    ("nvfuser_cutlass_f0_c1_r0_g0", True),  # Fuser cutlass scheduler: GEMMs on cc 10.0 only
+    # FlashInfer: decode is vector FMA, prefill uses mma (include/flashinfer/attention/*.cuh)
+    (
+        "void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u, 4u,"
+        " 8u, 16u, 1u, 4u, flashinfer::DefaultAttention<false, false, false, false>,"
+        " flashinfer::BatchDecodeParams<__half, __half, __half, int>>"
+        "(flashinfer::BatchDecodeParams<__half, __half, __half, int>)",
+        False,
+    ),
+    (
+        "void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits<"
+        "(flashinfer::MaskMode)1, 128u, 1u, 4u>>(flashinfer::BatchPrefillPagedParams<__half>)",
+        True,
+    ),
+    ("void flashinfer::MergeStatesKernel<8u, 16u, 8u, 4u, __half, __half>(__half*)", False),
+    (
+        "GemmGatedActKernel_Bfloat16_E2m1_Fp32_tile128x8x256_epilogueTile128x8_mma128x8x64_"
+        "cluster1x1x4_splitK4_transposeMmaOutput_sm100a",
+        True,
+    ),  # TRT-LLM trtllm-gen gated GEMM (cubin symbol without its _cubin suffix)
+    ("void genericReformat::copyPackedKernel<float, float, true, true>(int)", False),
     ("__myl_bb0_1_Gemm", None),
     # §1.5 false positives of broad patterns
     (

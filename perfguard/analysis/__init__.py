@@ -6,6 +6,7 @@ the CLI makes; everything it returns is a pandas DataFrame or Series.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +23,7 @@ from perfguard.analysis.kernels import aggregate_kernels
 from perfguard.analysis.ops import aggregate_ops, instance_rows, op_id_by_key, op_instances
 from perfguard.analysis.summary import iteration_table, run_summary
 from perfguard.trace.model import Trace
+from perfguard.trace.sanity import TIMED_TABLES, repair_times
 
 __all__ = ["Analysis", "analyze"]
 
@@ -53,6 +55,8 @@ class Analysis:
     window: pd.DataFrame
     #: things the reader should know once, e.g. why FLOP efficiency is empty
     notes: list[str] = field(default_factory=list)
+    #: whether ``--iter-start/--iter-stop`` restricted the figures to ``window``
+    restricted: bool = False
     #: derived tables computed on demand and kept (e.g. the expert findings)
     cache: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
@@ -72,6 +76,7 @@ def analyze(
     :class:`perfguard.AnalysisError` for a key node or range that selects
     nothing.
     """
+    trace = repaired(trace)
     intervals = iteration_intervals(trace, key_node)
     window = select_window(intervals, iter_start, iter_stop)
     restricted = iter_start is not None or iter_stop is not None
@@ -89,6 +94,7 @@ def analyze(
     add_tensor_cores(trace, acts, inst)
     notes = list(trace.notes) + add_flops(trace, acts, inst)
 
+    timeline = acts  # every activity: busy time inside an iteration counts them all
     if restricted:
         keep = window.set_index(["rank", "iteration"]).index
         inst = inst[_in(inst, keep)].reset_index(drop=True)
@@ -98,8 +104,8 @@ def analyze(
         )
     ops = aggregate_ops(inst)
     kernels = aggregate_kernels(acts, trace.kernels)
-    iterations = iteration_table(window, inst, acts)
-    summary = run_summary(trace, window if restricted else None, acts, inst, iterations)
+    iterations = iteration_table(window, inst, acts, timeline)
+    summary = run_summary(trace, window if restricted else None, acts, inst, iterations, timeline)
     return Analysis(
         notes=notes,
         trace=trace,
@@ -110,7 +116,19 @@ def analyze(
         iterations=iterations,
         summary=summary,
         window=window,
+        restricted=restricted,
     )
+
+
+def repaired(trace: Trace) -> Trace:
+    """``trace`` with intervals that end before they start clamped (and a note), or
+    a :class:`perfguard.TraceError` for timestamps beyond int64 arithmetic: the
+    readers repair what they read, this holds for a Trace from anywhere."""
+    tables = {t: getattr(trace, t) for t in TIMED_TABLES}
+    fixed, notes = repair_times(tables, trace.meta.get("path", "trace"))
+    if not notes:
+        return trace
+    return dataclasses.replace(trace, **fixed, notes=[*trace.notes, *notes])
 
 
 def _join_op(acts: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:

@@ -323,7 +323,13 @@ def _gemm_dims(shapes: str, dtypes: str) -> tuple[list[int], int] | None:
         sh, dt = json.loads(shapes), json.loads(dtypes)
     except (TypeError, ValueError):
         return None
-    mats = [(s, d) for s, d in zip(sh, dt, strict=False) if isinstance(s, list) and len(s) >= 2]
+    if not isinstance(sh, list) or not isinstance(dt, list):  # a damaged capture: 123, {}
+        return None
+    mats = [
+        (s, d)
+        for s, d in zip(sh, dt, strict=False)
+        if isinstance(s, list) and len(s) >= 2 and all(type(v) is int for v in s)
+    ]
     if len(mats) < 2 or mats[-2][1] not in _SIZE:
         return None
     (a, da), (b, _) = mats[-2], mats[-1]

@@ -75,7 +75,12 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
     # range_id == row number (finalize_ranges): per-range arrays are indexed by it
     ranged = instances["instance"].to_numpy(np.int64) >= 0
     cols = ["instance", "op_id", "op_name", "direction", "cpu_time"]
-    inst = instances.loc[ranged, cols + (["op_key"] if "op_key" in instances else [])]
+    cols += ["op_key"] if "op_key" in instances else []
+    k = int(ranged.sum())
+    if ranged[:k].all():  # the ranges come first (op_instances): a view, not a copy of
+        inst = instances.iloc[:k][cols]  # five columns of millions of rows
+    else:
+        inst = instances.loc[ranged, cols]
     inst_row = np.full(n, -1, dtype=np.int64)  # row of ``inst`` of each range, -1: outside
     inst_row[inst["instance"].to_numpy(np.int64)] = np.arange(len(inst))
     is_op = (r["kind"] == "op").to_numpy()

@@ -126,3 +126,39 @@ def segment_figures(
         "busy": busy,
     }
     return group[heads], figures
+
+
+def covered_within(
+    start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """Length of the union of the ``[start, end)`` intervals inside each window
+    ``[lo[i], hi[i])``.
+
+    The intervals are merged into disjoint blocks once (one sort, a running
+    maximum); the covered length up to any time is then a prefix sum found by
+    binary search, so each window costs O(log n) whatever it overlaps.
+    """
+    start = np.asarray(start, dtype=np.int64)
+    end = np.maximum(np.asarray(end, dtype=np.int64), start)
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.maximum(np.asarray(hi, dtype=np.int64), lo)
+    if not len(start):
+        return np.zeros(len(lo), dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    heads = np.flatnonzero(new)
+    block_start = s[heads]
+    block_end = reach[np.append(heads[1:] - 1, len(s) - 1)]
+    length = block_end - block_start
+    before = np.concatenate([[0], np.cumsum(length)])  # covered by blocks 0..k-1
+
+    def covered_until(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(block_start, t, side="right")  # blocks starting at or before t
+        last = np.clip(k - 1, 0, None)
+        partial = np.clip(t - block_start[last], 0, length[last])
+        return np.where(k > 0, before[last] + partial, 0)
+
+    return covered_until(hi) - covered_until(lo)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfguard.analysis.intervals import union_length
+from perfguard.analysis.intervals import covered_within, union_length
 from perfguard.analysis.iterations import rank_spans
 from perfguard.arrays import factorize, unique_first, unique_sorted
 from perfguard.trace.model import Trace
@@ -50,8 +50,50 @@ def _first_seen_codes(keys: pd.DataFrame) -> np.ndarray | None:
     return pd.factorize(combined)[0].astype(np.int64)
 
 
-def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame) -> pd.DataFrame:
+def busy_in_windows(acts: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """GPU busy time inside each window, per device: ``rank, iteration, device_id,
+    busy`` (the union of the device's activity intervals clipped to the window of
+    its rank, whoever launched them). One merge of intervals per (rank, device)."""
+    cols = ["rank", "iteration", "device_id", "busy"]
+    if acts.empty or windows.empty:
+        return pd.DataFrame({c: pd.Series(dtype=np.int64) for c in cols})
+    start, end = acts["start"].to_numpy(np.int64), acts["end"].to_numpy(np.int64)
+    parts = []
+    for (rank, device), rows in acts.groupby(["rank", "device_id"], sort=True).indices.items():
+        w = windows[windows["rank"] == rank]
+        if w.empty:
+            continue
+        busy = covered_within(start[rows], end[rows], w["start"].to_numpy(), w["end"].to_numpy())
+        parts.append(
+            pd.DataFrame(
+                {
+                    "rank": rank,
+                    "iteration": w["iteration"].to_numpy(np.int64),
+                    "device_id": device,
+                    "busy": busy,
+                }
+            )  # fmt: skip
+        )
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=np.int64) for c in cols})
+    return pd.concat(parts, ignore_index=True)[cols]
+
+
+def iteration_table(
+    window: pd.DataFrame,
+    inst: pd.DataFrame,
+    acts: pd.DataFrame,
+    timeline: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """Per (rank, iteration): time, op instances, kernels, GPU time and busy time.
+
+    Counts and GPU time are of the work each iteration *launched* (``acts``);
+    busy time and utilization are of the GPU *during* the iteration's interval,
+    whoever launched the work (``timeline``: every activity, also those of
+    iterations outside the window; ``acts`` when None). The two differ
+    because the GPU runs behind the CPU: the kernels an iteration launches
+    often finish in the next one, so their busy time over the launching
+    iteration's duration could exceed 100 %.
 
     Output: ``rank, iteration, start, end, duration, op_calls, kernel_count,
     memop_count, gpu_time, kernel_time, tc_kernel_time, gpu_busy, gpus,
@@ -83,10 +125,9 @@ def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame
         t["tc_kernel_time"] = a[tc].groupby(["rank", "iteration"])["dur"].sum()
     else:
         t["tc_kernel_time"] = 0
-    per_dev = _busy(a, ["rank", "iteration", "device_id"])
-    if len(per_dev):
-        dev = per_dev.rename("busy").reset_index()
-        dev.columns = ["rank", "iteration", "device_id", "busy"]
+    dev = busy_in_windows(acts if timeline is None else timeline, window)
+    dev = dev[dev["busy"] > 0]
+    if len(dev):
         dg = dev.groupby(["rank", "iteration"])
         t["gpu_busy"] = dg["busy"].sum()
         t["gpus"] = dg.size()
@@ -101,32 +142,49 @@ def iteration_table(window: pd.DataFrame, inst: pd.DataFrame, acts: pd.DataFrame
     return t.reset_index()[cols]
 
 
+def rank_walls(spans: pd.DataFrame, window: pd.DataFrame | None) -> pd.Series:
+    """Wall time per rank: its span (``rank_spans``) for the whole run, else the summed
+    duration of its iterations in ``window``."""
+    if window is None:
+        return (spans["t1"] - spans["t0"]).set_axis(spans["rank"])
+    return (window["end"] - window["start"]).groupby(window["rank"]).sum()
+
+
+def busy_by(acts: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Flattened busy time of ``acts`` per group of ``keys`` (a Series on those keys)."""
+    return _busy(acts, keys)
+
+
 def run_summary(
     trace: Trace,
     window: pd.DataFrame | None,
     acts: pd.DataFrame,
     inst: pd.DataFrame,
     iterations: pd.DataFrame,
+    timeline: pd.DataFrame | None = None,
 ) -> pd.Series:
     """The summary report as one Series of named figures.
 
     ``window`` is None for the whole run, else the selected iterations: wall
     time is then the summed duration of those iterations (per rank; the
-    longest rank counts).
+    longest rank counts), and busy time the GPU's inside them (``timeline``:
+    every activity, see :func:`iteration_table`).
     """
     spans = rank_spans(trace)
-    if window is None:
-        wall_by_rank = (spans["t1"] - spans["t0"]).set_axis(spans["rank"])
-    else:
-        wall_by_rank = (window["end"] - window["start"]).groupby(window["rank"]).sum()
+    wall_by_rank = rank_walls(spans, window)
     wall = int(wall_by_rank.max()) if len(wall_by_rank) else 0
 
     dur = (acts["end"] - acts["start"]).to_numpy()
     kernel = (acts["activity"] == "kernel").to_numpy()
-    busy_all = _busy(acts, ["rank", "device_id"])
-    busy_kernel = _busy(
-        acts.loc[kernel, ["rank", "device_id", "start", "end"]], ["rank", "device_id"]
-    )
+    if window is None:
+        busy_all = _busy(acts, ["rank", "device_id"])
+        busy_kernel = _busy(
+            acts.loc[kernel, ["rank", "device_id", "start", "end"]], ["rank", "device_id"]
+        )
+    else:  # busy inside the selected iterations only, as their wall time is
+        line = acts if timeline is None else timeline
+        busy_all = _window_busy(line, window)
+        busy_kernel = _window_busy(line[(line["activity"] == "kernel").to_numpy()], window)
     util = pd.Series(dtype=float)
     if len(busy_all):
         ranks = busy_all.index.get_level_values(0)
@@ -178,6 +236,13 @@ def run_summary(
         },
         dtype=object,
     )
+
+
+def _window_busy(acts: pd.DataFrame, window: pd.DataFrame) -> pd.Series:
+    """Busy time per (rank, device) summed over the windows, devices with any."""
+    dev = busy_in_windows(acts, window)
+    per = dev.groupby(["rank", "device_id"])["busy"].sum()
+    return per[per > 0]
 
 
 def _tc_utilization(inst: pd.DataFrame) -> float | None:

@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.arrays import factorize
+from perfguard.trace.pyprof import PYTHON_OP, python_op
 
 __all__ = [
     "KERNEL_RULES",
@@ -166,9 +167,9 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
         f"{REF} §1.2 (names without an MMA shape run on CUDA cores), §1.5",
     ),
     KernelRule(
-        _START + r"[sdhcz]cudnn(?![a-z])",
+        _START + r"[sdhczi]cudnn(?![a-z])",
         False,
-        "SIMT cuDNN kernel: no MMA shape (scudnn)",
+        "SIMT cuDNN kernel: no MMA shape (scudnn; icudnn is int8x4 DP4A)",
         f"{REF} §1.2 (volta_scudnn_*, maxwell_scudnn_winograd_*)",
     ),
     KernelRule(
@@ -200,6 +201,32 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
         f"{REF} §5.7 (PyProf prof/conv.py)",
     ),
     KernelRule(
+        _START + r"nvfuser_(?:pointwise|reduction|inner_persistent|outer_persistent"
+        r"|inner_outer_persistent|transpose|resize|greedy|no_op)_",
+        False,
+        "nvFuser kernel of a non-matmul scheduler (pointwise/reduction/persistent/...): no MMA",
+        f"{REF} §7 order; "
+        "NVIDIA/Fuser csrc/runtime/compiled_kernel.cpp createKernelId"
+        " (nvfuser_<scheduler>_f_c_r_g),"
+        " csrc/scheduler/scheduler_types.cpp; only the matmul/cutlass schedulers emit MMA",
+    ),
+    KernelRule(
+        r"xmma_pooling|genericReformat::|fmhaReductionKernel",
+        False,
+        "TensorRT pooling/reformat kernel or TRT-LLM FMHA multi-CTA reduction: no MMA",
+        f"{REF} §7 order; "
+        "public TensorRT profiles"
+        " (sm50_xmma_pooling_coalescedC_NHWC_kMAX_3_False_execute_kernel_trt,"
+        " genericReformat::copyPackedKernel); TRT-LLM trtllm-gen fmhaReductionKernel [own]",
+    ),
+    KernelRule(
+        r"flashinfer::\w*(?:Decode\w*Kernel|MergeStates\w*Kernel)",
+        False,
+        "FlashInfer decode (vector FMA on CUDA cores) or merge-states kernel",
+        f"{REF} §7 order; "
+        "flashinfer include/flashinfer/attention/decode.cuh (vec_size/bdx/bdy FMA), cascade.cuh",
+    ),
+    KernelRule(
         _START + r"triton_(?:poi|red|per|for|spl)_",
         False,
         "Inductor pointwise/reduction/persistent/foreach/scan Triton kernel",
@@ -211,6 +238,45 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
         True,
         "cuBLAS(Lt) 12.x nvjet GEMM (Hopper/Blackwell)",
         f"{REF} §1.2, §1.3 (nsys-ai#575, DCGM#251)",
+    ),
+    KernelRule(
+        _START + r"nvfuser_(?:matmul|cutlass)_",
+        True,
+        "nvFuser matmul/CUTLASS scheduler kernel: always an MMA macro (Turing..Blackwell)",
+        f"{REF} §7 order; "
+        "NVIDIA/Fuser csrc/scheduler/matmul.cpp (mma->setMacro), csrc/scheduler/cutlass.cpp"
+        " (GEMMs on cc 10.0 only)",
+    ),
+    KernelRule(
+        r"(?i:fmhaSm1\d\d)",
+        True,
+        "TensorRT-LLM/FlashInfer trtllm-gen FMHA for Blackwell (fmhaSm100f..., tcgen05 MMA)",
+        f"{REF} §7 order; "
+        "public B200 traces (fmhaSm100fKernel_QkvBfloat16OBfloat16H128PagedKv...); TensorRT-LLM"
+        " cpp/tensorrt_llm/kernels/trtllmGenKernels/fmha/cubin/FmhaSm100aKernel_QE4m3KvE2m1...",
+    ),
+    KernelRule(
+        r"(?<![A-Za-z])(?:bmm|[Gg]emm\w*?Kernel)_\w*?(?:E4m3|E5m2|E2m1|Bfloat16|Fp16)"
+        r"\w*?_(?:m|mma)\d+x\d+x\d+",
+        True,
+        "trtllm-gen (batched) GEMM with a block-scaled/16-bit dtype and an MMA shape (Blackwell)",
+        f"{REF} §7 order; "
+        "public B200 traces (bmm_E4m3_E4m3E4m3_Fp32_t128x8x128u2_s8_et64x8_m64x8x32_..._sm100f,"
+        " bmm_Bfloat16_E2m1E2m1_Fp32_...); TensorRT-LLM GemmGatedActKernel_..._mma128x8x64_...",
+    ),
+    KernelRule(
+        r"deep_gemm::\w*gemm\w*_impl",
+        True,
+        "DeepGEMM FP8/BF16 GEMM (Hopper WGMMA / Blackwell UMMA)",
+        f"{REF} §7 order; "
+        "deepseek-ai/DeepGEMM kernel names (deep_gemm::sm100_fp8_gemm_1d1d_impl<cute::UMMA...>)",
+    ),
+    KernelRule(
+        r"flashinfer::\w*Prefill\w*Kernel",
+        True,
+        "FlashInfer prefill attention (mma_sync / WGMMA)",
+        f"{REF} §7 order; "
+        "flashinfer include/flashinfer/attention/prefill.cuh (mma::mma_sync_m16n16k16...)",
     ),
     KernelRule(
         r"flash_fwd_kernel|flash_fwd_splitkv_kernel"
@@ -280,7 +346,8 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
         f"{REF} §1.2 (NVIDIA/cutlass#1341), §1.3 (xprof list)",
     ),
     KernelRule(
-        r"(?<![A-Za-z])(?:hmma|imma|dmma|qmma|wgmma|gmma|mma_sync)(?![a-z])|Gmma|Umma|Hmma|Imma",
+        r"(?<![A-Za-z])(?:hmma|imma|dmma|qmma|wgmma|gmma|mma_sync|tcgen05)(?![a-z])"
+        r"|Gmma|Umma|Hmma|Imma|::UMMA::|::GMMA::",
         True,
         "MMA instruction name (hmma/imma/wgmma/gmma)",
         f"{REF} §7 step 3",
@@ -598,10 +665,15 @@ OP_RULES: tuple[OpRule, ...] = (
 def op_leaf(names: pd.Series) -> pd.Series:
     """The op-type part of op names: the last ``/`` component, without a
     ``namespace::`` prefix or a trailing instance number (TF/ONNX ``_3``, HLO
-    ``.12``, perfguard's own repeat count ``(2)`` as in ``/Net/fc1/aten::addmm(2)``)."""
+    ``.12``, perfguard's own repeat count ``(2)`` as in ``/Net/fc1/aten::addmm(2)``), and
+    the op of PyProf's ``torch.nn.functional.conv2d`` / ``Tensor.__matmul__``."""
     s = pd.Series(names, copy=False).astype(object)
     leaf = s.str.rsplit("/", n=1).str[-1].str.rsplit("::", n=1).str[-1].str.strip()
-    return leaf.str.replace(r"(?:[._]\d+|\(\d+\))$", "", regex=True)
+    leaf = leaf.str.replace(r"(?:[._]\d+|\(\d+\))$", "", regex=True)
+    py = leaf.str.fullmatch(PYTHON_OP).fillna(False).astype(bool)
+    if py.any():  # PyProf: torch.nn.functional.conv2d, Tensor.__matmul__
+        leaf = leaf.where(~py, python_op(leaf[py]))
+    return leaf
 
 
 def op_tc_eligible(op_name_or_type: pd.Series, rules: tuple[OpRule, ...] = OP_RULES) -> pd.Series:

@@ -1,7 +1,8 @@
 """The store of results keyed by git commit and machine (see DESIGN.md, Baselines).
 
-``Store`` (SQLite file), git lookups (``repo_state``, ``default_baseline_ref``,
-``find_baseline``) and ``machine_fingerprint``. The git helpers import
+``Store`` / ``open_store`` (a SQLite file or a PostgreSQL URL), git lookups
+(``repo_state``, ``default_baseline_ref``, ``find_baseline``) and
+``machine_fingerprint``. The git helpers import
 GitPython only when called.
 """
 
@@ -16,7 +17,7 @@ from perfguard.baseline.git import (
     resolve,
 )
 from perfguard.baseline.record import Fingerprint, RunInfo, TestRecord, record_from_analysis
-from perfguard.baseline.store import DEFAULT_STORE, Store
+from perfguard.baseline.store import DEFAULT_STORE, Store, open_store
 
 __all__ = [
     "DEFAULT_STORE",
@@ -31,6 +32,7 @@ __all__ = [
     "default_baseline_ref",
     "find_baseline",
     "machine_fingerprint",
+    "open_store",
     "record_from_analysis",
     "repo_state",
     "resolve",

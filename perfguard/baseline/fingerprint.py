@@ -92,11 +92,14 @@ def _nvidia_smi() -> dict[str, Any]:
     }
 
 
-def machine_fingerprint(backend: str, *, devices: pd.DataFrame | None = None) -> Fingerprint:
+def machine_fingerprint(
+    backend: str, *, devices: pd.DataFrame | None = None, workers: int = 1
+) -> Fingerprint:
     """This machine's :class:`Fingerprint` for a run measured with ``backend``.
 
     ``devices`` is a trace's devices table; when it lists GPUs they name
     the GPU model and count (they are what the measured program saw).
+    ``workers``: test processes measuring at once (pytest-xdist's ``-n``).
     """
     from perfguard import __version__
 
@@ -117,6 +120,7 @@ def machine_fingerprint(backend: str, *, devices: pd.DataFrame | None = None) ->
         torch=torch_info.get("torch", ""),
         perfguard=__version__,
         backend=backend,
+        workers=max(int(workers), 1),
         host=platform.node(),
         python=platform.python_version(),
         cpu=cpu_model(),

@@ -28,6 +28,7 @@ __all__ = [
     "GitState",
     "default_baseline_ref",
     "find_baseline",
+    "first_parent_commits",
     "repo_state",
     "resolve",
 ]
@@ -162,6 +163,18 @@ def default_baseline_ref(repo_path: str | os.PathLike[str] = ".") -> str | None:
         repo.close()
 
 
+def first_parent_commits(
+    repo_path: str | os.PathLike[str], ref: str, *, max_depth: int = 1000
+) -> list[str]:
+    """Shas of ``ref`` and its first-parent ancestors, newest first (at most ``max_depth``)."""
+    repo = _open(repo_path)
+    try:
+        sha = _resolve(repo, repo_path, ref)
+        return [c.hexsha for c in repo.iter_commits(sha, first_parent=True, max_count=max_depth)]
+    finally:
+        repo.close()
+
+
 def find_baseline(
     store: Store,
     repo_path: str | os.PathLike[str],
@@ -177,12 +190,7 @@ def find_baseline(
     compared with, are skipped. ``exclude_run_id`` leaves out the run being
     measured now (it may already be saved under HEAD's commit).
     """
-    repo = _open(repo_path)
-    try:
-        sha = _resolve(repo, repo_path, ref)
-        walk = [c.hexsha for c in repo.iter_commits(sha, first_parent=True, max_count=max_depth)]
-    finally:
-        repo.close()
+    walk = first_parent_commits(repo_path, ref, max_depth=max_depth)
     runs = store.runs()
     if exclude_run_id is not None:
         runs = runs[runs["run_id"] != exclude_run_id]

@@ -64,16 +64,20 @@ class Fingerprint:
     host: str = field(default_factory=platform.node)
     python: str = field(default_factory=platform.python_version)
     cpu: str = field(default_factory=platform.processor)
+    #: test processes measuring at once (pytest-xdist's -n; 1 when serial): four workers
+    #: share the machine's cores, caches and memory bandwidth, a serial run does not
+    workers: int = 1
 
     def incompatibility(self, other: Fingerprint) -> str | None:
         """Why results measured on ``other`` cannot be compared with these, or None.
 
-        Same GPU model, same device count and same backend are required;
+        Same GPU model, same device count, same backend and the same number of
+        test processes measuring at once (``-n``) are required;
         versions and host are recorded for the reader but do not block.
         A CPU-only run is compared only with CPU-only runs on the same CPU
         model, since its figures are wall times of that CPU.
         """
-        for name in ("gpu_name", "gpu_count", "backend"):
+        for name in ("gpu_name", "gpu_count", "backend", "workers"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 return f"{name} differs: {theirs!r} (baseline) vs {mine!r} (current)"
@@ -352,8 +356,9 @@ def merge_rounds(records: list[TestRecord]) -> TestRecord:
         kernels = kfirst.reset_index()[list(first.kernels.columns)]
     counters = _merge_counters([r.counters for r in records])
     meta = dict(first.meta)
-    loads = [r.meta.get("load") for r in records if r.meta.get("load") is not None]
-    meta["load"] = float(np.mean(loads)) if loads else None
+    for key in ("load", "wait"):
+        seen = [r.meta.get(key) for r in records if r.meta.get(key) is not None]
+        meta[key] = float(np.mean(seen)) if seen else None
     meta["rounds"] = len(records)
     return TestRecord(
         first.nodeid, first.metric, pd.concat(samples, ignore_index=True),

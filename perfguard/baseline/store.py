@@ -1,16 +1,22 @@
-"""The baseline store: runs and their test records in one SQLite file.
+"""The baseline store: runs and their test records, in a SQLite file or on a PostgreSQL server.
 
-Several pytest workers (xdist) and CI jobs write to the same file, so every
-write is one ``BEGIN IMMEDIATE`` transaction in WAL mode with a busy timeout
-and a retry with backoff when SQLite still reports the file locked. The
-schema is versioned (``meta.schema_version``) and brought forward by an
-ordered list of migrations; before migrating an existing store the file is
-copied to ``<name>.v<N>.bak``, and no migration drops data. A file that is
-not a perfguard store, or one written by a newer perfguard, is refused with
-a one-line :class:`~perfguard.errors.BaselineError` and never modified.
+``open_store(location)`` (or ``Store(location)``) picks the backend: a
+``postgresql://`` URL is a server (:mod:`.pg`), anything else a SQLite file
+(:mod:`.db`), the embedded default. The logic here is written once, in SQL
+both engines run; how each engine locks, retries, bulk-inserts and reports
+errors lives in its backend. Every run is written in one transaction, so a
+run is in the store whole or not at all, whatever happens to the writer.
 
-Frames are written with sqlite-utils ``insert_all`` (one call per table per
-run, all records concatenated) and read back with one query per table.
+The schema is versioned (``meta.schema_version``) and brought forward by an
+ordered list of migrations (:mod:`.schema`), the same on both engines;
+before migrating an existing SQLite file it is copied to
+``<name>.v<N>.bak`` (a PostgreSQL migration is one transaction instead), and
+no migration drops data. A file or database that is not a perfguard store,
+or one written by a newer perfguard, is refused with a one-line
+:class:`~perfguard.errors.BaselineError` and never modified.
+
+Frames are written with one bulk insert per table per run (all records
+concatenated) and read back with one query per table.
 """
 
 from __future__ import annotations
@@ -18,22 +24,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
-import sqlite3
-import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import sqlite_utils
 
+from perfguard.baseline import db as db_mod
+from perfguard.baseline.db import Database, one_line, open_database
 from perfguard.baseline.frames import FRAME_TYPES, conform_frame
 from perfguard.baseline.record import METRICS, Fingerprint, RunInfo, TestRecord
 from perfguard.baseline.schema import (
-    APPLICATION_ID,
     FINGERPRINT_COLUMNS,
     FORMAT,
     MIGRATIONS,
@@ -41,7 +43,7 @@ from perfguard.baseline.schema import (
 )
 from perfguard.errors import BaselineError
 
-__all__ = ["DEFAULT_STORE", "SCHEMA_VERSION", "Store"]
+__all__ = ["DEFAULT_STORE", "SCHEMA_VERSION", "Store", "open_store"]
 
 #: where the plugin and the CLI keep the store, relative to the project root
 DEFAULT_STORE = Path("baselines") / "perfguard.db"
@@ -49,33 +51,33 @@ DEFAULT_STORE = Path("baselines") / "perfguard.db"
 #: ``format`` of the JSON files export_json writes
 EXPORT_FORMAT = "perfguard-baseline-export"
 
-BUSY_TIMEOUT_MS = 5_000
-#: total time a write keeps retrying a locked store before giving up
-LOCK_BUDGET_S = 60.0
-
-T = TypeVar("T")
-
-
 #: record frame -> table (same names); child tables of ``tests``
 FRAME_TABLES = tuple(FRAME_TYPES)
+
+_one_line = one_line
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
-
-
-def _is_locked(exc: BaseException) -> bool:
-    msg = str(exc).lower()
-    return isinstance(exc, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg)
-
-
 def _rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Plain Python rows for sqlite3 (missing values as None, numpy scalars unboxed)."""
+    """Plain Python rows (missing values as None, numpy scalars unboxed)."""
     obj = frame.astype(object)
     return obj.where(frame.notna(), None).to_dict("records")
+
+
+def _db_rows(name: str, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Rows of a conformed record frame as the store's columns hold them (flags as 0/1)."""
+    kinds = {"test_id": "int", **FRAME_TYPES[name]}
+    columns = []
+    for col in frame.columns:
+        values = frame[col].astype(object).tolist()
+        missing = frame[col].isna().to_numpy()
+        cast = int if kinds[col] in ("int", "nullable_int", "bool") else None
+        columns.append(
+            [None if m else (cast(v) if cast else v) for v, m in zip(values, missing, strict=True)]
+        )
+    return list(zip(*columns, strict=True))
 
 
 def _scalar(value: Any) -> bool:
@@ -109,40 +111,43 @@ def _meta_json(meta: dict[str, Any]) -> str:
     return json.dumps(meta, sort_keys=True, default=str)
 
 
+def open_store(location: str | os.PathLike[str], *, create: bool = True) -> Store:
+    """The store at ``location``: a ``postgresql://`` URL, or a SQLite file path.
+
+    ``create``: make the store (a SQLite file and its folder, or the tables
+    in an existing PostgreSQL database) when there is none yet; without it a
+    missing store is a BaselineError.
+    """
+    return Store(location, create=create)
+
+
+def store_location(text: str | os.PathLike[str]) -> str | Path:
+    """A store option's value as :func:`open_store` takes it: a URL as given, else a Path."""
+    return str(text) if db_mod.is_url(text) else Path(text)
+
+
 class Store:
-    """A perfguard baseline store at ``path`` (created, with its folder, when ``create``).
+    """A perfguard baseline store at ``location`` (created, with its folder, when ``create``).
 
     Use as a context manager or call :meth:`close`. Every public method
-    raises :class:`BaselineError` (one line naming the file) for a store it
-    cannot use: not SQLite, not perfguard's, newer schema, corrupt, locked
-    past the retry budget.
+    raises :class:`BaselineError` (one line naming the store) for a store it
+    cannot use: not SQLite or not reachable, not perfguard's, newer schema,
+    corrupt, locked past the retry budget, not permitted.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
-        self.path = Path(path)
-        self._db: sqlite_utils.Database | None = None
-        if self.path.is_dir():
-            raise BaselineError(f"{self.path}: is a directory, not a baseline store file")
-        if not self.path.exists():
-            if not create:
-                raise BaselineError(f"{self.path}: no baseline store here")
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise BaselineError(f"{self.path}: cannot create the store folder: {exc}") from None
+    def __init__(self, location: str | os.PathLike[str], *, create: bool = True) -> None:
+        self._db: Database | None = None
+        db = open_database(location, create=create)
+        #: the SQLite file, or None for a server store
+        self.path: Path | None = getattr(db, "path", None)
+        #: how messages name the store (a path, or the URL without its password)
+        self.name = db.name
+        self.dialect = db.dialect
         try:
-            conn = sqlite3.connect(
-                str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
-            )
-        except sqlite3.Error as exc:
-            raise BaselineError(f"{self.path}: cannot open: {_one_line(exc)}") from None
-        try:
-            with self._guard():
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                self._db = sqlite_utils.Database(conn)
-                self._open(create)
+            self._db = db
+            self._open(create)
         except BaseException:
-            conn.close()
+            db.close()
             self._db = None
             raise
 
@@ -156,180 +161,120 @@ class Store:
     def close(self) -> None:
         """Close the connection (idempotent)."""
         if self._db is not None:
-            self._db.conn.close()
+            self._db.close()
             self._db = None
 
     @property
-    def conn(self) -> sqlite3.Connection:
+    def db(self) -> Database:
         if self._db is None:
-            raise BaselineError(f"{self.path}: store is closed")
-        return self._db.conn
+            raise BaselineError(f"{self.name}: store is closed")
+        return self._db
 
     @property
     def schema_version(self) -> int:
-        with self._guard():
-            row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        with self.db.guard():
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         return int(row[0])
 
     def __repr__(self) -> str:
-        return f"Store({str(self.path)!r})"
+        return f"Store({self.name!r})"
 
     # ----------------------------------------------------------------- opening
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Turn SQLite's errors about the file into one-line BaselineErrors naming it."""
-        try:
-            yield
-        except (sqlite3.ProgrammingError, sqlite3.NotSupportedError):
-            raise  # our bug, not the file's
-        except sqlite3.DatabaseError as exc:
-            msg = _one_line(exc)
-            if _is_locked(exc):
-                raise BaselineError(
-                    f"{self.path}: store is locked by another writer ({msg})"
-                ) from None
-            hint = ""
-            if "not a database" in msg or "malformed" in msg or "corrupt" in msg:
-                hint = " (corrupt or truncated? restore it from git or a .bak copy)"
-            raise BaselineError(
-                f"{self.path}: cannot use the baseline store: {msg}{hint}"
-            ) from None
-
-    def _tables(self) -> list[str]:
-        rows = self.conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
-        ).fetchall()
-        return sorted(r[0] for r in rows)
-
     def _stored_version(self) -> int:
-        """The file's schema version: 0 for an empty file; refuses foreign or newer files."""
-        tables = self._tables()
+        """The store's schema version: 0 for an empty one; refuses foreign or newer ones."""
+        db = self.db
+        with db.guard():
+            tables = db.tables()
         if not tables:
             return 0
-        app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
         fmt = version = None
-        if "meta" in tables and app_id in (0, APPLICATION_ID):
+        with db.guard():
+            marker_ok = db.foreign_marker_ok()
+        if "meta" in tables and marker_ok:
             try:
-                kv = dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
-            except sqlite3.OperationalError:
+                with db.guard():
+                    kv = dict(db.execute("SELECT key, value FROM meta").fetchall())
+            except BaselineError as exc:
+                if "permission denied" in str(exc):
+                    raise  # a store this role may not read, not a foreign one
                 kv = {}
             fmt, version = kv.get("format"), kv.get("schema_version")
         if fmt != FORMAT or version is None:
             shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+            what = "an SQLite file" if db.dialect == "sqlite" else "a PostgreSQL schema"
             raise BaselineError(
-                f"{self.path}: not a perfguard baseline store (an SQLite file with tables {shown})"
+                f"{self.name}: not a perfguard baseline store ({what} with tables {shown})"
             )
         try:
             number = int(version)
         except ValueError:
-            raise BaselineError(f"{self.path}: bad schema_version {version!r} in meta") from None
+            raise BaselineError(f"{self.name}: bad schema_version {version!r} in meta") from None
         if number > SCHEMA_VERSION:
             raise BaselineError(
-                f"{self.path}: store schema version {number} is newer than this perfguard "
+                f"{self.name}: store schema version {number} is newer than this perfguard "
                 f"supports ({SCHEMA_VERSION}); upgrade perfguard to use it"
             )
         return number
 
     def _open(self, create: bool) -> None:
-        version = self._stored_version()  # read-only: a foreign file is never touched
+        version = self._stored_version()  # read-only: a foreign store is never touched
         if version == 0 and not create:
-            raise BaselineError(f"{self.path}: empty file, not a baseline store")
+            what = "empty file" if self.dialect == "sqlite" else "no tables in this database"
+            raise BaselineError(f"{self.name}: {what}, not a baseline store")
         if version < SCHEMA_VERSION:
-            self._retry(self._upgrade)
-        if self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            try:
-                self._retry(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
-            except BaselineError:
-                if os.access(self.path, os.W_OK):
-                    raise  # a read-only store is still readable without WAL
-        self.conn.execute("PRAGMA foreign_keys = ON")
+            self.db.retry(self._upgrade)
+        with self.db.guard():
+            self.db.finish_open()
 
     def _upgrade(self) -> None:
         """Create or migrate the schema under the write lock (another process may be first)."""
-        with self._write():
+        db = self.db
+        with db.write(exclusive=True):
             version = self._stored_version()
             if version == SCHEMA_VERSION:
                 return
             if version > 0:
-                self._backup(version)
+                db.backup(version)
             else:
-                self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                db.mark_new()
             for target, migrate in MIGRATIONS:
                 if target > version:
-                    migrate(self.conn)
-                    self.conn.execute(
-                        "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(target),)
+                    migrate(db)
+                    db.execute(
+                        "INSERT INTO meta VALUES ('schema_version', ?) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        (str(target),),
                     )
 
-    def _backup(self, version: int) -> Path:
-        """Copy the store as it is (a consistent snapshot) to ``<name>.v<N>.bak``."""
-        dest = self.path.with_name(f"{self.path.name}.v{version}.bak")
-        n = 1
-        while dest.exists():  # an earlier backup of the same version is kept too
-            n += 1
-            dest = self.path.with_name(f"{self.path.name}.v{version}-{n}.bak")
-        # a second connection reads while ours holds the write lock: a backup through the
-        # writing connection itself would wait for its own transaction forever
-        source = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000)
-        target = sqlite3.connect(str(dest))
-        try:
-            source.backup(target)
-        finally:
-            target.close()
-            source.close()
-        return dest
-
     # ----------------------------------------------------------------- writing
-    @contextmanager
-    def _write(self) -> Iterator[None]:
-        """One write transaction, taking the write lock up front (no upgrade deadlock)."""
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:  # also after a failed COMMIT, so a retry starts clean
-                conn.execute("ROLLBACK")
-            raise
-
-    def _retry(self, action: Callable[[], T]) -> T:
-        """Run ``action`` again, with growing randomised pauses, while SQLite says locked."""
-        deadline = time.monotonic() + LOCK_BUDGET_S
-        pause = 0.05
-        while True:
-            try:
-                with self._guard():
-                    try:
-                        return action()
-                    except sqlite3.OperationalError as exc:
-                        if not _is_locked(exc) or time.monotonic() + pause > deadline:
-                            raise
-            except BaselineError:
-                raise
-            time.sleep(pause * (0.5 + random.random()))
-            pause = min(pause * 2, 2.0)
-
     def save_run(self, run: RunInfo, records: Sequence[TestRecord]) -> int:
         """Store ``run`` and its test records in one transaction; returns the new run_id."""
         nodeids = [r.nodeid for r in records]
         if len(set(nodeids)) != len(nodeids):
             dup = next(n for n in nodeids if nodeids.count(n) > 1)
             raise ValueError(f"two records for test {dup!r} in one run")
+        frames = {
+            table: [conform_frame(table, getattr(r, table)) for r in records]
+            for table in FRAME_TABLES
+        }  # before the transaction: a frame that cannot be stored fails without a lock held
 
         def write() -> int:
-            with self._write():
-                return self._insert_run(run, records)
+            with self.db.write():
+                return self._insert_run(run, records, frames=frames)
 
-        return self._retry(write)
+        return self.db.retry(write)
 
     def _insert_run(
-        self, run: RunInfo, records: Sequence[TestRecord], version: str | None = None
+        self,
+        run: RunInfo,
+        records: Sequence[TestRecord],
+        version: str | None = None,
+        *,
+        frames: dict[str, list[pd.DataFrame]] | None = None,
     ) -> int:
         from perfguard import __version__
 
-        db = self._db
-        assert db is not None
+        db = self.db
         fp = run.fingerprint
         row = {
             "commit": run.commit,
@@ -340,33 +285,36 @@ class Store:
             "perfguard_version": version or __version__,
             **{name: getattr(fp, name) for name in FINGERPRINT_COLUMNS},
         }
-        run_id = int(db["runs"].insert(row).last_pk)
+        cols = ", ".join(f'"{c}"' for c in row)
+        marks = ", ".join("?" * len(row))
+        (run_id,) = db.execute(
+            f"INSERT INTO runs ({cols}) VALUES ({marks}) RETURNING run_id", list(row.values())
+        ).fetchone()
+        run_id = int(run_id)
         if not records:
             return run_id
-        db["tests"].insert_all(
-            {
-                "run_id": run_id,
-                "nodeid": r.nodeid,
-                "metric": r.metric,
-                "meta": _meta_json(r.meta),
-            }
-            for r in records
+        db.insert_rows(
+            "tests",
+            ("run_id", "nodeid", "metric", "meta"),
+            [(run_id, r.nodeid, r.metric, _meta_json(r.meta)) for r in records],
         )
-        ids = dict(self.conn.execute("SELECT nodeid, test_id FROM tests WHERE run_id=?", (run_id,)))
+        ids = dict(db.execute("SELECT nodeid, test_id FROM tests WHERE run_id=?", (run_id,)))
         for table in FRAME_TABLES:
-            parts = [
-                conform_frame(table, getattr(r, table)).assign(test_id=ids[r.nodeid])
-                for r in records
+            parts = (frames or {}).get(table) or [
+                conform_frame(table, getattr(r, table)) for r in records
             ]
-            frame = pd.concat(parts, ignore_index=True)
+            frame = pd.concat(
+                [p.assign(test_id=ids[r.nodeid]) for p, r in zip(parts, records, strict=True)],
+                ignore_index=True,
+            )
             if len(frame):
-                db[table].insert_all(_rows(frame), batch_size=500)
+                columns = ["test_id", *FRAME_TYPES[table]]
+                db.insert_rows(table, columns, _db_rows(table, frame[columns]))
         return run_id
 
     # ----------------------------------------------------------------- reading
     def _query(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
-        with self._guard():
-            return pd.read_sql_query(sql, self.conn, params=list(params))
+        return self.db.query(sql, params)
 
     def runs(self, commit: str | None = None) -> pd.DataFrame:
         """All runs (or those whose commit starts with ``commit``), oldest first.
@@ -376,7 +324,7 @@ class Store:
         """
         where, params = "", []
         if commit:
-            where, params = 'WHERE substr(r."commit", 1, ?) = ?', [len(commit), commit]
+            where, params = 'WHERE substr(r."commit", 1, length(?)) = ?', [commit, commit]
         cols = ", ".join(f'r."{c}"' for c in FINGERPRINT_COLUMNS)
         df = self._query(
             f"""SELECT r.run_id, r."commit", r.branch, r.dirty, r.time, {cols},
@@ -386,31 +334,35 @@ class Store:
             params,
         )
         df["dirty"] = df["dirty"].astype(bool)
+        df["n_tests"] = df["n_tests"].astype(np.int64)
+        df["run_id"] = df["run_id"].astype(np.int64)
         df["fingerprint"] = [Fingerprint.from_dict(json.loads(s)) for s in df["fingerprint"]]
         order = ["run_id", "commit", "branch", "dirty", "time", *FINGERPRINT_COLUMNS]
         return df[[*order, "perfguard_version", "n_tests", "fingerprint"]]
 
     def run_info(self, run_id: int) -> RunInfo:
         """The :class:`RunInfo` of one run; BaselineError if there is no such run."""
-        with self._guard():
-            row = self.conn.execute(
+        with self.db.guard():
+            row = self.db.execute(
                 'SELECT "commit", branch, dirty, time, fingerprint FROM runs WHERE run_id=?',
                 (int(run_id),),
             ).fetchone()
         if row is None:
-            raise BaselineError(f"{self.path}: no run {run_id}")
+            raise BaselineError(f"{self.name}: no run {run_id}")
         commit, branch, dirty, when, fp = row
         return RunInfo(commit, branch, bool(dirty), when, Fingerprint.from_dict(json.loads(fp)))
 
     def load_run(self, run_id: int) -> tuple[RunInfo, dict[str, TestRecord]]:
         """A run and its records by nodeid (frames in the types of :mod:`.frames`)."""
-        info = self.run_info(run_id)
-        return info, self._load_tests("t.run_id = ?", [int(run_id)])
+        with self.db.read():
+            info = self.run_info(run_id)
+            return info, self._load_tests("t.run_id = ?", [int(run_id)])
 
     def load_test(self, run_id: int, nodeid: str) -> TestRecord | None:
         """One test's record in a run, or None when that run did not record it."""
-        self.run_info(run_id)  # a missing run is an error, a missing test is not
-        found = self._load_tests("t.run_id = ? AND t.nodeid = ?", [int(run_id), nodeid])
+        with self.db.read():
+            self.run_info(run_id)  # a missing run is an error, a missing test is not
+            found = self._load_tests("t.run_id = ? AND t.nodeid = ?", [int(run_id), nodeid])
         return found.get(nodeid)
 
     def _load_tests(self, where: str, params: list[Any]) -> dict[str, TestRecord]:
@@ -421,18 +373,15 @@ class Store:
         )
         if tests.empty:
             return {}
-        ids = json.dumps([int(i) for i in tests["test_id"]])
+        ids = self.db.ids_param(tests["test_id"])
         frames: dict[str, dict[int, pd.DataFrame]] = {}
         for table in FRAME_TABLES:
             cols = ", ".join(f'"{c}"' for c in FRAME_TYPES[table])
-            with self._guard():
-                df = pd.read_sql_query(
-                    f"SELECT test_id, {cols} FROM {table} "
-                    "WHERE test_id IN (SELECT value FROM json_each(?)) ORDER BY test_id, rowid",
-                    self.conn,
-                    params=[ids],
-                    dtype_backend="numpy_nullable",
-                )
+            df = self._query(
+                f"SELECT test_id, {cols} FROM {table} "
+                f"WHERE {self.db.ids_in('test_id')} ORDER BY test_id, rowid",
+                [ids],
+            )
             frames[table] = {int(k): g.drop(columns="test_id") for k, g in df.groupby("test_id")}
         out = {}
         for tid, nodeid, metric, meta in tests.itertuples(index=False):
@@ -448,22 +397,22 @@ class Store:
         With ``fingerprint``, only runs comparable with it count. Columns:
         run_id, commit, time, metric, median_ns, n (samples in the run).
         """
-        cand = self._query(
-            """SELECT t.test_id, r.run_id, r."commit", r.time, t.metric, r.fingerprint
-               FROM tests t JOIN runs r ON r.run_id = t.run_id WHERE t.nodeid = ?
-               ORDER BY r.time DESC, r.run_id DESC""",
-            [nodeid],
-        )
-        if fingerprint is not None and len(cand):
-            fps = [Fingerprint.from_dict(json.loads(s)) for s in cand["fingerprint"]]
-            cand = cand[[fingerprint.incompatibility(fp) is None for fp in fps]]
-        cand = cand.head(max(int(limit), 0)).iloc[::-1].reset_index(drop=True)
-        ids = json.dumps([int(i) for i in cand["test_id"]])
-        samples = self._query(
-            "SELECT test_id, gpu_time_ns, wall_time_ns, cpu_time_ns FROM samples "
-            "WHERE test_id IN (SELECT value FROM json_each(?))",
-            [ids],
-        )
+        with self.db.read():
+            cand = self._query(
+                """SELECT t.test_id, r.run_id, r."commit", r.time, t.metric, r.fingerprint
+                   FROM tests t JOIN runs r ON r.run_id = t.run_id WHERE t.nodeid = ?
+                   ORDER BY r.time DESC, r.run_id DESC""",
+                [nodeid],
+            )
+            if fingerprint is not None and len(cand):
+                fps = [Fingerprint.from_dict(json.loads(s)) for s in cand["fingerprint"]]
+                cand = cand[[fingerprint.incompatibility(fp) is None for fp in fps]]
+            cand = cand.head(max(int(limit), 0)).iloc[::-1].reset_index(drop=True)
+            samples = self._query(
+                "SELECT test_id, gpu_time_ns, wall_time_ns, cpu_time_ns FROM samples "
+                f"WHERE {self.db.ids_in('test_id')}",
+                [self.db.ids_param(cand["test_id"])],
+            )
         metric_of = samples["test_id"].map(cand.set_index("test_id")["metric"])
         value = pd.Series(np.nan, index=samples.index)
         for metric, col in METRICS.items():
@@ -475,6 +424,32 @@ class Store:
         out["n"] = cand["test_id"].map(stats["count"]).fillna(0).astype(np.int64)
         out["run_id"] = out["run_id"].astype(np.int64)
         return out
+
+    def nodeids(self) -> list[str]:
+        """Every test with a record in the store, sorted."""
+        return sorted(self._query("SELECT DISTINCT nodeid FROM tests")["nodeid"].tolist())
+
+    def test_rows(self, nodeid: str, table: str) -> pd.DataFrame:
+        """One record table of a test across all its stored runs, in one query.
+
+        Columns: run_id, metric (the record's primary metric), then the
+        table's columns (:data:`~perfguard.baseline.frames.FRAME_TYPES`), rows
+        in run order and stored order within a run. What history views read
+        instead of loading every record whole.
+        """
+        if table not in FRAME_TYPES:
+            raise ValueError(f"unknown record table {table!r}")
+        cols = ", ".join(f'x."{c}"' for c in FRAME_TYPES[table])
+        df = self._query(
+            f"""SELECT t.run_id, t.metric, {cols} FROM {table} x
+                JOIN tests t ON t.test_id = x.test_id
+                WHERE t.nodeid = ? ORDER BY t.run_id, x.rowid""",
+            [nodeid],
+        )
+        return pd.concat(
+            [df[["run_id", "metric"]], conform_frame(table, df.drop(columns=["run_id", "metric"]))],
+            axis=1,
+        )
 
     # ----------------------------------------------------------------- JSON
     def export_json(
@@ -492,8 +467,8 @@ class Store:
         exported = []
         for run_id in run_ids:
             info, records = self.load_run(run_id)
-            with self._guard():
-                (version,) = self.conn.execute(
+            with self.db.guard():
+                (version,) = self.db.execute(
                     "SELECT perfguard_version FROM runs WHERE run_id=?", (int(run_id),)
                 ).fetchone()
             tests = {
@@ -547,23 +522,45 @@ class Store:
                 f"perfguard reads (<= {SCHEMA_VERSION})"
             )
         parsed = [self._parse_export_run(src, i, e) for i, e in enumerate(doc.get("runs") or [])]
+        return [run_id for run_id, _ in self._add_runs(lambda: iter(parsed))]
 
-        def write() -> list[int]:
-            ids = []
-            with self._write():
-                for info, records, version in parsed:
-                    existing = self.conn.execute(
-                        'SELECT run_id FROM runs WHERE "commit"=? AND time=? AND host IS ? '
-                        "ORDER BY run_id LIMIT 1",
+    def copy_from(self, other: Store) -> tuple[int, int]:
+        """Copy every run of ``other`` into this store, losslessly (records, run info, the
+        perfguard version that saved it), in one transaction; a run already here (same
+        commit, time, host) is skipped, so a copy can be repeated. Returns (added, skipped).
+        """
+
+        def source() -> Iterator[tuple[RunInfo, list[TestRecord], str | None]]:
+            versions = other.runs().set_index("run_id")["perfguard_version"]
+            for run_id, version in versions.items():
+                info, records = other.load_run(int(run_id))
+                yield info, list(records.values()), version
+
+        added = [new for _, new in self._add_runs(source)]
+        return sum(added), len(added) - sum(added)
+
+    def _add_runs(
+        self, runs: Callable[[], Iterator[tuple[RunInfo, list[TestRecord], str | None]]]
+    ) -> list[tuple[int, bool]]:
+        """Add the runs ``runs()`` gives that are not here yet, in one transaction:
+        (run_id, whether it was added) for each."""
+
+        def write() -> list[tuple[int, bool]]:
+            out = []
+            with self.db.write(exclusive=True):  # exclusive: two imports add a run once
+                for info, records, version in runs():
+                    existing = self.db.execute(
+                        'SELECT run_id FROM runs WHERE "commit"=? AND time=? '
+                        "AND host IS NOT DISTINCT FROM ? ORDER BY run_id LIMIT 1",
                         (info.commit, info.time, info.fingerprint.host),
                     ).fetchone()
                     if existing is not None:
-                        ids.append(int(existing[0]))
+                        out.append((int(existing[0]), False))
                     else:
-                        ids.append(self._insert_run(info, records, version))
-            return ids
+                        out.append((self._insert_run(info, records, version), True))
+            return out
 
-        return self._retry(write)
+        return self.db.retry(write)
 
     @staticmethod
     def _parse_export_run(
@@ -607,19 +604,19 @@ class Store:
         * ``commits``: runs of these commits (full or abbreviated shas).
         """
         if keep_last is None and older_than_days is None and not commits:
-            raise BaselineError(f"{self.path}: prune needs keep_last, older_than_days or commits")
+            raise BaselineError(f"{self.name}: prune needs keep_last, older_than_days or commits")
         if keep_last is not None and keep_last < 0:
-            raise BaselineError(f"{self.path}: keep_last must be >= 0, got {keep_last}")
+            raise BaselineError(f"{self.name}: keep_last must be >= 0, got {keep_last}")
         if older_than_days is not None and (
             not math.isfinite(older_than_days) or older_than_days < 0
         ):
-            raise BaselineError(f"{self.path}: older_than_days must be >= 0, got {older_than_days}")
+            raise BaselineError(f"{self.name}: older_than_days must be >= 0, got {older_than_days}")
 
         def write() -> int:
-            with self._write():
-                runs = pd.read_sql_query(
-                    'SELECT run_id, "commit", time, host, gpu_name, gpu_count, backend FROM runs',
-                    self.conn,
+            db = self.db
+            with db.write(exclusive=True):
+                runs = db.query(
+                    'SELECT run_id, "commit", time, host, gpu_name, gpu_count, backend FROM runs'
                 )
                 doomed = pd.Series(False, index=runs.index)
                 if keep_last is not None and len(runs):
@@ -635,16 +632,12 @@ class Store:
                     doomed |= (when < cutoff).fillna(False)
                 for prefix in commits or ():
                     doomed |= runs["commit"].str.startswith(prefix.strip().lower())
-                ids = json.dumps([int(i) for i in runs.loc[doomed, "run_id"]])
-                sub = "SELECT test_id FROM tests WHERE run_id IN (SELECT value FROM json_each(?))"
+                ids = db.ids_param(runs.loc[doomed, "run_id"])
+                sub = f"SELECT test_id FROM tests WHERE {db.ids_in('run_id')}"
                 for table in FRAME_TABLES:
-                    self.conn.execute(f"DELETE FROM {table} WHERE test_id IN ({sub})", (ids,))
-                self.conn.execute(
-                    "DELETE FROM tests WHERE run_id IN (SELECT value FROM json_each(?))", (ids,)
-                )
-                cur = self.conn.execute(
-                    "DELETE FROM runs WHERE run_id IN (SELECT value FROM json_each(?))", (ids,)
-                )
+                    db.execute(f"DELETE FROM {table} WHERE test_id IN ({sub})", (ids,))
+                db.execute(f"DELETE FROM tests WHERE {db.ids_in('run_id')}", (ids,))
+                cur = db.execute(f"DELETE FROM runs WHERE {db.ids_in('run_id')}", (ids,))
                 return int(cur.rowcount)
 
-        return self._retry(write)
+        return self.db.retry(write)

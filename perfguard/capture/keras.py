@@ -8,6 +8,24 @@ NVTX payload, so the message stays one registered string). The ranges go
 through :mod:`perfguard.capture.annotate`, so under Keras 3's torch backend
 a torch profiler sees them too.
 
+With ``profiler_steps=True`` each train batch is also a TensorFlow profiler
+step (``tf.profiler.experimental.Trace("perfguard.iteration", step_num=N,
+_r=1)``, N counted across epochs), so a ``tf.profiler`` or TensorBoard
+capture of ``model.fit`` has one iteration per batch (the XSpace reader
+turns steps into ``ProfilerStep#N``); it needs TensorFlow loaded and is off
+by default, since a capturer that marks its own steps around ``fit`` would
+then see two sets of steps.
+
+NVTX ranges *inside* a ``tf.function`` graph (per op, as nvtx-plugins-tf's
+compiled ``NvtxStart``/``NvtxEnd`` ops did) cannot come from Python: a graph
+runs in TensorFlow's C++ executor, and the only Python hook inside it,
+``tf.py_function``, serialises the graph and holds the GIL around every op it
+wraps. TensorFlow itself emits one NVTX range per op when run with
+``TF_ENABLE_NVTX_RANGES=1`` (its CUDA builds, ``tensorflow/core/profiler``
+``nvtx_utils``; ``perfguard profile --backend nsys`` sees them), and its own
+profiler records every graph op: capture with
+:mod:`perfguard.capture.tensorflow` for per-op figures of graphs.
+
 Importable without TensorFlow or Keras: the base class is
 ``keras.callbacks.Callback`` when Keras imports, else a plain stand-in with
 the same hook methods (enough to call them directly, as the tests do).
@@ -18,6 +36,7 @@ only where a Keras callback is wanted.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 _annotate = importlib.import_module("perfguard.capture.annotate")
@@ -78,7 +97,8 @@ class NvtxCallback(_Base):  # type: ignore[misc, valid-type]
     ``perfguard.iteration`` per train batch, ``keras.test_batch`` and
     ``keras.predict_batch`` per evaluation and prediction batch. Epoch and batch
     numbers are the NVTX payload. ``batches=False`` keeps only phases and epochs
-    (per-batch ranges cost a few microseconds each).
+    (per-batch ranges cost a few microseconds each). ``profiler_steps=True``
+    also marks train batches as TensorFlow profiler steps (module docstring).
     """
 
     TRAIN_BATCH = ITERATION_RANGE
@@ -89,11 +109,15 @@ class NvtxCallback(_Base):  # type: ignore[misc, valid-type]
         domain: str | None = None,
         color: str | int | None = None,
         batches: bool = True,
+        profiler_steps: bool = False,
     ) -> None:
         super().__init__()
         self.domain = domain
         self.color = color
         self.batches = batches
+        self.profiler_steps = profiler_steps
+        self._steps = 0
+        self._step: Any = None
         self._open: dict[str, list[tuple[Any, Any]]] = {}
         self._ranges: dict[tuple[str, int | None], Any] = {}
 
@@ -127,10 +151,23 @@ class NvtxCallback(_Base):  # type: ignore[misc, valid-type]
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.batches:
             self._begin(self.TRAIN_BATCH, batch)
+        if self.profiler_steps:
+            self._begin_step()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._step is not None:
+            self._step.__exit__(None, None, None)
+            self._step = None
         if self.batches:
             self._end(self.TRAIN_BATCH)
+
+    def _begin_step(self) -> None:
+        tf = sys.modules.get("tensorflow")
+        if tf is None or self._step is not None:
+            return
+        self._step = tf.profiler.experimental.Trace(ITERATION_RANGE, step_num=self._steps, _r=1)
+        self._step.__enter__()
+        self._steps += 1
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._begin("keras.test")

@@ -11,7 +11,14 @@ load of the others (0 on an idle machine, about 1 with one busy process per
 core). The verdict uses it to refuse comparing a busy round with a quiet
 baseline (:mod:`perfguard.compare.timing`).
 
-Linux only; elsewhere (or when /proc cannot be read) the load is NaN and
+Beside it, the share of the round's wall time that the measuring thread
+spent *runnable but waiting for a CPU* (``/proc/thread-self/schedstat``,
+the scheduler's run delay): how much the machine, not the code, stretched
+this round's wall time. A sleep-bound test on a busy machine waits little;
+a CPU-bound one with a busy process per core waits half the time. The
+verdict raises its threshold by the difference from the baseline's wait.
+
+Linux only; elsewhere (or when /proc cannot be read) both are NaN and
 nothing is refused. Standard library only.
 """
 
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 
 def _machine() -> tuple[int, int] | None:
@@ -48,6 +56,15 @@ def _own() -> int | None:
     return int(rest[11]) + int(rest[12])  # utime, stime (fields 14 and 15)
 
 
+def _run_delay() -> int | None:
+    """Nanoseconds this thread has waited on a run queue (scheduler statistics)."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as fh:
+            return int(fh.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def load_of(ticks: list[tuple[int, int]]) -> float:
     """The others' share over several rounds (their ticks added: short rounds are coarse)."""
     total = sum(t for _, t in ticks)
@@ -60,9 +77,19 @@ class LoadProbe:
     def __init__(self) -> None:
         self._m: tuple[int, int] | None = None
         self._o: int | None = None
+        self._d: int | None = None
+        self._t = 0
 
     def start(self) -> None:
         self._m, self._o = _machine(), _own()
+        self._d, self._t = _run_delay(), time.perf_counter_ns()
+
+    def waited(self) -> tuple[int, int] | None:
+        """(ns this thread waited for a CPU, ns of wall time) since :meth:`start`."""
+        d, t = _run_delay(), time.perf_counter_ns()
+        if d is None or self._d is None or t <= self._t:
+            return None
+        return max(0, d - self._d), t - self._t
 
     def stop(self) -> tuple[int, int] | None:
         m, o = _machine(), _own()

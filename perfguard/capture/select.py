@@ -26,7 +26,7 @@ from perfguard.capture.nsys import ExportMode, NsysBackend
 from perfguard.capture.torch_profiler import TorchBackend
 from perfguard.errors import CaptureError
 
-BACKENDS = ("auto", "nsys", "torch")
+BACKENDS = ("auto", "nsys", "torch", "tf", "jax")
 _DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
@@ -62,6 +62,14 @@ def select_backend(
         if not ok:
             raise CaptureError(reason)
         return TorchBackend(why="the torch backend was requested")
+    if key in ("tf", "jax"):  # the TensorFlow / JAX profiler around a Python program
+        from perfguard.capture.xspace_runner import XSpaceBackend
+
+        xspace = XSpaceBackend(key, why=f"the {key} backend was requested")
+        ok, reason = xspace.available()
+        if not ok:
+            raise CaptureError(reason)
+        return xspace
     if key == "auto":
         return _auto(nsys, export_mode)
     raise CaptureError(f"unknown capture backend {name!r}: choose from {', '.join(BACKENDS)}")

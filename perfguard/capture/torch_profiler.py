@@ -24,9 +24,11 @@ Iterations. The runner adds no markers of its own. A program marks each
 iteration with a ``perfguard.iteration`` range, e.g.
 ``with torch.profiler.record_function("perfguard.iteration"): train_step()``,
 and the analysis numbers them 0, 1, ...; or the analysis is given a key node
-(``--key-node NAME``). A program must not start its own ``torch.profiler``
-under the runner (Kineto allows one session per process): the runner sets
-``PERFGUARD_CAPTURE=torch`` so a program can skip its own profiling.
+(``--key-node NAME``). A program may start its own ``torch.profiler`` under
+the runner: Kineto allows one session per process, so perfguard's steps aside
+and the program's session becomes the capture (see :class:`_StepAside`). The
+runner sets ``PERFGUARD_CAPTURE=torch`` so a program can skip its own
+profiling instead.
 
 A program that fails (non-zero exit or an exception) still leaves its
 trace; :meth:`TorchBackend.capture` then raises :class:`CaptureError` whose
@@ -37,14 +39,16 @@ trace; :meth:`TorchBackend.capture` then raises :class:`CaptureError` whose
 
 from __future__ import annotations
 
+import gzip
 import importlib.metadata
 import importlib.util
 import os
 import re
+import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -112,6 +116,8 @@ class TorchProfile:
     path: Path
     device: str
     profiler: Any
+    #: what the capture should say about itself (the program's own profiler took over)
+    notes: list[str] = field(default_factory=list)
 
 
 @contextmanager
@@ -145,16 +151,141 @@ def profile_torch(
         profile_memory=profile_memory,
     )
     handle = TorchProfile(path=out, device=dev, profiler=prof)
-    try:
-        with prof:
-            yield handle
-    except BaseException:
+    guard = _StepAside(torch, prof, out)
+    handle.notes = guard.notes
+    with guard:
+        prof.start()
+        guard.active = True
         try:
-            _export(prof, out)
-        except CaptureError as exc:  # keep the body's exception; say why there is no trace
-            print(f"perfguard: {exc}", file=sys.stderr)
-        raise
-    _export(prof, out)
+            yield handle
+        except BaseException:
+            try:
+                guard.finish()
+            except CaptureError as exc:  # keep the body's exception; say why there is no trace
+                print(f"perfguard: {exc}", file=sys.stderr)
+            raise
+        guard.finish()
+
+
+class _StepAside:
+    """Lets the profiled program run its own ``torch.profiler`` (or
+    ``torch.autograd.profiler.profile``) under ours.
+
+    Kineto holds one session per process. A second one started inside ours
+    used to take the session over; ours then stopped a session that was no
+    longer there and the process died (SIGSEGV) writing the trace. Now, while
+    installed, the first profiler session the program prepares makes ours step
+    aside: ours stops and writes what it has (the run up to there), the
+    program's runs as the program asked, and when it stops its trace replaces
+    ours as the capture (the last session, when it runs several). A note on
+    stderr says so: the capture then has the program's profiler settings.
+    """
+
+    def __init__(self, torch: Any, ours: Any, out: Path) -> None:
+        self.cls = torch.autograd.profiler.profile
+        self.ours = ours
+        self.out = out
+        self.active = False  # ours is recording
+        self.displaced = False  # the program's profiler took over
+        self.notes: list[str] = []
+        self._saved: dict[str, Any] = {}
+        self._files: list[Path] = []  # the program's sessions, saved once (see _save_session)
+
+    def __enter__(self) -> _StepAside:
+        prepare, leave = self.cls._prepare_trace, self.cls.__exit__
+        self._saved = {"_prepare_trace": prepare, "__exit__": leave}
+        guard = self
+
+        def _prepare_trace(session: Any) -> Any:
+            if guard.active and session is not guard.ours.profiler:
+                guard.step_aside()
+            return prepare(session)
+
+        def __exit__(session: Any, *exc: Any) -> Any:
+            result = leave(session, *exc)
+            if guard.displaced and session is not guard.ours.profiler:
+                guard.take(session)
+            return result
+
+        self.cls._prepare_trace = _prepare_trace
+        self.cls.__exit__ = __exit__
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, fn in self._saved.items():
+            setattr(self.cls, name, fn)
+        for f in self._files:
+            f.unlink(missing_ok=True)
+
+    def step_aside(self) -> None:
+        """Stop ours and write what it has, before the program's session starts."""
+        self.active = False
+        self.displaced = True
+        self.ours.stop()
+        _export(self.ours, self.out)
+        note = (
+            "the program started its own torch profiler: perfguard's stepped aside (one "
+            "profiler session per process), and the capture is the program's own session"
+        )
+        self.notes.append(note)
+        print(f"perfguard: note: {note}", file=sys.stderr)
+
+    def take(self, session: Any) -> None:
+        """The program's session ended: its trace becomes the capture."""
+        try:
+            self._files.append(_save_session(session, self.out))
+        except Exception as exc:  # noqa: BLE001 - ours (written at step-aside) stays
+            print(f"perfguard: note: the program's profiler trace could not be kept "
+                  f"({type(exc).__name__}: {exc}); the capture stops where it started",
+                  file=sys.stderr)  # fmt: skip
+
+    def finish(self) -> None:
+        """Stop ours and write its trace, unless it stepped aside already."""
+        if self.active:
+            self.active = False
+            self.ours.stop()
+            _export(self.ours, self.out)
+
+
+def _save_session(session: Any, out: Path) -> Path:
+    """Write an ``autograd.profiler.profile`` session's Kineto trace to ``out`` (gzip
+    when it ends in ``.gz``), replacing it only once the new trace is whole.
+
+    Kineto saves a session's results once only ("Trace is already saved"), and
+    the program will want to export them itself: they are saved here to a
+    plain JSON file first, and the session's results are wrapped so that the
+    program's own later save copies that file instead. Returns that file (the
+    caller removes it once the program is done).
+    """
+    plain = out.with_name(f".{out.name}.{os.getpid()}.{id(session)}.json")
+    session.kineto_results.save(str(plain))
+    session.kineto_results = _SavedResults(session.kineto_results, plain)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        if out.name.endswith(".gz"):
+            with open(plain, "rb") as src, gzip.open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            shutil.copyfile(plain, tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return plain
+
+
+class _SavedResults:
+    """Kineto results already saved to ``plain``: ``save`` copies that file, anything
+    else goes to the real results (events, start time, ...)."""
+
+    def __init__(self, results: Any, plain: Path) -> None:
+        self._results = results
+        self._plain = plain
+
+    def save(self, path: str) -> None:
+        shutil.copyfile(self._plain, path)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._results, name)
 
 
 def _export(prof: Any, out: Path) -> None:

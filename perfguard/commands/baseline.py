@@ -1,4 +1,4 @@
-"""``perfguard baseline list|show|export|import|prune``: look after the baseline store.
+"""``perfguard baseline list|show|export|import|prune|migrate``: look after the baseline store.
 
 A thin client of :class:`perfguard.baseline.store.Store`; every error it
 raises is one line naming the store or file (exit 2 via ``perfguard.cli``).
@@ -14,21 +14,29 @@ from perfguard.commands import argtypes
 DEFAULT_STORE = "baselines/perfguard.db"
 
 
+def store_option() -> argparse.ArgumentParser:
+    """A parent parser with ``--store PATH_OR_URL`` (shared by the commands that read it)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--store",
+        default=DEFAULT_STORE,
+        metavar="PATH_OR_URL",
+        help=f"baseline store: a SQLite file (default: {DEFAULT_STORE}) or a "
+        "postgresql:// URL",
+    )
+    return parent
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``baseline`` and its subcommands."""
     parser = subparsers.add_parser(
         "baseline",
         help="list, show, export, import or prune the runs in a baseline store",
-        description="Look after the SQLite store of baseline runs (one run per pytest "
-        "session, keyed by git commit and machine).",
+        description="Look after the store of baseline runs (one run per pytest session, "
+        "keyed by git commit and machine): a SQLite file, or a PostgreSQL server given as "
+        "postgresql://user@host/dbname.",
     )
-    store_opt = argparse.ArgumentParser(add_help=False)
-    store_opt.add_argument(
-        "--store",
-        default=DEFAULT_STORE,
-        metavar="PATH",
-        help=f"baseline store file (default: {DEFAULT_STORE})",
-    )
+    store_opt = store_option()
     sub = parser.add_subparsers(dest="baseline_command", metavar="ACTION")
     sub.required = True
 
@@ -70,6 +78,19 @@ def add_parser(subparsers: Any) -> None:
     )
     p.set_defaults(func=run_prune, _parser=p)
 
+    p = sub.add_parser(
+        "migrate",
+        parents=[store_opt],
+        help="copy every run of the store into another one (e.g. a PostgreSQL server)",
+    )
+    p.add_argument(
+        "--to",
+        required=True,
+        metavar="PATH_OR_URL",
+        help="the store to copy into (created when empty); runs already there are skipped",
+    )
+    p.set_defaults(func=run_migrate)
+
 
 def _human(ns: float) -> str:
     """A duration in the unit that keeps it readable (the store keeps ns)."""
@@ -90,9 +111,9 @@ def _machine(row: Any) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import Store
+    from perfguard.baseline.store import open_store
 
-    with Store(args.store, create=False) as store:
+    with open_store(args.store, create=False) as store:
         runs = store.runs(commit=args.commit)
     if runs.empty:
         print(f"no runs in {args.store}" + (f" for commit {args.commit}" if args.commit else ""))
@@ -111,9 +132,9 @@ def run_show(args: argparse.Namespace) -> int:
     import numpy as np
     import pandas as pd
 
-    from perfguard.baseline.store import Store
+    from perfguard.baseline.store import open_store
 
-    with Store(args.store, create=False) as store:
+    with open_store(args.store, create=False) as store:
         info, records = store.load_run(args.run_id)
         row = store.runs(commit=info.commit)
     row = row[row["run_id"] == args.run_id].iloc[0]
@@ -142,18 +163,18 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import Store
+    from perfguard.baseline.store import open_store
 
-    with Store(args.store, create=False) as store:
+    with open_store(args.store, create=False) as store:
         count = store.export_json(args.output, args.run_ids or None)
     print(f"exported {count} run(s) to {args.output}")
     return 0
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import Store
+    from perfguard.baseline.store import open_store
 
-    with Store(args.store) as store:
+    with open_store(args.store, create=True) as store:
         before = set(store.runs()["run_id"])
         ids = store.import_json(args.file)
     added = [i for i in ids if i not in before]
@@ -166,14 +187,27 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import Store
+    from perfguard.baseline.store import open_store
 
     if args.keep_last is None and args.older_than is None and not args.commit:
         args._parser.error("give at least one of --keep-last, --older-than, --commit")
-    with Store(args.store, create=False) as store:
+    with open_store(args.store, create=False) as store:
         removed = store.prune(
             keep_last=args.keep_last, older_than_days=args.older_than, commits=args.commit
         )
         left = len(store.runs())
     print(f"pruned {removed} run(s) from {args.store}; {left} left")
+    return 0
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    from perfguard.baseline.store import open_store
+
+    with open_store(args.store, create=False) as source, open_store(args.to, create=True) as dest:
+        added, present = dest.copy_from(source)
+        name = dest.name
+    print(
+        f"copied {added} run(s) from {args.store} to {name}"
+        + (f"; {present} already there" if present else "")
+    )
     return 0

@@ -8,6 +8,12 @@ Each side is one of:
 * ``STORE.db#RUN_ID``: a run in a baseline store. Every test in it is a
   record.
 
+With ``--against BASE`` the two sides are commits instead: A/B mode
+(:mod:`perfguard.plugin.ab`) runs ``pytest --perfguard
+--perfguard-against BASE`` in the HEAD commit's tree (a worktree when
+``--head`` names another commit) and prints its verdicts; the pytest
+arguments (which tests) come from ``--pytest-args``.
+
 Two runs are matched by nodeid. A test that is only in CURRENT is ``new``.
 A capture can be compared with a run that holds one test. Machines that
 differ give ``incomparable``: for runs, the stored fingerprints; for
@@ -37,9 +43,20 @@ def add_parser(subparsers: Any) -> None:
     for name in ("current", "baseline"):
         p.add_argument(
             name,
+            nargs="?",
             metavar=name.upper(),
             help="capture (.sqlite, .json[.gz], folder of ranks) or STORE.db#RUN_ID",
         )
+    p.add_argument("--against", metavar="BASE",
+                   help="A/B mode: measure commit BASE and HEAD (or --head) in alternating "
+                        "rounds of their benchmark tests on this machine")  # fmt: skip
+    p.add_argument("--head", metavar="REF",
+                   help="A/B mode: the commit judged (default: the working tree)")  # fmt: skip
+    p.add_argument("--pytest-args", default="", metavar="ARGS",
+                   help='A/B mode: which tests, as pytest arguments (e.g. "examples -k '
+                        'block"); --perfguard-ab-pairs etc. may be added here')  # fmt: skip
+    p.add_argument("--repo", default=".", metavar="DIR",
+                   help="A/B mode: the git repository (default: .)")  # fmt: skip
     p.add_argument(
         "--tolerance",
         type=argtypes.tolerance,
@@ -76,11 +93,16 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _store_spec(text: str) -> tuple[Path, str] | None:
-    """``(store path, run id)`` when ``text`` is ``FILE#RUN`` and FILE exists, else None."""
+def _store_spec(text: str) -> tuple[Path | str, str] | None:
+    """``(store, run id)`` when ``text`` is ``FILE#RUN`` and FILE exists, or ``URL#RUN``
+    with a postgresql:// URL; else None."""
+    from perfguard.baseline.db import is_url
+
     if "#" not in text or Path(text).exists():
         return None
     path, _, run = text.rpartition("#")
+    if is_url(path):
+        return path, run
     if not Path(path).is_file():
         return None
     return Path(path), run
@@ -105,12 +127,12 @@ class _Side:
         if not run.strip().isdigit():
             raise CompareError(f"{spec}: run id must be an integer (see perfguard baseline list)")
         try:
-            from perfguard.baseline.store import Store
+            from perfguard.baseline.store import open_store
         except ImportError:
             raise CompareError(
                 f"{spec}: stored runs need the baseline store, which this perfguard does not have"
             ) from None
-        with Store(path, create=False) as store:
+        with open_store(path, create=False) as store:
             info, self.records = store.load_run(int(run))
         self.commit = info.commit
         self.fingerprint = info.fingerprint
@@ -143,6 +165,11 @@ def _incompatibility(current: _Side, baseline: _Side) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from perfguard.compare import Outcome, compare_records
     from perfguard.errors import CompareError
+
+    if args.against:
+        return run_ab(args)
+    if not (args.current and args.baseline):
+        raise CompareError("compare needs CURRENT and BASELINE, or --against BASE (A/B mode)")
 
     label = Path(args.current.rpartition("#")[0] or args.current).name or args.current
     current = _Side(args.current, args.key_node, label)
@@ -193,6 +220,56 @@ def run(args: argparse.Namespace) -> int:
             raise CompareError(f"{out}: cannot write: {exc.strerror or exc}") from None
         print(f"\nJSON written: {out}")
     return 1 if any(r.outcome is Outcome.REGRESSED for r in results) else 0
+
+
+def run_ab(args: argparse.Namespace) -> int:
+    """A/B mode for two commits: the plugin's A/B run in HEAD's tree, its verdicts printed."""
+    import shlex
+    import subprocess
+    import sys
+    import tempfile
+
+    from perfguard.errors import CompareError
+    from perfguard.plugin.ab import prepare_worktree
+
+    repo = Path(args.repo).resolve()
+    try:
+        top = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--show-toplevel"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        common = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--git-common-dir"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        raise CompareError(f"{repo}: not a git repository (A/B mode needs one)") from None
+    root = Path(top)
+    tree = root
+    if args.head:
+        try:
+            tree, _ = prepare_worktree(root, args.head, (root / common).resolve() / "perfguard-ab")
+        except RuntimeError as exc:
+            raise CompareError(f"--head {args.head}: cannot check it out: {exc}") from None
+    with tempfile.TemporaryDirectory(prefix="perfguard-compare-") as tmp:
+        out = Path(tmp)
+        argv = [sys.executable, "-m", "pytest", *shlex.split(args.pytest_args), "--perfguard",
+                f"--perfguard-against={args.against}", "--perfguard-output", str(out),
+                f"--perfguard-tolerance={args.tolerance}", "-p", "no:cacheprovider",
+                "-q"]  # fmt: skip
+        done = subprocess.run(argv, cwd=tree, check=False)
+        try:
+            doc = json.loads((out / "results.json").read_text())
+        except (OSError, ValueError):
+            raise CompareError(
+                f"the A/B run in {tree} wrote no results (pytest exited {done.returncode})"
+            ) from None
+    tests = doc.get("tests", [])
+    for t in tests:
+        print(f"\n{t['outcome'].upper()} {t['nodeid']}\n  {t.get('message', '')}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(doc, indent=1) + "\n")
+    return 1 if any(t["outcome"] == "regressed" for t in tests) else 0
 
 
 def _renamed(record: Any, nodeid: str) -> Any:

@@ -19,9 +19,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Run COMMAND under a profiler, write the capture to --output-path, then "
         "analyse it as `perfguard analyze` does. Put `--` before the command.",
     )
-    p.add_argument("--backend", choices=("auto", "nsys", "torch"), default="auto",
+    p.add_argument("--backend", choices=("auto", "nsys", "torch", "tf", "jax"), default="auto",
                    help="auto: nsys when installed and a GPU is present, else the PyTorch "
-                        "profiler (CUDA when available, else CPU)")  # fmt: skip
+                        "profiler (CUDA when available, else CPU); tf/jax: the TensorFlow "
+                        "or JAX profiler (an .xplane.pb)")  # fmt: skip
     p.add_argument("--name", default="capture", help="capture file name (default: capture)")
     p.add_argument(
         "--nsys", metavar="PATH", help="nsys executable (default: $PERFGUARD_NSYS, PATH)"

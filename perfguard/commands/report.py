@@ -2,7 +2,8 @@
 
 Two sources:
 
-* a session's ``results.json`` (what the pytest plugin wrote): re-rendered as is;
+* a session's ``results.json`` (what the pytest plugin wrote, schema 1 or 2):
+  re-rendered as is;
 * a baseline store (SQLite) with ``--run RUN_ID``: that run is compared with
   ``--baseline-run ID`` (or the run found for ``--baseline REF`` in the git
   repository), test by test, exactly as the plugin would, and rendered.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.commands import argtypes
+from perfguard.compare.results import SessionResults, TestEntry
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -75,13 +77,13 @@ def results_from_store(
     repo: str | Path = ".",
     tolerance: float = 0.05,
     alpha: float = 0.01,
-) -> dict[str, Any]:
-    """A results.json dict for stored run ``run_id`` against a baseline run (or none)."""
+) -> SessionResults:
+    """The session document of stored run ``run_id`` against a baseline run (or none)."""
     from perfguard import __version__
-    from perfguard.baseline.store import Store
+    from perfguard.baseline.store import open_store
     from perfguard.compare import compare_records
 
-    with Store(store_path, create=False) as store:
+    with open_store(store_path, create=False) as store:
         info, records = store.load_run(run_id)
         fp = info.fingerprint
         baseline: dict[str, Any] | None = None
@@ -115,57 +117,49 @@ def results_from_store(
                 baseline_commit=baseline["commit"] if baseline else None,
                 baseline_run_exists=baseline is not None,
             )
-            entry = c.to_dict()
             hist = store.history(nodeid, fingerprint=fp)
-            entry["history"] = [
-                {"commit": h.commit, "time": h.time, "median_ns": float(h.median_ns)}
-                for h in hist.itertuples(index=False)
-            ]  # at most `limit` (50) stored runs
-            entry["backend"] = fp.backend
-            entry["capture"] = record.meta.get("capture")
-            tests.append(entry)
-    counts: dict[str, int] = {}
-    for t in tests:
-        counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
-    return {
-        "schema": 1,
-        "perfguard_version": __version__,
-        "run": info.to_dict(),
-        "baseline": baseline,
-        "settings": {
-            "tolerance": tolerance,
-            "alpha": alpha,
-            "fail_on": None,
-            "backend": fp.backend,
-        },
-        "counts": counts,
-        "tests": tests,
-    }
+            tests.append(TestEntry.from_comparison(
+                c,
+                history=[
+                    {"commit": h.commit, "time": h.time, "median_ns": float(h.median_ns)}
+                    for h in hist.itertuples(index=False)
+                ],  # at most `limit` (50) stored runs
+                backend=fp.backend,
+                capture=record.meta.get("capture"),
+                load=record.meta.get("load"),
+            ))  # fmt: skip
+    return SessionResults(
+        tests=tests,
+        perfguard_version=__version__,
+        run=info.to_dict(),
+        baseline=baseline,
+        settings={"tolerance": tolerance, "alpha": alpha, "fail_on": None,
+                  "backend": fp.backend},  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from perfguard.baseline.db import is_url
     from perfguard.errors import ReportError
-    from perfguard.report.html import load_results, validate_results, write_session_html
+    from perfguard.report.html import load_results, write_session_html
     from perfguard.report.markdown import write_markdown
 
+    url = is_url(args.source)
     source = Path(args.source)
-    if not source.exists():
+    if not url and not source.exists():
         raise ReportError(f"{source}: no such file")
-    if _is_sqlite(source):
+    if url or _is_sqlite(source):
         if args.run is None:
             raise ReportError(f"{source}: is a baseline store; give --run RUN_ID "
                               "(see `perfguard baseline list --store ...`)")  # fmt: skip
-        results = validate_results(
-            results_from_store(
-                source,
-                args.run,
-                baseline_run=args.baseline_run,
-                baseline_ref=args.baseline,
-                repo=args.repo,
-                tolerance=args.tolerance,
-                alpha=args.alpha,
-            ),
-            source=f"{source} run {args.run}",
+        results = results_from_store(
+            args.source if url else source,
+            args.run,
+            baseline_run=args.baseline_run,
+            baseline_ref=args.baseline,
+            repo=args.repo,
+            tolerance=args.tolerance,
+            alpha=args.alpha,
         )
     else:
         store_only = [f for f in ("run", "baseline_run", "baseline") if getattr(args, f)]
@@ -173,15 +167,16 @@ def run(args: argparse.Namespace) -> int:
             flag = "--" + store_only[0].replace("_", "-")
             raise ReportError(f"{source}: {flag} applies to a baseline store, not results.json")
         results = load_results(source)
-    output = Path(args.output) if args.output else source.with_name("report.html")
+    default = Path("report.html") if url else source.with_name("report.html")
+    output = Path(args.output) if args.output else default
     if output.resolve() == source.resolve():
         raise ReportError(f"{output}: would overwrite the input; choose another --output")
     written = [write_session_html(results, output, max_ops=args.max_ops)]
     if args.markdown:
         written.append(write_markdown(results, args.markdown, report_url=args.report_url))
-    counts = results["counts"]
+    counts = results.counts
     summary = ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "no tests"
-    print(f"perfguard report: {summary}")
+    print(f"perfguard report: {results.badge()}: {summary}")
     for path in written:
         print(f"  {path}")
     return 0

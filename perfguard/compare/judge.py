@@ -58,7 +58,7 @@ class Against:
     run_found: bool = False
     incompatibility: str | None = None
     history: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    load: float = math.nan  # the baseline session's load (store mode)
+    wait: float = math.nan  # share of the baseline's round time spent waiting for a CPU
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,8 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any
         raise CompareError(f"{current.nodeid}: unknown metric {current.metric!r}")
     tol, alpha = settings.tolerance, settings.alpha
     cur_rounds = current.round_values()
-    load = float(current.meta.get("load", math.nan) or math.nan)
+    load = _num(current.meta.get("load"))
+    wait = _num(current.meta.get("wait"))
     base_rec = against.records[0] if against.records else None
     common: dict[str, Any] = dict(
         nodeid=current.nodeid, metric=current.metric, tolerance_pct=100 * tol, alpha=alpha,
@@ -146,13 +147,13 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any
         n = min(len(base_rounds), len(cur_rounds))
         timing = judge_ab(
             base_rounds[:n], cur_rounds[:n], metric=metric, tolerance=tol, alpha=alpha,
-            load=load, iterations=_iterations(current),
+            load=load, wait=wait, iterations=_iterations(current),
         )  # fmt: skip
     else:
         timing = judge_store(
             cur_rounds, _pooled(against.records, metric), against.history, metric=metric,
             tolerance=tol, alpha=alpha, baseline_runs=len(against.records), load=load,
-            baseline_load=against.load, iterations=_iterations(current),
+            wait=wait, baseline_wait=against.wait, iterations=_iterations(current),
         )  # fmt: skip
     gates = judge_gates(current, base_rec, settings.gates)
     outcome = combine(timing, gates)
@@ -182,6 +183,13 @@ def _figures(t: TimingVerdict) -> dict[str, Any]:
         delta_pct=t.delta_pct, ci_low_pct=t.ci_low_pct, ci_high_pct=t.ci_high_pct,
         p_value=t.p_value,
     )  # fmt: skip
+
+
+def _num(value: Any) -> float:
+    try:
+        return math.nan if value is None else float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _ints(values: np.ndarray) -> list[int]:

@@ -216,7 +216,7 @@ def _by_round(record: TestRecord, frame: pd.DataFrame) -> pd.DataFrame:
     """Columns iteration -> round: the median of each round's iterations (rounds are the
     replicates; iterations of one round are not independent)."""
     rounds = pd.Series(record.rounds(), index=record.samples["iteration"].to_numpy())
-    if frame.shape[1] == 0 or rounds.nunique() < 2:
+    if frame.shape[1] == 0:
         return frame
     keys = rounds.reindex(frame.columns).fillna(-1).to_numpy()
     return frame.T.groupby(keys).median().T

@@ -68,6 +68,7 @@ class Side:
     records: list[Any] = field(default_factory=list)
     failure: str | None = None  # the test raised (or its capture failed) in this tree
     missing: int = 0  # rounds in which the test did not report (crash, not collected)
+    crash: str | None = None  # why the last child that lost this test's round died
 
 
 @dataclass
@@ -157,6 +158,7 @@ class ABRunner:
         xdist: bool,
         timeout: float,
         say: Callable[[str], None] = lambda line: None,
+        rounds: int | None = 1,
     ) -> None:
         self.roots = {"A": base_root, "B": head_root}
         self.head_rel = head_rel  # the pytest rootdir relative to the git root
@@ -165,6 +167,7 @@ class ABRunner:
         self.xdist = xdist
         self.timeout = timeout
         self.say = say
+        self.rounds = rounds  # per child; None: the marker's (isolation mode)
         self.results: dict[str, TestAB] = {}
         self.notes: list[str] = []
         self.rounds_run = 0
@@ -172,7 +175,9 @@ class ABRunner:
     def _argv(self, side: str, files: list[str], out: Path) -> list[str]:
         argv = [sys.executable, "-m", "pytest", *files, "-p", "no:cacheprovider", "-q"]
         argv += ["--rootdir", str(self.roots[side] / self.head_rel)]
-        argv += ["--perfguard", "--perfguard-rounds=1", f"--perfguard-backend={self.backend}"]
+        argv += ["--perfguard", f"--perfguard-backend={self.backend}"]
+        if self.rounds is not None:
+            argv.append(f"--perfguard-rounds={self.rounds}")
         argv += ["--perfguard-output", str(out), "--perfguard-fail-on=never"]
         if self.xdist:
             argv.append("-n0")
@@ -223,9 +228,10 @@ class ABRunner:
         output = _read_output(out_file)
         if output is None:
             why = _exit_reason(code)
-            self.notes.append(f"A/B round {index + 1} ({name}) reported nothing: {why}")
+            self.notes.append(f"round {index + 1} ({name}) reported nothing: {why}")
             for n in present:
                 self._side(n, side).missing += 1
+                self._side(n, side).crash = why
             return
         for n in present:
             s = self._side(n, side)
@@ -233,6 +239,8 @@ class ABRunner:
                 s.records.append(output.records[n])
             else:
                 s.missing += 1
+                if isinstance(code, str) or code not in (0, 1):
+                    s.crash = _exit_reason(code)
             result = output.outcomes.get(n)
             if result and result.get("outcome") == "failed" and s.failure is None:
                 s.failure = result.get("message") or "failed"

@@ -79,6 +79,8 @@ class GpuProfile:
         self.round_of: list[int] = []
         #: (others' ticks, all ticks) of the machine's CPU during each round
         self.load_ticks: list[tuple[int, int]] = []
+        #: (ns the test's thread waited for a CPU, ns of wall time) of each round
+        self.wait_ns: list[tuple[int, int]] = []
         #: the CUDA allocator's peak over the recorded rounds, bytes (None without CUDA)
         self.peak_memory: int | None = None
         self.started = False
@@ -107,6 +109,11 @@ class GpuProfile:
     def load(self) -> float:
         """Other processes' share of the machine's CPU during the recorded rounds."""
         return load_of(self.load_ticks)
+
+    @property
+    def wait(self) -> float:
+        """Share of the rounds' wall time the test's thread waited for a CPU."""
+        return load_of(self.wait_ns)
 
     def _plain(self) -> Generator[int, None, None]:
         yield from range(-self.spec.warmup, self.spec.iterations * self.spec.rounds)
@@ -141,6 +148,9 @@ class GpuProfile:
                     self.cpu_times_ns.append(cpu() - c0)
                     self.round_of.append(r)
                     step += 1
+                waited = probe.waited()
+                if waited is not None:
+                    self.wait_ns.append(waited)
                 ticks = probe.stop()
                 if ticks is not None:
                     self.load_ticks.append(ticks)

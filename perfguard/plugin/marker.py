@@ -23,7 +23,8 @@ MARKER = "gpuprofile"
 METRIC_NAMES = ("gpu_time", "wall_time", "cpu_time")
 MARKER_HELP = (
     "gpuprofile(iterations=30, warmup=5, rounds=5, tolerance='5%', metrics=('gpu_time',), "
-    "gates=None, key_node=None, backend=None): profile this benchmark test with perfguard "
+    "gates=None, framework=None, key_node=None, backend=None): profile this benchmark test "
+    "with perfguard "
     "(pytest --perfguard): `warmup` unrecorded steps, then `rounds` rounds of `iterations` "
     "recorded steps of `for step in gpuprofile.iterations(): ...`, compared with the "
     "baseline: a slowdown beyond both `tolerance` and the noise between runs fails the "
@@ -41,6 +42,7 @@ class ProfileSpec:
     rounds: int = 5  # the session's --perfguard-rounds wins over the default, not a marker's
     rounds_given: bool = False
     gates: dict[str, Any] | None = None
+    framework: str | None = None  # torch | tf | jax; None: what the test's module imported
     tolerance: float | None = None
     metrics: tuple[str, ...] = ("gpu_time",)
     key_node: str | None = None
@@ -53,6 +55,7 @@ class ProfileSpec:
             "warmup": self.warmup,
             "rounds": self.rounds,
             "gates": self.gates,
+            "framework": self.framework,
             "tolerance": self.tolerance,
             "metrics": list(self.metrics),
             "key_node": self.key_node,
@@ -76,6 +79,7 @@ def parse_marker(mark: pytest.Mark | None) -> ProfileSpec:
         )
     known = {
         "iterations", "warmup", "rounds", "tolerance", "metrics", "key_node", "backend", "gates",
+        "framework",
     }  # fmt: skip
     unknown = sorted(set(mark.kwargs) - known)
     if unknown:
@@ -108,6 +112,11 @@ def parse_marker(mark: pytest.Mark | None) -> ProfileSpec:
     key_node = kw.get("key_node")
     if key_node is not None and (not isinstance(key_node, str) or not key_node.strip()):
         raise ValueError(f"key_node must be a range name (a non-empty string), got {key_node!r}")
+    framework = kw.get("framework")
+    if framework is not None:
+        from perfguard.capture.frameworks import normalise
+
+        framework = normalise(framework)  # ValueError names the accepted spellings
     backend = kw.get("backend")
     if backend is not None:
         if not isinstance(backend, str) or backend.strip().lower() not in BACKEND_CHOICES:
@@ -120,6 +129,7 @@ def parse_marker(mark: pytest.Mark | None) -> ProfileSpec:
         rounds=rounds,
         rounds_given="rounds" in kw,
         gates=dict(gates) if gates is not None else None,
+        framework=framework,
         tolerance=tolerance,
         metrics=tuple(metrics_arg),
         key_node=key_node,

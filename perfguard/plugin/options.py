@@ -53,7 +53,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("perfguard_save", "--perfguard-save", "bool",
      "store this run's results under HEAD's commit"),
     ("perfguard_store", "--perfguard-store", "string",
-     f"baseline store (SQLite); default {DEFAULT_STORE} under the rootdir"),
+     f"baseline store: a SQLite file (default {DEFAULT_STORE} under the rootdir) or a "
+     "postgresql://user@host/dbname URL"),
     ("perfguard_output", "--perfguard-output", "string",
      f"folder for captures and results.json; default {DEFAULT_OUTPUT}/ under the rootdir"),
     ("perfguard_tolerance", "--perfguard-tolerance", "string",
@@ -61,6 +62,14 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "(a marker's tolerance= wins); default 5%"),
     ("perfguard_fail_on", "--perfguard-fail-on", "string",
      "regression (default): a regressed test fails; never: report only"),
+    ("perfguard_isolate", "--perfguard-isolate", "bool",
+     "run each measured test in a fresh child process: a crash, os._exit or an "
+     "out-of-memory kill loses that test only (reported as crashed)"),
+    ("perfguard_timeout", "--perfguard-timeout", "string",
+     f"seconds a measured test may run in its child process (isolation, nsys, A/B rounds) "
+     f"before it is stopped and reported as crashed; default {DEFAULT_CAPTURE_TIMEOUT:g}"),
+    ("perfguard_require_baseline", "--perfguard-require-baseline", "bool",
+     "fail the run when no test was compared with anything (no store, no baseline run)"),
     ("perfguard_rounds", "--perfguard-rounds", "string",
      f"rounds of each test's iteration loop (the verdict's replicates; a marker's rounds= "
      f"wins); default {DEFAULT_ROUNDS}"),
@@ -78,11 +87,12 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
 _METAVARS = {
     "perfguard_backend": "{auto,torch,nsys,cpu}",
     "perfguard_baseline": "REF",
-    "perfguard_store": "PATH",
+    "perfguard_store": "PATH_OR_URL",
     "perfguard_output": "DIR",
     "perfguard_tolerance": "TOLERANCE",
     "perfguard_fail_on": "{regression,never}",
     "perfguard_rounds": "N",
+    "perfguard_timeout": "SECONDS",
     "perfguard_against": "REF",
     "perfguard_ab_pairs": "N",
     "perfguard_ab_budget": "SECONDS",
@@ -117,7 +127,7 @@ class Settings:
     backend: str
     baseline: str | None
     save: bool
-    store: Path
+    store: Path | str  # a SQLite file, or a postgresql:// URL
     output: Path
     tolerance: float
     fail_on: str
@@ -125,6 +135,9 @@ class Settings:
     against: str | None = None
     ab_pairs: int = DEFAULT_AB_PAIRS
     ab_budget: float = 0.0
+    isolate: bool = False
+    timeout: float = DEFAULT_CAPTURE_TIMEOUT
+    require_baseline: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -154,6 +167,16 @@ def _path(config: pytest.Config, dest: str, default: str) -> Path:
     return (Path(base) / Path(text).expanduser()).resolve()
 
 
+def _store(config: pytest.Config, dest: str, value: Any) -> Path | str:
+    """A postgresql:// URL as given, else the store file's path."""
+    if value is not None:
+        from perfguard.baseline.db import is_url  # only when given: the plugin loads light
+
+        if is_url(str(value).strip()):
+            return str(value).strip()
+    return _path(config, dest, DEFAULT_STORE)
+
+
 def read_settings(config: pytest.Config) -> Settings:
     """Every option, checked. A bad value is a :class:`pytest.UsageError` naming the option."""
     current = "--perfguard"
@@ -178,13 +201,17 @@ def read_settings(config: pytest.Config) -> Settings:
                     raise ValueError(f"{value!r} is not a git ref")
                 values[dest] = ref
             elif dest == "perfguard_store":
-                values[dest] = _path(config, dest, DEFAULT_STORE)
+                values[dest] = _store(config, dest, value)
             elif dest == "perfguard_output":
                 values[dest] = _path(config, dest, DEFAULT_OUTPUT)
             elif dest in ("perfguard_rounds", "perfguard_ab_pairs"):
                 values[dest] = None if value is None else _count(value, 3 if "ab" in dest else 1)
             elif dest == "perfguard_ab_budget":
                 values[dest] = 0.0 if value is None else _seconds(value)
+            elif dest == "perfguard_timeout":
+                values[dest] = DEFAULT_CAPTURE_TIMEOUT if value is None else _seconds(value)
+                if values[dest] <= 0:
+                    raise ValueError("must be a positive number of seconds")
             elif dest == "perfguard_against":
                 ref = None if value is None else str(value).strip()
                 if ref is not None and (not ref or ref.startswith("-")):
@@ -192,8 +219,10 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = ref
     except ValueError as exc:
         raise pytest.UsageError(f"{current} (or ini {_dest(current)}): {exc}") from None
+    # asking to save, to compare against a commit or to isolate means asking to measure
+    enabled = values["perfguard"] or values["perfguard_save"] or bool(values["perfguard_against"])
     return Settings(
-        enabled=values["perfguard"],
+        enabled=enabled,
         backend=values["perfguard_backend"],
         baseline=values["perfguard_baseline"],
         save=values["perfguard_save"],
@@ -205,6 +234,9 @@ def read_settings(config: pytest.Config) -> Settings:
         against=values["perfguard_against"],
         ab_pairs=values["perfguard_ab_pairs"] or DEFAULT_AB_PAIRS,
         ab_budget=values["perfguard_ab_budget"],
+        isolate=values["perfguard_isolate"],
+        timeout=values["perfguard_timeout"],
+        require_baseline=values["perfguard_require_baseline"],
     )
 
 

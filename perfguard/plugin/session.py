@@ -57,7 +57,7 @@ from perfguard.baseline.git import (
     resolve,
 )
 from perfguard.baseline.record import RunInfo, TestRecord
-from perfguard.baseline.store import Store
+from perfguard.baseline.store import Store, open_store
 from perfguard.capture.select import select_backend
 from perfguard.capture.torch_profiler import TRACE_SUFFIX, TorchBackend
 from perfguard.errors import PerfguardError
@@ -76,9 +76,8 @@ from perfguard.plugin.ab import (
 from perfguard.plugin.capture import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
-from perfguard.plugin.options import DEFAULT_CAPTURE_TIMEOUT, MAX_AB_PAIRS, Settings
+from perfguard.plugin.options import MAX_AB_PAIRS, Settings
 
-RESULTS_SCHEMA = 1
 ALPHA = 0.01
 OUTPUT_KEY = "perfguard"
 
@@ -141,7 +140,7 @@ class PerfguardSession:
             self.backend = self._backend(settings.backend)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-backend {settings.backend}: {exc}") from None
-        self.fingerprint = machine_fingerprint(self.backend.label)
+        self.fingerprint = machine_fingerprint(self.backend.label, workers=_workers(config))
         self.git: GitState | None = None
         try:
             self.git = repo_state(config.rootpath)
@@ -165,8 +164,23 @@ class PerfguardSession:
         self.ab: ABRunner | None = None
         self.ab_results: dict[str, TestAB] = {}
         self.ab_commit: str | None = None
+        self._lock: Any = None
+        self._restore_sigterm: Any = None
+        if self.worker_id is None and not self.ab_out:
+            self._claim_output()
+            self._restore_sigterm = _sigterm_interrupts()
+        #: --perfguard-isolate: each measured test runs in a child process of its own
+        self.isolated: set[str] = set()
+        self.isolator: ABRunner | None = None
         if self.ab_out:
             return
+        if settings.isolate and not settings.against:
+            self.isolator = ABRunner(
+                head_root=config.rootpath, base_root=config.rootpath, head_rel=Path("."),
+                output=settings.output / "isolated", backend=settings.backend,
+                xdist=config.pluginmanager.hasplugin("xdist"), timeout=settings.timeout,
+                rounds=settings.rounds,
+            )  # fmt: skip
         if settings.against:
             self._prepare_ab()
             return
@@ -196,14 +210,48 @@ class PerfguardSession:
             self.notes.append("no baseline: HEAD is the repository's first commit")
             return
         self.baseline_ref = ref
-        if not self.settings.store.is_file():
+        if isinstance(self.settings.store, Path) and not self.settings.store.is_file():
             self.notes.append(f"no baseline: no store at {self.settings.store}")
             return
         try:
-            self._store = Store(self.settings.store, create=False)
+            # a server store is made on first use; a lookup never leaves a new empty file
+            server = isinstance(self.settings.store, str)
+            self._store = open_store(self.settings.store, create=server)
             self.match = find_baseline(self._store, root, ref, self.fingerprint)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-store: {exc}") from None
+
+    def _claim_output(self) -> None:
+        """The output folder must be writable, and one session's alone: a second session
+        in the same checkout would overwrite the first one's captures and results."""
+        out = self.settings.output
+        flag = "--perfguard-output"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self._lock = open(out / ".lock", "a+")  # noqa: SIM115 (held for the session)
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"{flag} {out}: cannot write there ({exc.strerror or exc})"
+            ) from None
+        try:
+            import fcntl
+
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # not on POSIX: no lock, as before
+            return
+        except OSError:
+            self._lock.seek(0)
+            other = self._lock.read().strip() or "?"
+            self._lock.close()
+            self._lock = None
+            raise pytest.UsageError(
+                f"{flag} {out}: another perfguard session (pid {other}) is writing there; "
+                "give this one its own folder with --perfguard-output"
+            ) from None
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(str(os.getpid()))
+        self._lock.flush()
 
     def _prepare_ab(self) -> None:
         """A/B mode: the base worktree, made before any test runs (a bad ref is a usage
@@ -228,7 +276,7 @@ class PerfguardSession:
             head_rel=self.config.rootpath.resolve().relative_to(self.git.root.resolve()),
             output=self.settings.output, backend=self.settings.backend,
             xdist=self.config.pluginmanager.hasplugin("xdist"),
-            timeout=DEFAULT_CAPTURE_TIMEOUT,
+            timeout=self.settings.timeout,
             say=(reporter.write_line if reporter is not None else lambda line: None),
         )  # fmt: skip
         self.notes.append(
@@ -285,7 +333,9 @@ class PerfguardSession:
         if not self.ab_out:
             return
         if report.failed and report.nodeid not in self.ab_outcomes:
-            text = " ".join((report.longreprtext or "failed").strip().splitlines()[-1:])
+            crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+            text = crash or (report.longreprtext or "failed").strip().splitlines()[-1]
+            text = " ".join(str(text).split())
             self.ab_outcomes[report.nodeid] = {"outcome": "failed", "message": text[:500]}
 
     def _judge_ab(self, item: pytest.Item, spec: ProfileSpec) -> None:
@@ -313,8 +363,7 @@ class PerfguardSession:
         against = Against(
             records=[merge_rounds(ab.base.records)] if ab.base.records else [],
             mode="ab", commit=self.ab_commit,
-            run_found=ab.base.failure != "the test's file is not in this tree" and bool(
-                ab.base.records or ab.base.failure),
+            run_found=True,  # the base tree was measured: a test it lacks is new
             incompatibility=reason,
         )  # fmt: skip
         settings = JudgeSettings(
@@ -324,7 +373,27 @@ class PerfguardSession:
         self._finish(item, head, comparison, [], head.meta.get("capture"), self.backend.label,
                      notes)  # fmt: skip
 
+    def _judge_isolated(self, item: pytest.Item, spec: ProfileSpec) -> None:
+        """Store mode on the record the test's own child process made."""
+        ab = self.ab_results[item.nodeid]
+        if not ab.head.records:
+            return
+        record = ab.head.records[0]
+        try:
+            comparison = self._compare(record, spec)
+        except (PerfguardError, ValueError, KeyError) as exc:
+            self._error_entry(item, " ".join(str(exc).split()), self.backend.label)
+            return
+        self._finish(item, record, comparison, [], record.meta.get("capture"),
+                     str(record.meta.get("backend") or self.backend.label), [])  # fmt: skip
+
     def close(self) -> None:
+        if self._restore_sigterm is not None:
+            self._restore_sigterm()
+            self._restore_sigterm = None
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -340,11 +409,13 @@ class PerfguardSession:
 
     def effective(self, spec: ProfileSpec) -> ProfileSpec:
         """The marker's settings with the session's: ``--perfguard-rounds`` fills in the
-        rounds a marker did not set."""
+        rounds a marker did not set; in an A/B round child it is the parent's word (one
+        round per child, whatever the marker says)."""
         from dataclasses import replace
 
-        if not spec.rounds_given and self.settings.rounds is not None:
-            return replace(spec, rounds=self.settings.rounds)
+        rounds = self.settings.rounds
+        if rounds is not None and (self.ab_out or not spec.rounds_given):
+            return replace(spec, rounds=rounds)
         return spec
 
     def _capture_path(self, item: pytest.Item) -> Path:
@@ -360,9 +431,19 @@ class PerfguardSession:
             return GpuProfile(spec)  # the marker's backend cannot run: setup reports it next
         if what is None or what[1].label == "nsys":
             return GpuProfile(self.effective(spec))  # nsys: the child runs the body
-        path = self._capture_path(item)
+        from perfguard.capture.frameworks import framework_for, make_capturer
+
+        try:  # the marker's framework=, else what the test imported (torch by default)
+            framework = framework_for(getattr(item, "module", None), spec.framework)
+        except ValueError as exc:
+            pytest.fail(f"perfguard: {item.nodeid}: {exc}", pytrace=False)
+        where = self._capture_path(item)
+        if framework != "torch":  # the capturer names its own file (<name>.xplane.pb)
+            where = where.with_name(capture_name(item.nodeid))
+        capturer = make_capturer(framework, where, what[1].device or "cpu")
+        path = Path(getattr(capturer, "path", where))
         item.stash[_capture_key] = {"path": path, "backend": what[1].label}
-        return GpuProfile(what[0], TorchCapturer(path, what[1].device or "cpu"))
+        return GpuProfile(what[0], capturer)
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -372,6 +453,11 @@ class PerfguardSession:
             backend = spec_backend(item) or "?"
             self._error_entry(item, str(exc), backend, at_teardown=False)
             pytest.fail(f"perfguard: backend {backend!r} of {item.nodeid}: {exc}", pytrace=False)
+        if what is not None and self.isolator is not None and what[1].label != "nsys":
+            self.isolated.add(item.nodeid)
+            self.isolator.run_round("B", [item.nodeid], len(self.isolated) - 1)
+            self.ab_results[item.nodeid] = self.isolator.results[item.nodeid]
+            return
         if what is None or what[1].label != "nsys":
             return
         out = self.settings.output / "captures"
@@ -379,7 +465,7 @@ class PerfguardSession:
         try:
             path, child = run_nsys_child(
                 item.nodeid, rootdir=self.config.rootpath, inifile=self.config.inipath,
-                output_dir=out, timeout=DEFAULT_CAPTURE_TIMEOUT,
+                output_dir=out, timeout=self.settings.timeout,
                 xdist=self.config.pluginmanager.hasplugin("xdist"),
             )  # fmt: skip
         except PerfguardError as exc:
@@ -391,9 +477,16 @@ class PerfguardSession:
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
         ab = self.ab_results.get(pyfuncitem.nodeid)
         if ab is not None:
+            where = "its own process" if pyfuncitem.nodeid in self.isolated else (
+                "an A/B round of the head")
             if ab.head.failure is not None:
-                pytest.fail(f"{ab.head.failure} (in an A/B round of the head)", pytrace=False)
-            return True  # the body ran in the round children
+                pytest.fail(f"{ab.head.failure} (in {where})", pytrace=False)
+            if not ab.head.records and ab.head.crash:
+                why = f"crashed in {where}: {ab.head.crash}"
+                self._error_entry(pyfuncitem, why, self.backend.label, at_teardown=False,
+                                  outcome="crashed")  # fmt: skip
+                pytest.fail(f"perfguard: {pyfuncitem.nodeid} {why}", pytrace=False)
+            return True  # the body ran in the child processes
         child = pyfuncitem.stash.get(_capture_key, {}).get("child")
         if child is None:
             return None
@@ -410,20 +503,33 @@ class PerfguardSession:
             what = self._captures(item)
         except (ValueError, PerfguardError):
             what = None
-        if item.nodeid in self.ab_results and what is not None:
-            result = yield
-            self._judge_ab(item, what[0])
-            return result
-        uses_fixture = "gpuprofile" in getattr(item, "fixturenames", ())
-        if what is None or what[1].label == "nsys" or uses_fixture:
-            result = yield
-        else:
-            path = self._capture_path(item)
-            capturer = TorchCapturer(path, what[1].device or "cpu")
-            with whole_call(capturer) as walls:
+        try:
+            if item.nodeid in self.ab_results and what is not None:
                 result = yield
-            item.stash[_capture_key] = {"path": path, "backend": what[1].label,
-                                        "capturer": capturer, "walls": walls}  # fmt: skip
+                if item.nodeid in self.isolated:
+                    self._judge_isolated(item, what[0])
+                else:
+                    self._judge_ab(item, what[0])
+                return result
+            uses_fixture = "gpuprofile" in getattr(item, "fixturenames", ())
+            if what is None or what[1].label == "nsys" or uses_fixture:
+                result = yield
+            else:
+                path = self._capture_path(item)
+                capturer = TorchCapturer(path, what[1].device or "cpu")
+                with whole_call(capturer) as walls:
+                    result = yield
+                item.stash[_capture_key] = {"path": path, "backend": what[1].label,
+                                            "capturer": capturer, "walls": walls}  # fmt: skip
+        except (pytest.skip.Exception, pytest.xfail.Exception, KeyboardInterrupt):
+            raise  # skipped, or the session is being interrupted: not this test's fault
+        except BaseException as exc:
+            if what is not None and item.nodeid not in self.entries:
+                text = " ".join(str(exc).split()) or type(exc).__name__
+                if not isinstance(exc, pytest.fail.Exception):
+                    text = f"the test raised {type(exc).__name__}: {text}"
+                self._error_entry(item, text[:500], what[1].label, at_teardown=False)
+            raise
         if what is not None:
             self._judge(item, what[0])
         return result
@@ -460,7 +566,7 @@ class PerfguardSession:
             walls, error = profile.wall_times_ns, getattr(capturer, "error", None)
             info["cpu_times_ns"] = list(profile.cpu_times_ns)
             rounds = list(profile.round_of)
-            env = {"load": profile.load, "peak_memory": profile.peak_memory}
+            env = {"load": profile.load, "wait": profile.wait, "peak_memory": profile.peak_memory}
             if not profile.started:
                 error = error or (
                     "the test requests the gpuprofile fixture but never runs "
@@ -504,6 +610,7 @@ class PerfguardSession:
         entry = comparison.to_dict()
         entry.update(
             load=record.meta.get("load"),
+            wait=record.meta.get("wait"),
             findings=findings,
             history=self._history(item.nodeid),
             capture=str(capture) if capture else None,
@@ -514,6 +621,7 @@ class PerfguardSession:
         )
         self.entries[item.nodeid] = entry
         _add_properties(item, entry)
+        self._write_partial()
         from perfguard.compare.verdict import failed
 
         if failed(comparison, self.settings.fail_on):
@@ -561,7 +669,7 @@ class PerfguardSession:
                 "iteration durations from the capture are used"
             )
         env = env or {}
-        load = env.get("load")
+        load, wait = env.get("load"), env.get("wait")
         meta = {
             "marker": spec.to_dict(),
             "tolerance": self._tolerance(spec),
@@ -570,6 +678,7 @@ class PerfguardSession:
             "note": "; ".join(notes) or None,
             "cpu_times_ns": cpu_times or None,
             "load": load if load is not None and np.isfinite(load) else None,
+            "wait": wait if wait is not None and np.isfinite(wait) else None,
         }
         peak = env.get("peak_memory")
         record = record_from_analysis(
@@ -616,11 +725,11 @@ class PerfguardSession:
             theirs = (records[0].meta or {}).get("backend")
             if theirs and theirs != record.meta.get("backend"):
                 reason = f"backend differs: {theirs!r} (baseline) vs {record.meta['backend']!r}"
-        loads = [r.meta.get("load") for r in records if r.meta.get("load") is not None]
+        waits = [r.meta.get("wait") for r in records if r.meta.get("wait") is not None]
         history = self._history_levels(record.nodeid, record.metric)
         return Against(
             records=records, commit=match.commit, run_found=True, incompatibility=reason,
-            history=history, load=float(np.median(loads)) if loads else float("nan"),
+            history=history, wait=float(np.median(waits)) if waits else float("nan"),
         )  # fmt: skip
 
     def _baseline_runs(self, match: BaselineMatch) -> list[int]:
@@ -662,16 +771,34 @@ class PerfguardSession:
         backend: str,
         path: Any = None,
         at_teardown: bool = True,
+        outcome: str = "error",
     ) -> None:
-        """Record a failed capture; teardown raises it as the test's error (unless raised)."""
+        """Record a test nothing could be judged on (capture failed, test raised, child
+        crashed); teardown raises a capture failure as the test's error."""
         if at_teardown:
             item.stash[_error_key] = error
         self.entries[item.nodeid] = {
-            "nodeid": item.nodeid, "outcome": "error", "message": error, "findings": [],
+            "nodeid": item.nodeid, "outcome": outcome, "message": error, "findings": [],
             "history": [], "capture": str(path) if path else None, "backend": backend,
             "error": error, "notes": [], "worker": self.worker_id,
         }  # fmt: skip
-        item.user_properties.append(("perfguard_outcome", "error"))
+        item.user_properties.append(("perfguard_outcome", outcome))
+        self._write_partial()
+
+    def _write_partial(self) -> None:
+        """results.json after every test (``complete: false``): a session killed later
+        (os._exit, a segfault, OOM) still leaves what it measured before."""
+        if self.worker_id is not None or self.ab_out:
+            return
+        try:
+            self.settings.output.mkdir(parents=True, exist_ok=True)
+            path = self.settings.output / "results.json"
+            tmp = path.with_name("results.json.tmp")
+            doc = self.results(complete=False).to_dict()
+            tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
+            tmp.replace(path)
+        except (OSError, ValueError, PerfguardError):
+            pass  # the final write at the session's end reports a broken output folder
 
     # ------------------------------------------------------------------ xdist
     @pytest.hookimpl(optionalhook=True)
@@ -685,7 +812,7 @@ class PerfguardSession:
             self.records[record.nodeid] = record
 
     # ------------------------------------------------------------------ the end
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.ab_out:
             errors = {k: str(e.get("error")) for k, e in self.entries.items() if e.get("error")}
             foreign, own = os.environ.get(AB_FOREIGN_ENV), os.environ.get(AB_OWN_ENV)
@@ -702,54 +829,82 @@ class PerfguardSession:
                 ],
             }
             return
-        if self.settings.save:
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        if self.settings.save and interrupted:
+            self.save_error = "the session was interrupted: a partial run is never saved"
+        elif self.settings.save:
             self._save()
+        if self.save_error and self.settings.save and not interrupted:
+            # --perfguard-save exists to make baselines: not saving must not look green
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.settings.require_baseline and not self._compared():
+            self.notes.append(
+                "--perfguard-require-baseline: no test was compared with a baseline"
+            )
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self._write_results()
+
+    def _compared(self) -> bool:
+        """Some test was compared with something (a judged timing or gates)."""
+        for e in self.entries.values():
+            timing, gates = e.get("timing") or {}, e.get("gates") or {}
+            if timing.get("mode") in ("store", "ab") and timing.get("n_baseline"):
+                return True
+            if gates.get("outcome") in ("regressed", "improved", "unchanged"):
+                return True
+        return False
 
     def _save(self) -> None:
         if not self.records:
             self.save_error = "nothing captured, nothing saved"
             return
         try:
-            with Store(self.settings.store) as store:
+            with open_store(self.settings.store, create=True) as store:
                 records = [self.records[k] for k in sorted(self.records)]
                 self.saved_run_id = store.save_run(self.run, records)
         except (PerfguardError, ValueError) as exc:
             self.save_error = " ".join(str(exc).split())
 
-    def results(self) -> dict[str, Any]:
-        """The ``results.json`` document."""
+    def results(self, complete: bool = True) -> Any:
+        """The session document (:class:`~perfguard.compare.results.SessionResults`,
+        schema 2): every entry checked into a typed :class:`TestEntry`; ``complete``
+        is false while the session runs."""
         from perfguard import __version__
+        from perfguard.compare.results import SessionResults, TestEntry
 
-        counts: dict[str, int] = {}
-        for entry in self.entries.values():
-            counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
         match = self.match
         baseline = None
         if match is not None and match.found:
             baseline = {"ref": match.ref, "commit": match.commit, "run_id": match.run_id}
-        return {
-            "schema": RESULTS_SCHEMA,
-            "perfguard_version": __version__,
-            "run": self.run.to_dict(),
-            "baseline": baseline,
-            "baseline_status": self.baseline_status(),
-            "saved": (
+        tests = [
+            TestEntry.from_dict(self.entries[k], "results", f"tests[{k!r}]")
+            for k in sorted(self.entries)
+        ]
+        settings = {
+            **self.settings.to_dict(),
+            "alpha": ALPHA,
+            "resolved_backend": self.backend.label,
+            "backend_why": self.backend.why,
+        }
+        mode = settings.get("mode")
+        return SessionResults(
+            tests=tests,
+            perfguard_version=__version__,
+            run=self.run.to_dict(),
+            baseline=baseline,
+            baseline_status=self.baseline_status(),
+            saved=(
                 {"run_id": self.saved_run_id, "store": str(self.settings.store)}
                 if self.saved_run_id is not None
                 else None
             ),
-            "save_error": self.save_error,
-            "settings": {
-                **self.settings.to_dict(),
-                "alpha": ALPHA,
-                "resolved_backend": self.backend.label,
-                "backend_why": self.backend.why,
-            },
-            "counts": dict(sorted(counts.items())),
-            "notes": self.notes,
-            "tests": [self.entries[k] for k in sorted(self.entries)],
-        }
+            save_error=self.save_error,
+            settings=settings,
+            notes=list(self.notes),
+            mode=mode if mode in ("store", "ab") else
+            ("ab" if any(t.mode == "ab" for t in tests) else "store"),
+            complete=complete,
+        )  # fmt: skip
 
     def baseline_status(self) -> str:
         """One line on which baseline this session compared with, or why none."""
@@ -768,30 +923,48 @@ class PerfguardSession:
     def _write_results(self) -> None:
         out = self.settings.output
         try:
+            results = self.results()
             out.mkdir(parents=True, exist_ok=True)
             path = out / "results.json"
             tmp = path.with_name("results.json.tmp")
-            tmp.write_text(json.dumps(self.results(), indent=1, allow_nan=False))
+            tmp.write_text(json.dumps(results.to_dict(), indent=1, allow_nan=False))
             tmp.replace(path)
             self.results_path = path
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, PerfguardError) as exc:
             self.notes.append(f"could not write results.json in {out}: {exc}")
+            self._remove_stale_reports(out)
             return
-        self._write_reports(out)
+        self._write_reports(out, results)
 
-    def _write_reports(self, out: Path) -> None:
+    def _write_reports(self, out: Path, results: Any) -> None:
         """``report.html`` for the reviewer and ``summary.md`` for the PR comment (and
         ``$GITHUB_STEP_SUMMARY``), from the results just written. A failure here is
-        said in the terminal summary; it never changes the session's outcome."""
+        said in the terminal summary and removes the reports of an earlier session (a
+        stale report must never pass for this one's); it never changes the outcome."""
         from perfguard.report.html import write_session_html
         from perfguard.report.markdown import write_markdown
 
-        results = self.results()
         try:
             self.report_path = write_session_html(results, out / "report.html")
             write_markdown(results, out / "summary.md")
-        except (PerfguardError, OSError, ValueError) as exc:
-            self.notes.append(f"could not write the HTML/Markdown report in {out}: {exc}")
+        except Exception as exc:  # a report bug must not cost the session: say it, clean up
+            self.report_path = None
+            why = " ".join(str(exc).split()) or type(exc).__name__
+            self.notes.append(f"could not write the HTML/Markdown report in {out}: {why}")
+            self._remove_stale_reports(out)
+
+    def _remove_stale_reports(self, out: Path) -> None:
+        gone = []
+        for name in ("report.html", "summary.md"):
+            try:
+                (out / name).unlink()
+                gone.append(name)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.notes.append(f"could not remove the stale {out / name}: {exc.strerror}")
+        if gone:
+            self.notes.append(f"removed {' and '.join(gone)} so that no stale report remains")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.worker_id is not None or self.ab_out:
@@ -801,6 +974,39 @@ class PerfguardSession:
         terminalreporter.section("perfguard")
         for line in summary_lines(self):
             terminalreporter.write_line(line)
+
+
+def _workers(config: pytest.Config) -> int:
+    """How many test processes measure at once: xdist's worker count, else 1. Recorded in
+    the fingerprint, so a -n 4 run is never silently compared with a serial baseline."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput:
+        return int(workerinput.get("workercount", 1) or 1)
+    n = getattr(config.option, "numprocesses", None)
+    if isinstance(n, int) and n > 0:
+        return n
+    if n in ("auto", "logical"):
+        return os.cpu_count() or 1
+    return 1
+
+
+def _sigterm_interrupts() -> Any:
+    """SIGTERM (a CI runner cancelling the job) ends the session as Ctrl-C does: the
+    reports are written, and an interrupted run is never saved as a baseline. Returns
+    the function that puts the previous handler back (None when nothing was changed)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None  # someone else handles it
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _git_dir(root: Path) -> Path:

@@ -1,9 +1,12 @@
-"""The ``perfguard`` section of pytest's terminal summary: one row per measured test.
+"""The ``perfguard`` section of pytest's terminal summary: the badge, one row per test.
 
 Columns: test, outcome, Δ median, interval (the ``1 - alpha`` confidence
-interval of the change), top changed op (the op whose per-iteration median
-moved most). Then which baseline was used, what was saved and where
-``results.json`` is. Text only, from the ``results.json`` entries.
+interval of the change), the gates half's outcome, and why: the op that
+moved most for a regression or improvement, the reason for every other
+outcome (an error, a crash, too few rounds, a busy machine). Tests are
+listed worst first. Then which baseline was used, what was saved and
+where ``results.json`` and the reports are. Text only, from the typed
+session document (:class:`~perfguard.compare.results.SessionResults`).
 """
 
 from __future__ import annotations
@@ -11,9 +14,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-HEADER = ("test", "outcome", "Δ median", "interval", "top changed op")
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
+from perfguard.errors import PerfguardError
+
+HEADER = ("test", "outcome", "Δ median", "interval", "gates", "why")
 MAX_TEST = 60
-MAX_OP = 40
+MAX_WHY = 70
 
 
 def _pct(value: Any) -> str:
@@ -22,38 +29,51 @@ def _pct(value: Any) -> str:
     return f"{value:+.1f}%"
 
 
-def _interval(entry: dict[str, Any]) -> str:
-    lo, hi = entry.get("ci_low_pct"), entry.get("ci_high_pct")
+def _interval(entry: TestEntry) -> str:
+    lo, hi = entry.ci_low_pct, entry.ci_high_pct
     if lo is None or hi is None:
         return "-"
     return f"{lo:+.1f}..{hi:+.1f}%"
 
 
-def top_op(entry: dict[str, Any]) -> str:
+def top_op(entry: TestEntry) -> str:
     """The op that moved most (ops come largest change first), with its change."""
-    for op in entry.get("ops") or []:
+    for op in entry.ops:
         base, cur = op.get("baseline_ns"), op.get("current_ns")
         if (base or 0) == (cur or 0):
-            return "-"
+            return ""
         name = str(op.get("op_name"))
         if op.get("status") in ("added", "removed"):
-            return _clip(f"{name} ({op['status']})", MAX_OP)
-        return _clip(f"{name} {_pct(op.get('delta_pct'))}", MAX_OP)
-    return "-"
+            return f"{name} ({op['status']})"
+        return f"{name} {_pct(op.get('delta_pct'))}"
+    return ""
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1) :]
+def why(entry: TestEntry) -> str:
+    """The op behind a regression or improvement; the reason for everything else."""
+    if entry.outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
+        op = top_op(entry)
+        if op:
+            return f"top op {op}"
+    return entry.reason or "-"
 
 
-def table_rows(entries: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+def _clip(text: str, width: int, keep_end: bool = False) -> str:
+    text = " ".join(text.split()).encode("utf-8", "replace").decode("utf-8")
+    if len(text) <= width:
+        return text
+    return "…" + text[-(width - 1) :] if keep_end else text[: width - 1] + "…"
+
+
+def table_rows(entries: list[TestEntry]) -> list[tuple[str, ...]]:
     return [
         (
-            _clip(e["nodeid"], MAX_TEST),
-            str(e["outcome"]),
-            _pct(e.get("delta_pct")),
+            _clip(e.nodeid, MAX_TEST, keep_end=True),
+            e.outcome.value,
+            _pct(e.delta_pct),
             _interval(e),
-            top_op(e) if e["outcome"] != "error" else _clip(str(e.get("error")), MAX_OP),
+            e.gates.outcome.value if e.gates is not None else "-",
+            _clip(why(e), MAX_WHY),
         )
         for e in entries
     ]
@@ -67,19 +87,27 @@ def format_table(rows: list[tuple[str, ...]]) -> list[str]:
     return out
 
 
-def summary_lines(session: Any) -> list[str]:
-    """The section's lines for a :class:`~perfguard.plugin.session.PerfguardSession`."""
-    entries = [session.entries[k] for k in sorted(session.entries)]
-    lines = [f"backend: {session.backend.label} ({session.backend.why})"]
-    lines.append(f"baseline: {session.baseline_status()}")
-    if entries:
-        lines += format_table(table_rows(entries))
-        counts: dict[str, int] = {}
-        for e in entries:
-            counts[e["outcome"]] = counts.get(e["outcome"], 0) + 1
-        lines.append(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+def results_lines(results: SessionResults) -> list[str]:
+    """The badge, the table (worst first) and the counts of a session document."""
+    tests = results.sorted_tests()
+    lines = [f"perfguard: {results.badge()} ({results.badge_reason()})"]
+    if tests:
+        lines += format_table(table_rows(tests))
+        counts = results.counts
+        lines.append(", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]))
     else:
         lines.append("no test was measured (mark benchmarks with @pytest.mark.gpuprofile)")
+    return lines
+
+
+def summary_lines(session: Any) -> list[str]:
+    """The section's lines for a :class:`~perfguard.plugin.session.PerfguardSession`."""
+    lines = [f"backend: {session.backend.label} ({session.backend.why})"]
+    lines.append(f"baseline: {session.baseline_status()}")
+    try:
+        lines += results_lines(session.results())
+    except PerfguardError as exc:  # a malformed entry must not cost the summary
+        lines.append(f"perfguard: cannot tabulate the results: {exc}")
     if session.saved_run_id is not None:
         dirty = " (dirty tree)" if session.run.dirty else ""
         lines.append(

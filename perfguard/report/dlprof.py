@@ -16,7 +16,7 @@ from perfguard.analysis import Analysis
 
 REPORTS = ("summary", "detail", "iteration", "kernel")
 #: every report ``--reports all`` selects (the default set stays the cheap four)
-ALL_REPORTS = (*REPORTS, "tensor", "op_type", "group_node", "expert_systems")
+ALL_REPORTS = (*REPORTS, "tensor", "op_type", "group_node", "expert_systems", "rank")
 FORMATS = ("csv", "json", "html")
 
 _STAT_LABEL = {"total": "Total", "avg": "Avg.", "min": "Min", "max": "Max"}
@@ -176,6 +176,26 @@ GROUP_COLUMNS: dict[str, str] = {
     "gpu_idle_total": "Total GPU Idle Time (ns)",
 }
 
+#: rank report (perfguard's, after DLProf's multi-GPU view and HTA's temporal
+#: breakdown): one row per rank, see :mod:`perfguard.analysis.ranks`.
+RANK_COLUMNS: dict[str, str] = {
+    "rank": "Rank",
+    "gpus": "GPUs",
+    "iterations": "Iterations",
+    "iteration_time_avg": "Avg. Iteration Time (ns)",
+    "wall_time": "Wall Time (ns)",
+    "gpu_time": "GPU Time (ns)",
+    "kernel_time": "Kernel Time (ns)",
+    "comm_time": "Communication Time, NCCL (ns)",
+    "compute_time": "Compute Kernel Time (ns)",
+    "memop_time": "Memory Op Time (ns)",
+    "gpu_busy": "GPU Busy Time, flattened (ns)",
+    "idle_time": "GPU Idle Time (ns)",
+    "idle_pct": "GPU Idle (%)",
+    "comm_wait": "Wait for Straggler in NCCL (ns)",
+    "straggler": "Straggler",
+}
+
 EXPERT_COLUMNS: dict[str, str] = {
     "check": "Check",
     "severity": "Severity",
@@ -244,6 +264,13 @@ def expert_table(analysis: Analysis) -> pd.DataFrame:
     return _select(run_detectors(analysis), EXPERT_COLUMNS)
 
 
+def rank_report(analysis: Analysis) -> pd.DataFrame:
+    """One row per rank: GPU, communication, idle and iteration time, and the straggler."""
+    from perfguard.analysis.ranks import rank_table
+
+    return _select(rank_table(analysis), RANK_COLUMNS)
+
+
 TABLES = {
     "summary": summary_table,
     "detail": detail_table,
@@ -253,4 +280,5 @@ TABLES = {
     "op_type": op_type_table,
     "group_node": group_node_table,
     "expert_systems": expert_table,
+    "rank": rank_report,
 }

@@ -7,7 +7,8 @@ figure to a few kB. The figures are drawn on :class:`~matplotlib.figure.Figure`
 objects directly, never through ``pyplot``, so rendering a report does not
 change the backend of a notebook that imports perfguard.
 
-A session report draws two figures per test. Building a matplotlib figure
+A session report draws two figures per test (its rounds, or an older
+file's per-iteration samples, and its history). Building a matplotlib figure
 and its axes costs about as much as drawing it, so :class:`SessionFigures`
 builds each kind once and only swaps the data between tests (about half the
 time of a fresh figure per test; see ``benchmarks/report_size.py``).
@@ -108,9 +109,14 @@ class SessionFigures:
         return f"f{self._count}-"
 
     def distribution(
-        self, baseline: Sequence[float], current: Sequence[float], label: str
+        self,
+        baseline: Sequence[float],
+        current: Sequence[float],
+        label: str,
+        unit_label: str = "per-iteration time",
     ) -> str | None:
-        """Box/strip plot of the two sample sets (ns), or None when both are empty."""
+        """Box/strip plot of the two sets of values (ns: per-iteration samples or per-round
+        values, ``unit_label`` says which), or None when both are empty."""
         groups = [np.asarray(baseline, dtype=float), np.asarray(current, dtype=float)]
         if not any(len(g) for g in groups):
             return None
@@ -133,7 +139,7 @@ class SessionFigures:
                 box.set_data([], [])
         pad = (hi - lo) * 0.06 or abs(hi) * 0.05 or 1.0
         self._dist_ax.set_xlim(lo - pad, hi + pad)
-        self._dist_ax.set_xlabel(f"per-iteration time ({unit})")
+        self._dist_ax.set_xlabel(f"{unit_label} ({unit})")
         return svg_text(self._dist, label, self._prefix())
 
     def trend(self, history: Sequence[dict[str, Any]], label: str) -> str | None:

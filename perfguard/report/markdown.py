@@ -1,7 +1,10 @@
 """``summary.md``: a session's verdicts, short enough for a pull-request comment.
 
-One line per regressed or improved test with its numbers, every other
-test in a collapsed ``<details>`` table, and a link to the HTML report.
+The session's badge (PASS / FAIL / ADVISORY / INCOMPLETE / NOT JUDGED)
+with its reason; one line per test that regressed, crashed, errored, was
+too noisy, incomparable or not judged, or improved, worst first, with its
+numbers or its reason; every other test in a collapsed ``<details>`` table
+(with its reason), and a link to the HTML report.
 The link target is :data:`REPORT_URL_PLACEHOLDER` unless a URL is given:
 CI knows the artifact's URL only after the upload, so the workflow
 substitutes it (``examples/github-actions.yml``).
@@ -20,15 +23,27 @@ import re
 from pathlib import Path
 from typing import Any
 
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.errors import ReportError
-from perfguard.report.html.render import fmt_ci, fmt_ns, fmt_p, fmt_pct, write_text
-from perfguard.report.html.results import OUTCOMES, validate_results
+from perfguard.report.html.render import clean_text, fmt_ci, fmt_ns, fmt_p, fmt_pct, write_text
 
 #: what the link to the HTML report points at until CI substitutes the artifact URL
 REPORT_URL_PLACEHOLDER = "PERFGUARD_REPORT_URL"
-_ICON = {"regressed": ":red_circle:", "improved": ":green_circle:"}
-_MAX_LINES = 30  # regressed/improved lines
+_ICON = {
+    "regressed": ":red_circle:", "crashed": ":boom:", "error": ":warning:",
+    "noisy": ":yellow_circle:", "incomparable": ":no_entry_sign:",
+    "not-judged": ":grey_question:", "improved": ":green_circle:",
+}  # fmt: skip
+_BADGE_ICON = {
+    "FAIL": ":x:", "ADVISORY": ":warning:", "INCOMPLETE": ":boom:",
+    "NOT JUDGED": ":grey_question:", "PASS": ":white_check_mark:",
+}  # fmt: skip
+#: outcomes that get a line of their own; the rest go into the collapsed table
+_LISTED = tuple(o for o in OUTCOMES if o in _ICON)
+_MAX_LINES = 30  # listed lines
 _MAX_ROWS = 150  # rows of the collapsed table
+_MAX_REASON = 200  # characters of a reason
 
 
 def _code(text: Any, table: bool = False) -> str:
@@ -41,17 +56,19 @@ def _code(text: Any, table: bool = False) -> str:
     return span.replace("|", "\\|") if table else span
 
 
-def _text(text: Any) -> str:
+def _text(text: Any, limit: int | None = None) -> str:
     """Plain user text for Markdown: HTML and emphasis characters escaped, one line."""
     text = " ".join(str(text).split())
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return re.sub(r"([\\`*_\[\]|#~])", r"\\\1", text)
 
 
-def _top_op(test: dict[str, Any]) -> str:
+def _top_op(test: TestEntry) -> str:
     """The changed op with the largest |Δ time|, as `` `name` +12.3 %``, or ""."""
     best, best_abs = None, -1.0
-    for op in test["ops"]:
+    for op in test.ops:
         if op.get("status") not in ("regressed", "improved"):
             continue
         b, c = op.get("baseline_ns"), op.get("current_ns")
@@ -65,32 +82,53 @@ def _top_op(test: dict[str, Any]) -> str:
     )
 
 
-def _line(test: dict[str, Any]) -> str:
-    t = test
-    return (
-        f"- {_ICON[t['outcome']]} **{t['outcome']}** {_code(t['nodeid'])}: "
-        f"{fmt_pct(t['delta_pct'])} (interval {fmt_ci(t['ci_low_pct'], t['ci_high_pct'])}, "
-        f"p {fmt_p(t['p_value'])}, n {_count(t['n_baseline'])}/{_count(t['n_current'])}), "
-        f"median {fmt_ns(t['median_baseline_ns'])} → {fmt_ns(t['median_current_ns'])}"
-        f"{_top_op(t)}"
-    )
+def _evidence(t: TestEntry) -> str:
+    """The timing half's figures and the gates half's verdict, in one clause each."""
+    parts = []
+    tv = t.timing
+    if t.delta_pct is not None:
+        n = f"n {_count(t.n_baseline)}/{_count(t.n_current)}"
+        if tv is not None and tv.mode != "none":
+            n = f"{tv.n_baseline}/{tv.n_current} {'pairs' if tv.mode == 'ab' else 'rounds'}"
+        threshold = (
+            f", threshold {fmt_pct(tv.threshold_pct, False)}"
+            if tv is not None and tv.threshold_pct == tv.threshold_pct
+            else ""
+        )
+        parts.append(
+            f"{fmt_pct(t.delta_pct)} (interval {fmt_ci(t.ci_low_pct, t.ci_high_pct)}, "
+            f"p {fmt_p(t.p_value)}, {n}{threshold}), "
+            f"median {fmt_ns(t.median_baseline_ns)} → {fmt_ns(t.median_current_ns)}"
+        )
+    if t.gates is not None and t.gates.outcome is not Outcome.UNCHANGED:
+        parts.append(f"gates {t.gates.outcome.value}")
+    return "; ".join(parts)
+
+
+def _line(t: TestEntry) -> str:
+    o = t.outcome.value
+    evidence = _evidence(t) if t.outcome.judged else ""
+    head = f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: "
+    if evidence:
+        return f"{head}{evidence}{_top_op(t)}  \n  {_text(t.reason, _MAX_REASON)}"
+    return f"{head}{_text(t.reason, _MAX_REASON) or o}"
 
 
 def _count(x: float | None) -> str:
     return "?" if x is None else str(int(x))
 
 
-def render_markdown(results: dict[str, Any], report_url: str | None = None) -> str:
-    """The Markdown summary of a session's ``results`` (a results.json dict)."""
-    results = validate_results(results)
-    tests = results["tests"]
-    counts = results["counts"]
-    verdict = "FAIL" if counts.get("regressed") else "PASS"
-    icon = ":x:" if verdict == "FAIL" else ":white_check_mark:"
-    parts = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts.get(o)) or "no tests"
-    out = [f"## perfguard {icon} {verdict}: {parts}", ""]
+def render_markdown(results: SessionResults | dict[str, Any], report_url: str | None = None) -> str:
+    """The Markdown summary of a session's ``results`` (typed, or a results.json dict)."""
+    results = SessionResults.from_dict(results)
+    tests = results.sorted_tests()
+    counts = results.counts
+    badge = results.badge()
+    parts = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]) or "no tests"
+    out = [f"## perfguard {_BADGE_ICON[badge]} {badge}: {parts}", "", _text(results.badge_reason()),
+           ""]  # fmt: skip
 
-    run, base = results["run"], results["baseline"]
+    run, base = results.run, results.baseline
     fp = run.get("fingerprint") or {}
     where = [f"commit {_code((run.get('commit') or 'unknown')[:12])}"]
     if base:
@@ -99,44 +137,49 @@ def render_markdown(results: dict[str, Any], report_url: str | None = None) -> s
             where.append(f"({_code(base['ref'])})")
     else:
         where.append("(no baseline)")
+    if results.mode == "ab":
+        where.append("(A/B on one machine)")
     machine = fp.get("gpu_name") or (f"CPU {fp['cpu']}" if fp.get("cpu") else "")
-    backend = fp.get("backend") or results["settings"].get("backend")
+    backend = fp.get("backend") or results.settings.get("backend")
     extra = [_text(x) for x in (machine, backend) if x]
     out += [" ".join(where) + (" on " + ", ".join(extra) if extra else ""), ""]
 
-    changed = [t for t in tests if t["outcome"] in ("regressed", "improved")]
-    changed.sort(key=lambda t: (t["outcome"] != "regressed", -abs(t["delta_pct"] or 0.0)))
-    out += [_line(t) for t in changed[:_MAX_LINES]]
-    if len(changed) > _MAX_LINES:
-        out.append(f"- … and {len(changed) - _MAX_LINES} more changed tests (see the report)")
-    if changed:
+    listed = [t for t in tests if t.outcome.value in _LISTED]
+    out += [_line(t) for t in listed[:_MAX_LINES]]
+    if len(listed) > _MAX_LINES:
+        out.append(f"- … and {len(listed) - _MAX_LINES} more (see the report)")
+    if listed:
         out.append("")
 
-    rest = [t for t in tests if t["outcome"] not in ("regressed", "improved")]
+    rest = [t for t in tests if t.outcome.value not in _LISTED]
     if rest:
-        by = ", ".join(f"{o}: {n}" for o in OUTCOMES if (n := sum(t["outcome"] == o for t in rest)))
+        by = ", ".join(f"{o}: {n}" for o in OUTCOMES if (n := sum(t.outcome == o for t in rest)))
         out += [f"<details><summary>{len(rest)} other tests ({by})</summary>", ""]
         out += [
-            "| Test | Outcome | Δ median | p | Median baseline → current |",
-            "|---|---|---|---|---|",
+            "| Test | Outcome | Δ median | p | Median baseline → current | Reason |",
+            "|---|---|---|---|---|---|",
         ]
         for t in rest[:_MAX_ROWS]:
             out.append(
-                f"| {_code(t['nodeid'], table=True)} | {t['outcome']} | {fmt_pct(t['delta_pct'])} "
-                f"| {fmt_p(t['p_value'])} | {fmt_ns(t['median_baseline_ns'])} → "
-                f"{fmt_ns(t['median_current_ns'])} |"
+                f"| {_code(t.nodeid, table=True)} | {t.outcome.value} | {fmt_pct(t.delta_pct)} "
+                f"| {fmt_p(t.p_value)} | {fmt_ns(t.median_baseline_ns)} → "
+                f"{fmt_ns(t.median_current_ns)} | {_text(t.reason, _MAX_REASON)} |"
             )
         if len(rest) > _MAX_ROWS:
             out.append(f"\n… and {len(rest) - _MAX_ROWS} more (see the report)")
         out += ["", "</details>", ""]
 
+    for note in results.notes:
+        out.append(f"> {_text(note, 300)}")
+    if results.notes:
+        out.append("")
     url = report_url or REPORT_URL_PLACEHOLDER
     out.append(f"[Full HTML report (report.html)]({url})")
     return "\n".join(out) + "\n"
 
 
 def write_markdown(
-    results: dict[str, Any],
+    results: SessionResults | dict[str, Any],
     path: str | Path,
     *,
     report_url: str | None = None,
@@ -147,7 +190,7 @@ def write_markdown(
     ``step_summary=False`` skips the append (e.g. when re-rendering locally
     inside a CI job that already posted one).
     """
-    text = render_markdown(results, report_url)
+    text = clean_text(render_markdown(results, report_url))
     written = write_text(path, text, "Markdown summary")
     target = os.environ.get("GITHUB_STEP_SUMMARY") if step_summary else None
     if target:

@@ -17,16 +17,23 @@ import pandas as pd
 from perfguard.analysis import Analysis
 from perfguard.errors import PerfguardError
 from perfguard.report.dlprof import FORMATS, REPORTS, TABLES
+from perfguard.report.perfetto import FORMAT as PERFETTO
+from perfguard.report.perfetto import perfetto_path, write_perfetto
+
+#: formats written as one file per report (html and perfetto are one file for all)
+_TABLE_FORMATS = ("csv", "json")
 
 
 def report_paths(
     out_dir: Path, base: str, reports: Iterable[str], formats: Iterable[str]
 ) -> list[Path]:
     """The files a run will write, in order: tables per report and format, then
-    one HTML page (``<base>_report.html``) when ``html`` is among the formats."""
+    one HTML page (``<base>_report.html``) when ``html`` is among the formats and
+    the Perfetto timeline (``<base>_perfetto.json.gz``) for ``perfetto``."""
     formats = list(formats)
-    tables = [out_dir / f"{base}_{r}.{f}" for r in reports for f in formats if f != "html"]
-    return tables + ([out_dir / f"{base}_report.html"] if "html" in formats else [])
+    tables = [out_dir / f"{base}_{r}.{f}" for r in reports for f in formats if f in _TABLE_FORMATS]
+    html = [out_dir / f"{base}_report.html"] if "html" in formats else []
+    return tables + html + ([perfetto_path(out_dir, base)] if PERFETTO in formats else [])
 
 
 def check_output(
@@ -73,7 +80,7 @@ def write_reports(
     for report in reports:
         table = TABLES[report](analysis)
         for fmt in formats:
-            if fmt != "html":
+            if fmt in _TABLE_FORMATS:
                 texts[out_dir / f"{base}_{report}.{fmt}"] = _render(report, table, fmt)
     if "html" in formats:  # the DLProf Viewer's pages in one self-contained file
         from perfguard.report.html import render_analysis_html
@@ -87,10 +94,36 @@ def write_reports(
         ) from None
     for path, text in texts.items():
         _atomic_write(path, text)
-    return list(texts)
+    written = list(texts)
+    if PERFETTO in formats:  # streamed to a temporary file and renamed: traces are large
+        written.append(write_perfetto(analysis, perfetto_path(out_dir, base)))
+    return written
 
 
 def _render(report: str, table: pd.DataFrame, fmt: str) -> str:
+    try:
+        return _render_as(report, table, fmt)
+    except UnicodeEncodeError:  # a lone surrogate in a name (a damaged capture)
+        return _render_as(report, _escape_surrogates(table), fmt)
+
+
+def _escape_surrogates(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with lone surrogates in text written as ``\\udXXX`` (pandas' JSON
+    writer cannot encode them); only taken after such a failure."""
+
+    def fix(v: object) -> object:
+        if isinstance(v, str):
+            return v.encode("utf-8", "backslashreplace").decode("utf-8")
+        return v
+
+    table = table.copy()
+    for col in table.columns:
+        if pd.api.types.is_object_dtype(table[col]) or pd.api.types.is_string_dtype(table[col]):
+            table[col] = table[col].map(fix).astype(object)
+    return table
+
+
+def _render_as(report: str, table: pd.DataFrame, fmt: str) -> str:
     if fmt == "csv":
         return table.to_csv(index=False)
     if report == "summary":
@@ -109,7 +142,8 @@ def _plain(v: object) -> object:
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        # a lone surrogate (a damaged name) is written as \\udXXX, never fails the report
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

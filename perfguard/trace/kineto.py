@@ -11,16 +11,20 @@ Three schema generations are handled (see ``shared/reference/kineto_and_hta.md``
 Kernels are joined to their launching call on ``correlation`` (flows are
 not needed and are incomplete in real traces). A GPU event carries the
 device as its pid, so the launching process is taken from that call.
-Fields are pulled out of the event dicts with pandas' record constructors,
-not a Python loop per event.
+
+The event array is decoded piece by piece into typed structs
+(:mod:`perfguard.trace.kineto_stream`), and each piece is turned into the
+tables' columns at once (:class:`_Columns`), so no dict per event is ever
+built and memory follows the output, not the file. Torch's own JSON bugs
+are repaired there, each with a line in ``Trace.notes``.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
-import zlib
+from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ import pandas as pd
 
 from perfguard.arrays import factorize
 from perfguard.errors import TraceError
+from perfguard.trace.kineto_stream import NA_INT, Event, Fallback, read_plain, stream_events
 from perfguard.trace.model import NO_CORRELATION, Trace
 from perfguard.trace.names import is_backward_name, is_iteration_name, op_type_of
 from perfguard.trace.ranges import finalize_ranges
@@ -48,38 +53,15 @@ RANGE_CATEGORIES = ("cpu_op", "user_annotation")
 API_CATEGORIES = ("cuda_runtime", "cuda_driver")
 MEMOP_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 _ARGS = [
-    "correlation", "External id", "external id", "device", "stream", "grid", "block",
+    "correlation", "device", "stream", "grid", "block",
     "registers per thread", "shared memory", "bytes", "Input Dims", "Input type",
     "Sequence number", "Call stack", "Concrete Inputs",
 ]  # fmt: skip
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
 
 
-def load_json(path: Path) -> dict[str, Any]:
-    """Parse a ``.json`` or ``.json.gz`` trace; errors name the file."""
-    try:
-        with open(path, "rb") as fh:
-            gzipped = fh.read(2) == b"\x1f\x8b"
-    except OSError as exc:
-        raise TraceError(path, f"cannot read file ({exc.strerror or exc})") from None
-    try:
-        if gzipped:
-            with gzip.open(path, "rb") as fh:
-                raw = fh.read()
-        else:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise TraceError(path, f"truncated or corrupt gzip file ({exc})") from None
-    except OSError as exc:
-        raise TraceError(path, f"cannot read file ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(raw)
-    except RecursionError:
-        raise TraceError(path, "not a trace: JSON nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise TraceError(path, f"not valid JSON, truncated or corrupt ({exc})") from None
-    del raw  # the parsed events are what is kept; free the text before reading them
+def _check_plain(path: Path, data: Any) -> list[dict[str, Any]]:
+    """The event list of a trace parsed by :func:`read_plain`; errors name the file."""
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(path, "JSON is not a Kineto/Chrome trace (no traceEvents list)")
     events = data["traceEvents"]
@@ -92,7 +74,7 @@ def load_json(path: Path) -> dict[str, Any]:
             f"not a valid trace: traceEvents[{bad}] is not an event object "
             f"(a JSON {_JSON_TYPES.get(type(events[bad]), 'value')})",
         )
-    return data
+    return events
 
 
 _JSON_TYPES = {int: "number", float: "number", str: "string", list: "array", bool: "boolean"}
@@ -117,10 +99,10 @@ def _dist_info(data: dict[str, Any]) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
-def _read_checked(path: Path, data: dict[str, Any], rank: int | None) -> Trace:
+def _read_checked(path: Path, rank: int | None, rank_default: int = 0) -> tuple[Trace, int]:
     """:func:`_read`, with malformed event data reported as a TraceError naming the file."""
     try:
-        return _read(path, data, rank)
+        return _read(path, rank, rank_default)
     except _MALFORMED as exc:
         problem = " ".join(str(exc).split())[:200]
         raise TraceError(
@@ -130,8 +112,7 @@ def _read_checked(path: Path, data: dict[str, Any], rank: int | None) -> Trace:
 
 def read_kineto(path: str | Path, rank: int | None = None) -> Trace:
     """Read one Kineto trace file. ``rank`` overrides ``distributedInfo.rank``."""
-    path = Path(path)
-    return _read_checked(path, load_json(path), rank)
+    return _read_checked(Path(path), rank)[0]
 
 
 def read_kineto_dir(path: str | Path) -> Trace:
@@ -147,14 +128,13 @@ def read_kineto_dir(path: str | Path) -> Trace:
         raise TraceError(path, "directory holds no .json or .json.gz trace files")
     traces, ranks = [], []
     for i, f in enumerate(files):
-        data = load_json(f)
         m = _RANK_IN_NAME.search(f.name)
-        r = _rank_of(f, _dist_info(data).get("rank", int(m.group(1)) if m else i))
+        tr, r = _read_checked(f, None, int(m.group(1)) if m else i)
         if r in ranks:
             other = files[ranks.index(r)].name
             raise TraceError(f, f"rank {r} appears twice in {path} (also in {other})")
         ranks.append(r)
-        traces.append(_read_checked(f, data, r))
+        traces.append(tr)
     merged = {
         t: pd.concat([getattr(tr, t) for tr in traces], ignore_index=True)
         for t in ("ranges", "api_calls", "kernels", "memops", "devices", "threads")
@@ -169,7 +149,8 @@ def read_kineto_dir(path: str | Path) -> Trace:
         merged["ranges"]["parent_id"] = np.concatenate(parts)
     meta = dict(traces[0].meta)
     meta.update(path=str(path), ranks=sorted(ranks), files=[str(f) for f in files])
-    return Trace(meta=meta, **merged)
+    notes = [f"{f.name}: {n}" for f, tr in zip(files, traces, strict=True) for n in tr.notes]
+    return Trace(meta=meta, notes=notes, **merged)
 
 
 #: |time| in µs above which ns overflow int64 (~292 years; epoch µs today are ~1.7e15)
@@ -230,97 +211,388 @@ def _int_column(s: pd.Series, default: int) -> np.ndarray:
 
 def _args_frame(args: pd.Series) -> pd.DataFrame:
     records = [a if isinstance(a, dict) else {} for a in args]
-    df = pd.DataFrame.from_records(records, columns=_ARGS, index=args.index)
-    ext = df["External id"].where(df["External id"].notna(), df["external id"])
-    return df.drop(columns=["external id"]).assign(**{"External id": ext})
+    return pd.DataFrame.from_records(records, columns=_ARGS, index=args.index)
 
 
-def _read(path: Path, data: dict[str, Any], rank: int | None) -> Trace:
-    events = pd.DataFrame.from_records(
-        data["traceEvents"], columns=["ph", "cat", "name", "pid", "tid", "ts", "dur", "args"]
-    )
-    # categories repeat: renamed once per distinct value, not per event
-    codes, distinct = factorize(events["cat"], use_na_sentinel=False)
-    distinct = pd.Series(distinct, dtype=object)
-    legacy = bool(distinct.isin(list(LEGACY_CATEGORIES)).any())
-    events["cat"] = pd.Series(
-        distinct.replace(LEGACY_CATEGORIES).to_numpy(dtype=object)[codes],
-        index=events.index,
-        dtype=object,
-    )
-    known = events["cat"].isin(RANGE_CATEGORIES + API_CATEGORIES + ("kernel",) + MEMOP_CATEGORIES)
-    if len(events) and not known.any():
-        found = ", ".join(sorted(map(str, events["cat"].dropna().unique()))[:8]) or "none"
+#: event fields the reader uses, in :class:`Event` and in the plain reader's records
+_FIELDS = ["ph", "cat", "name", "pid", "tid", "ts", "dur"]
+KNOWN_CATEGORIES = RANGE_CATEGORIES + API_CATEGORIES + ("kernel",) + MEMOP_CATEGORIES
+#: kernel columns read from a number in ``args``
+_KERNEL_NUMBERS = (("registers", "registers per thread"), ("shared_mem", "shared memory"))
+#: events per piece when the plain reader's dicts are turned into columns
+_PLAIN_PIECE = 200_000
+
+
+def _take(values: list[Any], idx: np.ndarray) -> list[Any]:
+    """``[values[i] for i in idx]`` without a Python loop."""
+    if not len(idx):
+        return []
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return list(arr[idx])
+
+
+class _Columns:
+    """The reader's tables, built piece by piece from decoded events.
+
+    Only the events the tables keep (``X`` events of known categories, and
+    ``thread_name`` metadata) are turned into columns; numbers become numpy
+    columns per piece, and each distinct name is held once.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.parts: dict[str, list[pd.DataFrame]] = {
+            t: [] for t in ("api", "kernels", "memops", "ranges", "threads")
+        }
+        self.cats: dict[Any, None] = {}  # distinct categories (renamed), in order seen
+        self.legacy = False
+        self.any_known = False
+        self.n = 0  # events so far: the index of the next one
+        self.names: dict[Any, Any] = {}  # one object per distinct name
+        self.not_text = 0  # names that were not strings
+
+    # -- input
+
+    def add_structs(self, events: list[Event]) -> None:
+        """One piece of typed :class:`Event` structs (the streaming reader).
+
+        Each field becomes a numpy column in one C-level pass
+        (``np.fromiter(map(attrgetter(...)))``); no Python code runs per event.
+        """
+        n = len(events)
+        if not n:
+            return
+        ph = np.array(list(map(_PH, events)), dtype=object)
+        cat = np.array(list(map(_CAT, events)), dtype=object)
+        every = np.empty(n, dtype=object)
+        every[:] = events
+        keep, threads, cat = self._select(ph, cat, lambda m, e=every: list(map(_NAME, e[m])))
+        del ph
+        rows = np.flatnonzero(keep)
+        sel = every[rows]
+        if len(threads) and threads.any():
+            t = every[threads]  # a few per trace
+            self.parts["threads"].append(pd.DataFrame(
+                {"pid": [e.pid for e in t], "tid": [e.tid for e in t],
+                 "name": [e.args.name for e in t]}, dtype=object
+            ))  # fmt: skip
+        del every
+        if len(sel):
+            self._add_structs(sel, cat[rows], rows + self.n)
+        self.n += n
+
+    def _add_structs(self, ev: np.ndarray, cat: np.ndarray, index: np.ndarray) -> None:
+        k = len(ev)
+        ts = np.array(list(map(_TS, ev)), dtype=np.float64)  # None -> NaN
+        dur = np.array(list(map(_DUR, ev)), dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.abs(ts) < _MAX_US) | (np.abs(dur) >= _MAX_US)
+        if bad.any():  # the plain check words the error
+            names = list(map(_NAME, ev))
+            x = pd.DataFrame({"cat": cat, "name": names, "ts": ts, "dur": dur}, index=index)
+            _check_times(self.path, x)
+        start = _float_us_to_ns(ts)
+        end = start + _float_us_to_ns(np.nan_to_num(dur, nan=0.0))
+        pid = _ints(list(map(_PID, ev)), -1)
+        tid = _ints(list(map(_TID, ev)), -1)
+        name = self._shared_names(pd.Series(list(map(_NAME, ev)), dtype=object))
+        args = list(map(_ARGS_OF, ev))
+        corr = _int_field(_CORR, args, NO_CORRELATION)
+        arg_arr = np.empty(k, dtype=object)
+        arg_arr[:] = args
+        del args
+
+        def rows(cats: tuple[str, ...]) -> np.ndarray:
+            return np.flatnonzero(np.isin(cat, list(cats)))
+
+        i = rows(API_CATEGORIES)
+        if len(i):
+            self.parts["api"].append(pd.DataFrame(
+                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
+                 "correlation_id": corr[i], "name": name[i]}
+            ))  # fmt: skip
+        for table, cats in (("kernels", ("kernel",)), ("memops", MEMOP_CATEGORIES)):
+            i = rows(cats)
+            if not len(i):
+                continue
+            ga = arg_arr[i]
+            dev = _int_field(_DEVICE, ga)
+            stream = _int_field(_STREAM, ga)
+            df = pd.DataFrame(
+                {"start": start[i], "end": end[i], "correlation_id": corr[i],
+                 "device_id": np.where(dev != NA_INT, dev, pid[i]),
+                 "stream_id": np.where(stream != NA_INT, stream, tid[i]), "name": name[i]}
+            )  # fmt: skip
+            if table == "kernels":
+                for field, get in (("grid", _GRID), ("block", _BLOCK)):
+                    xyz = _triples(list(map(get, ga)))
+                    for col, axis in enumerate("xyz"):
+                        df[f"{field}_{axis}"] = _nullable(xyz[:, col])
+                df["registers"] = _nullable(_int_field(_REGS, ga))
+                df["shared_mem"] = _nullable(_int_field(_SHMEM, ga))
+            else:
+                df["bytes"] = _nullable(_int_field(_BYTES, ga))
+            self.parts[table].append(df)
+        i = rows(RANGE_CATEGORIES)
+        if len(i):
+            ra = arg_arr[i]
+            stack = pd.Series(list(map(_STACK, ra)), dtype=object)
+            call_site = stack.where(stack.notna() & (stack != ""), None)
+            if call_site.notna().any():
+                call_site = call_site.str.split(";").str[0]
+            self.parts["ranges"].append(pd.DataFrame(
+                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
+                 "name": name[i], "category": cat[i],
+                 "seq": _nullable(_int_field(_SEQ, ra)),
+                 "input_shapes": _raw_json_text(list(map(_DIMS, ra))),
+                 "dtypes": _raw_json_text(list(map(_TYPES, ra))),
+                 "concrete_inputs": _raw_json_text(list(map(_CONCRETE, ra))),
+                 "call_site": call_site.to_numpy(dtype=object)}
+            ))  # fmt: skip
+
+    def add_dicts(self, events: list[dict[str, Any]]) -> None:
+        """Events parsed by the plain reader (the fallback), a piece at a time."""
+        for lo in range(0, len(events), _PLAIN_PIECE):
+            piece = events[lo : lo + _PLAIN_PIECE]
+            ev = pd.DataFrame.from_records(piece, columns=_FIELDS + ["args"])
+            ev.index += self.n
+            keep, threads, cat = self._select(
+                ev["ph"].to_numpy(object), ev["cat"], lambda m, e=ev: e["name"].to_numpy(object)[m]
+            )
+            x = ev[keep].drop(columns=["ph"]).assign(cat=cat[keep])
+            m = ev[threads]
+            names = pd.DataFrame.from_records(
+                [a if isinstance(a, dict) else {} for a in m["args"]], columns=["name"]
+            )
+            th = pd.DataFrame(
+                {"pid": m["pid"].to_numpy(object), "tid": m["tid"].to_numpy(object),
+                 "name": names["name"].to_numpy(object)}
+            )  # fmt: skip
+            self._add(x.drop(columns=["args"]), _args_frame(x["args"]), th)
+            self.n += len(ev)
+
+    def _select(
+        self, ph: np.ndarray, cat: Any, names_of: Callable[[np.ndarray], Any]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(kept X events, thread_name events, categories renamed), noting categories seen."""
+        # categories repeat: renamed once per distinct value, not per event
+        codes, distinct = pd.factorize(np.asarray(cat, dtype=object), use_na_sentinel=False)
+        distinct = pd.Series(distinct, dtype=object)
+        self.legacy |= bool(distinct.isin(list(LEGACY_CATEGORIES)).any())
+        renamed = distinct.replace(LEGACY_CATEGORIES)
+        self.cats.update(dict.fromkeys(renamed))
+        known_d = renamed.isin(KNOWN_CATEGORIES).to_numpy()
+        known = known_d[codes]
+        self.any_known |= bool(known.any())
+        keep = (ph == "X") & known
+        threads = ph == "M"
+        if threads.any():  # metadata events are few: their names are looked at alone
+            m = np.flatnonzero(threads)
+            threads[m] = np.asarray(pd.Series(names_of(m), dtype=object) == "thread_name")
+        return keep, threads, renamed.to_numpy(dtype=object)[codes]
+
+    def _shared_names(self, names: pd.Series) -> np.ndarray:
+        """Names with one object per distinct name across pieces; non-strings as text."""
+        codes, uniques = pd.factorize(names)
+        u = np.empty(len(uniques) + 1, dtype=object)
+        for i, v in enumerate(uniques):  # once per distinct name of the piece
+            if not isinstance(v, str):
+                self.not_text += int((codes == i).sum())
+                v = json.dumps(v) if isinstance(v, (int, float, bool)) else str(v)
+            u[i] = self.names.setdefault(v, v)
+        u[-1] = None  # codes of missing names are -1
+        return u[codes]
+
+    def _add(self, x: pd.DataFrame, a: pd.DataFrame, th: pd.DataFrame) -> None:
+        """Turn one piece's kept events (``x``, ``a``: their args) into table columns."""
+        if len(th):
+            self.parts["threads"].append(th)
+        if not len(x):
+            return
+        _check_times(self.path, x)
+        start = _us_to_ns(x["ts"])
+        end = start + _us_to_ns(x["dur"].fillna(0))
+        pid = _int_column(x["pid"], -1)
+        tid = _int_column(x["tid"], -1)
+        corr = _int_column(a["correlation"], NO_CORRELATION)
+        name = self._shared_names(x["name"])
+        cat = x["cat"].to_numpy(dtype=object)
+
+        def rows(cats: tuple[str, ...]) -> np.ndarray:
+            return np.flatnonzero(np.isin(cat, list(cats)))
+
+        i = rows(API_CATEGORIES)
+        if len(i):
+            self.parts["api"].append(pd.DataFrame(
+                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
+                 "correlation_id": corr[i], "name": name[i]}
+            ))  # fmt: skip
+        for table, cats in (("kernels", ("kernel",)), ("memops", MEMOP_CATEGORIES)):
+            i = rows(cats)
+            if not len(i):
+                continue
+            ga = a.iloc[i]
+            dev, stream = ga["device"], ga["stream"]
+            df = pd.DataFrame(
+                {"start": start[i], "end": end[i], "correlation_id": corr[i],
+                 "device_id": np.where(dev.notna(), _int_column(dev, -1), pid[i]),
+                 "stream_id": np.where(stream.notna(), _int_column(stream, -1), tid[i]),
+                 "name": name[i]}
+            )  # fmt: skip
+            if table == "kernels":
+                for axis, col in (("x", 0), ("y", 1), ("z", 2)):
+                    df[f"grid_{axis}"] = _triple(ga["grid"], col).to_numpy()
+                    df[f"block_{axis}"] = _triple(ga["block"], col).to_numpy()
+                for col, arg in _KERNEL_NUMBERS:
+                    df[col] = pd.to_numeric(ga[arg], errors="coerce").to_numpy()
+            else:
+                df["bytes"] = pd.to_numeric(ga["bytes"], errors="coerce").to_numpy()
+            self.parts[table].append(df)
+        i = rows(RANGE_CATEGORIES)
+        if len(i):
+            ra = a.iloc[i]
+            stack = ra["Call stack"]
+            call_site = stack.where(stack.notna() & (stack != ""), None)
+            if call_site.notna().any():
+                call_site = call_site.str.split(";").str[0]
+            self.parts["ranges"].append(pd.DataFrame(
+                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
+                 "name": name[i], "category": cat[i],
+                 "seq": pd.to_numeric(ra["Sequence number"], errors="coerce").to_numpy(),
+                 "input_shapes": _json_text(ra["Input Dims"]).to_numpy(),
+                 "dtypes": _json_text(ra["Input type"]).to_numpy(),
+                 "concrete_inputs": _json_text(ra["Concrete Inputs"]).to_numpy(),
+                 "call_site": call_site.to_numpy(dtype=object)}
+            ))  # fmt: skip
+
+    # -- output
+
+    def table(self, name: str, columns: list[str]) -> pd.DataFrame:
+        parts = self.parts[name]
+        if not parts:
+            return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+
+
+_PH, _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS_OF = map(attrgetter, _FIELDS + ["args"])
+_CORR, _DEVICE, _STREAM, _GRID, _BLOCK = map(
+    attrgetter, ["correlation", "device", "stream", "grid", "block"]
+)
+_REGS, _SHMEM, _BYTES, _SEQ, _STACK = map(
+    attrgetter, ["registers", "shared_memory", "bytes", "seq", "call_stack"]
+)
+_DIMS, _TYPES, _CONCRETE = map(attrgetter, ["input_dims", "input_type", "concrete"])
+
+
+def _float_us_to_ns(f: np.ndarray) -> np.ndarray:
+    """µs as float64 (exact for integers below 2**53) -> int64 ns, as :func:`_us_to_ns`."""
+    whole = np.floor(f)
+    return whole.astype(np.int64) * 1000 + np.rint((f - whole) * 1000).astype(np.int64)
+
+
+def _ints(values: list[Any], default: int) -> np.ndarray:
+    """Integers as int64 in one pass; text ids (2021 ``"stream 7"``) the slow way."""
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except (TypeError, ValueError, OverflowError):
+        return _int_column(pd.Series(values, dtype=object), default)
+
+
+def _int_field(get: Callable[[Any], Any], objs: Any, absent: int = NA_INT) -> np.ndarray:
+    """An int field of every struct as int64, ``null`` (a repaired NaN) as ``absent``."""
+    values = list(map(get, objs))
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except TypeError:  # None among them: only in a repaired file
+        return pd.Series(values, dtype=object).fillna(absent).to_numpy(np.int64)
+
+
+def _triples(values: list[Any]) -> np.ndarray:
+    """``[x, y, z]`` per struct as an (n, 3) int64 array, ``null`` as absent."""
+    try:
+        return np.array(values, dtype=np.int64).reshape(len(values), 3)
+    except (TypeError, ValueError):  # None among them: only in a repaired file
+        na = (NA_INT, NA_INT, NA_INT)
+        return np.array([na if v is None else v for v in values], dtype=np.int64)
+
+
+def _nullable(v: np.ndarray) -> pd.arrays.IntegerArray:
+    """int64 with :data:`NA_INT` for "absent" -> a nullable Int64 column."""
+    return pd.arrays.IntegerArray(v, v == NA_INT)
+
+
+def _raw_json_text(raws: list[Any]) -> np.ndarray:
+    """Raw JSON values (``b""`` when absent) -> compact JSON text, parsed once per distinct text."""
+    return _json_text(pd.Series(list(map(bytes, raws)), dtype=object)).to_numpy()
+
+
+def _decode(path: Path) -> tuple[_Columns, dict[str, Any], list[str]]:
+    """Stream the file into columns; the plain reader when the streaming one declines."""
+    cols = _Columns(path)
+    try:
+        top, notes = stream_events(path, cols.add_structs)
+    except Fallback:
+        data = read_plain(path)
+        cols = _Columns(path)
+        cols.add_dicts(_check_plain(path, data))
+        return cols, data, []
+    if cols.n == 0:
+        raise TraceError(path, "trace holds no events (traceEvents is empty)")
+    return cols, top, notes
+
+
+def _read(path: Path, rank: int | None, rank_default: int = 0) -> tuple[Trace, int]:
+    cols, data, notes = _decode(path)
+    if not cols.any_known:
+        seen = [c for c in cols.cats if c is not None and c == c]
+        found = ", ".join(sorted(map(str, seen))[:8]) or "none"
         raise TraceError(
             path, f"no PyTorch profiler events in this trace (categories seen: {found})"
         )
     if rank is None:
-        rank = _rank_of(path, _dist_info(data).get("rank", 0))
-    x = events[(events["ph"] == "X") & known].copy()
-    _check_times(path, x)
-    x["start"] = _us_to_ns(x["ts"])
-    x["end"] = x["start"] + _us_to_ns(x["dur"].fillna(0))
-    x["pid_i"] = _int_column(x["pid"], -1)
-    x["tid_i"] = _int_column(x["tid"], -1)
-    a = _args_frame(x["args"])
-    x["correlation_id"] = _int_column(a["correlation"], NO_CORRELATION)
-
-    api = x[x["cat"].isin(API_CATEGORIES)]
-    api_calls = pd.DataFrame(
-        {
-            "start": api["start"], "end": api["end"], "pid": api["pid_i"], "tid": api["tid_i"],
-            "correlation_id": api["correlation_id"], "name": api["name"],
-        }, copy=False
-    )  # fmt: skip
+        rank = _rank_of(path, _dist_info(data).get("rank", rank_default))
+    api_calls = cols.table("api", ["start", "end", "pid", "tid", "correlation_id", "name"])
     launcher = (
         api_calls[api_calls["correlation_id"] != NO_CORRELATION]
         .drop_duplicates("correlation_id")
         .set_index("correlation_id")["pid"]
     )
-    kernels = _gpu_events(x, a, "kernel", launcher)
-    k_args = a.loc[kernels.index]
+    gpu_cols = ["start", "end", "correlation_id", "device_id", "stream_id", "name"]
+    kernels = cols.table("kernels", gpu_cols)
+    kernels["pid"] = _launching_pid(kernels, launcher)
     kernels["short_name"] = _short_names(kernels["name"])
-    for axis, col in (("x", 0), ("y", 1), ("z", 2)):
-        kernels[f"grid_{axis}"] = _triple(k_args["grid"], col)
-        kernels[f"block_{axis}"] = _triple(k_args["block"], col)
-    kernels["registers"] = pd.to_numeric(k_args["registers per thread"], errors="coerce")
-    kernels["shared_mem"] = pd.to_numeric(k_args["shared memory"], errors="coerce")
-    memops = _gpu_events(x, a, MEMOP_CATEGORIES, launcher)
+    memops = cols.table("memops", gpu_cols)
+    memops["pid"] = _launching_pid(memops, launcher)
     memops["kind"] = memops["name"].str.replace(r"\s*\(.*\)$", "", regex=True)
-    memops["bytes"] = pd.to_numeric(a.loc[memops.index, "bytes"], errors="coerce")
-
-    ranges = _ranges(x, a)
+    ranges = _ranges(cols.table("ranges", _RANGE_COLUMNS))
     for df in (api_calls, kernels, memops, ranges):
         df["rank"] = rank
-    return Trace(
+    if cols.not_text:
+        notes.append(f"{cols.not_text} event name(s) were not text (e.g. a number); read as text")
+    unknown = int((ranges["name"] == "unknown").sum())
+    if unknown:
+        notes.append(
+            f"{unknown} op(s) are named 'unknown': torch writes that in place of a "
+            "record_function name with non-ASCII or control characters, whose real name is "
+            "not in the file"
+        )
+    trace = Trace(
         ranges=finalize_ranges(ranges),
         api_calls=api_calls,
         kernels=kernels,
         memops=memops,
         devices=_devices(data, rank),
-        threads=_threads(events, rank),
-        meta=_meta(path, data, events, legacy),
+        threads=_threads(cols.table("threads", ["pid", "tid", "name"]), rank),
+        meta=_meta(path, data, set(cols.cats), cols.legacy),
+        notes=notes,
     )
+    return trace, rank
 
 
-def _gpu_events(
-    x: pd.DataFrame, a: pd.DataFrame, cats: str | tuple[str, ...], launcher: pd.Series
-) -> pd.DataFrame:
-    g = x[x["cat"].isin([cats] if isinstance(cats, str) else list(cats))]
-    ga = a.loc[g.index]
-    pid = g["correlation_id"].map(launcher)
-    return pd.DataFrame(
-        {
-            "start": g["start"],
-            "end": g["end"],
-            "pid": pid.fillna(-1).astype(np.int64),
-            "device_id": np.where(ga["device"].notna(), _int_column(ga["device"], -1), g["pid_i"]),
-            "stream_id": np.where(ga["stream"].notna(), _int_column(ga["stream"], -1), g["tid_i"]),
-            "correlation_id": g["correlation_id"],
-            "name": g["name"],
-        },
-        copy=False,
-    )
+def _launching_pid(g: pd.DataFrame, launcher: pd.Series) -> np.ndarray:
+    """The pid of the runtime call with the GPU event's correlation id, or -1."""
+    return g["correlation_id"].map(launcher).fillna(-1).astype(np.int64).to_numpy()
 
 
 def _triple(s: pd.Series, i: int) -> pd.Series:
@@ -341,33 +613,38 @@ def _short_names(names: pd.Series) -> pd.Series:
     return pd.Series(base.to_numpy(dtype=object)[codes], index=names.index, dtype="object")
 
 
-def _ranges(x: pd.DataFrame, a: pd.DataFrame) -> pd.DataFrame:
-    r = x[x["cat"].isin(RANGE_CATEGORIES)]
-    ra = a.loc[r.index]
+#: the ranges table's columns as :class:`_Columns` builds them
+_RANGE_COLUMNS = ["start", "end", "pid", "tid", "name", "category", "seq", "input_shapes",
+                  "dtypes", "concrete_inputs", "call_site"]  # fmt: skip
+
+
+def _ranges(r: pd.DataFrame) -> pd.DataFrame:
     names = r["name"].astype(object)
-    kind = np.where(is_iteration_name(names), "iteration", "op").astype(object)
-    stack = ra["Call stack"]
-    call_site = stack.where(stack.notna() & (stack != ""), None)
-    call_site = call_site.str.split(";").str[0] if call_site.notna().any() else call_site
-    return pd.DataFrame(
-        {
-            "start": r["start"], "end": r["end"], "pid": r["pid_i"], "tid": r["tid_i"],
-            "name": names, "category": r["cat"], "kind": kind, "source": "kineto",
-            "op_type": op_type_of(names),
-            "bprop": is_backward_name(names).to_numpy(dtype=bool),
-            "seq": pd.to_numeric(ra["Sequence number"], errors="coerce").astype("Int64"),
-            "input_shapes": _json_text(ra["Input Dims"]),
-            "dtypes": _json_text(ra["Input type"]),
-            "concrete_inputs": _json_text(ra["Concrete Inputs"]),
-            "call_site": call_site,
-        }, copy=False
-    )  # fmt: skip
+    r["kind"] = np.where(is_iteration_name(names), "iteration", "op").astype(object)
+    r["source"] = "kineto"
+    r["op_type"] = op_type_of(names)
+    r["bprop"] = is_backward_name(names).to_numpy(dtype=bool)
+    r["seq"] = pd.to_numeric(r["seq"], errors="coerce").astype("Int64")
+    return r
 
 
 def _json_text(s: pd.Series) -> pd.Series:
-    """Lists (shapes, dtypes) as compact JSON text, so tables stay flat."""
-    ok = s.notna()
+    """Lists (shapes, dtypes) as compact JSON text, so tables stay flat.
+
+    The streaming reader hands over each value's raw JSON bytes (``b""`` when
+    absent): each distinct text is parsed and re-written once.
+    """
     out = pd.Series(None, index=s.index, dtype="object")
+    if not len(s):
+        return out
+    if isinstance(s.iloc[0], bytes):
+        codes, uniques = pd.factorize(s)
+        text = np.array(
+            [json.dumps(v, separators=(",", ":")) if (v := json.loads(u) if u else None)
+             is not None else None for u in uniques] + [None], dtype=object,
+        )  # fmt: skip
+        return pd.Series(text[codes], index=s.index, dtype="object")
+    ok = s.notna()
     if ok.any():
         out[ok] = [json.dumps(v, separators=(",", ":")) for v in s[ok]]
     return out
@@ -393,21 +670,16 @@ def _devices(data: dict[str, Any], rank: int) -> pd.DataFrame:
     )  # fmt: skip
 
 
-def _threads(events: pd.DataFrame, rank: int) -> pd.DataFrame:
-    m = events[(events["ph"] == "M") & (events["name"] == "thread_name")]
-    names = pd.DataFrame.from_records(
-        [a if isinstance(a, dict) else {} for a in m["args"]], columns=["name"], index=m.index
-    )
+def _threads(m: pd.DataFrame, rank: int) -> pd.DataFrame:
     pid = pd.to_numeric(m["pid"], errors="coerce")
     tid = pd.to_numeric(m["tid"], errors="coerce")
     ok = pid.notna() & tid.notna()
     return pd.DataFrame(
-        {"rank": rank, "pid": pid[ok], "tid": tid[ok], "name": names["name"][ok]}, copy=False
+        {"rank": rank, "pid": pid[ok], "tid": tid[ok], "name": m["name"][ok]}, copy=False
     ).astype({"pid": np.int64, "tid": np.int64})
 
 
-def _meta(path: Path, data: dict[str, Any], events: pd.DataFrame, legacy: bool) -> dict[str, Any]:
-    cats = set(events["cat"].dropna().unique())
+def _meta(path: Path, data: dict[str, Any], cats: set[Any], legacy: bool) -> dict[str, Any]:
     if legacy:
         schema = "legacy-2021"
     elif "async_cpu_to_gpu" in cats:

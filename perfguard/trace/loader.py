@@ -1,14 +1,37 @@
-"""One entry point that recognises a capture by its content and reads it."""
+"""One entry point that recognises a capture by its content and reads it.
+
+A directory holds one capture per rank (Kineto JSON or nsys SQLite exports,
+a multi-GPU job's per-rank files). Its files are read in parallel worker
+processes, at most ``min(ranks, cores)``, each worker reading one rank and
+then exiting (``max_tasks_per_child=1``), so a worker holds one rank's
+capture at a time and gives its memory back; the per-rank traces are merged
+into one Trace with a ``rank`` column, in rank-file order.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from perfguard.errors import TraceError
-from perfguard.trace.kineto import read_kineto, read_kineto_dir
-from perfguard.trace.model import Trace
+from perfguard.trace.kineto import read_kineto
+from perfguard.trace.model import SCHEMA, Trace
 from perfguard.trace.nsys import is_sqlite, read_nsys
+from perfguard.trace.xplane import (
+    find_xplanes,
+    is_xprof_json,
+    read_xplane,
+    read_xplane_dir,
+    read_xprof_json,
+)
 
 _NSYS_REPORTS = (".nsys-rep", ".qdrep")
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -18,16 +41,39 @@ _MALFORMED = (
 )  # fmt: skip
 
 
-def load_trace(path: str | Path) -> Trace:
+#: the files of a directory that are read as one rank's capture each
+RANK_FILE_SUFFIXES = (".json", ".json.gz", ".sqlite")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
+#: below this many bytes in all, a directory is read in this process: starting a
+#: worker (a fresh interpreter importing pandas) costs more than reading small files
+PARALLEL_MIN_BYTES = 32 * 2**20
+
+#: ``on_rank(ranks_done, ranks_total, events_read)``, called as each rank is read
+RankProgress = Callable[[int, int, int], None]
+
+
+def load_trace(
+    path: str | Path, *, jobs: int | None = None, on_rank: RankProgress | None = None
+) -> Trace:
     """Read an nsys SQLite export, a Kineto trace, or a directory of per-rank traces.
+
+    Also TensorFlow/JAX profiles: an ``*.xplane.pb``, a TensorBoard logdir or
+    ``plugins/profile/<run>`` folder holding them, or XProf's trace JSON
+    (JAX's ``perfetto_trace.json.gz``).
 
     The format is decided by content (SQLite header, gzip/JSON), not by the
     file name. Anything unreadable raises :class:`perfguard.TraceError`
     whose message names the file and the problem on one line, including a
-    capture too large for this machine's memory.
+    capture too large for this machine's memory. ``jobs`` caps the worker
+    processes that read a directory's ranks (default: the cores; 1 reads in
+    this process); ``on_rank`` hears of each rank read.
     """
     path = Path(path)
     try:
+        if path.is_dir():
+            if find_xplanes(path):  # a TensorBoard logdir or plugins/profile/<run>
+                return read_xplane_dir(path)
+            return _load_dir(path, jobs, on_rank)
         return _load(path)
     except MemoryError:
         size = _size_text(path)
@@ -51,8 +97,8 @@ def _size_text(path: Path) -> str:
 def _load(path: Path) -> Trace:
     if not path.exists():
         raise TraceError(path, "no such file or directory")
-    if path.is_dir():
-        return read_kineto_dir(path)
+    if path.name.endswith(".xplane.pb"):
+        return read_xplane(path)
     if path.name.lower().endswith(_NSYS_REPORTS):
         raise TraceError(
             path,
@@ -70,8 +116,12 @@ def _load(path: Path) -> Trace:
     if not head:
         raise TraceError(path, "file is empty")
     if head[:2] == b"\x1f\x8b" or head.removeprefix(_UTF8_BOM).lstrip()[:1] in (b"{", b"["):
-        return read_kineto(path)
-    raise TraceError(path, "not an nsys SQLite export or a PyTorch profiler (Kineto) JSON trace")
+        return read_xprof_json(path) if is_xprof_json(path) else read_kineto(path)
+    raise TraceError(
+        path,
+        "not an nsys SQLite export or a PyTorch profiler (Kineto) JSON trace "
+        "(nor a TensorFlow/JAX profile, *.xplane.pb)",
+    )
 
 
 def _check_sqlite_size(path: Path) -> None:
@@ -106,3 +156,155 @@ def _read_nsys_checked(path: Path) -> Trace:
             path,
             f"malformed nsys export: unexpected table contents ({type(exc).__name__}: {problem})",
         ) from exc
+
+
+#: the nsys export tables whose rows are the events a progress line counts
+_EVENT_TABLES = tuple(
+    f"CUPTI_ACTIVITY_KIND_{t}" for t in ("KERNEL", "RUNTIME", "MEMCPY", "MEMSET")
+) + ("NVTX_EVENTS",)
+
+
+def events_in(path: str | Path) -> int | None:
+    """About how many events an nsys export holds (the largest rowid of its event tables,
+    read from each b-tree without a scan), for a progress line; None when unknown."""
+    path = Path(path)
+    if not path.is_file() or not is_sqlite(path):
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            return sum(
+                conn.execute(f"SELECT max(rowid) FROM {t}").fetchone()[0] or 0
+                for t in _EVENT_TABLES
+                if t in have
+            )
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+
+
+def rank_files(path: Path) -> list[Path]:
+    """The per-rank capture files of a directory, sorted by name; TraceError for none."""
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file() and _is_rank_file(p.name))
+    except OSError as exc:
+        raise TraceError(path, f"cannot list directory ({exc.strerror or exc})") from None
+    if not files:
+        raise TraceError(path, "directory holds no .json, .json.gz or .sqlite capture files")
+    return files
+
+
+def _is_rank_file(name: str) -> bool:
+    return name.lower().endswith(RANK_FILE_SUFFIXES)
+
+
+def _load_dir(path: Path, jobs: int | None, on_rank: RankProgress | None) -> Trace:
+    files = rank_files(path)
+    workers = min(len(files), jobs if jobs is not None else os.cpu_count() or 1)
+    if jobs is None and sum(_size(f) for f in files) < PARALLEL_MIN_BYTES:
+        workers = 1
+    traces: list[Trace] = []
+    events = 0
+
+    def done(trace: Trace) -> None:
+        nonlocal events
+        traces.append(trace)
+        events += sum(len(getattr(trace, t)) for t in ("ranges", "api_calls", "kernels", "memops"))
+        if on_rank is not None:
+            on_rank(len(traces), len(files), events)
+
+    if workers <= 1:
+        for f in files:
+            done(_load_rank(f))
+    else:
+        import multiprocessing
+
+        # forkserver: a fork of this process could inherit a lock held by one of its
+        # threads; the server imports the reader once and forks each worker from it
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
+            futures = [pool.submit(_read_rank, f) for f in files]
+            for f, future in zip(files, futures, strict=True):
+                try:
+                    trace, problem = future.result()
+                except BrokenProcessPool:  # a worker killed (out of memory) while reading
+                    raise TraceError(
+                        f,
+                        f"the worker reading this rank died (out of memory?): {workers} ranks "
+                        "were read at once; try fewer workers (--jobs 1)",
+                    ) from None
+                if trace is None:
+                    for other in futures:
+                        other.cancel()
+                    raise TraceError(f, problem)
+                done(trace)
+    return merge_ranks(path, files, traces)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_rank(path: Path) -> tuple[Trace | None, str]:
+    """``(trace, "")`` or ``(None, problem)``: runs in a worker, whose exceptions
+    would have to survive pickling on the way back."""
+    try:
+        return _load_rank(path), ""
+    except TraceError as exc:
+        return None, exc.problem
+
+
+def _load_rank(path: Path) -> Trace:
+    """One rank's capture."""
+    try:
+        return _load(path)
+    except MemoryError:
+        size = _size_text(path)
+        raise TraceError(path, f"not enough memory to read this capture{size}") from None
+
+
+def _rank_of(path: Path, trace: Trace, index: int) -> int:
+    """The capture's own rank (Kineto ``distributedInfo.rank``), else ``rank<N>`` in the
+    file name, else the file's position in the directory."""
+    dist = trace.meta.get("distributed")
+    own = dist.get("rank") if isinstance(dist, dict) else None
+    if own is not None:
+        return int(own)
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else index
+
+
+def merge_ranks(path: Path, files: list[Path], traces: list[Trace]) -> Trace:
+    """One Trace of per-rank traces: each table's rows rank by rank, ``rank`` set on
+    every row, range ids renumbered to stay unique (parents shifted with them)."""
+    ranks: list[int] = []
+    for i, (f, tr) in enumerate(zip(files, traces, strict=True)):
+        r = _rank_of(f, tr, i)
+        if r in ranks:
+            other = files[ranks.index(r)].name
+            raise TraceError(f, f"rank {r} appears twice in {path} (also in {other})")
+        ranks.append(r)
+    pairs = list(zip(traces, ranks, strict=True))
+    merged = {
+        table: pd.concat(
+            [getattr(tr, table).assign(rank=np.int64(r)) for tr, r in pairs], ignore_index=True
+        )  # fmt: skip
+        for table in SCHEMA
+    }
+    offset = np.cumsum([0] + [len(tr.ranges) for tr in traces[:-1]])
+    parents = [
+        np.where(tr.ranges["parent_id"] >= 0, tr.ranges["parent_id"] + off, tr.ranges["parent_id"])
+        for tr, off in zip(traces, offset, strict=True)
+    ]
+    merged["ranges"]["range_id"] = np.arange(len(merged["ranges"]), dtype=np.int64)
+    merged["ranges"]["parent_id"] = np.concatenate(parents).astype(np.int64)
+    meta = dict(traces[0].meta)
+    meta.update(path=str(path), ranks=sorted(ranks), files=[str(f) for f in files])
+    notes = [f"rank {r}: {n}" for tr, r in zip(traces, ranks, strict=True) for n in tr.notes]
+    return Trace(meta=meta, notes=notes, **merged)

@@ -15,6 +15,10 @@ would be an op of its own. Work is done once per *distinct* name.
 recognised by its ``dir = fprop|bprop`` field; ``%2C``/``%25`` in the name
 and site and ``,\\u0020`` in the JSON fields are undone, so the columns read
 like the Kineto reader's (compact JSON, the same dtype spellings).
+
+PyProf's and DLProf's dict-valued markers (``{'mod': ..., 'op': ...,
+'args': [...]}``, ``{'traceMarker': [...]}``) are parsed by
+:mod:`perfguard.trace.pyprof`, once per distinct name like the rest.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.arrays import per_distinct
+from perfguard.trace.pyprof import PYTHON_OP, parse_markers, python_op
 
 _SUFFIX = re.compile(r",\s*(?:stashed seq|seq|op_id|sizes|input_op_ids)\s*=\s*.*$", flags=re.DOTALL)
 _SEQ = re.compile(r",\s*(stashed )?seq\s*=\s*(\d+)")
@@ -73,6 +78,16 @@ def parse_range_names(names: pd.Series) -> pd.DataFrame:
         bprop = bprop.where(~ours, pg["dir"] == "bprop")
     dtypes, concrete = (_unescape_json(pg[c]) for c in ("dtypes", "concrete"))
     site = _unescape(pg["site"])
+    pyprof = parse_markers(u)
+    marker = pyprof["marker"].notna()
+    if marker.any():  # PyProf/DLProf markers: their own fields, no autograd suffix
+        base = base.where(~marker, pyprof["name"])
+        seq = seq.where(~marker, pd.NA)
+        bprop = bprop & ~marker
+        shapes = shapes.where(~marker, pyprof["input_shapes"])
+        dtypes = dtypes.where(~marker, pyprof["dtypes"])
+        concrete = concrete.where(~marker, pyprof["concrete_inputs"])
+        site = site.where(~marker, pyprof["call_site"])
     take = np.asarray(codes)
     return pd.DataFrame(
         {
@@ -130,10 +145,15 @@ def op_type_of(names: pd.Series) -> pd.Series:
 
     Absolute hierarchical names (``perfguard.instrument``) give their last level
     without the repeat number: ``/Net/fc(2)/aten::addmm(3)`` -> ``addmm``.
+    PyProf's ``torch.nn.functional.conv2d`` / ``Tensor.__matmul__`` give the
+    op (``conv2d``, ``matmul``).
     """
 
     def rule(u: pd.Series) -> pd.Series:
         u = u.fillna("")
+        py = u.str.fullmatch(PYTHON_OP)
+        if py.any():
+            u = u.where(~py, python_op(u[py]))
         path = u.str.startswith("/")
         if path.any():
             leaf = u.str.rsplit("/", n=1).str[-1].str.replace(_REPEAT, "", regex=True)

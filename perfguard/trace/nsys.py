@@ -36,7 +36,9 @@ import pandas as pd
 from perfguard.errors import TraceError
 from perfguard.trace.model import KERNEL_GEOMETRY, NO_CORRELATION, RANGE_KIND, Trace
 from perfguard.trace.names import is_iteration_name, op_type_of, parse_range_names
+from perfguard.trace.pyprof import apply_markers
 from perfguard.trace.ranges import finalize_ranges
+from perfguard.trace.sanity import last_timestamp, repair_times
 
 NVTX_PUSH_POP = (59, 70)
 NVTX_START_END = (60, 71)
@@ -50,6 +52,8 @@ COPY_KINDS = {
     8: "Memcpy DtoD", 9: "Memcpy HtoH", 10: "Memcpy PtoP", 11: "Memcpy HtoD (UVM)",
     12: "Memcpy DtoH (UVM)", 13: "Memcpy DtoD (UVM)",
 }  # fmt: skip
+#: the name of a kernel whose name id is not in StringIds
+UNKNOWN_KERNEL = "<unknown kernel>"
 _INSTALL_VERSION = re.compile(r"nsight-systems[-/ ](?:cli/)?(\d{4}\.\d+\.\d+)", re.I)
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 #: rows per bulk read (bounds the text SQLite builds for one read)
@@ -75,8 +79,10 @@ class _Db:
     works), so reading overlaps the parsing of what was read.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, lenient: bool = False) -> None:
         self.path = path
+        #: decode text that is not valid UTF-8 with replacement characters (slower)
+        self.lenient = lenient
         self.uri = path.resolve().as_uri() + "?mode=ro"
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
@@ -98,6 +104,8 @@ class _Db:
         if conn is None:
             # used by this thread only; closed by :meth:`close` once every thread is done
             conn = sqlite3.connect(self.uri, uri=True, check_same_thread=False)
+            if self.lenient:
+                conn.text_factory = _lenient_text
             with self._lock:
                 self._conns.append(conn)
             conn.execute("PRAGMA query_only = 1")
@@ -234,6 +242,10 @@ class _Db:
         return self.conn.execute(sql).fetchall()
 
 
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
 def _parse_ints(text: object, n: int) -> np.ndarray | None:
     """``"1,-2,3"`` -> int64 array of length ``n``; None when it is anything else."""
     if n == 0:
@@ -259,13 +271,29 @@ def read_nsys(path: str | Path) -> Trace:
     """
     path = Path(path)
     try:
-        db = _Db(path)
+        return _read_file(path, lenient=False)
+    except _Undecodable:
+        # text that is not UTF-8 (a damaged name): read again, replacing the bad bytes
+        return _read_file(path, lenient=True)
+
+
+class _Undecodable(Exception):
+    """SQLite text that is not valid UTF-8."""
+
+
+def _read_file(path: Path, lenient: bool) -> Trace:
+    try:
+        db = _Db(path, lenient)
     except sqlite3.DatabaseError as exc:
         raise TraceError(path, f"cannot open as SQLite ({exc})") from None
     try:
         if "StringIds" not in db.tables:
             raise TraceError(path, "SQLite file is not an nsys export (no StringIds table)")
         return _read(db)
+    except sqlite3.OperationalError as exc:
+        if "decode" in str(exc) and not lenient:
+            raise _Undecodable from None
+        raise TraceError(path, f"damaged or truncated SQLite export ({exc})") from None
     except sqlite3.DatabaseError as exc:
         raise TraceError(path, f"damaged or truncated SQLite export ({exc})") from None
     finally:
@@ -283,43 +311,106 @@ def _read(db: _Db) -> Trace:
             memops = _memops(db)
         finally:
             ranges, done = nvtx.result()
+    tables, notes = repair_times(
+        {"ranges": ranges, "api_calls": api, "kernels": kernels, "memops": memops}, db.path
+    )
+    api, kernels, memops = tables["api_calls"], tables["kernels"], tables["memops"]
     if not done:
-        # unterminated ranges run to the last timestamp of the capture (as nsys's reports do)
-        last = max(
-            [int(t["end"].max()) for t in (api, kernels, memops) if len(t)]
-            + [int(ranges["start"].max())]
-        )
-        ranges["end"] = ranges["end"].fillna(last).astype(np.int64)
+        ranges = _close_unclosed(tables["ranges"], api, kernels, memops, notes=notes)
         ranges = finalize_ranges(ranges)
     return Trace(
-        ranges=ranges,
+        ranges=apply_markers(ranges),  # PyProf/DLProf markers: wrappers folded into their ops
         api_calls=api,
         kernels=kernels,
         memops=memops,
         devices=_devices(db),
         threads=_threads(db, strings),
         meta=_meta(db, strings),
+        notes=notes,
     )
 
 
+def _close_unclosed(
+    ranges: pd.DataFrame, *others: pd.DataFrame, notes: list[str] | None = None
+) -> pd.DataFrame:
+    """Close ranges without an end at the capture's last timestamp (as nsys's
+    reports do), in one pass.
+
+    Their true extent is unknown, so only the outermost unclosed op range of each
+    thread stays an op (a capture stopped inside ``train``: it still owns
+    what ran in it); the others become ``async`` ranges, which never nest or own
+    kernels. Otherwise a program that pushed 19k ranges and never popped them
+    would nest 19k deep, and every op name below would repeat the whole chain
+    (quadratic time, memory and report size).
+    """
+    missing = ranges["end"].isna().to_numpy(dtype=bool)
+    if not missing.any():
+        ranges["end"] = ranges["end"].astype(np.int64)
+        return ranges
+    last = last_timestamp(ranges, *others)
+    ranges["end"] = ranges["end"].fillna(last).astype(np.int64)
+    cand = np.flatnonzero(missing & (ranges["kind"] == "op").to_numpy(dtype=bool))
+    sub = ranges.iloc[cand][["pid", "tid", "start"]]
+    outer = sub.sort_values("start", kind="stable").drop_duplicates(["pid", "tid"]).index
+    demote = np.setdiff1d(cand, outer.to_numpy())
+    if len(demote):
+        kind = ranges["kind"].copy()
+        kind.iloc[demote] = "async"
+        ranges["kind"] = kind
+    if notes is not None:
+        notes.append(
+            f"{int(missing.sum()):,} NVTX ranges were never closed: closed at the capture's end "
+            f"({last:,} ns)"
+            + (f"; {len(demote):,} of them nested in another unclosed range of their thread "
+               "are kept out of the op tree (their extent is unknown)" if len(demote) else "")
+        )  # fmt: skip
+    return ranges
+
+
 class _Strings:
-    """StringIds as a vectorised id -> text lookup."""
+    """StringIds as a vectorised id -> text lookup.
+
+    A dense table indexed by id when the ids are dense (always, in a real
+    export); a sorted-id search when they are not, so one damaged id of 2^31
+    costs nothing instead of a 17 GB table. Unknown and negative ids give None.
+    """
 
     def __init__(self, ids: np.ndarray, values: np.ndarray) -> None:
-        size = int(ids.max()) + 1 if len(ids) else 1
-        self.table = np.full(size, None, dtype=object)
-        self.table[ids] = values
+        keep = ids >= 0
+        ids, values = ids[keep], values[keep]
+        values = np.asarray([_text(v) for v in values], dtype=object)
+        self.dense = not len(ids) or int(ids.max()) < 4 * len(ids) + (1 << 16)
+        if self.dense:
+            self.table = np.full(int(ids.max()) + 1 if len(ids) else 1, None, dtype=object)
+            self.table[ids] = values
+        else:
+            order = np.argsort(ids, kind="stable")
+            self.ids, self.table = ids[order], values[order]
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
-        ok = (ids >= 0) & (ids < len(self.table))
         out = np.full(len(ids), None, dtype=object)
-        out[ok] = self.table[ids[ok]]
+        if self.dense:
+            ok = (ids >= 0) & (ids < len(self.table))
+            out[ok] = self.table[ids[ok]]
+            return out
+        pos = np.clip(np.searchsorted(self.ids, ids), 0, max(len(self.ids) - 1, 0))
+        ok = self.ids[pos] == ids if len(self.ids) else np.zeros(len(ids), dtype=bool)
+        out[ok] = self.table[pos[ok]]
         return out
 
 
+def _text(value: object) -> str | None:
+    """A name as text: an export may hold an integer or a blob where text belongs."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
 def _strings(db: _Db) -> _Strings:
-    rows = db.rows("SELECT id, value FROM StringIds")
+    rows = db.rows("SELECT id, value FROM StringIds WHERE typeof(id) = 'integer'")
     if not rows:
         return _Strings(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object))
     ids, values = zip(*rows, strict=True)
@@ -403,6 +494,9 @@ def _kernels(db: _Db, strings: _Strings) -> pd.DataFrame:
         cols = dict(zip(head + list(plain), a, strict=True))
     pid, _ = _split_tid(cols[head[3]])
     name = strings(cols["name_id"])
+    unknown = pd.isna(name)
+    if unknown.any():  # a name id StringIds does not hold (a damaged export)
+        name[unknown] = UNKNOWN_KERNEL
     short = strings(cols["short_id"] - 1)
     short = np.where(pd.isna(short), name, short)
     df = pd.DataFrame(
@@ -466,11 +560,13 @@ def _memops(db: _Db) -> pd.DataFrame:
 
 
 def _nvtx_ranges(db: _Db, strings: _Strings) -> tuple[pd.DataFrame, bool]:
-    """The NVTX ranges, finalized unless some are unterminated: ``(ranges, finalized)``."""
+    """The NVTX ranges, finalized unless some are unterminated or end before they
+    start (then :func:`_read` repairs them first): ``(ranges, finalized)``."""
     ranges = _ranges(db, strings)
-    if ranges["end"].isna().any():
+    end = ranges["end"]
+    if end.isna().any() or (end < ranges["start"]).any():
         return ranges, False
-    ranges["end"] = ranges["end"].astype(np.int64)
+    ranges["end"] = end.astype(np.int64)
     return finalize_ranges(ranges), True
 
 
@@ -506,7 +602,7 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
     if not all_text:
         # a value that is not text, or text holding a NUL: read it row by row
         rows = db.rows(f"SELECT {text} FROM {t} WHERE {where} AND {text} IS NOT NULL")
-        texts = [r[0] for r in rows]
+        texts = [_text(r[0]) for r in rows]
     is_range = etype != NVTX_DOMAIN_CREATE
     if not is_range.all():
         start, end_v, gtid_v, flag, etype = (
@@ -709,6 +805,7 @@ def _devices(db: _Db) -> pd.DataFrame:
     else:
         return pd.DataFrame()
     df = pd.DataFrame(rows, columns=["device_id", "name", "sm_count", "memory_bytes", "ma", "mi"])
+    df["name"] = pd.Series([_text(v) for v in df["name"]], index=df.index, dtype=object)
     df = df.drop_duplicates("device_id")
     cc = df["ma"].astype("Int64").astype(str) + "." + df["mi"].astype("Int64").astype(str)
     df["compute_capability"] = cc.where(df["ma"].notna(), None)

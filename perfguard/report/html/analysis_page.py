@@ -2,9 +2,10 @@
 
 It replaces the DLProf Viewer's pages for ``perfguard analyze``: run
 summary, top ops by GPU time, Tensor Core eligible ops that do not use
-Tensor Cores, per-iteration time, the kernel table and the expert
-findings. Tensor Core and FLOP columns are shown when the analysis has
-them and read ``n/a`` otherwise (an analysis without shapes cannot know).
+Tensor Cores, per-iteration time, per-rank time and the straggler of a
+multi-rank run, the kernel table and the expert findings. Tensor Core and
+FLOP columns are shown when the analysis has them and read ``n/a``
+otherwise (an analysis without shapes cannot know).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class AnalysisPage:
     kernels: list[dict[str, Any]]
     kernels_hidden: int
     findings: list[dict[str, Any]]
+    ranks: list[dict[str, Any]]  # one per rank, shown for two ranks or more
+    straggler: str | None  # the straggler line of a multi-rank run
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -109,6 +112,7 @@ def analysis_page(
     max_kernels: int = 200,
 ) -> AnalysisPage:
     """The page context for ``analysis``; runs the expert detectors unless given ``findings``."""
+    from perfguard.analysis.ranks import rank_table, straggler
     from perfguard.report.figures import iteration_bars
 
     if findings is None:
@@ -150,6 +154,8 @@ def analysis_page(
     if "uses_tc" not in shown:
         shown["uses_tc"] = None
 
+    ranks = rank_table(analysis)
+    found = straggler(ranks)
     return AnalysisPage(
         title=f"perfguard analysis: {Path(source).name}",
         source=source,
@@ -163,6 +169,8 @@ def analysis_page(
         kernels=_records(shown),
         kernels_hidden=max(len(k) - max_kernels, 0),
         findings=_records(findings),
+        ranks=_records(ranks) if len(ranks) > 1 else [],
+        straggler=found.describe() if found is not None else None,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,18 @@ def sort_key(x: Any) -> str:
     return repr(float(x))
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates (which UTF-8 cannot encode; a trace's JSON can hold
+    them) replaced by U+FFFD, so a hostile name cannot stop a report being written."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def write_text(path: str | Path, text: str, what: str = "report") -> Path:
     """Write ``text`` to ``path`` through a temporary file, so no half file is left."""
+    text = clean_text(text)
     path = Path(path)
     if path.is_dir():
         raise ReportError(f"{path}: is a directory; give a file name for the {what}")

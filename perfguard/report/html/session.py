@@ -1,8 +1,11 @@
 """The session report: one pytest run's verdicts against its baseline, as one HTML file.
 
-Input is a checked ``results.json`` (:func:`~perfguard.report.html.results.validate_results`).
-The page context is :class:`SessionPage`; the template only formats what
-it is given, so what a reviewer sees is decided (and tested) here.
+Input is the typed document :class:`~perfguard.compare.results.SessionResults`
+(a results.json dict is checked into one first). The page context is
+:class:`SessionPage`; the template only formats what it is given, so what
+a reviewer sees is decided (and tested) here. Tests are listed worst
+outcome first; each shows its reason, the timing half and the gates half of
+its verdict side by side, and its rounds (current vs baseline).
 
 A model can have hundreds of ops and a session tens of tests, so each
 test's op table lists the ``max_ops`` ops with the largest absolute change
@@ -14,14 +17,31 @@ are counted under the table and stay in ``results.json``. This keeps a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.report.html.render import render, write_text
-from perfguard.report.html.results import OUTCOMES, validate_results
 
 #: op statuses listed before the rest, whatever their size
 _NOTABLE = {"regressed", "improved", "new", "removed", "added"}
+#: rounds listed in a test's round table (the figure shows them all)
+MAX_ROUND_ROWS = 30
+
+
+@dataclass
+class GateRow:
+    """One gate finding as the page shows it."""
+
+    kind: str  # "regression" | "improvement"
+    gate: str
+    op_name: str
+    kernel_name: str
+    baseline: Any
+    current: Any
+    budget: str
+    message: str
 
 
 @dataclass
@@ -32,9 +52,13 @@ class TestView:
 
     index: int
     anchor: str
-    test: dict[str, Any]  # the checked results entry (numbers, message, findings, ...)
-    distribution_svg: str | None
+    test: TestEntry
+    rounds_svg: str | None  # rounds (or, for an older file, per-iteration samples)
+    rounds_are_samples: bool
+    rounds: list[tuple[int, float | None, float | None]]  # (round, baseline, current), ns
+    rounds_hidden: int
     trend_svg: str | None
+    gate_rows: list[GateRow]
     ops: list[dict[str, Any]]  # shown rows, each with ``delta_ns``
     ops_hidden: int  # ops not shown
     ops_hidden_max_abs_ns: float | None  # largest |delta_ns| among the hidden ones
@@ -45,12 +69,16 @@ class SessionPage:
     """Everything ``session.html.j2`` shows."""
 
     title: str
-    verdict: str  # "pass" | "fail"
+    badge: str  # PASS | FAIL | ADVISORY | INCOMPLETE | NOT JUDGED
+    badge_class: str  # the CSS class of the badge: pass, fail, advisory, ...
+    badge_reason: str
     run: dict[str, Any]
     baseline: dict[str, Any] | None
+    baseline_status: str | None
+    mode: str
     machine: list[tuple[str, str]]  # (label, value) pairs of the fingerprint
     settings: dict[str, Any]
-    counts: list[tuple[str, int]]  # every outcome, in OUTCOMES order
+    counts: list[tuple[str, int]]  # every outcome, worst first
     total: int
     tests: list[TestView] = field(default_factory=list)
     perfguard_version: str | None = None
@@ -101,57 +129,90 @@ def _machine(fp: dict[str, Any]) -> list[tuple[str, str]]:
     return [(k, str(v)) for k, v in items if v]
 
 
-def session_page(results: dict[str, Any], *, max_ops: int = 50) -> SessionPage:
-    """The page context for checked ``results``; draws the figures."""
+def gate_rows(test: TestEntry) -> list[GateRow]:
+    """The gates half's findings, regressions first."""
+    g = test.gates
+    if g is None:
+        return []
+    return [
+        GateRow(kind, f.gate, f.op_name, f.kernel_name, f.baseline, f.current, f.budget, f.message)
+        for kind, found in (("regression", g.regressions), ("improvement", g.improvements))
+        for f in found
+    ]
+
+
+def _view(i: int, test: TestEntry, figures: Any, max_ops: int) -> TestView:
+    shown, hidden = rank_ops(test.ops, max_ops)
+    hidden_abs = [abs(op["delta_ns"]) for op in hidden if op["delta_ns"] is not None]
+    name = test.nodeid
+    have_rounds = bool(test.rounds_current or test.rounds_baseline)
+    if have_rounds:
+        svg = figures.distribution(
+            test.rounds_baseline, test.rounds_current,
+            f"rounds of {name}: baseline vs current", unit_label="per-round time",
+        )  # fmt: skip
+    else:
+        svg = figures.distribution(
+            test.samples_baseline, test.samples_current,
+            f"per-iteration samples of {name}: baseline vs current",
+        )  # fmt: skip
+    rounds = [
+        (k, b, c)
+        for k, (b, c) in enumerate(zip_longest(test.rounds_baseline, test.rounds_current))
+    ]
+    return TestView(
+        index=i,
+        anchor=f"test-{i}",
+        test=test,
+        rounds_svg=svg,
+        rounds_are_samples=not have_rounds,
+        rounds=rounds[:MAX_ROUND_ROWS],
+        rounds_hidden=max(len(rounds) - MAX_ROUND_ROWS, 0),
+        trend_svg=figures.trend(test.history, f"median of {name} over commits"),
+        gate_rows=gate_rows(test),
+        ops=shown,
+        ops_hidden=len(hidden),
+        ops_hidden_max_abs_ns=max(hidden_abs) if hidden_abs else None,
+    )
+
+
+def session_page(results: SessionResults | dict[str, Any], *, max_ops: int = 50) -> SessionPage:
+    """The page context for ``results``; draws the figures."""
     from perfguard.report.figures import SessionFigures
 
+    results = SessionResults.from_dict(results)
     figures = SessionFigures()
-    counts = results["counts"]
-    regressed = counts.get("regressed", 0)
-    verdict = "fail" if regressed else "pass"
-    parts = [f"{counts[o]} {o}" for o in OUTCOMES if counts.get(o)]
-    title = f"perfguard: {verdict.upper()}" + (f" ({', '.join(parts)})" if parts else "")
+    counts = results.counts
+    badge = results.badge()
+    parts = [f"{counts[o]} {o}" for o in OUTCOMES if counts[o]]
+    title = f"perfguard: {badge}" + (f" ({', '.join(parts)})" if parts else "")
     page = SessionPage(
         title=title,
-        verdict=verdict,
-        run=results["run"],
-        baseline=results["baseline"],
-        machine=_machine(results["run"].get("fingerprint") or {}),
-        settings=results["settings"],
-        counts=[(o, int(counts.get(o, 0))) for o in OUTCOMES],
-        total=len(results["tests"]),
-        perfguard_version=results.get("perfguard_version"),
-        notes=results["notes"],
+        badge=badge,
+        badge_class=badge.lower().replace(" ", "-"),
+        badge_reason=results.badge_reason(),
+        run=results.run,
+        baseline=results.baseline,
+        baseline_status=results.baseline_status,
+        mode=results.mode,
+        machine=_machine(results.run.get("fingerprint") or {}),
+        settings=results.settings,
+        counts=list(counts.items()),
+        total=len(results.tests),
+        perfguard_version=results.perfguard_version,
+        notes=results.notes,
     )
-    for i, test in enumerate(results["tests"]):
-        shown, hidden = rank_ops(test["ops"], max_ops)
-        hidden_abs = [abs(op["delta_ns"]) for op in hidden if op["delta_ns"] is not None]
-        name = test["nodeid"]
-        page.tests.append(
-            TestView(
-                index=i,
-                anchor=f"test-{i}",
-                test=test,
-                distribution_svg=figures.distribution(
-                    test["samples_baseline"],
-                    test["samples_current"],
-                    f"per-iteration samples of {name}: baseline vs current",
-                ),
-                trend_svg=figures.trend(test["history"], f"median of {name} over commits"),
-                ops=shown,
-                ops_hidden=len(hidden),
-                ops_hidden_max_abs_ns=max(hidden_abs) if hidden_abs else None,
-            )
-        )
+    page.tests = [_view(i, t, figures, max_ops) for i, t in enumerate(results.sorted_tests())]
     return page
 
 
-def render_session_html(results: dict[str, Any], *, max_ops: int = 50) -> str:
-    """The session report for ``results`` (a results.json dict) as one HTML document."""
-    results = validate_results(results)
+def render_session_html(results: SessionResults | dict[str, Any], *, max_ops: int = 50) -> str:
+    """The session report for ``results`` (typed, or a results.json dict) as one HTML document."""
     return render("session.html.j2", page=session_page(results, max_ops=max_ops))
 
 
-def write_session_html(results: dict[str, Any], path: str | Path, *, max_ops: int = 50) -> Path:
+def write_session_html(
+    results: SessionResults | dict[str, Any], path: str | Path, *, max_ops: int = 50
+) -> Path:
     """Render the session report for ``results`` and write it to ``path``; returns the path."""
     return write_text(path, render_session_html(results, max_ops=max_ops), "HTML report")

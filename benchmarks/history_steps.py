@@ -1,0 +1,79 @@
+"""Change points on a real history: 30 commits, one real ``pytest --perfguard --perfguard-save``
+session each, a +10 % step at commit 10 and a -5 % step at commit 20 (real work added to
+and taken from the test's code; see ``tests/history_repo.py``).
+
+    python benchmarks/history_steps.py [--commits 30] [--up 10] [--down 20] [--repo DIR]
+        [--export FILE]
+
+Builds the repo (or reuses ``--repo`` when it already holds a store), then
+prints every run's level, the change points found by
+:func:`perfguard.compare.history.load_history`, and whether they are
+exactly the injected ones. ``--export`` keeps the store as a perfguard
+export (the test suite replays a recorded history from one). Sessions run
+under ``nice``: the machine is shared, and the noise is part of the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+import history_repo  # noqa: E402
+
+from perfguard.baseline.store import open_store  # noqa: E402
+from perfguard.compare.history import load_history  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--commits", type=int, default=30)
+    ap.add_argument("--up", type=int, default=10)
+    ap.add_argument("--down", type=int, default=20)
+    ap.add_argument("--repo", type=Path)
+    ap.add_argument("--export", type=Path)
+    args = ap.parse_args()
+    root = args.repo or Path(tempfile.mkdtemp(prefix="perfguard-history-")) / "repo"
+    store_path = root / "baselines" / "perfguard.db"
+    have = len(history_repo.git(root, "rev-list", "HEAD").split()) if store_path.exists() else 0
+    if have < args.commits:
+        started = time.monotonic()
+        history_repo.build(root, args.commits, args.up, args.down)
+        print(f"{args.commits} sessions in {time.monotonic() - started:.0f} s ({root})")
+    with open_store(store_path, create=False) as store:
+        hist = load_history(store, history_repo.NODEID, repo=root)
+        if args.export:  # the store's runs, and where the steps were injected (the truth)
+            store.export_json(args.export)
+            doc = json.loads(args.export.read_text())
+            doc["steps"] = {"up": args.up, "down": args.down}
+            args.export.write_text(json.dumps(doc, sort_keys=True, separators=(",", ":")))
+    levels = hist.levels
+    base = levels["value"].iloc[: args.up].median()
+    print(f"metric {hist.metric}; level before the first step {base / 1e6:.3f} ms")
+    for row in levels.itertuples():
+        extra = history_repo.extra_at(int(row.position), args.up, args.down)
+        print(f"  {int(row.position):3d} {row.commit[:10]} extra={extra:2d} "
+              f"{row.value / 1e6:8.3f} ms ({100 * (row.value / base - 1):+5.1f} %)")  # fmt: skip
+    print("change points:")
+    for cp in hist.change_points:
+        pos = int(levels["position"].iloc[cp.index])
+        levels_ms = f"{cp.before_ns / 1e6:.3f} -> {cp.after_ns / 1e6:.3f} ms"
+        print(f"  at commit {pos} ({cp.commit[:10]}): {cp.change_pct:+.1f} % "
+              f"({levels_ms}, p={cp.p_value:.3f})")  # fmt: skip
+        for op in cp.ops:
+            print(f"      {op.op_name}: {op.before_ns / 1e6:.3f} -> {op.after_ns / 1e6:.3f} ms")
+    found = sorted(int(levels["position"].iloc[cp.index]) for cp in hist.change_points)
+    ok = found == [args.up, args.down]
+    print(f"expected change points at {[args.up, args.down]}, found {found}: "
+          f"{'EXACT' if ok else 'MISMATCH'}")  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

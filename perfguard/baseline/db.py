@@ -1,0 +1,307 @@
+"""The store's connection to its database: a SQLite file, or a PostgreSQL server (:mod:`.pg`).
+
+:class:`~perfguard.baseline.store.Store` holds the store's logic once, in
+SQL both dialects run; this module holds what differs between the two
+engines: how to connect, how a write transaction takes its lock, which
+errors mean "try again", how rows are bulk-inserted, how a list of ids is
+passed, and how an engine error becomes a one-line
+:class:`~perfguard.errors.BaselineError` naming the store. SQL is written
+with ``?`` placeholders; a backend rewrites them for its driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pandas as pd
+
+from perfguard.baseline.schema import APPLICATION_ID
+from perfguard.errors import BaselineError
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 5_000
+#: total time a write keeps retrying a locked store before giving up
+LOCK_BUDGET_S = 60.0
+
+#: URL schemes that select the PostgreSQL backend
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def is_url(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` names a server store (a PostgreSQL URL) rather than a file."""
+    return isinstance(location, str) and location.lower().startswith(POSTGRES_SCHEMES)
+
+
+class Database:
+    """One connection to the store's database; subclasses speak one engine."""
+
+    dialect: str
+    #: how messages name the store (a path, or a URL without its password)
+    name: str
+
+    _conn: Any = None
+
+    @property
+    def conn(self) -> Any:
+        """The driver's connection; BaselineError once closed."""
+        if self._conn is None:
+            raise BaselineError(f"{self.name}: store is closed")
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # ------------------------------------------------------------- engine specifics
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        raise NotImplementedError
+
+    def insert_rows(self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> None:
+        """Append ``rows`` (plain Python values) to ``table`` inside the open transaction."""
+        raise NotImplementedError
+
+    def ids_in(self, column: str) -> str:
+        """SQL ``column IN <the ids given as one parameter>`` (see :meth:`ids_param`)."""
+        raise NotImplementedError
+
+    def ids_param(self, ids: Sequence[int]) -> Any:
+        raise NotImplementedError
+
+    def tables(self) -> list[str]:
+        """Names of the tables in the store's namespace, sorted."""
+        raise NotImplementedError
+
+    def foreign_marker_ok(self) -> bool:
+        """Whether the engine-level mark (SQLite's application_id) allows a perfguard store."""
+        return True
+
+    def mark_new(self) -> None:
+        """Mark a store being created as perfguard's at the engine level, if it can be."""
+
+    def finish_open(self) -> None:
+        """Engine settings for a store whose schema is up to date (none by default)."""
+
+    def backup(self, version: int) -> str | None:
+        """Keep a copy of the store before migrating it from ``version``; where, or None."""
+        return None
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        raise NotImplementedError
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Turn the engine's errors about the store into one-line BaselineErrors naming it."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    @contextmanager
+    def write(self, *, exclusive: bool = False) -> Iterator[None]:
+        """One write transaction. ``exclusive``: no other exclusive writer at the same time
+        (schema upgrades, imports and prunes read before they write)."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        """A consistent snapshot for a read of several queries."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    # ------------------------------------------------------------- shared
+    def query(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
+        """Rows of ``sql`` as a DataFrame (columns named as the query names them)."""
+        with self.guard():
+            cur = self.execute(sql, params)
+            rows = cur.fetchall()
+            columns = [d[0] for d in cur.description]
+        return pd.DataFrame.from_records(rows, columns=columns, coerce_float=True)
+
+    def retry(self, action: Callable[[], T]) -> T:
+        """Run ``action`` again, with growing randomised pauses, while the engine says
+        another writer is in the way (SQLite: locked; PostgreSQL: serialization, deadlock)."""
+        deadline = time.monotonic() + LOCK_BUDGET_S
+        pause = 0.05
+        while True:
+            with self.guard():
+                try:
+                    return action()
+                except Exception as exc:
+                    if not self.is_retryable(exc) or time.monotonic() + pause > deadline:
+                        raise
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 2.0)
+
+
+# --------------------------------------------------------------------------- SQLite
+
+
+def _is_locked(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg)
+
+
+class SQLiteDatabase(Database):
+    """A store in one SQLite file, written in WAL mode by ``BEGIN IMMEDIATE`` transactions.
+
+    Several pytest workers (xdist) and CI jobs write to the same file: every
+    write takes the write lock up front (no upgrade deadlock), with a busy
+    timeout and a retry with backoff when SQLite still reports it locked.
+    """
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str | os.PathLike[str], *, create: bool) -> None:
+        self.path = Path(path)
+        self.name = str(self.path)
+        self._conn: sqlite3.Connection | None = None
+        if self.path.is_dir():
+            raise BaselineError(f"{self.path}: is a directory, not a baseline store file")
+        if not self.path.exists():
+            if not create:
+                raise BaselineError(f"{self.path}: no baseline store here")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BaselineError(f"{self.path}: cannot create the store folder: {exc}") from None
+        try:
+            self._conn = sqlite3.connect(
+                str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            raise BaselineError(f"{self.path}: cannot open: {one_line(exc)}") from None
+        with self.guard():
+            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        return super().conn  # type: ignore[no-any-return]
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.conn.execute(sql, tuple(params))
+
+    def insert_rows(self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> None:
+        cols = ", ".join(f'"{c}"' for c in columns)
+        marks = ", ".join("?" * len(columns))
+        self.conn.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+
+    def ids_in(self, column: str) -> str:
+        return f"{column} IN (SELECT value FROM json_each(?))"
+
+    def ids_param(self, ids: Sequence[int]) -> Any:
+        return json.dumps([int(i) for i in ids])
+
+    def tables(self) -> list[str]:
+        rows = self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+        ).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def foreign_marker_ok(self) -> bool:
+        return self.conn.execute("PRAGMA application_id").fetchone()[0] in (0, APPLICATION_ID)
+
+    def mark_new(self) -> None:
+        self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+    def finish_open(self) -> None:
+        """WAL mode (readers never block the writer) and foreign keys, once the schema is there."""
+        if self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            try:
+                self.retry(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
+            except BaselineError:
+                if os.access(self.path, os.W_OK):
+                    raise  # a read-only store is still readable without WAL
+        self.conn.execute("PRAGMA foreign_keys = ON")
+
+    def backup(self, version: int) -> str:
+        """Copy the store as it is (a consistent snapshot) to ``<name>.v<N>.bak``."""
+        dest = self.path.with_name(f"{self.path.name}.v{version}.bak")
+        n = 1
+        while dest.exists():  # an earlier backup of the same version is kept too
+            n += 1
+            dest = self.path.with_name(f"{self.path.name}.v{version}-{n}.bak")
+        # a second connection reads while ours holds the write lock: a backup through the
+        # writing connection itself would wait for its own transaction forever
+        source = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000)
+        target = sqlite3.connect(str(dest))
+        try:
+            source.backup(target)
+        finally:
+            target.close()
+            source.close()
+        return str(dest)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return _is_locked(exc)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except (sqlite3.ProgrammingError, sqlite3.NotSupportedError):
+            raise  # our bug, not the file's
+        except sqlite3.DatabaseError as exc:
+            msg = one_line(exc)
+            if _is_locked(exc):
+                raise BaselineError(
+                    f"{self.name}: store is locked by another writer ({msg})"
+                ) from None
+            hint = ""
+            if "not a database" in msg or "malformed" in msg or "corrupt" in msg:
+                hint = " (corrupt or truncated? restore it from git or a .bak copy)"
+            raise BaselineError(
+                f"{self.name}: cannot use the baseline store: {msg}{hint}"
+            ) from None
+
+    @contextmanager
+    def write(self, *, exclusive: bool = False) -> Iterator[None]:
+        conn = self.conn  # BEGIN IMMEDIATE: every SQLite writer is exclusive
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:  # also after a failed COMMIT, so a retry starts clean
+                conn.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        conn = self.conn
+        if conn.in_transaction:  # already inside a write: it sees its own snapshot
+            yield
+            return
+        conn.execute("BEGIN")  # deferred: the snapshot is taken at the first read
+        try:
+            yield
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+
+
+def open_database(location: str | os.PathLike[str], *, create: bool) -> Database:
+    """The backend ``location`` selects: a PostgreSQL URL, else a SQLite file path."""
+    if is_url(location):
+        from perfguard.baseline.pg import PostgresDatabase
+
+        return PostgresDatabase(str(location), create=create)
+    if isinstance(location, str) and "://" in location:
+        scheme = location.split("://", 1)[0]
+        raise BaselineError(
+            f"{location}: unknown store URL scheme {scheme!r}; use a file path or "
+            "postgresql://user@host/dbname"
+        )
+    return SQLiteDatabase(location, create=create)

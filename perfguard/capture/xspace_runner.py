@@ -1,0 +1,126 @@
+"""Run a Python program under the TensorFlow or JAX profiler (``perfguard profile --backend tf``).
+
+    python -m perfguard.capture.xspace_runner --framework tf|jax --output OUT.xplane.pb
+        -- (SCRIPT.py | -m MODULE | -c CODE) [ARGS...]
+
+The program runs as ``__main__`` as under the torch runner
+(:func:`perfguard.capture.torch_runner.run_target`), with the framework's
+profiler on for its whole run; its iterations are the steps it marks itself
+(``tf.profiler.experimental.Trace(..., step_num=N)``,
+``jax.profiler.StepTraceAnnotation``, Keras ``NvtxCallback(profiler_steps=True)``).
+Exit status: the program's; 3 when no profile could be written (unless the
+program already failed); 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from perfguard.capture.base import Backend, CaptureResult, command_list, output_base
+from perfguard.capture.xspace_capture import XPLANE_SUFFIX
+from perfguard.errors import CaptureError
+
+PROG = "python -m perfguard.capture.xspace_runner"
+RUNNER_MODULE = "perfguard.capture.xspace_runner"
+EXIT_NO_TRACE = 3
+#: the module each framework needs, and how to install it
+_NEEDS = {"tf": ("tensorflow", 'pip install "perfguard[tf]"'),
+          "jax": ("jax", 'pip install "perfguard[jax]"')}  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from perfguard.capture.frameworks import make_capturer
+    from perfguard.capture.torch_runner import run_target
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in args:
+        print(f"{PROG}: error: put `--` before the program to run", file=sys.stderr)
+        return 2
+    at = args.index("--")
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("--framework", choices=sorted(_NEEDS), required=True)
+    p.add_argument("--output", required=True, help="the .xplane.pb file to write")
+    opts, target = p.parse_args(args[:at]), args[at + 1 :]
+    if not target or (target[0] in ("-m", "-c") and len(target) < 2):
+        print(f"{PROG}: error: nothing to run after `--`", file=sys.stderr)
+        return 2
+    cap = make_capturer(opts.framework, Path(opts.output), "auto")
+    cap.start()
+    status = run_target(target)
+    cap.stop()
+    if cap.error:
+        print(f"perfguard: {cap.error}", file=sys.stderr)
+        return status or EXIT_NO_TRACE
+    return status
+
+
+class XSpaceBackend(Backend):
+    """Profile a Python program with the TensorFlow (``tf``) or JAX (``jax``) profiler."""
+
+    name = "xspace"
+
+    def __init__(self, framework: str, *, why: str = "") -> None:
+        if framework not in _NEEDS:
+            raise CaptureError(f"framework must be one of {', '.join(_NEEDS)}, got {framework!r}")
+        self.framework = framework
+        self.name = framework  # type: ignore[misc]
+        super().__init__(why=why)
+
+    def available(self) -> tuple[bool, str]:
+        import importlib.util
+
+        module, hint = _NEEDS[self.framework]
+        if importlib.util.find_spec(module) is None:
+            return False, f"{module} is not installed: {hint}"
+        return True, f"{module} is installed"
+
+    def capture(
+        self,
+        command: Sequence[str],
+        *,
+        output_dir: str | Path,
+        name: str = "capture",
+        delay: float | None = None,
+        duration: float | None = None,
+        capture_range: str | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CaptureResult:
+        """Run the Python ``command`` under the runner; return its ``.xplane.pb``."""
+        from perfguard.capture.process import describe_status, format_command, run_command
+        from perfguard.capture.torch_profiler import _runner_env, python_target
+
+        command = command_list(command)
+        if delay is not None or duration is not None or capture_range is not None:
+            raise CaptureError(
+                f"delay, duration and capture range need the nsys backend, not {self.framework}"
+            )
+        ok, reason = self.available()
+        if not ok:
+            raise CaptureError(reason)
+        out = output_base(output_dir, name)
+        out = out.with_name(out.name + XPLANE_SUFFIX)
+        out.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", RUNNER_MODULE, "--framework", self.framework,
+                "--output", str(out), "--", *python_target(command)]  # fmt: skip
+        done = run_command(argv, timeout=timeout, env=_runner_env(env))
+        result = CaptureResult(
+            path=out, backend=self.framework, command=command, returncode=done.returncode,
+            wall_time_s=done.wall_time_s, log=done.stderr_tail, why=self.why, argv=done.argv,
+        )  # fmt: skip
+        if done.returncode != 0 and not out.is_file():
+            last = done.last_stderr_line
+            raise CaptureError(
+                f"`{format_command(command)}` under the {self.framework} profiler ended with "
+                f"{describe_status(done.returncode)}" + (f": {last}" if last else "")
+            )
+        if not out.is_file():
+            raise CaptureError(f"the {self.framework} profiler wrote no profile: expected {out}")
+        return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

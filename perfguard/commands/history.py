@@ -1,0 +1,115 @@
+"""``perfguard history [TEST]``: a test's level and counters across commits, and where it moved.
+
+A thin client of :func:`perfguard.compare.history.load_history`: the runs
+of the test on the first-parent history of ``--ref`` on one machine, one
+line per run (the run-level median and the counters, per iteration), then
+each change point with its commit, size and the ops that moved most.
+Without TEST, one line per stored test.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from perfguard.commands import argtypes
+from perfguard.commands.baseline import _human, store_option
+
+#: counters shown as columns when the records carry them, in this order
+SHOWN_COUNTERS = ("calls", "kernels", "flops", "syncs", "bytes")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``history``."""
+    p = subparsers.add_parser(
+        "history",
+        parents=[store_option()],
+        help="a test's stored level and counters across commits, with change points",
+        description="The primary metric (median over each run's rounds) and counters of a "
+        "test across the stored commits of the first-parent history of --ref on one machine, "
+        "with the change points found by e-divisive means and the ops that moved most.",
+    )
+    p.add_argument("test", nargs="?", metavar="TEST", help="test node id; default: every test")
+    p.add_argument("--repo", default=".", metavar="DIR", help="git repository (default: .)")
+    p.add_argument("--ref", default="HEAD", metavar="REF", help="history of (default: HEAD)")
+    p.add_argument("--metric", choices=("gpu_time", "wall_time", "cpu_time"),
+                   help="default: each record's primary metric")  # fmt: skip
+    p.add_argument("--limit", type=argtypes.integer(2), metavar="N", help="only the latest N runs")
+    p.add_argument("--ops", type=argtypes.integer(0), default=3, metavar="N",
+                   help="ops listed under each change point (default: 3)")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def _counter_text(value: float) -> str:
+    if value != value:
+        return "-"
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"
+
+
+def _print_history(hist: Any) -> None:
+    import pandas as pd
+
+    levels, counters = hist.levels, hist.counters.set_index("run_id")
+    shown = [c for c in SHOWN_COUNTERS if c in counters.columns]
+    shown += sorted(c for c in counters.columns if c not in shown)[: max(0, 6 - len(shown))]
+    cps = {cp.index: cp for cp in hist.change_points}
+    rows = []
+    for i, r in enumerate(levels.itertuples(index=False)):
+        row = {
+            "": "*" if i in cps else "",
+            "run": r.run_id,
+            "commit": r.commit[:10],
+            "time": str(r.time)[:19],
+            hist.metric: _human(float(r.value)),
+            "rounds": r.n_rounds,
+        }
+        for c in shown:
+            row[c] = _counter_text(float(counters.at[r.run_id, c]))
+        rows.append(row)
+    fp = hist.fingerprint
+    machine = (fp.gpu_name or f"CPU {fp.cpu}".strip()) + f" [{fp.backend or '?'}] @ {fp.host}"
+    print(f"{hist.nodeid}: {len(levels)} run(s) on {machine}")
+    print(pd.DataFrame(rows).to_string(index=False))
+    if not hist.change_points:
+        print("no change points")
+        return
+    print(f"{len(hist.change_points)} change point(s) (* above):")
+    for cp in hist.change_points:
+        print(f"  {cp.commit[:10]} (run {cp.run_id}): {cp.change_pct:+.1f} % "
+              f"({_human(cp.before_ns)} -> {_human(cp.after_ns)}, p={cp.p_value:.3f})")  # fmt: skip
+        for op in cp.ops:
+            pct = f" ({op.change_pct:+.1f} %)" if op.before_ns else ""
+            print(f"      {op.op_name}: {_human(op.before_ns)} -> {_human(op.after_ns)}{pct}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from perfguard.baseline.store import open_store
+    from perfguard.compare.history import load_history
+    from perfguard.errors import BaselineError
+
+    with open_store(args.store, create=False) as store:
+        tests = [args.test] if args.test else store.nodeids()
+        if not tests:
+            print(f"no runs in {store.name}")
+            return 0
+        for nodeid in tests:
+            try:
+                hist = load_history(store, nodeid, repo=args.repo, ref=args.ref,
+                                    metric=args.metric, limit=args.limit,
+                                    top_ops=args.ops)  # fmt: skip
+            except BaselineError:
+                if args.test:
+                    raise
+                continue  # a test with no run on this history: not listed
+            if args.test:
+                _print_history(hist)
+                continue
+            last = hist.change_points[-1] if hist.change_points else None
+            moved = f"; last change {last.commit[:10]} {last.change_pct:+.1f} %" if last else ""
+            print(f"{nodeid}: {len(hist.levels)} run(s), latest "
+                  f"{_human(float(hist.levels['value'].iloc[-1]))}, "
+                  f"{len(hist.change_points)} change point(s){moved}")  # fmt: skip
+    return 0

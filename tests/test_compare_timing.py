@@ -1,0 +1,144 @@
+"""The timing half of the verdict and the gates' budgets, on hand-computed cases.
+
+Real sessions go through these in tests/test_verdict_modes.py; here each rule
+is checked against an independent computation (scipy's t distribution, a
+hand-made history with a step, the budget arithmetic).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from perfguard.compare.gates import Budget, parse_gates
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.timing import (
+    MIN_HISTORY,
+    PRIOR_RUN_SD,
+    ab_resolved,
+    between_run_sd,
+    judge_ab,
+    judge_store,
+)
+
+RNG = np.random.default_rng(7)
+
+
+def test_between_run_sd_ignores_a_step_in_history() -> None:
+    noise = 0.01 * RNG.standard_normal(40)
+    flat = 1e6 * np.exp(noise)
+    stepped = flat * np.where(np.arange(40) >= 20, 1.3, 1.0)  # a real +30 % step
+    sd_flat, sd_step = between_run_sd(flat), between_run_sd(stepped)
+    assert sd_flat == pytest.approx(0.01, rel=0.4)
+    # the step moves one successive difference: the MAD barely notices it, while the
+    # plain standard deviation of the levels would be ~15x larger
+    assert sd_step == pytest.approx(sd_flat, rel=0.4)
+    assert np.std(np.log(stepped)) > 10 * sd_step
+    assert math.isnan(between_run_sd(flat[:2]))
+
+
+def test_store_interval_is_a_t_interval_with_the_larger_standard_error() -> None:
+    base = 1e6 * np.exp(0.002 * RNG.standard_normal(5))
+    cur = 1.08 * 1e6 * np.exp(0.002 * RNG.standard_normal(5))
+    history = 1e6 * np.exp(0.01 * RNG.standard_normal(12))
+    v = judge_store(cur, base, history, metric="wall_time", tolerance=0.05, alpha=0.01)
+    delta = np.log(cur).mean() - np.log(base).mean()
+    se = between_run_sd(history) * math.sqrt(2.0)  # history dominates the rounds' 0.2 %
+    t = stats.t.ppf(0.995, len(history) - 1)
+    assert v.delta_pct == pytest.approx(100 * math.expm1(delta))
+    assert v.ci_low_pct == pytest.approx(100 * math.expm1(delta - t * se))
+    assert v.ci_high_pct == pytest.approx(100 * math.expm1(delta + t * se))
+    assert v.history_runs == 12 and "12 stored runs" in v.replicated
+    expected = Outcome.REGRESSED if delta - t * se > 0 else Outcome.UNCHANGED
+    assert v.outcome is expected
+
+
+def test_store_without_history_uses_the_stated_prior() -> None:
+    base = 1e6 * np.ones(5) * np.exp(0.001 * np.arange(5))
+    cur = base * 1.06
+    v = judge_store(cur, base, np.zeros(0), metric="wall_time", tolerance=0.05, alpha=0.01)
+    # one session's rounds are tight (0.1 %), but the prior (3 %) sets the noise
+    se = PRIOR_RUN_SD["wall_time"] * math.sqrt(2.0)
+    t = stats.t.ppf(0.995, 8)
+    assert v.threshold_pct == pytest.approx(100 * math.expm1(t * se))
+    assert v.outcome is Outcome.UNCHANGED  # +6 % is inside that
+    assert f"{MIN_HISTORY} runs needed" in v.replicated and "3% assumed" in v.replicated
+    big = judge_store(base * 1.5, base, np.zeros(0), metric="wall_time", tolerance=0.05,
+                      alpha=0.01)  # fmt: skip
+    assert big.outcome is Outcome.REGRESSED
+
+
+def test_busy_machine_widens_the_threshold_by_the_excess_wait() -> None:
+    base = 1e6 * np.exp(0.002 * RNG.standard_normal(5))
+    history = 1e6 * np.exp(0.005 * RNG.standard_normal(10))
+    slowed = base * 1.3  # the machine's doing: the thread waited for a CPU 40 % of the time
+    v = judge_store(slowed, base, history, metric="wall_time", tolerance=0.05, alpha=0.01,
+                    wait=0.40, baseline_wait=0.0)  # fmt: skip
+    assert v.outcome is Outcome.NOISY and v.message.startswith("machine busy")
+    # waiting 40 % stretches by 1/0.6, the shared machine slows the rest by 1.4 more
+    allowed = 100 * ((1 / 0.6) * 1.4 * 1.05 - 1)
+    assert v.threshold_pct == pytest.approx(allowed, rel=1e-6)
+    # three and a half times as slow is more than the waiting explains: a regression
+    v = judge_store(base * 3.5, base, history, metric="wall_time", tolerance=0.05,
+                    alpha=0.01, wait=0.40, baseline_wait=0.0)  # fmt: skip
+    assert v.outcome is Outcome.REGRESSED
+    # GPU kernel time is not stretched by CPU load: no allowance
+    v = judge_store(slowed, base, history, metric="gpu_time", tolerance=0.05, alpha=0.01,
+                    wait=0.40, baseline_wait=0.0)  # fmt: skip
+    assert v.outcome is Outcome.REGRESSED
+
+
+def test_ab_pairs_cancel_a_shared_drift() -> None:
+    drift = np.exp(np.linspace(0, 0.3, 8))  # the machine slows by 35 % during the run
+    base = 1e6 * drift * np.exp(0.003 * RNG.standard_normal(8))
+    head = 1.03e6 * drift * np.exp(0.003 * RNG.standard_normal(8))
+    v = judge_ab(base, head, metric="wall_time", tolerance=0.02, alpha=0.01)
+    d = np.log(head) - np.log(base)
+    t = stats.t.ppf(0.995, 7)
+    se = d.std(ddof=1) / math.sqrt(8)
+    assert v.delta_pct == pytest.approx(100 * math.expm1(d.mean()))
+    assert v.ci_low_pct == pytest.approx(100 * math.expm1(d.mean() - t * se))
+    assert v.outcome is Outcome.REGRESSED and v.ci_low_pct > 0
+    assert ab_resolved(v, 0.02)
+    # unpaired, the drift would swamp a 3 % change
+    assert np.log(base).std() > 5 * d.std()
+    same = judge_ab(base, base * np.exp(0.003 * RNG.standard_normal(8)), metric="wall_time",
+                    tolerance=0.02, alpha=0.01)  # fmt: skip
+    assert same.outcome is Outcome.UNCHANGED
+    few = judge_ab(base[:2], head[:2], metric="wall_time", tolerance=0.02, alpha=0.01)
+    assert few.outcome is Outcome.NOT_JUDGED and "too few A/B pairs" in few.message
+
+
+@pytest.mark.parametrize(
+    "spec, key, budget",
+    [
+        ({"flops": "2%"}, "flops", Budget("rel", 0.02)),
+        ({"syncs": 1}, "syncs", Budget("abs", 1.0)),
+        ({"calls": None}, "calls", Budget("off")),
+        ({}, "peak_memory", Budget("rel", 0.10)),
+        ({"tc_lost": False}, "tc_lost", False),
+    ],
+)
+def test_gate_budgets(spec: dict, key: str, budget: object) -> None:
+    assert parse_gates(spec)[key] == budget
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [({"speed": 0}, "unknown gate 'speed'"), ({"syncs": -1}, "takes a number"),
+     ({"tc_lost": "yes"}, "on or off")],
+)  # fmt: skip
+def test_bad_gate_budgets(spec: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        parse_gates(spec)
+
+
+def test_budget_arithmetic() -> None:
+    assert Budget("abs", 0).exceeded(3, 4) and not Budget("abs", 0).exceeded(3, 3)
+    assert not Budget("abs", 1).exceeded(3, 4) and Budget("abs", 1).exceeded(3, 4.5)
+    assert not Budget("rel", 0.01).exceeded(1e9, 1.005e9)
+    assert Budget("rel", 0.01).exceeded(1e9, 1.02e9)
+    assert not Budget("off").exceeded(0, 1e9)

@@ -1,0 +1,249 @@
+"""Multi-rank runs: per-rank files read in worker processes, the rank report, the straggler.
+
+Checked on the real 8-rank DLRM set: the directory read in parallel equals
+the sequential read, every figure of the rank report equals the single
+analysis of that rank's file, the compute time equals HTA's temporal
+breakdown (an independent tool), and the straggler is one HTA named.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import perfguard
+from perfguard.analysis.ranks import rank_table, straggler
+from perfguard.commands.progress import Progress
+from perfguard.errors import TraceError
+from perfguard.report.html import render_analysis_html
+from perfguard.trace import load_trace
+from perfguard.trace.kineto import read_kineto_dir
+from perfguard.trace.model import SCHEMA
+
+DLRM = "kineto/v100_dlrm_8rank_nccl_shapes"
+
+
+@pytest.fixture(scope="module")
+def dlrm_dir(fixture_file) -> Path:
+    return fixture_file(DLRM)
+
+
+@pytest.fixture(scope="module")
+def dlrm(dlrm_dir: Path) -> perfguard.Analysis:
+    return perfguard.analyze(load_trace(dlrm_dir, jobs=2))
+
+
+def test_parallel_read_equals_sequential(dlrm_dir: Path) -> None:
+    """Two worker processes give the same Trace as the reader's own sequential merge."""
+    seen: list[tuple[int, int, int]] = []
+    parallel = load_trace(dlrm_dir, jobs=2, on_rank=lambda *a: seen.append(a))
+    sequential = read_kineto_dir(dlrm_dir)
+    for table in SCHEMA:
+        pd.testing.assert_frame_equal(getattr(parallel, table), getattr(sequential, table))
+    assert parallel.meta == sequential.meta
+    assert [s[:2] for s in seen] == [(i, 8) for i in range(1, 9)]
+    events = sum(len(getattr(parallel, t)) for t in ("ranges", "api_calls", "kernels", "memops"))
+    assert seen[-1][2] == events
+
+
+def test_rank_report_equals_single_rank_analyses(dlrm: perfguard.Analysis, dlrm_dir: Path) -> None:
+    table = rank_table(dlrm).set_index("rank")
+    assert list(table.index) == list(range(8))
+    for f in sorted(dlrm_dir.glob("rank-*.pt.trace.json.gz")):
+        single = perfguard.analyze(load_trace(f))
+        r = int(f.name.split("-")[1].split(".")[0])
+        row = table.loc[r]
+        s = single.summary
+        acts = single.activities
+        kernel = acts["activity"] == "kernel"
+        dur = acts["end"] - acts["start"]
+        nccl = kernel & acts["name"].str.startswith("ncclKernel_")  # the set's only NCCL names
+        assert row["kernel_time"] == s["Total Kernel Time (ns)"]
+        assert row["memop_time"] == s["Total Memory Op Time (ns)"]
+        assert row["gpu_busy"] == s["GPU Busy Time, flattened (ns)"]
+        assert row["wall_time"] == s["Wall Clock Time (ns)"]
+        assert row["gpus"] == s["GPUs Used"] == 1
+        assert row["comm_time"] == int(dur[nccl].sum()) > 0
+        assert row["compute_time"] == int(dur[kernel & ~nccl].sum())
+        assert row["iteration_time_avg"] == s["Average Iteration Time (ns)"]
+        assert row["idle_time"] == row["wall_time"] - row["gpu_busy"] >= 0
+        assert 0 <= row["idle_pct"] <= 100
+    # the per-rank totals add up to the run's
+    assert table["kernel_time"].sum() == dlrm.summary["Total Kernel Time (ns)"]
+    assert table["gpu_busy"].sum() == dlrm.summary["GPU Busy Time, flattened (ns)"]
+    assert table["wall_time"].max() == dlrm.summary["Wall Clock Time (ns)"]
+
+
+def test_compute_time_matches_hta(dlrm: perfguard.Analysis, fixtures_dir: Path) -> None:
+    """HTA 0.5.0's temporal breakdown of the same files: compute (non-NCCL kernel) time, µs."""
+    ref = fixtures_dir / "kineto/hta_reference/v100_dlrm_8rank__temporal_breakdown.csv"
+    with open(ref) as fh:
+        hta = {int(r["rank"]): float(r["compute_time(us)"]) for r in csv.DictReader(fh)}
+    table = rank_table(dlrm).set_index("rank")
+    assert {r: table.at[r, "compute_time"] / 1000 for r in table.index} == hta
+
+
+def test_straggler_is_one_hta_names(dlrm: perfguard.Analysis) -> None:
+    """HTA's get_potential_stragglers returned ranks [2, 7] on this set (MANIFEST.md)."""
+    table = rank_table(dlrm)
+    found = straggler(table)
+    assert found is not None and found.by == "comm_time"
+    assert found.rank in (2, 7) and found.rank == int(table.loc[table["straggler"], "rank"].iloc[0])
+    comm = table.set_index("rank")["comm_time"]
+    assert found.rank == comm.idxmin()
+    assert found.imbalance_pct == pytest.approx(100 * (comm.max() - comm.min()) / comm.max())
+    assert (table["comm_wait"] >= 0).all() and table.set_index("rank").at[
+        found.rank, "comm_wait"
+    ] == 0
+
+
+def test_single_rank_has_no_straggler(fixture_file) -> None:
+    a = perfguard.analyze(
+        load_trace(fixture_file("kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz"))
+    )
+    table = rank_table(a)
+    assert len(table) == 1 and straggler(table) is None and not table["straggler"].any()
+    # one rank's figures come from the summary and the kernel report: check them on the events
+    acts = a.activities
+    kernel = acts["activity"] == "kernel"
+    dur = acts["end"] - acts["start"]
+    nccl = kernel & acts["name"].str.startswith("ncclKernel_")
+    row = table.iloc[0]
+    assert row["comm_time"] == int(dur[nccl].sum()) > 0
+    assert row["compute_time"] == int(dur[kernel & ~nccl].sum()) > 0
+    assert row["memop_time"] == int(dur[~kernel].sum()) > 0
+    assert row["gpu_time"] == int(dur.sum())
+    assert row["iterations"] == len(a.iterations) == 3
+    assert 'id="ranks"' not in render_analysis_html(a)
+
+
+def test_page_shows_ranks_and_straggler(dlrm: perfguard.Analysis) -> None:
+    html = render_analysis_html(dlrm)
+    assert 'id="ranks"' in html and "Straggler: rank 7" in html
+    assert html.count('<tr><td class="n" data-v=') >= 8
+
+
+def test_directory_of_nsys_exports(tmp_path: Path, fixture_file) -> None:
+    """Per-rank nsys exports: ranks from the file names, each rank as its own analysis."""
+    files = {
+        3: fixture_file("nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite"),
+        1: fixture_file("nsys/nsys2024.6.2_nvfuser-matmul-gtest_nvtx_h200.sqlite"),
+    }
+    for rank, src in files.items():
+        shutil.copy(src, tmp_path / f"run.rank{rank}.sqlite")
+    (tmp_path / "notes.txt").write_text("not a capture")
+    merged = perfguard.analyze(load_trace(tmp_path, jobs=2))
+    table = rank_table(merged).set_index("rank")
+    assert list(table.index) == [1, 3]
+    for rank, src in files.items():
+        s = perfguard.analyze(load_trace(src)).summary
+        assert table.at[rank, "kernel_time"] == s["Total Kernel Time (ns)"]
+        assert table.at[rank, "gpu_busy"] == s["GPU Busy Time, flattened (ns)"]
+        assert table.at[rank, "wall_time"] == s["Wall Clock Time (ns)"]
+    assert merged.summary["Kernels"] == sum(
+        perfguard.analyze(load_trace(src)).summary["Kernels"] for src in files.values()
+    )
+    found = straggler(table.reset_index())
+    assert found is not None and found.by == "gpu_busy"  # no NCCL kernels to wait in
+    assert found.rank == int(table["gpu_busy"].idxmax())
+
+
+def test_bad_directories(tmp_path: Path, fixture_file) -> None:
+    with pytest.raises(TraceError, match="holds no .json, .json.gz or .sqlite"):
+        load_trace(tmp_path)
+    src = fixture_file("nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite")
+    shutil.copy(src, tmp_path / "a_rank0.sqlite")
+    shutil.copy(src, tmp_path / "b_rank-0.sqlite")
+    with pytest.raises(TraceError, match="rank 0 appears twice"):
+        load_trace(tmp_path, jobs=2)
+    (tmp_path / "b_rank-0.sqlite").write_bytes(b"SQLite format 3\x00" + b"\x00" * 10)
+    with pytest.raises(TraceError, match="b_rank-0.sqlite: truncated SQLite file"):
+        load_trace(tmp_path, jobs=2)
+
+
+def test_cli_prints_straggler_and_writes_rank_report(
+    dlrm_dir: Path, tmp_path: Path, capsys
+) -> None:
+    from perfguard.cli import main
+
+    rc = main(["analyze", "-d", str(dlrm_dir), "--output-path", str(tmp_path), "-q", "-j", "2",
+               "--reports", "summary,rank", "--formats", "csv"])  # fmt: skip
+    out = capsys.readouterr()
+    assert rc == 0 and "straggler: rank 7" in out.out and out.err == ""
+    with open(tmp_path / "dlprof_rank.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["Straggler"] for r in rows] == ["False"] * 7 + ["True"]
+    assert sum(int(r["Kernel Time (ns)"]) for r in rows) == 57407000
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_draws_on_a_terminal_and_clears() -> None:
+    stream = _Tty()
+    with Progress(stream, delay=0.0, interval=0.01) as p:
+        p.phase("reading", "x.sqlite")
+        p.events(1234567, "3/8 ranks")
+        for _ in range(200):  # the drawing thread runs every 10 ms
+            if "1,234,567 events read" in stream.getvalue():
+                break
+            threading_sleep(0.01)
+    text = stream.getvalue()
+    assert "perfguard: reading, 3/8 ranks, 1,234,567 events read" in text
+    assert text.endswith("\r")  # cleared: the summary on stdout starts on a clean line
+    last = text.rstrip("\r").split("\r")[-1]
+    assert last.strip() == ""
+
+
+def test_progress_silent_when_not_a_tty_or_quiet() -> None:
+    for stream, quiet in ((io.StringIO(), False), (_Tty(), True)):
+        with Progress(stream, quiet=quiet, delay=0.0, interval=0.01) as p:
+            p.phase("analysing")
+            threading_sleep(0.05)
+        assert stream.getvalue() == ""
+
+
+def test_progress_waits_before_drawing() -> None:
+    stream = _Tty()
+    with Progress(stream, delay=5.0, interval=0.01) as p:
+        p.phase("analysing")
+        threading_sleep(0.05)
+    assert stream.getvalue() == ""
+
+
+def threading_sleep(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+def test_rank_table_empty_trace() -> None:
+    a = perfguard.analyze(perfguard.Trace())
+    table = rank_table(a)
+    assert table.empty and list(table.columns) == list(perfguard.analysis.ranks.COLUMNS)
+
+
+def test_events_in_an_nsys_export(nsys_file: Path) -> None:
+    """The progress line's event count of an export, against a count of the rows."""
+    from perfguard.trace.loader import events_in
+
+    conn = sqlite3.connect(f"file:{nsys_file}?mode=ro", uri=True)
+    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    tables = [f"CUPTI_ACTIVITY_KIND_{t}" for t in ("KERNEL", "RUNTIME", "MEMCPY", "MEMSET")]
+    rows = sum(
+        conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        for t in [*tables, "NVTX_EVENTS"]
+        if t in have
+    )
+    conn.close()
+    assert events_in(nsys_file) == rows > 0
+    assert events_in(nsys_file.parent) is None
+    assert events_in(nsys_file.parent.parent / "MANIFEST.md") is None

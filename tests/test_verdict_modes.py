@@ -1,0 +1,228 @@
+"""Each verdict mode and outcome through real sessions: git repos, real CPU captures.
+
+* A/B mode (``--perfguard-against``): the base commit really slower, really
+  faster, a test new in the head, a test that raises in the head; the base
+  tree's code is the one imported (an editable-style path to the head is
+  overridden).
+* Deterministic gates in store mode: an added ``.item()``, a float64 op, twice the
+  FLOPs in a small op: each is a regression named by its gate, whatever the timing.
+* A test whose rounds disagree reads ``noisy``; unchanged code never ``regressed``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+STEP = """
+import time
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+A = torch.randn(96, 96)
+B = torch.randn(8, 96)
+SLEEP_MS = {sleep}
+
+
+@pytest.mark.gpuprofile(iterations=3, warmup=1, rounds={rounds}, tolerance="10%")
+def test_step(gpuprofile):
+    for _ in gpuprofile.iterations():
+        x = torch.tanh(A @ A)
+        y = torch.relu(B @ A)
+        {extra}
+        time.sleep(SLEEP_MS / 1000)
+"""
+
+
+def git(path: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=path, check=True, capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def commit(path: Path, message: str) -> str:
+    git(path, "add", "-A", "--", ".", ":!baselines", ":!.perfguard")
+    git(path, "commit", "-q", "-m", message)
+    return git(path, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    git(tmp_path, "init", "-q", "-b", "main")
+    git(tmp_path, "config", "user.email", "ci@example.com")
+    git(tmp_path, "config", "user.name", "CI")
+    git(tmp_path, "config", "commit.gpgsign", "false")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / ".gitignore").write_text(".perfguard/\nbaselines/\n")
+    return tmp_path
+
+
+def write(path: Path, *, sleep: float = 20, extra: str = "pass", rounds: int = 5) -> None:
+    (path / "test_bench.py").write_text(STEP.format(sleep=sleep, extra=extra, rounds=rounds))
+
+
+def session(path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "--perfguard", *args],
+        cwd=path, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    doc = json.loads((path / ".perfguard" / "results.json").read_text())
+    return done, doc
+
+
+def only(doc: dict) -> dict:
+    (test,) = [t for t in doc["tests"] if t["nodeid"].endswith("test_step")]
+    return test
+
+
+# ---------------------------------------------------------------------------- A/B
+
+
+def test_ab_head_slower_regresses_and_faster_improves(project: Path) -> None:
+    write(project, sleep=20)
+    base = commit(project, "base")
+    write(project, sleep=40)  # the head sleeps twice as long per step
+    commit(project, "slower")
+    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=5")
+    assert done.returncode == 1, done.stdout[-2000:]
+    t = only(doc)
+    assert t["outcome"] == "regressed" and t["mode"] == "ab", t["message"]
+    timing = t["timing"]
+    assert timing["mode"] == "ab" and timing["outcome"] == "regressed"
+    assert timing["n_current"] == timing["n_baseline"] == 5  # five pairs of rounds
+    assert len(t["samples_current"]) == 5 * 3  # one round of 3 iterations per child
+    assert timing["delta_pct"] > 40 and timing["ci_low_pct"] > 0
+    assert "ABBA" in timing["replicated"]
+    assert t["baseline_commit"] == base
+    assert "regressed against the base tree at" in done.stdout
+    # the base tree really ran the base code: its rounds are the faster ones
+    assert max(t["rounds_baseline"]) < min(t["rounds_current"])
+    # ... and the worktree lives in the git folder, not in the working tree
+    assert not git(project, "status", "--porcelain")
+
+    # the other way round: the head is the fast one -> improved, the run passes
+    head = git(project, "rev-parse", "HEAD")
+    git(project, "checkout", "-q", base)
+    done, doc = session(project, f"--perfguard-against={head}", "--perfguard-ab-pairs=5")
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert only(doc)["outcome"] == "improved", only(doc)["message"]
+
+
+def test_ab_unchanged_code_and_gates(project: Path) -> None:
+    write(project)
+    base = commit(project, "base")
+    (project / "README").write_text("docs only\n")
+    commit(project, "docs")
+    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=5")
+    assert done.returncode == 0, done.stdout[-2000:]
+    t = only(doc)
+    assert t["outcome"] in ("unchanged", "noisy"), t["message"]
+    assert t["gates"]["outcome"] == "unchanged", t["gates"]["message"]
+
+    # a real .item() per step: a sync on a GPU; the gate names it, timing or not
+    write(project, extra="x.sum().item()")
+    commit(project, "sync")
+    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=5")
+    t = only(doc)
+    assert t["outcome"] == "regressed", t["message"]
+    gates = {f["gate"]: f for f in t["gates"]["regressions"]}
+    assert gates["host_reads"]["current"] - gates["host_reads"]["baseline"] == 1
+    assert "_local_scalar_dense" in gates["host_reads"]["op_name"]
+
+
+def test_ab_new_test_and_failing_head(project: Path) -> None:
+    write(project)
+    base = commit(project, "base")
+    (project / "test_more.py").write_text(
+        "import pytest\n\n\n@pytest.mark.gpuprofile(iterations=2, warmup=0)\n"
+        "def test_new(gpuprofile):\n    for _ in gpuprofile.iterations():\n        pass\n"
+    )
+    write(project, extra="raise RuntimeError('broken in the head')")
+    commit(project, "head")
+    done, doc = session(project, f"--perfguard-against={base}", "--perfguard-ab-pairs=5")
+    tests = {t["nodeid"]: t for t in doc["tests"]}
+    assert tests["test_more.py::test_new"]["outcome"] == "new"
+    broken = tests["test_bench.py::test_step"]
+    assert broken["outcome"] == "error" and "broken in the head" in broken["message"]
+    assert "broken in the head" in done.stdout
+
+
+def test_ab_bad_ref_is_a_usage_error(project: Path) -> None:
+    write(project)
+    commit(project, "base")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perfguard",
+         "--perfguard-against=no-such-ref"],
+        cwd=project, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 4
+    assert "--perfguard-against no-such-ref: cannot check it out" in done.stderr
+
+
+# ---------------------------------------------------------------------------- store mode
+
+
+@pytest.mark.parametrize(
+    "old, new, gate",
+    [
+        # an added sync, hidden in a 20 ms sleep
+        ("pass", "x.sum().item()", "host_reads"),
+        # the same ops on float64 inputs: twice the bytes, another dtype
+        ("A = torch.randn(96, 96)", "A = torch.randn(96, 96, dtype=torch.float64)", "dtypes"),
+        # a small op doing twice the FLOPs (a matmul of twice the rows): +6 % of the step's
+        # FLOPs in all, nothing against the sleep, but +100 % for that op
+        ("B = torch.randn(8, 96)", "B = torch.randn(16, 96)", "flops"),
+    ],
+    ids=["item-sync", "float64", "flops"],
+)
+def test_store_mode_gates_catch_what_timing_hides(
+    project: Path, old: str, new: str, gate: str
+) -> None:
+    write(project)
+    commit(project, "base")
+    done, _ = session(project, "--perfguard-save")
+    assert done.returncode == 0, done.stdout[-2000:]
+    source = (project / "test_bench.py").read_text()
+    assert old in source
+    (project / "test_bench.py").write_text(source.replace(old, new, 1))
+    commit(project, "change")
+    done, doc = session(project)
+    t = only(doc)
+    assert t["outcome"] == "regressed" and done.returncode == 1, t["message"]
+    found = {f["gate"]: f for f in t["gates"]["regressions"]}
+    assert gate in found, t["gates"]
+    if gate == "dtypes":
+        assert "Double" in str(found["dtypes"]["current"]), found["dtypes"]
+    if gate == "flops":  # the op is named, with its own +100 %
+        per_op = [f for f in t["gates"]["regressions"] if f["gate"] == "flops" and f["op_name"]]
+        assert any(f["current"] == pytest.approx(2 * f["baseline"]) for f in per_op), per_op
+    # the timing half is judged on its own and reported beside the gates
+    assert t["timing"]["outcome"] in ("unchanged", "noisy", "regressed")
+
+
+def test_rounds_that_disagree_read_noisy_and_unchanged_code_passes(project: Path) -> None:
+    write(project)
+    commit(project, "base")
+    assert session(project, "--perfguard-save")[0].returncode == 0
+    # same code, but every other round sleeps 3x longer: the rounds disagree by far more
+    # than the 10 % tolerance, so no verdict on a change of that size is possible
+    (project / "test_bench.py").write_text(
+        STEP.format(sleep="6", extra="pass", rounds=6).replace(
+            "time.sleep(SLEEP_MS / 1000)",
+            "time.sleep(SLEEP_MS / 1000 * (3 if gpuprofile.round_of "
+            "and len(gpuprofile.round_of) // 3 % 2 else 1))",
+        )
+    )
+    commit(project, "jittery")
+    done, doc = session(project)
+    t = only(doc)
+    assert t["outcome"] == "noisy" and done.returncode == 0, t["message"]
+    assert t["timing"]["spread_pct"] > 10
