@@ -385,6 +385,7 @@ def summarize(cond: str, raw: dict, nodeid: str = NODEID) -> dict[str, Any]:
         ci_high_pct=t.get("ci_high_pct"), timing_outcome=timing.get("outcome"),
         threshold_pct=timing.get("threshold_pct"), noise_pct=timing.get("noise_pct"),
         spread_pct=timing.get("spread_pct"), cpu_load=timing.get("load"),
+        cpu_wait=timing.get("wait"),
         history_runs=timing.get("history_runs"), n_current=timing.get("n_current"),
         gates_outcome=gates.get("outcome"), gates_named=named,
         median_current_ns=t.get("median_current_ns"),
@@ -596,6 +597,8 @@ def tally(rows: list[dict]) -> list[dict[str, Any]]:
         line["loadavg_1m_range"] = [min(loads), max(loads)] if loads else None
         shares = [r["cpu_load"] for r in rs if r.get("cpu_load") is not None]
         line["cpu_load_range"] = [min(shares), max(shares)] if shares else None
+        waits = [r["cpu_wait"] for r in rs if r.get("cpu_wait") is not None]
+        line["cpu_wait_range"] = [min(waits), max(waits)] if waits else None
         th = [r["threshold_pct"] for r in rs if r.get("threshold_pct") is not None]
         line["threshold_pct_median"] = float(np.median(th)) if th else None
         line["wall_s_median"] = float(np.median([r["wall_s"] for r in rs]))
@@ -631,8 +634,8 @@ def markdown(lines: list[dict], state: dict, settings: dict) -> str:
     rows = [
         "| mode | load | condition | sessions | outcomes | rate | interval > 0 | "
         "median delta % [min, max] | median threshold % | load avg 1 min | others' CPU share "
-        "| s/session |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| test's CPU wait | s/session |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ln in lines:
         counts = ", ".join(f"{k} {v}" for k, v in ln["counts"].items())
@@ -650,7 +653,8 @@ def markdown(lines: list[dict], state: dict, settings: dict) -> str:
             f"| {ln['mode']} | {ln['load']} | {ln['cond']} | {ln['n']} | {counts} | {rate} "
             f"| {excl} | {delta} | {'-' if th is None else f'{th:.1f}'} | "
             f"{'-' if not la else f'{la[0]:.1f}-{la[1]:.1f}'} | "
-            f"{'-' if not cl else f'{cl[0]:.2f}-{cl[1]:.2f}'} | {ln['wall_s_median']:.0f} |"
+            f"{'-' if not cl else f'{cl[0]:.2f}-{cl[1]:.2f}'} | "
+            f"{_range(ln['cpu_wait_range'] or [])} | {ln['wall_s_median']:.0f} |"
         )
     return "\n".join(head) + "\n\n" + "\n".join(rows) + "\n"
 
