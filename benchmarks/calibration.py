@@ -202,8 +202,8 @@ class Workload:
     d_in: int = 512
     hidden: int = 1024
     batch: int = 128
-    iterations: int = 10
-    warmup: int = 3
+    iterations: int = 30  # a round of about 0.17 s
+    warmup: int = 20  # a fresh A/B child process needs ~0.1 s before its step is steady
     rounds: int = 5
     tolerance: str = "2%"
     unit_elems: int = 4096
