@@ -555,13 +555,27 @@ def say(log: Path, line: str) -> None:
 
 
 # --------------------------------------------------------------------------- tables
+#: an "idle" session in which other processes used at least this share of the CPU
+#: (perfguard's own measure, over the test's rounds) had a neighbour: counted apart
+QUIET_SHARE = 0.15
+
+
+def stratum(load: str, row: dict) -> str:
+    """``idle`` split by what perfguard measured: ``idle`` or ``idle+neighbour``."""
+    share = row.get("cpu_load")
+    if load == "idle" and share is not None and share >= QUIET_SHARE:
+        return "idle+neighbour"
+    return load
+
+
 def tally(rows: list[dict]) -> list[dict[str, Any]]:
     """One line per (mode, load, condition): outcome counts and the rates they give."""
     cells: dict[tuple[str, str, str], list[dict]] = {}
     for r in rows:
-        cells.setdefault((r["mode"], r["load"], r["cond"]), []).append(r)
-        if r.get("control"):  # the unchanged test of the same session
-            cells.setdefault((r["mode"], r["load"], "control"), []).append(r["control"])
+        cells.setdefault((r["mode"], stratum(r["load"], r), r["cond"]), []).append(r)
+        c = r.get("control")
+        if c:  # the unchanged test of the same session
+            cells.setdefault((r["mode"], stratum(r["load"], c), "control"), []).append(c)
     out = []
     order = {c: k for k, c in enumerate(CONDITIONS)}
     for (mode, load, cond), rs in sorted(
