@@ -615,9 +615,15 @@ def tally(rows: list[dict]) -> list[dict[str, Any]]:
         line["cpu_wait_range"] = [min(waits), max(waits)] if waits else None
         th = [r["threshold_pct"] for r in rs if r.get("threshold_pct") is not None]
         line["threshold_pct_median"] = float(np.median(th)) if th else None
+        nz = [r["noise_pct"] for r in rs if r.get("noise_pct") is not None]
+        line["noise_pct_median"] = float(np.median(nz)) if nz else None
         line["wall_s_median"] = float(np.median([r["wall_s"] for r in rs]))
         out.append(line)
     return out
+
+
+def _fmt1(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def _range(values: list[Any]) -> str:
@@ -647,9 +653,9 @@ def markdown(lines: list[dict], state: dict, settings: dict) -> str:
         )
     rows = [
         "| mode | load | condition | sessions | outcomes | rate | interval > 0 | "
-        "median delta % [min, max] | median threshold % | load avg 1 min | others' CPU share "
-        "| test's CPU wait | s/session |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "median delta % [min, max] | median threshold % | median noise % | load avg 1 min | "
+        "others' CPU share | test's CPU wait | s/session |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ln in lines:
         counts = ", ".join(f"{k} {v}" for k, v in ln["counts"].items())
@@ -666,6 +672,7 @@ def markdown(lines: list[dict], state: dict, settings: dict) -> str:
         rows.append(
             f"| {ln['mode']} | {ln['load']} | {ln['cond']} | {ln['n']} | {counts} | {rate} "
             f"| {excl} | {delta} | {'-' if th is None else f'{th:.1f}'} | "
+            f"{_fmt1(ln['noise_pct_median'])} | "
             f"{'-' if not la else f'{la[0]:.1f}-{la[1]:.1f}'} | "
             f"{'-' if not cl else f'{cl[0]:.2f}-{cl[1]:.2f}'} | "
             f"{_range(ln['cpu_wait_range'] or [])} | {ln['wall_s_median']:.0f} |"
