@@ -186,9 +186,16 @@ def _counter_table(record: TestRecord) -> pd.DataFrame:
 
 
 def judge_gates(
-    current: TestRecord, baseline: TestRecord, budgets: dict[str, Budget | bool]
+    current: TestRecord,
+    baseline: TestRecord,
+    budgets: dict[str, Budget | bool],
+    changes: pd.DataFrame | None = None,
 ) -> GateVerdict:
-    """Compare the deterministic counters of ``current`` with ``baseline``'s."""
+    """Compare the deterministic counters of ``current`` with ``baseline``'s.
+
+    ``changes``: :func:`perfguard.compare.verdict.kernel_changes` of the two
+    records when the caller already has it (the judge shows it too).
+    """
     cb, cc = _counter_table(baseline), _counter_table(current)
     if cb.empty and not baseline.ops.empty:
         return GateVerdict(
@@ -255,7 +262,11 @@ def judge_gates(
                         f"{label}{per} of {_short(op)} {_fmt(x)} -> {_fmt(y)} "
                         f"({100 * (y / x - 1):+.1f}%, budget {budget})",
                     ))  # fmt: skip
-    _switch_gates(current, baseline, budgets, worse, better, checked)
+    if changes is None:
+        from perfguard.compare.verdict import kernel_changes
+
+        changes = kernel_changes(current, baseline)
+    _switch_gates(current, baseline, budgets, changes, worse, better, checked)
     if worse:
         outcome = Outcome.REGRESSED
         msg = "gates: " + "; ".join(f.message for f in worse[:3])
@@ -274,14 +285,12 @@ def _switch_gates(
     current: TestRecord,
     baseline: TestRecord,
     budgets: dict[str, Budget | bool],
+    changes: pd.DataFrame,
     worse: list[GateFinding],
     better: list[GateFinding],
     checked: list[str],
 ) -> None:
     """The yes/no gates: Tensor Cores lost, kernels added or removed, input dtypes."""
-    from perfguard.compare.verdict import kernel_changes
-
-    changes = kernel_changes(current, baseline)
     if budgets.get("tc_lost"):
         checked.append("tc_lost")
         for row in changes[changes["kind"] == "tc_lost"].itertuples():

@@ -155,10 +155,10 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any
             tolerance=tol, alpha=alpha, baseline_runs=len(against.records), load=load,
             wait=wait, baseline_wait=against.wait, iterations=_iterations(current),
         )  # fmt: skip
-    gates = judge_gates(current, base_rec, settings.gates)
+    changes = kernel_changes(current, base_rec)  # once: the gates and the report share it
+    gates = judge_gates(current, base_rec, settings.gates, changes)
     outcome = combine(timing, gates)
     ops = compare_ops(current, base_rec, tolerance=tol, alpha=alpha)
-    changes = kernel_changes(current, base_rec)
     parts = [timing.message]
     if gates.outcome is not Outcome.UNCHANGED or outcome is Outcome.NOT_JUDGED:
         parts.append(gates.message)
