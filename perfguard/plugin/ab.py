@@ -29,7 +29,6 @@ comparison a lie, so such a test is ``incomparable``.
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 import shutil
@@ -304,7 +303,3 @@ def _exit_reason(code: int | str) -> str:
         except ValueError:
             return f"the child was killed by signal {-code}"
     return f"the child exited with {code} before writing its results"
-
-
-def nan_if_none(value: Any) -> float:
-    return math.nan if value is None else float(value)
