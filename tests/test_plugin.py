@@ -220,11 +220,12 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert any(e.get("name") == "extra_sync" for e in events)
     html = (path / ".perfguard" / "report.html").read_text()
     assert f'href="{train["timeline"]}"' in html
-    # the capture is a real Kineto trace with the 16 recorded iterations in it
+    # the capture is a real Kineto trace with the profiled round's 4 iterations in it (the
+    # 4 timing rounds ran with the profiler off)
     from perfguard.trace import load_trace
 
     trace = load_trace(train["capture"])
-    assert (trace.ranges["name"] == "perfguard.iteration").sum() == 16
+    assert (trace.ranges["name"] == "perfguard.iteration").sum() == 4
     # junit carries the figures
     props = {
         p.get("name"): p.get("value")
@@ -582,7 +583,9 @@ def test_xdist_workers_capture_and_the_controller_saves_one_run(repo: pytest.Pyt
     with Store(repo.path / "baselines" / "perfguard.db", create=False) as store:
         _, records = store.load_run(1)
     assert sorted(records) == sorted(medians)
-    assert all(len(rec.samples) == 5 * 6 for rec in records.values())  # 5 rounds of 6
+    # 5 timing rounds of 6, then the profiled round of 6
+    assert all(len(rec.samples) == 6 * 6 for rec in records.values())
+    assert all(len(rec.round_values()) == 5 for rec in records.values())
 
 
 # ------------------------------------------------------------------------ nsys backend
@@ -726,7 +729,10 @@ def test_cpu_time_metric_is_recorded_stored_and_judged(repo: pytest.Pytester) ->
     first = entry(results(repo), "test_cpu.py::test_cpu_step")
     assert first["metric"] == "cpu_time" and first["n_current"] == 4  # rounds
     with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
-        rows = db.execute("SELECT cpu_time_ns, round FROM samples").fetchall()
+        rows = db.execute("SELECT cpu_time_ns, round FROM samples WHERE profiled = 0").fetchall()
+        profiled = db.execute("SELECT round FROM samples WHERE profiled = 1").fetchall()
+    # four timing rounds with the profiler off, then one profiled round (ops and gates)
+    assert [r[0] for r in profiled] == [4] * 4
     cpu = np.array([r[0] for r in rows], dtype=float)
     assert len(cpu) == 16 and (cpu > 0).all() and [r[1] for r in rows] == sorted(4 * [0, 1, 2, 3])
     rounds = [np.median(cpu[k * 4 : (k + 1) * 4]) for k in range(4)]

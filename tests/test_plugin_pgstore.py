@@ -62,7 +62,7 @@ def test_sessions_save_to_and_compare_with_a_server_store(pytester, postgres_ser
         rows = conn.execute('SELECT run_id, "commit" FROM runs ORDER BY run_id').fetchall()
         assert rows == [(1, shas[0]), (2, shas[1])]
         (n,) = conn.execute("SELECT count(*) FROM samples").fetchone()
-        assert n == 2 * 5 * 6  # two runs of 5 rounds of 6 iterations
+        assert n == 2 * (5 + 1) * 6  # two runs of 5 timing rounds + 1 profiled round of 6
 
     down = f"postgresql://postgres@/nothing?host={pytester.path}"
     r = pytester.runpytest_subprocess("--perfguard", f"--perfguard-store={down}")

@@ -37,6 +37,7 @@ FRAME_TYPES: dict[str, dict[str, Kind]] = {
         "wall_time_ns": "int",
         "cpu_time_ns": "nullable_int",
         "round": "int",
+        "profiled": "bool",
     },
     "op_samples": {
         "op_id": "str",
@@ -79,6 +80,10 @@ FRAME_TYPES: dict[str, dict[str, Kind]] = {
     },
 }
 
+#: what a column a frame lacks holds (else missing): a sample of a record made before
+#: timing rounds existed was captured
+DEFAULTS: dict[tuple[str, str], object] = {("samples", "profiled"): True}
+
 assert tuple(FRAME_TYPES["samples"]) == SAMPLE_COLUMNS
 assert tuple(FRAME_TYPES["op_samples"]) == OP_SAMPLE_COLUMNS
 assert tuple(FRAME_TYPES["ops"]) == OP_COLUMNS
@@ -116,7 +121,7 @@ def _convert(values: pd.Series, kind: Kind) -> pd.Series:
 def conform_frame(name: str, frame: pd.DataFrame | None) -> pd.DataFrame:
     """``frame`` with exactly the contract columns of record table ``name``, in the fixed dtypes.
 
-    Missing columns become all-missing; extra columns are dropped (the
+    Missing columns become all-missing (or their :data:`DEFAULTS`); extra columns are dropped (the
     contract does not carry them). The index becomes 0..n-1, row order kept.
     Required integer columns that hold a missing value become ``Int64``
     rather than losing it.
@@ -127,7 +132,8 @@ def conform_frame(name: str, frame: pd.DataFrame | None) -> pd.DataFrame:
     frame = frame.reset_index(drop=True)
     out = {}
     for col, kind in types.items():
-        values = frame[col] if col in frame else pd.Series([pd.NA] * len(frame), dtype=object)
+        missing = DEFAULTS.get((name, col), pd.NA)
+        values = frame[col] if col in frame else pd.Series([missing] * len(frame), dtype=object)
         out[col] = _convert(values, kind).reset_index(drop=True)
     return pd.DataFrame(out, index=pd.RangeIndex(len(frame)))
 

@@ -29,7 +29,9 @@ import pandas as pd
 #: (``cpu_time_ns``: the harness thread's CPU time, NA when not measured)
 #: (``round``: which round of the test's loop the iteration belongs to, 0 for a
 #: single-round run: rounds, not iterations, are the unit of replication)
-SAMPLE_COLUMNS = ("iteration", "gpu_time_ns", "wall_time_ns", "cpu_time_ns", "round")
+#: (``profiled``: the capture was on; False for a timing round run with the profiler off,
+#: whose iteration numbers follow the profiled ones and have no op samples)
+SAMPLE_COLUMNS = ("iteration", "gpu_time_ns", "wall_time_ns", "cpu_time_ns", "round", "profiled")
 #: columns of :attr:`TestRecord.op_samples`: one row per (op, iteration)
 OP_SAMPLE_COLUMNS = ("op_id", "iteration", "calls", "gpu_time_ns", "cpu_time_ns")
 #: columns of :attr:`TestRecord.ops`: one row per op (whole capture)
@@ -48,6 +50,36 @@ COUNTER_COLUMNS = ("op_id", "op_name", "counter", "value", "stable")
 
 #: metric names a record's samples can carry
 METRICS = {"gpu_time": "gpu_time_ns", "wall_time": "wall_time_ns", "cpu_time": "cpu_time_ns"}
+
+
+def profiled_mask(samples: pd.DataFrame) -> np.ndarray:
+    """Which sample rows were captured (older records, without the column: all)."""
+    if "profiled" not in samples:
+        return np.ones(len(samples), dtype=bool)
+    return samples["profiled"].astype("boolean").fillna(True).to_numpy(dtype=bool)
+
+
+def timing_mask(
+    samples: pd.DataFrame, metric: str | pd.Series, by: str | None = None
+) -> np.ndarray:
+    """The sample rows a timing of ``metric`` is judged on.
+
+    GPU time exists only in the capture: the profiled rows. Wall and CPU
+    time come from the timing rounds run with the profiler off when the
+    test had them (:mod:`perfguard.plugin.iterate`), else from every row.
+    ``metric`` may be a per-row Series and ``by`` a column (``test_id``,
+    ``run_id``) whose groups are separate records, for tables of many runs.
+    """
+    profiled = profiled_mask(samples)
+    if by is None:
+        has_timed = np.full(len(samples), not profiled.all())
+    else:
+        has_timed = (
+            pd.Series(~profiled, index=samples.index).groupby(samples[by]).transform("any")
+        ).to_numpy(dtype=bool)
+    gpu = np.asarray(metric) == "gpu_time"  # a scalar for one metric, per row for a Series
+    timing_rows = np.where(has_timed, ~profiled, True)
+    return np.where(gpu, profiled, timing_rows)
 
 
 @dataclass(frozen=True)
@@ -144,15 +176,23 @@ class TestRecord:
     counters: pd.DataFrame = field(default_factory=lambda: empty_frame(COUNTER_COLUMNS))
 
     def values(self, metric: str | None = None) -> np.ndarray:
-        """Per-iteration values of ``metric`` (default: the primary one), in ns, as float64."""
-        col = METRICS[metric or self.metric]
-        return self.samples[col].to_numpy(dtype=np.float64)
+        """Per-iteration values of ``metric`` (default: the primary one), in ns, as float64:
+        the iterations it is judged on (:func:`timing_mask`)."""
+        metric = metric or self.metric
+        mask = timing_mask(self.samples, metric)
+        return self.samples[METRICS[metric]].to_numpy(dtype=np.float64)[mask]
 
-    def rounds(self) -> np.ndarray:
-        """The round of each sample (0 everywhere for a record of one round)."""
+    @property
+    def timed_apart(self) -> bool:
+        """Its timing rounds ran with the profiler off (its per-op figures: one round)."""
+        return not profiled_mask(self.samples).all()
+
+    def rounds(self, metric: str | None = None) -> np.ndarray:
+        """The round of each of :meth:`values`' iterations (0 everywhere for one round)."""
+        mask = timing_mask(self.samples, metric or self.metric)
         if "round" not in self.samples:
-            return np.zeros(len(self.samples), dtype=np.int64)
-        return self.samples["round"].to_numpy(dtype=np.int64, na_value=0)
+            return np.zeros(int(mask.sum()), dtype=np.int64)
+        return self.samples["round"].to_numpy(dtype=np.int64, na_value=0)[mask]
 
     def round_values(self, metric: str | None = None) -> np.ndarray:
         """One value per round: the median of its iterations' ``metric`` (ns).
@@ -160,7 +200,7 @@ class TestRecord:
         The median, not the mean: one iteration held up by a page fault or a
         collector pause must not move the round.
         """
-        values, rounds = self.values(metric), self.rounds()
+        values, rounds = self.values(metric), self.rounds(metric)
         if not len(values):
             return np.zeros(0)
         return np.array([np.median(values[rounds == r]) for r in np.unique(rounds)])
@@ -186,6 +226,7 @@ def record_from_analysis(
     meta: dict[str, Any] | None = None,
     rounds: np.ndarray | None = None,
     extra_counters: dict[str, float] | None = None,
+    profiled: np.ndarray | None = None,
 ) -> TestRecord:
     """A :class:`TestRecord` from a :class:`perfguard.analysis.Analysis` of one test.
 
@@ -197,7 +238,17 @@ def record_from_analysis(
     capture has GPU activity and ``wall_time`` otherwise. ``rounds`` gives
     each recorded iteration's round (all 0 when None); ``extra_counters`` are
     whole-test counters measured outside the trace (``peak_memory`` in bytes).
+    ``profiled`` flags which of the harness's iterations ran under the
+    capture; the others (timing rounds with the profiler off) become sample
+    rows with no GPU time and no op samples, numbered after the profiled ones.
     """
+    timed = None
+    if profiled is not None and len(profiled) and not np.asarray(profiled, dtype=bool).all():
+        flags = np.asarray(profiled, dtype=bool)
+        timed = _timing_rows(flags, wall_times_ns, cpu_times_ns, rounds)
+        wall_times_ns = None if wall_times_ns is None else np.asarray(wall_times_ns)[flags]
+        cpu_times_ns = None if cpu_times_ns is None else np.asarray(cpu_times_ns)[flags]
+        rounds = None if rounds is None else np.asarray(rounds)[flags]
     it = analysis.iterations
     it = it[it["rank"] == it["rank"].min()] if len(it) and "rank" in it else it
     samples = pd.DataFrame(
@@ -218,6 +269,10 @@ def record_from_analysis(
         samples["round"] = np.asarray(rounds, dtype=np.int64)
     else:
         samples["round"] = np.zeros(len(samples), dtype=np.int64)
+    samples["profiled"] = True
+    if timed is not None:
+        timed["iteration"] += int(samples["iteration"].max()) + 1 if len(samples) else 0
+        samples = pd.concat([samples, timed], ignore_index=True)
     if metric is None:
         metric = "gpu_time" if len(analysis.activities) else "wall_time"
 
@@ -253,6 +308,34 @@ def record_from_analysis(
     )
 
 
+def _timing_rows(
+    flags: np.ndarray,
+    walls: np.ndarray | None,
+    cpus: np.ndarray | None,
+    rounds: np.ndarray | None,
+) -> pd.DataFrame:
+    """Sample rows of the timing rounds (``~flags``), iterations numbered from 0."""
+    n = int((~flags).sum())
+    if walls is None or len(walls) != len(flags):
+        raise ValueError("timing rounds need the wall time of every recorded iteration")
+    measured = cpus is not None and len(cpus) == len(flags)
+    cpu = np.asarray(cpus, dtype=np.int64)[~flags] if measured else np.zeros(n, np.int64)
+    return pd.DataFrame(
+        {
+            "iteration": np.arange(n, dtype=np.int64),
+            "gpu_time_ns": np.zeros(n, dtype=np.int64),
+            "wall_time_ns": np.asarray(walls, dtype=np.int64)[~flags],
+            "cpu_time_ns": pd.arrays.IntegerArray(cpu, np.full(n, not measured)),
+            "round": (
+                np.asarray(rounds, dtype=np.int64)[~flags]
+                if rounds is not None and len(rounds) == len(flags)
+                else np.zeros(n, dtype=np.int64)
+            ),
+            "profiled": False,
+        }
+    )
+
+
 def op_counters_of(analysis: Any) -> pd.DataFrame:
     from perfguard.analysis.counters import op_counters
 
@@ -264,12 +347,17 @@ def reduce_counters(
 ) -> pd.DataFrame:
     """:data:`COUNTER_COLUMNS` from the per-(op, iteration, counter) rows.
 
-    ``value`` is the mean per recorded iteration (an iteration without the
+    ``value`` is the mean per profiled iteration (an iteration without the
     op counts 0); ``stable`` says every round had the same mean, so a
     difference from a baseline is the code's, not the run's (a counter that
     moves between rounds of one run, e.g. a data-dependent ``nonzero``, is
-    reported but never gates).
+    reported but never gates). With one profiled round (the CPU's timing
+    rounds run unprofiled) each iteration stands for a round: stable means
+    the same value in every iteration.
     """
+    samples = samples[profiled_mask(samples)]
+    if samples["round"].nunique() == 1:
+        samples = samples.assign(round=np.arange(len(samples), dtype=np.int64))
     n_iter = len(samples)
     rows = []
     if n_iter and len(per_iteration):

@@ -156,11 +156,18 @@ def _v4_rounds_dtypes_counters(db: SchemaTarget) -> None:
     db.execute("CREATE INDEX counters_test ON counters(test_id)")
 
 
+def _v5_sample_profiled(db: SchemaTarget) -> None:
+    """v5: whether a sample was captured (0: a timing round run with the profiler off);
+    every older sample was captured."""
+    _ddl(db, "ALTER TABLE samples ADD COLUMN profiled {int} NOT NULL DEFAULT 1")
+
+
 #: (version reached, migration), in order
 MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (1, _v1_initial),
     (2, _v2_fingerprint_columns_and_kernels),
     (3, _v3_sample_cpu_time),
     (4, _v4_rounds_dtypes_counters),
+    (5, _v5_sample_profiled),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]

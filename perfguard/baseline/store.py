@@ -34,7 +34,7 @@ import pandas as pd
 from perfguard.baseline import db as db_mod
 from perfguard.baseline.db import Database, one_line, open_database
 from perfguard.baseline.frames import FRAME_TYPES, conform_frame
-from perfguard.baseline.record import METRICS, Fingerprint, RunInfo, TestRecord
+from perfguard.baseline.record import METRICS, Fingerprint, RunInfo, TestRecord, timing_mask
 from perfguard.baseline.schema import (
     FINGERPRINT_COLUMNS,
     FORMAT,
@@ -409,7 +409,7 @@ class Store:
                 cand = cand[[fingerprint.incompatibility(fp) is None for fp in fps]]
             cand = cand.head(max(int(limit), 0)).iloc[::-1].reset_index(drop=True)
             samples = self._query(
-                "SELECT test_id, gpu_time_ns, wall_time_ns, cpu_time_ns FROM samples "
+                "SELECT test_id, gpu_time_ns, wall_time_ns, cpu_time_ns, profiled FROM samples "
                 f"WHERE {self.db.ids_in('test_id')}",
                 [self.db.ids_param(cand["test_id"])],
             )
@@ -418,7 +418,8 @@ class Store:
         for metric, col in METRICS.items():
             mask = (metric_of == metric).to_numpy()
             value[mask] = samples.loc[mask, col].astype(np.float64)
-        stats = value.groupby(samples["test_id"]).agg(["median", "count"])
+        value = value[timing_mask(samples, metric_of, by="test_id")]
+        stats = value.groupby(samples["test_id"].loc[value.index]).agg(["median", "count"])
         out = cand[["run_id", "commit", "time", "metric"]].copy()
         out["median_ns"] = cand["test_id"].map(stats["median"]).astype(np.float64)
         out["n"] = cand["test_id"].map(stats["count"]).fillna(0).astype(np.int64)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from perfguard.baseline.record import METRICS, Fingerprint
+from perfguard.baseline.record import METRICS, Fingerprint, profiled_mask, timing_mask
 from perfguard.errors import BaselineError
 
 if TYPE_CHECKING:
@@ -150,6 +150,7 @@ def run_levels(
     for name, col in METRICS.items():
         mask = (wanted == name).to_numpy()
         value[mask] = samples.loc[mask, col].astype(np.float64)
+    value[~timing_mask(samples, wanted, by="run_id")] = np.nan
     per_round = (
         pd.DataFrame({"run_id": samples["run_id"], "round": samples["round"], "v": value})
         .dropna()
@@ -265,7 +266,8 @@ def _op_levels(store: Store, nodeid: str, levels: pd.DataFrame) -> pd.DataFrame:
         .sum()
         .unstack("op_id", fill_value=0.0)
     )
-    samples = store.test_rows(nodeid, "samples")[["run_id", "iteration"]]
+    samples = store.test_rows(nodeid, "samples")
+    samples = samples[profiled_mask(samples)][["run_id", "iteration"]]
     full = pd.MultiIndex.from_frame(samples[samples["run_id"].isin(levels["run_id"])])
     per_iter = per_iter.reindex(full, fill_value=0.0)
     return per_iter.groupby(level="run_id").median()

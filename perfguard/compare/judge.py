@@ -142,7 +142,17 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any
         )  # fmt: skip
 
     metric = current.metric
-    if against.mode == "ab":
+    if metric != "gpu_time" and any(r.timed_apart != current.timed_apart for r in against.records):
+        # a CPU timing under the profiler is slower and noisier than one without it
+        which = "the baseline" if current.timed_apart else "this session"
+        timing = not_judged(
+            metric,
+            f"{which} timed its rounds under the profiler (a perfguard before timing "
+            "rounds ran unprofiled): timing not comparable; save a new baseline",
+            tol, median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
+            n_current=len(cur_rounds), load=load,
+        )  # fmt: skip
+    elif against.mode == "ab":
         base_rounds = base_rec.round_values(metric)
         n = min(len(base_rounds), len(cur_rounds))
         timing = judge_ab(

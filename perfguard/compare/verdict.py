@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfguard.baseline.record import TestRecord
+from perfguard.baseline.record import TestRecord, profiled_mask
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.stats import compare_samples
 from perfguard.errors import CompareError
@@ -215,7 +215,10 @@ def classify(
 def _by_round(record: TestRecord, frame: pd.DataFrame) -> pd.DataFrame:
     """Columns iteration -> round: the median of each round's iterations (rounds are the
     replicates; iterations of one round are not independent)."""
-    rounds = pd.Series(record.rounds(), index=record.samples["iteration"].to_numpy())
+    prof = record.samples[profiled_mask(record.samples)]
+    rounds = pd.Series(
+        prof["round"].to_numpy(dtype=np.int64, na_value=0), index=prof["iteration"].to_numpy()
+    )
     if frame.shape[1] == 0:
         return frame
     keys = rounds.reindex(frame.columns).fillna(-1).to_numpy()
@@ -226,7 +229,8 @@ def _op_matrix(record: TestRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-iteration (metric, calls) of each op: rows op_id, columns iteration, absent = 0."""
     col = "gpu_time_ns" if record.metric == "gpu_time" else "cpu_time_ns"
     s = record.op_samples
-    iters = pd.Index(record.samples["iteration"]).union(pd.Index(s["iteration"])).unique()
+    captured = record.samples["iteration"][profiled_mask(record.samples)]
+    iters = pd.Index(captured).union(pd.Index(s["iteration"])).unique()
     if s.empty:
         empty = pd.DataFrame(index=pd.Index([], dtype=object, name="op_id"), columns=iters)
         return empty, empty
@@ -286,6 +290,11 @@ def compare_ops(
         rc = _by_round(current, vc.reindex(both, fill_value=0.0)).to_numpy(np.float64)
         if rb.shape[1] >= 3 and rc.shape[1] >= 3:
             xb, xc = rb, rc  # several rounds a side: they are the samples
+        elif baseline.timed_apart or current.timed_apart:
+            # one profiled round: its iterations are not replicates, so per-op times are
+            # shown but not judged (the test's timing is judged on its timing rounds)
+            statistics = False
+            status[both] = Outcome.NOT_JUDGED.value
         if statistics and xb.shape[1] >= MIN_SAMPLES and xc.shape[1] >= MIN_SAMPLES or (
             statistics and xb is rb and xb.shape[1] >= 3
         ):

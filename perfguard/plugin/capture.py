@@ -75,6 +75,11 @@ class TorchCapturer(_Syncing):
         self.started = False
         self._stack = ExitStack()
 
+    @property
+    def separate_timing(self) -> bool:
+        """On the CPU Kineto's per-op cost is the size of a small op: time without it."""
+        return self.device == "cpu"
+
     def start(self) -> None:
         from perfguard.capture.torch_profiler import profile_torch
         from perfguard.errors import CaptureError
@@ -111,6 +116,9 @@ class TorchCapturer(_Syncing):
 
 class ChildCapturer(_Syncing):
     """In the nsys child: the CUDA profiler API around recorded iterations, NVTX per iteration."""
+
+    #: nsys samples from outside the process: every round is profiled (GPU time is there)
+    separate_timing = False
 
     def __init__(self) -> None:
         self.error: str | None = None

@@ -567,11 +567,21 @@ class PerfguardSession:
             walls, error = profile.wall_times_ns, getattr(capturer, "error", None)
             info["cpu_times_ns"] = list(profile.cpu_times_ns)
             rounds = list(profile.round_of)
-            env = {"load": profile.load, "wait": profile.wait, "peak_memory": profile.peak_memory}
+            env = {
+                "load": profile.load,
+                "wait": profile.wait,
+                "peak_memory": profile.peak_memory,
+                "profiled": list(profile.profiled),
+            }
             if not profile.started:
                 error = error or (
                     "the test requests the gpuprofile fixture but never runs "
                     "gpuprofile.iterations(): nothing was measured"
+                )
+            elif not profile.captured:
+                error = error or (
+                    f"the iteration loop ended after {len(walls)} timed iterations, before "
+                    "the profiled round: nothing was captured"
                 )
             elif not profile.completed:
                 notes.append(
@@ -683,12 +693,21 @@ class PerfguardSession:
         n_ranges = int((analysis.iterations["rank"] == analysis.iterations["rank"].min()).sum())
         if n_ranges == 0:
             raise PerfguardError(f"{path}: the capture holds no iteration")
-        if walls and len(walls) != n_ranges:
+        env = env or {}
+        profiled = np.asarray(env.get("profiled") or [], dtype=bool)
+        if len(profiled) != len(walls):
+            profiled = np.ones(len(walls), dtype=bool)
+        if not profiled.all():
+            notes.append(
+                f"timed in {len(set(np.asarray(rounds)[~profiled]))} rounds with the profiler "
+                f"off; ops, kernels and gates from 1 profiled round of {int(profiled.sum())} "
+                "iterations"
+            )
+        if walls and int(profiled.sum()) != n_ranges:
             notes.append(
                 f"{len(walls)} timed iterations but {n_ranges} in the capture: "
                 "iteration durations from the capture are used"
             )
-        env = env or {}
         load, wait = env.get("load"), env.get("wait")
         meta = {
             "marker": spec.to_dict(),
@@ -710,6 +729,7 @@ class PerfguardSession:
             meta=meta,
             rounds=np.asarray(rounds, dtype=np.int64) if rounds else None,
             extra_counters={"peak_memory": float(peak)} if peak else None,
+            profiled=profiled if walls and int(profiled.sum()) == n_ranges else None,
         )
         return record, _findings(analysis), analysis
 

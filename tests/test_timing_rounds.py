@@ -1,0 +1,156 @@
+"""Timing rounds run with the profiler off on the CPU; one profiled round feeds ops and gates.
+
+Real torch profiler, real sessions, a real store: the loop's protocol
+(which steps are captured), the record's rows, and that the verdict's
+timing uses only the unprofiled rounds while op samples and counters come
+from the profiled one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from perfguard.analysis import analyze  # noqa: E402
+from perfguard.baseline.record import profiled_mask, record_from_analysis, timing_mask  # noqa: E402
+from perfguard.baseline.store import Store  # noqa: E402
+from perfguard.plugin.capture import TorchCapturer  # noqa: E402
+from perfguard.plugin.iterate import GpuProfile  # noqa: E402
+from perfguard.plugin.marker import ProfileSpec  # noqa: E402
+from perfguard.trace import load_trace  # noqa: E402
+
+
+def _step(a: torch.Tensor) -> None:
+    torch.relu(a @ a).sum()
+
+
+def test_cpu_loop_times_rounds_unprofiled_then_profiles_one(tmp_path: Path) -> None:
+    spec = ProfileSpec(iterations=4, warmup=1, rounds=3)
+    path = tmp_path / "t.pt.trace.json"
+    profile = GpuProfile(spec, TorchCapturer(path, "cpu"))
+    a = torch.randn(32, 32)
+    steps = []
+    for step in profile.iterations():
+        steps.append(step)
+        _step(a)
+    profile.close()
+    assert steps == list(range(-1, 16))  # warm-up, 3 timing rounds, 1 profiled round
+    assert profile.completed and profile.captured
+    assert profile.round_of == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    assert profile.profiled == [False] * 12 + [True] * 4
+    assert len(profile.wait_ns) in (0, 3)  # the profiled round's load does not count
+
+    analysis = analyze(load_trace(path))
+    assert len(analysis.iterations) == 4  # only the profiled round is in the capture
+    rec = record_from_analysis(
+        "t::x", analysis,
+        wall_times_ns=np.asarray(profile.wall_times_ns),
+        cpu_times_ns=np.asarray(profile.cpu_times_ns),
+        rounds=np.asarray(profile.round_of),
+        profiled=np.asarray(profile.profiled),
+    )  # fmt: skip
+    assert rec.metric == "wall_time"
+    prof = profiled_mask(rec.samples)
+    assert prof.sum() == 4 and (~prof).sum() == 12
+    # wall time is judged on the three timing rounds, each the median of its iterations
+    assert rec.rounds().tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    expected = [np.median(profile.wall_times_ns[4 * r : 4 * r + 4]) for r in range(3)]
+    assert rec.round_values().tolist() == expected
+    # op samples only name captured iterations; counters come from them and are stable
+    captured = set(rec.samples.loc[prof, "iteration"])
+    assert set(rec.op_samples["iteration"]) <= captured
+    c = rec.counters
+    mm = c[(c["op_name"] == "aten::matmul") & (c["counter"] == "calls")]
+    assert mm["value"].tolist() == [1.0] and mm["stable"].tolist() == [True]
+    # GPU time would be judged on the profiled rows only
+    assert timing_mask(rec.samples, "gpu_time").tolist() == prof.tolist()
+
+
+def test_a_baseline_timed_under_the_profiler_is_not_compared_on_cpu_time(tmp_path: Path) -> None:
+    """A store saved before timing rounds ran unprofiled holds slower, noisier CPU timings:
+    judging today's rounds against them would read ``improved``; the gates still run."""
+    from perfguard.compare.judge import Against, JudgeSettings, judge
+    from perfguard.compare.outcomes import Outcome
+
+    spec = ProfileSpec(iterations=3, warmup=1, rounds=3)
+    path = tmp_path / "t.pt.trace.json"
+    profile = GpuProfile(spec, TorchCapturer(path, "cpu"))
+    a = torch.randn(32, 32)
+    for _ in profile.iterations():
+        _step(a)
+    analysis = analyze(load_trace(path))
+    args = dict(
+        wall_times_ns=np.asarray(profile.wall_times_ns), rounds=np.asarray(profile.round_of)
+    )
+    new = record_from_analysis("t::x", analysis, profiled=np.asarray(profile.profiled), **args)
+    flags = np.asarray(profile.profiled)
+    old = record_from_analysis(
+        "t::x", analysis, wall_times_ns=np.asarray(profile.wall_times_ns)[flags],
+        rounds=np.arange(int(flags.sum())),  # three one-iteration rounds, all profiled
+    )  # fmt: skip
+    assert new.timed_apart and not old.timed_apart
+    verdict = judge(new, Against(records=[old], commit="c" * 40, run_found=True), JudgeSettings())
+    assert verdict.timing.outcome is Outcome.NOT_JUDGED
+    assert "timed its rounds under the profiler" in verdict.timing.message
+    assert verdict.gates is not None and verdict.gates.outcome is Outcome.UNCHANGED
+
+
+def test_a_loop_left_in_a_timing_round_captured_nothing(tmp_path: Path) -> None:
+    spec = ProfileSpec(iterations=3, warmup=0, rounds=2)
+    profile = GpuProfile(spec, TorchCapturer(tmp_path / "t.pt.trace.json", "cpu"))
+    for step in profile.iterations():
+        if step == 4:
+            break
+    profile.close()
+    assert not profile.captured and not profile.completed
+    assert not (tmp_path / "t.pt.trace.json").exists()
+
+
+TEST = """
+import pytest
+import torch
+
+torch.set_num_threads(1)
+A = torch.randn(64, 64)
+
+
+@pytest.mark.gpuprofile(iterations=5, warmup=1, rounds=4)
+def test_step(gpuprofile):
+    for _ in gpuprofile.iterations():
+        torch.tanh(A @ A)
+"""
+
+
+def test_session_stores_timing_rounds_and_one_profiled_round(tmp_path: Path) -> None:
+    for args in (["init", "-q"], ["config", "user.email", "ci@example.com"],
+                 ["config", "user.name", "CI"]):  # fmt: skip
+        subprocess.run(["git", *args], cwd=tmp_path, check=True)
+    (tmp_path / "test_step.py").write_text(TEST)
+    (tmp_path / ".gitignore").write_text(".perfguard/\nbaselines/\n")
+    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "commit", "-qm", "c0"], cwd=tmp_path, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "--perfguard", "--perfguard-save"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    with Store(tmp_path / "baselines" / "perfguard.db") as store:
+        run_id = int(store.runs()["run_id"].iloc[-1])
+        rec = store.load_test(run_id, "test_step.py::test_step")
+        hist = store.history("test_step.py::test_step")
+    assert rec is not None
+    prof = profiled_mask(rec.samples)
+    assert (~prof).sum() == 20 and prof.sum() == 5
+    assert len(rec.round_values()) == 4
+    assert "rounds with the profiler off" in (rec.meta.get("note") or "")
+    # the stored history's level is the timing rounds' median, not the profiled round's
+    timed = rec.samples.loc[~prof, "wall_time_ns"].to_numpy(np.float64)
+    assert hist["median_ns"].tolist() == [float(np.median(timed))]
+    assert hist["n"].tolist() == [20]
