@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -98,7 +99,13 @@ def test_ab_head_slower_regresses_and_faster_improves(project: Path) -> None:
     timing = t["timing"]
     assert timing["mode"] == "ab" and timing["outcome"] == "regressed"
     assert timing["n_current"] == timing["n_baseline"] == 5  # five pairs of rounds
-    assert len(t["samples_current"]) == 5 * 3  # one round of 3 iterations per child
+    # each child: AB_CHILD_ROUNDS timing rounds of 3 iterations, its value their median
+    from perfguard.plugin.options import AB_CHILD_ROUNDS
+
+    samples = np.asarray(t["samples_current"], dtype=float)
+    assert len(samples) == 5 * AB_CHILD_ROUNDS * 3
+    per_child = samples.reshape(5, AB_CHILD_ROUNDS * 3)
+    assert t["rounds_current"] == pytest.approx(np.median(per_child, axis=1), abs=1)
     assert timing["delta_pct"] > 40 and timing["ci_low_pct"] > 0
     assert "ABBA" in timing["replicated"]
     assert t["baseline_commit"] == base

@@ -7,7 +7,8 @@ and measures the marked tests of both trees in rounds: each round is a
 fresh child pytest in one tree (its own code really imported: the tree's
 root, and its ``src/`` if there is one, lead ``PYTHONPATH``, so an editable
 install of the head does not shadow the base), running every selected test
-for one round of its loop (``--perfguard-rounds=1``); rounds alternate
+for :data:`~perfguard.plugin.options.AB_CHILD_ROUNDS` timing rounds of its
+loop, whose median is the child's value; rounds alternate
 ABBA (A B, B A, A B, ...), so a drift of the machine hits both sides alike
 and pairs of adjacent rounds cancel it. The child writes its records (one
 round each) and each test's pytest outcome to a pickle
@@ -39,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from perfguard.plugin.options import AB_CHILD_ROUNDS
 
 #: the child's output file (a pickle of :class:`RoundOutput`); set => round-child mode
 AB_OUT_ENV = "PERFGUARD_AB_OUT"
@@ -157,7 +160,7 @@ class ABRunner:
         xdist: bool,
         timeout: float,
         say: Callable[[str], None] = lambda line: None,
-        rounds: int | None = 1,
+        rounds: int | None = AB_CHILD_ROUNDS,
     ) -> None:
         self.roots = {"A": base_root, "B": head_root}
         self.head_rel = head_rel  # the pytest rootdir relative to the git root

@@ -36,6 +36,10 @@ DEFAULT_ROUNDS = 5
 DEFAULT_AB_PAIRS = 6
 #: A/B mode: at most this many pairs when sampling on until the change is resolved
 MAX_AB_PAIRS = 20
+#: A/B mode: timing rounds each child process runs; a child's value is their median. Its
+#: start (python, torch, pytest: seconds) dwarfs a round, so extra rounds are nearly free
+#: and cut the within-process noise of the value the pair is judged on
+AB_CHILD_ROUNDS = 3
 #: seconds one nsys child run (one test) may take before it is stopped
 DEFAULT_CAPTURE_TIMEOUT = 900.0
 

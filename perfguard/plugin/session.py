@@ -76,7 +76,7 @@ from perfguard.plugin.ab import (
 from perfguard.plugin.capture import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
-from perfguard.plugin.options import MAX_AB_PAIRS, Settings
+from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, Settings
 
 ALPHA = 0.01
 OUTPUT_KEY = "perfguard"
@@ -281,7 +281,8 @@ class PerfguardSession:
         )  # fmt: skip
         self.notes.append(
             f"A/B mode: {self.settings.ab_pairs} ABBA pairs of rounds against "
-            f"{self.settings.against} ({self.ab_commit[:12]}), each round a fresh process"
+            f"{self.settings.against} ({self.ab_commit[:12]}), each a fresh process timing "
+            f"{AB_CHILD_ROUNDS} rounds (their median)"
         )
 
     # ------------------------------------------------------------------ A/B mode
@@ -321,8 +322,9 @@ class PerfguardSession:
         if ab.base.failure or ab.head.failure or not ab.base.records or not ab.head.records:
             return False
         metric = ab.head.records[0].metric
-        a = np.array([r.round_values(metric)[0] for r in ab.base.records])
-        b = np.array([r.round_values(metric)[0] for r in ab.head.records])
+        # a child's value is the median of its timing iterations, as merge_rounds has it
+        a = np.array([np.median(r.values(metric)) for r in ab.base.records])
+        b = np.array([np.median(r.values(metric)) for r in ab.head.records])
         n = min(len(a), len(b))
         tol = self.settings.tolerance
         verdict = judge_ab(a[:n], b[:n], metric=metric, tolerance=tol, alpha=ALPHA)
