@@ -156,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="nsys .sqlite export, Kineto .json/.json.gz trace, or a "
                               "directory of per-rank traces")  # fmt: skip
     add_analyze_options(analyze)
+    analyze.add_argument("--per-rank", action="store_true",
+                         help="directory only: analyse each rank in its own worker process "
+                              "(memory bounded by one rank); write per-rank tables with a "
+                              "Rank column and the rank report (no HTML page or timeline)")
     analyze.set_defaults(func=run_analyze, skip_teardown=True)
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_parser(sub)
@@ -166,6 +170,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     from perfguard.report.writer import check_output
 
     # refuse before the (possibly long) read when the reports could not be written anyway
+    if getattr(args, "per_rank", False):
+        from perfguard.commands.rank_report import analyze_per_rank
+
+        return analyze_per_rank(args)
     check_output(args.output_path, args.base_name, args.reports, args.formats, args.force)
     analyze_and_report(args)
     return 0
