@@ -11,6 +11,7 @@ into one Trace with a ``rank`` column, in rank-file order.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sqlite3
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.errors import TraceError
+from perfguard.trace.gpu_ranges import RangeFilter
 from perfguard.trace.kineto import read_kineto
 from perfguard.trace.model import SCHEMA, Trace
 from perfguard.trace.nsys import is_sqlite, read_nsys
@@ -57,7 +59,11 @@ RankProgress = Callable[[int, int, int], None]
 
 
 def load_trace(
-    path: str | Path, *, jobs: int | None = None, on_rank: RankProgress | None = None
+    path: str | Path,
+    *,
+    jobs: int | None = None,
+    on_rank: RankProgress | None = None,
+    range_filter: RangeFilter | None = None,
 ) -> Trace:
     """Read an nsys SQLite export, a Kineto trace, or a directory of per-rank traces.
 
@@ -70,15 +76,16 @@ def load_trace(
     whose message names the file and the problem on one line, including a
     capture too large for this machine's memory. ``jobs`` caps the worker
     processes that read a directory's ranks (default: the cores; 1 reads in
-    this process); ``on_rank`` hears of each rank read.
+    this process); ``on_rank`` hears of each rank read. ``range_filter`` keeps only
+    the NVTX ranges of nsys exports that enclose GPU work (:mod:`perfguard.trace.gpu_ranges`).
     """
     path = Path(path)
     try:
         if path.is_dir():
             if find_xplanes(path):  # a TensorBoard logdir or plugins/profile/<run>
                 return read_xplane_dir(path)
-            return _load_dir(path, jobs, on_rank)
-        return _load(path)
+            return _load_dir(path, jobs, on_rank, range_filter)
+        return _load(path, range_filter)
     except MemoryError:
         size = _size_text(path)
         raise TraceError(
@@ -98,7 +105,7 @@ def _size_text(path: Path) -> str:
         return ""
 
 
-def _load(path: Path) -> Trace:
+def _load(path: Path, range_filter: RangeFilter | None = None) -> Trace:
     if not path.exists():
         raise TraceError(path, "no such file or directory")
     if path.name.endswith(".xplane.pb"):
@@ -111,7 +118,7 @@ def _load(path: Path) -> Trace:
         )
     if is_sqlite(path):
         _check_sqlite_size(path)
-        return _read_nsys_checked(path)
+        return _read_nsys_checked(path, range_filter)
     try:
         with open(path, "rb") as fh:
             head = fh.read(64)
@@ -150,10 +157,10 @@ def _check_sqlite_size(path: Path) -> None:
         )
 
 
-def _read_nsys_checked(path: Path) -> Trace:
+def _read_nsys_checked(path: Path, range_filter: RangeFilter | None = None) -> Trace:
     """:func:`read_nsys`, with malformed table contents reported as a TraceError."""
     try:
-        return read_nsys(path)
+        return read_nsys(path, range_filter)
     except _MALFORMED as exc:
         problem = " ".join(str(exc).split())[:200]
         raise TraceError(
@@ -204,11 +211,14 @@ def _is_rank_file(name: str) -> bool:
     return name.lower().endswith(RANK_FILE_SUFFIXES)
 
 
-def _load_dir(path: Path, jobs: int | None, on_rank: RankProgress | None) -> Trace:
+def _load_dir(
+    path: Path, jobs: int | None, on_rank: RankProgress | None, range_filter: RangeFilter | None
+) -> Trace:
     files = rank_files(path)
     traces: list[Trace] = []
     events = 0
-    for _, trace in map_ranks(files, _read_rank, worker_count(files, jobs), __name__):
+    read = functools.partial(_read_rank, range_filter=range_filter)
+    for _, trace in map_ranks(files, read, worker_count(files, jobs), __name__):
         traces.append(trace)
         events += sum(len(getattr(trace, t)) for t in ("ranges", "api_calls", "kernels", "memops"))
         if on_rank is not None:
@@ -314,19 +324,19 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _read_rank(path: Path) -> tuple[Trace | None, str]:
+def _read_rank(path: Path, range_filter: RangeFilter | None = None) -> tuple[Trace | None, str]:
     """``(trace, "")`` or ``(None, problem)``: runs in a worker, whose exceptions
     would have to survive pickling on the way back."""
     try:
-        return _load_rank(path), ""
+        return _load_rank(path, range_filter), ""
     except TraceError as exc:
         return None, exc.problem
 
 
-def _load_rank(path: Path) -> Trace:
+def _load_rank(path: Path, range_filter: RangeFilter | None = None) -> Trace:
     """One rank's capture."""
     try:
-        return _load(path)
+        return _load(path, range_filter)
     except MemoryError:
         size = _size_text(path)
         raise TraceError(path, f"not enough memory to read this capture{size}") from None

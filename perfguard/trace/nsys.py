@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.errors import TraceError
+from perfguard.trace.gpu_ranges import RangeFilter
 from perfguard.trace.model import KERNEL_GEOMETRY, NO_CORRELATION, RANGE_KIND, Trace
 from perfguard.trace.names import is_iteration_name, op_type_of, parse_range_names
 from perfguard.trace.pyprof import apply_markers
@@ -263,25 +264,27 @@ def _col(db: _Db, table: str, col: str, default: str = "NULL") -> str:
     return col if col in db.columns(table) else default
 
 
-def read_nsys(path: str | Path) -> Trace:
+def read_nsys(path: str | Path, range_filter: RangeFilter | None = None) -> Trace:
     """Read an nsys SQLite export into a :class:`Trace`.
 
+    ``range_filter`` keeps only the NVTX ranges that enclose GPU work (see
+    :mod:`perfguard.trace.gpu_ranges`); by default every range is kept.
     Raises :class:`TraceError` when the file is not an nsys export or is
     damaged.
     """
     path = Path(path)
     try:
-        return _read_file(path, lenient=False)
+        return _read_file(path, lenient=False, range_filter=range_filter)
     except _Undecodable:
         # text that is not UTF-8 (a damaged name): read again, replacing the bad bytes
-        return _read_file(path, lenient=True)
+        return _read_file(path, lenient=True, range_filter=range_filter)
 
 
 class _Undecodable(Exception):
     """SQLite text that is not valid UTF-8."""
 
 
-def _read_file(path: Path, lenient: bool) -> Trace:
+def _read_file(path: Path, lenient: bool, range_filter: RangeFilter | None = None) -> Trace:
     try:
         db = _Db(path, lenient)
     except sqlite3.DatabaseError as exc:
@@ -289,7 +292,7 @@ def _read_file(path: Path, lenient: bool) -> Trace:
     try:
         if "StringIds" not in db.tables:
             raise TraceError(path, "SQLite file is not an nsys export (no StringIds table)")
-        return _read(db)
+        return _read(db, range_filter)
     except sqlite3.OperationalError as exc:
         if "decode" in str(exc) and not lenient:
             raise _Undecodable from None
@@ -300,7 +303,7 @@ def _read_file(path: Path, lenient: bool) -> Trace:
         db.close()
 
 
-def _read(db: _Db) -> Trace:
+def _read(db: _Db, range_filter: RangeFilter | None = None) -> Trace:
     strings = _strings(db)
     # NVTX, the largest table, is read on a thread of its own while this one reads the rest
     with ThreadPoolExecutor(1, thread_name_prefix="perfguard-nvtx") as pool:
@@ -318,8 +321,11 @@ def _read(db: _Db) -> Trace:
     if not done:
         ranges = _close_unclosed(tables["ranges"], api, kernels, memops, notes=notes)
         ranges = finalize_ranges(ranges)
+    ranges = apply_markers(ranges)  # PyProf/DLProf markers: wrappers folded into their ops
+    if range_filter is not None:
+        ranges = range_filter.apply(ranges, api, [kernels, memops])
     return Trace(
-        ranges=apply_markers(ranges),  # PyProf/DLProf markers: wrappers folded into their ops
+        ranges=ranges,
         api_calls=api,
         kernels=kernels,
         memops=memops,
