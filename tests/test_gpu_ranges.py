@@ -110,3 +110,19 @@ def test_cli_gpu_ranges_only(fixture_file, tmp_path: Path, capsys) -> None:
     assert kernel[0] == kernel[1]
     assert len(detail[1]) < len(detail[0])
     assert detail[1]["Total GPU Time (ns)"].sum() == detail[0]["Total GPU Time (ns)"].sum()
+
+
+@pytest.mark.parametrize("dlprof", [False, True], ids=["pyprof", "dlprof"])
+def test_pyprof_markers_filtered_after_folding(dlprof: bool, fixture_file, tmp_path) -> None:
+    """With PyProf/DLProf markers the filter runs after the wrappers are folded in, so
+    bprop ops keep the names their fprop ops give them."""
+    import pyprof_capture as capture
+    from nsys_builder import TEMPLATE
+
+    path = capture.build(fixture_file(TEMPLATE), tmp_path / "c.sqlite", dlprof=dlprof)
+    full = load_trace(path)
+    kept = load_trace(path, range_filter=RangeFilter())
+    a, b = perfguard.analyze(full), perfguard.analyze(kept)
+    pd.testing.assert_frame_equal(TABLES["kernel"](a), TABLES["kernel"](b))
+    assert len(kept.ranges) <= len(full.ranges)
+    assert set(b.ops["op_name"]) <= set(a.ops["op_name"])

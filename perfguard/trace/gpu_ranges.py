@@ -5,12 +5,17 @@ launch nothing (``aten::view``, ``aten::empty``). At a million kernels
 those ranges are most of the run's memory: the ranges table and the op
 instances built from it. A range *encloses GPU work* when a call that
 launched a kernel or memory operation (its correlation id is a kernel's or
-memop's in the same process) starts inside it on its own thread, directly
-(the call's innermost enclosing op range, as attribution finds it) or in a
-range nested in it. Kept besides: every range that is not an op (iteration
-markers, cross-thread start/end ranges), ranges named as asked (the key node
-of ``--key-node``), and every ancestor of a kept range, so the kept set is
-closed upwards and its tree is the full tree's, renumbered.
+memop's in the same process) starts inside it on its own thread
+(``start <= t <= end``). That keeps every range that owns a kernel and all
+of its ancestors, so attribution is unchanged. Kept besides: every range
+that is not an op (iteration markers, cross-thread start/end ranges), an
+unterminated range (it is closed later), and ranges named as asked (the key
+node of ``--key-node``).
+
+The nsys reader tests this on the columns it read, before it builds the
+ranges table, and builds the table and its tree from the kept rows only.
+With PyProf/DLProf markers (whose wrappers name bprop ops after their fprop
+op) it filters after the markers are folded in instead.
 
 What changes in the reports (why this is not the default): the CPU-only op
 instances are gone, so the detail, op_type, group_node and iteration
@@ -26,8 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfguard.trace.model import NO_PARENT
-from perfguard.trace.nesting import Nesting, group_codes
+from perfguard.trace.nesting import group_codes
 
 
 @dataclass(frozen=True)
@@ -37,73 +41,89 @@ class RangeFilter:
     #: range names kept whether or not they enclose GPU work (``--key-node``'s)
     keep_names: tuple[str, ...] = ()
 
-    def apply(
-        self, ranges: pd.DataFrame, api: pd.DataFrame, activities: list[pd.DataFrame]
-    ) -> pd.DataFrame:
-        """The kept rows of a finalized ranges table, renumbered."""
-        if not len(ranges):  # no NVTX (the table may lack columns then)
-            return ranges
-        return keep_ranges(ranges, gpu_range_mask(ranges, api, activities, self.keep_names))
 
+@dataclass(frozen=True)
+class Launches:
+    """The start times of the calls that launched GPU work, by thread."""
 
-def gpu_range_mask(
-    ranges: pd.DataFrame,
-    api: pd.DataFrame,
-    activities: list[pd.DataFrame],
-    keep_names: tuple[str, ...] = (),
-) -> np.ndarray:
-    """Which rows of a finalized ranges table to keep (see the module docstring)."""
-    n = len(ranges)
-    keep = (ranges["kind"] != "op").to_numpy(dtype=bool).copy()
-    if keep_names:
-        keep |= ranges["name"].isin(keep_names).to_numpy(dtype=bool)
-    launch = _launch_rows(api, activities)
-    is_op = np.flatnonzero((ranges["kind"] == "op").to_numpy(dtype=bool))
-    if len(launch) and len(is_op):
-        thread = ["rank", "pid", "tid"] if "rank" in api and "rank" in ranges else ["pid", "tid"]
-        op_codes, call_codes = group_codes(
-            ranges[thread].iloc[is_op].reset_index(drop=True),
-            api[thread].iloc[launch].reset_index(drop=True),
+    pid: np.ndarray
+    tid: np.ndarray
+    t: np.ndarray
+
+    @classmethod
+    def of(cls, api: pd.DataFrame, activities: list[pd.DataFrame]) -> Launches:
+        """The rows of ``api`` whose (pid, correlation id) is a GPU activity's."""
+        empty = np.zeros(0, dtype=np.int64)
+        key = ["pid", "correlation_id"]
+        acts = [a[key] for a in activities if len(a) and "correlation_id" in a]
+        if not len(api) or "correlation_id" not in api or not acts:
+            return cls(empty, empty, empty)
+        codes = group_codes(
+            api[key].reset_index(drop=True),
+            *(a.reset_index(drop=True) for a in acts),
         )
-        start, end = ranges["start"].to_numpy(np.int64), ranges["end"].to_numpy(np.int64)
-        nest = Nesting(start[is_op], end[is_op], op_codes)
-        pos = nest.innermost_enclosing(call_codes, api["start"].to_numpy(np.int64)[launch])
-        keep[is_op[nest.order[pos[pos >= 0]]]] = True
-    if not n:
-        return keep
-    return _with_ancestors(keep, ranges["parent_id"].to_numpy(np.int64), ranges["depth"])
+        rows = np.flatnonzero(np.isin(codes[0], np.concatenate(codes[1:])))
+        return cls(*(api[c].to_numpy(np.int64)[rows] for c in ("pid", "tid", "start")))
+
+    def inside(
+        self, pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray
+    ) -> np.ndarray:
+        """Whether a launch on thread ``(pid, tid)`` starts in ``[start, end]``, per range."""
+        n = len(start)
+        if not len(self.t) or not n:
+            return np.zeros(n, dtype=bool)
+        frames = [pd.DataFrame({"pid": p, "tid": t}, copy=False)
+                  for p, t in ((self.pid, self.tid), (pid, tid))]  # fmt: skip
+        launch_thread, range_thread = group_codes(*frames)
+        # one sorted key per (thread, time): thread code * span + time from the origin
+        t0 = min(int(self.t.min()), int(start.min()))
+        span = max(int(self.t.max()), int(end.max())) - t0 + 1
+        if (int(range_thread.max()) + 1) * span >= 2**62:  # no room in int64: by thread
+            return self._inside_by_thread(launch_thread, range_thread, start, end)
+        keys = np.sort(launch_thread * span + (self.t - t0))
+        lo = np.searchsorted(keys, range_thread * span + (start - t0), side="left")
+        hi = np.searchsorted(keys, range_thread * span + (end - t0), side="right")
+        return hi > lo
+
+    def _inside_by_thread(
+        self, launch_thread: np.ndarray, range_thread: np.ndarray, start: np.ndarray,
+        end: np.ndarray,
+    ) -> np.ndarray:  # fmt: skip
+        out = np.zeros(len(start), dtype=bool)
+        for code in np.intersect1d(launch_thread, range_thread):
+            t = np.sort(self.t[launch_thread == code])
+            rows = np.flatnonzero(range_thread == code)
+            hi = np.searchsorted(t, end[rows], side="right")
+            out[rows] = hi > np.searchsorted(t, start[rows], side="left")
+        return out
 
 
-def _launch_rows(api: pd.DataFrame, activities: list[pd.DataFrame]) -> np.ndarray:
-    """Rows of ``api`` whose (pid, correlation id) is a GPU activity's."""
-    if not len(api) or "correlation_id" not in api:
-        return np.zeros(0, dtype=np.int64)
-    acts = [a[["pid", "correlation_id"]] for a in activities if len(a) and "correlation_id" in a]
-    if not acts:
-        return np.zeros(0, dtype=np.int64)
-    keys = [api[["pid", "correlation_id"]].reset_index(drop=True)]
-    codes = group_codes(*keys, *(a.reset_index(drop=True) for a in acts))
-    return np.flatnonzero(np.isin(codes[0], np.concatenate(codes[1:])))
+def keep_mask(
+    launches: Launches, ranges: dict[str, np.ndarray], named: np.ndarray | None = None
+) -> np.ndarray:
+    """Which ranges to keep. ``ranges``: ``pid, tid, start, end`` (int64), ``is_op`` and
+    ``open`` (unterminated) as booleans; ``named``: whether each is named as asked."""
+    keep = ~ranges["is_op"] | ranges["open"]
+    keep |= launches.inside(ranges["pid"], ranges["tid"], ranges["start"], ranges["end"])
+    return keep | named if named is not None else keep
 
 
-def _with_ancestors(keep: np.ndarray, parent: np.ndarray, depth: pd.Series) -> np.ndarray:
-    """``keep`` with every ancestor of a kept row kept, deepest level first."""
-    keep = keep.copy()
-    d = depth.to_numpy(np.int64)
-    for level in range(int(d.max()), 0, -1):
-        child = np.flatnonzero(keep & (d == level) & (parent != NO_PARENT))
-        keep[parent[child]] = True
-    return keep
+def filter_finalized(
+    ranges: pd.DataFrame, launches: Launches, keep_names: tuple[str, ...] = ()
+) -> pd.DataFrame:
+    """The kept rows of a finalized ranges table, its tree rebuilt from them (a range
+    keeps the backward direction it inherited)."""
+    from perfguard.trace.ranges import finalize_ranges  # ranges -> nesting; no cycle at import
 
-
-def keep_ranges(ranges: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
-    """The kept rows of a finalized ranges table, renumbered (``range_id`` the row number,
-    ``parent_id`` following); ``keep`` must hold every kept row's parent."""
+    if not len(ranges):  # no NVTX (the table may lack columns then)
+        return ranges
+    cols = {c: ranges[c].to_numpy(np.int64) for c in ("pid", "tid", "start", "end")}
+    cols["is_op"] = (ranges["kind"] == "op").to_numpy(dtype=bool)
+    cols["open"] = np.zeros(len(ranges), dtype=bool)
+    named = ranges["name"].isin(keep_names).to_numpy(dtype=bool) if keep_names else None
+    keep = keep_mask(launches, cols, named)
     if keep.all():
         return ranges
-    new_id = np.cumsum(keep, dtype=np.int64) - 1
     out = ranges[keep].reset_index(drop=True)
-    parent = out["parent_id"].to_numpy(np.int64)
-    out["range_id"] = np.arange(len(out), dtype=np.int64)
-    out["parent_id"] = np.where(parent != NO_PARENT, new_id[np.maximum(parent, 0)], NO_PARENT)
-    return out
+    out["bprop"] = (out["direction"] == "bprop").to_numpy(dtype=bool)
+    return finalize_ranges(out.drop(columns=["range_id", "depth", "parent_id", "direction"]))

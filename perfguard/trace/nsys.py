@@ -34,10 +34,10 @@ import numpy as np
 import pandas as pd
 
 from perfguard.errors import TraceError
-from perfguard.trace.gpu_ranges import RangeFilter
+from perfguard.trace.gpu_ranges import Launches, RangeFilter, filter_finalized, keep_mask
 from perfguard.trace.model import KERNEL_GEOMETRY, NO_CORRELATION, RANGE_KIND, Trace
 from perfguard.trace.names import is_iteration_name, op_type_of, parse_range_names
-from perfguard.trace.pyprof import apply_markers
+from perfguard.trace.pyprof import MODULE_MARKER, TRACE_MARKER, apply_markers
 from perfguard.trace.ranges import finalize_ranges
 from perfguard.trace.sanity import last_timestamp, repair_times
 
@@ -338,15 +338,21 @@ def _read_file(path: Path, lenient: bool, range_filter: RangeFilter | None = Non
 
 def _read(db: _Db, range_filter: RangeFilter | None = None) -> Trace:
     strings = _strings(db)
+    launches: Future[Launches | None] = Future()
+    select = _selector(range_filter, launches) if range_filter is not None else None
     # NVTX, the largest table, is read on a thread of its own while this one reads the rest
     with ThreadPoolExecutor(1, thread_name_prefix="perfguard-nvtx") as pool:
-        nvtx = pool.submit(_nvtx_ranges, db, strings)
+        nvtx = pool.submit(_nvtx_ranges, db, strings, select)
         try:
             api = _api_calls(db, strings)
             kernels = _kernels(db, strings)
             memops = _memops(db)
+            if range_filter is not None:  # the NVTX thread waits for them to select ranges
+                launches.set_result(Launches.of(api, [kernels, memops]))
         finally:
-            ranges, done = nvtx.result()
+            if not launches.done():  # failed before: the NVTX thread must not wait forever
+                launches.set_result(None)
+            ranges, done, selected = nvtx.result()
     tables, notes = repair_times(
         {"ranges": ranges, "api_calls": api, "kernels": kernels, "memops": memops}, db.path
     )
@@ -355,8 +361,9 @@ def _read(db: _Db, range_filter: RangeFilter | None = None) -> Trace:
         ranges = _close_unclosed(tables["ranges"], api, kernels, memops, notes=notes)
         ranges = finalize_ranges(ranges)
     ranges = apply_markers(ranges)  # PyProf/DLProf markers: wrappers folded into their ops
-    if range_filter is not None:
-        ranges = range_filter.apply(ranges, api, [kernels, memops])
+    found = launches.result()
+    if range_filter is not None and not selected and found is not None:
+        ranges = filter_finalized(ranges, found, range_filter.keep_names)
     return Trace(
         ranges=ranges,
         api_calls=api,
@@ -367,6 +374,23 @@ def _read(db: _Db, range_filter: RangeFilter | None = None) -> Trace:
         meta=_meta(db, strings),
         notes=notes,
     )
+
+
+def _selector(range_filter: RangeFilter, launches: Future[Launches | None]) -> _Select:
+    """The NVTX thread's test of which ranges enclose GPU work (``--gpu-ranges-only``);
+    it answers None (keep all, filter after the markers are folded) for a capture with
+    PyProf/DLProf markers, whose wrappers name bprop ops after fprop ops."""
+
+    def select(cols: dict[str, np.ndarray], names: pd.Series, codes: np.ndarray) -> Any:
+        found = launches.result()
+        text = names.fillna("").astype(str)
+        if found is None or text.str.startswith((TRACE_MARKER, MODULE_MARKER)).any():
+            return None
+        keep = range_filter.keep_names
+        named = names.isin(keep).to_numpy(dtype=bool)[codes] if keep else None
+        return keep_mask(found, cols, named)
+
+    return select
 
 
 def _close_unclosed(
@@ -598,21 +622,28 @@ def _memops(db: _Db) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _nvtx_ranges(db: _Db, strings: _Strings) -> tuple[pd.DataFrame, bool]:
+#: ``select(columns, distinct names, name codes)``: which ranges to keep, None for all
+_Select = Callable[[dict[str, np.ndarray], pd.Series, np.ndarray], "np.ndarray | None"]
+
+
+def _nvtx_ranges(
+    db: _Db, strings: _Strings, select: _Select | None = None
+) -> tuple[pd.DataFrame, bool, bool]:
     """The NVTX ranges, finalized unless some are unterminated or end before they
-    start (then :func:`_read` repairs them first): ``(ranges, finalized)``."""
-    ranges = _ranges(db, strings)
+    start (then :func:`_read` repairs them first): ``(ranges, finalized, selected)``,
+    ``selected`` when ``select`` chose the rows."""
+    ranges, selected = _ranges(db, strings, select)
     end = ranges["end"]
     if end.isna().any() or (end < ranges["start"]).any():
-        return ranges, False
+        return ranges, False, selected
     ranges["end"] = end.astype(np.int64)
-    return finalize_ranges(ranges), True
+    return finalize_ranges(ranges), True, selected
 
 
-def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
+def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[pd.DataFrame, bool]:
     t = "NVTX_EVENTS"
     if not db.has(t, "start", "eventType"):
-        return pd.DataFrame({"start": [], "end": []})
+        return pd.DataFrame({"start": [], "end": []}), False
     types = NVTX_PUSH_POP + NVTX_START_END
     text = _col(db, t, "text")
     text_id = _col(db, t, "textId", "-1")
@@ -655,7 +686,7 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
         has_text = has_text[is_range]
     n = len(start)
     if not n:
-        return pd.DataFrame({"start": [], "end": []})
+        return pd.DataFrame({"start": [], "end": []}), False
     pid, tid = _split_tid(gtid_v)
     cross_thread = (flag & 1024) != 0
     tid_ref = (flag >> 11) - 1
@@ -674,11 +705,19 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
         )
     else:
         domain = np.full(n, np.nan, dtype=object)
-    end = pd.arrays.IntegerArray(end_v, (flag & 256) != 0)
     kind = np.where(cross_thread, 1, 0)
     kind[iteration & ~cross_thread] = 2
+    cols = {"pid": pid, "tid": tid, "start": start, "end": end_v, "is_op": kind == 0,
+            "open": (flag & 256) != 0}  # fmt: skip
+    keep = select(cols, parsed["name"], codes) if select is not None else None
+    if keep is not None and not keep.all():  # only the kept rows are built
+        rows = np.flatnonzero(keep)
+        start, end_v, pid, tid, flag, etype, codes, kind, domain = (
+            c[rows] for c in (start, end_v, pid, tid, flag, etype, codes, kind, domain)
+        )
+    end = pd.arrays.IntegerArray(end_v, (flag & 256) != 0)
     push_pop = np.isin(etype, NVTX_PUSH_POP).astype(np.intp)
-    return pd.DataFrame(
+    ranges = pd.DataFrame(
         {
             "start": start,
             "end": end,
@@ -700,6 +739,7 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
         },
         copy=False,
     )
+    return ranges, keep is not None
 
 
 def _take(values: Any, codes: np.ndarray) -> Any:
