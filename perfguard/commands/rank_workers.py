@@ -30,7 +30,7 @@ import pandas as pd
 from perfguard.analysis import analyze
 from perfguard.analysis.ranks import COLUMNS, Straggler, combine_ranks, rank_table, straggler
 from perfguard.errors import AnalysisError, TraceError
-from perfguard.report.dlprof import TABLES
+from perfguard.report.dlprof import TABLES, rank_report_of
 from perfguard.trace.loader import (
     RankProgress,
     check_unique_ranks,
@@ -92,7 +92,7 @@ class RankRun:
         has one value column per rank; the others are the ranks' rows one after the
         other, with a ``Rank`` column first (the iteration report has its own)."""
         if name == "rank":
-            return TABLES["rank"](_Ranked(self.table))  # type: ignore[arg-type]
+            return rank_report_of(self.table)
         results = sorted(self.ranks, key=lambda r: r.rank)
         if name == "summary":  # metrics in the first rank's order, any other's after them
             values = [
@@ -108,13 +108,6 @@ class RankRun:
                 t.insert(0, RANK_COLUMN, r.rank)
             parts.append(t)
         return pd.concat(parts, ignore_index=True)
-
-
-class _Ranked:
-    """What the rank report's table function reads of an analysis: its rank table."""
-
-    def __init__(self, table: pd.DataFrame) -> None:
-        self.cache = {"ranks": table}
 
 
 def analyze_ranks(
