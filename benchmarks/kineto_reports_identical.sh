@@ -1,5 +1,6 @@
 #!/bin/bash
-# Reports of the Kineto reader at two commits must be byte-identical on every Kineto fixture.
+# Reports at two commits must be byte-identical on every Kineto fixture and nsys export
+# (FIXTURE_GLOBS, space-separated globs under the fixtures, narrows the set).
 #   benchmarks/kineto_reports_identical.sh [OLD_REF]   (default: where this branch left main)
 # Runs `perfguard analyze --formats csv,json` with OLD_REF's code and the working tree's on
 # every Kineto fixture (the 8-rank directory included) and the example capture, and diffs
@@ -13,7 +14,10 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src" "$work/old" "$work/new"
 git -C "$repo" archive "$old_ref" | tar -x -C "$work/src"
 status=0
-for db in "$fixtures"/kineto/*.json.gz "$fixtures"/kineto/*/ "$repo"/examples/captures/*.json.gz; do
+globs=${FIXTURE_GLOBS:-"kineto/*.json.gz kineto/*/ nsys/*.sqlite"}
+dbs=()
+for g in $globs; do dbs+=("$fixtures"/$g); done
+for db in "${dbs[@]}" "$repo"/examples/captures/*.json.gz; do
   db=${db%/}
   [ -e "$db" ] || continue
   if [ -d "$db" ] && ! ls "$db" | grep -q '\.json'; then continue; fi  # e.g. hta_reference/

@@ -342,7 +342,8 @@ from perfguard.report import format_summary, write_reports
 from perfguard.commands.memory import reuse_freed_memory
 reuse_freed_memory()  # as the command does
 rss = {"import": mark()}
-trace = perfguard.load_trace(sys.argv[1])
+from perfguard.trace.gpu_ranges import RangeFilter
+trace = perfguard.load_trace(sys.argv[1], range_filter=RangeFilter() if sys.argv[3:] else None)
 rss["load"] = mark()
 result = perfguard.analyze(trace)
 rss["analyze"] = mark()
@@ -388,16 +389,21 @@ def _run(cmd: list[str], mem_limit_gb: float | None) -> tuple[int, float, int, f
     return proc.returncode, wall, int(usage.ru_maxrss), cpu, text, error
 
 
-def measure(path: Path, out_dir: Path, repeat: int, mem_limit_gb: float) -> dict[str, Any]:
+def measure(
+    path: Path, out_dir: Path, repeat: int, mem_limit_gb: float, gpu_ranges: bool = False
+) -> dict[str, Any]:
     py = sys.executable
     cli = [py, "-m", "perfguard", "analyze", "--database", str(path)]
     cli += ["--output-path", str(out_dir / "cli"), "--force"]
+    cli += ["--gpu-ranges-only"] if gpu_ranges else []
     runs, phases = [], []
     for _ in range(repeat):
         rc, wall, rss, cpu, _, error = _run(cli, mem_limit_gb)
         runs.append({"rc": rc, "wall_s": wall, "peak_kb": rss, "cpu_s": cpu, "error": error})
         rc, wall, rss, cpu, text, error = _run(
-            [py, "-c", _CHILD, str(path), str(out_dir / "phase")], mem_limit_gb
+            [py, "-c", _CHILD, str(path), str(out_dir / "phase")]
+            + (["gpu-ranges-only"] if gpu_ranges else []),
+            mem_limit_gb,
         )
         ph = json.loads(text.strip().splitlines()[-1]) if rc == 0 else {}
         phases.append({"rc": rc, "wall_s": wall, "peak_kb": rss, "cpu_s": cpu, **ph})
@@ -509,6 +515,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure a directory of N per-rank nsys exports of --kernels each "
         "(hard links to the one capture, named rank-K.sqlite)",
     )
+    p.add_argument(
+        "--gpu-ranges-only",
+        action="store_true",
+        help="also measure the nsys capture with `analyze --gpu-ranges-only` (only the NVTX "
+        "ranges that enclose GPU work), right after the default run",
+    )
     args = p.parse_args(argv)  # fmt: skip
 
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="perfguard-bench-"))
@@ -527,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
             _describe("nsys SQLite", built)
             m = measure(dest, workdir / "reports_nsys", args.repeat, args.mem_limit_gb)
             cases.append(("nsys SQLite", built, m))
+            if args.gpu_ranges_only:  # the same capture, in the same run
+                g = measure(dest, workdir / "reports_gpu", args.repeat, args.mem_limit_gb, True)
+                cases.append(("--gpu-ranges-only", built, g))
             cli = m["cli"]
             wall_target, rss_target = SQLITE_TARGETS[args.nvtx]
             failed = cli["rc"] != 0 or cli["wall_s"] > wall_target or cli["peak_kb"] > rss_target

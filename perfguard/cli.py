@@ -14,11 +14,14 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from perfguard.commands import argtypes
 from perfguard.commands.memory import reuse_freed_memory
 from perfguard.errors import AnalysisError, PerfguardError
+
+if TYPE_CHECKING:
+    from perfguard.trace.gpu_ranges import RangeFilter
 
 PROG = "perfguard"
 
@@ -122,6 +125,10 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress line on stderr (it shows only on a terminal, "
                              "after 2 s)")  # fmt: skip
+    parser.add_argument("--gpu-ranges-only", action="store_true",
+                        help="nsys exports: keep only the NVTX ranges that enclose GPU work "
+                             "(and the --key-node ranges); less memory at emit_nvtx density, "
+                             "but ops that launch nothing leave the detail report")  # fmt: skip
     parser.add_argument("-j", "--jobs", type=argtypes.integer(1), metavar="N",
                         help="processes reading a directory's per-rank captures at once "
                              "(default: one per core, up to one per rank)")  # fmt: skip
@@ -156,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="nsys .sqlite export, Kineto .json/.json.gz trace, or a "
                               "directory of per-rank traces")  # fmt: skip
     add_analyze_options(analyze)
+    analyze.add_argument(
+        "--per-rank",
+        action="store_true",
+        help="directory only: analyse each rank in its own worker process "
+        "(memory bounded by one rank); write per-rank tables with a "
+        "Rank column and the rank report (no HTML page or timeline)",
+    )
     analyze.set_defaults(func=run_analyze, skip_teardown=True)
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_parser(sub)
@@ -166,6 +180,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     from perfguard.report.writer import check_output
 
     # refuse before the (possibly long) read when the reports could not be written anyway
+    if getattr(args, "per_rank", False):
+        from perfguard.commands.rank_report import analyze_per_rank
+
+        return analyze_per_rank(args)
     check_output(args.output_path, args.base_name, args.reports, args.formats, args.force)
     analyze_and_report(args)
     return 0
@@ -188,6 +206,7 @@ def analyze_and_report(args: argparse.Namespace) -> None:
             args.database,
             jobs=getattr(args, "jobs", None),
             on_rank=lambda done, total, n: progress.events(n, f"{done}/{total} ranks"),
+            range_filter=_range_filter(args),
         )
         progress.phase("analysing")
         progress.events(sum(len(t) for t in (trace.ranges, trace.api_calls, trace.kernels,
@@ -216,6 +235,15 @@ def analyze_and_report(args: argparse.Namespace) -> None:
     print("\nReports written:")
     for path in written:
         print(f"  {path}")
+
+
+def _range_filter(args: argparse.Namespace) -> RangeFilter | None:
+    """``--gpu-ranges-only``'s filter, keeping the key node's ranges; None without it."""
+    if not getattr(args, "gpu_ranges_only", False):
+        return None
+    from perfguard.trace.gpu_ranges import RangeFilter
+
+    return RangeFilter(keep_names=(args.key_node,) if args.key_node else ())
 
 
 def _what(path: str) -> str:

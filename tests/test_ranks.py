@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -247,3 +248,130 @@ def test_events_in_an_nsys_export(nsys_file: Path) -> None:
     assert events_in(nsys_file) == rows > 0
     assert events_in(nsys_file.parent) is None
     assert events_in(nsys_file.parent.parent / "MANIFEST.md") is None
+
+
+# --- each rank analysed in its own worker (analyze --per-rank) ----------------------
+
+
+@pytest.fixture(scope="module")
+def dlrm_per_rank(dlrm_dir: Path):
+    from perfguard.commands.rank_workers import AnalysisOptions, analyze_ranks
+
+    options = AnalysisOptions(reports=("summary", "detail", "iteration", "kernel", "rank"))
+    return analyze_ranks(dlrm_dir, options, jobs=2)
+
+
+def test_per_rank_workers_equal_single_rank_analyses(dlrm_per_rank, dlrm_dir: Path) -> None:
+    """Each worker's tables are the single analysis of its file, and the rank report's
+    totals are the sums of the single-rank analyses, exactly."""
+    from perfguard.report.dlprof import TABLES
+
+    run = dlrm_per_rank
+    assert sorted(r.rank for r in run.ranks) == list(range(8))
+    table = run.table.set_index("rank")
+    totals = dict.fromkeys(("kernel", "memop", "busy", "comm", "kernels"), 0)
+    for f in sorted(dlrm_dir.glob("rank-*.pt.trace.json.gz")):
+        single = perfguard.analyze(load_trace(f))
+        r = int(f.name.split("-")[1].split(".")[0])
+        mine = next(x for x in run.ranks if x.rank == r)
+        assert mine.file == f and mine.peak_rss > 0
+        for name in ("detail", "kernel"):
+            pd.testing.assert_frame_equal(mine.tables[name], TABLES[name](single))
+        got = run.report("kernel")
+        pd.testing.assert_frame_equal(
+            got[got["Rank"] == r].drop(columns="Rank").reset_index(drop=True),
+            TABLES["kernel"](single),
+        )
+        s = single.summary
+        acts = single.activities
+        kernel = acts["activity"] == "kernel"
+        nccl = kernel & acts["name"].str.startswith("ncclKernel_")
+        comm = int((acts["end"] - acts["start"])[nccl].sum())
+        assert table.at[r, "kernel_time"] == s["Total Kernel Time (ns)"]
+        assert table.at[r, "comm_time"] == comm
+        totals["kernel"] += s["Total Kernel Time (ns)"]
+        totals["memop"] += s["Total Memory Op Time (ns)"]
+        totals["busy"] += s["GPU Busy Time, flattened (ns)"]
+        totals["comm"] += comm
+        totals["kernels"] += s["Kernels"]
+    assert table["kernel_time"].sum() == totals["kernel"]
+    assert table["memop_time"].sum() == totals["memop"]
+    assert table["gpu_busy"].sum() == totals["busy"]
+    assert table["comm_time"].sum() == totals["comm"]
+    summary = run.report("summary").set_index("Metric")
+    assert summary.loc["Kernels"].sum() == totals["kernels"]
+    assert list(summary.columns) == [f"Rank {r}" for r in range(8)]
+
+
+def test_per_rank_report_equals_merged_run(dlrm_per_rank, dlrm: perfguard.Analysis) -> None:
+    """The rank report of ranks analysed apart equals the merged run's, straggler included."""
+    pd.testing.assert_frame_equal(dlrm_per_rank.table, rank_table(dlrm))
+    assert dlrm_per_rank.straggler == straggler(rank_table(dlrm))
+    merged = dlrm.kernels["gpu_time_total"].sum()
+    assert dlrm_per_rank.report("kernel")["Total GPU Time (ns)"].sum() == merged
+
+
+def test_per_rank_in_process_equals_workers(dlrm_per_rank, dlrm_dir: Path) -> None:
+    from perfguard.commands.rank_workers import AnalysisOptions, analyze_ranks
+
+    options = AnalysisOptions(reports=("iteration", "kernel"))
+    serial = analyze_ranks(dlrm_dir, options, jobs=1)
+    pd.testing.assert_frame_equal(serial.table, dlrm_per_rank.table)
+    for name in options.reports:
+        pd.testing.assert_frame_equal(serial.report(name), dlrm_per_rank.report(name))
+
+
+def test_worker_count_bounded_by_memory(tmp_path: Path, monkeypatch) -> None:
+    from perfguard.trace import loader
+
+    files = []
+    for k in range(4):
+        f = tmp_path / f"rank{k}.sqlite"
+        f.write_bytes(b"\0" * 2**20)
+        files.append(f)
+    monkeypatch.setattr(loader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(loader.os, "cpu_count", lambda: 16)
+    need = loader.rank_memory(files[0])
+    assert need == 200 * 2**20 + 6 * 2**20
+    monkeypatch.setattr(loader, "available_memory", lambda: int(2.6 * need / 0.8))
+    assert loader.worker_count(files, None) == 2  # memory for two ranks at once
+    monkeypatch.setattr(loader, "available_memory", lambda: need // 10)
+    assert loader.worker_count(files, None) == 1  # never none
+    monkeypatch.setattr(loader, "available_memory", lambda: None)
+    assert loader.worker_count(files, None) == 4  # ranks < cores
+    assert loader.worker_count(files, 3) == 3  # --jobs is the user's word
+    assert loader.available_memory() is None or loader.available_memory() > 0
+
+
+def test_per_rank_nsys_directory_and_bad_rank(tmp_path: Path, fixture_file) -> None:
+    from perfguard.commands.rank_workers import AnalysisOptions, analyze_ranks
+
+    src = fixture_file("nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite")
+    shutil.copy(src, tmp_path / "run.rank3.sqlite")
+    shutil.copy(fixture_file("nsys/nsys2024.6.2_nvfuser-matmul-gtest_nvtx_h200.sqlite"),
+                tmp_path / "run.rank1.sqlite")  # fmt: skip
+    run = analyze_ranks(tmp_path, AnalysisOptions(reports=("summary",)), jobs=2)
+    merged = rank_table(perfguard.analyze(load_trace(tmp_path, jobs=2)))
+    pd.testing.assert_frame_equal(run.table, merged)
+    (tmp_path / "run.rank2.sqlite").write_bytes(b"SQLite format 3\x00" + b"\x00" * 10)
+    with pytest.raises(TraceError, match="run.rank2.sqlite: truncated SQLite file"):
+        analyze_ranks(tmp_path, jobs=2)
+    with pytest.raises(TraceError, match="directory of per-rank captures"):
+        analyze_ranks(src)
+
+
+def test_cli_per_rank(dlrm_dir: Path, tmp_path: Path, capsys) -> None:
+    from perfguard.cli import main
+
+    rc = main(["analyze", "-d", str(dlrm_dir), "--per-rank", "--output-path", str(tmp_path),
+               "-q", "-j", "2", "--reports", "summary,kernel,rank"])  # fmt: skip
+    out = capsys.readouterr()
+    assert rc == 0 and "straggler: rank 7" in out.out and out.err == ""
+    assert "not html" in out.out and not (tmp_path / "dlprof_report.html").exists()
+    with open(tmp_path / "dlprof_rank.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sum(int(r["Kernel Time (ns)"]) for r in rows) == 57407000  # as the merged run
+    kernels = pd.read_csv(tmp_path / "dlprof_kernel.csv")
+    assert kernels["Total GPU Time (ns)"].sum() == 57407000
+    assert set(kernels["Rank"]) == set(range(8))
+    assert len(json.loads((tmp_path / "dlprof_summary.json").read_text())) > 10

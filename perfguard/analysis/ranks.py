@@ -124,6 +124,14 @@ def _rank_table(analysis: Analysis) -> pd.DataFrame:
     capacity = out["wall_time"] * out["gpus"]
     out["idle_time"] = (capacity - out["gpu_busy"]).clip(lower=0)
     out["idle_pct"] = (100.0 * out["idle_time"] / capacity.where(capacity > 0)).fillna(0.0)
+    return combine_ranks(out.reset_index())
+
+
+def combine_ranks(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rank table of per-rank rows (every column of :data:`COLUMNS` but ``comm_wait``
+    and ``straggler``, which compare the ranks): sorted by rank, those two filled in.
+    The rows of one run, or of its ranks analysed one by one."""
+    out = rows.set_index("rank").sort_index()
     found = straggler(out)
     if found is not None and found.by == "comm_time":
         out["comm_wait"] = out["comm_time"] - out["comm_time"].min()

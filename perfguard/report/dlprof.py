@@ -268,7 +268,12 @@ def rank_report(analysis: Analysis) -> pd.DataFrame:
     """One row per rank: GPU, communication, idle and iteration time, and the straggler."""
     from perfguard.analysis.ranks import rank_table
 
-    return _select(rank_table(analysis), RANK_COLUMNS)
+    return rank_report_of(rank_table(analysis))
+
+
+def rank_report_of(ranks: pd.DataFrame) -> pd.DataFrame:
+    """The rank report of a rank table (:func:`perfguard.analysis.ranks.rank_table`)."""
+    return _select(ranks, RANK_COLUMNS)
 
 
 TABLES = {

@@ -72,20 +72,41 @@ def write_reports(
     Raises :class:`PerfguardError` naming the file when a report exists and
     ``force`` is false, before anything is written.
     """
-    out_dir = Path(out_dir)
     reports, formats = list(reports), list(formats)
     check_output(out_dir, base, reports, formats, force)
     # render everything before touching a file, so a failure leaves old reports whole
-    texts = {}
-    for report in reports:
-        table = TABLES[report](analysis)
-        for fmt in formats:
-            if fmt in _TABLE_FORMATS:
-                texts[out_dir / f"{base}_{report}.{fmt}"] = _render(report, table, fmt)
+    tables = {report: TABLES[report](analysis) for report in reports}
+    pages = {}
     if "html" in formats:  # the DLProf Viewer's pages in one self-contained file
         from perfguard.report.html import render_analysis_html
 
-        texts[out_dir / f"{base}_report.html"] = render_analysis_html(analysis)
+        pages[Path(out_dir) / f"{base}_report.html"] = render_analysis_html(analysis)
+    written = write_tables(tables, out_dir, formats, base, force, pages=pages)
+    if PERFETTO in formats:  # streamed to a temporary file and renamed: traces are large
+        written.append(write_perfetto(analysis, perfetto_path(Path(out_dir), base)))
+    return written
+
+
+def write_tables(
+    tables: dict[str, pd.DataFrame],
+    out_dir: str | Path,
+    formats: Iterable[str] = FORMATS,
+    base: str = "dlprof",
+    force: bool = False,
+    *,
+    pages: dict[Path, str] | None = None,
+) -> list[Path]:
+    """Write report tables (name -> table) in the table formats among ``formats``,
+    and ``pages`` (path -> text) beside them; returns the paths written."""
+    out_dir = Path(out_dir)
+    formats = [f for f in formats if f in _TABLE_FORMATS]
+    check_output(out_dir, base, tables, formats, force)
+    texts = {
+        out_dir / f"{base}_{report}.{fmt}": _render(report, table, fmt)
+        for report, table in tables.items()
+        for fmt in formats
+    }
+    texts.update(pages or {})
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -94,10 +115,7 @@ def write_reports(
         ) from None
     for path, text in texts.items():
         _atomic_write(path, text)
-    written = list(texts)
-    if PERFETTO in formats:  # streamed to a temporary file and renamed: traces are large
-        written.append(write_perfetto(analysis, perfetto_path(out_dir, base)))
-    return written
+    return list(texts)
 
 
 def _render(report: str, table: pd.DataFrame, fmt: str) -> str:
@@ -126,7 +144,7 @@ def _escape_surrogates(table: pd.DataFrame) -> pd.DataFrame:
 def _render_as(report: str, table: pd.DataFrame, fmt: str) -> str:
     if fmt == "csv":
         return table.to_csv(index=False)
-    if report == "summary":
+    if report == "summary" and "Value" in table.columns:  # one run: {metric: value}
         values = dict(zip(table["Metric"], (_plain(v) for v in table["Value"]), strict=True))
         return json.dumps(values, indent=2) + "\n"
     return table.to_json(orient="records", indent=2) + "\n"

@@ -2,7 +2,8 @@
 
 A directory holds one capture per rank (Kineto JSON or nsys SQLite exports,
 a multi-GPU job's per-rank files). Its files are read in parallel worker
-processes, at most ``min(ranks, cores)``, each worker reading one rank and
+processes, at most ``min(ranks, cores)`` and no more than fit in the available
+memory (:func:`worker_count`), each worker reading one rank and
 then exiting (``max_tasks_per_child=1``), so a worker holds one rank's
 capture at a time and gives its memory back; the per-rank traces are merged
 into one Trace with a ``rank`` column, in rank-file order.
@@ -10,18 +11,21 @@ into one Trace with a ``rank`` column, in rank-file order.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
 
 from perfguard.errors import TraceError
+from perfguard.trace.gpu_ranges import RangeFilter
 from perfguard.trace.kineto import read_kineto
 from perfguard.trace.model import SCHEMA, Trace
 from perfguard.trace.nsys import is_sqlite, read_nsys
@@ -48,12 +52,18 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
 #: worker (a fresh interpreter importing pandas) costs more than reading small files
 PARALLEL_MIN_BYTES = 32 * 2**20
 
+T = TypeVar("T")
+
 #: ``on_rank(ranks_done, ranks_total, events_read)``, called as each rank is read
 RankProgress = Callable[[int, int, int], None]
 
 
 def load_trace(
-    path: str | Path, *, jobs: int | None = None, on_rank: RankProgress | None = None
+    path: str | Path,
+    *,
+    jobs: int | None = None,
+    on_rank: RankProgress | None = None,
+    range_filter: RangeFilter | None = None,
 ) -> Trace:
     """Read an nsys SQLite export, a Kineto trace, or a directory of per-rank traces.
 
@@ -66,15 +76,16 @@ def load_trace(
     whose message names the file and the problem on one line, including a
     capture too large for this machine's memory. ``jobs`` caps the worker
     processes that read a directory's ranks (default: the cores; 1 reads in
-    this process); ``on_rank`` hears of each rank read.
+    this process); ``on_rank`` hears of each rank read. ``range_filter`` keeps only
+    the NVTX ranges of nsys exports that enclose GPU work (:mod:`perfguard.trace.gpu_ranges`).
     """
     path = Path(path)
     try:
         if path.is_dir():
             if find_xplanes(path):  # a TensorBoard logdir or plugins/profile/<run>
                 return read_xplane_dir(path)
-            return _load_dir(path, jobs, on_rank)
-        return _load(path)
+            return _load_dir(path, jobs, on_rank, range_filter)
+        return _load(path, range_filter)
     except MemoryError:
         size = _size_text(path)
         raise TraceError(
@@ -94,7 +105,7 @@ def _size_text(path: Path) -> str:
         return ""
 
 
-def _load(path: Path) -> Trace:
+def _load(path: Path, range_filter: RangeFilter | None = None) -> Trace:
     if not path.exists():
         raise TraceError(path, "no such file or directory")
     if path.name.endswith(".xplane.pb"):
@@ -107,7 +118,7 @@ def _load(path: Path) -> Trace:
         )
     if is_sqlite(path):
         _check_sqlite_size(path)
-        return _read_nsys_checked(path)
+        return _read_nsys_checked(path, range_filter)
     try:
         with open(path, "rb") as fh:
             head = fh.read(64)
@@ -146,10 +157,10 @@ def _check_sqlite_size(path: Path) -> None:
         )
 
 
-def _read_nsys_checked(path: Path) -> Trace:
+def _read_nsys_checked(path: Path, range_filter: RangeFilter | None = None) -> Trace:
     """:func:`read_nsys`, with malformed table contents reported as a TraceError."""
     try:
-        return read_nsys(path)
+        return read_nsys(path, range_filter)
     except _MALFORMED as exc:
         problem = " ".join(str(exc).split())[:200]
         raise TraceError(
@@ -200,48 +211,110 @@ def _is_rank_file(name: str) -> bool:
     return name.lower().endswith(RANK_FILE_SUFFIXES)
 
 
-def _load_dir(path: Path, jobs: int | None, on_rank: RankProgress | None) -> Trace:
+def _load_dir(
+    path: Path, jobs: int | None, on_rank: RankProgress | None, range_filter: RangeFilter | None
+) -> Trace:
     files = rank_files(path)
-    workers = min(len(files), jobs if jobs is not None else os.cpu_count() or 1)
-    if jobs is None and sum(_size(f) for f in files) < PARALLEL_MIN_BYTES:
-        workers = 1
     traces: list[Trace] = []
     events = 0
-
-    def done(trace: Trace) -> None:
-        nonlocal events
+    read = functools.partial(_read_rank, range_filter=range_filter)
+    for _, trace in map_ranks(files, read, worker_count(files, jobs), __name__):
         traces.append(trace)
         events += sum(len(getattr(trace, t)) for t in ("ranges", "api_calls", "kernels", "memops"))
         if on_rank is not None:
             on_rank(len(traces), len(files), events)
+    return merge_ranks(path, files, traces)
 
+
+#: the memory one worker needs for one rank, per byte of the rank's file and in all
+#: (interpreter, imports): measured peaks of analysing one rank (benchmarks/README.md,
+#: "Multi-rank directories"): an nsys export ~5x its size, Kineto JSON ~1.3x, gzipped ~13x
+_MEMORY_PER_BYTE = {".sqlite": 6.0, ".json": 2.0, ".gz": 16.0}
+_WORKER_BASE_BYTES = 200 * 2**20
+
+
+def rank_memory(path: Path) -> int:
+    """About the peak memory of reading and analysing one rank's capture, in bytes."""
+    per_byte = _MEMORY_PER_BYTE.get(path.suffix.lower(), _MEMORY_PER_BYTE[".sqlite"])
+    return _WORKER_BASE_BYTES + int(per_byte * _size(path))
+
+
+def available_memory() -> int | None:
+    """Memory the kernel can give without swapping (``MemAvailable``), bytes; None unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def worker_count(files: list[Path], jobs: int | None) -> int:
+    """Worker processes for a directory's ranks: ``jobs`` when given, else one per core,
+    no more than the ranks, and no more than fit in the available memory at the largest
+    rank's estimated need (:func:`rank_memory`); 1 (this process) for a small directory."""
+    if jobs is not None:
+        return max(1, min(len(files), jobs))
+    if sum(_size(f) for f in files) < PARALLEL_MIN_BYTES:
+        return 1
+    workers = min(len(files), os.cpu_count() or 1)
+    free = available_memory()
+    if free is not None and files:
+        workers = min(workers, max(1, int(0.8 * free) // max(rank_memory(f) for f in files)))
+    return workers
+
+
+def map_ranks(
+    files: list[Path],
+    task: Callable[[Path], tuple[T | None, str]],
+    workers: int,
+    preload: str,
+) -> Iterator[tuple[Path, T]]:
+    """``(file, task(file))`` for each rank file, in file order.
+
+    ``task`` returns ``(result, "")`` or ``(None, problem)`` (a worker's exceptions
+    would have to survive pickling on the way back); a problem raises a TraceError
+    naming that file. With more than one worker, tasks run in at most ``workers``
+    processes, each running one task and then exiting (``max_tasks_per_child=1``),
+    so a worker holds one rank at a time and gives its memory back; ``preload`` is
+    the module the fork server imports once (the one defining ``task``).
+    """
     if workers <= 1:
         for f in files:
-            done(_load_rank(f))
-    else:
-        import multiprocessing
+            result, problem = task(f)
+            if result is None:
+                raise TraceError(f, problem)
+            yield f, result
+        return
+    import multiprocessing
 
-        # forkserver: a fork of this process could inherit a lock held by one of its
-        # threads; the server imports the reader once and forks each worker from it
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([__name__])
-        with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
-            futures = [pool.submit(_read_rank, f) for f in files]
-            for f, future in zip(files, futures, strict=True):
-                try:
-                    trace, problem = future.result()
-                except BrokenProcessPool:  # a worker killed (out of memory) while reading
-                    raise TraceError(
-                        f,
-                        f"the worker reading this rank died (out of memory?): {workers} ranks "
-                        "were read at once; try fewer workers (--jobs 1)",
-                    ) from None
-                if trace is None:
-                    for other in futures:
-                        other.cancel()
-                    raise TraceError(f, problem)
-                done(trace)
-    return merge_ranks(path, files, traces)
+    # forkserver: a fork of this process could inherit a lock held by one of its
+    # threads; the server imports the module once and forks each worker from it
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([preload])
+    with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
+        futures = [pool.submit(task, f) for f in files]
+        for f, future in zip(files, futures, strict=True):
+            try:
+                result, problem = future.result()
+            except BrokenProcessPool:  # a worker killed (out of memory) while working
+                for other in futures:
+                    other.cancel()
+                raise TraceError(
+                    f,
+                    f"the worker for this rank died (out of memory?): {workers} ranks "
+                    "were worked on at once; try fewer workers (--jobs 1)",
+                ) from None
+            if result is None:
+                for other in futures:
+                    other.cancel()
+                raise TraceError(f, problem)
+            yield f, result
 
 
 def _size(path: Path) -> int:
@@ -251,25 +324,25 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _read_rank(path: Path) -> tuple[Trace | None, str]:
+def _read_rank(path: Path, range_filter: RangeFilter | None = None) -> tuple[Trace | None, str]:
     """``(trace, "")`` or ``(None, problem)``: runs in a worker, whose exceptions
     would have to survive pickling on the way back."""
     try:
-        return _load_rank(path), ""
+        return _load_rank(path, range_filter), ""
     except TraceError as exc:
         return None, exc.problem
 
 
-def _load_rank(path: Path) -> Trace:
+def _load_rank(path: Path, range_filter: RangeFilter | None = None) -> Trace:
     """One rank's capture."""
     try:
-        return _load(path)
+        return _load(path, range_filter)
     except MemoryError:
         size = _size_text(path)
         raise TraceError(path, f"not enough memory to read this capture{size}") from None
 
 
-def _rank_of(path: Path, trace: Trace, index: int) -> int:
+def rank_of(path: Path, trace: Trace, index: int) -> int:
     """The capture's own rank (Kineto ``distributedInfo.rank``), else ``rank<N>`` in the
     file name, else the file's position in the directory."""
     dist = trace.meta.get("distributed")
@@ -280,16 +353,26 @@ def _rank_of(path: Path, trace: Trace, index: int) -> int:
     return int(m.group(1)) if m else index
 
 
+def check_unique_ranks(path: Path, files: list[Path], ranks: list[int]) -> None:
+    """TraceError naming the second file of a rank that two files claim."""
+    seen: dict[int, Path] = {}
+    for f, r in zip(files, ranks, strict=True):
+        if r in seen:
+            raise TraceError(f, f"rank {r} appears twice in {path} (also in {seen[r].name})")
+        seen[r] = f
+
+
+def set_rank(trace: Trace, rank: int) -> None:
+    """Set ``rank`` on every row of every table of ``trace``, in place (no table copied)."""
+    for t in SCHEMA:
+        getattr(trace, t)["rank"] = np.int64(rank)
+
+
 def merge_ranks(path: Path, files: list[Path], traces: list[Trace]) -> Trace:
     """One Trace of per-rank traces: each table's rows rank by rank, ``rank`` set on
     every row, range ids renumbered to stay unique (parents shifted with them)."""
-    ranks: list[int] = []
-    for i, (f, tr) in enumerate(zip(files, traces, strict=True)):
-        r = _rank_of(f, tr, i)
-        if r in ranks:
-            other = files[ranks.index(r)].name
-            raise TraceError(f, f"rank {r} appears twice in {path} (also in {other})")
-        ranks.append(r)
+    ranks = [rank_of(f, tr, i) for i, (f, tr) in enumerate(zip(files, traces, strict=True))]
+    check_unique_ranks(path, files, ranks)
     pairs = list(zip(traces, ranks, strict=True))
     merged = {
         table: pd.concat(

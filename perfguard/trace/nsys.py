@@ -34,9 +34,10 @@ import numpy as np
 import pandas as pd
 
 from perfguard.errors import TraceError
+from perfguard.trace.gpu_ranges import Launches, RangeFilter, filter_finalized, keep_mask
 from perfguard.trace.model import KERNEL_GEOMETRY, NO_CORRELATION, RANGE_KIND, Trace
 from perfguard.trace.names import is_iteration_name, op_type_of, parse_range_names
-from perfguard.trace.pyprof import apply_markers
+from perfguard.trace.pyprof import MODULE_MARKER, TRACE_MARKER, apply_markers
 from perfguard.trace.ranges import finalize_ranges
 from perfguard.trace.sanity import last_timestamp, repair_times
 
@@ -191,23 +192,25 @@ class _Db:
         texts: tuple[str, ...] = (),
         where: str = "",
         text_filter: Callable[[str], str] | None = None,
-    ) -> tuple[list[np.ndarray], list[list[Any]]]:
+    ) -> tuple[list[np.ndarray], list[TextCodes]]:
         """Integer and text expressions over the rows of ``table``, in rowid order.
 
         Returns one int64 array per expression of ``ints`` and, per expression
-        of ``texts``, the list of its non-NULL values (the caller knows which
-        rows have one). SQLite writes each column of a chunk of rows as one
-        text (``group_concat``) that numpy parses or Python splits: several
-        times faster than a Python tuple per row. Anything but a clean list of
-        integers (a NULL, a real, text) falls back to :meth:`ints`, which
-        raises as it always did. ``text_filter`` rewrites each chunk's
+        of ``texts``, its non-NULL values (the caller knows which rows have
+        one) as codes into the distinct values (:class:`TextCodes`: each
+        chunk's values are coded as they arrive, so a million repeated names
+        are never a million Python strings at once). SQLite writes each column
+        of a chunk of rows as one text (``group_concat``) that numpy parses or
+        Python splits: several times faster than a Python tuple per row.
+        Anything but a clean list of integers (a NULL, a real, text) falls
+        back to :meth:`ints`, which raises as it always did. ``text_filter`` rewrites each chunk's
         NUL-separated text at once before it is split (one pass over the
         bytes instead of a Python call per value).
         """
         chunks = self._chunks(table, where)
         aggs = [f"group_concat({e})" for e in ints] + [f"group_concat({e}, char(0))" for e in texts]
         int_parts: list[list[np.ndarray]] = [[] for _ in ints]
-        text_parts: list[list[Any]] = [[] for _ in texts]
+        text_parts = [TextCodes() for _ in texts]
         queries = [f"SELECT count(*), {', '.join(aggs)} FROM {table} {c}" for c in chunks or []]
         results = self._prefetch(queries)
         for n, *values in results:
@@ -221,15 +224,13 @@ class _Db:
             for part, text in zip(text_parts, values[len(ints) :], strict=True):
                 if text is not None:
                     text = str(text)
-                    part.extend((text_filter(text) if text_filter else text).split("\0"))
+                    part.add((text_filter(text) if text_filter else text).split("\0"))
         if chunks is None:
             cond = f" WHERE {where}" if where else ""
             a = self.ints(f"SELECT {', '.join(ints)} FROM {table}{cond}", len(ints))
             cond = f"{cond} AND" if where else " WHERE"
-            text_parts = [
-                [r[0] for r in self.rows(f"SELECT {e} FROM {table}{cond} {e} IS NOT NULL")]
-                for e in texts
-            ]
+            sql = f"SELECT {{e}} FROM {table}{cond} {{e}} IS NOT NULL"
+            text_parts = [TextCodes.of([r[0] for r in self.rows(sql.format(e=e))]) for e in texts]
             return [np.ascontiguousarray(a[:, i]) for i in range(len(ints))], text_parts
         arrays = [np.concatenate(p) if len(p) != 1 else p[0] for p in int_parts]
         return arrays, text_parts
@@ -240,6 +241,39 @@ class _Db:
 
     def rows(self, sql: str) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql).fetchall()
+
+
+class TextCodes:
+    """A text column as codes into its distinct values, in order of first appearance
+    (what ``pd.factorize`` gives), built chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.index: dict[Any, int] = {}
+        self._parts: list[np.ndarray] = []
+
+    @classmethod
+    def of(cls, values: list[Any]) -> TextCodes:
+        out = cls()
+        out.add(values)
+        return out
+
+    def add(self, values: list[Any]) -> None:
+        """Code one chunk's values: a dict lookup each, each distinct value hashed in once."""
+        index = self.index
+        for v in dict.fromkeys(values):
+            index.setdefault(v, len(index))
+        self._parts.append(np.fromiter(map(index.__getitem__, values), np.int64, len(values)))
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._parts)
+
+    @property
+    def codes(self) -> np.ndarray:
+        return np.concatenate(self._parts) if self._parts else np.zeros(0, dtype=np.int64)
+
+    @property
+    def values(self) -> np.ndarray:
+        return np.array(list(self.index), dtype=object)
 
 
 def _lenient_text(raw: bytes) -> str:
@@ -263,25 +297,27 @@ def _col(db: _Db, table: str, col: str, default: str = "NULL") -> str:
     return col if col in db.columns(table) else default
 
 
-def read_nsys(path: str | Path) -> Trace:
+def read_nsys(path: str | Path, range_filter: RangeFilter | None = None) -> Trace:
     """Read an nsys SQLite export into a :class:`Trace`.
 
+    ``range_filter`` keeps only the NVTX ranges that enclose GPU work (see
+    :mod:`perfguard.trace.gpu_ranges`); by default every range is kept.
     Raises :class:`TraceError` when the file is not an nsys export or is
     damaged.
     """
     path = Path(path)
     try:
-        return _read_file(path, lenient=False)
+        return _read_file(path, lenient=False, range_filter=range_filter)
     except _Undecodable:
         # text that is not UTF-8 (a damaged name): read again, replacing the bad bytes
-        return _read_file(path, lenient=True)
+        return _read_file(path, lenient=True, range_filter=range_filter)
 
 
 class _Undecodable(Exception):
     """SQLite text that is not valid UTF-8."""
 
 
-def _read_file(path: Path, lenient: bool) -> Trace:
+def _read_file(path: Path, lenient: bool, range_filter: RangeFilter | None = None) -> Trace:
     try:
         db = _Db(path, lenient)
     except sqlite3.DatabaseError as exc:
@@ -289,7 +325,7 @@ def _read_file(path: Path, lenient: bool) -> Trace:
     try:
         if "StringIds" not in db.tables:
             raise TraceError(path, "SQLite file is not an nsys export (no StringIds table)")
-        return _read(db)
+        return _read(db, range_filter)
     except sqlite3.OperationalError as exc:
         if "decode" in str(exc) and not lenient:
             raise _Undecodable from None
@@ -300,17 +336,23 @@ def _read_file(path: Path, lenient: bool) -> Trace:
         db.close()
 
 
-def _read(db: _Db) -> Trace:
+def _read(db: _Db, range_filter: RangeFilter | None = None) -> Trace:
     strings = _strings(db)
+    launches: Future[Launches | None] = Future()
+    select = _selector(range_filter, launches) if range_filter is not None else None
     # NVTX, the largest table, is read on a thread of its own while this one reads the rest
     with ThreadPoolExecutor(1, thread_name_prefix="perfguard-nvtx") as pool:
-        nvtx = pool.submit(_nvtx_ranges, db, strings)
+        nvtx = pool.submit(_nvtx_ranges, db, strings, select)
         try:
             api = _api_calls(db, strings)
             kernels = _kernels(db, strings)
             memops = _memops(db)
+            if range_filter is not None:  # the NVTX thread waits for them to select ranges
+                launches.set_result(Launches.of(api, [kernels, memops]))
         finally:
-            ranges, done = nvtx.result()
+            if not launches.done():  # failed before: the NVTX thread must not wait forever
+                launches.set_result(None)
+            ranges, done, selected = nvtx.result()
     tables, notes = repair_times(
         {"ranges": ranges, "api_calls": api, "kernels": kernels, "memops": memops}, db.path
     )
@@ -318,8 +360,12 @@ def _read(db: _Db) -> Trace:
     if not done:
         ranges = _close_unclosed(tables["ranges"], api, kernels, memops, notes=notes)
         ranges = finalize_ranges(ranges)
+    ranges = apply_markers(ranges)  # PyProf/DLProf markers: wrappers folded into their ops
+    found = launches.result()
+    if range_filter is not None and not selected and found is not None:
+        ranges = filter_finalized(ranges, found, range_filter.keep_names)
     return Trace(
-        ranges=apply_markers(ranges),  # PyProf/DLProf markers: wrappers folded into their ops
+        ranges=ranges,
         api_calls=api,
         kernels=kernels,
         memops=memops,
@@ -328,6 +374,23 @@ def _read(db: _Db) -> Trace:
         meta=_meta(db, strings),
         notes=notes,
     )
+
+
+def _selector(range_filter: RangeFilter, launches: Future[Launches | None]) -> _Select:
+    """The NVTX thread's test of which ranges enclose GPU work (``--gpu-ranges-only``);
+    it answers None (keep all, filter after the markers are folded) for a capture with
+    PyProf/DLProf markers, whose wrappers name bprop ops after fprop ops."""
+
+    def select(cols: dict[str, np.ndarray], names: pd.Series, codes: np.ndarray) -> Any:
+        found = launches.result()
+        text = names.fillna("").astype(str)
+        if found is None or text.str.startswith((TRACE_MARKER, MODULE_MARKER)).any():
+            return None
+        keep = range_filter.keep_names
+        named = names.isin(keep).to_numpy(dtype=bool)[codes] if keep else None
+        return keep_mask(found, cols, named)
+
+    return select
 
 
 def _close_unclosed(
@@ -559,21 +622,28 @@ def _memops(db: _Db) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _nvtx_ranges(db: _Db, strings: _Strings) -> tuple[pd.DataFrame, bool]:
+#: ``select(columns, distinct names, name codes)``: which ranges to keep, None for all
+_Select = Callable[[dict[str, np.ndarray], pd.Series, np.ndarray], "np.ndarray | None"]
+
+
+def _nvtx_ranges(
+    db: _Db, strings: _Strings, select: _Select | None = None
+) -> tuple[pd.DataFrame, bool, bool]:
     """The NVTX ranges, finalized unless some are unterminated or end before they
-    start (then :func:`_read` repairs them first): ``(ranges, finalized)``."""
-    ranges = _ranges(db, strings)
+    start (then :func:`_read` repairs them first): ``(ranges, finalized, selected)``,
+    ``selected`` when ``select`` chose the rows."""
+    ranges, selected = _ranges(db, strings, select)
     end = ranges["end"]
     if end.isna().any() or (end < ranges["start"]).any():
-        return ranges, False
+        return ranges, False, selected
     ranges["end"] = end.astype(np.int64)
-    return finalize_ranges(ranges), True
+    return finalize_ranges(ranges), True, selected
 
 
-def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
+def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[pd.DataFrame, bool]:
     t = "NVTX_EVENTS"
     if not db.has(t, "start", "eventType"):
-        return pd.DataFrame({"start": [], "end": []})
+        return pd.DataFrame({"start": [], "end": []}), False
     types = NVTX_PUSH_POP + NVTX_START_END
     text = _col(db, t, "text")
     text_id = _col(db, t, "textId", "-1")
@@ -598,26 +668,29 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
     start, end_v, gtid_v, flag = cols
     etype = flag & 127
     has_text = (flag & 128) == 0
-    all_text = len(texts) == int(has_text.sum()) and not (flag & 512).any()
-    if not all_text:
+    if len(texts) == int(has_text.sum()) and not (flag & 512).any():
+        text_codes, text_names = texts.codes, texts.values
+    else:
         # a value that is not text, or text holding a NUL: read it row by row
         rows = db.rows(f"SELECT {text} FROM {t} WHERE {where} AND {text} IS NOT NULL")
-        texts = [_text(r[0]) for r in rows]
+        text_codes, text_names = pd.factorize(np.asarray([_text(r[0]) for r in rows], object))
+    del texts
     is_range = etype != NVTX_DOMAIN_CREATE
     if not is_range.all():
         start, end_v, gtid_v, flag, etype = (
             c[is_range] for c in (start, end_v, gtid_v, flag, etype)
         )
-        texts = [v for v, keep in zip(texts, is_range[has_text], strict=True) if keep]
+        # the domains' names out: codes and names as if only the ranges had been read
+        text_codes, used = pd.factorize(text_codes[is_range[has_text]])
+        text_names = np.asarray(text_names, dtype=object)[used]
         has_text = has_text[is_range]
     n = len(start)
     if not n:
-        return pd.DataFrame({"start": [], "end": []})
+        return pd.DataFrame({"start": [], "end": []}), False
     pid, tid = _split_tid(gtid_v)
     cross_thread = (flag & 1024) != 0
     tid_ref = (flag >> 11) - 1
-    codes, raw = _name_codes(texts, all_text, tid_ref, has_text, strings)
-    del texts
+    codes, raw = _name_codes(text_codes, text_names, tid_ref, has_text, strings)
     parsed = parse_range_names(pd.Series(raw, dtype="object"))
     iteration = is_iteration_name(parsed["name"]).to_numpy(dtype=bool)[codes]
 
@@ -632,11 +705,19 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
         )
     else:
         domain = np.full(n, np.nan, dtype=object)
-    end = pd.arrays.IntegerArray(end_v, (flag & 256) != 0)
     kind = np.where(cross_thread, 1, 0)
     kind[iteration & ~cross_thread] = 2
+    cols = {"pid": pid, "tid": tid, "start": start, "end": end_v, "is_op": kind == 0,
+            "open": (flag & 256) != 0}  # fmt: skip
+    keep = select(cols, parsed["name"], codes) if select is not None else None
+    if keep is not None and not keep.all():  # only the kept rows are built
+        rows = np.flatnonzero(keep)
+        start, end_v, pid, tid, flag, etype, codes, kind, domain = (
+            c[rows] for c in (start, end_v, pid, tid, flag, etype, codes, kind, domain)
+        )
+    end = pd.arrays.IntegerArray(end_v, (flag & 256) != 0)
     push_pop = np.isin(etype, NVTX_PUSH_POP).astype(np.intp)
-    return pd.DataFrame(
+    ranges = pd.DataFrame(
         {
             "start": start,
             "end": end,
@@ -658,6 +739,7 @@ def _ranges(db: _Db, strings: _Strings) -> pd.DataFrame:
         },
         copy=False,
     )
+    return ranges, keep is not None
 
 
 def _take(values: Any, codes: np.ndarray) -> Any:
@@ -665,14 +747,6 @@ def _take(values: Any, codes: np.ndarray) -> Any:
     the type found once on the distinct values, not checked again row by row."""
     typed = pd.Series(np.asarray(values, dtype=object))
     return typed.array.take(codes)
-
-
-def _distinct(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``pd.factorize`` of a list of strings (codes in order of first appearance,
-    uniques), by a dict: a third of the time, each string is hashed once."""
-    index = {v: i for i, v in enumerate(dict.fromkeys(values))}
-    codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
-    return codes, np.array(list(index), dtype=object)
 
 
 _OP_ID = np.frombuffer(b", op_id = ", dtype=np.uint8)
@@ -739,23 +813,22 @@ _OP_ID_SUFFIX = re.compile(r"(?<!\n), op_id = [0-9]*\Z")
 
 
 def _name_codes(
-    texts: list[Any], all_text: bool, ref: np.ndarray, has_text: np.ndarray, strings: _Strings
+    text_codes: np.ndarray,
+    text_names: np.ndarray,
+    ref: np.ndarray,
+    has_text: np.ndarray,
+    strings: _Strings,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Range names as codes into distinct raw names: ``(codes, names)``.
 
-    ``texts`` are the explicit names of the rows where ``has_text`` (all
-    ``str`` when ``all_text``); the other rows name a registered string
-    (``ref``). A trailing ``, op_id = N`` is dropped from each distinct name
-    first, so PyTorch's per-call names collapse into a few:
+    The rows where ``has_text`` name themselves (``text_names[text_codes]``);
+    the other rows name a registered string (``ref``). A trailing ``, op_id = N``
+    is dropped from each distinct name first, so PyTorch's per-call names collapse into a few:
     :func:`parse_range_names` gives the same result with or without it (it
     strips everything from its first ``, key =`` field, and ``op_id`` is not
     read; the suffix is kept after a newline, where ``$`` would differ), and
     it then parses each name once.
     """
-    if all_text:
-        text_codes, text_names = _distinct(texts)
-    else:
-        text_codes, text_names = pd.factorize(np.asarray(texts, dtype=object))
     ref_codes, refs = pd.factorize(ref[~has_text])
     names = pd.Series(np.concatenate([text_names, strings(refs)]), dtype="object")
     is_str = names.map(type).eq(str).to_numpy()
