@@ -26,6 +26,9 @@ from perfguard.compare.tolerance import parse_tolerance
 
 BACKEND_CHOICES = ("auto", "torch", "nsys", "cpu")
 FAIL_ON_CHOICES = ("regression", "never")
+#: replace: a save supersedes the records of earlier runs of the same commit and machine
+#: fingerprint (one run per commit and machine); append: keep them all
+SAVE_MODE_CHOICES = ("replace", "append")
 DEFAULT_STORE = "baselines/perfguard.db"
 DEFAULT_OUTPUT = ".perfguard"
 DEFAULT_TOLERANCE = 0.05
@@ -52,6 +55,9 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "the default branch, else HEAD's first parent)"),
     ("perfguard_save", "--perfguard-save", "bool",
      "store this run's results under HEAD's commit"),
+    ("perfguard_save_mode", "--perfguard-save-mode", "string",
+     "replace (default): a save replaces the tests' records of an earlier run of the same "
+     "commit on the same machine (one run per commit and machine); append: keep both"),
     ("perfguard_store", "--perfguard-store", "string",
      f"baseline store: a SQLite file (default {DEFAULT_STORE} under the rootdir) or a "
      "postgresql://user@host/dbname URL"),
@@ -91,6 +97,7 @@ _METAVARS = {
     "perfguard_output": "DIR",
     "perfguard_tolerance": "TOLERANCE",
     "perfguard_fail_on": "{regression,never}",
+    "perfguard_save_mode": "{replace,append}",
     "perfguard_rounds": "N",
     "perfguard_timeout": "SECONDS",
     "perfguard_against": "REF",
@@ -138,6 +145,7 @@ class Settings:
     isolate: bool = False
     timeout: float = DEFAULT_CAPTURE_TIMEOUT
     require_baseline: bool = False
+    save_mode: str = "replace"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -189,6 +197,8 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = bool(value)
             elif dest == "perfguard_backend":
                 values[dest] = _choice(str(value or "auto"), BACKEND_CHOICES, "backend")
+            elif dest == "perfguard_save_mode":
+                values[dest] = _choice(str(value or "replace"), SAVE_MODE_CHOICES, "save mode")
             elif dest == "perfguard_fail_on":
                 values[dest] = _choice(str(value or "regression"), FAIL_ON_CHOICES, "fail-on")
             elif dest == "perfguard_tolerance":
@@ -237,6 +247,7 @@ def read_settings(config: pytest.Config) -> Settings:
         isolate=values["perfguard_isolate"],
         timeout=values["perfguard_timeout"],
         require_baseline=values["perfguard_require_baseline"],
+        save_mode=values["perfguard_save_mode"],
     )
 
 

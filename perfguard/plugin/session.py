@@ -131,6 +131,8 @@ class PerfguardSession:
         self.notes: list[str] = []
         self.saved_run_id: int | None = None
         self.save_error: str | None = None
+        #: what the save replaced (earlier records of this commit and machine), if anything
+        self.replaced: dict[str, Any] | None = None
         self.results_path: Path | None = None
         self.report_path: Path | None = None
         self._backends: dict[str, ResolvedBackend] = {}
@@ -881,7 +883,16 @@ class PerfguardSession:
         try:
             with open_store(self.settings.store, create=True) as store:
                 records = [self.records[k] for k in sorted(self.records)]
-                self.saved_run_id = store.save_run(self.run, records)
+                replace = self.settings.save_mode == "replace"
+                saved = store.save(self.run, records, replace=replace)
+            self.saved_run_id = saved.run_id
+            if saved.replaced_tests:
+                self.replaced = {"tests": saved.replaced_tests, "runs": list(saved.replaced_runs)}
+                self.notes.append(
+                    f"replaced {saved.replaced_tests} test record(s) of run(s) "
+                    f"{', '.join(map(str, saved.replaced_runs))} saved earlier for this commit "
+                    "on this machine (--perfguard-save-mode=append keeps both)"
+                )
         except (PerfguardError, ValueError) as exc:
             self.save_error = " ".join(str(exc).split())
 
@@ -914,7 +925,8 @@ class PerfguardSession:
             baseline=baseline,
             baseline_status=self.baseline_status(),
             saved=(
-                {"run_id": self.saved_run_id, "store": str(self.settings.store)}
+                {"run_id": self.saved_run_id, "store": str(self.settings.store),
+                 **({"replaced": self.replaced} if self.replaced else {})}
                 if self.saved_run_id is not None
                 else None
             ),
