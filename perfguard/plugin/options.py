@@ -7,8 +7,10 @@ Values are checked in :func:`read_settings` (from ``pytest_configure``), so a
 bad value from either source is the same one-line :class:`pytest.UsageError`.
 
 Relative paths: a command-line path is relative to the directory pytest was
-started in (as ``--junitxml``); an ini or default path to the rootdir, so
-``baselines/perfguard.db`` is always the project's store.
+started in (as ``--junitxml``); an ini path to the rootdir and a default path
+to the project root (:func:`project_root`: the rootdir, unless pytest put it
+outside the tests' git repository), so ``baselines/perfguard.db`` is always
+the project's store.
 
 This module is imported whenever the plugin loads: standard library and
 pytest only.
@@ -164,10 +166,39 @@ def _value(config: pytest.Config, dest: str) -> tuple[Any, str]:
     return None, "default"
 
 
+def _git_top(path: Path) -> Path | None:
+    """The top of the git work tree holding ``path`` (a ``.git`` folder or worktree file)."""
+    for folder in (path, *path.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def project_root(config: pytest.Config) -> tuple[Path, str | None]:
+    """The project's root for perfguard: the git state it reads and where the default
+    store and output go. pytest's rootdir, unless the tests lie in a git repository
+    that does not hold it: pytest takes the rootdir from every existing path among
+    its arguments, so ``--perfguard-output /elsewhere`` (a space, not ``=``) can make
+    it a parent folder or a parent repository. Then the tests' repository root, and
+    a note saying so. (Stdlib only: a ``.git`` entry marks a work tree.)
+    """
+    root = config.rootpath.resolve()
+    first = str(config.args[0]).split("::", 1)[0] if config.args else "."
+    tests = (Path(config.invocation_params.dir) / first).resolve()
+    top = _git_top(tests if tests.is_dir() else tests.parent)
+    if top is None or top == root or top in root.parents:
+        return root, None
+    return top, (
+        f"pytest's rootdir {root} is outside the git repository of the tests ({top}): "
+        f"perfguard reads that repository and keeps its default store and output there "
+        f"(pass --rootdir={top}, or --perfguard-output=DIR with '=', to move the rootdir too)"
+    )
+
+
 def _path(config: pytest.Config, dest: str, default: str) -> Path:
     value, source = _value(config, dest)
     if value is None:
-        return (config.rootpath / default).resolve()
+        return (project_root(config)[0] / default).resolve()
     text = str(value).strip()
     if not text:
         raise ValueError("must name a path, got an empty string")

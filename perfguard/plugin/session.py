@@ -76,7 +76,7 @@ from perfguard.plugin.ab import (
 from perfguard.plugin.capture import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
-from perfguard.plugin.options import MAX_AB_PAIRS, Settings
+from perfguard.plugin.options import MAX_AB_PAIRS, Settings, project_root
 
 ALPHA = 0.01
 OUTPUT_KEY = "perfguard"
@@ -144,8 +144,11 @@ class PerfguardSession:
             raise pytest.UsageError(f"--perfguard-backend {settings.backend}: {exc}") from None
         self.fingerprint = machine_fingerprint(self.backend.label, workers=_workers(config))
         self.git: GitState | None = None
+        root, misplaced = project_root(config)
+        if misplaced:
+            self.notes.append(misplaced)
         try:
-            self.git = repo_state(config.rootpath)
+            self.git = repo_state(root)
         except PerfguardError as exc:
             if settings.save or settings.baseline:
                 flag = "--perfguard-save" if settings.save else "--perfguard-baseline"
@@ -272,6 +275,12 @@ class PerfguardSession:
             )
         except (RuntimeError, OSError) as exc:
             raise pytest.UsageError(f"{flag}: cannot check it out: {exc}") from None
+        rootdir = self.config.rootpath.resolve()
+        if not rootdir.is_relative_to(self.git.root.resolve()):
+            raise pytest.UsageError(
+                f"{flag}: pytest's rootdir {rootdir} is outside the git repository "
+                f"{self.git.root}; pass --rootdir={self.git.root} (or give paths with '=')"
+            )
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         self.ab = ABRunner(
             head_root=self.git.root, base_root=base_root,
