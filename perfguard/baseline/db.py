@@ -121,9 +121,10 @@ class Database:
         yield  # pragma: no cover
 
     @contextmanager
-    def write(self, *, exclusive: bool = False) -> Iterator[None]:
+    def write(self, *, exclusive: bool = False, key: str | None = None) -> Iterator[None]:
         """One write transaction. ``exclusive``: no other exclusive writer at the same time
-        (schema upgrades, imports and prunes read before they write)."""
+        (schema upgrades, imports and prunes read before they write). ``key``: no other
+        writer with the same key at the same time (a save replacing one commit's run)."""
         raise NotImplementedError
         yield  # pragma: no cover
 
@@ -336,7 +337,7 @@ class SQLiteDatabase(Database):
             ) from None
 
     @contextmanager
-    def write(self, *, exclusive: bool = False) -> Iterator[None]:
+    def write(self, *, exclusive: bool = False, key: str | None = None) -> Iterator[None]:
         conn = self.conn  # BEGIN IMMEDIATE: every SQLite writer is exclusive
         conn.execute("BEGIN IMMEDIATE")
         try:

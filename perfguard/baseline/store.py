@@ -284,13 +284,13 @@ class Store:
         """Why this store cannot be written here (it is still read), or None."""
         return self.db.read_only
 
-    def _write(self, what: str, *, exclusive: bool = False) -> Any:
+    def _write(self, what: str, *, exclusive: bool = False, key: str | None = None) -> Any:
         """One write transaction; a one-line BaselineError on a read-only store."""
         if self.db.read_only is not None:
             raise BaselineError(
                 f"{self.name}: cannot {what}: the store is read-only ({self.db.read_only})"
             )
-        return self.db.write(exclusive=exclusive)
+        return self.db.write(exclusive=exclusive, key=key)
 
     def save_run(
         self, run: RunInfo, records: Sequence[TestRecord], *, replace: bool = True
@@ -312,8 +312,8 @@ class Store:
         pools every stored run of the baseline commit and reads history as one
         level per run, where an accidental duplicate would count twice.
         ``replace=False`` keeps both (measuring a baseline commit on purpose
-        several times). Replacing writers are exclusive, so two of them on one
-        commit leave exactly one run.
+        several times). Replacing writers of one commit and fingerprint wait for
+        each other (a lock per key), so two of them leave exactly one run.
         """
         nodeids = [r.nodeid for r in records]
         if len(set(nodeids)) != len(nodeids):
@@ -324,8 +324,10 @@ class Store:
             for table in FRAME_TABLES
         }  # before the transaction: a frame that cannot be stored fails without a lock held
 
+        key = f"{run.commit} {_fingerprint_json(run.fingerprint)}" if replace else None
+
         def write() -> SavedRun:
-            with self._write("save a run", exclusive=replace):
+            with self._write("save a run", key=key):
                 replaced = self._supersede(run, nodeids) if replace else (0, ())
                 run_id = self._insert_run(run, records, frames=frames)
             return SavedRun(run_id, replaced[0], tuple(replaced[1]))
