@@ -173,7 +173,7 @@ def _read_only_reason(path: Path) -> str | None:
     even for root; SQLite also needs the folder, for its journal and WAL files."""
     folder = path if path.is_dir() else path.parent
     try:
-        if os.statvfs(path).f_flag & os.ST_RDONLY:
+        if hasattr(os, "statvfs") and os.statvfs(path).f_flag & os.ST_RDONLY:  # not on Windows
             return "on a read-only file system"
     except OSError:
         pass
