@@ -225,27 +225,30 @@ def test_a_second_save_of_a_commit_on_a_machine_replaces_the_first(records, new_
         _, kept = store.load_run(first.run_id)
         assert list(kept) == [bert.nodeid]
         # the rest of it: the first run has nothing left and goes
-        third = store.save(run(C1, "2024-01-03T00:00:00Z", dirty=True), [bert])
+        third = store.save(run(C1, "2024-01-03T00:00:00Z"), [bert])
         assert (third.replaced_tests, third.replaced_runs) == (1, (first.run_id,))
+        # a dirty tree measured other code than the commit's: it replaces no clean run
+        dirty = store.save(run(C1, "2024-01-03T12:00:00Z", dirty=True), [bert])
+        assert (dirty.replaced_tests, dirty.replaced_runs) == (0, ())
         runs = store.runs()
         assert sorted(runs["run_id"]) == sorted(
-            [other_machine, other_commit, second.run_id, third.run_id]
+            [other_machine, other_commit, second.run_id, third.run_id, dirty.run_id]
         )
         # append keeps both: a baseline measured twice on purpose
         fourth = store.save(run(C1, "2024-01-04T00:00:00Z"), [bert], replace=False)
         assert (fourth.replaced_tests, fourth.replaced_runs) == (0, ())
-        assert len(store.runs(C1)) == 4
+        assert len(store.runs(C1)) == 5
         for run_id, rec in ((second.run_id, a100), (third.run_id, bert), (fourth.run_id, bert)):
             _, loaded = store.load_run(run_id)
             assert_same_record(loaded[rec.nodeid], rec)
     # nothing orphaned: every frame row belongs to a test that is there (raw SQL)
-    assert count(location, "tests") == 5
+    assert count(location, "tests") == 6
     for name in FRAMES:
         stray = f"SELECT count(*) FROM {name} x WHERE NOT EXISTS " \
                 "(SELECT 1 FROM tests t WHERE t.test_id = x.test_id)"  # fmt: skip
         assert sql(location, stray) == [(0,)], name
         per = {"bert": len(getattr(bert, name)), "a100": len(getattr(a100, name))}
-        assert count(location, name) == 3 * per["a100"] + 2 * per["bert"], name
+        assert count(location, name) == 3 * per["a100"] + 3 * per["bert"], name
 
 
 def test_concurrent_saves_of_one_commit_leave_one_run(tmp_path, records, new_store):

@@ -305,8 +305,8 @@ class Store:
         """Store ``run`` and its records in one transaction.
 
         ``replace`` (the default): one run per commit and machine. The records
-        of these tests that earlier runs of the same commit with the same
-        fingerprint hold are deleted in the same transaction (and a run left
+        of these tests that earlier runs of the same commit (and dirty flag)
+        with the same fingerprint hold are deleted in the same transaction (and a run left
         with no test goes too), so a re-run CI job or a re-saved local run
         stands instead of the earlier one rather than beside it: the verdict
         pools every stored run of the baseline commit and reads history as one
@@ -324,7 +324,8 @@ class Store:
             for table in FRAME_TABLES
         }  # before the transaction: a frame that cannot be stored fails without a lock held
 
-        key = f"{run.commit} {_fingerprint_json(run.fingerprint)}" if replace else None
+        key = f"{run.commit} {int(bool(run.dirty))} {_fingerprint_json(run.fingerprint)}"
+        key = key if replace else None
 
         def write() -> SavedRun:
             with self._write("save a run", key=key):
@@ -335,13 +336,14 @@ class Store:
         return self.db.retry(write)
 
     def _supersede(self, run: RunInfo, nodeids: Sequence[str]) -> tuple[int, list[int]]:
-        """Delete the records of ``nodeids`` in earlier runs of ``run``'s commit and exact
-        fingerprint, then those runs if empty; (records deleted, run ids touched)."""
+        """Delete the records of ``nodeids`` in earlier runs of ``run``'s commit, dirty flag
+        and exact fingerprint, then those runs if empty; (records deleted, run ids touched).
+        A dirty tree's run measured other code than the commit's: neither replaces the other."""
         db = self.db
-        key = (run.commit, _fingerprint_json(run.fingerprint))
+        key = (run.commit, int(bool(run.dirty)), _fingerprint_json(run.fingerprint))
         old = db.query(
             """SELECT t.test_id, t.run_id, t.nodeid FROM tests t JOIN runs r
-               ON r.run_id = t.run_id WHERE r."commit" = ? AND r.fingerprint = ?""",
+               ON r.run_id = t.run_id WHERE r."commit" = ? AND r.dirty = ? AND r.fingerprint = ?""",
             key,
         )
         old = old[old["nodeid"].isin(set(nodeids))]
@@ -351,7 +353,7 @@ class Store:
                 db.execute(f"DELETE FROM {table} WHERE {db.ids_in('test_id')}", (ids,))
             db.execute(f"DELETE FROM tests WHERE {db.ids_in('test_id')}", (ids,))
         db.execute(
-            """DELETE FROM runs WHERE "commit" = ? AND fingerprint = ? AND NOT EXISTS
+            """DELETE FROM runs WHERE "commit" = ? AND dirty = ? AND fingerprint = ? AND NOT EXISTS
                (SELECT 1 FROM tests t WHERE t.run_id = runs.run_id)""",
             key,
         )
