@@ -28,8 +28,9 @@ session as its own ``pytest --perfguard`` process on this machine (issue
   ``test_control_step``, is the same step and no commit changes it: every
   session (of any condition) also judges unchanged code, an A/A observation
   of its own (the ``control`` rows).
-* **Store mode.** ``--seeds`` sessions on ``c0`` with ``--perfguard-save``
-  fill the store (history for the between-run noise needs 5), then each
+* **Store mode.** ``--seeds`` sessions on ``c0`` with ``--perfguard-save
+  --perfguard-save-mode=append`` (a plain save replaces the last) fill the
+  store (history for the between-run noise needs 5), then each
   judged session runs on its condition's commit with
   ``--perfguard-baseline c0`` (not saving, so every judged session sees
   the same history).
@@ -450,8 +451,10 @@ def seed_store(project: Project, n: int, timeout: float, log: Path) -> None:
     project.checkout(project.state["c0"])
     while len(have) < n:
         i = len(have)
-        raw = run_session(project, ["--perfguard-save"], project.out / "runs" / f"seed-{i}",
-                          timeout)  # fmt: skip
+        # append: the seeds are one commit measured n times on purpose (a plain save
+        # would replace the last one: one run per commit and machine)
+        raw = run_session(project, ["--perfguard-save", "--perfguard-save-mode=append"],
+                          project.out / "runs" / f"seed-{i}", timeout)  # fmt: skip
         res = raw.get("results") or {}
         tests = [t for t in res.get("tests", []) if t.get("nodeid") == NODEID]
         if not res.get("saved") or not tests:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import gzip
 import json
 import shutil
@@ -155,6 +156,44 @@ def test_negative_kineto_durations_are_clamped_by_the_analysis(tmp_path: Path) -
     assert (analysis.instances[["cpu_time", "gpu_time", "gpu_idle"]] >= 0).all().all()
     out = tmp_path / "out"
     write_reports(analysis, out, formats=["csv", "json"])
+    _all_numbers_sane(out)
+
+
+def test_thousands_of_nan_durations_are_repaired_in_one_pass(tmp_path: Path) -> None:
+    """Fuzz cases 88, 5008, 5009 (``dur = NaN`` on every 7th event of the big Kineto
+    fixtures) ran past 30 CPU s: each NaN cost one decode of the whole 16 MB piece.
+    Now every NaN of a piece is found up front: the piece decodes at most twice."""
+    from perfguard.trace import kineto_repair
+    from perfguard.trace.kineto_stream import _typed
+
+    assert FIXTURES is not None
+    doc = json.loads(gzip.decompress((FIXTURES / RESNET).read_bytes()))
+    spoiled = {}
+    for i, e in enumerate(doc["traceEvents"]):
+        if i % 7 == 0 and isinstance(e.get("dur"), (int, float)) and e.get("ph") == "X":
+            e["dur"] = float("nan")
+            spoiled[(e["name"], e["ts"])] = True
+    assert len(spoiled) > 1000
+    text = json.dumps(doc, indent=1).encode()  # Python writes NaN, as old torch writers did
+    assert text.count(b"NaN") == len(spoiled)
+    array = text[text.index(b"[", text.index(b'"traceEvents"')) : text.rindex(b"]") + 1]
+    calls = []
+
+    def decode(piece: bytes):
+        calls.append(len(piece))
+        return _typed(piece)
+
+    fixes: collections.Counter[str] = collections.Counter()
+    events, _ = kineto_repair.repair_piece(array, decode, fixes)
+    assert len(calls) <= 2 and fixes["nan"] == len(spoiled)
+    assert len(events) == len(doc["traceEvents"])
+
+    path = tmp_path / "nan.json.gz"
+    path.write_bytes(gzip.compress(text))
+    trace = load_trace(path)
+    assert any("NaN/Infinity" in n for n in trace.notes)
+    out = tmp_path / "out"
+    write_reports(analyze(trace), out, formats=["csv", "json"])
     _all_numbers_sane(out)
 
 

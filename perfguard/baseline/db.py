@@ -16,6 +16,7 @@ import os
 import random
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +52,9 @@ class Database:
     dialect: str
     #: how messages name the store (a path, or a URL without its password)
     name: str
+    #: why this store cannot be written here (a read-only file system, a file or folder
+    #: without write permission), or None: it is readable, and every write is refused
+    read_only: str | None = None
 
     _conn: Any = None
 
@@ -99,6 +103,14 @@ class Database:
         """Keep a copy of the store before migrating it from ``version``; where, or None."""
         return None
 
+    def detach(self) -> None:
+        """Go on with a private in-memory copy of the store (to migrate a read-only one
+        without writing it); BaselineError where the engine cannot."""
+        raise BaselineError(
+            f"{self.name}: the store needs a schema upgrade but is read-only "
+            f"({self.read_only}); open it once with write access to upgrade it"
+        )
+
     def is_retryable(self, exc: BaseException) -> bool:
         raise NotImplementedError
 
@@ -109,9 +121,10 @@ class Database:
         yield  # pragma: no cover
 
     @contextmanager
-    def write(self, *, exclusive: bool = False) -> Iterator[None]:
+    def write(self, *, exclusive: bool = False, key: str | None = None) -> Iterator[None]:
         """One write transaction. ``exclusive``: no other exclusive writer at the same time
-        (schema upgrades, imports and prunes read before they write)."""
+        (schema upgrades, imports and prunes read before they write). ``key``: no other
+        writer with the same key at the same time (a save replacing one commit's run)."""
         raise NotImplementedError
         yield  # pragma: no cover
 
@@ -154,6 +167,37 @@ def _is_locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg)
 
 
+def _read_only_reason(path: Path) -> str | None:
+    """Why ``path`` (a store file, or the folder a new one goes in) cannot be written
+    by this process, or None. Checked with ``access(2)``, which sees a read-only mount
+    even for root; SQLite also needs the folder, for its journal and WAL files."""
+    folder = path if path.is_dir() else path.parent
+    try:
+        if hasattr(os, "statvfs") and os.statvfs(path).f_flag & os.ST_RDONLY:  # not on Windows
+            return "on a read-only file system"
+    except OSError:
+        pass
+    if not path.is_dir() and not os.access(path, os.W_OK):
+        return "the file is not writable"
+    if not os.access(folder, os.W_OK):
+        return f"its folder {folder} is not writable"
+    return None
+
+
+def _read_only_uri(path: Path) -> str:
+    """The SQLite URI that reads ``path`` without writing it or anything beside it.
+
+    ``mode=ro`` alone still creates the ``-wal`` and ``-shm`` files of a WAL store
+    (and fails where the folder is read-only), so without a ``-wal`` file (no writer
+    has the store open) it is opened ``immutable``: read as a file nobody changes,
+    with no locks and no side files. With one, a writer may be at work: plain
+    ``mode=ro`` reads through its WAL.
+    """
+    quoted = urllib.parse.quote(str(path.resolve()), safe="/")
+    wal = path.with_name(path.name + "-wal")
+    return f"file:{quoted}?mode=ro" + ("" if wal.exists() else "&immutable=1")
+
+
 class SQLiteDatabase(Database):
     """A store in one SQLite file, written in WAL mode by ``BEGIN IMMEDIATE`` transactions.
 
@@ -170,6 +214,10 @@ class SQLiteDatabase(Database):
         self._conn: sqlite3.Connection | None = None
         if self.path.is_dir():
             raise BaselineError(f"{self.path}: is a directory, not a baseline store file")
+        #: the store was copied into memory to be read through a migration
+        self.in_memory = False
+        target: str = str(self.path)
+        uri = False
         if not self.path.exists():
             if not create:
                 raise BaselineError(f"{self.path}: no baseline store here")
@@ -177,9 +225,16 @@ class SQLiteDatabase(Database):
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise BaselineError(f"{self.path}: cannot create the store folder: {exc}") from None
+            folder = _read_only_reason(self.path.parent)
+            if folder is not None:
+                raise BaselineError(f"{self.path}: cannot create the store: {folder}")
+        else:
+            self.read_only = _read_only_reason(self.path)
+            if self.read_only is not None:
+                target, uri = _read_only_uri(self.path), True
         try:
             self._conn = sqlite3.connect(
-                str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
+                target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, uri=uri
             )
         except sqlite3.Error as exc:
             raise BaselineError(f"{self.path}: cannot open: {one_line(exc)}") from None
@@ -217,17 +272,32 @@ class SQLiteDatabase(Database):
         self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
     def finish_open(self) -> None:
-        """WAL mode (readers never block the writer) and foreign keys, once the schema is there."""
-        if self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            try:
-                self.retry(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
-            except BaselineError:
-                if os.access(self.path, os.W_OK):
-                    raise  # a read-only store is still readable without WAL
+        """WAL mode (readers never block the writer) and foreign keys, once the schema is there.
+        A read-only store is left in the mode it has: switching would write it."""
+        if self.read_only is None and (
+            self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"
+        ):
+            self.retry(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
         self.conn.execute("PRAGMA foreign_keys = ON")
 
-    def backup(self, version: int) -> str:
+    def detach(self) -> None:
+        """Copy the read-only file into memory (SQLite's backup API, one consistent
+        snapshot) and go on there: a migration then changes only the copy."""
+        memory = sqlite3.connect(":memory:", isolation_level=None)
+        try:
+            with self.guard():
+                self.conn.backup(memory)
+        except BaseException:
+            memory.close()
+            raise
+        self.conn.close()
+        self._conn = memory
+        self.in_memory = True
+
+    def backup(self, version: int) -> str | None:
         """Copy the store as it is (a consistent snapshot) to ``<name>.v<N>.bak``."""
+        if self.in_memory:
+            return None  # the file itself is never written: nothing to keep a copy of
         dest = self.path.with_name(f"{self.path.name}.v{version}.bak")
         n = 1
         while dest.exists():  # an earlier backup of the same version is kept too
@@ -267,7 +337,7 @@ class SQLiteDatabase(Database):
             ) from None
 
     @contextmanager
-    def write(self, *, exclusive: bool = False) -> Iterator[None]:
+    def write(self, *, exclusive: bool = False, key: str | None = None) -> Iterator[None]:
         conn = self.conn  # BEGIN IMMEDIATE: every SQLite writer is exclusive
         conn.execute("BEGIN IMMEDIATE")
         try:

@@ -8,13 +8,16 @@ file (:mod:`.schema`). Each migration step and each run is one transaction;
 PostgreSQL's DDL is transactional, so a failed migration leaves the store as
 it was and no backup copy is needed. Writers that read before they write
 (schema upgrades, imports, prunes) hold a transaction-level advisory lock;
-plain ``save_run`` writers do not wait for each other at all.
+``save_run`` writers take one keyed by their commit and fingerprint (a save
+replaces that commit's earlier run), so saves of different commits do not
+wait for each other.
 
 psycopg 3 is imported only here, so a SQLite-only install never needs it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -122,10 +125,14 @@ class PostgresDatabase(Database):
             raise BaselineError(f"{self.name}: cannot use the baseline store: {msg}") from None
 
     @contextmanager
-    def write(self, *, exclusive: bool = False) -> Iterator[None]:
+    def write(self, *, exclusive: bool = False, key: str | None = None) -> Iterator[None]:
         with self.conn.transaction():
             if exclusive:
                 self.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
+            if key is not None:  # one lock per key: saves of other commits do not wait
+                digest = hashlib.sha256(f"perfguard-save:{key}".encode()).digest()
+                lock = int.from_bytes(digest[:8], "big", signed=True)
+                self.execute("SELECT pg_advisory_xact_lock(?)", (lock,))
             yield
 
     @contextmanager

@@ -25,6 +25,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from perfguard.baseline.schema import (
 )
 from perfguard.errors import BaselineError
 
-__all__ = ["DEFAULT_STORE", "SCHEMA_VERSION", "Store", "open_store"]
+__all__ = ["DEFAULT_STORE", "SCHEMA_VERSION", "Imported", "SavedRun", "Store", "open_store"]
 
 #: where the plugin and the CLI keep the store, relative to the project root
 DEFAULT_STORE = Path("baselines") / "perfguard.db"
@@ -124,6 +125,34 @@ def open_store(location: str | os.PathLike[str], *, create: bool = True) -> Stor
 def store_location(text: str | os.PathLike[str]) -> str | Path:
     """A store option's value as :func:`open_store` takes it: a URL as given, else a Path."""
     return str(text) if db_mod.is_url(text) else Path(text)
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """What :meth:`Store.save` did: the new run, and what it replaced."""
+
+    run_id: int
+    #: test records of earlier runs (same commit and fingerprint) this run replaced
+    replaced_tests: int = 0
+    #: those earlier runs (deleted where no test of theirs is left)
+    replaced_runs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What :meth:`Store.import_file` did with one export file."""
+
+    #: every run of the file, in file order (an existing run's id where it was skipped)
+    run_ids: tuple[int, ...]
+    #: the runs it added
+    added: tuple[int, ...]
+    #: test records of the added runs
+    tests: int
+
+    @property
+    def present(self) -> int:
+        """Runs of the file skipped as already in the store (same commit, time, host)."""
+        return len(self.run_ids) - len(self.added)
 
 
 class Store:
@@ -222,6 +251,9 @@ class Store:
             what = "empty file" if self.dialect == "sqlite" else "no tables in this database"
             raise BaselineError(f"{self.name}: {what}, not a baseline store")
         if version < SCHEMA_VERSION:
+            if self.db.read_only is not None:
+                # upgrade a private copy: the file is read (compare), never written
+                self.db.detach()
             self.db.retry(self._upgrade)
         with self.db.guard():
             self.db.finish_open()
@@ -247,8 +279,42 @@ class Store:
                     )
 
     # ----------------------------------------------------------------- writing
-    def save_run(self, run: RunInfo, records: Sequence[TestRecord]) -> int:
-        """Store ``run`` and its test records in one transaction; returns the new run_id."""
+    @property
+    def read_only(self) -> str | None:
+        """Why this store cannot be written here (it is still read), or None."""
+        return self.db.read_only
+
+    def _write(self, what: str, *, exclusive: bool = False, key: str | None = None) -> Any:
+        """One write transaction; a one-line BaselineError on a read-only store."""
+        if self.db.read_only is not None:
+            raise BaselineError(
+                f"{self.name}: cannot {what}: the store is read-only ({self.db.read_only})"
+            )
+        return self.db.write(exclusive=exclusive, key=key)
+
+    def save_run(
+        self, run: RunInfo, records: Sequence[TestRecord], *, replace: bool = True
+    ) -> int:
+        """Store ``run`` and its test records in one transaction; returns the new run_id
+        (see :meth:`save` for ``replace``)."""
+        return self.save(run, records, replace=replace).run_id
+
+    def save(
+        self, run: RunInfo, records: Sequence[TestRecord], *, replace: bool = True
+    ) -> SavedRun:
+        """Store ``run`` and its records in one transaction.
+
+        ``replace`` (the default): one run per commit and machine. The records
+        of these tests that earlier runs of the same commit (and dirty flag)
+        with the same fingerprint hold are deleted in the same transaction (and a run left
+        with no test goes too), so a re-run CI job or a re-saved local run
+        stands instead of the earlier one rather than beside it: the verdict
+        pools every stored run of the baseline commit and reads history as one
+        level per run, where an accidental duplicate would count twice.
+        ``replace=False`` keeps both (measuring a baseline commit on purpose
+        several times). Replacing writers of one commit and fingerprint wait for
+        each other (a lock per key), so two of them leave exactly one run.
+        """
         nodeids = [r.nodeid for r in records]
         if len(set(nodeids)) != len(nodeids):
             dup = next(n for n in nodeids if nodeids.count(n) > 1)
@@ -258,11 +324,40 @@ class Store:
             for table in FRAME_TABLES
         }  # before the transaction: a frame that cannot be stored fails without a lock held
 
-        def write() -> int:
-            with self.db.write():
-                return self._insert_run(run, records, frames=frames)
+        key = f"{run.commit} {int(bool(run.dirty))} {_fingerprint_json(run.fingerprint)}"
+        key = key if replace else None
+
+        def write() -> SavedRun:
+            with self._write("save a run", key=key):
+                replaced = self._supersede(run, nodeids) if replace else (0, ())
+                run_id = self._insert_run(run, records, frames=frames)
+            return SavedRun(run_id, replaced[0], tuple(replaced[1]))
 
         return self.db.retry(write)
+
+    def _supersede(self, run: RunInfo, nodeids: Sequence[str]) -> tuple[int, list[int]]:
+        """Delete the records of ``nodeids`` in earlier runs of ``run``'s commit, dirty flag
+        and exact fingerprint, then those runs if empty; (records deleted, run ids touched).
+        A dirty tree's run measured other code than the commit's: neither replaces the other."""
+        db = self.db
+        key = (run.commit, int(bool(run.dirty)), _fingerprint_json(run.fingerprint))
+        old = db.query(
+            """SELECT t.test_id, t.run_id, t.nodeid FROM tests t JOIN runs r
+               ON r.run_id = t.run_id WHERE r."commit" = ? AND r.dirty = ? AND r.fingerprint = ?""",
+            key,
+        )
+        old = old[old["nodeid"].isin(set(nodeids))]
+        if len(old):
+            ids = db.ids_param(old["test_id"])
+            for table in FRAME_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE {db.ids_in('test_id')}", (ids,))
+            db.execute(f"DELETE FROM tests WHERE {db.ids_in('test_id')}", (ids,))
+        db.execute(
+            """DELETE FROM runs WHERE "commit" = ? AND dirty = ? AND fingerprint = ? AND NOT EXISTS
+               (SELECT 1 FROM tests t WHERE t.run_id = runs.run_id)""",
+            key,
+        )
+        return len(old), sorted({int(i) for i in old["run_id"]})
 
     def _insert_run(
         self,
@@ -506,6 +601,13 @@ class Store:
         added again. Returns the run_id of every run in the file, in file order.
         All runs are added in one transaction: a bad file adds nothing.
         """
+        return list(self.import_file(src).run_ids)
+
+    def import_file(self, src: str | os.PathLike[str]) -> Imported:
+        """:meth:`import_json`, saying what it did: the runs added (and their test records)
+        and the runs skipped as already here. A file that cannot be imported (unreadable,
+        not JSON, not an export, a newer schema, a malformed run) is one BaselineError
+        naming it, and adds nothing."""
         src = Path(src)
         try:
             doc = json.loads(src.read_text(encoding="utf-8"))
@@ -522,8 +624,16 @@ class Store:
                 f"{src}: export schema version {doc.get('schema_version')!r} is not one this "
                 f"perfguard reads (<= {SCHEMA_VERSION})"
             )
-        parsed = [self._parse_export_run(src, i, e) for i, e in enumerate(doc.get("runs") or [])]
-        return [run_id for run_id, _ in self._add_runs(lambda: iter(parsed))]
+        runs = doc.get("runs")
+        if runs is not None and not isinstance(runs, list):
+            raise BaselineError(f"{src}: 'runs' is not a list")
+        parsed = [self._parse_export_run(src, i, e) for i, e in enumerate(runs or [])]
+        done = self._add_runs(lambda: iter(parsed))
+        return Imported(
+            run_ids=tuple(run_id for run_id, _ in done),
+            added=tuple(run_id for run_id, new in done if new),
+            tests=sum(len(p[1]) for p, (_, new) in zip(parsed, done, strict=True) if new),
+        )
 
     def copy_from(self, other: Store) -> tuple[int, int]:
         """Copy every run of ``other`` into this store, losslessly (records, run info, the
@@ -548,7 +658,7 @@ class Store:
 
         def write() -> list[tuple[int, bool]]:
             out = []
-            with self.db.write(exclusive=True):  # exclusive: two imports add a run once
+            with self._write("add runs", exclusive=True):  # exclusive: two imports add once
                 for info, records, version in runs():
                     existing = self.db.execute(
                         'SELECT run_id FROM runs WHERE "commit"=? AND time=? '
@@ -615,7 +725,7 @@ class Store:
 
         def write() -> int:
             db = self.db
-            with db.write(exclusive=True):
+            with self._write("prune runs", exclusive=True):
                 runs = db.query(
                     'SELECT run_id, "commit", time, host, gpu_name, gpu_count, backend FROM runs'
                 )

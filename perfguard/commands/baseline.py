@@ -54,9 +54,14 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run_export)
 
     p = sub.add_parser(
-        "import", parents=[store_opt], help="add the runs of an export (skips ones present)"
+        "import",
+        parents=[store_opt],
+        help="add the runs of exports (skips ones present)",
+        description="Add the runs of export files, each in one transaction. Says per file "
+        "what it added and what it skipped and why; exits 2 when no run could be added "
+        "because files were bad (a run already present is not a failure).",
     )
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(func=run_import)
 
     p = sub.add_parser("prune", parents=[store_opt], help="delete old runs")
@@ -172,17 +177,41 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import open_store
+    """One line per file: what it added, or why it was skipped; 2 if bad files left
+    nothing imported."""
+    import sys
 
+    from perfguard.baseline.store import open_store
+    from perfguard.errors import BaselineError
+
+    added = failed = 0
     with open_store(args.store, create=True) as store:
-        before = set(store.runs()["run_id"])
-        ids = store.import_json(args.file)
-    added = [i for i in ids if i not in before]
-    print(
-        f"imported {len(added)} run(s) into {args.store}"
-        + (f", {len(ids) - len(added)} already present" if len(ids) > len(added) else "")
-        + (f": run ids {', '.join(map(str, ids))}" if ids else "")
-    )
+        if store.read_only is not None:
+            raise BaselineError(
+                f"{store.name}: cannot import: the store is read-only ({store.read_only})"
+            )
+        for name in args.files:
+            try:
+                done = store.import_file(name)
+            except BaselineError as exc:  # one bad file does not stop the others
+                failed += 1
+                print(f"skipped {' '.join(str(exc).split())}", file=sys.stderr)
+                continue
+            added += len(done.added)
+            present = f", {done.present} already present (same commit, time and host)"
+            print(
+                f"{name}: imported {len(done.added)} run(s) ({done.tests} test record(s)) "
+                f"into {args.store}"
+                + (present if done.present else "")
+                + (f": run ids {', '.join(map(str, done.run_ids))}" if done.run_ids else "")
+            )
+    if failed and not added:
+        print(
+            f"perfguard: error: nothing imported: {failed} of {len(args.files)} file(s) "
+            "could not be read as exports",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 

@@ -7,8 +7,10 @@ Values are checked in :func:`read_settings` (from ``pytest_configure``), so a
 bad value from either source is the same one-line :class:`pytest.UsageError`.
 
 Relative paths: a command-line path is relative to the directory pytest was
-started in (as ``--junitxml``); an ini or default path to the rootdir, so
-``baselines/perfguard.db`` is always the project's store.
+started in (as ``--junitxml``); an ini path to the rootdir and a default path
+to the project root (:func:`project_root`: the rootdir, unless pytest put it
+outside the tests' git repository), so ``baselines/perfguard.db`` is always
+the project's store.
 
 This module is imported whenever the plugin loads: standard library and
 pytest only.
@@ -26,6 +28,9 @@ from perfguard.compare.tolerance import parse_tolerance
 
 BACKEND_CHOICES = ("auto", "torch", "nsys", "cpu")
 FAIL_ON_CHOICES = ("regression", "never")
+#: replace: a save supersedes the records of earlier runs of the same commit and machine
+#: fingerprint (one run per commit and machine); append: keep them all
+SAVE_MODE_CHOICES = ("replace", "append")
 DEFAULT_STORE = "baselines/perfguard.db"
 DEFAULT_OUTPUT = ".perfguard"
 DEFAULT_TOLERANCE = 0.05
@@ -56,6 +61,9 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "the default branch, else HEAD's first parent)"),
     ("perfguard_save", "--perfguard-save", "bool",
      "store this run's results under HEAD's commit"),
+    ("perfguard_save_mode", "--perfguard-save-mode", "string",
+     "replace (default): a save replaces the tests' records of an earlier run of the same "
+     "commit on the same machine (one run per commit and machine); append: keep both"),
     ("perfguard_store", "--perfguard-store", "string",
      f"baseline store: a SQLite file (default {DEFAULT_STORE} under the rootdir) or a "
      "postgresql://user@host/dbname URL"),
@@ -95,6 +103,7 @@ _METAVARS = {
     "perfguard_output": "DIR",
     "perfguard_tolerance": "TOLERANCE",
     "perfguard_fail_on": "{regression,never}",
+    "perfguard_save_mode": "{replace,append}",
     "perfguard_rounds": "N",
     "perfguard_timeout": "SECONDS",
     "perfguard_against": "REF",
@@ -142,6 +151,7 @@ class Settings:
     isolate: bool = False
     timeout: float = DEFAULT_CAPTURE_TIMEOUT
     require_baseline: bool = False
+    save_mode: str = "replace"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -160,10 +170,39 @@ def _value(config: pytest.Config, dest: str) -> tuple[Any, str]:
     return None, "default"
 
 
+def _git_top(path: Path) -> Path | None:
+    """The top of the git work tree holding ``path`` (a ``.git`` folder or worktree file)."""
+    for folder in (path, *path.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def project_root(config: pytest.Config) -> tuple[Path, str | None]:
+    """The project's root for perfguard: the git state it reads and where the default
+    store and output go. pytest's rootdir, unless the tests lie in a git repository
+    that does not hold it: pytest takes the rootdir from every existing path among
+    its arguments, so ``--perfguard-output /elsewhere`` (a space, not ``=``) can make
+    it a parent folder or a parent repository. Then the tests' repository root, and
+    a note saying so. (Stdlib only: a ``.git`` entry marks a work tree.)
+    """
+    root = config.rootpath.resolve()
+    first = str(config.args[0]).split("::", 1)[0] if config.args else "."
+    tests = (Path(config.invocation_params.dir) / first).resolve()
+    top = _git_top(tests if tests.is_dir() else tests.parent)
+    if top is None or top == root or top in root.parents:
+        return root, None
+    return top, (
+        f"pytest's rootdir {root} is outside the git repository of the tests ({top}): "
+        f"perfguard reads that repository and keeps its default store and output there "
+        f"(pass --rootdir={top}, or --perfguard-output=DIR with '=', to move the rootdir too)"
+    )
+
+
 def _path(config: pytest.Config, dest: str, default: str) -> Path:
     value, source = _value(config, dest)
     if value is None:
-        return (config.rootpath / default).resolve()
+        return (project_root(config)[0] / default).resolve()
     text = str(value).strip()
     if not text:
         raise ValueError("must name a path, got an empty string")
@@ -193,6 +232,8 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = bool(value)
             elif dest == "perfguard_backend":
                 values[dest] = _choice(str(value or "auto"), BACKEND_CHOICES, "backend")
+            elif dest == "perfguard_save_mode":
+                values[dest] = _choice(str(value or "replace"), SAVE_MODE_CHOICES, "save mode")
             elif dest == "perfguard_fail_on":
                 values[dest] = _choice(str(value or "regression"), FAIL_ON_CHOICES, "fail-on")
             elif dest == "perfguard_tolerance":
@@ -241,6 +282,7 @@ def read_settings(config: pytest.Config) -> Settings:
         isolate=values["perfguard_isolate"],
         timeout=values["perfguard_timeout"],
         require_baseline=values["perfguard_require_baseline"],
+        save_mode=values["perfguard_save_mode"],
     )
 
 

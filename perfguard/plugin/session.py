@@ -76,7 +76,7 @@ from perfguard.plugin.ab import (
 from perfguard.plugin.capture import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
-from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, Settings
+from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, Settings, project_root
 
 ALPHA = 0.01
 OUTPUT_KEY = "perfguard"
@@ -131,6 +131,8 @@ class PerfguardSession:
         self.notes: list[str] = []
         self.saved_run_id: int | None = None
         self.save_error: str | None = None
+        #: what the save replaced (earlier records of this commit and machine), if anything
+        self.replaced: dict[str, Any] | None = None
         self.results_path: Path | None = None
         self.report_path: Path | None = None
         self._backends: dict[str, ResolvedBackend] = {}
@@ -142,8 +144,11 @@ class PerfguardSession:
             raise pytest.UsageError(f"--perfguard-backend {settings.backend}: {exc}") from None
         self.fingerprint = machine_fingerprint(self.backend.label, workers=_workers(config))
         self.git: GitState | None = None
+        root, misplaced = project_root(config)
+        if misplaced:
+            self.notes.append(misplaced)
         try:
-            self.git = repo_state(config.rootpath)
+            self.git = repo_state(root)
         except PerfguardError as exc:
             if settings.save or settings.baseline:
                 flag = "--perfguard-save" if settings.save else "--perfguard-baseline"
@@ -270,6 +275,12 @@ class PerfguardSession:
             )
         except (RuntimeError, OSError) as exc:
             raise pytest.UsageError(f"{flag}: cannot check it out: {exc}") from None
+        rootdir = self.config.rootpath.resolve()
+        if not rootdir.is_relative_to(self.git.root.resolve()):
+            raise pytest.UsageError(
+                f"{flag}: pytest's rootdir {rootdir} is outside the git repository "
+                f"{self.git.root}; pass --rootdir={self.git.root} (or give paths with '=')"
+            )
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         self.ab = ABRunner(
             head_root=self.git.root, base_root=base_root,
@@ -903,7 +914,16 @@ class PerfguardSession:
         try:
             with open_store(self.settings.store, create=True) as store:
                 records = [self.records[k] for k in sorted(self.records)]
-                self.saved_run_id = store.save_run(self.run, records)
+                replace = self.settings.save_mode == "replace"
+                saved = store.save(self.run, records, replace=replace)
+            self.saved_run_id = saved.run_id
+            if saved.replaced_tests:
+                self.replaced = {"tests": saved.replaced_tests, "runs": list(saved.replaced_runs)}
+                self.notes.append(
+                    f"replaced {saved.replaced_tests} test record(s) of run(s) "
+                    f"{', '.join(map(str, saved.replaced_runs))} saved earlier for this commit "
+                    "on this machine (--perfguard-save-mode=append keeps both)"
+                )
         except (PerfguardError, ValueError) as exc:
             self.save_error = " ".join(str(exc).split())
 
@@ -936,7 +956,8 @@ class PerfguardSession:
             baseline=baseline,
             baseline_status=self.baseline_status(),
             saved=(
-                {"run_id": self.saved_run_id, "store": str(self.settings.store)}
+                {"run_id": self.saved_run_id, "store": str(self.settings.store),
+                 **({"replaced": self.replaced} if self.replaced else {})}
                 if self.saved_run_id is not None
                 else None
             ),

@@ -31,6 +31,10 @@ REPAIR_NOTES = {
 
 #: a quote between two word characters: inside a string, never JSON structure
 _SUSPECT = re.compile(rb'[\w<>&.)\]-]"[\w<>&(\[-]')
+#: a NaN/Infinity where a value goes, and a backslash that starts no JSON escape: found
+#: up front, so a piece with thousands of them is repaired in one pass, not one decode each
+_NAN_VALUE = re.compile(rb"[:,\[]\s*-?(?:NaN|Infinity)")
+_BAD_ESCAPE = re.compile(rb'\\(?![\\"/bfnrtu])')
 _LONE_SURROGATE = re.compile(
     rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
     rb"|(?<![0-9a-fA-F]{4})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
@@ -201,6 +205,7 @@ def repair_piece(
     """
     text = piece
     suspects = [m.start() + 1 for m in _SUSPECT.finditer(text)]
+    suspects += [m.end() - 1 for rx in (_NAN_VALUE, _BAD_ESCAPE) for m in rx.finditer(text)]
     if suspects:
         before = fixes.copy()
         repaired = _repair_lines(text, suspects, fixes)
