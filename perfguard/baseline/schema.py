@@ -156,11 +156,25 @@ def _v4_rounds_dtypes_counters(db: SchemaTarget) -> None:
     db.execute("CREATE INDEX counters_test ON counters(test_id)")
 
 
+def _v5_acceptances(db: SchemaTarget) -> None:
+    """v5: accepted changes: from ``commit`` on (its descendants), the test's level there is
+    the one later runs are compared with (:mod:`perfguard.baseline.accept`)."""
+    _ddl(
+        db,
+        """CREATE TABLE acceptances (
+            acceptance_id {id},
+            nodeid TEXT NOT NULL, "commit" TEXT NOT NULL, reason TEXT NOT NULL,
+            time TEXT NOT NULL, author TEXT)""",
+    )
+    db.execute("CREATE INDEX acceptances_nodeid ON acceptances(nodeid)")
+
+
 #: (version reached, migration), in order
 MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (1, _v1_initial),
     (2, _v2_fingerprint_columns_and_kernels),
     (3, _v3_sample_cpu_time),
     (4, _v4_rounds_dtypes_counters),
+    (5, _v5_acceptances),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
