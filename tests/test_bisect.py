@@ -40,15 +40,11 @@ def save_run(root: Path, sha: str) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-@pytest.fixture(scope="module")
-def history(tmp_path_factory) -> tuple[Path, list[str]]:
-    """The 16 commits, each with a stored run; the checkout back on main."""
-    root = tmp_path_factory.mktemp("bisect") / "repo"
-    shas = bisect_repo.build(root)
-    for sha in shas:
-        save_run(root, sha)
-    bisect_repo.git(root, "checkout", "-q", "main")
-    return root, shas
+@pytest.fixture
+def history(tmp_path) -> tuple[Path, list[str]]:
+    """The 16 commits (no stored run), the checkout on main."""
+    root = tmp_path / "repo"
+    return root, bisect_repo.build(root)
 
 
 def untouched(root: Path, head: str) -> None:
@@ -64,6 +60,9 @@ def untouched(root: Path, head: str) -> None:
 
 def test_bisect_over_16_stored_commits_finds_the_regression(history, tmp_path):
     root, shas = history
+    for sha in shas:  # one real session per commit, each saved
+        save_run(root, sha)
+    bisect_repo.git(root, "checkout", "-q", "main")
     out = tmp_path / "out"
     done = perfguard(root, "bisect", shas[0], shas[-1], bisect_repo.NODEID,
                      "--oracle", "gates", "--output", str(out))  # fmt: skip
@@ -88,28 +87,37 @@ def test_bisect_over_16_stored_commits_finds_the_regression(history, tmp_path):
     md = (out / "bisect.md").read_text()
     assert f"**First bad commit:** `{bad[:12]}`" in md and "host_reads" in md
     untouched(root, shas[-1])
-
-
-def test_bisect_errors_are_one_line_and_leave_nothing(history, tmp_path):
-    root, shas = history
-    args = (bisect_repo.NODEID, "--oracle", "gates", "--mode", "store",
-            "--output", str(tmp_path / "o"))  # fmt: skip
     cases = [
-        ((shas[0], "no-such-ref"), "BAD 'no-such-ref': git cannot resolve it"),
-        ((shas[5], shas[2]), "is not an ancestor of BAD"),
         ((shas[0], shas[5]), "is not regressed against GOOD"),  # BAD is fine: nothing to find
         # a GOOD that already has the regression: BAD is no worse than it
         ((shas[bisect_repo.REGRESSION], shas[-1]), "is not regressed against GOOD"),
-        ((shas[3], shas[3]), "are the same commit"),
     ]
+    expect_errors(root, cases, tmp_path)
+
+
+def expect_errors(root: Path, cases: list, tmp_path: Path) -> None:
+    """Each (GOOD, BAD) is refused with exit 2 and one line holding its message."""
+    args = (bisect_repo.NODEID, "--oracle", "gates", "--mode", "store",
+            "--output", str(tmp_path / "o"))  # fmt: skip
     for (good, bad), message in cases:
         done = perfguard(root, "bisect", good, bad, *args)
         assert done.returncode == 2, (good, bad, done.stdout, done.stderr)
         err = done.stderr.strip()
         assert len(err.splitlines()) == 1 and message in err, err
         assert "Traceback" not in done.stderr
-    assert "are GOOD and BAD swapped?" in perfguard(root, "bisect", shas[5], shas[2], *args).stderr
-    none = perfguard(root, "bisect", shas[0], shas[-1], "-k", "nothing_matches", *args[1:])
+
+
+def test_bisect_input_errors_are_one_line_and_leave_nothing(history, tmp_path):
+    root, shas = history
+    cases = [
+        ((shas[0], "no-such-ref"), "BAD 'no-such-ref': git cannot resolve it"),
+        ((shas[5], shas[2]), "not an ancestor of BAD"),
+        ((shas[5], shas[2]), "are GOOD and BAD swapped?"),
+        ((shas[3], shas[3]), "are the same commit"),
+        ((shas[0], shas[-1]), "no stored run of test_bench.py::test_step at GOOD"),
+    ]
+    expect_errors(root, cases, tmp_path)
+    none = perfguard(root, "bisect", shas[0], shas[-1], "-k", "nothing_matches")
     assert none.returncode == 2 and "selects no test" in none.stderr
     untouched(root, shas[-1])
 
