@@ -476,6 +476,13 @@ def _pct(v: float | None) -> str:
     return "-" if v is None or v != v else f"{v:+.1f} %"
 
 
+def _num(v: Any) -> str:
+    """A counter as people read it: whole numbers without ``.0``, big ones to 4 digits."""
+    if not isinstance(v, (int, float)) or v != v:
+        return str(v)
+    return f"{v:.4g}" if abs(v) >= 1e6 else (f"{v:g}" if v == int(v) else f"{v:.3g}")
+
+
 def _evidence(t: TestVerdict) -> str:
     parts = [t.outcome]
     if t.decided_by != t.outcome:
@@ -487,7 +494,7 @@ def _evidence(t: TestVerdict) -> str:
         parts.append(f"time {_pct(t.delta_pct)}{ci}")
     for g in t.gates:
         where = f" in {g['op_name']}" if g.get("op_name") else ""
-        parts.append(f"{g['gate']}{where}: {g['baseline']} -> {g['current']}")
+        parts.append(f"{g['gate']}{where}: {_num(g['baseline'])} -> {_num(g['current'])}")
     return ", ".join(parts)
 
 
