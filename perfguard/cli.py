@@ -143,6 +143,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "perfguard.commands.compare",
     "perfguard.commands.report",
     "perfguard.commands.history",
+    "perfguard.commands.bisect",
 )
 
 

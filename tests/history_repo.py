@@ -51,6 +51,17 @@ def git(path: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
+def init_project(root: Path) -> None:
+    """A new git repository in ``root`` (a folder that exists) set up as a pytest project
+    whose perfguard store and output stay untracked."""
+    git(root, "init", "-q", "-b", "main")
+    git(root, "config", "user.email", "ci@example.com")
+    git(root, "config", "user.name", "CI")
+    git(root, "config", "commit.gpgsign", "false")
+    (root / "pytest.ini").write_text("[pytest]\n")
+    (root / ".gitignore").write_text("baselines/\n.perfguard/\n__pycache__/\n")
+
+
 def extra_at(i: int, up: int, down: int) -> int:
     return EXTRA_DOWN if i >= down else EXTRA_UP if i >= up else 0
 
@@ -64,12 +75,7 @@ def build(root: Path, n_commits: int, up: int, down: int, *, nice: int = 10) -> 
     if (root / ".git").exists():
         shas = git(root, "rev-list", "--reverse", "HEAD").split()
     else:
-        git(root, "init", "-q", "-b", "main")
-        git(root, "config", "user.email", "ci@example.com")
-        git(root, "config", "user.name", "CI")
-        git(root, "config", "commit.gpgsign", "false")
-        (root / "pytest.ini").write_text("[pytest]\n")
-        (root / ".gitignore").write_text("baselines/\n.perfguard/\n__pycache__/\n")
+        init_project(root)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
     for i in range(len(shas), n_commits):

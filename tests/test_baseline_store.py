@@ -436,8 +436,10 @@ def _schema(location: Path | str) -> dict[str, list[str]]:
 
 def rewind_to_v1(location: Path | str) -> None:
     """What a v1 store looked like: no kernels table, fingerprint only as JSON, no
-    per-iteration CPU time (v3), no rounds, dtypes or counters (v4), no profiled flag (v5)."""
+    per-iteration CPU time (v3), no rounds, dtypes or counters (v4), no profiled flag (v5),
+    no acceptances (v6)."""
     statements = [
+        "DROP TABLE acceptances",
         "ALTER TABLE samples DROP COLUMN profiled",
         "ALTER TABLE samples DROP COLUMN round",
         "ALTER TABLE ops DROP COLUMN dtypes",

@@ -13,6 +13,7 @@ fail only here, with a one-line :class:`~perfguard.errors.BaselineError`.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -183,17 +184,21 @@ def find_baseline(
     *,
     exclude_run_id: int | None = None,
     max_depth: int = 1000,
+    only: Collection[str] | None = None,
 ) -> BaselineMatch:
     """The latest comparable run on the nearest first-parent ancestor of ``ref`` (ref included).
 
     Commits without runs, and runs from machines ``fingerprint`` cannot be
     compared with, are skipped. ``exclude_run_id`` leaves out the run being
-    measured now (it may already be saved under HEAD's commit).
+    measured now (it may already be saved under HEAD's commit). ``only``: runs of these
+    commits alone count (an acceptance: :mod:`perfguard.baseline.accept`).
     """
     walk = first_parent_commits(repo_path, ref, max_depth=max_depth)
     runs = store.runs()
     if exclude_run_id is not None:
         runs = runs[runs["run_id"] != exclude_run_id]
+    if only is not None:
+        runs = runs[runs["commit"].isin(list(only))]
     distance = {c: i for i, c in enumerate(walk)}
     runs = runs.assign(distance=runs["commit"].map(distance)).dropna(subset=["distance"])
     if runs.empty:

@@ -162,6 +162,19 @@ def _v5_sample_profiled(db: SchemaTarget) -> None:
     _ddl(db, "ALTER TABLE samples ADD COLUMN profiled {int} NOT NULL DEFAULT 1")
 
 
+def _v6_acceptances(db: SchemaTarget) -> None:
+    """v6: accepted changes: from ``commit`` on (its descendants), the test's level there is
+    the one later runs are compared with (:mod:`perfguard.baseline.accept`)."""
+    _ddl(
+        db,
+        """CREATE TABLE acceptances (
+            acceptance_id {id},
+            nodeid TEXT NOT NULL, "commit" TEXT NOT NULL, reason TEXT NOT NULL,
+            time TEXT NOT NULL, author TEXT)""",
+    )
+    db.execute("CREATE INDEX acceptances_nodeid ON acceptances(nodeid)")
+
+
 #: (version reached, migration), in order
 MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (1, _v1_initial),
@@ -169,5 +182,6 @@ MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (3, _v3_sample_cpu_time),
     (4, _v4_rounds_dtypes_counters),
     (5, _v5_sample_profiled),
+    (6, _v6_acceptances),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]

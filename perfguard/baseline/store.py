@@ -525,6 +525,69 @@ class Store:
         """Every test with a record in the store, sorted."""
         return sorted(self._query("SELECT DISTINCT nodeid FROM tests")["nodeid"].tolist())
 
+    # ----------------------------------------------------------------- acceptances
+    def accept(
+        self,
+        nodeid: str,
+        commit: str,
+        reason: str,
+        *,
+        time: str | None = None,
+        author: str | None = None,
+    ) -> int:
+        """Record that ``nodeid``'s level at ``commit`` (a full sha) is intended: runs of
+        that commit and its descendants are compared with runs since it only
+        (:mod:`perfguard.baseline.accept`). Returns the acceptance's id."""
+        from datetime import datetime, timezone
+
+        reason = " ".join(str(reason).split())
+        if not reason:
+            raise BaselineError(f"{self.name}: an acceptance needs a reason")
+        if not nodeid:
+            raise BaselineError(f"{self.name}: an acceptance needs a test node id")
+        when = time or datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+        def write() -> int:
+            with self.db.write():
+                (new,) = self.db.execute(
+                    'INSERT INTO acceptances (nodeid, "commit", reason, time, author) '
+                    "VALUES (?, ?, ?, ?, ?) RETURNING acceptance_id",
+                    (nodeid, commit, reason, when, author),
+                ).fetchone()
+                return int(new)
+
+        return self.db.retry(write)
+
+    def acceptances(self, nodeid: str | None = None) -> pd.DataFrame:
+        """Recorded acceptances (of ``nodeid``, or all), oldest first. Columns:
+        acceptance_id, nodeid, commit, reason, time, author."""
+        where, params = ("WHERE nodeid = ?", [nodeid]) if nodeid else ("", [])
+        df = self._query(
+            f'SELECT acceptance_id, nodeid, "commit", reason, time, author FROM acceptances '
+            f"{where} ORDER BY time, acceptance_id",
+            params,
+        )
+        df["acceptance_id"] = df["acceptance_id"].astype(np.int64)
+        return df
+
+    def _add_acceptances(self, rows: list[dict[str, Any]]) -> int:
+        """Add acceptances not here yet (same test, commit and time) inside the open
+        transaction; returns how many were added."""
+        added = 0
+        for a in rows:
+            found = self.db.execute(
+                'SELECT 1 FROM acceptances WHERE nodeid=? AND "commit"=? AND time=?',
+                (a["nodeid"], a["commit"], a["time"]),
+            ).fetchone()
+            if found is None:
+                self.db.execute(
+                    'INSERT INTO acceptances (nodeid, "commit", reason, time, author) '
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (a["nodeid"], a["commit"], a["reason"], a["time"], a.get("author")),
+                )
+                added += 1
+        return added
+
     def test_rows(self, nodeid: str, table: str) -> pd.DataFrame:
         """One record table of a test across all its stored runs, in one query.
 
@@ -585,6 +648,9 @@ class Store:
             "exported_by": f"perfguard {__version__}",
             "runs": exported,
         }
+        accepted = self._acceptance_rows()
+        if accepted:  # only when there are some: older exports stay byte-identical
+            doc["acceptances"] = accepted
         text = _dumps(doc) + "\n"
         dest = Path(dest)
         tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")
@@ -628,7 +694,13 @@ class Store:
         if runs is not None and not isinstance(runs, list):
             raise BaselineError(f"{src}: 'runs' is not a list")
         parsed = [self._parse_export_run(src, i, e) for i, e in enumerate(runs or [])]
-        done = self._add_runs(lambda: iter(parsed))
+        accepted = doc.get("acceptances") or []
+        keys = ("nodeid", "commit", "reason", "time")
+        if not isinstance(accepted, list) or not all(
+            isinstance(a, dict) and all(isinstance(a.get(k), str) for k in keys) for a in accepted
+        ):
+            raise BaselineError(f"{src}: acceptances are malformed (each needs {', '.join(keys)})")
+        done = self._add_runs(lambda: iter(parsed), accepted)
         return Imported(
             run_ids=tuple(run_id for run_id, _ in done),
             added=tuple(run_id for run_id, new in done if new),
@@ -647,18 +719,26 @@ class Store:
                 info, records = other.load_run(int(run_id))
                 yield info, list(records.values()), version
 
-        added = [new for _, new in self._add_runs(source)]
+        added = [new for _, new in self._add_runs(source, other._acceptance_rows())]
         return sum(added), len(added) - sum(added)
 
+    def _acceptance_rows(self) -> list[dict[str, Any]]:
+        """Every acceptance as a plain row without the store's id (exports, copies)."""
+        rows = self.acceptances().drop(columns="acceptance_id")
+        return _rows(rows.sort_values(["time", "nodeid", "commit"], kind="stable"))
+
     def _add_runs(
-        self, runs: Callable[[], Iterator[tuple[RunInfo, list[TestRecord], str | None]]]
+        self,
+        runs: Callable[[], Iterator[tuple[RunInfo, list[TestRecord], str | None]]],
+        acceptances: Sequence[dict[str, Any]] = (),
     ) -> list[tuple[int, bool]]:
-        """Add the runs ``runs()`` gives that are not here yet, in one transaction:
-        (run_id, whether it was added) for each."""
+        """Add the runs ``runs()`` gives that are not here yet, and the acceptances, in one
+        transaction: (run_id, whether it was added) for each run."""
 
         def write() -> list[tuple[int, bool]]:
             out = []
             with self._write("add runs", exclusive=True):  # exclusive: two imports add once
+                self._add_acceptances(list(acceptances))
                 for info, records, version in runs():
                     existing = self.db.execute(
                         'SELECT run_id FROM runs WHERE "commit"=? AND time=? '

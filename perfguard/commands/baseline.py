@@ -84,6 +84,23 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run_prune, _parser=p)
 
     p = sub.add_parser(
+        "accept",
+        parents=[store_opt],
+        help="record that a test's new level at a commit is intended (later runs compare "
+        "with it)",
+        description="Record in the store that TEST's level at --at is intended: runs of that "
+        "commit and of every commit descending from it are compared with stored runs since "
+        "it only (baseline and noise), and reports show 'accepted at <sha>: <reason>'.",
+    )
+    p.add_argument("test", metavar="TEST", help="the test's node id, as perfguard history lists it")
+    p.add_argument("--at", default="HEAD", metavar="COMMIT",
+                   help="the commit whose level is accepted (default: HEAD)")  # fmt: skip
+    p.add_argument("--reason", required=True, metavar="TEXT", help="why the change is intended")
+    p.add_argument("--repo", default=".", metavar="DIR", help="git repository (default: .)")
+    p.add_argument("--author", metavar="NAME", help="who accepts (default: git's user.email)")
+    p.set_defaults(func=run_accept)
+
+    p = sub.add_parser(
         "migrate",
         parents=[store_opt],
         help="copy every run of the store into another one (e.g. a PostgreSQL server)",
@@ -120,6 +137,9 @@ def run_list(args: argparse.Namespace) -> int:
 
     with open_store(args.store, create=False) as store:
         runs = store.runs(commit=args.commit)
+        accepted = store.acceptances()
+    if args.commit:
+        accepted = accepted[accepted["commit"].str.startswith(args.commit)]
     if runs.empty:
         print(f"no runs in {args.store}" + (f" for commit {args.commit}" if args.commit else ""))
         return 0
@@ -130,6 +150,44 @@ def run_list(args: argparse.Namespace) -> int:
         machine=[_machine(r) for r in runs.itertuples()],
     )[["run_id", "commit", "branch", "dirty", "time", "n_tests", "machine"]]
     print(table.rename(columns={"n_tests": "tests"}).to_string(index=False))
+    if not accepted.empty:
+        print(f"\n{len(accepted)} acceptance(s):")
+        print(accepted_table(accepted))
+    return 0
+
+
+def accepted_table(accepted: Any) -> str:
+    """Acceptances as a table: id, test, commit, time, author, reason."""
+    table = accepted.assign(commit=accepted["commit"].str[:12],
+                            author=accepted["author"].fillna(""))  # fmt: skip
+    cols = ["acceptance_id", "nodeid", "commit", "time", "author", "reason"]
+    return str(table[cols].rename(columns={"acceptance_id": "id", "nodeid": "test"})
+               .to_string(index=False))  # fmt: skip
+
+
+def run_accept(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from perfguard.baseline.git import resolve
+    from perfguard.baseline.store import open_store
+    from perfguard.errors import BaselineError
+
+    commit = resolve(args.repo, args.at)
+    author = args.author
+    if author is None:
+        done = subprocess.run(["git", "-C", str(args.repo), "config", "user.email"],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        author = done.stdout.strip() or None
+    with open_store(args.store, create=False) as store:
+        if args.test not in store.nodeids():
+            raise BaselineError(
+                f"{store.name}: no stored run of {args.test!r} (perfguard history lists the "
+                "stored tests)"
+            )
+        new = store.accept(args.test, commit, args.reason, author=author)
+    reason = " ".join(args.reason.split())
+    print(f"accepted {args.test} at {commit[:12]} (acceptance {new}): {reason}")
+    print(f"runs of {commit[:12]} and its descendants are compared with runs since it only")
     return 0
 
 

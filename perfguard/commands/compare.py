@@ -254,7 +254,7 @@ def run_ab(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="perfguard-compare-") as tmp:
         out = Path(tmp)
         argv = [sys.executable, "-m", "pytest", *shlex.split(args.pytest_args), "--perfguard",
-                f"--perfguard-against={args.against}", "--perfguard-output", str(out),
+                f"--perfguard-against={args.against}", f"--perfguard-output={out}",
                 f"--perfguard-tolerance={args.tolerance}", "-p", "no:cacheprovider",
                 "-q"]  # fmt: skip
         done = subprocess.run(argv, cwd=tree, check=False)

@@ -49,17 +49,31 @@ def _counter_text(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _print_history(hist: Any) -> None:
+def _accepted_on(store: Any, nodeid: str, repo: str, ref: str) -> list[Any]:
+    """The test's acceptances whose commit is on the history of ``ref``, oldest first."""
+    from perfguard.baseline.accept import Acceptance, since
+
+    out = []
+    for a in store.acceptances(nodeid).itertuples(index=False):
+        commits = since(repo, str(a.commit), ref)
+        if commits is not None:
+            out.append(Acceptance(str(a.nodeid), str(a.commit), str(a.reason), str(a.time),
+                                  a.author, commits))  # fmt: skip
+    return out
+
+
+def _print_history(hist: Any, accepted: list[Any] = ()) -> None:  # type: ignore[assignment]
     import pandas as pd
 
     levels, counters = hist.levels, hist.counters.set_index("run_id")
     shown = [c for c in SHOWN_COUNTERS if c in counters.columns]
     shown += sorted(c for c in counters.columns if c not in shown)[: max(0, 6 - len(shown))]
     cps = {cp.index: cp for cp in hist.change_points}
+    marks = {a.commit for a in accepted}
     rows = []
     for i, r in enumerate(levels.itertuples(index=False)):
         row = {
-            "": "*" if i in cps else "",
+            "": ("*" if i in cps else "") + ("A" if r.commit in marks else ""),
             "run": r.run_id,
             "commit": r.commit[:10],
             "time": str(r.time)[:19],
@@ -73,6 +87,8 @@ def _print_history(hist: Any) -> None:
     machine = (fp.gpu_name or f"CPU {fp.cpu}".strip()) + f" [{fp.backend or '?'}] @ {fp.host}"
     print(f"{hist.nodeid}: {len(levels)} run(s) on {machine}")
     print(pd.DataFrame(rows).to_string(index=False))
+    for a in accepted:
+        print(f"{a.describe()} ({a.time}{', ' + a.author if a.author else ''}; A above)")
     if not hist.change_points:
         print("no change points")
         return
@@ -104,12 +120,15 @@ def run(args: argparse.Namespace) -> int:
                 if args.test:
                     raise
                 continue  # a test with no run on this history: not listed
+            accepted = _accepted_on(store, nodeid, args.repo, args.ref)
             if args.test:
-                _print_history(hist)
+                _print_history(hist, accepted)
                 continue
             last = hist.change_points[-1] if hist.change_points else None
             moved = f"; last change {last.commit[:10]} {last.change_pct:+.1f} %" if last else ""
+            last_ok = accepted[-1] if accepted else None
+            shown = f"; {last_ok.describe()}" if last_ok else ""
             print(f"{nodeid}: {len(hist.levels)} run(s), latest "
                   f"{_human(float(hist.levels['value'].iloc[-1]))}, "
-                  f"{len(hist.change_points)} change point(s){moved}")  # fmt: skip
+                  f"{len(hist.change_points)} change point(s){moved}{shown}")  # fmt: skip
     return 0

@@ -111,6 +111,8 @@ class TestEntry:
     baseline_commit: str | None = None
     #: a regressed test's capture as a Perfetto/Chrome trace, relative to the report
     timeline: str | None = None
+    #: the acceptance this test was judged under: commit, reason, time, author
+    accepted: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -140,6 +142,12 @@ class TestEntry:
         if self.outcome in (Outcome.ERROR, Outcome.CRASHED) and self.error:
             return self.error
         return self.message or (self.error or "")
+
+    @property
+    def accepted_text(self) -> str:
+        """``accepted at <sha>: <reason>`` when judged under an acceptance, else ""."""
+        a = self.accepted
+        return f"accepted at {(a.get('commit') or '')[:12]}: {a.get('reason')}" if a else ""
 
     @property
     def wait(self) -> float | None:
@@ -217,10 +225,25 @@ class TestEntry:
         vals["notes"] = _notes(test.get("notes"), source, f"{where}.notes")
         vals["timing"] = _timing(test.get("timing"), source, f"{where}.timing")
         vals["gates"] = _gates(test.get("gates"), source, f"{where}.gates")
+        vals["accepted"] = _accepted(test.get("accepted"), source, f"{where}.accepted")
         entry = cls(**vals)
         if schema < 2:
             _from_schema1(entry)
         return entry
+
+
+def _accepted(value: Any, source: str, where: str) -> dict[str, Any] | None:
+    """An acceptance: ``commit`` and ``reason`` (text), ``time`` and ``author`` (text or null)."""
+    if value is None:
+        return None
+    _need(isinstance(value, dict), source, where, "an object", value)
+    out = {}
+    for key in ("commit", "reason", "time", "author"):
+        text = _text(value.get(key), source, f"{where}.{key}")
+        _need(key not in ("commit", "reason") or bool(text), source, f"{where}.{key}",
+              "a string", value.get(key))  # fmt: skip
+        out[key] = text
+    return out
 
 
 def _from_schema1(entry: TestEntry) -> None:

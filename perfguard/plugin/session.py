@@ -128,6 +128,8 @@ class PerfguardSession:
         self.worker_id: str | None = workerinput["workerid"] if workerinput else None
         self.entries: dict[str, dict[str, Any]] = {}
         self.records: dict[str, TestRecord] = {}
+        #: nodeid -> the acceptance (perfguard.baseline.accept) it was judged under
+        self.accepted: dict[str, Any] = {}
         self.notes: list[str] = []
         self.saved_run_id: int | None = None
         self.save_error: str | None = None
@@ -650,6 +652,9 @@ class PerfguardSession:
         """Keep the record and the verdict; a regression fails the test here."""
         self.records[item.nodeid] = record
         entry = comparison.to_dict()
+        accepted = self.accepted.get(item.nodeid) if comparison.mode == "store" else None
+        if accepted is not None:
+            entry["accepted"] = accepted.to_dict()
         entry.update(
             timeline=timeline,
             load=record.meta.get("load"),
@@ -764,6 +769,12 @@ class PerfguardSession:
         from perfguard.compare.judge import Against
 
         match = self.match
+        accepted = self._acceptance(record.nodeid)
+        if accepted is not None and not (match is not None and match.commit in accepted.commits):
+            assert self._store is not None and self.git is not None and self.baseline_ref
+            # runs from before the acceptance no longer count: the nearest one since it
+            match = find_baseline(self._store, self.git.root, self.baseline_ref,
+                                  self.fingerprint, only=accepted.commits)  # fmt: skip
         if match is not None and match.status == "incomparable":
             return Against(incompatibility=match.reason or "machines differ")
         if match is None or not match.found or self._store is None:
@@ -779,7 +790,7 @@ class PerfguardSession:
             if theirs and theirs != record.meta.get("backend"):
                 reason = f"backend differs: {theirs!r} (baseline) vs {record.meta['backend']!r}"
         waits = [r.meta.get("wait") for r in records if r.meta.get("wait") is not None]
-        history = self._history_levels(record.nodeid, record.metric)
+        history = self._history_levels(record.nodeid, record.metric, accepted)
         return Against(
             records=records, commit=match.commit, run_found=True, incompatibility=reason,
             history=history, wait=float(np.median(waits)) if waits else float("nan"),
@@ -798,7 +809,23 @@ class PerfguardSession:
         first = int(match.run_id or 0)
         return [first] + [r for r in ok if r != first]
 
-    def _history_levels(self, nodeid: str, metric: str) -> np.ndarray:
+    def _acceptance(self, nodeid: str) -> Any:
+        """The acceptance of ``nodeid`` that applies to HEAD (store mode), remembered for
+        the test's entry; None when there is none (or no store or git to ask)."""
+        from perfguard.baseline.accept import applicable
+
+        if self._store is None or self.git is None or not self.baseline_ref:
+            return None
+        try:
+            found = applicable(self._store, self.git.root, nodeid, self.git.commit)
+        except PerfguardError:
+            return None
+        if found is not None:
+            self.accepted[nodeid] = found
+        return found
+
+    def _history_levels(self, nodeid: str, metric: str, accepted: Any = None) -> np.ndarray:
+        """The test's run levels on this machine (its noise); since the acceptance, if any."""
         if self._store is None:
             return np.zeros(0)
         try:
@@ -806,6 +833,8 @@ class PerfguardSession:
         except PerfguardError:
             return np.zeros(0)
         rows = rows[rows["metric"] == metric]
+        if accepted is not None:
+            rows = rows[rows["commit"].isin(list(accepted.commits))]
         return rows["median_ns"].to_numpy(dtype=np.float64)
 
     def _history(self, nodeid: str) -> list[dict[str, Any]]:

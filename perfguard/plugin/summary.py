@@ -50,12 +50,14 @@ def top_op(entry: TestEntry) -> str:
 
 
 def why(entry: TestEntry) -> str:
-    """The op behind a regression or improvement; the reason for everything else."""
+    """The op behind a regression or improvement; the reason for everything else
+    (after the acceptance it was judged under, if any)."""
+    text = entry.reason or "-"
     if entry.outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
         op = top_op(entry)
         if op:
-            return f"top op {op}"
-    return entry.reason or "-"
+            text = f"top op {op}"
+    return f"{entry.accepted_text}; {text}" if entry.accepted else text
 
 
 def _clip(text: str, width: int, keep_end: bool = False) -> str:

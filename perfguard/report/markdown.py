@@ -110,8 +110,10 @@ def _line(t: TestEntry) -> str:
     evidence = _evidence(t) if t.outcome.judged else ""
     head = f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: "
     if evidence:
-        return f"{head}{evidence}{_top_op(t)}  \n  {_text(t.reason, _MAX_REASON)}"
-    return f"{head}{_text(t.reason, _MAX_REASON) or o}"
+        line = f"{head}{evidence}{_top_op(t)}  \n  {_text(t.reason, _MAX_REASON)}"
+    else:
+        line = f"{head}{_text(t.reason, _MAX_REASON) or o}"
+    return line + (f"  \n  {_text(t.accepted_text, _MAX_REASON)}" if t.accepted else "")
 
 
 def _count(x: float | None) -> str:
@@ -163,7 +165,8 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
             out.append(
                 f"| {_code(t.nodeid, table=True)} | {t.outcome.value} | {fmt_pct(t.delta_pct)} "
                 f"| {fmt_p(t.p_value)} | {fmt_ns(t.median_baseline_ns)} → "
-                f"{fmt_ns(t.median_current_ns)} | {_text(t.reason, _MAX_REASON)} |"
+                f"{fmt_ns(t.median_current_ns)} | "
+                f"{_text('; '.join(filter(None, [t.accepted_text, t.reason])), _MAX_REASON)} |"
             )
         if len(rest) > _MAX_ROWS:
             out.append(f"\n… and {len(rest) - _MAX_ROWS} more (see the report)")

@@ -1,0 +1,539 @@
+"""``perfguard bisect GOOD BAD``: the first commit where the selected tests regressed.
+
+A real ``git bisect`` with perfguard's verdict as the oracle. Each
+candidate commit is judged against GOOD, the same way a pull request is:
+
+* **store**: when the store holds a run of every selected test at the
+  candidate and at GOOD on comparable machines, the stored records are
+  judged (store mode: GOOD's runs pooled, the test's noise from its history
+  on that machine), nothing is measured;
+* **A/B** otherwise: ``pytest --perfguard --perfguard-against=GOOD`` runs in
+  a worktree of the candidate (alternating rounds of both trees, each a
+  fresh process: :mod:`perfguard.plugin.ab`), and its ``results.json`` is
+  the verdict; each step keeps its ``report.html``.
+
+``--oracle`` picks which half decides: the whole verdict, the deterministic
+gates only (exact on any machine: a perfect oracle on a CPU runner), or the
+timing only. A candidate is ``bad`` when a test regressed, ``good`` when
+every test was judged unchanged or improved, and ``skip`` (``git bisect
+skip``) when a test could not be judged (noisy, error, not-judged ...).
+
+The bisection runs in a detached worktree in the repository's git folder
+(``perfguard-bisect/``): bisect state is per worktree, so the user's
+checkout, index and ``BISECT_*`` files are never touched, and the worktree
+is reset and removed whatever happens (error, Ctrl-C, SIGTERM). BAD is
+judged first: a BAD that is not regressed against GOOD (unchanged, or
+faster: GOOD already regressed, or the two swapped) is a one-line error,
+as are refs git cannot resolve and a GOOD that is not an ancestor of BAD.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfguard.errors import BaselineError, CompareError
+
+__all__ = ["BisectResult", "Settings", "Step", "TestVerdict", "bisect", "mark_of"]
+
+#: which half of the verdict decides a candidate
+ORACLES = ("verdict", "gates", "timing")
+#: how candidates are measured
+MODES = ("auto", "store", "ab")
+#: gate findings kept per test in the evidence
+TOP_FINDINGS = 5
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to bisect and how (the CLI's options)."""
+
+    good: str
+    bad: str
+    pytest_args: tuple[str, ...] = ()  # the selection (-k, node ids) and any pytest options
+    mode: str = "auto"
+    oracle: str = "verdict"
+    tolerance: float | None = None  # None: the marker's, else perfguard's default
+    store: str | os.PathLike[str] | None = None
+    repo: Path = Path(".")
+    output: Path = Path(".perfguard") / "bisect"
+    timeout: float = 3600.0  # per A/B step
+
+
+@dataclass
+class TestVerdict:
+    """One test's verdict at one candidate, as the evidence shows it."""
+
+    __test__ = False
+
+    nodeid: str
+    outcome: str  # the whole verdict's outcome
+    decided_by: str  # the outcome of the half the oracle reads
+    message: str = ""
+    delta_pct: float | None = None
+    ci_low_pct: float | None = None
+    ci_high_pct: float | None = None
+    gates: list[dict[str, Any]] = field(default_factory=list)  # the findings that fired
+
+
+@dataclass
+class Step:
+    """One commit the bisection judged."""
+
+    commit: str
+    subject: str
+    mark: str  # good | bad | skip
+    mode: str  # store | ab
+    tests: list[TestVerdict] = field(default_factory=list)
+    seconds: float = 0.0
+    report: str | None = None  # the A/B step's report.html
+    note: str = ""
+
+
+@dataclass
+class BisectResult:
+    """The first bad commit (or the candidates skips left), and every step's evidence."""
+
+    good: str
+    bad: str
+    oracle: str
+    first_bad: str | None
+    subject: str = ""
+    candidates: list[str] = field(default_factory=list)  # when skips left several
+    steps: list[Step] = field(default_factory=list)
+    selected: list[str] = field(default_factory=list)
+    log: str = ""  # git bisect log
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite(asdict(self))
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------- git
+
+
+def _git(root: Path, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode not in ok:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["git failed"]
+        raise BaselineError(f"{root}: git {args[0]}: {tail[0]}")
+    return done
+
+
+def _resolve(root: Path, ref: str, what: str) -> str:
+    if not ref or ref.startswith("-"):
+        raise BaselineError(f"{root}: {what} {ref!r} is not a git ref")
+    done = _git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", ok=(0, 1))
+    if done.returncode != 0 or not done.stdout.strip():
+        raise BaselineError(f"{root}: {what} {ref!r}: git cannot resolve it to a commit")
+    return done.stdout.strip()
+
+
+def _subject(root: Path, sha: str) -> str:
+    return _git(root, "log", "-1", "--format=%s", sha).stdout.strip()
+
+
+def _check_range(root: Path, good: str, bad: str, names: tuple[str, str]) -> None:
+    if good == bad:
+        raise BaselineError(f"{root}: GOOD {names[0]} and BAD {names[1]} are the same commit")
+    if _git(root, "merge-base", "--is-ancestor", good, bad, ok=(0, 1)).returncode != 0:
+        swapped = _git(root, "merge-base", "--is-ancestor", bad, good, ok=(0, 1)).returncode == 0
+        hint = " (it is a descendant: are GOOD and BAD swapped?)" if swapped else ""
+        raise BaselineError(f"{root}: GOOD {names[0]} is not an ancestor of BAD {names[1]}{hint}")
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM ends a bisection as Ctrl-C does, so the worktree is always cleaned up."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _bisect_worktree(root: Path, good: str, bad: str) -> Iterator[Path]:
+    """A detached worktree at BAD in the git folder; reset and removed on the way out,
+    with GOOD's A/B worktree (``perfguard-ab/``) when the bisection made it."""
+    common = (root / _git(root, "rev-parse", "--git-common-dir").stdout.strip()).resolve()
+    folder = common / "perfguard-bisect"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"run-{os.getpid()}-{int(time.time())}"
+    base = common / "perfguard-ab" / f"base-{good[:12]}"  # where A/B mode checks GOOD out
+    made = [path] + ([] if base.exists() else [base])
+    _git(root, "worktree", "add", "--detach", "--force", str(path), bad)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(path), "bisect", "reset"], capture_output=True,
+                       check=False)  # fmt: skip
+        for tree in made:
+            if tree.exists():
+                subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force",
+                                str(tree)], capture_output=True, check=False)  # fmt: skip
+        subprocess.run(["git", "-C", str(root), "worktree", "prune"], capture_output=True,
+                       check=False)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the oracle
+
+
+def mark_of(outcome: str) -> str:
+    """How one test's outcome (of the half the oracle reads) marks a commit."""
+    if outcome == "regressed":
+        return "bad"
+    if outcome in ("unchanged", "improved"):
+        return "good"
+    return "skip"
+
+
+def _commit_mark(tests: list[TestVerdict]) -> str:
+    marks = {mark_of(t.decided_by) for t in tests}
+    if "bad" in marks:
+        return "bad"
+    if not tests or "skip" in marks:
+        return "skip"
+    return "good"
+
+
+def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
+    """A results.json entry (or a TestComparison's dict) as evidence, read by ``oracle``."""
+    gates = entry.get("gates") or {}
+    timing = entry.get("timing") or {}
+    decided = entry.get("outcome", "not-judged")
+    if oracle == "gates":
+        decided = gates.get("outcome") or "not-judged"
+    elif oracle == "timing":
+        decided = timing.get("outcome") or "not-judged"
+    fired = [
+        {k: f.get(k) for k in ("gate", "op_name", "kernel_name", "baseline", "current", "budget")}
+        for f in (gates.get("regressions") or [])[:TOP_FINDINGS]
+    ]
+    return TestVerdict(
+        nodeid=str(entry.get("nodeid")), outcome=str(entry.get("outcome")),
+        decided_by=str(decided), message=str(entry.get("message") or ""),
+        delta_pct=entry.get("delta_pct"), ci_low_pct=entry.get("ci_low_pct"),
+        ci_high_pct=entry.get("ci_high_pct"), gates=fired,
+    )  # fmt: skip
+
+
+class _StoreOracle:
+    """Verdicts from stored runs: the candidate's latest comparable run against GOOD's."""
+
+    def __init__(self, location: str | os.PathLike[str], good: str, nodeids: list[str]) -> None:
+        from perfguard.baseline.store import open_store
+
+        self.store = open_store(location, create=False)
+        self.nodeids = nodeids
+        self.good = good
+        runs = self.store.runs()
+        self.runs = runs
+        self.good_runs = self._runs_with_tests(good, None)
+        #: the machine the bisection compares on: GOOD's latest run with every test
+        self.fingerprint = (
+            runs.set_index("run_id").at[self.good_runs[0], "fingerprint"]
+            if self.good_runs else None
+        )  # fmt: skip
+        if self.fingerprint is not None:
+            self.good_runs = self._runs_with_tests(good, self.fingerprint)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def _runs_with_tests(self, commit: str, fingerprint: Any) -> list[int]:
+        """Runs of ``commit`` holding every selected test (on ``fingerprint``'s machines),
+        latest first."""
+        runs = self.runs[self.runs["commit"] == commit].sort_values(
+            ["time", "run_id"], ascending=False
+        )
+        out = []
+        for row in runs.itertuples(index=False):
+            if fingerprint is not None and fingerprint.incompatibility(row.fingerprint):
+                continue
+            have = set(self.store.load_run(int(row.run_id))[1]) if self.nodeids else set()
+            if set(self.nodeids) <= have:
+                out.append(int(row.run_id))
+        return out
+
+    def judge(self, sha: str, settings: Settings) -> list[TestVerdict] | None:
+        """The verdicts at ``sha``, or None when the store cannot give them all."""
+        if self.fingerprint is None or not self.nodeids:
+            return None
+        mine = self._runs_with_tests(sha, self.fingerprint)
+        if not mine:
+            return None
+        import numpy as np
+
+        from perfguard.compare.gates import parse_gates
+        from perfguard.compare.judge import TOLERANCE, Against, JudgeSettings, judge
+
+        out = []
+        for nodeid in self.nodeids:
+            current = self.store.load_test(mine[0], nodeid)
+            base = [self.store.load_test(r, nodeid) for r in self.good_runs]
+            base = [b for b in base if b is not None]
+            assert current is not None
+            hist = self.store.history(nodeid, fingerprint=self.fingerprint, limit=50)
+            hist = hist[hist["metric"] == current.metric]["median_ns"].to_numpy(np.float64)
+            waits = [b.meta.get("wait") for b in base if b.meta.get("wait") is not None]
+            marker = current.meta.get("marker") or {}
+            tol = settings.tolerance
+            if tol is None:
+                tol = current.meta.get("tolerance") or TOLERANCE
+            against = Against(
+                records=base, mode="store", commit=self.good, run_found=True, history=hist,
+                wait=float(np.median(waits)) if waits else float("nan"),
+            )  # fmt: skip
+            verdict = judge(current, against, JudgeSettings(
+                tolerance=float(tol), gates=parse_gates(marker.get("gates")),
+            ))  # fmt: skip
+            out.append(_verdict(verdict.to_dict(), settings.oracle))
+        return out
+
+
+def _ab_step(tree: Path, good: str, settings: Settings, out: Path) -> tuple[list[TestVerdict], str]:
+    """One A/B session in ``tree`` (the candidate) against GOOD; its verdicts and a note."""
+    out.mkdir(parents=True, exist_ok=True)
+    # every value as --opt=value: pytest takes a bare argument outside the tree as a path
+    # when it picks the rootdir, which would put the session outside the git worktree
+    argv = [sys.executable, "-m", "pytest", *settings.pytest_args, "--perfguard",
+            f"--perfguard-against={good}", f"--perfguard-output={out.resolve()}",
+            "--perfguard-fail-on=never", "-p", "no:cacheprovider", "-q"]  # fmt: skip
+    if settings.tolerance is not None:
+        argv.append(f"--perfguard-tolerance={settings.tolerance}")
+    try:
+        done = subprocess.run(argv, cwd=tree, capture_output=True, text=True,
+                              timeout=settings.timeout, check=False)  # fmt: skip
+        log = (done.stdout or "") + (done.stderr or "")
+        code: int | str = done.returncode
+    except subprocess.TimeoutExpired:
+        log, code = "", f"timed out after {settings.timeout:g} s"
+    (out / "pytest.log").write_text(log, encoding="utf-8", errors="replace")
+    try:
+        doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        last = [ln for ln in log.strip().splitlines() if ln.strip()][-1:] or ["no output"]
+        return [], f"the A/B session wrote no results (pytest: {code}; {last[0][:300]})"
+    tests = [_verdict(t, settings.oracle) for t in doc.get("tests", [])]
+    return tests, ""
+
+
+# --------------------------------------------------------------------------- the bisection
+
+
+def _selected(tree: Path, pytest_args: tuple[str, ...]) -> list[str]:
+    """The node ids the selection names (pytest's own collection, in BAD's tree)."""
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+            *pytest_args]  # fmt: skip
+    done = subprocess.run(argv, cwd=tree, capture_output=True, text=True, check=False)
+    ids = [ln.strip() for ln in done.stdout.splitlines() if "::" in ln and " " not in ln.strip()]
+    if not ids:
+        tail = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()][-1:]
+        raise CompareError(
+            f"{tree}: the pytest selection {shlex.join(pytest_args) or '(none)'} selects no "
+            f"test at BAD ({tail[0][:200] if tail else 'no output'})"
+        )
+    return ids
+
+
+_FIRST_BAD = re.compile(r"^([0-9a-f]{40}) is the first bad commit", re.M)
+
+
+def bisect(settings: Settings, say: Callable[[str], None] = lambda line: None) -> BisectResult:
+    """Run the bisection (module docstring); ``say`` gets one progress line per step."""
+    if settings.mode not in MODES:
+        raise CompareError(f"unknown mode {settings.mode!r}: choose from {', '.join(MODES)}")
+    if settings.oracle not in ORACLES:
+        raise CompareError(f"unknown oracle {settings.oracle!r}: choose from {', '.join(ORACLES)}")
+    repo = Path(settings.repo).resolve()
+    top = _git(repo, "rev-parse", "--show-toplevel").stdout.strip()
+    if not top:
+        raise BaselineError(f"{repo}: not inside a git work tree")
+    root = Path(top)
+    rel = repo.relative_to(root.resolve()) if repo.is_relative_to(root.resolve()) else Path(".")
+    good = _resolve(root, settings.good, "GOOD")
+    bad = _resolve(root, settings.bad, "BAD")
+    _check_range(root, good, bad, (settings.good, settings.bad))
+    result = BisectResult(good=good, bad=bad, oracle=settings.oracle, first_bad=None)
+    output = Path(settings.output)
+    with _interruptible(), _bisect_worktree(root, good, bad) as wt:
+        tree = wt / rel
+        result.selected = _selected(tree, settings.pytest_args)
+        store = None
+        if settings.mode in ("auto", "store") and settings.store is not None:
+            from perfguard.baseline.store import store_location
+
+            location = store_location(settings.store)
+            if isinstance(location, Path) and not location.is_absolute():
+                location = (repo / location) if not location.exists() else location
+            if isinstance(location, str) or location.is_file():
+                store = _StoreOracle(location, good, result.selected)
+        if settings.mode == "store" and (store is None or store.fingerprint is None):
+            raise CompareError(
+                f"--mode store: no stored run of {', '.join(result.selected)} at GOOD "
+                f"{good[:12]} in {settings.store}"
+            )
+        try:
+            steps: dict[str, Step] = {}
+
+            def judge(sha: str) -> Step:
+                if sha in steps:
+                    return steps[sha]
+                t0 = time.monotonic()
+                step = Step(commit=sha, subject=_subject(root, sha), mark="skip", mode="store")
+                tests = store.judge(sha, settings) if store is not None else None
+                if tests is None and settings.mode == "store":
+                    step.note = "no stored run of every selected test at this commit"
+                    tests = []
+                elif tests is None:
+                    step.mode = "ab"
+                    folder = output / f"step-{len(steps) + 1:02d}-{sha[:10]}"
+                    tests, step.note = _ab_step(tree, good, settings, folder)
+                    if (folder / "report.html").is_file():
+                        step.report = str(folder / "report.html")
+                step.tests = tests
+                step.mark = _commit_mark(tests)
+                step.seconds = time.monotonic() - t0
+                steps[sha] = step
+                result.steps.append(step)
+                say(_step_line(step))
+                return step
+
+            first = judge(bad)
+            if first.mark != "bad":
+                raise CompareError(_not_regressed(first, settings))
+            started = _git(wt, "bisect", "start", bad, good).stdout
+            text = started
+            while not _FIRST_BAD.search(text):
+                if "only 'skip'ped commits left" in text:
+                    result.candidates = re.findall(r"^([0-9a-f]{40})$", text, re.M)
+                    break
+                sha = _git(wt, "rev-parse", "HEAD").stdout.strip()
+                step = judge(sha)
+                done = _git(wt, "bisect", step.mark, ok=(0, 1, 2))
+                text = done.stdout + done.stderr
+            found = _FIRST_BAD.search(text)
+            if found:
+                result.first_bad = found.group(1)
+                result.subject = _subject(root, result.first_bad)
+            result.log = _git(wt, "bisect", "log", ok=(0, 1)).stdout
+        finally:
+            if store is not None:
+                store.close()
+    return result
+
+
+def _not_regressed(step: Step, settings: Settings) -> str:
+    why = "; ".join(f"{t.nodeid}: {t.decided_by}" for t in step.tests) or step.note or "no tests"
+    if any(t.decided_by == "improved" for t in step.tests):
+        return (
+            f"BAD {settings.bad} is faster than GOOD {settings.good} ({why}): is GOOD itself "
+            "the regressed one, or are GOOD and BAD swapped?"
+        )
+    if step.mark == "skip":
+        return f"BAD {settings.bad} cannot be judged against GOOD {settings.good} ({why})"
+    return (
+        f"BAD {settings.bad} is not regressed against GOOD {settings.good} ({why}): "
+        "nothing to bisect"
+    )
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v:+.1f} %"
+
+
+def _num(v: Any) -> str:
+    """A counter as people read it: whole numbers without ``.0``, big ones to 4 digits."""
+    if not isinstance(v, (int, float)) or v != v:
+        return str(v)
+    return f"{v:.4g}" if abs(v) >= 1e6 else (f"{v:g}" if v == int(v) else f"{v:.3g}")
+
+
+def _evidence(t: TestVerdict) -> str:
+    parts = [t.outcome]
+    if t.decided_by != t.outcome:
+        parts.append(f"oracle read {t.decided_by}")
+    if t.delta_pct is not None:
+        ci = ""
+        if t.ci_low_pct is not None and t.ci_high_pct is not None:
+            ci = f" [{_pct(t.ci_low_pct)} .. {_pct(t.ci_high_pct)}]"
+        parts.append(f"time {_pct(t.delta_pct)}{ci}")
+    for g in t.gates:
+        where = f" in {g['op_name']}" if g.get("op_name") else ""
+        parts.append(f"{g['gate']}{where}: {_num(g['baseline'])} -> {_num(g['current'])}")
+    return ", ".join(parts)
+
+
+def _step_line(step: Step) -> str:
+    tests = "; ".join(f"{t.nodeid}: {_evidence(t)}" for t in step.tests) or step.note
+    return (f"{step.commit[:10]} {step.mark:<4} [{step.mode}, {step.seconds:.0f} s] "
+            f"{step.subject[:50]}: {tests}")  # fmt: skip
+
+
+def format_text(result: BisectResult) -> str:
+    """The terminal report: the answer first, then each step's evidence."""
+    lines = []
+    if result.first_bad:
+        lines.append(f"first bad commit: {result.first_bad} {result.subject}")
+    elif result.candidates:
+        lines.append("skipped commits hide the first bad one; it is one of: "
+                     + ", ".join(c[:12] for c in result.candidates))  # fmt: skip
+    else:
+        lines.append("no first bad commit found")
+    lines.append(f"GOOD {result.good[:12]}  BAD {result.bad[:12]}  oracle: {result.oracle}; "
+                 f"tests: {', '.join(result.selected)}")  # fmt: skip
+    lines.append(f"{len(result.steps)} commit(s) judged:")
+    lines += [f"  {_step_line(s)}" for s in result.steps]
+    return "\n".join(lines)
+
+
+def format_markdown(result: BisectResult) -> str:
+    """The same as Markdown (a PR comment or an issue)."""
+    head = (f"**First bad commit:** `{result.first_bad[:12]}` {result.subject}"
+            if result.first_bad else "**No single first bad commit** (skipped commits): "
+            + ", ".join(f"`{c[:12]}`" for c in result.candidates))  # fmt: skip
+    rows = ["| commit | subject | mark | mode | evidence |", "|---|---|---|---|---|"]
+    for s in result.steps:
+        ev = "<br>".join(f"`{t.nodeid}`: {_evidence(t)}" for t in s.tests) or s.note
+        ev = ev.replace("|", "\\|")
+        rows.append(f"| `{s.commit[:10]}` | {s.subject.replace('|', '/')} | **{s.mark}** | "
+                    f"{s.mode} | {ev} |")  # fmt: skip
+    return "\n".join([
+        "# perfguard bisect", "", head, "",
+        f"GOOD `{result.good[:12]}`, BAD `{result.bad[:12]}`, oracle: {result.oracle}; "
+        f"tests: {', '.join(f'`{n}`' for n in result.selected)}", "", *rows, "",
+    ])  # fmt: skip
