@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from perfguard import load_trace
@@ -31,7 +32,8 @@ def capture_steps(
     for _ in gp.iterations():
         step()
     assert cap.error is None, cap.error
-    assert gp.completed and len(gp.wall_times_ns) == iterations
+    # on the CPU one timing round runs with the profiler off, then the profiled round
+    assert gp.completed and gp.profiled == [False] * iterations + [True] * iterations
     return analyze(load_trace(cap.path)), gp
 
 
@@ -46,7 +48,9 @@ def compare(base: tuple[Analysis, GpuProfile], head: tuple[Analysis, GpuProfile]
     """The verdict's per-op table for ``head`` against ``base`` (what a PR would be shown)."""
     records = [
         record_from_analysis(
-            "test_step", a, wall_times_ns=gp.wall_times_ns, cpu_times_ns=gp.cpu_times_ns
+            "test_step", a, wall_times_ns=np.asarray(gp.wall_times_ns),
+            cpu_times_ns=np.asarray(gp.cpu_times_ns), rounds=np.asarray(gp.round_of),
+            profiled=np.asarray(gp.profiled),
         )
         for a, gp in (base, head)
     ]
