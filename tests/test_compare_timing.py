@@ -142,3 +142,19 @@ def test_budget_arithmetic() -> None:
     assert not Budget("rel", 0.01).exceeded(1e9, 1.005e9)
     assert Budget("rel", 0.01).exceeded(1e9, 1.02e9)
     assert not Budget("off").exceeded(0, 1e9)
+
+
+def test_round_value_is_the_fastest_host_step_and_the_median_gpu_step():
+    """A stray slow step (another process, a page fault) moves neither; work added to
+    every step moves both by its size (record.ROUND_STATISTIC)."""
+    from perfguard.baseline.record import round_statistic, round_value
+
+    steps = np.array([5.0, 4.0, 4.2, 40.0, 4.1, np.nan])
+    assert round_value(steps, "wall_time") == 4.0
+    assert round_value(steps, "cpu_time") == 4.0
+    assert round_value(steps, "gpu_time") == np.median([5.0, 4.0, 4.2, 40.0, 4.1])
+    assert round_value(steps + 1.0, "wall_time") - round_value(steps, "wall_time") == 1.0
+    assert np.isnan(round_value(np.array([]), "wall_time"))
+    assert [round_statistic(m) for m in ("gpu_time", "wall_time", "cpu_time")] == [
+        "median", "min", "min",
+    ]

@@ -1,9 +1,10 @@
 """A test's history across stored commits, and the change points in it.
 
 One value per stored run (:func:`run_levels`: the median over the run's
-rounds of each round's median, the same reduction the verdict makes of a
-run), in first-parent order of the branch on one machine fingerprint, and
-the commits where its level moved (:func:`find_change_points`).
+rounds of each round's value, :func:`~perfguard.baseline.record.round_value`,
+the same reduction the verdict makes of a run), in first-parent order of the
+branch on one machine fingerprint, and the commits where its level moved
+(:func:`find_change_points`).
 
 Change points come from e-divisive means (Matteson & James, "A
 Nonparametric Approach for Multiple Change Point Analysis of Multivariate
@@ -38,7 +39,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from perfguard.baseline.record import METRICS, Fingerprint, profiled_mask, timing_mask
+from perfguard.baseline.record import (
+    METRICS,
+    Fingerprint,
+    profiled_mask,
+    round_statistic,
+    timing_mask,
+)
 from perfguard.errors import BaselineError
 
 if TYPE_CHECKING:
@@ -133,7 +140,7 @@ def run_levels(
     """One row per stored run of ``nodeid`` (on machines comparable with ``fingerprint``).
 
     Columns: run_id, commit, time, metric, value (ns: the median over the
-    run's rounds of each round's median of ``metric``, default the record's
+    run's rounds of each round's value of ``metric``, default the record's
     primary metric), n_rounds. Runs ordered by time; a run that has no value
     of the metric (e.g. no CPU time measured) is left out.
     """
@@ -151,12 +158,16 @@ def run_levels(
         mask = (wanted == name).to_numpy()
         value[mask] = samples.loc[mask, col].astype(np.float64)
     value[~timing_mask(samples, wanted, by="run_id")] = np.nan
-    per_round = (
-        pd.DataFrame({"run_id": samples["run_id"], "round": samples["round"], "v": value})
+    # each round reduced as the verdict reduces it (record.round_value), per row's metric
+    grouped = (
+        pd.DataFrame({"run_id": samples["run_id"], "round": samples["round"], "v": value,
+                      "stat": wanted.map(round_statistic).to_numpy()})
         .dropna()
-        .groupby(["run_id", "round"])["v"]
-        .median()
-    )
+        .groupby(["run_id", "round"])
+    )  # fmt: skip
+    stats = grouped["v"].agg(["min", "median"])
+    use_min = grouped["stat"].first() == "min"
+    per_round = stats["min"].where(use_min, stats["median"])
     per_run = per_round.groupby(level="run_id").agg(["median", "size"])
     metric_of = samples.groupby("run_id")["metric"].first()
     out = runs.set_index("run_id").loc[per_run.index, ["commit", "time"]].reset_index()

@@ -5,7 +5,8 @@ iteration loop), never the iteration: iterations of one run share the
 machine's state (clock, caches, the other processes, the memory layout), so
 their spread says nothing about the next run, and a test on them calls
 unchanged code "regressed" whenever two runs differ by more than one run's
-jitter. A round's value is the median of its iterations.
+jitter. A round's value is its fastest iteration for host timings (wall,
+CPU) and the median for GPU time (:data:`perfguard.baseline.record.ROUND_STATISTIC`).
 
 Two ways to judge, each on the log scale (a change is a ratio):
 

@@ -103,7 +103,7 @@ class TestComparison:
     kernel_changes: pd.DataFrame = field(default_factory=lambda: _empty(CHANGE_COLUMNS))
     samples_current: list[int] = field(default_factory=list)
     samples_baseline: list[int] = field(default_factory=list)
-    #: one value per round (the median of its iterations), ns: the replicates
+    #: one value per round (record.round_value of its iterations), ns: the replicates
     rounds_current: list[int] = field(default_factory=list)
     rounds_baseline: list[int] = field(default_factory=list)
     mode: str = "store"  # "store" | "ab"
