@@ -99,13 +99,15 @@ def test_ab_head_slower_regresses_and_faster_improves(project: Path) -> None:
     timing = t["timing"]
     assert timing["mode"] == "ab" and timing["outcome"] == "regressed"
     assert timing["n_current"] == timing["n_baseline"] == 5  # five pairs of rounds
-    # each child: AB_CHILD_ROUNDS timing rounds of 3 iterations, its value their median
+    # each child: AB_CHILD_ROUNDS timing rounds of 3 iterations, its value the fastest step
     from perfguard.plugin.options import AB_CHILD_ROUNDS
 
     samples = np.asarray(t["samples_current"], dtype=float)
     assert len(samples) == 5 * AB_CHILD_ROUNDS * 3
     per_child = samples.reshape(5, AB_CHILD_ROUNDS * 3)
-    assert t["rounds_current"] == pytest.approx(np.median(per_child, axis=1), abs=1)
+    assert t["rounds_current"] == pytest.approx(per_child.min(axis=1), abs=1)
+    # the children forked from a warm server (the default), not fresh interpreters
+    assert "children fork from a server that imported" in done.stdout, done.stdout[-2000:]
     assert timing["delta_pct"] > 40 and timing["ci_low_pct"] > 0
     assert "ABBA" in timing["replicated"]
     assert t["baseline_commit"] == base

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfguard.plugin.forkserver import FORK_UNSAFE, ForkServer, preload_names
 from perfguard.plugin.options import AB_CHILD_ROUNDS
 
 #: the child's output file (a pickle of :class:`RoundOutput`); set => round-child mode
@@ -51,6 +52,10 @@ AB_SELECT_ENV = "PERFGUARD_AB_SELECT"
 AB_FOREIGN_ENV = "PERFGUARD_AB_FOREIGN"
 #: the child's own tree root (the trees may nest)
 AB_OWN_ENV = "PERFGUARD_AB_OWN"
+#: a fork server restarts to preload what its children imported at most this often,
+#: and only for at least this many new modules (one restart costs an import of them)
+MAX_SERVER_RESTARTS = 2
+MIN_NEW_MODULES = 20
 
 
 @dataclass
@@ -61,6 +66,8 @@ class RoundOutput:
     outcomes: dict[str, dict[str, str]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # capture/analysis errors
     foreign: list[str] = field(default_factory=list)
+    #: modules (outside both trees) the child had loaded: the fork server's next preload
+    modules: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -161,6 +168,7 @@ class ABRunner:
         timeout: float,
         say: Callable[[str], None] = lambda line: None,
         rounds: int | None = AB_CHILD_ROUNDS,
+        children: str = "fork",
     ) -> None:
         self.roots = {"A": base_root, "B": head_root}
         self.head_rel = head_rel  # the pytest rootdir relative to the git root
@@ -173,6 +181,83 @@ class ABRunner:
         self.results: dict[str, TestAB] = {}
         self.notes: list[str] = []
         self.rounds_run = 0
+        self.children = children  # "fork" (from a ForkServer) or "spawn"
+        self.server: ForkServer | None = None
+        self._learnt: list[str] = []  # modules children loaded that the server had not
+        self._restarts = 0
+
+    def _fork_server(self) -> ForkServer | None:
+        """The warm server the children fork from, started on first use; None when
+        children spawn (asked, or forking is unsafe here: noted once)."""
+        if self.children != "fork":
+            return None
+        if self.server is None:
+            folder = self.output / "forkserver"
+            preload = preload_names([self.roots["A"], self.roots["B"]])
+            preload += [m for m in self._learnt if m not in set(preload)]
+            self.server = ForkServer(preload, folder, folder / "server.log")
+            t0 = time.monotonic()
+            if self.server.start() and not self._restarts:
+                self.notes.append(
+                    f"children fork from a server that imported {len(preload)} modules "
+                    f"in {time.monotonic() - t0:.1f} s"
+                )
+            elif self.server.why_not:
+                self.notes.append(
+                    f"children start as fresh interpreters: {self.server.why_not}"
+                )
+                self.children = "spawn"
+                return None
+        return self.server if self.server.proc is not None else None
+
+    def _learn(self, modules: list[str]) -> None:
+        """A child loaded modules the server had not (the session itself never runs the
+        tests: torch.optim's lazy torch._dynamo, the verdict's scipy): restart the server
+        with them, at most :data:`MAX_SERVER_RESTARTS` times a session."""
+        if self.server is None or self.server.proc is None:
+            return
+        have = set(self.server.preload) | set(self._learnt)
+        new = [m for m in modules if m not in have and m.partition(".")[0] not in FORK_UNSAFE]
+        if len(new) < MIN_NEW_MODULES or self._restarts >= MAX_SERVER_RESTARTS:
+            return
+        self._learnt += new
+        self._restarts += 1
+        self.server.close()
+        self.server = None
+
+    def close(self) -> None:
+        """Stop the fork server, if one was started."""
+        if self.server is not None:
+            self.server.close()
+
+    def _spawn(self, side: str, argv: list[str], env: dict[str, str], log: Path) -> int | str:
+        """One child as a fresh interpreter: its return code, or why it was stopped."""
+        try:
+            done = subprocess.run(
+                argv, cwd=self.roots[side] / self.head_rel, env=env, capture_output=True,
+                text=True, timeout=self.timeout, check=False,
+            )  # fmt: skip
+            tail = (done.stdout or "")[-2000:] + (done.stderr or "")[-2000:]
+            log.write_text(tail, encoding="utf-8", errors="replace")
+            return done.returncode
+        except subprocess.TimeoutExpired:
+            return f"timed out after {self.timeout:g} s"
+
+    def _start_child(self, side: str, argv: list[str], env: dict[str, str], log: Path) -> int | str:
+        """One child, forked from the warm server when there is one, else spawned."""
+        server = self._fork_server()
+        if server is not None:
+            root = self.roots[side] / self.head_rel
+            lead = [str(root)] + ([str(root / "src")] if (root / "src").is_dir() else [])
+            try:
+                return server.run(
+                    cwd=root, args=argv[3:], env=env, lead=lead, log=log, timeout=self.timeout
+                )
+            except OSError as exc:  # the server died: the rest of the session spawns
+                self.notes.append(f"the fork server stopped ({exc}); children spawn from here on")
+                server.close()
+                self.children = "spawn"
+        return self._spawn(side, argv, env, log)
 
     def _argv(self, side: str, files: list[str], out: Path) -> list[str]:
         argv = [sys.executable, "-m", "pytest", *files, "-p", "no:cacheprovider", "-q"]
@@ -213,21 +298,16 @@ class ABRunner:
         select.write_text("\n".join(present) + "\n", encoding="utf-8")
         out_file = work / "round.pkl"
         t0 = time.monotonic()
-        try:
-            done = subprocess.run(
-                self._argv(side, files, work / "output"), cwd=root,
-                env=self._env(side, out_file, select), capture_output=True, text=True,
-                timeout=self.timeout, check=False,
-            )  # fmt: skip
-            code: int | str = done.returncode
-            tail = (done.stdout or "")[-2000:] + (done.stderr or "")[-2000:]
-        except subprocess.TimeoutExpired:
-            code, tail = f"timed out after {self.timeout:g} s", ""
+        log = work / "child.log"
+        code = self._start_child(
+            side, self._argv(side, files, work / "output"), self._env(side, out_file, select), log
+        )
         self.rounds_run += 1
         name = "base" if side == "A" else "head"
         self.say(f"perfguard A/B: round {index + 1} ({name}) {time.monotonic() - t0:.1f} s")
-        (work / "child.log").write_text(tail, encoding="utf-8", errors="replace")
         output = _read_output(out_file)
+        if output is not None and self.children == "fork":
+            self._learn(output.modules)
         if output is None:
             why = _exit_reason(code)
             self.notes.append(f"round {index + 1} ({name}) reported nothing: {why}")

@@ -31,6 +31,9 @@ FAIL_ON_CHOICES = ("regression", "never")
 #: replace: a save supersedes the records of earlier runs of the same commit and machine
 #: fingerprint (one run per commit and machine); append: keep them all
 SAVE_MODE_CHOICES = ("replace", "append")
+#: how A/B and isolation children start: fork (from a warm server, plugin/forkserver.py)
+#: or spawn (a fresh interpreter each)
+CHILDREN_CHOICES = ("fork", "spawn")
 DEFAULT_STORE = "baselines/perfguard.db"
 DEFAULT_OUTPUT = ".perfguard"
 DEFAULT_TOLERANCE = 0.05
@@ -93,6 +96,10 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("perfguard_ab_budget", "--perfguard-ab-budget", "string",
      f"A/B mode: seconds to keep adding pairs (up to {MAX_AB_PAIRS}) while a test's change "
      "is unresolved (its interval wider than the tolerance); default 0: no auto-sampling"),
+    ("perfguard_children", "--perfguard-children", "string",
+     "how A/B rounds and isolated tests start their child process: fork (default: from a "
+     "warm server that imported the session's libraries once, never the trees' code) or "
+     "spawn (a fresh interpreter each, seconds slower)"),
 )  # fmt: skip
 
 
@@ -109,6 +116,7 @@ _METAVARS = {
     "perfguard_against": "REF",
     "perfguard_ab_pairs": "N",
     "perfguard_ab_budget": "SECONDS",
+    "perfguard_children": "{fork,spawn}",
 }
 
 
@@ -152,6 +160,7 @@ class Settings:
     timeout: float = DEFAULT_CAPTURE_TIMEOUT
     require_baseline: bool = False
     save_mode: str = "replace"
+    children: str = "fork"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -234,6 +243,8 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = _choice(str(value or "auto"), BACKEND_CHOICES, "backend")
             elif dest == "perfguard_save_mode":
                 values[dest] = _choice(str(value or "replace"), SAVE_MODE_CHOICES, "save mode")
+            elif dest == "perfguard_children":
+                values[dest] = _choice(str(value or "fork"), CHILDREN_CHOICES, "children")
             elif dest == "perfguard_fail_on":
                 values[dest] = _choice(str(value or "regression"), FAIL_ON_CHOICES, "fail-on")
             elif dest == "perfguard_tolerance":
@@ -283,6 +294,7 @@ def read_settings(config: pytest.Config) -> Settings:
         timeout=values["perfguard_timeout"],
         require_baseline=values["perfguard_require_baseline"],
         save_mode=values["perfguard_save_mode"],
+        children=values["perfguard_children"],
     )
 
 

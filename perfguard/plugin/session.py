@@ -74,6 +74,7 @@ from perfguard.plugin.ab import (
     write_round_output,
 )
 from perfguard.plugin.capture import TorchCapturer, capture_name, run_nsys_child, whole_call
+from perfguard.plugin.forkserver import preload_names
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, Settings, project_root
@@ -183,7 +184,7 @@ class PerfguardSession:
                 head_root=config.rootpath, base_root=config.rootpath, head_rel=Path("."),
                 output=settings.output / "isolated", backend=settings.backend,
                 xdist=config.pluginmanager.hasplugin("xdist"), timeout=settings.timeout,
-                rounds=settings.rounds,
+                rounds=settings.rounds, children=settings.children,
             )  # fmt: skip
         if settings.against:
             self._prepare_ab()
@@ -289,13 +290,13 @@ class PerfguardSession:
             head_rel=self.config.rootpath.resolve().relative_to(self.git.root.resolve()),
             output=self.settings.output, backend=self.settings.backend,
             xdist=self.config.pluginmanager.hasplugin("xdist"),
-            timeout=self.settings.timeout,
+            timeout=self.settings.timeout, children=self.settings.children,
             say=(reporter.write_line if reporter is not None else lambda line: None),
         )  # fmt: skip
         self.notes.append(
             f"A/B mode: {self.settings.ab_pairs} ABBA pairs of rounds against "
-            f"{self.settings.against} ({self.ab_commit[:12]}), each a fresh process timing "
-            f"{AB_CHILD_ROUNDS} rounds (their median)"
+            f"{self.settings.against} ({self.ab_commit[:12]}), each a fresh child process "
+            f"({self.settings.children}) timing {AB_CHILD_ROUNDS} rounds (its fastest step)"
         )
 
     # ------------------------------------------------------------------ A/B mode
@@ -330,14 +331,15 @@ class PerfguardSession:
         self.notes.extend(self.ab.notes)
 
     def _ab_unresolved(self, nodeid: str, ab: TestAB) -> bool:
+        from perfguard.baseline.record import round_value
         from perfguard.compare.timing import ab_resolved, judge_ab
 
         if ab.base.failure or ab.head.failure or not ab.base.records or not ab.head.records:
             return False
         metric = ab.head.records[0].metric
-        # a child's value is the median of its timing iterations, as merge_rounds has it
-        a = np.array([np.median(r.values(metric)) for r in ab.base.records])
-        b = np.array([np.median(r.values(metric)) for r in ab.head.records])
+        # a child's value: its timing iterations reduced as merge_rounds makes a round of them
+        a = np.array([round_value(r.values(metric), metric) for r in ab.base.records])
+        b = np.array([round_value(r.values(metric), metric) for r in ab.head.records])
         n = min(len(a), len(b))
         tol = self.settings.tolerance
         verdict = judge_ab(a[:n], b[:n], metric=metric, tolerance=tol, alpha=ALPHA)
@@ -403,6 +405,9 @@ class PerfguardSession:
                      str(record.meta.get("backend") or self.backend.label), [])  # fmt: skip
 
     def close(self) -> None:
+        for runner in (self.ab, self.isolator):
+            if runner is not None:
+                runner.close()
         if self._restore_sigterm is not None:
             self._restore_sigterm()
             self._restore_sigterm = None
@@ -898,9 +903,11 @@ class PerfguardSession:
         if self.ab_out:
             errors = {k: str(e.get("error")) for k, e in self.entries.items() if e.get("error")}
             foreign, own = os.environ.get(AB_FOREIGN_ENV), os.environ.get(AB_OWN_ENV)
+            trees = [Path(p) for p in (foreign, own) if p]
             write_round_output(self.ab_out, RoundOutput(
                 records=self.records, outcomes=self.ab_outcomes, errors=errors,
                 foreign=foreign_modules(foreign, own) if foreign and own else [],
+                modules=preload_names(trees),
             ))  # fmt: skip
             return
         if self.worker_id is not None:
