@@ -91,6 +91,54 @@ def test_busy_machine_widens_the_threshold_by_the_excess_wait() -> None:
     assert v.outcome is Outcome.REGRESSED
 
 
+def test_a_session_on_a_slower_machine_is_not_called_regressed() -> None:
+    """The whole VM ran a third slower during the session (capture/speed.py's reference
+    workload says so): tight rounds 30 % slower are the machine's, not the code's."""
+    base = 1e6 * np.exp(0.002 * RNG.standard_normal(5))
+    history = 1e6 * np.exp(0.005 * RNG.standard_normal(10))
+    slowed = base * 1.3
+    v = judge_store(slowed, base, history, metric="wall_time", tolerance=0.05, alpha=0.01,
+                    speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    assert v.outcome is Outcome.NOISY, v.message
+    assert v.message.startswith(
+        "machine at another speed: a fixed reference workload ran 30% slower"
+    )
+    # the same rounds with the machine at its usual speed: the code got slower
+    v = judge_store(slowed, base, history, metric="wall_time", tolerance=0.05, alpha=0.01,
+                    speed_ns=1.01e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    assert v.outcome is Outcome.REGRESSED
+    # far beyond what the machine explains: still a regression
+    v = judge_store(base * 2.5, base, history, metric="wall_time", tolerance=0.05,
+                    alpha=0.01, speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    assert v.outcome is Outcome.REGRESSED
+    # a faster machine does not make unchanged code "improved"
+    v = judge_store(base / 1.3, base, history, metric="wall_time", tolerance=0.05,
+                    alpha=0.01, speed_ns=0.77e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    assert v.outcome is Outcome.NOISY and "faster than when the baseline" in v.message
+    # GPU kernel time: the host's speed does not enter
+    v = judge_store(slowed, base, history, metric="gpu_time", tolerance=0.05, alpha=0.01,
+                    speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    assert v.outcome is Outcome.REGRESSED
+
+
+def test_trimmed_interval_matches_scipy_and_sets_a_slow_child_aside() -> None:
+    from scipy.stats import mstats
+
+    from perfguard.compare.timing import trimmed_interval
+
+    d = 0.02 + 0.01 * RNG.standard_normal(10)  # n = 10: g = 2 in both conventions
+    est, lo, hi, p = trimmed_interval(d, 0.01)
+    assert (lo, hi) == pytest.approx(tuple(mstats.trimmed_mean_ci(d, (0.2, 0.2), alpha=0.01)))
+    assert est == pytest.approx(stats.trim_mean(d, 0.2))
+    assert (p < 0.01) == (lo > 0 or hi < 0)  # the p-value and the interval agree
+    spoilt = d.copy()
+    spoilt[3] = 0.40  # one child ran in a slow spell of the VM
+    e2, lo2, hi2, _ = trimmed_interval(spoilt, 0.01)
+    assert lo2 > 0 and abs(e2 - est) < 0.01
+    mean_half = stats.t.ppf(0.995, 9) * spoilt.std(ddof=1) / np.sqrt(10)
+    assert spoilt.mean() - mean_half < 0  # the plain t interval loses the change to it
+
+
 def test_ab_pairs_cancel_a_shared_drift() -> None:
     drift = np.exp(np.linspace(0, 0.3, 8))  # the machine slows by 35 % during the run
     base = 1e6 * drift * np.exp(0.003 * RNG.standard_normal(8))

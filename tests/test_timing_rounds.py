@@ -20,6 +20,8 @@ torch = pytest.importorskip("torch")
 from perfguard.analysis import analyze  # noqa: E402
 from perfguard.baseline.record import profiled_mask, record_from_analysis, timing_mask  # noqa: E402
 from perfguard.baseline.store import Store  # noqa: E402
+from perfguard.capture import speed  # noqa: E402
+from perfguard.plugin import iterate  # noqa: E402
 from perfguard.plugin.capture import TorchCapturer  # noqa: E402
 from perfguard.plugin.iterate import GpuProfile  # noqa: E402
 from perfguard.plugin.marker import ProfileSpec  # noqa: E402
@@ -30,7 +32,58 @@ def _step(a: torch.Tensor) -> None:
     torch.relu(a @ a).sum()
 
 
-def test_cpu_loop_times_rounds_unprofiled_then_profiles_one(tmp_path: Path) -> None:
+@pytest.fixture
+def steady_machine(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The reference workload always takes 1 ms (no round is re-run), or what the test
+    appends to the returned list, in order."""
+    script: list[int] = []
+    monkeypatch.setattr(speed, "reference_ns", lambda: script.pop(0) if script else 1_000_000)
+    monkeypatch.setattr(iterate, "RETRY_PAUSE_S", 0.0)
+    return script
+
+
+def test_a_round_run_while_the_machine_was_slow_is_run_again(
+    tmp_path: Path, steady_machine: list[int]
+) -> None:
+    """The reference workload (capture/speed.py) timed before and after each timing
+    round: a round whose reference ran 30 % slow is dropped and run again, and the
+    record keeps only the steps of the kept rounds."""
+    spec = ProfileSpec(iterations=3, warmup=1, rounds=3)
+    profile = GpuProfile(spec, TorchCapturer(tmp_path / "t.pt.trace.json", "cpu"))
+    # best; round 0 before/after; round 1 before/after (slow: re-run); again; round 2
+    steady_machine += [1_000_000, 1_000_000, 1_010_000, 1_000_000, 1_300_000]
+    a = torch.randn(16, 16)
+    steps = []
+    for step in profile.iterations():
+        steps.append(step)
+        _step(a)
+    profile.close()
+    assert profile.slow_rounds == 1
+    # warm-up, round 0, round 1 (dropped), round 1 again, round 2, the profiled round
+    assert steps == [-1, 0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert profile.round_of == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    assert len(profile.wall_times_ns) == len(profile.cpu_times_ns) == 12
+    assert profile.profiled == [False] * 9 + [True] * 3
+    assert profile.speed_ns == [1_010_000, 1_000_000, 1_000_000]
+
+
+def test_retries_stop_after_as_many_as_there_are_rounds(
+    tmp_path: Path, steady_machine: list[int]
+) -> None:
+    spec = ProfileSpec(iterations=2, warmup=0, rounds=2)
+    profile = GpuProfile(spec, TorchCapturer(tmp_path / "t.pt.trace.json", "cpu"))
+    steady_machine += [1_000_000] + [2_000_000] * 40  # the machine stays slow
+    for _ in profile.iterations():
+        pass
+    profile.close()
+    assert profile.slow_rounds == 2  # then the slow rounds are kept, and say so
+    assert profile.round_of == [0, 0, 1, 1, 2, 2]
+    assert profile.speed_ns == [2_000_000, 2_000_000]
+
+
+def test_cpu_loop_times_rounds_unprofiled_then_profiles_one(
+    tmp_path: Path, steady_machine: list[int]
+) -> None:
     spec = ProfileSpec(iterations=4, warmup=1, rounds=3)
     path = tmp_path / "t.pt.trace.json"
     profile = GpuProfile(spec, TorchCapturer(path, "cpu"))

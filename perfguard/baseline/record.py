@@ -474,6 +474,9 @@ def merge_rounds(records: list[TestRecord]) -> TestRecord:
     for key in ("load", "wait"):
         seen = [r.meta.get(key) for r in records if r.meta.get(key) is not None]
         meta[key] = float(np.mean(seen)) if seen else None
+    speeds = [r.meta["speed_ns"] for r in records if r.meta.get("speed_ns")]
+    meta["speed_ns"] = float(np.median(speeds)) if speeds else None
+    meta["slow_rounds"] = int(sum(r.meta.get("slow_rounds") or 0 for r in records))
     meta["rounds"] = len(records)
     return TestRecord(
         first.nodeid, first.metric, pd.concat(samples, ignore_index=True),

@@ -59,6 +59,7 @@ class Against:
     incompatibility: str | None = None
     history: np.ndarray = field(default_factory=lambda: np.zeros(0))
     wait: float = math.nan  # share of the baseline's round time spent waiting for a CPU
+    speed_ns: float = math.nan  # the baseline's reference-workload time (capture/speed.py)
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any
             cur_rounds, _pooled(against.records, metric), against.history, metric=metric,
             tolerance=tol, alpha=alpha, baseline_runs=len(against.records), load=load,
             wait=wait, baseline_wait=against.wait, iterations=_iterations(current),
+            speed_ns=_num(current.meta.get("speed_ns")), baseline_speed_ns=against.speed_ns,
         )  # fmt: skip
     changes = kernel_changes(current, base_rec)  # once: the gates and the report share it
     gates = judge_gates(current, base_rec, settings.gates, changes)

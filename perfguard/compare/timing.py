@@ -54,6 +54,9 @@ MIN_ROUNDS = 3
 #: excess wait (share of round time the thread waited for a CPU, over the baseline's)
 #: above which a timing is called busy rather than quiet
 BUSY_WAIT = 0.02
+#: a session whose reference workload (capture/speed.py) ran this much slower or faster
+#: (log scale) than the baseline's ran on a machine at another speed: not judged on timing
+SPEED_DIFF = 0.05
 #: between-run standard deviation (log scale) assumed until a test has MIN_HISTORY stored
 #: runs: one session's rounds cannot see the drift between sessions (another
 #: process layout, another hour), so a first comparison must not be sharper than a
@@ -162,6 +165,35 @@ def _interval(
     return delta - t * se, delta + t * se, p
 
 
+def trimmed_interval(
+    d: np.ndarray, alpha: float, trim: float = 0.2
+) -> tuple[float, float, float, float]:
+    """Yuen's trimmed-mean interval of paired differences: (estimate, low, high, p).
+
+    The ``trim`` share of the smallest and of the largest differences is set
+    aside; the standard error comes from the winsorized variance (Yuen 1974;
+    Wilcox, *Introduction to Robust Estimation and Hypothesis Testing*, 5.4),
+    with ``n - 2g - 1`` degrees of freedom. One child slowed as a whole (the
+    host stole its CPU for a second) moves a t interval by its full size and
+    widens it; here it is one of the ``g`` set aside.
+    """
+    x = np.sort(np.asarray(d, dtype=np.float64))
+    n = len(x)
+    g = int(math.floor(trim * n))
+    h = n - 2 * g
+    if h < 2:
+        return math.nan, math.nan, math.nan, math.nan
+    est = float(x[g : n - g].mean())
+    w = x.copy()
+    w[:g], w[n - g :] = x[g], x[n - g - 1]
+    sw = float(w.std(ddof=1))
+    se = sw / ((1 - 2 * g / n) * math.sqrt(n))
+    if se == 0:
+        return est, est, est, (0.0 if est != 0 else 1.0)
+    lo, hi, p = _interval(est, se, h - 1, alpha)
+    return est, lo, hi, p
+
+
 def _pct(log_ratio: float) -> float:
     return 100.0 * math.expm1(log_ratio) if math.isfinite(log_ratio) else math.nan
 
@@ -190,6 +222,8 @@ def judge_store(
     wait: float = math.nan,
     baseline_wait: float = math.nan,
     iterations: int = 0,
+    speed_ns: float = math.nan,
+    baseline_speed_ns: float = math.nan,
 ) -> TimingVerdict:
     """Judge this session's round values against the baseline's (ns), with history.
 
@@ -243,7 +277,14 @@ def judge_store(
         quiet = baseline_wait if math.isfinite(baseline_wait) else 0.0
         excess = abs(wait - quiet)
         shift = busy_allowance(max(wait, quiet), min(wait, quiet))
-    busy = excess > BUSY_WAIT
+    # a machine at another speed (a slow spell of a VM, another clock): the reference
+    # workload's ratio is the share of the change the machine explains
+    speed = math.nan
+    if metric != "gpu_time" and speed_ns > 0 and baseline_speed_ns > 0:
+        speed = math.log(speed_ns / baseline_speed_ns)
+        if abs(speed) > SPEED_DIFF:
+            shift += abs(speed)
+    busy = excess > BUSY_WAIT or (math.isfinite(speed) and abs(speed) > SPEED_DIFF)
     noisy = busy or (math.isfinite(sp) and sp > tolerance)
     if busy:  # only a change beyond what the waiting explains counts
         tolerance_b = math.expm1(math.log1p(tolerance) + shift)
@@ -263,7 +304,7 @@ def judge_store(
         noise_pct=100 * math.expm1(sd_run) if math.isfinite(sd_run) else math.nan,
         replicated=replicated, message="", **common,
     )  # fmt: skip
-    return _with_message(verdict, busy, baseline_wait)
+    return _with_message(verdict, busy, baseline_wait, speed)
 
 
 def busy_allowance(busier: float, quieter: float) -> float:
@@ -342,7 +383,9 @@ def ab_resolved(verdict: TimingVerdict, tolerance: float) -> bool:
     return math.isfinite(lo) and math.isfinite(hi) and (hi - lo) / 2 < 100 * tolerance
 
 
-def _with_message(v: TimingVerdict, busy: bool, baseline_wait: float) -> TimingVerdict:
+def _with_message(
+    v: TimingVerdict, busy: bool, baseline_wait: float, speed: float = math.nan
+) -> TimingVerdict:
     from dataclasses import replace
 
     change = (
@@ -356,6 +399,13 @@ def _with_message(v: TimingVerdict, busy: bool, baseline_wait: float) -> TimingV
         why = f"slower beyond the threshold {v.threshold_pct:.1f}% (tolerance {v.tolerance_pct:g}%)"
     elif o is Outcome.IMPROVED:
         why = f"faster beyond the threshold {v.threshold_pct:.1f}%"
+    elif o is Outcome.NOISY and busy and math.isfinite(speed) and abs(speed) > SPEED_DIFF:
+        why = (
+            f"machine at another speed: a fixed reference workload ran "
+            f"{100 * math.expm1(abs(speed)):.0f}% {'slower' if speed > 0 else 'faster'} "
+            f"than when the baseline was measured, which can explain a change up to the "
+            f"threshold {v.threshold_pct:.1f}%; use A/B mode or rely on the gates here"
+        )
     elif o is Outcome.NOISY and busy:
         base = f"{baseline_wait:.0%}" if math.isfinite(baseline_wait) else "unknown"
         why = (

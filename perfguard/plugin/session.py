@@ -592,6 +592,8 @@ class PerfguardSession:
                 "wait": profile.wait,
                 "peak_memory": profile.peak_memory,
                 "profiled": list(profile.profiled),
+                "speed_ns": float(np.median(profile.speed_ns)) if profile.speed_ns else None,
+                "slow_rounds": profile.slow_rounds,
             }
             if not profile.started:
                 error = error or (
@@ -741,6 +743,8 @@ class PerfguardSession:
             "cpu_times_ns": cpu_times or None,
             "load": load if load is not None and np.isfinite(load) else None,
             "wait": wait if wait is not None and np.isfinite(wait) else None,
+            "speed_ns": env.get("speed_ns"),
+            "slow_rounds": env.get("slow_rounds") or 0,
         }
         peak = env.get("peak_memory")
         record = record_from_analysis(
@@ -795,10 +799,12 @@ class PerfguardSession:
             if theirs and theirs != record.meta.get("backend"):
                 reason = f"backend differs: {theirs!r} (baseline) vs {record.meta['backend']!r}"
         waits = [r.meta.get("wait") for r in records if r.meta.get("wait") is not None]
+        speeds = [r.meta.get("speed_ns") for r in records if r.meta.get("speed_ns")]
         history = self._history_levels(record.nodeid, record.metric, accepted)
         return Against(
             records=records, commit=match.commit, run_found=True, incompatibility=reason,
             history=history, wait=float(np.median(waits)) if waits else float("nan"),
+            speed_ns=float(np.median(speeds)) if speeds else float("nan"),
         )  # fmt: skip
 
     def _baseline_runs(self, match: BaselineMatch) -> list[int]:
