@@ -21,6 +21,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+sys.path.insert(0, str(Path(__file__).parent))
+from history_repo import git, init_project  # noqa: E402
+
 STEP = """
 import time
 
@@ -43,11 +46,6 @@ def test_step(gpuprofile):
 """
 
 
-def git(path: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=path, check=True, capture_output=True, text=True)
-    return done.stdout.strip()
-
-
 def commit(path: Path, message: str) -> str:
     git(path, "add", "-A")  # .gitignore keeps baselines/ and .perfguard/ out
     git(path, "commit", "-q", "-m", message)
@@ -56,12 +54,7 @@ def commit(path: Path, message: str) -> str:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    git(tmp_path, "init", "-q", "-b", "main")
-    git(tmp_path, "config", "user.email", "ci@example.com")
-    git(tmp_path, "config", "user.name", "CI")
-    git(tmp_path, "config", "commit.gpgsign", "false")
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    (tmp_path / ".gitignore").write_text(".perfguard/\nbaselines/\n")
+    init_project(tmp_path)
     return tmp_path
 
 
