@@ -145,10 +145,14 @@ def test_ab_pairs_cancel_a_shared_drift() -> None:
     head = 1.03e6 * drift * np.exp(0.003 * RNG.standard_normal(8))
     v = judge_ab(base, head, metric="wall_time", tolerance=0.02, alpha=0.01)
     d = np.log(head) - np.log(base)
-    t = stats.t.ppf(0.995, 7)
-    se = d.std(ddof=1) / math.sqrt(8)
-    assert v.delta_pct == pytest.approx(100 * math.expm1(d.mean()))
-    assert v.ci_low_pct == pytest.approx(100 * math.expm1(d.mean() - t * se))
+    # 8 pairs: Yuen's 20 % trimmed mean sets floor(1.6) = 1 pair aside each side; by hand
+    x = np.sort(d)
+    w = np.concatenate([[x[1]], x[1:-1], [x[-2]]])  # winsorized
+    se = w.std(ddof=1) / ((1 - 2 / 8) * math.sqrt(8))
+    lo = x[1:-1].mean() - stats.t.ppf(0.995, 8 - 2 - 1) * se
+    assert v.delta_pct == pytest.approx(100 * math.expm1(x[1:-1].mean()))
+    assert v.ci_low_pct == pytest.approx(100 * math.expm1(lo))
+    assert "trimmed mean (1 pair(s) set aside each side)" in v.replicated
     assert v.outcome is Outcome.REGRESSED and v.ci_low_pct > 0
     assert ab_resolved(v, 0.02)
     # unpaired, the drift would swamp a 3 % change
@@ -156,6 +160,16 @@ def test_ab_pairs_cancel_a_shared_drift() -> None:
     same = judge_ab(base, base * np.exp(0.003 * RNG.standard_normal(8)), metric="wall_time",
                     tolerance=0.02, alpha=0.01)  # fmt: skip
     assert same.outcome is Outcome.UNCHANGED
+    # below 5 pairs nothing is trimmed: the paired t interval
+    four = judge_ab(base[:4], head[:4], metric="wall_time", tolerance=0.02, alpha=0.01)
+    d4 = d[:4]
+    half = stats.t.ppf(0.995, 3) * d4.std(ddof=1) / 2
+    assert four.ci_low_pct == pytest.approx(100 * math.expm1(d4.mean() - half))
+    # one pair spoilt by a slow spell of the machine does not hide the change
+    spoilt = head.copy()
+    spoilt[5] *= 0.8
+    v = judge_ab(base, spoilt, metric="wall_time", tolerance=0.02, alpha=0.01)
+    assert v.outcome is Outcome.REGRESSED, v.message
     few = judge_ab(base[:2], head[:2], metric="wall_time", tolerance=0.02, alpha=0.01)
     assert few.outcome is Outcome.NOT_JUDGED and "too few A/B pairs" in few.message
 

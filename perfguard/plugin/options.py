@@ -40,8 +40,10 @@ DEFAULT_TOLERANCE = 0.05
 #: rounds of a test's loop per session (store mode): enough for a spread and a
 #: t interval, few enough that a CI run stays practical
 DEFAULT_ROUNDS = 5
-#: A/B mode: pairs of rounds (base, head) measured before any auto-sampling
-DEFAULT_AB_PAIRS = 6
+#: A/B mode: pairs of rounds (base, head) measured before any auto-sampling: with the
+#: trimmed-mean judge, 8 pairs caught +5 % in 8 of 8 idle calibration sessions where 6
+#: caught 7 of 8 (benchmarks/README.md, round 4); forked children make a pair ~3 s
+DEFAULT_AB_PAIRS = 8
 #: A/B mode: at most this many pairs when sampling on until the change is resolved
 MAX_AB_PAIRS = 20
 #: A/B mode: timing rounds each child process runs; a child's value is their median. Its
