@@ -5,8 +5,10 @@ worktree (``.git/perfguard-ab/base-<sha>``, inside the repository's git
 folder so it never shows in ``git status``; detached, reused while it is at REF)
 and measures the marked tests of both trees in rounds: each round is a
 fresh child pytest in one tree (its own code really imported: the tree's
-root, and its ``src/`` if there is one, lead ``PYTHONPATH``, so an editable
-install of the head does not shadow the base), running every selected test
+root, and its ``src/`` if there is one, lead ``sys.path``, so an editable
+install of the head does not shadow the base; forked from a warm server that
+never loaded either tree's code, :mod:`perfguard.plugin.forkserver`, or a
+fresh interpreter with ``--perfguard-children spawn``), running every selected test
 for :data:`~perfguard.plugin.options.AB_CHILD_ROUNDS` timing rounds of its
 loop, whose median is the child's value; rounds alternate
 ABBA (A B, B A, A B, ...), so a drift of the machine hits both sides alike
