@@ -138,6 +138,34 @@ def test_truncated_gzip_capture_is_salvaged(valid_capture: Path, tmp_path: Path)
     assert any("gzip file is truncated" in n for n in trace.notes)
 
 
+def test_damage_far_before_the_cut_is_salvaged_in_few_decodes(
+    valid_capture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A byte mangled early in a file that is also cut short (what a flipped gzip byte
+    leaves, fuzz case 8015): the events before the damage are read, and the salvage
+    does not try every event end from the last one (each try was a full repair
+    attempt: over 30 CPU s on a 10 MB piece)."""
+    raw = valid_capture.read_bytes()
+    ends = _event_ends(raw.decode())
+    bad = ends[len(ends) // 5][0] + 3  # just inside the event after the fifth one
+    mangled = raw[:bad] + b"\x00\x07{{" + raw[bad + 4 : int(len(raw) * 0.9)]
+    path = tmp_path / "mangled.json"
+    path.write_bytes(mangled)
+    repairs = []
+    real = kineto_stream.repair_piece
+    monkeypatch.setattr(
+        kineto_stream, "repair_piece", lambda *a, **k: repairs.append(1) or real(*a, **k)
+    )
+    trace = read_kineto(path)
+    expected = [
+        e["name"] for end, e in ends if end <= bad
+        and e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")
+    ]  # fmt: skip
+    assert sorted(trace.ranges["name"]) == sorted(expected)
+    assert len(repairs) <= kineto_stream._MAX_SALVAGE_DECODES + 2
+    assert any("ends inside its event list" in n for n in trace.notes)
+
+
 def test_cut_inside_a_broken_name_still_salvages(capture: Path, tmp_path: Path) -> None:
     raw = capture.read_bytes()
     cut = raw.index(b'say "h') + 5  # inside a name with unescaped quotes
