@@ -32,6 +32,16 @@ def _step(a: torch.Tensor) -> None:
     torch.relu(a @ a).sum()
 
 
+def _run(profile: GpuProfile, a: torch.Tensor) -> list[int]:
+    """The test's side of the loop: every step it was given, then the loop closed."""
+    steps = []
+    for step in profile.iterations():
+        steps.append(step)
+        _step(a)
+    profile.close()
+    return steps
+
+
 @pytest.fixture
 def steady_machine(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The reference workload always takes 1 ms (no round is re-run), or what the test
@@ -52,12 +62,7 @@ def test_a_round_run_while_the_machine_was_slow_is_run_again(
     profile = GpuProfile(spec, TorchCapturer(tmp_path / "t.pt.trace.json", "cpu"))
     # best; round 0 before/after; round 1 before/after (slow: re-run); again; round 2
     steady_machine += [1_000_000, 1_000_000, 1_010_000, 1_000_000, 1_300_000]
-    a = torch.randn(16, 16)
-    steps = []
-    for step in profile.iterations():
-        steps.append(step)
-        _step(a)
-    profile.close()
+    steps = _run(profile, torch.randn(16, 16))
     assert profile.slow_rounds == 1
     # warm-up, round 0, round 1 (dropped), round 1 again, round 2, the profiled round
     assert steps == [-1, 0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8, 9, 10, 11]
@@ -73,9 +78,7 @@ def test_retries_stop_after_as_many_as_there_are_rounds(
     spec = ProfileSpec(iterations=2, warmup=0, rounds=2)
     profile = GpuProfile(spec, TorchCapturer(tmp_path / "t.pt.trace.json", "cpu"))
     steady_machine += [1_000_000] + [2_000_000] * 40  # the machine stays slow
-    for _ in profile.iterations():
-        pass
-    profile.close()
+    _run(profile, torch.randn(4, 4))
     assert profile.slow_rounds == 2  # then the slow rounds are kept, and say so
     assert profile.round_of == [0, 0, 1, 1, 2, 2]
     assert profile.speed_ns == [2_000_000, 2_000_000]
@@ -87,12 +90,7 @@ def test_cpu_loop_times_rounds_unprofiled_then_profiles_one(
     spec = ProfileSpec(iterations=4, warmup=1, rounds=3)
     path = tmp_path / "t.pt.trace.json"
     profile = GpuProfile(spec, TorchCapturer(path, "cpu"))
-    a = torch.randn(32, 32)
-    steps = []
-    for step in profile.iterations():
-        steps.append(step)
-        _step(a)
-    profile.close()
+    steps = _run(profile, torch.randn(32, 32))
     assert steps == list(range(-1, 16))  # warm-up, 3 timing rounds, 1 profiled round
     assert profile.completed and profile.captured
     assert profile.round_of == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4

@@ -182,21 +182,30 @@ def trimmed_interval(
     host stole its CPU for a second) moves a t interval by its full size and
     widens it; here it is one of the ``g`` set aside.
     """
-    x = np.sort(np.asarray(d, dtype=np.float64))
+    x, g, w = _winsorized(d, trim)
     n = len(x)
-    g = int(math.floor(trim * n))
     h = n - 2 * g
     if h < 2:
         return math.nan, math.nan, math.nan, math.nan
     est = float(x[g : n - g].mean())
-    w = x.copy()
-    w[:g], w[n - g :] = x[g], x[n - g - 1]
     sw = float(w.std(ddof=1))
     se = sw / ((1 - 2 * g / n) * math.sqrt(n))
     if se == 0:
         return est, est, est, (0.0 if est != 0 else 1.0)
     lo, hi, p = _interval(est, se, h - 1, alpha)
     return est, lo, hi, p
+
+
+def _winsorized(d: np.ndarray, trim: float) -> tuple[np.ndarray, int, np.ndarray]:
+    """(sorted ``d``, ``g`` = floor(trim * n), ``d`` sorted with its ``g`` smallest and
+    largest values pulled in to their neighbours)."""
+    x = np.sort(np.asarray(d, dtype=np.float64))
+    n = len(x)
+    g = int(math.floor(trim * n))
+    w = x.copy()
+    if 0 < g < n - g:
+        w[:g], w[n - g :] = x[g], x[n - g - 1]
+    return x, g, w
 
 
 def _pct(log_ratio: float) -> float:
@@ -287,9 +296,10 @@ def judge_store(
     speed = math.nan
     if metric != "gpu_time" and speed_ns > 0 and baseline_speed_ns > 0:
         speed = math.log(speed_ns / baseline_speed_ns)
-        if abs(speed) > SPEED_DIFF:
-            shift += abs(speed)
-    busy = excess > BUSY_WAIT or (math.isfinite(speed) and abs(speed) > SPEED_DIFF)
+    off_speed = math.isfinite(speed) and abs(speed) > SPEED_DIFF
+    if off_speed:
+        shift += abs(speed)
+    busy = excess > BUSY_WAIT or off_speed
     noisy = busy or (math.isfinite(sp) and sp > tolerance)
     if busy:  # only a change beyond what the waiting explains counts
         tolerance_b = math.expm1(math.log1p(tolerance) + shift)
@@ -361,10 +371,8 @@ def judge_ab(
     # by 15-20 % among pairs within 2 %, seen in the calibration) is set aside, not
     # averaged in; below 5 pairs nothing is trimmed and this is the paired t interval
     delta, lo, hi, p = trimmed_interval(d, alpha, AB_TRIM)
-    g = int(math.floor(AB_TRIM * len(d)))
-    w = np.sort(d)
-    w[:g], w[len(w) - g :] = w[g], w[len(w) - g - 1]
-    sd = float(w.std(ddof=1))
+    _, g, w = _winsorized(d, AB_TRIM)
+    sd = float(w.std(ddof=1))  # the winsorized spread the interval used
     half = (hi - lo) / 2 if math.isfinite(hi) else math.inf
     noisy = half > math.log1p(tolerance)
     outcome = _decide(lo, hi, delta, tolerance, noisy)

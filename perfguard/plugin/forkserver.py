@@ -147,9 +147,9 @@ def _child(req: dict[str, Any], start_path: list[str], proto: tuple[int, int]) -
         rest = [p for p in start_path[1:] if p not in req["lead"]]
         sys.path[:] = [req["cwd"], *req["lead"], *rest]
         sys.argv = ["pytest", *req["args"]]
-        # plugins preloaded by the server cannot be assertion-rewritten (pytest warns)
         import pytest
 
+        # plugins preloaded by the server cannot be assertion-rewritten (pytest warns)
         args = [*req["args"], "-W", "ignore::pytest.PytestAssertRewriteWarning"]
         code = int(pytest.main(args))
     except SystemExit as exc:
