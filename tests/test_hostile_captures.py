@@ -117,6 +117,59 @@ def test_one_unclosed_outer_range_still_owns_its_kernels(tmp_path: Path) -> None
     assert (after.activities["range_id"] >= 0).sum() >= (before.activities["range_id"] >= 0).sum()
 
 
+def test_ranges_nested_thousands_deep_cost_linear_text(tmp_path: Path) -> None:
+    """Fuzz case 9874: every other range moved to start at 2^31 ns encloses the rest,
+    nesting 9k deep. Before, every op name repeated the whole chain and the group
+    roll-up walked it for every kernel (30+ CPU s, 3.7 GB from a 2.6 MB file)."""
+    from perfguard.analysis.groups import aggregate_groups
+    from perfguard.analysis.ops import MAX_OP_PATH_DEPTH, PATH_CUT
+
+    path = _copy(tmp_path, TORCHRUN)
+    _sql(path, "UPDATE NVTX_EVENTS SET start = 2147483648 WHERE rowid % 2 = 0")
+    trace = load_trace(path)
+    r = trace.ranges
+    assert int(r["depth"].max()) > 50 * MAX_OP_PATH_DEPTH  # the damage really nests
+
+    analysis = analyze(trace)
+    deep = int((r["depth"] >= MAX_OP_PATH_DEPTH).sum())
+    assert any(n.startswith(f"{deep} ranges are nested") for n in analysis.notes)
+    names = analysis.instances["op_name"].dropna()
+    # a path holds at most MAX_OP_PATH_DEPTH levels, the cut and the range's own name
+    assert int(names.str.count("/").max()) <= MAX_OP_PATH_DEPTH + 1
+    assert names.str.contains(f"/{PATH_CUT}/", regex=False).sum() > 0
+    # every kernel still has one owner: GPU time is conserved over the instances
+    owned = analysis.activities["range_id"] >= 0
+    dur = (analysis.activities["end"] - analysis.activities["start"])[owned].sum()
+    assert int(analysis.instances["gpu_time"].sum()) >= int(dur)
+
+    groups = aggregate_groups(trace, analysis.activities, analysis.instances)
+    # only ranges above the cut are groups ...
+    shallow = set(r.loc[r["depth"] < MAX_OP_PATH_DEPTH, "range_id"])
+    assert len(groups) > 0
+    # ... and the outermost one holds everything nested inside it, by interval containment
+    # on its thread (an independent walk: no parent pointers)
+    top = r[(r["depth"] == 0) & (r["kind"] == "op")]
+    outer = top.loc[(top["end"] - top["start"]).idxmax()]
+    assert outer["range_id"] in shallow
+    acts = analysis.activities[owned]
+    owner = r.set_index("range_id").loc[acts["range_id"]]
+    inside = (
+        (owner["start"].to_numpy() >= outer["start"])
+        & (owner["end"].to_numpy() <= outer["end"])
+        & (owner["tid"].to_numpy() == outer["tid"])
+        & (owner["pid"].to_numpy() == outer["pid"])
+    )
+    expected = int((acts["end"] - acts["start"]).to_numpy()[inside].sum())
+    name = analysis.instances.loc[analysis.instances["instance"] == outer["range_id"], "op_name"]
+    row = groups[groups["op_name"] == name.iloc[0]]
+    assert int(row["gpu_time_total"].sum()) == expected > 0
+
+    out = tmp_path / "out"
+    write_reports(analysis, out, reports=["detail", "group_node"], formats=["csv"])
+    assert sum(p.stat().st_size for p in out.iterdir()) < 20 * 2**20
+    _all_numbers_sane(out)
+
+
 # ------------------------------------------------------------------ inverted and huge times
 
 

@@ -20,7 +20,13 @@ from perfguard.analysis.iterations import (
     select_window,
 )
 from perfguard.analysis.kernels import aggregate_kernels
-from perfguard.analysis.ops import aggregate_ops, instance_rows, op_id_by_key, op_instances
+from perfguard.analysis.ops import (
+    aggregate_ops,
+    deep_range_note,
+    instance_rows,
+    op_id_by_key,
+    op_instances,
+)
 from perfguard.analysis.summary import iteration_table, run_summary
 from perfguard.trace.model import Trace
 from perfguard.trace.sanity import TIMED_TABLES, repair_times
@@ -92,7 +98,7 @@ def analyze(
     inst["op_id"] = op_id_by_key(inst)
     acts = _join_op(acts, inst)
     add_tensor_cores(trace, acts, inst)
-    notes = list(trace.notes) + add_flops(trace, acts, inst)
+    notes = [*trace.notes, *deep_range_note(trace.ranges), *add_flops(trace, acts, inst)]
 
     timeline = acts  # every activity: busy time inside an iteration counts them all
     if restricted:

@@ -14,7 +14,10 @@ every enclosing op range (DESIGN.md, "Attribution"). Two figures per group:
   counted twice (DESIGN.md, "flattening ... group nodes").
 
 Iteration markers are transparent: they are never groups, and the walk up
-the tree passes through them.
+the tree passes through them. Ranges nested ``MAX_OP_PATH_DEPTH`` levels deep
+or more (whose op names are cut) are not groups either: their work counts
+toward their enclosing groups above that depth, so the roll-up costs at most
+that many pairs per activity, however deep a damaged capture nests.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.intervals import segment_figures
+from perfguard.analysis.ops import MAX_OP_PATH_DEPTH
 from perfguard.arrays import unique_sorted
 from perfguard.trace.model import Trace
 
@@ -33,12 +37,15 @@ COLUMNS = [
 
 
 def _member_pairs(
-    parent: np.ndarray, owner: np.ndarray, group: np.ndarray
+    parent: np.ndarray, owner: np.ndarray, group: np.ndarray, skip: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(activity row, range)`` for every range flagged in ``group`` that encloses (or
-    is) the range owning each activity (``owner``: its range id, -1 for none)."""
+    is) the range owning each activity (``owner``: its range id, -1 for none). The
+    walk up starts at ``skip[owner]`` where given (see :func:`_shallow_anchor`)."""
     rows = np.flatnonzero(owner >= 0)
     cur = owner[rows]
+    if skip is not None:
+        cur = skip[cur]
     out_rows, out_groups = [], []
     while len(rows):
         hit = group[cur]
@@ -50,6 +57,21 @@ def _member_pairs(
     if not out_rows:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     return np.concatenate(out_rows), np.concatenate(out_groups)
+
+
+def _shallow_anchor(parent: np.ndarray, depth: np.ndarray) -> np.ndarray | None:
+    """Each range itself, or for one nested ``MAX_OP_PATH_DEPTH`` deep or more its
+    ancestor at that depth less one; ``None`` when no range is that deep."""
+    deep = np.flatnonzero(depth >= MAX_OP_PATH_DEPTH)
+    if not len(deep):
+        return None
+    anchor = np.arange(len(parent), dtype=np.int64)
+    deep = deep[np.argsort(depth[deep], kind="stable")]  # parents before children
+    bounds = np.flatnonzero(np.diff(depth[deep])) + 1
+    for level in np.split(deep, bounds):  # one vector step per level
+        up = parent[level]
+        anchor[level] = np.where(up >= 0, anchor[np.clip(up, 0, None)], level)
+    return anchor
 
 
 def _op_parent(parent: np.ndarray, is_op: np.ndarray) -> np.ndarray:
@@ -88,12 +110,15 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
     is_group = np.zeros(n, dtype=bool)
     is_group[op_parent[is_op & (op_parent >= 0)]] = True
     is_group &= inst_row >= 0
+    depth = r["depth"].to_numpy(np.int64)
+    is_group &= depth < MAX_OP_PATH_DEPTH
     groups = np.flatnonzero(is_group)
 
     # every (activity, enclosing group) pair; the figures are segment reductions of
     # one sort of the pairs by group and start
+    parent = r["parent_id"].to_numpy(np.int64)
     rows, g = _member_pairs(
-        r["parent_id"].to_numpy(np.int64), acts["range_id"].to_numpy(np.int64), is_group
+        parent, acts["range_id"].to_numpy(np.int64), is_group, _shallow_anchor(parent, depth)
     )
     present, fig = segment_figures(
         g,

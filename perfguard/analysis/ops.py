@@ -35,6 +35,10 @@ from perfguard.trace.model import Trace
 from perfguard.trace.nesting import group_codes
 
 STATS = ("total", "avg", "min", "max")
+#: op paths keep at most this many levels of nesting; deeper ranges are named
+#: ``<outer levels>/.../<own name>`` (real captures nest 5-10 deep)
+MAX_OP_PATH_DEPTH = 64
+PATH_CUT = "..."
 
 
 def op_paths(ranges: pd.DataFrame) -> pd.Series:
@@ -55,13 +59,20 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     Two codes may spell the same text (``/a/b`` named absolutely, ``b``
     under ``a``); callers that need one code per distinct name factorize
     ``text``, which holds only the distinct paths.
+
+    A range nested :data:`MAX_OP_PATH_DEPTH` levels deep or more is named by
+    its outer levels, :data:`PATH_CUT` and its own name: a path holds at most
+    that many levels, so ranges nested thousands deep (a damaged or recursive
+    capture) cost text linear in their count, not quadratic.
     """
     n = len(ranges)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
     name_code, names = factorize(ranges["name"].fillna(""))
     # a reader may hand over a name that is not text (a number in a damaged capture)
-    names = pd.Index([v if isinstance(v, str) else str(v) for v in names], dtype=object)
+    texts = [v if isinstance(v, str) else str(v) for v in names]
+    names = pd.Index([*texts, PATH_CUT], dtype=object)
+    cut_code = len(names) - 1
     depth = ranges["depth"].to_numpy()
     parent = ranges["parent_id"].to_numpy()
     range_id = ranges["range_id"].to_numpy()
@@ -75,18 +86,20 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     # such a name is already hierarchical and is not prefixed again
     absolute = np.asarray(names.str.startswith("/"), dtype=bool)[name_code]
     path_id = np.full(n, -1, dtype=np.int64)
+    base = np.full(n, -1, dtype=np.int64)  # the path a range's children hang under
     table_parent: list[np.ndarray] = []
     table_name: list[np.ndarray] = []
     next_id = 0
-    n_names = max(len(names), 1)
+    n_names = len(names)
     by_depth = np.argsort(depth, kind="stable")
     bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
     for level in range(len(bounds) - 1):
         at = by_depth[bounds[level] : bounds[level + 1]]
-        pp = np.where(parent_row[at] >= 0, path_id[np.clip(parent_row[at], 0, None)], -1)
+        pp = np.where(parent_row[at] >= 0, base[np.clip(parent_row[at], 0, None)], -1)
         pp[absolute[at]] = -1
         keep = ~transparent[at]
         path_id[at[~keep]] = pp[~keep]
+        base[at[~keep]] = pp[~keep]
         at, pp = at[keep], pp[keep]
         if not len(at):
             continue
@@ -96,6 +109,16 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         table_parent.append(uniq // n_names - 1)
         table_name.append(uniq % n_names)
         next_id += len(uniq)
+        if level < MAX_OP_PATH_DEPTH - 1:
+            base[at] = path_id[at]
+        elif level == MAX_OP_PATH_DEPTH - 1:  # children hang under "<this path>/..."
+            cut, parents = pd.factorize(path_id[at])
+            base[at] = cut + next_id
+            table_parent.append(np.asarray(parents, dtype=np.int64))
+            table_name.append(np.full(len(parents), cut_code, dtype=np.int64))
+            next_id += len(parents)
+        else:  # deeper still: the children share their parent's cut path
+            base[at] = np.where(absolute[at], path_id[at], pp)
     text = np.empty(next_id, dtype=object)
     first = 0
     # one vectorised concatenation per level: parents are built before children
@@ -105,6 +128,20 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         text[first : first + len(tp)] = np.where(tp < 0, leaf, parent_text + "/" + leaf)
         first += len(tp)
     return path_id, text
+
+
+def deep_range_note(ranges: pd.DataFrame) -> list[str]:
+    """The note for ranges whose op names :func:`op_path_codes` cut, if any."""
+    if ranges.empty:
+        return []
+    deep = int((ranges["depth"].to_numpy() >= MAX_OP_PATH_DEPTH).sum())
+    if not deep:
+        return []
+    return [
+        f"{deep} ranges are nested {MAX_OP_PATH_DEPTH} levels deep or more: their op names "
+        f"keep the outer {MAX_OP_PATH_DEPTH} levels, then '{PATH_CUT}' and their own name, "
+        "and their GPU work is rolled up into the group nodes above them, not into their own"
+    ]
 
 
 def op_id(op_name: pd.Series, direction: pd.Series) -> pd.Series:
