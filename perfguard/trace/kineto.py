@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,14 @@ import pandas as pd
 
 from perfguard.arrays import factorize
 from perfguard.errors import TraceError
-from perfguard.trace.kineto_stream import NA_INT, Event, Fallback, read_plain, stream_events
+from perfguard.trace.kineto_stream import (
+    NA_INT,
+    Args,
+    Event,
+    Fallback,
+    read_plain,
+    stream_events,
+)
 from perfguard.trace.model import NO_CORRELATION, Trace
 from perfguard.trace.names import is_backward_name, is_iteration_name, op_type_of
 from perfguard.trace.ranges import finalize_ranges
@@ -258,65 +266,75 @@ class _Columns:
         """One piece of typed :class:`Event` structs (the streaming reader).
 
         Each field becomes a numpy column in one C-level pass
-        (``np.fromiter(map(attrgetter(...)))``); no Python code runs per event.
+        (``np.fromiter(map(attrgetter(...)))``); categories are looked up once
+        per distinct value, and the kept events are picked with
+        ``itertools.compress``: no Python code runs per event.
         """
         n = len(events)
         if not n:
             return
-        ph = np.array(list(map(_PH, events)), dtype=object)
-        cat = np.array(list(map(_CAT, events)), dtype=object)
-        every = np.empty(n, dtype=object)
-        every[:] = events
-        keep, threads, cat = self._select(ph, cat, lambda m, e=every: list(map(_NAME, e[m])))
-        del ph
-        rows = np.flatnonzero(keep)
-        sel = every[rows]
-        if len(threads) and threads.any():
-            t = every[threads]  # a few per trace
-            self.parts["threads"].append(pd.DataFrame(
-                {"pid": [e.pid for e in t], "tid": [e.tid for e in t],
-                 "name": [e.args.name for e in t]}, dtype=object
-            ))  # fmt: skip
-        del every
-        if len(sel):
-            self._add_structs(sel, cat[rows], rows + self.n)
+        phs = list(map(_PH, events))
+        cats = list(map(_CAT, events))
+        seen = dict.fromkeys(cats)  # distinct categories, in order of appearance
+        self.legacy |= any(c in LEGACY_CATEGORIES for c in seen)
+        renamed = {c: LEGACY_CATEGORIES.get(c, c) if isinstance(c, str) else c for c in seen}
+        self.cats.update(dict.fromkeys(renamed.values()))
+        code_of = {c: _TABLE_OF_CATEGORY.get(r, -1) for c, r in renamed.items()}
+        code = np.fromiter(map(code_of.__getitem__, cats), np.int8, n)
+        del cats
+        known = code >= 0
+        self.any_known |= bool(known.any())
+        keep = np.fromiter(map(eq, phs, repeat("X")), bool, n) & known
+        if "M" in set(phs):  # metadata events are few: their names are looked at alone
+            meta = compress(events, np.fromiter(map(eq, phs, repeat("M")), bool, n))
+            t = [e for e in meta if e.name == "thread_name"]
+            if t:
+                self.parts["threads"].append(pd.DataFrame(
+                    {"pid": [e.pid for e in t], "tid": [e.tid for e in t],
+                     "name": [e.args.name for e in t]}, dtype=object
+                ))  # fmt: skip
+        del phs
+        if keep.any():
+            self._add_structs(
+                list(compress(events, keep)), code[keep], np.flatnonzero(keep) + self.n
+            )
         self.n += n
 
-    def _add_structs(self, ev: np.ndarray, cat: np.ndarray, index: np.ndarray) -> None:
+    def _add_structs(self, ev: list[Event], code: np.ndarray, index: np.ndarray) -> None:
+        """Columns of the kept events ``ev``; ``code``: each one's table (:data:`_TABLES`)."""
         k = len(ev)
-        ts = np.array(list(map(_TS, ev)), dtype=np.float64)  # None -> NaN
-        dur = np.array(list(map(_DUR, ev)), dtype=np.float64)
+        ts = _float_field(_TS, ev)  # None -> NaN
+        dur = _float_field(_DUR, ev)
         with np.errstate(invalid="ignore"):
             bad = ~(np.abs(ts) < _MAX_US) | (np.abs(dur) >= _MAX_US)
         if bad.any():  # the plain check words the error
-            names = list(map(_NAME, ev))
-            x = pd.DataFrame({"cat": cat, "name": names, "ts": ts, "dur": dur}, index=index)
+            cat = [LEGACY_CATEGORIES.get(c, c) for c in map(_CAT, ev)]
+            x = pd.DataFrame({"cat": cat, "name": list(map(_NAME, ev)), "ts": ts, "dur": dur},
+                             index=index)  # fmt: skip
             _check_times(self.path, x)
         start = _float_us_to_ns(ts)
         end = start + _float_us_to_ns(np.nan_to_num(dur, nan=0.0))
-        pid = _ints(list(map(_PID, ev)), -1)
-        tid = _ints(list(map(_TID, ev)), -1)
-        name = self._shared_names(pd.Series(list(map(_NAME, ev)), dtype=object))
+        del ts, dur
+        pid = _int_pass(_PID, ev, -1)
+        tid = _int_pass(_TID, ev, -1)
+        names = self.names
+        name = np.fromiter(map(names.setdefault, map(_NAME, ev), map(_NAME, ev)), object, k)
         args = list(map(_ARGS_OF, ev))
         corr = _int_field(_CORR, args, NO_CORRELATION)
-        arg_arr = np.empty(k, dtype=object)
-        arg_arr[:] = args
-        del args
 
-        def rows(cats: tuple[str, ...]) -> np.ndarray:
-            return np.flatnonzero(np.isin(cat, list(cats)))
+        def rows(mask: np.ndarray) -> tuple[np.ndarray, list[Args]]:
+            return np.flatnonzero(mask), list(compress(args, mask))
 
-        i = rows(API_CATEGORIES)
+        i = np.flatnonzero(code == _API)
         if len(i):
             self.parts["api"].append(pd.DataFrame(
                 {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
                  "correlation_id": corr[i], "name": name[i]}
             ))  # fmt: skip
-        for table, cats in (("kernels", ("kernel",)), ("memops", MEMOP_CATEGORIES)):
-            i = rows(cats)
+        for table, which in (("kernels", _KERNEL), ("memops", _MEMOP)):
+            i, ga = rows(code == which)
             if not len(i):
                 continue
-            ga = arg_arr[i]
             dev = _int_field(_DEVICE, ga)
             stream = _int_field(_STREAM, ga)
             df = pd.DataFrame(
@@ -334,16 +352,18 @@ class _Columns:
             else:
                 df["bytes"] = _nullable(_int_field(_BYTES, ga))
             self.parts[table].append(df)
-        i = rows(RANGE_CATEGORIES)
+        i, ra = rows(code >= _CPU_OP)
         if len(i):
-            ra = arg_arr[i]
-            stack = pd.Series(list(map(_STACK, ra)), dtype=object)
-            call_site = stack.where(stack.notna() & (stack != ""), None)
-            if call_site.notna().any():
+            stacks = list(map(_STACK, ra))
+            call_site = pd.Series(None, index=range(len(ra)), dtype=object)
+            if any(stacks):  # with_stack=True: the innermost frame
+                stack = pd.Series(stacks, dtype=object)
+                call_site = stack.where(stack.notna() & (stack != ""), None)
                 call_site = call_site.str.split(";").str[0]
             self.parts["ranges"].append(pd.DataFrame(
                 {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
-                 "name": name[i], "category": cat[i],
+                 "name": name[i],
+                 "category": np.asarray(_TABLE_CATEGORY, dtype=object)[code[i]],
                  "seq": _nullable(_int_field(_SEQ, ra)),
                  "input_shapes": _raw_json_text(list(map(_DIMS, ra))),
                  "dtypes": _raw_json_text(list(map(_TYPES, ra))),
@@ -483,6 +503,15 @@ _REGS, _SHMEM, _BYTES, _SEQ, _STACK = map(
     attrgetter, ["registers", "shared_memory", "bytes", "seq", "call_stack"]
 )
 _DIMS, _TYPES, _CONCRETE = map(attrgetter, ["input_dims", "input_type", "concrete"])
+#: the table an event goes to, by (modern) category; its ``category`` column by code
+_TABLE_CATEGORY = ("api", "kernel", "memop", *RANGE_CATEGORIES)
+_API, _KERNEL, _MEMOP, _CPU_OP = 0, 1, 2, 3
+_TABLE_OF_CATEGORY = {
+    **dict.fromkeys(API_CATEGORIES, _API),
+    "kernel": _KERNEL,
+    **dict.fromkeys(MEMOP_CATEGORIES, _MEMOP),
+    **{c: _CPU_OP + i for i, c in enumerate(RANGE_CATEGORIES)},
+}
 
 
 def _float_us_to_ns(f: np.ndarray) -> np.ndarray:
@@ -497,6 +526,22 @@ def _ints(values: list[Any], default: int) -> np.ndarray:
         return np.fromiter(values, np.int64, len(values))
     except (TypeError, ValueError, OverflowError):
         return _int_column(pd.Series(values, dtype=object), default)
+
+
+def _float_field(get: Callable[[Any], Any], objs: list[Any]) -> np.ndarray:
+    """A float field of every struct as float64 in one pass, ``None`` as NaN."""
+    try:
+        return np.fromiter(map(get, objs), np.float64, len(objs))
+    except TypeError:  # None among them
+        return np.array(list(map(get, objs)), dtype=np.float64)
+
+
+def _int_pass(get: Callable[[Any], Any], objs: list[Any], default: int) -> np.ndarray:
+    """An id field (``pid``/``tid``) as int64 in one pass; text ids the slow way."""
+    try:
+        return np.fromiter(map(get, objs), np.int64, len(objs))
+    except (TypeError, ValueError, OverflowError):
+        return _int_column(pd.Series(list(map(get, objs)), dtype=object), default)
 
 
 def _int_field(get: Callable[[Any], Any], objs: Any, absent: int = NA_INT) -> np.ndarray:
@@ -524,6 +569,8 @@ def _nullable(v: np.ndarray) -> pd.arrays.IntegerArray:
 
 def _raw_json_text(raws: list[Any]) -> np.ndarray:
     """Raw JSON values (``b""`` when absent) -> compact JSON text, parsed once per distinct text."""
+    if not any(map(len, raws)):  # nothing recorded (no record_shapes): skip the hashing
+        return np.full(len(raws), None, dtype=object)
     return _json_text(pd.Series(list(map(bytes, raws)), dtype=object)).to_numpy()
 
 

@@ -179,9 +179,18 @@ class _Reader:
         self.buf = b"".join(parts)
 
     def take(self, n: int) -> bytes:
-        out, self.buf = self.buf[:n], self.buf[n:]
-        self.offset += n
+        out = self.buf[:n]
+        self.skip(n)
         return out
+
+    def skip(self, n: int) -> None:
+        self.buf = self.buf[n:]
+        self.offset += n
+
+    def framed(self, cut: int) -> bytes:
+        """``[`` + the first ``cut`` bytes + ``]``: a JSON array, in one copy."""
+        with memoryview(self.buf) as view:
+            return b"".join((b"[", view[:cut], b"]"))
 
 
 def stream_events(
@@ -222,9 +231,8 @@ def stream_events(
         if cut is None:  # one event larger than a piece
             r.fill(len(r.buf) * 2)
             continue
-        text = b"[" + r.buf[:cut] + b"]"
         try:
-            events = decode(text)
+            events = decode(r.framed(cut))
         except Unrepairable as exc:
             if not exc.truncated:
                 raise TraceError(path, _bad_json(exc, r.offset)) from None
@@ -232,12 +240,12 @@ def stream_events(
             cut = _last_between(r.buf, cut - 1)
             if cut is None:
                 raise TraceError(path, _bad_json(exc, r.offset)) from None
-            events = decode(b"[" + r.buf[:cut] + b"]")
+            events = decode(r.framed(cut))
         seen += len(events)
         on_events(events)
         del events
-        r.take(cut)
-        r.take(_GAP.match(r.buf).end())  # up to the next '{'
+        r.skip(cut)
+        r.skip(_GAP.match(r.buf).end())  # up to the next '{'
 
     try:
         top, events, complete = _final(path, r, head, decode, notes)
