@@ -46,7 +46,9 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self.enabled:
-            self._thread = threading.Thread(target=self._run, name="pg-progress", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="perfguard-progress", daemon=True
+            )
             self._thread.start()
         return self
 

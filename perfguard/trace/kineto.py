@@ -34,6 +34,7 @@ import pandas as pd
 
 from perfguard.arrays import factorize
 from perfguard.errors import TraceError
+from perfguard.trace.kineto_split import read_split, split_worthwhile
 from perfguard.trace.kineto_stream import (
     NA_INT,
     Args,
@@ -355,11 +356,11 @@ class _Columns:
         i, ra = rows(code >= _CPU_OP)
         if len(i):
             stacks = list(map(_STACK, ra))
-            call_site = pd.Series(None, index=range(len(ra)), dtype=object)
+            call_site = np.full(len(ra), None, dtype=object)
             if any(stacks):  # with_stack=True: the innermost frame
                 stack = pd.Series(stacks, dtype=object)
-                call_site = stack.where(stack.notna() & (stack != ""), None)
-                call_site = call_site.str.split(";").str[0]
+                stack = stack.where(stack.notna() & (stack != ""), None)
+                call_site = stack.str.split(";").str[0].to_numpy(dtype=object)
             self.parts["ranges"].append(pd.DataFrame(
                 {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
                  "name": name[i],
@@ -368,7 +369,7 @@ class _Columns:
                  "input_shapes": _raw_json_text(list(map(_DIMS, ra))),
                  "dtypes": _raw_json_text(list(map(_TYPES, ra))),
                  "concrete_inputs": _raw_json_text(list(map(_CONCRETE, ra))),
-                 "call_site": call_site.to_numpy(dtype=object)}
+                 "call_site": call_site}
             ))  # fmt: skip
 
     def add_dicts(self, events: list[dict[str, Any]]) -> None:
@@ -483,8 +484,34 @@ class _Columns:
                  "input_shapes": _json_text(ra["Input Dims"]).to_numpy(),
                  "dtypes": _json_text(ra["Input type"]).to_numpy(),
                  "concrete_inputs": _json_text(ra["Concrete Inputs"]).to_numpy(),
-                 "call_site": call_site.to_numpy(dtype=object)}
+                 "call_site": call_site}
             ))  # fmt: skip
+
+    # -- two processes (:mod:`perfguard.trace.kineto_split`)
+
+    def take_parts(self) -> dict[str, list[pd.DataFrame]]:
+        """The tables' pieces so far, handed over (this object keeps none)."""
+        parts = self.parts
+        self.parts = {t: [] for t in parts}
+        return parts
+
+    def absorb_parts(self, parts: dict[str, list[pd.DataFrame]]) -> None:
+        """Append pieces that come after this object's (read by another process)."""
+        for table, pieces in parts.items():
+            self.parts[table].extend(pieces)
+
+    def state(self) -> dict[str, Any]:
+        """What this object learnt of the file beyond its tables."""
+        return {"cats": list(self.cats), "legacy": self.legacy, "any_known": self.any_known,
+                "n": self.n, "not_text": self.not_text}  # fmt: skip
+
+    def absorb_state(self, state: dict[str, Any]) -> None:
+        """Merge the :meth:`state` of the object that read the rest of the file."""
+        self.cats.update(dict.fromkeys(state["cats"]))
+        self.legacy |= state["legacy"]
+        self.any_known |= state["any_known"]
+        self.n += state["n"]
+        self.not_text += state["not_text"]
 
     # -- output
 
@@ -578,7 +605,10 @@ def _decode(path: Path) -> tuple[_Columns, dict[str, Any], list[str]]:
     """Stream the file into columns; the plain reader when the streaming one declines."""
     cols = _Columns(path)
     try:
-        top, notes = stream_events(path, cols.add_structs)
+        if split_worthwhile(path):
+            top, notes = read_split(path, cols, _Columns)
+        else:
+            top, notes = stream_events(path, cols.add_structs)
     except Fallback:
         data = read_plain(path)
         cols = _Columns(path)

@@ -45,7 +45,8 @@ PIECE_BYTES = 16 << 20
 _HEADER_LIMIT = 64 << 20
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 #: the gap between two events of the array
-_BETWEEN = re.compile(rb"\}\s*,\s*\{")
+BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
+_BETWEEN = BETWEEN_EVENTS
 #: the end of the array: ``}`` (or the opening ``[``) then ``]`` and the rest of the object
 _ARRAY_END = re.compile(rb"\]\s*[,}]")
 _GAP = re.compile(rb"\s*,\s*")
@@ -110,14 +111,16 @@ class Event(msgspec.Struct, gc=False):
 _DECODER = msgspec.json.Decoder(list[Event])
 
 
-def _blocks(path: Path, size: int, notes: list[str]) -> Iterator[bytes]:
-    """The file's bytes (gunzipped), ``size`` at a time; a broken gzip stream ends with a note."""
+def _blocks(path: Path, size: int, notes: list[str], start: int = 0) -> Iterator[bytes]:
+    """The file's bytes (gunzipped), ``size`` at a time; a broken gzip stream ends with a note.
+    ``start``: where to begin in a plain (not gzip) file."""
     try:
         fh = open(path, "rb")
     except OSError as exc:
         raise TraceError(path, f"cannot read file ({exc.strerror or exc})") from None
     with fh:
         try:
+            fh.seek(start)
             first = fh.read(size)
         except OSError as exc:
             raise TraceError(path, f"cannot read file ({exc.strerror or exc})") from None
@@ -156,27 +159,44 @@ def _blocks(path: Path, size: int, notes: list[str]) -> Iterator[bytes]:
 
 
 class _Reader:
-    """Reads the file's text piece by piece: the header, then the event array, then the tail."""
+    """Reads the file's text piece by piece: the header, then the event array, then the tail.
 
-    def __init__(self, path: Path, notes: list[str]):
+    ``limit`` (an offset) makes the reader stop there as if the file ended;
+    :meth:`lift` lets it go on.
+    """
+
+    def __init__(self, path: Path, notes: list[str], start: int = 0):
         self.path = path
         self.notes = notes
-        self.blocks = _blocks(path, PIECE_BYTES, notes)
+        self.blocks = _blocks(path, PIECE_BYTES, notes, start)
         self.buf = b""
         self.eof = False
-        self.offset = 0  # file offset of buf[0]
+        self.offset = start  # file offset of buf[0]
+        self.limit: int | None = None
+        self.at_limit = False
+        self._held = b""  # read past the limit, served after :meth:`lift`
 
     def fill(self, n: int) -> None:
         parts = [self.buf]
         have = len(self.buf)
         while have < n and not self.eof:
-            b = next(self.blocks, None)
+            b, self._held = (self._held, b"") if self._held else (next(self.blocks, None), b"")
             if b is None:
                 self.eof = True
                 break
+            if self.limit is not None and self.offset + have + len(b) >= self.limit:
+                room = self.limit - self.offset - have
+                b, self._held = b[:room], b[room:]
+                self.eof = self.at_limit = True
             parts.append(b)
             have += len(b)
         self.buf = b"".join(parts)
+
+    def lift(self) -> None:
+        """Read on past the limit."""
+        self.limit = None
+        if self.at_limit:
+            self.eof = self.at_limit = False
 
     def take(self, n: int) -> bytes:
         out = self.buf[:n]
@@ -202,61 +222,118 @@ def stream_events(
     whatever was repaired. Raises :class:`Fallback` for files this reader
     does not take, :class:`TraceError` when nothing can be read.
     """
-    notes: list[str] = []
-    fixes: Counter[str] = Counter()
-    r = _Reader(path, notes)
-    r.fill(PIECE_BYTES)
-    m = _EVENTS_KEY.search(r.buf, 0, _HEADER_LIMIT)
-    while m is None and not r.eof and len(r.buf) < _HEADER_LIMIT:
-        r.fill(len(r.buf) + PIECE_BYTES)
-        m = _EVENTS_KEY.search(r.buf, 0, _HEADER_LIMIT)
-    if m is None or not r.buf.lstrip()[:1] == b"{":
-        raise Fallback
-    head = r.take(m.end())[: m.start()] + b'"traceEvents": ['
-    seen = 0
+    stream = EventStream(path)
+    stream.run(on_events)
+    top, notes = stream.finish(on_events)
+    return top, repair_notes(stream.fixes) + notes
 
-    def decode(text: bytes) -> list[Event]:
+
+class EventStream:
+    """The event array of one file, decoded piece by piece (see :func:`stream_events`).
+
+    Two of them can share a file: one from the start that stops at an event
+    boundary (``run(stop=...)``), one that starts there (``start``, with the
+    first one's ``head``); :mod:`perfguard.trace.kineto_split` runs them in
+    two processes.
+    """
+
+    def __init__(self, path: Path, start: int | None = None, head: bytes | None = None):
+        self.path = path
+        self.notes: list[str] = []
+        self.fixes: Counter[str] = Counter()
+        self.seen = 0  # events decoded
+        if start is not None:  # a later part of the array: ``head`` is the object's start
+            assert head is not None
+            self.r = _Reader(path, self.notes, start)
+            self.head = head
+            return
+        r = self.r = _Reader(path, self.notes)
+        r.fill(PIECE_BYTES)
+        m = _EVENTS_KEY.search(r.buf, 0, _HEADER_LIMIT)
+        while m is None and not r.eof and len(r.buf) < _HEADER_LIMIT:
+            r.fill(len(r.buf) + PIECE_BYTES)
+            m = _EVENTS_KEY.search(r.buf, 0, _HEADER_LIMIT)
+        if m is None or not r.buf.lstrip()[:1] == b"{":
+            raise Fallback
+        self.head = r.take(m.end())[: m.start()] + b'"traceEvents": ['
+
+    def decode(self, text: bytes) -> list[Event]:
+        """One framed piece: the fast typed decode, else torch's bugs repaired."""
         try:
             return _typed(text)
         except (msgspec.DecodeError, UnicodeDecodeError):
             pass
-        events, _ = repair_piece(text, _typed, fixes)  # Unrepairable goes up
+        events, _ = repair_piece(text, _typed, self.fixes)  # Unrepairable goes up
         return events
 
-    while True:
-        r.fill(PIECE_BYTES)
-        if r.eof:
-            break
+    def run(self, on_events: Callable[[list[Event]], None], stop: int | None = None) -> bool:
+        """Decode whole pieces until the text ends (then :meth:`finish`) or, with
+        ``stop`` (the offset of an event's ``{``), until every event before it is
+        read: then True, and the reader waits at ``stop``. False when it is not
+        an event boundary this reader can stop at (call again without ``stop``)."""
+        r = self.r
+        if stop is not None:
+            r.limit = stop + 1  # the '{' too: it shows where the last event ends
+        while True:
+            r.fill(PIECE_BYTES)
+            if r.eof:
+                break
+            cut = _last_between(r.buf)
+            if cut is None:  # one event larger than a piece
+                r.fill(len(r.buf) * 2)
+                continue
+            try:
+                events = self.decode(r.framed(cut))
+            except Unrepairable as exc:
+                if not exc.truncated:
+                    raise TraceError(self.path, _bad_json(exc, r.offset)) from None
+                # the cut fell inside a string that holds "},{": cut at an earlier gap
+                cut = _last_between(r.buf, cut - 1)
+                if cut is None:
+                    raise TraceError(self.path, _bad_json(exc, r.offset)) from None
+                events = self.decode(r.framed(cut))
+            self._consumed(on_events, events, cut)
+            del events  # the piece's structs go before the next one is decoded
+        if stop is None or not r.at_limit:
+            r.lift()
+            return False
+        r.lift()
         cut = _last_between(r.buf)
-        if cut is None:  # one event larger than a piece
-            r.fill(len(r.buf) * 2)
-            continue
+        if cut is None or r.offset + len(r.buf) != stop + 1 or not r.buf.endswith(b"{"):
+            return False
+        if _GAP.match(r.buf, cut).end() != len(r.buf) - 1:
+            return False
+        fixes = self.fixes.copy()
         try:
-            events = decode(r.framed(cut))
-        except Unrepairable as exc:
-            if not exc.truncated:
-                raise TraceError(path, _bad_json(exc, r.offset)) from None
-            # the cut fell inside a string that holds "},{": cut at an earlier gap
-            cut = _last_between(r.buf, cut - 1)
-            if cut is None:
-                raise TraceError(path, _bad_json(exc, r.offset)) from None
-            events = decode(r.framed(cut))
-        seen += len(events)
+            events = self.decode(r.framed(cut))
+        except Unrepairable:  # left for the serial reader, which words it
+            self.fixes = fixes
+            return False
+        self._consumed(on_events, events, cut)
+        return True
+
+    def _consumed(
+        self, on_events: Callable[[list[Event]], None], events: list[Event], cut: int
+    ) -> None:
+        self.seen += len(events)
         on_events(events)
         del events
-        r.skip(cut)
-        r.skip(_GAP.match(r.buf).end())  # up to the next '{'
+        self.r.skip(cut)
+        self.r.skip(_GAP.match(self.r.buf).end())  # up to the next '{'
 
-    try:
-        top, events, complete = _final(path, r, head, decode, notes)
-    except Unrepairable as exc:
-        raise TraceError(path, _bad_json(exc, r.offset)) from None
-    seen += len(events)
-    if seen == 0 and not complete:
-        raise TraceError(path, "truncated or corrupt before its first complete event")
-    on_events(events)
-    notes[:0] = repair_notes(fixes)
-    return top, notes
+    def finish(self, on_events: Callable[[list[Event]], None]) -> tuple[dict[str, Any], list[str]]:
+        """The last events and the object's tail, after :meth:`run` read to the end:
+        ``(top-level object, notes)``; the repairs' notes are :attr:`fixes`'."""
+        r = self.r
+        try:
+            top, events, complete = _final(self.path, r, self.head, self.decode, self.notes)
+        except Unrepairable as exc:
+            raise TraceError(self.path, _bad_json(exc, r.offset)) from None
+        self.seen += len(events)
+        if self.seen == 0 and not complete:
+            raise TraceError(self.path, "truncated or corrupt before its first complete event")
+        on_events(events)
+        return top, self.notes
 
 
 def _typed(text: bytes) -> list[Event]:
