@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from perfguard.commands import argtypes
-from perfguard.commands.memory import reuse_freed_memory
+from perfguard.commands.memory import release_free_pages, reuse_freed_memory
 from perfguard.errors import AnalysisError, PerfguardError
 
 if TYPE_CHECKING:
@@ -209,6 +209,7 @@ def analyze_and_report(args: argparse.Namespace) -> None:
             on_rank=lambda done, total, n: progress.events(n, f"{done}/{total} ranks"),
             range_filter=_range_filter(args),
         )
+        release_free_pages()  # the reader's dropped pieces: see the function
         progress.phase("analysing")
         progress.events(sum(len(t) for t in (trace.ranges, trace.api_calls, trace.kernels,
                                              trace.memops)))  # fmt: skip

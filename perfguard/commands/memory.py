@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from collections.abc import Callable
 
 # mallopt parameters (glibc <malloc.h>)
 _M_TRIM_THRESHOLD = -1
@@ -54,6 +55,33 @@ def reuse_freed_memory() -> bool:
     return bool(ok)
 
 
+def release_free_pages() -> None:
+    """Give the kernel back the pages of freed heap memory (``malloc_trim``).
+
+    With freed memory kept in the heap, the pieces a reader concatenated
+    and dropped stay resident: after reading the 1M-kernel Kineto trace
+    1.6 GB of the 2.9 GB RSS was free memory, in holes too small for the
+    analysis' large arrays, which then grew the heap past it (peak 4.0 GB;
+    3.5 GB with this call between reading and analysing). Costs a few ms,
+    and the page faults of reusing those holes later.
+    """
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
 def _no_huge_pages() -> None:
     """Stop numpy's ``madvise(MADV_HUGEPAGE)`` on large arrays (see the module doc)."""
     try:
@@ -63,3 +91,6 @@ def _no_huge_pages() -> None:
     setter = getattr(multiarray, "_set_madvise_hugepage", None)
     if setter is not None:
         setter(False)
+
+
+_TRIM = _malloc_trim()
