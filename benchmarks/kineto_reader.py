@@ -3,7 +3,9 @@
 Builds Kineto captures of N kernels by replicating the A100 2-rank NCCL
 training trace (``large_capture.build_kineto``: ``ts``, correlation and
 flow ids shifted per copy) and times, each in a fresh child process with
-its peak RSS (``ru_maxrss`` from ``os.wait4``):
+its peak RSS (``ru_maxrss`` from ``os.wait4``) and the peak of its process
+tree's summed RSS (sampled every 50 ms: perfguard forks a second reader for
+plain files over 256 MB; the memory target is checked on the tree):
 
 * ``perfguard``: ``python -m perfguard analyze --reports kernel --formats csv``
   (read the trace, attribute, write the kernel report);
@@ -38,7 +40,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from large_capture import FIXTURES, KINETO_FIXTURE, _mb, _run, _table, build_kineto  # noqa: E402
+from large_capture import (  # noqa: E402
+    FIXTURES,
+    KINETO_FIXTURE,
+    LAST_TREE_KB,
+    _mb,
+    _run,
+    _table,
+    build_kineto,
+)
 
 HTA_VERSION = "0.5.0"
 #: the issue's targets: kernels -> (wall s, peak bytes)
@@ -89,8 +99,11 @@ def make_hta_venv(dest: Path) -> Path:
 
 def measure(name: str, cmd: list[str], mem_limit_gb: float) -> dict[str, Any]:
     rc, wall, rss, cpu, text, error = _run(cmd, mem_limit_gb)
-    print(f"  {name}: {wall:.2f} s, {_mb(rss)}" + (f" FAILED: {error}" if rc else ""))
-    return {"tool": name, "rc": rc, "wall_s": wall, "peak_kb": rss, "cpu_s": cpu, "out": text}
+    tree = max(LAST_TREE_KB[0], rss)  # the sampler may miss a short peak
+    print(f"  {name}: {wall:.2f} s, {_mb(rss)}, process tree {_mb(tree)}"
+          + (f" FAILED: {error}" if rc else ""))  # fmt: skip
+    return {"tool": name, "rc": rc, "wall_s": wall, "peak_kb": rss, "tree_kb": tree,
+            "cpu_s": cpu, "out": text}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    rows = [["kernels", "events", "file", "tool", "wall s", "CPU s", "peak RSS", "target"]]
+    rows = [["kernels", "events", "file", "tool", "wall s", "CPU s", "peak RSS", "tree RSS",
+             "target"]]  # fmt: skip
     failed = False
     for kernels in args.kernels:
         cap_dir = work / f"k{kernels}"
@@ -151,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
             target = ""
             if r["tool"] == "perfguard" and kernels in TARGETS:
                 wall_t, rss_t = TARGETS[kernels]
-                ok = r["rc"] == 0 and r["wall_s"] <= wall_t and r["peak_kb"] * 1024 <= rss_t
+                # memory: the whole process tree (the reader may fork a second process)
+                ok = r["rc"] == 0 and r["wall_s"] <= wall_t and r["tree_kb"] * 1024 <= rss_t
                 failed |= not ok
                 target = f"<= {wall_t:g} s, <= {rss_t / 1e6:,.0f} MB: {'met' if ok else 'MISSED'}"
             rows.append([
                 f"{kernels:,}", f"{built['events']:,}", f"{built['bytes'] / 1e6:,.0f} MB",
                 r["tool"], f"{r['wall_s']:.2f}" + ("" if r["rc"] == 0 else " (failed)"),
-                f"{r['cpu_s']:.2f}", _mb(r["peak_kb"]), target,
+                f"{r['cpu_s']:.2f}", _mb(r["peak_kb"]), _mb(r["tree_kb"]), target,
             ])  # fmt: skip
     load = os.getloadavg()
     print(f"load average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")

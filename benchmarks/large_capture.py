@@ -52,6 +52,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -358,6 +359,55 @@ print(json.dumps({"times": times, "rss_kb": rss, "counts": counts}))
 """
 
 
+#: peak of the summed RSS of the last ``_run``'s process and its descendants, KiB
+LAST_TREE_KB = [0]
+
+
+class TreeRss:
+    """Samples the summed ``VmRSS`` of a process and its descendants every 50 ms.
+
+    ``ru_maxrss`` from ``wait4`` is the largest single process; a command that
+    forks a helper (the Kineto reader's second half) uses the sum. Shared pages
+    count in each process, so the sum is an upper bound.
+    """
+
+    def __init__(self, root: int):
+        self.root, self.peak = root, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.05):
+            self.peak = max(self.peak, self._total())
+
+    def _total(self) -> int:
+        parent, rss = {}, {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/status") as fh:
+                    fields = dict(line.split(":", 1) for line in fh if ":" in line)
+                parent[int(entry)] = int(fields["PPid"])
+                rss[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0])
+            except (OSError, KeyError, ValueError):
+                continue
+        tree, grew = {self.root}, True
+        while grew:
+            grew = False
+            for pid, ppid in parent.items():
+                if ppid in tree and pid not in tree:
+                    tree.add(pid)
+                    grew = True
+        return sum(rss.get(pid, 0) for pid in tree)
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join()
+        return self.peak
+
+
 def _run(cmd: list[str], mem_limit_gb: float | None) -> tuple[int, float, int, float, str, str]:
     """Run ``cmd``; returns (exit status, wall s, peak RSS KiB, CPU s, stdout, error)."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -372,8 +422,10 @@ def _run(cmd: list[str], mem_limit_gb: float | None) -> tuple[int, float, int, f
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, preexec_fn=limit)
+        tree = TreeRss(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
+        LAST_TREE_KB[0] = tree.stop()
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
