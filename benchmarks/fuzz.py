@@ -695,6 +695,11 @@ def run(opts: argparse.Namespace, emit: Callable[[Case], None] | None = None) ->
     import perfguard.report.writer  # noqa: F401
     import perfguard.trace  # noqa: F401
 
+    if opts.split:  # every plain Kineto capture through the two-process reader
+        from perfguard.trace import kineto_split, kineto_stream
+
+        kineto_split.SPLIT_BYTES = 0
+        kineto_stream.PIECE_BYTES = 1 << 20
     files = fixture_files(max_mb=opts.max_input_mb)
     if not files:
         raise SystemExit(f"no fixtures under {fixtures_dir()}")
@@ -705,6 +710,11 @@ def run(opts: argparse.Namespace, emit: Callable[[Case], None] | None = None) ->
         work = Path(tmp)
         for i in indices:
             case, capture = make_case(i, opts.seed, files, work)
+            if opts.split and capture.name.endswith(".json.gz") and case.kind != "bad_gzip":
+                plain = capture.with_suffix("")  # x.json.gz -> x.json
+                plain.write_bytes(gzip.decompress(capture.read_bytes()))
+                capture.unlink()
+                capture = plain
             if opts.keep_failures:
                 kept = Path(opts.keep_failures) / capture.name
             run_case(case, capture, work, opts)
@@ -786,6 +796,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-failures", help="copy the captures of bugs to this folder")
     p.add_argument("--summarize", nargs="*", help="summarize these JSONL logs and exit")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="write Kineto cases as plain JSON and read every one with two processes "
+        "(kineto_split), in 1 MiB pieces",
+    )
     return p
 
 
