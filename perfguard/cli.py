@@ -274,7 +274,9 @@ def _import_in_background(module: str) -> None:
         except Exception:  # noqa: BLE001 - the page's own import reports any real problem
             pass
 
-    threading.Thread(target=work, name="perfguard-import", daemon=True).start()
+    from perfguard.trace.kineto_split import IMPORT_THREAD
+
+    threading.Thread(target=work, name=IMPORT_THREAD, daemon=True).start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

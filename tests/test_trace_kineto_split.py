@@ -141,3 +141,24 @@ def test_only_large_plain_files_are_split(plain: Path, tmp_path: Path) -> None:
             m.setattr(kineto_split.threading, "enumerate",
                       lambda t=t: [threading.main_thread(), t])  # fmt: skip
             assert kineto_split.split_worthwhile(plain) is ok  # forking a threaded process
+
+
+def test_the_fork_waits_for_the_commands_background_import(
+    plain: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI imports matplotlib on a thread while it reads; a fork taken while that
+    thread holds a module's import lock would leave the child waiting on it."""
+    release = threading.Event()
+    done: list[str] = []
+
+    def importing() -> None:
+        release.wait(5)
+        done.append("imported")
+
+    t = threading.Thread(target=importing, name=kineto_split.IMPORT_THREAD)
+    t.start()
+    monkeypatch.setattr(kineto_split, "_split_point", lambda *_a: (done.append("split"), None)[1])
+    threading.Timer(0.3, release.set).start()
+    _read(plain, monkeypatch, split=True)
+    t.join()
+    assert done[:1] == ["imported"]  # the import finished before the split was planned

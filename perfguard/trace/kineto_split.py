@@ -35,6 +35,11 @@ from perfguard.trace.kineto_stream import BETWEEN_EVENTS, Event, EventStream
 SPLIT_BYTES = 256 << 20
 #: the name prefix of perfguard's helper threads, which do not block a fork
 OUR_THREADS = "perfguard-"
+#: the name of a helper thread that imports modules: waited for before forking, since
+#: a child that imports what it was importing would wait on its lock forever
+IMPORT_THREAD = OUR_THREADS + "import"
+#: seconds to wait for it
+_IMPORT_WAIT_S = 10.0
 #: seconds without a message after which the child is given up (and its half read here)
 SILENCE_S = 60.0
 #: fcntl's F_SETPIPE_SZ (Linux) and the pipe size asked for
@@ -81,7 +86,7 @@ def read_split(
     """Stream ``path`` into ``cols`` with a child reading the second half:
     ``(top-level object, notes)`` as :func:`kineto_stream.stream_events`."""
     stream = EventStream(path)
-    stop = _split_point(path, stream.r.offset)
+    stop = _split_point(path, stream.r.offset) if _imports_settled() else None
     if stop is None:
         return _serial_rest(stream, cols)
     recv, send = multiprocessing.get_context("fork").Pipe(duplex=False)
@@ -201,6 +206,17 @@ def _only_our_threads() -> bool:
     still blocks is given up after :data:`SILENCE_S`."""
     main = threading.main_thread()
     return all(t is main or t.name.startswith(OUR_THREADS) for t in threading.enumerate())
+
+
+def _imports_settled() -> bool:
+    """Wait for the command's background import to finish (a fork taken while it
+    holds a module's import lock leaves that lock held in the child)."""
+    for t in threading.enumerate():
+        if t.name == IMPORT_THREAD:
+            t.join(_IMPORT_WAIT_S)
+            if t.is_alive():
+                return False
+    return True
 
 
 def _cpus() -> int:
