@@ -20,6 +20,7 @@ import fcntl
 import multiprocessing
 import os
 import pickle
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -76,7 +77,7 @@ def split_worthwhile(path: Path) -> bool:
         and magic != b"\x1f\x8b"  # a gzip stream cannot be entered in the middle
         and _cpus() >= 2
         and _only_our_threads()
-        and "fork" in multiprocessing.get_all_start_methods()
+        and sys.platform.startswith("linux")  # fork without exec is unsafe on macOS
     )
 
 
@@ -103,6 +104,7 @@ def read_split(
         stopped = stream.run(cols.add_structs, stop=stop)
         receiver.join()
         if not (stopped and inbox and inbox[-1][0] == "done"):
+            inbox.clear()  # the child's pieces, if any: this process reads them again
             return _serial_rest(stream, cols)
         for message in inbox[:-1]:
             cols.absorb_parts(message[1])
