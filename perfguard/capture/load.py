@@ -11,11 +11,16 @@ load of the others (0 on an idle machine, about 1 with one busy process per
 core). The verdict uses it to refuse comparing a busy round with a quiet
 baseline (:mod:`perfguard.compare.timing`).
 
-Beside it, the share of the round's wall time that the measuring thread
-spent *runnable but waiting for a CPU* (``/proc/thread-self/schedstat``,
-the scheduler's run delay): how much the machine, not the code, stretched
-this round's wall time. A sleep-bound test on a busy machine waits little;
-a CPU-bound one with a busy process per core waits half the time. The
+Beside it, the share of the round's wall time that a thread of this
+process spent *runnable but waiting for a CPU* (``/proc/self/task/*/schedstat``,
+the scheduler's run delay; the most any one thread waited): how much the
+machine, not the code, stretched this round. A sleep-bound test on a busy
+machine waits little; a CPU-bound one with a busy process per core waits
+half the time. Every thread counts, not only the one that measures: when
+torch splits a small op over its intra-op threads and a neighbour preempts
+one of them, the measuring thread does not wait, it spins at the op's
+barrier, and its CPU time grew 75-fold in a real session (a 64x64 matmul,
+two busy processes on two cores) with no wait of its own to see. The
 verdict raises its threshold by the difference from the baseline's wait.
 
 Linux only; elsewhere (or when /proc cannot be read) both are NaN and
@@ -56,13 +61,20 @@ def _own() -> int | None:
     return int(rest[11]) + int(rest[12])  # utime, stime (fields 14 and 15)
 
 
-def _run_delay() -> int | None:
-    """Nanoseconds this thread has waited on a run queue (scheduler statistics)."""
+def _run_delays() -> dict[str, int] | None:
+    """Nanoseconds each thread of this process has waited on a run queue."""
     try:
-        with open("/proc/thread-self/schedstat", encoding="ascii") as fh:
-            return int(fh.read().split()[1])
-    except (OSError, IndexError, ValueError):
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
         return None
+    out = {}
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as fh:
+                out[tid] = int(fh.read().split()[1])
+        except (OSError, IndexError, ValueError):  # the thread ended meanwhile
+            continue
+    return out or None
 
 
 def load_of(ticks: list[tuple[int, int]]) -> float:
@@ -77,19 +89,21 @@ class LoadProbe:
     def __init__(self) -> None:
         self._m: tuple[int, int] | None = None
         self._o: int | None = None
-        self._d: int | None = None
+        self._d: dict[str, int] | None = None
         self._t = 0
 
     def start(self) -> None:
         self._m, self._o = _machine(), _own()
-        self._d, self._t = _run_delay(), time.perf_counter_ns()
+        self._d, self._t = _run_delays(), time.perf_counter_ns()
 
     def waited(self) -> tuple[int, int] | None:
-        """(ns this thread waited for a CPU, ns of wall time) since :meth:`start`."""
-        d, t = _run_delay(), time.perf_counter_ns()
+        """(ns the most-delayed thread of this process waited for a CPU, ns of wall
+        time) since :meth:`start`; a thread started since counts from zero."""
+        d, t = _run_delays(), time.perf_counter_ns()
         if d is None or self._d is None or t <= self._t:
             return None
-        return max(0, d - self._d), t - self._t
+        before = self._d
+        return max(max(0, v - before.get(tid, 0)) for tid, v in d.items()), t - self._t
 
     def stop(self) -> tuple[int, int] | None:
         m, o = _machine(), _own()
