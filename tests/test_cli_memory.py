@@ -79,41 +79,19 @@ def test_a_reader_that_closes_the_pipe_early_is_not_an_internal_error(tmp_path: 
     assert err == ""
 
 
-def test_freed_memory_kept_in_the_heap_is_given_back_between_read_and_analysis() -> None:
-    """With the command's settings freed blocks stay resident; ``release_free_pages``
-    returns their pages (what the reader's dropped pieces cost at 1M kernels)."""
+def _free_and_release(keep_mib: int, drop_mib: int) -> tuple[int, int, bool]:
+    """In a fresh process with the command's heap settings: hold ``keep_mib``, free
+    ``drop_mib`` under a live block, call ``release_free_pages``; (RSS MiB before, after,
+    whether the libc reports its free heap)."""
     code = (
         "import numpy as np\n"
         "from perfguard.commands import memory\n"
         "assert memory.reuse_freed_memory()\n"
         "def rss():\n"
         "    return int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20\n"
-        "keep = [np.ones(1 << 20) for _ in range(40)]  # 320 MiB that stay\n"
-        "pieces = [np.ones(1 << 20) for _ in range(40)]  # 320 MiB the reader drops\n"
-        "keep2 = np.ones(1 << 10)  # a live block above them: nothing to trim at the top\n"
-        "del pieces\n"
-        "before = rss()\n"
-        "memory.release_free_pages()\n"
-        "print(before, rss())\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    before, after = map(int, proc.stdout.split())
-    assert before - after > 250  # MiB given back, out of 320 freed
-    assert after > 300  # what is still alive stays
-
-
-def test_a_little_freed_memory_stays_for_reuse() -> None:
-    """Below TRIM_MIN_FREE the pages stay: giving them back would cost page faults when
-    the analysis reuses them (0.06 s at 50k kernels) for no memory that matters."""
-    code = (
-        "import numpy as np\n"
-        "from perfguard.commands import memory\n"
-        "assert memory.reuse_freed_memory()\n"
-        "def rss():\n"
-        "    return int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20\n"
-        "pieces = [np.ones(1 << 20) for _ in range(8)]  # 64 MiB the reader drops\n"
-        "keep = np.ones(1 << 10)\n"
+        f"keep = [np.ones(1 << 17) for _ in range({keep_mib})]\n"
+        f"pieces = [np.ones(1 << 17) for _ in range({drop_mib})]  # what the reader drops\n"
+        "top = np.ones(1 << 10)  # a live block above them: nothing to trim at the top\n"
         "del pieces\n"
         "before = rss()\n"
         "memory.release_free_pages()\n"
@@ -122,6 +100,21 @@ def test_a_little_freed_memory_stays_for_reuse() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     before, after, known = proc.stdout.split()
-    if known != "True":
+    return int(before), int(after), known == "True"
+
+
+def test_freed_memory_kept_in_the_heap_is_given_back_between_read_and_analysis() -> None:
+    """With the command's settings freed blocks stay resident; ``release_free_pages``
+    returns their pages (what the reader's dropped pieces cost at 1M kernels)."""
+    before, after, _ = _free_and_release(keep_mib=320, drop_mib=320)
+    assert before - after > 250  # MiB given back, out of 320 freed
+    assert after > 300  # what is still alive stays
+
+
+def test_a_little_freed_memory_stays_for_reuse() -> None:
+    """Below TRIM_MIN_FREE the pages stay: giving them back would cost page faults when
+    the analysis reuses them (0.06 s at 50k kernels) for no memory that matters."""
+    before, after, known = _free_and_release(keep_mib=0, drop_mib=64)
+    if not known:
         pytest.skip("this libc does not report its free heap (mallinfo2: glibc 2.33+)")
-    assert int(before) - int(after) < 8  # MiB: nothing given back
+    assert before - after < 8  # MiB: nothing given back

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
-from collections.abc import Callable
+from typing import Any
 
 # mallopt parameters (glibc <malloc.h>)
 _M_TRIM_THRESHOLD = -1
@@ -44,13 +45,9 @@ def reuse_freed_memory() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     _no_huge_pages()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+    mallopt = _libc_function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
+    if mallopt is None:  # not glibc (musl has no mallopt)
         return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
     ok = mallopt(_M_MMAP_MAX, 0)  # large blocks from the heap, not one mmap each
     ok &= mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # keep freed memory for the next array
     ok &= mallopt(_M_ARENA_MAX, 1)  # reader threads share the heap instead of their own
@@ -68,11 +65,12 @@ def release_free_pages() -> None:
     faults of reusing those holes later (0.06 s at 50k kernels, with 85 MiB
     free), so it is skipped below :data:`TRIM_MIN_FREE` of free heap.
     """
-    if _TRIM is None:
+    trim = _libc_function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
+    if trim is None:
         return
     free = _free_heap()
     if free is None or free >= TRIM_MIN_FREE:
-        _TRIM(0)
+        trim(0)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -85,36 +83,31 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _free_heap() -> int | None:
-    """Bytes of freed memory the heap holds (``mallinfo2().fordblks``); None if unknown."""
-    if _MALLINFO2 is None:
-        return None
-    return int(_MALLINFO2().fordblks)
+    """Bytes of freed memory the heap holds (``mallinfo2().fordblks``); None if unknown
+    (not glibc, or glibc before 2.33)."""
+    info = _libc_function("mallinfo2", (), _MallInfo2)
+    return None if info is None else int(info().fordblks)
 
 
-def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+@functools.cache
+def _libc_function(name: str, argtypes: tuple[Any, ...], restype: Any) -> Any | None:
+    """glibc's ``name`` with its C signature, or None where there is no such function
+    (not Linux, not glibc). Looked up once, when first needed: finding the C library
+    costs a few ms, not to be paid by every command at start-up."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        info = libc.mallinfo2
-    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
+        func = getattr(_libc(), name)
+    except (OSError, AttributeError):
         return None
-    info.argtypes = []
-    info.restype = _MallInfo2
-    return info
+    func.argtypes = list(argtypes)
+    func.restype = restype
+    return func
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
 def _no_huge_pages() -> None:
@@ -126,7 +119,3 @@ def _no_huge_pages() -> None:
     setter = getattr(multiarray, "_set_madvise_hugepage", None)
     if setter is not None:
         setter(False)
-
-
-_TRIM = _malloc_trim()
-_MALLINFO2 = _mallinfo2()
