@@ -232,13 +232,6 @@ _KERNEL_NUMBERS = (("registers", "registers per thread"), ("shared_mem", "shared
 _PLAIN_PIECE = 200_000
 
 
-def _take(values: list[Any], idx: np.ndarray) -> list[Any]:
-    """``[values[i] for i in idx]`` without a Python loop."""
-    if not len(idx):
-        return []
-    arr = np.empty(len(values), dtype=object)
-    arr[:] = values
-    return list(arr[idx])
 
 
 class _Columns:
@@ -302,7 +295,8 @@ class _Columns:
         self.n += n
 
     def _add_structs(self, ev: list[Event], code: np.ndarray, index: np.ndarray) -> None:
-        """Columns of the kept events ``ev``; ``code``: each one's table (:data:`_TABLES`)."""
+        """Columns of the kept events ``ev``; ``code``: each one's table
+        (:data:`_TABLE_OF_CATEGORY`)."""
         k = len(ev)
         ts = _float_field(_TS, ev)  # None -> NaN
         dur = _float_field(_DUR, ev)
@@ -484,7 +478,7 @@ class _Columns:
                  "input_shapes": _json_text(ra["Input Dims"]).to_numpy(),
                  "dtypes": _json_text(ra["Input type"]).to_numpy(),
                  "concrete_inputs": _json_text(ra["Concrete Inputs"]).to_numpy(),
-                 "call_site": call_site}
+                 "call_site": call_site.to_numpy(dtype=object)}
             ))  # fmt: skip
 
     # -- two processes (:mod:`perfguard.trace.kineto_split`)
@@ -547,12 +541,6 @@ def _float_us_to_ns(f: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((f - whole) * 1000).astype(np.int64)
 
 
-def _ints(values: list[Any], default: int) -> np.ndarray:
-    """Integers as int64 in one pass; text ids (2021 ``"stream 7"``) the slow way."""
-    try:
-        return np.fromiter(values, np.int64, len(values))
-    except (TypeError, ValueError, OverflowError):
-        return _int_column(pd.Series(values, dtype=object), default)
 
 
 def _float_field(get: Callable[[Any], Any], objs: list[Any]) -> np.ndarray:

@@ -16,13 +16,11 @@ reader would: the child is only ever a shortcut.
 
 from __future__ import annotations
 
-import fcntl
 import multiprocessing
 import os
 import pickle
 import sys
 import threading
-from collections import Counter
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -43,8 +41,7 @@ IMPORT_THREAD = OUR_THREADS + "import"
 _IMPORT_WAIT_S = 10.0
 #: seconds without a message after which the child is given up (and its half read here)
 SILENCE_S = 60.0
-#: fcntl's F_SETPIPE_SZ (Linux) and the pipe size asked for
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+#: the pipe size asked for (fcntl's F_SETPIPE_SZ, Linux)
 _PIPE_BYTES = 1 << 20
 #: how far past the middle the first event boundary is looked for
 _SEARCH_BYTES = 4 << 20
@@ -90,9 +87,10 @@ def read_split(
     stop = _split_point(path, stream.r.offset) if _imports_settled() else None
     if stop is None:
         return _serial_rest(stream, cols)
-    recv, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+    fork = multiprocessing.get_context("fork")
+    recv, send = fork.Pipe(duplex=False)
     _widen(send)
-    child = multiprocessing.get_context("fork").Process(
+    child = fork.Process(
         target=_child, args=(path, stream.head, stop, send, make_columns), daemon=True
     )
     child.start()
@@ -150,7 +148,7 @@ def _child(
 
         stream.run(on_events)
         top, notes = stream.finish(on_events)
-        _send(send, ("done", top, notes, Counter(stream.fixes), cols.state()))
+        _send(send, ("done", top, notes, stream.fixes, cols.state()))
     except BaseException as exc:  # noqa: BLE001 - any failure: the parent reads this half
         try:
             _send(send, ("error", f"{type(exc).__name__}: {exc}"))
@@ -163,9 +161,8 @@ def _child(
 def _receive(recv: Connection, inbox: list[tuple[Any, ...]]) -> None:
     """Collect the child's messages until its last (``done`` or ``error``) or its end.
 
-    Each message is read into one reused buffer: with the command's allocator
-    settings (freed memory stays in the heap), a fresh bytes object per
-    message left holes that raised the peak by ~10 % at 1M kernels.
+    Each message is read into one reused buffer rather than a fresh bytes object
+    of its size (several MB a piece).
     """
     buf = bytearray(_PIPE_BYTES)
     while True:
@@ -194,8 +191,10 @@ def _send(send: Connection, message: tuple[Any, ...]) -> None:
 def _widen(conn: Connection) -> None:
     """A pipe of 1 MiB instead of 64 KiB: the receiving thread needs the GIL for each
     read, and while this process decodes it waits for it, so the child would stall."""
+    import fcntl  # Unix only, like the split itself (split_worthwhile)
+
     try:
-        fcntl.fcntl(conn.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+        fcntl.fcntl(conn.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
     except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
         pass
 

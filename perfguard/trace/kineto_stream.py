@@ -46,7 +46,6 @@ _HEADER_LIMIT = 64 << 20
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 #: the gap between two events of the array
 BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
-_BETWEEN = BETWEEN_EVENTS
 #: the end of the array: ``}`` (or the opening ``[``) then ``]`` and the rest of the object
 _ARRAY_END = re.compile(rb"\]\s*[,}]")
 _GAP = re.compile(rb"\s*,\s*")
@@ -294,10 +293,10 @@ class EventStream:
                 events = self.decode(r.framed(cut))
             self._consumed(on_events, events, cut)
             del events  # the piece's structs go before the next one is decoded
-        if stop is None or not r.at_limit:
-            r.lift()
-            return False
+        stopped = stop is not None and r.at_limit
         r.lift()
+        if not stopped:
+            return False
         cut = _last_between(r.buf)
         if cut is None or r.offset + len(r.buf) != stop + 1 or not r.buf.endswith(b"{"):
             return False
@@ -317,7 +316,6 @@ class EventStream:
     ) -> None:
         self.seen += len(events)
         on_events(events)
-        del events
         self.r.skip(cut)
         self.r.skip(_GAP.match(self.r.buf).end())  # up to the next '{'
 
@@ -349,7 +347,7 @@ def _last_between(buf: bytes, end: int | None = None) -> int | None:
     start = max(0, end - (1 << 20))
     while True:
         last = None
-        for m in _BETWEEN.finditer(buf, start, end):
+        for m in BETWEEN_EVENTS.finditer(buf, start, end):
             last = m
         if last is not None:
             return last.start() + 1
