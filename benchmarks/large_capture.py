@@ -363,6 +363,32 @@ print(json.dumps({"times": times, "rss_kb": rss, "counts": counts}))
 LAST_TREE_KB = [0]
 
 
+def process_tree(root: int) -> dict[int, dict[str, str]]:
+    """``/proc/<pid>/status`` fields (plus ``cmdline``) of ``root`` and every live
+    descendant, by pid."""
+    procs: dict[int, dict[str, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                fields["cmdline"] = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            int(fields["PPid"])
+        except (OSError, KeyError, ValueError):  # gone meanwhile, or unreadable
+            continue
+        procs[int(entry)] = fields
+    tree, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, fields in procs.items():
+            if int(fields["PPid"]) in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return {pid: procs[pid] for pid in tree if pid in procs}
+
+
 class TreeRss:
     """Samples the summed ``VmRSS`` of a process and its descendants every 50 ms.
 
@@ -382,25 +408,8 @@ class TreeRss:
             self.peak = max(self.peak, self._total())
 
     def _total(self) -> int:
-        parent, rss = {}, {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/status") as fh:
-                    fields = dict(line.split(":", 1) for line in fh if ":" in line)
-                parent[int(entry)] = int(fields["PPid"])
-                rss[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0])
-            except (OSError, KeyError, ValueError):
-                continue
-        tree, grew = {self.root}, True
-        while grew:
-            grew = False
-            for pid, ppid in parent.items():
-                if ppid in tree and pid not in tree:
-                    tree.add(pid)
-                    grew = True
-        return sum(rss.get(pid, 0) for pid in tree)
+        tree = process_tree(self.root)
+        return sum(int(f.get("VmRSS", "0 kB").split()[0]) for f in tree.values())
 
     def stop(self) -> int:
         self._done.set()

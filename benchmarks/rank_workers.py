@@ -46,7 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(REPO)]
 
-from large_capture import FIXTURES, NSYS_FIXTURE, build_nsys, rank_dir  # noqa: E402
+from large_capture import FIXTURES, NSYS_FIXTURE, build_nsys, process_tree, rank_dir  # noqa: E402
 
 from perfguard.report.dlprof import RANK_COLUMNS  # noqa: E402
 
@@ -61,39 +61,16 @@ print(json.dumps({str(r.rank): r.peak_rss for r in run.ranks}))
 """
 
 
-def _status(pid: int) -> tuple[int, str, int] | None:
-    """(parent pid, name, VmHWM KiB) of a live process."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            fields = dict(line.split(":", 1) for line in fh if ":" in line)
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return None
-    hwm = int(fields.get("VmHWM", "0 kB").split()[0])
-    return int(fields["PPid"]), cmd, hwm
-
-
 def _sample_tree(root: int, peaks: dict[int, tuple[str, int]], stop: threading.Event) -> None:
     while not stop.is_set():
-        procs = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and (st := _status(int(entry))) is not None:
-                procs[int(entry)] = st
-        tree, grew = {root}, True
-        while grew:
-            grew = False
-            for pid, (ppid, _, _) in procs.items():
-                if ppid in tree and pid not in tree:
-                    tree.add(pid)
-                    grew = True
-        for pid in tree - {root}:
-            if pid in procs:
-                ppid, cmd, hwm = procs[pid]
-                # the command's own children are the fork server and the resource
-                # tracker; the workers are the fork server's children (same cmdline)
-                role = "helper" if ppid == root else "worker"
-                peaks[pid] = (role, max(hwm, peaks.get(pid, ("", 0))[1]))
+        for pid, fields in process_tree(root).items():
+            if pid == root:
+                continue
+            hwm = int(fields.get("VmHWM", "0 kB").split()[0])
+            # the command's own children are the fork server and the resource
+            # tracker; the workers are the fork server's children (same cmdline)
+            role = "helper" if int(fields["PPid"]) == root else "worker"
+            peaks[pid] = (role, max(hwm, peaks.get(pid, ("", 0))[1]))
         stop.wait(0.1)
 
 
