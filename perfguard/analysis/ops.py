@@ -30,7 +30,7 @@ import pandas as pd
 
 from perfguard.analysis.attribution import UNASSOCIATED_PREFIX
 from perfguard.analysis.intervals import segment_figures
-from perfguard.arrays import Groups, factorize, first_rows, first_valid
+from perfguard.arrays import Groups, factorize, first_rows, first_valid, missing_as_object
 from perfguard.trace.model import Trace
 from perfguard.trace.nesting import group_codes
 
@@ -232,8 +232,9 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
             "name": col("name", orphan_name.to_numpy(dtype=object)),
             "direction": direction,
             "op_type": col("op_type", np.full(n_un, "unassociated", dtype=object)),
-            "input_shapes": col("input_shapes", None),
-            "dtypes": col("dtypes", None),
+            # all missing without recorded shapes: typed without the frame's scan
+            "input_shapes": missing_as_object(col("input_shapes", None)),
+            "dtypes": missing_as_object(col("dtypes", None)),
             "cpu_time": cpu_time,
             "op_key": name_code * 2 + (direction == "bprop"),
             "cpu_overhead": np.clip(cpu_time - api_time, 0, None),
