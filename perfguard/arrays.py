@@ -71,7 +71,7 @@ class Groups:
         key = codes.astype(np.uint16) if n_groups <= 2**16 else codes
         self.order = np.argsort(key, kind="stable")
         ordered = codes[self.order]
-        self.heads = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+        self.heads = np.flatnonzero(np.concatenate([[len(codes) > 0], ordered[1:] != ordered[:-1]]))
         if len(self.heads) != n_groups or (len(codes) and ordered[0] != 0):
             raise ValueError("codes must number groups 0..k-1 with every code present")
         self.size = np.diff(np.append(self.heads, len(codes)))

@@ -7,13 +7,15 @@ the CLI makes; everything it returns is a pandas DataFrame or Series.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from perfguard.analysis.attribution import attribute, gpu_activities
-from perfguard.analysis.enrich import add_flops, add_tensor_cores
+from perfguard.analysis.cpu_only import CpuOnly, narrow, needs_row
+from perfguard.analysis.enrich import add_flops, add_tensor_cores, range_flops
 from perfguard.analysis.iterations import (
     assign_iteration,
     iteration_intervals,
@@ -21,8 +23,11 @@ from perfguard.analysis.iterations import (
 )
 from perfguard.analysis.kernels import aggregate_kernels
 from perfguard.analysis.ops import (
+    OpCodes,
     aggregate_ops,
+    api_time_inside,
     deep_range_note,
+    fold_cpu_only,
     instance_rows,
     op_id_by_key,
     op_instances,
@@ -40,9 +45,12 @@ class Analysis:
 
     * ``activities``: every kernel/memop in the window with its owner
       (``range_id``, ``op_name``, ``op_id``, ``direction``, ``instance_row``:
-      its row of ``instances``, -1 for none) and ``iteration``;
+      its row of ``kept_instances``, -1 for none) and ``iteration``;
     * ``instances``: one row per op instance (see
-      :func:`perfguard.analysis.ops.op_instances`);
+      :func:`perfguard.analysis.ops.op_instances`), built on first use from
+      ``kept_instances``, the rows with GPU work or per-instance figures, and
+      ``cpu_only``, the instances with nothing but CPU time, folded
+      (:mod:`perfguard.analysis.cpu_only`); the reports read those two;
     * ``ops``: per-op aggregates (detail report);
     * ``kernels``: per (kernel, op) aggregates (kernel report);
     * ``iterations``: per (rank, iteration) figures (iteration report);
@@ -53,7 +61,7 @@ class Analysis:
 
     trace: Trace
     activities: pd.DataFrame
-    instances: pd.DataFrame
+    kept_instances: pd.DataFrame
     ops: pd.DataFrame
     kernels: pd.DataFrame
     iterations: pd.DataFrame
@@ -65,6 +73,20 @@ class Analysis:
     restricted: bool = False
     #: derived tables computed on demand and kept (e.g. the expert findings)
     cache: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
+    #: the instances folded out of ``kept_instances`` (None or empty: none are)
+    cpu_only: CpuOnly | None = None
+    #: builds every instance's row (``instances``) when ``cpu_only`` holds some
+    rebuild: Callable[[], pd.DataFrame] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def instances(self) -> pd.DataFrame:
+        """Every op instance's row, as :func:`perfguard.analysis.ops.op_instances`
+        and the enrichment give it; built once, when first asked for."""
+        if self.cpu_only is None or not len(self.cpu_only) or self.rebuild is None:
+            return self.kept_instances
+        if "instances" not in self.cache:
+            self.cache["instances"] = self.rebuild()
+        return self.cache["instances"]  # type: ignore[return-value]
 
 
 def analyze(
@@ -86,44 +108,99 @@ def analyze(
     intervals = iteration_intervals(trace, key_node)
     window = select_window(intervals, iter_start, iter_stop)
     restricted = iter_start is not None or iter_stop is not None
+    chosen = window.set_index(["rank", "iteration"]).index if restricted else None
 
-    acts = attribute(trace, gpu_activities(trace))
-    when = acts["launch_start"].fillna(acts["start"]).to_numpy(np.int64)
-    acts["iteration"] = assign_iteration(acts["rank"].to_numpy(), when, intervals).array
-    inst = op_instances(trace, acts)
-    inst["iteration"] = assign_iteration(
-        inst["rank"].to_numpy(), inst["start"].to_numpy(), intervals
+    attributed = attribute(trace, gpu_activities(trace))
+    when = attributed["launch_start"].fillna(attributed["start"]).to_numpy(np.int64)
+    attributed["iteration"] = assign_iteration(
+        attributed["rank"].to_numpy(), when, intervals
     ).array
-
-    inst["op_id"] = op_id_by_key(inst)
-    acts = _join_op(acts, inst)
-    add_tensor_cores(trace, acts, inst)
-    notes = [*trace.notes, *deep_range_note(trace.ranges), *add_flops(trace, acts, inst)]
+    codes = OpCodes.of(trace, attributed)
+    by_range = range_flops(trace)
+    keep = needs_row(trace.ranges, codes.op_rows, _owners(trace, codes, attributed), by_range)
+    api_time = api_time_inside(trace, codes.op_rows)
+    inst, acts, notes = _instances(trace, attributed, codes, intervals, by_range, keep, api_time)
+    notes = [*trace.notes, *deep_range_note(trace.ranges), *notes]
+    cpu_only = fold_cpu_only(trace, codes, keep, api_time)
+    start = trace.ranges["start"].to_numpy(np.int64)[cpu_only.range_row]
+    it = assign_iteration(cpu_only.rank, start, intervals).fillna(-1).to_numpy(np.int64)
+    cpu_only = dataclasses.replace(cpu_only, iteration=narrow(it))
+    del codes, start, it, api_time
 
     timeline = acts  # every activity: busy time inside an iteration counts them all
     if restricted:
-        keep = window.set_index(["rank", "iteration"]).index
-        inst = inst[_in(inst, keep)].reset_index(drop=True)
-        acts = acts[_in(acts, keep)].reset_index(drop=True)
+        assert chosen is not None
+        kept_in = _in(inst, chosen)
+        inst = inst[kept_in].reset_index(drop=True)
+        acts = acts[_in(acts, chosen)].reset_index(drop=True)
         acts["instance_row"] = instance_rows(
             inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64)
         )
-    ops = aggregate_ops(inst)
+        fold_in = pd.MultiIndex.from_arrays(
+            [cpu_only.rank.astype(np.int64), cpu_only.iteration.astype(np.int64)]
+        ).isin(chosen) & (cpu_only.iteration >= 0)
+        cpu_only = cpu_only.within(fold_in, kept_in)
+    ops = aggregate_ops(inst, cpu_only)
     kernels = aggregate_kernels(acts, trace.kernels)
-    iterations = iteration_table(window, inst, acts, timeline)
-    summary = run_summary(trace, window if restricted else None, acts, inst, iterations, timeline)
+    iterations = iteration_table(window, inst, acts, timeline, cpu_only)
+    summary = run_summary(
+        trace, window if restricted else None, acts, inst, iterations, timeline, cpu_only
+    )
+
+    def rebuild() -> pd.DataFrame:
+        """Every instance's row: the same steps on every op range."""
+        everything = OpCodes.of(trace, attributed)
+        full, _, _ = _instances(trace, attributed, everything, intervals, by_range, None)
+        return full[_in(full, chosen)].reset_index(drop=True) if chosen is not None else full
+
     return Analysis(
         notes=notes,
         trace=trace,
         activities=acts,
-        instances=inst,
+        kept_instances=inst,
         ops=ops,
         kernels=kernels,
         iterations=iterations,
         summary=summary,
         window=window,
         restricted=restricted,
+        cpu_only=cpu_only,
+        rebuild=rebuild,
     )
+
+
+def _instances(
+    trace: Trace,
+    attributed: pd.DataFrame,
+    codes: OpCodes,
+    intervals: pd.DataFrame,
+    by_range: pd.DataFrame | None,
+    keep: np.ndarray | None,
+    api_time: np.ndarray | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """The instance table (the op ranges ``keep`` selects, all when None, and the
+    unassociated work) with iterations, op ids, Tensor Core and FLOP columns; the
+    activities joined to it; the notes of the FLOP step. ``api_time``: every op
+    range's :func:`perfguard.analysis.ops.api_time_inside`, when known."""
+    inst = op_instances(trace, attributed, keep, codes, api_time)
+    inst["iteration"] = assign_iteration(
+        inst["rank"].to_numpy(), inst["start"].to_numpy(), intervals
+    ).array
+    inst["op_id"] = op_id_by_key(inst)
+    acts = _join_op(attributed, inst)
+    add_tensor_cores(trace, acts, inst)
+    notes = add_flops(trace, acts, inst, by_range)
+    return inst, acts, notes
+
+
+def _owners(trace: Trace, codes: OpCodes, acts: pd.DataFrame) -> np.ndarray:
+    """Which op ranges (a mask over ``codes.op_rows``) own an activity."""
+    range_ids = trace.ranges["range_id"].to_numpy(np.int64)[codes.op_rows]
+    owner = acts["range_id"].to_numpy(np.int64)
+    at = instance_rows(range_ids, owner[owner >= 0])
+    owned = np.zeros(len(codes.op_rows), dtype=bool)
+    owned[at[at >= 0]] = True
+    return owned
 
 
 def repaired(trace: Trace) -> Trace:

@@ -136,9 +136,24 @@ def gpu_keys(trace: Trace) -> tuple[pd.DataFrame, list[str]]:
     return out, sorted(set(notes))
 
 
-def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]:
+def range_flops(trace: Trace) -> pd.DataFrame | None:
+    """``flops, bytes, compute_dtype, flop_formula`` of every range (rows aligned with
+    ``trace.ranges``), counted once up the op tree; None when no op range has shapes
+    (every formula needs them: ``emit_nvtx`` without ``record_shapes``, annotations)."""
+    r = trace.ranges
+    shaped = (r["kind"] == "op").to_numpy(bool) & r["input_shapes"].notna().to_numpy(bool)
+    return _range_flops(r, shaped) if shaped.any() else None
+
+
+def add_flops(
+    trace: Trace,
+    acts: pd.DataFrame,
+    inst: pd.DataFrame,
+    by_range: pd.DataFrame | None,
+) -> list[str]:
     """Add ``flops, bytes, compute_dtype, flop_formula, gpu, peak_flops`` to ``inst``
     (in place); returns notes (e.g. why a GPU's peak is unknown), each said once.
+    ``by_range`` is :func:`range_flops` of the trace.
 
     FLOPs are computed per range from its shapes, then counted at one level
     of the op tree (:func:`count_once`), so ``aten::linear`` and the
@@ -146,13 +161,12 @@ def add_flops(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> list[str]
     GPU the instance's first kernel ran on, on the Tensor Core path when
     the instance used TC (after :func:`add_tensor_cores`).
     """
-    r = trace.ranges
-    is_op = (r["kind"] == "op").to_numpy(bool)
-    # every formula needs shapes: ranges without them (emit_nvtx without record_shapes,
-    # annotations) have no figure, so only ranges with shapes are costed
-    shaped = is_op & r["input_shapes"].notna().to_numpy(bool)
-    if shaped.any():
-        _add_range_flops(r, shaped, inst)
+    if by_range is not None:
+        # the range of each instance by position (-1, so NA, for unassociated work)
+        r = trace.ranges
+        at = instance_rows(r["range_id"].to_numpy(np.int64), inst["instance"].to_numpy(np.int64))
+        for col in by_range.columns:
+            inst[col] = pd.api.extensions.take(by_range[col].array, at, allow_fill=True)
     else:  # nothing to cost: empty columns, without a per-range table to look up
         for col, values in _no_flops(len(inst)).items():
             inst[col] = values
@@ -180,9 +194,8 @@ def _no_flops(n: int) -> dict[str, object]:
     }
 
 
-def _add_range_flops(r: pd.DataFrame, shaped: np.ndarray, inst: pd.DataFrame) -> None:
-    """``flops, bytes, compute_dtype, flop_formula`` of the ``shaped`` ranges, counted
-    once up the op tree, onto their instances (NA for the others)."""
+def _range_flops(r: pd.DataFrame, shaped: np.ndarray) -> pd.DataFrame:
+    """:func:`range_flops` of the ranges ``r``, costing the ``shaped`` ones."""
     by_range = pd.DataFrame(_no_flops(len(r)), index=r.index, copy=False)
     sub = r[shaped]
     frame = pd.DataFrame(
@@ -203,10 +216,7 @@ def _add_range_flops(r: pd.DataFrame, shaped: np.ndarray, inst: pd.DataFrame) ->
     by_range["bytes"] = nbytes.round().astype("Int64")
     by_range["compute_dtype"] = cost["compute_dtype"].to_numpy(dtype=object)
     by_range["flop_formula"] = cost["flop_formula"].to_numpy(dtype=object)
-    # the range of each instance by position (-1, so NA, for unassociated work)
-    at = instance_rows(r["range_id"].to_numpy(np.int64), inst["instance"].to_numpy(np.int64))
-    for col in by_range.columns:
-        inst[col] = pd.api.extensions.take(by_range[col].array, at, allow_fill=True)
+    return by_range
 
 
 def _first_kernel_gpu(acts: pd.DataFrame, inst: pd.DataFrame, devices: pd.DataFrame) -> np.ndarray:

@@ -250,7 +250,7 @@ def dataloader_bound(a: Analysis, th: Thresholds) -> list[Finding]:
 
 
 def launch_bound_tiny_kernels(a: Analysis, th: Thresholds) -> list[Finding]:
-    inst = a.instances
+    inst = a.kept_instances  # every instance with kernels is kept
     acts = a.activities
     kernel = (acts["activity"] == "kernel").to_numpy(bool)
     if not kernel.any() or inst.empty:
@@ -337,7 +337,7 @@ def _gemm_dims(shapes: str, dtypes: str) -> tuple[list[int], int] | None:
 
 
 def bad_tensor_shape(a: Analysis, th: Thresholds) -> list[Finding]:
-    inst = a.instances
+    inst = a.kept_instances  # eligible or shaped instances are always kept
     if "tc_eligible" not in inst or inst.empty:
         return []
     gemm = inst[
@@ -376,7 +376,7 @@ def bad_tensor_shape(a: Analysis, th: Thresholds) -> list[Finding]:
 
 
 def amp_not_used(a: Analysis, th: Thresholds) -> list[Finding]:
-    inst = a.instances
+    inst = a.kept_instances  # eligible instances are always kept; folded ones ran no GPU work
     if "tc_eligible" not in inst or inst.empty:
         return []
     cc = pd.to_numeric(a.trace.devices["compute_capability"], errors="coerce")
@@ -407,10 +407,11 @@ def amp_not_used(a: Analysis, th: Thresholds) -> list[Finding]:
 
 def tc_lost_between_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
     acts = a.activities
-    if "uses_tc" not in acts or "tc_eligible" not in a.instances or acts["iteration"].isna().all():
+    inst = a.kept_instances  # every instance with kernels is kept
+    if "uses_tc" not in acts or "tc_eligible" not in inst or acts["iteration"].isna().all():
         return []
     k = acts[(acts["activity"] == "kernel") & acts["iteration"].notna() & (acts["range_id"] >= 0)]
-    elig = a.instances.set_index("instance")["tc_eligible"].fillna(False).astype(bool)
+    elig = inst.set_index("instance")["tc_eligible"].fillna(False).astype(bool)
     k = k[elig.reindex(k["instance"]).fillna(False).to_numpy()]
     if k.empty:
         return []

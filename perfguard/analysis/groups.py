@@ -25,9 +25,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis.cpu_only import CpuOnly
 from perfguard.analysis.intervals import segment_figures
-from perfguard.analysis.ops import MAX_OP_PATH_DEPTH
-from perfguard.arrays import unique_sorted
+from perfguard.analysis.ops import MAX_OP_PATH_DEPTH, op_id
+from perfguard.arrays import Groups, first_rows, unique_sorted
 from perfguard.trace.model import Trace
 
 COLUMNS = [
@@ -85,12 +86,18 @@ def _op_parent(parent: np.ndarray, is_op: np.ndarray) -> np.ndarray:
     return out
 
 
-def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) -> pd.DataFrame:
+def aggregate_groups(
+    trace: Trace,
+    acts: pd.DataFrame,
+    instances: pd.DataFrame,
+    cpu_only: CpuOnly | None = None,
+) -> pd.DataFrame:
     """The group-node table (columns :data:`COLUMNS`), sorted by accumulated GPU time.
 
     ``acts`` and ``instances`` are :class:`perfguard.analysis.Analysis`'s
-    ``activities`` and ``instances`` (already limited to the selected
-    iterations); a group instance outside them is left out.
+    ``activities`` and ``kept_instances`` with its ``cpu_only`` (or every
+    instance, ``instances``, and no ``cpu_only``), already limited to the
+    selected iterations; a group instance outside them is left out.
     """
     r = trace.ranges
     n = len(r)
@@ -103,13 +110,20 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
         inst = instances.iloc[:k][cols]  # five columns of millions of rows
     else:
         inst = instances.loc[ranged, cols]
-    inst_row = np.full(n, -1, dtype=np.int64)  # row of ``inst`` of each range, -1: outside
+    # the instance of each range: its row of ``inst``, or -2 - j for the j-th folded
+    # one; -1: none (not an op, or outside the selected iterations)
+    inst_row = np.full(n, -1, dtype=np.int64)
     inst_row[inst["instance"].to_numpy(np.int64)] = np.arange(len(inst))
+    folded = cpu_only is not None and len(cpu_only) > 0
+    if folded:
+        assert cpu_only is not None
+        ids = r["range_id"].to_numpy(np.int64)[cpu_only.range_row]
+        inst_row[ids] = -2 - np.arange(len(cpu_only), dtype=np.int64)
     is_op = (r["kind"] == "op").to_numpy()
     op_parent = _op_parent(r["parent_id"].to_numpy(np.int64), is_op)
     is_group = np.zeros(n, dtype=bool)
     is_group[op_parent[is_op & (op_parent >= 0)]] = True
-    is_group &= inst_row >= 0
+    is_group &= inst_row != -1
     depth = r["depth"].to_numpy(np.int64)
     is_group &= depth < MAX_OP_PATH_DEPTH
     groups = np.flatnonzero(is_group)
@@ -134,47 +148,120 @@ def aggregate_groups(trace: Trace, acts: pd.DataFrame, instances: pd.DataFrame) 
                       ("flat", "busy")):  # fmt: skip
         figures[col] = np.zeros(len(groups), dtype=np.int64)
         figures[col][at] = fig[name]
-    gi = inst.iloc[inst_row[groups]].reset_index(drop=True)
-    for col, values in figures.items():
-        gi[col] = values
-    gi["idle"] = gi["span"] - gi["flat"]
-    gi["child_ops"] = _child_ops(r, is_op, op_parent, inst, inst_row)[groups]
-    if gi.empty:
+    op_key = _op_keys(inst, inst_row, cpu_only)
+    child_ops = _child_ops(r, is_op, op_parent, op_key)[groups]
+    if not len(groups):
         return pd.DataFrame(columns=COLUMNS)
-    keys = ["op_key"] if "op_key" in gi else ["op_id", "op_name", "direction"]
-    out = (
-        gi.groupby(keys, sort=False)
-        .agg(
-            op_id=("op_id", "first"),
-            op_name=("op_name", "first"),
-            direction=("direction", "first"),
-            calls=("cpu_time", "size"),
-            child_ops=("child_ops", "max"),
-            kernel_count=("kernel_count", "sum"),
-            cpu_time_total=("cpu_time", "sum"),
-            gpu_time_total=("gpu_time", "sum"),
-            gpu_time_flattened=("flat", "sum"),
-            gpu_idle_total=("idle", "sum"),
+    at = inst_row[groups]
+    if "op_key" in inst:
+        out = _per_op(inst, at, op_key[groups], cpu_only, figures, child_ops)
+    else:  # a hand-built instance table: grouped by name and direction
+        gi = inst.iloc[at].reset_index(drop=True)
+        for col, values in figures.items():
+            gi[col] = values
+        gi["idle"] = gi["span"] - gi["flat"]
+        gi["child_ops"] = child_ops
+        out = (
+            gi.groupby(["op_id", "op_name", "direction"], sort=False)
+            .agg(
+                op_id=("op_id", "first"),
+                op_name=("op_name", "first"),
+                direction=("direction", "first"),
+                calls=("cpu_time", "size"),
+                child_ops=("child_ops", "max"),
+                kernel_count=("kernel_count", "sum"),
+                cpu_time_total=("cpu_time", "sum"),
+                gpu_time_total=("gpu_time", "sum"),
+                gpu_time_flattened=("flat", "sum"),
+                gpu_idle_total=("idle", "sum"),
+            )
+            .reset_index(drop=True)
         )
-        .reset_index(drop=True)
-    )
     out = out.sort_values(["gpu_time_total", "op_name"], ascending=[False, True])
     return out.reset_index(drop=True)[COLUMNS]
 
 
-def _child_ops(
-    r: pd.DataFrame,
-    is_op: np.ndarray,
-    op_parent: np.ndarray,
+def _per_op(
     inst: pd.DataFrame,
-    inst_row: np.ndarray,
-) -> np.ndarray:
-    """Number of distinct ops (name, direction) directly under each range (by range id)."""
-    child = np.flatnonzero(is_op & (op_parent >= 0) & (inst_row >= 0))
+    at: np.ndarray,
+    key: np.ndarray,
+    cpu_only: CpuOnly | None,
+    figures: dict[str, np.ndarray],
+    child_ops: np.ndarray,
+) -> pd.DataFrame:
+    """The group figures per op (``key``), ops numbered as first seen. ``at``: each
+    group instance's row of ``inst``, or ``-2 - j`` for the j-th folded one.
+
+    Name, direction and id are the op key's, so they are read off one instance
+    per op; the sums are ``reduceat`` over one sort of the codes.
+    """
+    own = at >= 0
+    cpu = np.empty(len(at), dtype=np.int64)
+    cpu[own] = inst["cpu_time"].to_numpy(np.int64)[at[own]]
+    if not own.all():
+        assert cpu_only is not None
+        cpu[~own] = cpu_only.cpu_time[-2 - at[~own]]
+    codes, _ = pd.factorize(key)
+    g = Groups(codes)
+    first = at[first_rows(codes)]
+    out = _op_text(inst, first, cpu_only)
+    out["calls"] = g.size
+    out["child_ops"] = g.max(child_ops)
+    out["kernel_count"] = g.sum(figures["kernel_count"])
+    out["cpu_time_total"] = g.sum(cpu)
+    out["gpu_time_total"] = g.sum(figures["gpu_time"])
+    out["gpu_time_flattened"] = g.sum(figures["flat"])
+    out["gpu_idle_total"] = g.sum(figures["span"] - figures["flat"])
+    return out
+
+
+def _op_text(inst: pd.DataFrame, at: np.ndarray, cpu_only: CpuOnly | None) -> pd.DataFrame:
+    """``op_id, op_name, direction`` of the instances ``at`` (rows of ``inst``, or
+    ``-2 - j`` for the j-th folded instance, named by its op key), typed as the
+    columns of ``inst`` are."""
+    own = at >= 0
+    out = {}
+    if not own.all():
+        assert cpu_only is not None
+        key = cpu_only.op_key[-2 - at[~own]].astype(np.int64)
+        name = np.asarray(cpu_only.names, dtype=object)[key // 2]
+        direction = np.where(key % 2 == 1, "bprop", "fprop").astype(object)
+        ids = op_id(pd.Series(name), pd.Series(direction)).to_numpy(dtype=object)
+        folded = {"op_id": ids, "op_name": name, "direction": direction}
+    for col in ("op_id", "op_name", "direction"):
+        values = np.empty(len(at), dtype=object)
+        values[own] = inst[col].to_numpy(dtype=object)[at[own]]
+        if not own.all():
+            values[~own] = folded[col]
+        # as the rows of ``inst`` are typed; without any, as a whole table's would be
+        typed = inst[col].dtype if len(inst) else (object if col == "op_id" else None)
+        out[col] = pd.Series(values, dtype=typed)
+    return pd.DataFrame(out, copy=False)
+
+
+def _op_keys(inst: pd.DataFrame, inst_row: np.ndarray, cpu_only: CpuOnly | None) -> np.ndarray:
+    """An op code per range (by range id; -1 where it has no instance): the op key,
+    or without one a code per ``op_id``."""
     if "op_key" in inst:
-        op = inst["op_key"].to_numpy(np.int64)[inst_row[child]]
+        key = inst["op_key"].to_numpy(np.int64)
     else:
-        op = pd.factorize(inst["op_id"].to_numpy(dtype=object)[inst_row[child]])[0]
+        key = pd.factorize(inst["op_id"].to_numpy(dtype=object))[0].astype(np.int64)
+    out = np.full(len(inst_row), -1, dtype=np.int64)
+    own = inst_row >= 0
+    out[own] = key[inst_row[own]]
+    if cpu_only is not None and len(cpu_only):
+        fold = inst_row <= -2
+        out[fold] = cpu_only.op_key[-2 - inst_row[fold]]
+    return out
+
+
+def _child_ops(
+    r: pd.DataFrame, is_op: np.ndarray, op_parent: np.ndarray, op_key: np.ndarray
+) -> np.ndarray:
+    """Number of distinct ops (name, direction) directly under each range (by range id),
+    counting the ranges with an instance (``op_key`` >= 0)."""
+    child = np.flatnonzero(is_op & (op_parent >= 0) & (op_key >= 0))
+    op = op_key[child]
     width = int(op.max()) + 1 if len(op) else 1
     parents = unique_sorted(op_parent[child] * width + op) // width
     return np.bincount(parents, minlength=len(r)).astype(np.int64)

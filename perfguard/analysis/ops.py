@@ -24,13 +24,22 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from perfguard.analysis.attribution import UNASSOCIATED_PREFIX
+from perfguard.analysis.cpu_only import CpuOnly, FoldedStats, merge_codes, narrow
 from perfguard.analysis.intervals import segment_figures
-from perfguard.arrays import Groups, factorize, first_rows, first_valid, missing_as_object
+from perfguard.arrays import (
+    Groups,
+    factorize,
+    first_rows,
+    first_valid,
+    missing_as_object,
+    unique_first,
+)
 from perfguard.trace.model import Trace
 from perfguard.trace.nesting import group_codes
 
@@ -175,7 +184,58 @@ def op_id_by_key(inst: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=inst.index, dtype="object")
 
 
-def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
+@dataclass(frozen=True)
+class OpCodes:
+    """The op-name numbering of one analysis, shared by the instance table and the
+    instances folded out of it (:class:`perfguard.analysis.cpu_only.CpuOnly`), so an
+    ``op_key`` means the same op in both.
+
+    ``op_rows``: the rows of ``trace.ranges`` that are ops, ascending; ``op_code``:
+    the op-name code of each; ``orphan``: the rows of the activities that no range
+    owns (each its own ``unassociated_<name>`` instance), ``orphan_name`` their op
+    names and ``orphan_code`` their codes; ``names``: the op name of each code.
+    """
+
+    op_rows: np.ndarray
+    op_code: np.ndarray
+    orphan: np.ndarray
+    orphan_name: np.ndarray
+    orphan_code: np.ndarray
+    names: np.ndarray
+
+    @classmethod
+    def of(cls, trace: Trace, acts: pd.DataFrame) -> OpCodes:
+        r = trace.ranges
+        path_id, path_text = op_path_codes(r)
+        op_rows = np.flatnonzero((r["kind"] == "op").to_numpy(dtype=bool))
+        orphan = np.flatnonzero(acts["range_id"].to_numpy() < 0)
+        short = acts["short_name"].to_numpy(dtype=object)[orphan]
+        full = acts["name"].to_numpy(dtype=object)[orphan]
+        orphan_name = UNASSOCIATED_PREFIX + pd.Series(
+            np.where(pd.isna(short), full, short), dtype="object"
+        ).fillna("unnamed").astype(str)
+        code, names = _op_name_codes(path_id[op_rows], path_text, orphan_name)
+        return cls(
+            op_rows=op_rows,
+            op_code=code[: len(op_rows)],
+            orphan=orphan,
+            orphan_name=orphan_name.to_numpy(dtype=object),
+            orphan_code=code[len(op_rows) :],
+            names=names,
+        )
+
+    def op_key(self, code: np.ndarray, direction: np.ndarray) -> np.ndarray:
+        """The int64 ``op_key`` of ops named by ``code`` running in ``direction``."""
+        return np.asarray(code, dtype=np.int64) * 2 + (np.asarray(direction) == "bprop")
+
+
+def op_instances(
+    trace: Trace,
+    acts: pd.DataFrame,
+    keep: np.ndarray | None = None,
+    codes: OpCodes | None = None,
+    api_time: np.ndarray | None = None,
+) -> pd.DataFrame:
     """One row per op instance with its metrics.
 
     Input: ``trace`` and attributed activities (``range_id``, ``instance``
@@ -187,15 +247,22 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
     within this analysis: grouping millions of instances by it is far
     cheaper than by the two text columns.
 
-    The table has a row per op range, GPU work or not (the detail report
-    lists CPU-only ops), so its columns are kept to what the reports read:
-    the API time and flattened busy time behind ``cpu_overhead`` and
-    ``gpu_idle`` are not kept (36 MiB each at ``emit_nvtx``'s 4.8M ranges).
+    ``keep`` (a mask over ``codes.op_rows``) limits the rows to those op ranges
+    (the unassociated instances are always rows): each row holds the same values
+    as in the whole table, since every figure is the instance's own.
+    ``api_time``: :func:`api_time_inside` of every op range, when computed already.
+
+    The columns are kept to what the reports read: the API time and flattened
+    busy time behind ``cpu_overhead`` and ``gpu_idle`` are not kept (36 MiB each
+    at ``emit_nvtx``'s 4.8M ranges).
     """
     r = trace.ranges
-    path_id, path_text = op_path_codes(r)
-    op_rows = np.flatnonzero((r["kind"] == "op").to_numpy(dtype=bool))
-    orphan = np.flatnonzero(acts["range_id"].to_numpy() < 0)
+    codes = OpCodes.of(trace, acts) if codes is None else codes
+    op_rows, name_code = codes.op_rows, codes.op_code
+    if keep is not None:
+        op_rows, name_code = op_rows[keep], name_code[keep]
+        api_time = api_time[keep] if api_time is not None else None
+    orphan = codes.orphan
     n_un = len(orphan)
 
     def col(ranges_col: str, orphan_values: object) -> np.ndarray:
@@ -205,20 +272,12 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
         return np.concatenate([ours, theirs])
 
     a_start = acts["start"].to_numpy(np.int64)
-    short = acts["short_name"].to_numpy(dtype=object)[orphan]
-    full = acts["name"].to_numpy(dtype=object)[orphan]
-    orphan_name = UNASSOCIATED_PREFIX + pd.Series(
-        np.where(pd.isna(short), full, short), dtype="object"
-    ).fillna("unnamed").astype(str)
-    name_code, names = _op_name_codes(path_id[op_rows], path_text, orphan_name)
+    name_code = np.concatenate([name_code, codes.orphan_code])
     start = col("start", a_start[orphan])
     end = col("end", a_start[orphan])  # unassociated work takes no CPU time
     direction = col("direction", "fprop")
-    api_time = np.zeros(len(start), dtype=np.int64)
-    api_time[: len(op_rows)] = _api_time_inside(
-        trace.api_calls,
-        {c: r[c].to_numpy()[op_rows] for c in ("rank", "pid", "tid", "start", "end")},
-    )
+    api = np.zeros(len(start), dtype=np.int64)
+    api[: len(op_rows)] = api_time_inside(trace, op_rows) if api_time is None else api_time
     cpu_time = end - start
     inst = pd.DataFrame(
         {
@@ -228,22 +287,60 @@ def op_instances(trace: Trace, acts: pd.DataFrame) -> pd.DataFrame:
             "tid": col("tid", acts["launch_tid"].to_numpy(np.int64, na_value=-1)[orphan]),
             "start": start,
             "end": end,
-            "op_name": np.asarray(names, dtype=object)[name_code],
-            "name": col("name", orphan_name.to_numpy(dtype=object)),
+            "op_name": np.asarray(codes.names, dtype=object)[name_code],
+            "name": col("name", codes.orphan_name),
             "direction": direction,
             "op_type": col("op_type", np.full(n_un, "unassociated", dtype=object)),
             # all missing without recorded shapes: typed without the frame's scan
             "input_shapes": missing_as_object(col("input_shapes", None)),
             "dtypes": missing_as_object(col("dtypes", None)),
             "cpu_time": cpu_time,
-            "op_key": name_code * 2 + (direction == "bprop"),
-            "cpu_overhead": np.clip(cpu_time - api_time, 0, None),
+            "op_key": codes.op_key(name_code, direction),
+            "cpu_overhead": np.clip(cpu_time - api, 0, None),
         },
         copy=False,
     )
     for column, values in _gpu_per_instance(inst["instance"].to_numpy(np.int64), acts).items():
         inst[column] = values
     return inst
+
+
+def fold_cpu_only(
+    trace: Trace, codes: OpCodes, keep: np.ndarray, api_time: np.ndarray
+) -> CpuOnly:
+    """The op ranges ``keep`` leaves out of the instance table, as a
+    :class:`CpuOnly` (their iterations unassigned, -1): what a row of theirs would
+    hold beyond the range itself is no GPU work and no figure. ``api_time``:
+    :func:`api_time_inside` of every op range."""
+    r = trace.ranges
+    fold = np.flatnonzero(~keep)
+    rows = codes.op_rows[fold]
+    start = r["start"].to_numpy(np.int64)[rows]
+    cpu_time = r["end"].to_numpy(np.int64)[rows] - start
+    direction = r["direction"].to_numpy(dtype=object)[rows]
+    return CpuOnly(
+        range_row=narrow(rows),
+        order=narrow(fold),
+        op_key=narrow(codes.op_key(codes.op_code[fold], direction)),
+        rank=narrow(r["rank"].to_numpy(np.int64)[rows]),
+        iteration=np.full(len(rows), -1, dtype=np.int32),
+        cpu_time=cpu_time,
+        cpu_overhead=np.clip(cpu_time - api_time[fold], 0, None),
+        kept_order=narrow(
+            np.concatenate([np.flatnonzero(keep), len(keep) + np.arange(len(codes.orphan))])
+        ),
+        names=codes.names,
+        ranges=r,
+    )
+
+
+def api_time_inside(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Summed duration of the CUDA API calls on each of the ranges ``rows``' thread
+    that start inside it: CPU time minus this is the range's CPU overhead."""
+    r = trace.ranges
+    return _api_time_inside(
+        trace.api_calls, {c: r[c].to_numpy()[rows] for c in ("rank", "pid", "tid", "start", "end")}
+    )
 
 
 def instance_rows(instance: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -327,29 +424,258 @@ def _api_time_inside(api: pd.DataFrame, inst: dict[str, np.ndarray]) -> np.ndarr
     return cum[hi] - cum[lo]
 
 
-def aggregate_ops(inst: pd.DataFrame) -> pd.DataFrame:
+def aggregate_ops(inst: pd.DataFrame, cpu_only: CpuOnly | None = None) -> pd.DataFrame:
     """Per-op totals: one row per ``(op_name, direction)``, sorted by GPU time.
 
     Output: ``op_id, op_name, direction, op_type, calls, kernel_count`` and
-    ``{cpu_time,gpu_time,cpu_overhead,gpu_idle}_{total,avg,min,max}``.
+    ``{cpu_time,gpu_time,cpu_overhead,gpu_idle}_{total,avg,min,max}``. With
+    ``cpu_only``, ``inst`` is the kept table and the folded instances count too:
+    the same table as from every instance.
     """
     metrics = ["cpu_time", "gpu_time", "cpu_overhead", "gpu_idle"]
-    if inst.empty:
+    if inst.empty and not (cpu_only is not None and len(cpu_only)):
         cols = ["op_id", "op_name", "direction", "op_type", "calls", "kernel_count"]
         cols += [f"{m}_{s}" for m in metrics for s in STATS]
         return pd.DataFrame(columns=cols)
-    if "op_key" in inst.columns:  # one code per op, as analyze() leaves it
-        codes, _ = pd.factorize(inst["op_key"].to_numpy(np.int64))
-    else:  # groupby drops NA keys: so do these codes
-        codes = inst.groupby(["op_name", "direction"], sort=False).ngroup().to_numpy(np.int64)
-    grouped = _Grouped.of(inst, codes)
-    out = _group_stats(grouped, ["op_name", "direction", "op_type"], metrics)
+    if cpu_only is not None and len(cpu_only):
+        out = _fold_into_ops(inst, cpu_only, metrics)
+    else:
+        if "op_key" in inst.columns:  # one code per op, as analyze() leaves it
+            codes, _ = pd.factorize(inst["op_key"].to_numpy(np.int64))
+        else:  # groupby drops NA keys: so do these codes
+            codes = inst.groupby(["op_name", "direction"], sort=False).ngroup().to_numpy(np.int64)
+        grouped = _Grouped.of(inst, codes)
+        out = _group_stats(grouped, ["op_name", "direction", "op_type"], metrics)
+        if "tc_eligible" in inst.columns:  # Tensor Core / FLOP columns (analysis.enrich)
+            out = pd.concat([out, _gpu_metrics(grouped)], axis=1)
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
-    if "tc_eligible" in inst.columns:  # Tensor Core / FLOP columns (analysis.enrich)
-        out = pd.concat([out, _gpu_metrics(grouped)], axis=1)
     out = out.sort_values(["gpu_time_total", "cpu_time_total", "op_name"],
                           ascending=[False, False, True])  # fmt: skip
     return out.reset_index(drop=True)
+
+
+def _fold_into_ops(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str]) -> pd.DataFrame:
+    """:func:`aggregate_ops`' per-op columns (before ``op_id``) from the kept rows
+    and the folded instances, in the order the whole table's codes would give.
+
+    A folded instance adds a call, its CPU time and overhead, and zero GPU time,
+    kernels, GPU idle and Tensor Core time; it has no shapes, dtypes or FLOPs,
+    so the first values and sums of those come from the kept rows alone.
+    """
+    kept_key = inst["op_key"].to_numpy(np.int64)
+    ck, cf, n = merge_codes(kept_key, cpu_only.kept_order, cpu_only.op_key, cpu_only.order)
+    kc, kept_codes = pd.factorize(ck)  # the kept rows' own codes, and their merged codes
+    grouped = _Grouped.of(inst, kc)
+    kept = _group_stats(grouped, ["op_name", "direction", "op_type"], metrics)
+    fc, fold_codes = pd.factorize(cf)
+    folded = cpu_only.by(fc)
+    part = _Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
+
+    key = np.zeros(n, dtype=np.int64)  # each op's op_key, for its name and direction
+    key[part.fold_codes] = cpu_only.op_key[first_rows(fc)]
+    key[part.kept_codes] = kept_key[grouped.rows]
+    names = np.asarray(cpu_only.names, dtype=object)
+    out = pd.DataFrame(
+        {
+            "op_name": _typed_like(names[key // 2], inst["op_name"]),
+            "direction": _typed_like(
+                np.where(key % 2 == 1, "bprop", "fprop").astype(object), inst["direction"]
+            ),
+            "op_type": _first_valid_of_both(
+                inst["op_type"].to_numpy(dtype=object), kc, cpu_only.column("op_type"), fc,
+                cpu_only, part,
+            ),
+        },
+        copy=False,
+    )
+    _merged_figures(out, kept, folded, part, metrics)
+    if "tc_eligible" in inst.columns:  # the folded instances add nothing to these
+        gpu = part.kept_only(_gpu_metrics(grouped))
+        _missing_as_first(gpu, part, cpu_only.kept_order[grouped.rows], folded, cpu_only)
+        out = pd.concat([out, gpu], axis=1)
+    return out
+
+
+def _fold_into_op_types(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str]) -> pd.DataFrame:
+    """:func:`aggregate_op_types`' columns from the kept rows (``op_type`` already
+    filled with the name) and the folded instances (:func:`_fold_into_ops`)."""
+    kept_key = inst["op_type"].to_numpy(dtype=object)
+    fold_key = pd.Series(cpu_only.column("op_type")[cpu_only.range_row], dtype=object)
+    fold_key = fold_key.fillna(pd.Series(cpu_only.column("name")[cpu_only.range_row], dtype=object))
+    fold_key = fold_key.to_numpy(dtype=object)
+    ck, cf, n = merge_codes(kept_key, cpu_only.kept_order, fold_key, cpu_only.order)
+    kc, kept_codes = pd.factorize(ck)
+    grouped = _Grouped.of(inst, kc)
+    kept = _group_stats(grouped, ["op_type"], metrics)
+    fc, fold_codes = pd.factorize(cf)
+    folded = cpu_only.by(fc)
+    part = _Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
+    text = np.full(n, None, dtype=object)  # each group's key is its op type
+    text[part.fold_codes] = fold_key[first_rows(fc)]
+    text[part.kept_codes] = kept_key[grouped.rows]
+    out = pd.DataFrame({"op_type": _typed_like(text, inst["op_type"])}, copy=False)
+    _merged_figures(out, kept, folded, part, metrics)
+    if "tc_eligible" in inst.columns:
+        gpu = part.kept_only(_gpu_metrics(grouped).drop(columns=["input_shapes"]))
+        _missing_as_first(gpu, part, cpu_only.kept_order[grouped.rows], folded, cpu_only)
+        out = pd.concat([out, gpu], axis=1)
+    return out
+
+
+def _missing_as_first(
+    gpu: pd.DataFrame,
+    part: _Parts,
+    kept_first: np.ndarray,
+    folded: FoldedStats,
+    cpu_only: CpuOnly,
+) -> None:
+    """``data_type`` and ``input_shapes`` of a group with no value are its first
+    instance's missing value (None or NaN, as its column holds it): where that
+    instance is a folded one, its range's own (in place). A folded instance has
+    neither, so ``data_type`` (``compute_dtype`` filled from ``dtypes``) is its
+    ``dtypes``."""
+    kept_first = np.asarray(kept_first, dtype=np.int64)
+    first_k = np.where(part.at_kept >= 0, kept_first[np.clip(part.at_kept, 0, None)]
+                       if len(kept_first) else 0, np.iinfo(np.int64).max)  # fmt: skip
+    first_f = np.where(part.at_fold >= 0, folded.first[np.clip(part.at_fold, 0, None)]
+                       if len(folded.first) else 0, np.iinfo(np.int64).max)  # fmt: skip
+    for col, source in (("data_type", "dtypes"), ("input_shapes", "input_shapes")):
+        if col not in gpu:
+            continue
+        values = gpu[col]
+        take = np.flatnonzero(values.isna().to_numpy(bool) & (first_f < first_k))
+        if not len(take):
+            continue
+        rows = folded.first_row[part.at_fold[take]]
+        column = values.to_numpy(dtype=object).copy()
+        column[take] = cpu_only.column(source)[rows]
+        gpu[col] = pd.Series(column, dtype=values.dtype)
+
+
+def _merged_figures(
+    out: pd.DataFrame, kept: pd.DataFrame, folded: FoldedStats, part: _Parts, metrics: list[str]
+) -> None:
+    """Add ``calls``, ``kernel_count`` and each metric's total/avg/min/max of the kept
+    groups and the folded ones together to ``out`` (in place). A folded instance
+    ran no GPU work: zero GPU time, GPU idle and kernels."""
+    out["calls"] = part.kept_int(kept["calls"]) + part.fold_int(folded.calls)
+    out["kernel_count"] = part.kept_int(kept["kernel_count"])
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    zero = np.zeros(len(folded.calls), dtype=np.int64)
+    for m in metrics:
+        f_sum, f_min, f_max = getattr(folded, m) if hasattr(folded, m) else (zero, zero, zero)
+        total = part.kept_int(kept[f"{m}_total"]) + part.fold_int(f_sum)
+        out[f"{m}_total"] = total
+        out[f"{m}_avg"] = total / out["calls"].to_numpy(np.int64)
+        out[f"{m}_min"] = np.minimum(
+            part.kept_int(kept[f"{m}_min"], big), part.fold_int(f_min, big)
+        )
+        out[f"{m}_max"] = np.maximum(
+            part.kept_int(kept[f"{m}_max"], small), part.fold_int(f_max, small)
+        )
+
+
+def _typed_like(values: np.ndarray, column: pd.Series) -> pd.Series:
+    """``values`` typed as ``column`` is; typed by their content when ``column`` is
+    empty (its type then says nothing), as the whole table's column would be."""
+    return pd.Series(values, dtype=column.dtype if len(column) else None)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """Where each of ``n`` merged groups is in the kept rows' groups and in the
+    folded entries' groups (-1: not there), to lay the two side by side."""
+
+    n: int
+    kept_codes: np.ndarray
+    fold_codes: np.ndarray
+    at_kept: np.ndarray
+    at_fold: np.ndarray
+
+    @classmethod
+    def of(cls, n: int, kept_codes: np.ndarray, fold_codes: np.ndarray) -> _Parts:
+        at_kept = np.full(n, -1, dtype=np.int64)
+        at_kept[kept_codes] = np.arange(len(kept_codes))
+        at_fold = np.full(n, -1, dtype=np.int64)
+        at_fold[fold_codes] = np.arange(len(fold_codes))
+        return cls(n, kept_codes, fold_codes, at_kept, at_fold)
+
+    def kept_int(self, values: pd.Series, fill: int = 0) -> np.ndarray:
+        """A kept group's integer figure per merged group, ``fill`` where it has none."""
+        v = values.to_numpy(np.int64)
+        return np.where(self.at_kept >= 0, v[np.clip(self.at_kept, 0, None)] if len(v) else fill,
+                        fill)  # fmt: skip
+
+    def fold_int(self, values: np.ndarray, fill: int = 0) -> np.ndarray:
+        v = np.asarray(values, dtype=np.int64)
+        return np.where(self.at_fold >= 0, v[np.clip(self.at_fold, 0, None)] if len(v) else fill,
+                        fill)  # fmt: skip
+
+    def kept_only(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """``frame``'s rows per merged group (one per kept group); a group with no
+        kept row gets what a group of folded instances alone has: False, 0, NA."""
+        idx = self.at_kept
+        out = {}
+        for col in frame.columns:
+            values = frame[col]
+            plain = isinstance(values.dtype, np.dtype)  # numpy, not nullable
+            if plain and values.dtype == bool:
+                out[col] = np.where(idx >= 0, values.to_numpy()[np.clip(idx, 0, None)]
+                                    if len(values) else False, False)  # fmt: skip
+            elif plain and values.dtype.kind in "iu":
+                out[col] = self.kept_int(values)
+            elif plain and values.dtype == object:  # an op's first value, None where it has none
+                column = np.full(len(idx), None, dtype=object)
+                column[idx >= 0] = values.to_numpy()[idx[idx >= 0]]
+                out[col] = pd.Series(column, dtype=object)
+            else:  # nullable and floating columns: NA / NaN
+                out[col] = values.array.take(idx, allow_fill=True)
+        return pd.DataFrame(out, copy=False)
+
+
+def _first_valid_of_both(
+    kept_values: np.ndarray,
+    kc: np.ndarray,
+    fold_values: np.ndarray,
+    fc: np.ndarray,
+    cpu_only: CpuOnly,
+    part: _Parts,
+) -> pd.Series:
+    """Each merged group's first non-NA value in table order, over the kept rows'
+    ``kept_values`` (codes ``kc``) and the folded entries' values (``fc``; entry
+    ``j``'s value is ``fold_values[cpu_only.range_row[j]]``).
+
+    Codes number groups as first seen, so each group's first entry is found in
+    one pass; only groups whose first entry is NA are searched further.
+    """
+    n = part.n
+    pos = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    value = np.full(n, None, dtype=object)
+    sides = ((kept_values, None, kc, cpu_only.kept_order, part.kept_codes),
+             (fold_values, cpu_only.range_row, fc, cpu_only.order, part.fold_codes))  # fmt: skip
+    for values, through, codes, order, merged in sides:
+        codes = np.asarray(codes)
+
+        def at(rows: np.ndarray, values: np.ndarray = values, through: object = through) -> Any:
+            return values[rows if through is None else through[rows]]  # type: ignore[index]
+
+        rows = first_rows(codes)  # each group's first entry
+        missing = np.flatnonzero(pd.isna(at(rows)))
+        if len(missing):  # the first non-NA entry of those groups, if any
+            search = np.flatnonzero(np.isin(codes, missing))
+            search = search[pd.notna(at(search))]
+            found, first = unique_first(codes[search])
+            rows = rows.copy()
+            rows[found] = search[first]
+            rows = np.delete(rows, np.setdiff1d(missing, found))
+            groups = np.delete(np.arange(len(merged)), np.setdiff1d(missing, found))
+        else:
+            groups = np.arange(len(merged))
+        target = np.asarray(merged)[groups]
+        better = order[rows].astype(np.int64) < pos[target]
+        pos[target[better]] = order[rows][better]
+        value[target[better]] = at(rows)[better]
+    return pd.Series(value)  # typed as the whole table's column is: text when any value is
 
 
 @dataclass(frozen=True)
@@ -394,23 +720,29 @@ def _group_stats(grouped: _Grouped, firsts: list[str], metrics: list[str]) -> pd
     return out
 
 
-def aggregate_op_types(inst: pd.DataFrame) -> pd.DataFrame:
+def aggregate_op_types(inst: pd.DataFrame, cpu_only: CpuOnly | None = None) -> pd.DataFrame:
     """Per op type (DLProf's op_type report): calls, CPU/GPU time statistics and, when
     the instances carry them, the Tensor Core and FLOP columns of :func:`aggregate_ops`.
 
-    Unassociated GPU work is its own type (``unassociated``).
+    Unassociated GPU work is its own type (``unassociated``). With ``cpu_only``,
+    ``inst`` is the kept table and the folded instances count too.
     """
     metrics = ["cpu_time", "gpu_time"]
     stats = [f"{m}_{s}" for m in metrics for s in STATS]
-    if inst.empty:
+    folded = cpu_only is not None and len(cpu_only) > 0
+    if inst.empty and not folded:
         return pd.DataFrame(columns=["op_type", "calls", "kernel_count", *stats])
     op_type = inst["op_type"].fillna(inst["name"])
-    code, _ = factorize(op_type, use_na_sentinel=False)  # grouped by code, not by text
-    grouped = _Grouped.of(inst.assign(op_type=op_type), code)
-    out = _group_stats(grouped, ["op_type"], metrics)
-    if "tc_eligible" in inst.columns:
-        gpu = _gpu_metrics(grouped).drop(columns=["input_shapes"])
-        out = pd.concat([out, gpu], axis=1)
+    if folded:
+        assert cpu_only is not None
+        out = _fold_into_op_types(inst.assign(op_type=op_type), cpu_only, metrics)
+    else:
+        code, _ = factorize(op_type, use_na_sentinel=False)  # grouped by code, not by text
+        grouped = _Grouped.of(inst.assign(op_type=op_type), code)
+        out = _group_stats(grouped, ["op_type"], metrics)
+        if "tc_eligible" in inst.columns:
+            gpu = _gpu_metrics(grouped).drop(columns=["input_shapes"])
+            out = pd.concat([out, gpu], axis=1)
     out = out.sort_values(["gpu_time_total", "op_type"], ascending=[False, True])
     return out.reset_index(drop=True)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis.cpu_only import CpuOnly
 from perfguard.analysis.intervals import covered_within, union_length
 from perfguard.analysis.iterations import rank_spans
 from perfguard.arrays import factorize, unique_first, unique_sorted
@@ -84,8 +85,11 @@ def iteration_table(
     inst: pd.DataFrame,
     acts: pd.DataFrame,
     timeline: pd.DataFrame | None = None,
+    cpu_only: CpuOnly | None = None,
 ) -> pd.DataFrame:
     """Per (rank, iteration): time, op instances, kernels, GPU time and busy time.
+
+    ``cpu_only``: the instances folded out of ``inst``, which count as op calls.
 
     Counts and GPU time are of the work each iteration *launched* (``acts``);
     busy time and utilization are of the GPU *during* the iteration's interval,
@@ -109,7 +113,10 @@ def iteration_table(
     t = t.set_index(["rank", "iteration"])
     # only the columns needed: a row filter of the whole table would copy all of it
     real_ops = inst.loc[inst["instance"] >= 0, ["rank", "iteration"]].dropna(subset=["iteration"])
-    t["op_calls"] = real_ops.groupby(["rank", "iteration"]).size()
+    calls = real_ops.groupby(["rank", "iteration"]).size()
+    if cpu_only is not None and len(cpu_only):
+        calls = calls.add(cpu_only.calls_per_iteration(), fill_value=0).astype(np.int64)
+    t["op_calls"] = calls
     a = acts[["rank", "iteration", "device_id", "start", "end", "activity"]]
     a = a.dropna(subset=["iteration"]).assign(
         dur=lambda d: d["end"] - d["start"], kernel=lambda d: d["activity"] == "kernel"
@@ -162,6 +169,7 @@ def run_summary(
     inst: pd.DataFrame,
     iterations: pd.DataFrame,
     timeline: pd.DataFrame | None = None,
+    cpu_only: CpuOnly | None = None,
 ) -> pd.Series:
     """The summary report as one Series of named figures.
 
@@ -190,7 +198,7 @@ def run_summary(
         ranks = busy_all.index.get_level_values(0)
         walls = wall_by_rank.reindex(ranks).to_numpy(dtype=float)
         util = pd.Series(100.0 * busy_all.to_numpy() / np.where(walls > 0, walls, np.nan))
-    n_ops = int((inst["instance"] >= 0).sum())
+    n_ops = int((inst["instance"] >= 0).sum()) + (len(cpu_only) if cpu_only is not None else 0)
     unassoc = inst["instance"] < 0
     busy_total = int(busy_all.sum()) if len(busy_all) else 0
     kernel_busy = int(busy_kernel.sum()) if len(busy_kernel) else 0
@@ -223,7 +231,8 @@ def run_summary(
             "Unique Kernels": len(factorize(acts.loc[kernel, "name"])[1]),
             "Op Instances": n_ops,
             "Unique Ops": (
-                len(unique_sorted(inst.loc[~unassoc, "op_key"].to_numpy(np.int64)))
+                len(unique_sorted(np.concatenate([inst.loc[~unassoc, "op_key"].to_numpy(np.int64),
+                                                  _folded_keys(cpu_only)])))  # fmt: skip
                 if "op_key" in inst
                 else _distinct_pairs(inst.loc[~unassoc, "op_name"], inst.loc[~unassoc, "direction"])
             ),
@@ -243,6 +252,10 @@ def _window_busy(acts: pd.DataFrame, window: pd.DataFrame) -> pd.Series:
     dev = busy_in_windows(acts, window)
     per = dev.groupby(["rank", "device_id"])["busy"].sum()
     return per[per > 0]
+
+
+def _folded_keys(cpu_only: CpuOnly | None) -> np.ndarray:
+    return cpu_only.op_key.astype(np.int64) if cpu_only is not None else np.zeros(0, np.int64)
 
 
 def _tc_utilization(inst: pd.DataFrame) -> float | None:

@@ -246,14 +246,18 @@ def op_type_table(analysis: Analysis) -> pd.DataFrame:
     """One row per op type (DLProf's op_type report)."""
     from perfguard.analysis.ops import aggregate_op_types
 
-    return _select(aggregate_op_types(analysis.instances), OP_TYPE_COLUMNS)
+    return _select(
+        aggregate_op_types(analysis.kept_instances, analysis.cpu_only), OP_TYPE_COLUMNS
+    )
 
 
 def group_node_table(analysis: Analysis) -> pd.DataFrame:
     """Inclusive roll-ups: every op with everything below it in the op hierarchy."""
     from perfguard.analysis.groups import aggregate_groups
 
-    groups = aggregate_groups(analysis.trace, analysis.activities, analysis.instances)
+    groups = aggregate_groups(
+        analysis.trace, analysis.activities, analysis.kept_instances, analysis.cpu_only
+    )
     return _select(groups, GROUP_COLUMNS)
 
 
