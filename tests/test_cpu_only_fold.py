@@ -15,14 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pytest
 from kineto_builder import KinetoBuilder
 from pandas.testing import assert_frame_equal
 
 import perfguard
 from perfguard.analysis.groups import aggregate_groups
 from perfguard.analysis.ops import aggregate_op_types, aggregate_ops
-from perfguard.report import write_reports
+from perfguard.report import ALL_REPORTS, write_reports
 
 
 def _same_as_every_row(a: perfguard.Analysis) -> None:
@@ -81,7 +80,7 @@ def test_emit_nvtx_ranges_without_gpu_work_are_folded_and_reports_never_need_eve
     folded_ids = a.trace.ranges["range_id"].to_numpy()[a.cpu_only.range_row]
     assert not np.isin(folded_ids, a.activities["range_id"].to_numpy()).any()
     assert a.trace.ranges["input_shapes"].iloc[a.cpu_only.range_row].isna().all()
-    write_reports(a, tmp_path, reports=perfguard.report.ALL_REPORTS, formats=["csv", "json", "html"])
+    write_reports(a, tmp_path, reports=ALL_REPORTS, formats=["csv", "json", "html"])
     assert "instances" not in a.cache
     _same_as_every_row(a)
 

@@ -24,13 +24,21 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from perfguard.analysis.attribution import UNASSOCIATED_PREFIX
-from perfguard.analysis.cpu_only import CpuOnly, FoldedStats, merge_codes, narrow
+from perfguard.analysis.cpu_only import (
+    CpuOnly,
+    Parts,
+    first_valid_of_both,
+    merge_codes,
+    merged_figures,
+    missing_as_first,
+    narrow,
+    typed_like,
+)
 from perfguard.analysis.intervals import segment_figures
 from perfguard.arrays import (
     Groups,
@@ -38,7 +46,6 @@ from perfguard.arrays import (
     first_rows,
     first_valid,
     missing_as_object,
-    unique_first,
 )
 from perfguard.trace.model import Trace
 from perfguard.trace.nesting import group_codes
@@ -469,7 +476,7 @@ def _fold_into_ops(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str]) ->
     kept = _group_stats(grouped, ["op_name", "direction", "op_type"], metrics)
     fc, fold_codes = pd.factorize(cf)
     folded = cpu_only.by(fc)
-    part = _Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
+    part = Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
 
     key = np.zeros(n, dtype=np.int64)  # each op's op_key, for its name and direction
     key[part.fold_codes] = cpu_only.op_key[first_rows(fc)]
@@ -477,21 +484,21 @@ def _fold_into_ops(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str]) ->
     names = np.asarray(cpu_only.names, dtype=object)
     out = pd.DataFrame(
         {
-            "op_name": _typed_like(names[key // 2], inst["op_name"]),
-            "direction": _typed_like(
+            "op_name": typed_like(names[key // 2], inst["op_name"]),
+            "direction": typed_like(
                 np.where(key % 2 == 1, "bprop", "fprop").astype(object), inst["direction"]
             ),
-            "op_type": _first_valid_of_both(
+            "op_type": first_valid_of_both(
                 inst["op_type"].to_numpy(dtype=object), kc, cpu_only.column("op_type"), fc,
                 cpu_only, part,
             ),
         },
         copy=False,
     )
-    _merged_figures(out, kept, folded, part, metrics)
+    merged_figures(out, kept, folded, part, metrics)
     if "tc_eligible" in inst.columns:  # the folded instances add nothing to these
         gpu = part.kept_only(_gpu_metrics(grouped))
-        _missing_as_first(gpu, part, cpu_only.kept_order[grouped.rows], folded, cpu_only)
+        missing_as_first(gpu, part, cpu_only.kept_order[grouped.rows], folded, cpu_only)
         out = pd.concat([out, gpu], axis=1)
     return out
 
@@ -509,173 +516,17 @@ def _fold_into_op_types(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str
     kept = _group_stats(grouped, ["op_type"], metrics)
     fc, fold_codes = pd.factorize(cf)
     folded = cpu_only.by(fc)
-    part = _Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
+    part = Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
     text = np.full(n, None, dtype=object)  # each group's key is its op type
     text[part.fold_codes] = fold_key[first_rows(fc)]
     text[part.kept_codes] = kept_key[grouped.rows]
-    out = pd.DataFrame({"op_type": _typed_like(text, inst["op_type"])}, copy=False)
-    _merged_figures(out, kept, folded, part, metrics)
+    out = pd.DataFrame({"op_type": typed_like(text, inst["op_type"])}, copy=False)
+    merged_figures(out, kept, folded, part, metrics)
     if "tc_eligible" in inst.columns:
         gpu = part.kept_only(_gpu_metrics(grouped).drop(columns=["input_shapes"]))
-        _missing_as_first(gpu, part, cpu_only.kept_order[grouped.rows], folded, cpu_only)
+        missing_as_first(gpu, part, cpu_only.kept_order[grouped.rows], folded, cpu_only)
         out = pd.concat([out, gpu], axis=1)
     return out
-
-
-def _missing_as_first(
-    gpu: pd.DataFrame,
-    part: _Parts,
-    kept_first: np.ndarray,
-    folded: FoldedStats,
-    cpu_only: CpuOnly,
-) -> None:
-    """``data_type`` and ``input_shapes`` of a group with no value are its first
-    instance's missing value (None or NaN, as its column holds it): where that
-    instance is a folded one, its range's own (in place). A folded instance has
-    neither, so ``data_type`` (``compute_dtype`` filled from ``dtypes``) is its
-    ``dtypes``."""
-    kept_first = np.asarray(kept_first, dtype=np.int64)
-    first_k = np.where(part.at_kept >= 0, kept_first[np.clip(part.at_kept, 0, None)]
-                       if len(kept_first) else 0, np.iinfo(np.int64).max)  # fmt: skip
-    first_f = np.where(part.at_fold >= 0, folded.first[np.clip(part.at_fold, 0, None)]
-                       if len(folded.first) else 0, np.iinfo(np.int64).max)  # fmt: skip
-    for col, source in (("data_type", "dtypes"), ("input_shapes", "input_shapes")):
-        if col not in gpu:
-            continue
-        values = gpu[col]
-        take = np.flatnonzero(values.isna().to_numpy(bool) & (first_f < first_k))
-        if not len(take):
-            continue
-        rows = folded.first_row[part.at_fold[take]]
-        column = values.to_numpy(dtype=object).copy()
-        column[take] = cpu_only.column(source)[rows]
-        gpu[col] = pd.Series(column, dtype=values.dtype)
-
-
-def _merged_figures(
-    out: pd.DataFrame, kept: pd.DataFrame, folded: FoldedStats, part: _Parts, metrics: list[str]
-) -> None:
-    """Add ``calls``, ``kernel_count`` and each metric's total/avg/min/max of the kept
-    groups and the folded ones together to ``out`` (in place). A folded instance
-    ran no GPU work: zero GPU time, GPU idle and kernels."""
-    out["calls"] = part.kept_int(kept["calls"]) + part.fold_int(folded.calls)
-    out["kernel_count"] = part.kept_int(kept["kernel_count"])
-    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    zero = np.zeros(len(folded.calls), dtype=np.int64)
-    for m in metrics:
-        f_sum, f_min, f_max = getattr(folded, m) if hasattr(folded, m) else (zero, zero, zero)
-        total = part.kept_int(kept[f"{m}_total"]) + part.fold_int(f_sum)
-        out[f"{m}_total"] = total
-        out[f"{m}_avg"] = total / out["calls"].to_numpy(np.int64)
-        out[f"{m}_min"] = np.minimum(
-            part.kept_int(kept[f"{m}_min"], big), part.fold_int(f_min, big)
-        )
-        out[f"{m}_max"] = np.maximum(
-            part.kept_int(kept[f"{m}_max"], small), part.fold_int(f_max, small)
-        )
-
-
-def _typed_like(values: np.ndarray, column: pd.Series) -> pd.Series:
-    """``values`` typed as ``column`` is; typed by their content when ``column`` is
-    empty (its type then says nothing), as the whole table's column would be."""
-    return pd.Series(values, dtype=column.dtype if len(column) else None)
-
-
-@dataclass(frozen=True)
-class _Parts:
-    """Where each of ``n`` merged groups is in the kept rows' groups and in the
-    folded entries' groups (-1: not there), to lay the two side by side."""
-
-    n: int
-    kept_codes: np.ndarray
-    fold_codes: np.ndarray
-    at_kept: np.ndarray
-    at_fold: np.ndarray
-
-    @classmethod
-    def of(cls, n: int, kept_codes: np.ndarray, fold_codes: np.ndarray) -> _Parts:
-        at_kept = np.full(n, -1, dtype=np.int64)
-        at_kept[kept_codes] = np.arange(len(kept_codes))
-        at_fold = np.full(n, -1, dtype=np.int64)
-        at_fold[fold_codes] = np.arange(len(fold_codes))
-        return cls(n, kept_codes, fold_codes, at_kept, at_fold)
-
-    def kept_int(self, values: pd.Series, fill: int = 0) -> np.ndarray:
-        """A kept group's integer figure per merged group, ``fill`` where it has none."""
-        v = values.to_numpy(np.int64)
-        return np.where(self.at_kept >= 0, v[np.clip(self.at_kept, 0, None)] if len(v) else fill,
-                        fill)  # fmt: skip
-
-    def fold_int(self, values: np.ndarray, fill: int = 0) -> np.ndarray:
-        v = np.asarray(values, dtype=np.int64)
-        return np.where(self.at_fold >= 0, v[np.clip(self.at_fold, 0, None)] if len(v) else fill,
-                        fill)  # fmt: skip
-
-    def kept_only(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """``frame``'s rows per merged group (one per kept group); a group with no
-        kept row gets what a group of folded instances alone has: False, 0, NA."""
-        idx = self.at_kept
-        out = {}
-        for col in frame.columns:
-            values = frame[col]
-            plain = isinstance(values.dtype, np.dtype)  # numpy, not nullable
-            if plain and values.dtype == bool:
-                out[col] = np.where(idx >= 0, values.to_numpy()[np.clip(idx, 0, None)]
-                                    if len(values) else False, False)  # fmt: skip
-            elif plain and values.dtype.kind in "iu":
-                out[col] = self.kept_int(values)
-            elif plain and values.dtype == object:  # an op's first value, None where it has none
-                column = np.full(len(idx), None, dtype=object)
-                column[idx >= 0] = values.to_numpy()[idx[idx >= 0]]
-                out[col] = pd.Series(column, dtype=object)
-            else:  # nullable and floating columns: NA / NaN
-                out[col] = values.array.take(idx, allow_fill=True)
-        return pd.DataFrame(out, copy=False)
-
-
-def _first_valid_of_both(
-    kept_values: np.ndarray,
-    kc: np.ndarray,
-    fold_values: np.ndarray,
-    fc: np.ndarray,
-    cpu_only: CpuOnly,
-    part: _Parts,
-) -> pd.Series:
-    """Each merged group's first non-NA value in table order, over the kept rows'
-    ``kept_values`` (codes ``kc``) and the folded entries' values (``fc``; entry
-    ``j``'s value is ``fold_values[cpu_only.range_row[j]]``).
-
-    Codes number groups as first seen, so each group's first entry is found in
-    one pass; only groups whose first entry is NA are searched further.
-    """
-    n = part.n
-    pos = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    value = np.full(n, None, dtype=object)
-    sides = ((kept_values, None, kc, cpu_only.kept_order, part.kept_codes),
-             (fold_values, cpu_only.range_row, fc, cpu_only.order, part.fold_codes))  # fmt: skip
-    for values, through, codes, order, merged in sides:
-        codes = np.asarray(codes)
-
-        def at(rows: np.ndarray, values: np.ndarray = values, through: object = through) -> Any:
-            return values[rows if through is None else through[rows]]  # type: ignore[index]
-
-        rows = first_rows(codes)  # each group's first entry
-        missing = np.flatnonzero(pd.isna(at(rows)))
-        if len(missing):  # the first non-NA entry of those groups, if any
-            search = np.flatnonzero(np.isin(codes, missing))
-            search = search[pd.notna(at(search))]
-            found, first = unique_first(codes[search])
-            rows = rows.copy()
-            rows[found] = search[first]
-            rows = np.delete(rows, np.setdiff1d(missing, found))
-            groups = np.delete(np.arange(len(merged)), np.setdiff1d(missing, found))
-        else:
-            groups = np.arange(len(merged))
-        target = np.asarray(merged)[groups]
-        better = order[rows].astype(np.int64) < pos[target]
-        pos[target[better]] = order[rows][better]
-        value[target[better]] = at(rows)[better]
-    return pd.Series(value)  # typed as the whole table's column is: text when any value is
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,28 @@ def _composite(group: np.ndarray, t: np.ndarray, t0: int, span: int) -> np.ndarr
     return group.astype(np.int64) * span + (t.astype(np.int64) - t0)
 
 
+def _nesting_order(key: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """The order of ``np.lexsort((-end, key))``: by group and start, then end descending.
+
+    Exports list ranges by start time (nsys, Kineto): then one radix sort of the
+    few thread codes (int16) gives the order, checked in one pass; otherwise two
+    stable sorts of single int64 keys (end descending, then group and start
+    packed), 2x faster than ``lexsort``.
+    """
+    n = len(key)
+    if n and int(group.max()) < 2**15 and int(group.min()) >= 0:
+        order = np.argsort(group.astype(np.int16), kind="stable")  # radix: O(n)
+        k = key[order]
+        step = np.diff(k)
+        if (step >= 0).all():
+            tie = np.flatnonzero(step == 0)
+            e = end[order]
+            if (e[tie] >= e[tie + 1]).all():  # ties already longest first
+                return order
+    by_end = np.argsort(-end, kind="stable")
+    return by_end[np.argsort(key[by_end], kind="stable")]
+
+
 class Nesting:
     """The forest of ranges grouped by thread.
 
@@ -154,8 +176,7 @@ class Nesting:
         # the order of np.lexsort((-end, start, group)) by two stable sorts of single
         # int64 keys (end descending, then group and start packed): 2x faster
         key = _composite(group, start, self.t0, self.span)
-        by_end = np.argsort(-end, kind="stable")
-        self.order = by_end[np.argsort(key[by_end], kind="stable")]
+        self.order = _nesting_order(key, end, group)
         self.start = start[self.order]
         self.end = end[self.order]
         self.group = group[self.order]
