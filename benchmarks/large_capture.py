@@ -430,7 +430,9 @@ def _run(cmd: list[str], mem_limit_gb: float | None) -> tuple[int, float, int, f
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, preexec_fn=limit)
+        # cwd: ``-m``/``-c`` put the working directory first on sys.path, ahead of
+        # PYTHONPATH; from another checkout, its perfguard would be measured instead
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, preexec_fn=limit, cwd=REPO)
         tree = TreeRss(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0

@@ -81,7 +81,7 @@ def run(cmd: list[str]) -> dict[str, Any]:
     stop = threading.Event()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO)  # see large_capture
         sampler = threading.Thread(target=_sample_tree, args=(proc.pid, peaks, stop))
         sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['helper_kb'] / 1024:,.0f} MiB; load {load:.1f} before")  # fmt: skip
         env = dict(os.environ, PYTHONPATH=str(REPO))
         own = subprocess.run([sys.executable, "-c", _WORKERS_CHILD, str(ranks)], env=env,
-                             capture_output=True, text=True, check=False)  # fmt: skip
+                             capture_output=True, text=True, check=False, cwd=REPO)  # fmt: skip
         if own.returncode == 0:
             peaks = json.loads(own.stdout.strip().splitlines()[-1])
             print("workers' own ru_maxrss (MiB): "
