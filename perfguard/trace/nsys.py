@@ -703,9 +703,8 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
             .astype("object")
             .to_numpy(dtype=object)
         )
-    else:  # none declared: typed as object now, as the frame would type it after
-        # scanning every row (0.4 s at 5M)
-        domain = pd.Series(np.full(n, np.nan, dtype=object), dtype=object, copy=False)
+    else:  # none declared: all NaN (built below, with the rows kept)
+        domain = None
     kind = np.where(cross_thread, 1, 0)
     kind[iteration & ~cross_thread] = 2
     cols = {"pid": pid, "tid": tid, "start": start, "end": end_v, "is_op": kind == 0,
@@ -716,7 +715,10 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
         start, end_v, pid, tid, flag, etype, codes, kind = (
             c[rows] for c in (start, end_v, pid, tid, flag, etype, codes, kind)
         )
-        domain = _rows(domain, rows)
+        domain = domain[rows] if domain is not None else None
+    # typed as object now (the frame would scan every row to type it: 0.4 s at 5M);
+    # the columns nothing fills share it
+    missing = _all_nan(len(codes))
     end = pd.arrays.IntegerArray(end_v, (flag & 256) != 0)
     push_pop = np.isin(etype, NVTX_PUSH_POP).astype(np.intp)
     ranges = pd.DataFrame(
@@ -726,29 +728,45 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
             "pid": pid,
             "tid": tid,
             "name": _take(parsed["name"], codes),
-            "domain": domain,
+            "domain": domain if domain is not None else missing,
             "category": "nvtx",
             "kind": pd.Categorical.from_codes(kind, dtype=RANGE_KIND),  # op, async, iteration
             "source": _take(["nvtx:start_end", "nvtx:push_pop"], push_pop),
             "op_type": _take(op_type_of(parsed["name"]), codes),
             "bprop": parsed["bprop"].to_numpy(dtype=bool)[codes],
             "seq": parsed["seq"].array.take(codes),
-            "input_shapes": _take(parsed["input_shapes"], codes),
-            # perfguard.instrument's payload: dtypes, scalar arguments, the user's call site
-            "dtypes": _take(parsed["dtypes"], codes),
-            "concrete_inputs": _take(parsed["concrete_inputs"], codes),
-            "call_site": _take(parsed["call_site"], codes),
+            # shapes and perfguard.instrument's payload: dtypes, scalar arguments, the
+            # user's call site
+            **_payload(parsed, codes, missing),
         },
         copy=False,
     )
     return ranges, keep is not None
 
 
-def _rows(values: np.ndarray | pd.Series, rows: np.ndarray) -> np.ndarray | pd.Series:
-    """``values`` at positions ``rows``, a Series renumbered from 0 as the frame aligns it."""
-    if isinstance(values, pd.Series):
-        return pd.Series(values.array.take(rows), dtype=values.dtype, copy=False)
-    return values[rows]
+def _all_nan(n: int) -> pd.Series:
+    """An object column of ``n`` NaNs (one per read, shared by the columns nothing fills)."""
+    return pd.Series(np.full(n, np.nan, dtype=object), dtype=object, copy=False)
+
+
+#: the columns a range name may carry beyond its own name (:func:`parse_range_names`)
+_PAYLOAD = ("input_shapes", "dtypes", "concrete_inputs", "call_site")
+
+
+def _payload(parsed: pd.DataFrame, codes: np.ndarray, missing: pd.Series) -> dict[str, Any]:
+    """The payload columns of the ranges named by ``codes``. A column no name fills
+    (``emit_nvtx`` without shapes, annotations: all of them) is ``missing``, the
+    ranges' all-NaN column (``domain`` without declared domains): one array for
+    all of them, not 36 MiB each at 4.8M ranges (pandas copies before a write)."""
+    out: dict[str, Any] = {}
+    for col in _PAYLOAD:
+        values = parsed[col]
+        # the same values as a take would give: NaN (floats) in every distinct name
+        if len(values) and values.map(lambda v: isinstance(v, float) and v != v).all():
+            out[col] = missing
+        else:
+            out[col] = _take(values, codes)
+    return out
 
 
 def _take(values: Any, codes: np.ndarray) -> Any:
