@@ -116,11 +116,17 @@ def enclosing_op(
     """
     r = trace.ranges
     is_op = (r["kind"] == "op").to_numpy(dtype=bool)
-    ops = pd.DataFrame({c: r[c].to_numpy()[is_op] for c in ("rank", "pid", "tid")}, copy=False)
+    every = bool(is_op.all())  # the usual case: the columns themselves, not copies
+
+    def op_column(c: str) -> np.ndarray:
+        return r[c].to_numpy() if every else r[c].to_numpy()[is_op]
+
+    ops = pd.DataFrame({c: op_column(c) for c in ("rank", "pid", "tid")}, copy=False)
     calls = pd.DataFrame({"rank": rank, "pid": pid, "tid": tid}, copy=False)
     op_groups, call_groups = group_codes(ops, calls)
-    start, end = r["start"].to_numpy()[is_op], r["end"].to_numpy()[is_op]
-    if is_op.all() and _is_tree(r):
+    del ops
+    start, end = op_column("start"), op_column("end")
+    if every and _is_tree(r):
         # every range is an op: the reader's tree (finalize_ranges, the same Nesting on
         # the same ranges and threads) is this one, so only the sort is redone
         nest = Nesting.from_tree(
@@ -131,7 +137,7 @@ def enclosing_op(
     pos = nest.innermost_enclosing(call_groups, np.asarray(t, dtype=np.int64))
     range_id = np.full(len(pos), -1, dtype=np.int64)
     found = pos >= 0
-    range_id[found] = r["range_id"].to_numpy()[is_op][nest.order[pos[found]]]
+    range_id[found] = op_column("range_id")[nest.order[pos[found]]]
     return range_id
 
 
