@@ -122,10 +122,12 @@ def analyze(
     inst, acts, notes = _instances(trace, attributed, codes, intervals, by_range, keep, api_time)
     notes = [*trace.notes, *deep_range_note(trace.ranges), *notes]
     cpu_only = fold_cpu_only(trace, codes, keep, api_time)
+    del codes, api_time, keep  # millions of entries each: freed before the next step
     start = trace.ranges["start"].to_numpy(np.int64)[cpu_only.range_row]
     it = assign_iteration(cpu_only.rank, start, intervals).fillna(-1).to_numpy(np.int64)
+    del start
     cpu_only = dataclasses.replace(cpu_only, iteration=narrow(it))
-    del codes, start, it, api_time
+    del it
 
     timeline = acts  # every activity: busy time inside an iteration counts them all
     if restricted:

@@ -148,13 +148,18 @@ def aggregate_groups(
                       ("flat", "busy")):  # fmt: skip
         figures[col] = np.zeros(len(groups), dtype=np.int64)
         figures[col][at] = fig[name]
+    del present, fig, at  # per-range arrays of millions: each freed once used
     op_key = _op_keys(inst, inst_row, cpu_only)
     child_ops = _child_ops(r, is_op, op_parent, op_key)[groups]
     if not len(groups):
         return pd.DataFrame(columns=COLUMNS)
+    del op_parent
+    group_key = op_key[groups]
+    del op_key
     at = inst_row[groups]
+    del inst_row
     if "op_key" in inst:
-        out = _per_op(inst, at, op_key[groups], cpu_only, figures, child_ops)
+        out = _per_op(inst, at, group_key, cpu_only, figures, child_ops)
     else:  # a hand-built instance table: grouped by name and direction
         gi = inst.iloc[at].reset_index(drop=True)
         for col, values in figures.items():
