@@ -112,9 +112,7 @@ def analyze(
 
     attributed = attribute(trace, gpu_activities(trace))
     when = attributed["launch_start"].fillna(attributed["start"]).to_numpy(np.int64)
-    attributed["iteration"] = assign_iteration(
-        attributed["rank"].to_numpy(), when, intervals
-    ).array
+    attributed["iteration"] = assign_iteration(attributed["rank"].to_numpy(), when, intervals).array
     codes = OpCodes.of(trace, attributed)
     by_range = range_flops(trace)
     keep = needs_row(trace.ranges, codes.op_rows, _owners(trace, codes, attributed), by_range)

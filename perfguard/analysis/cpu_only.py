@@ -71,7 +71,9 @@ class CpuOnly:
             calls=g.size,
             cpu_time=(g.sum(self.cpu_time), g.min(self.cpu_time), g.max(self.cpu_time)),
             cpu_overhead=(
-                g.sum(self.cpu_overhead), g.min(self.cpu_overhead), g.max(self.cpu_overhead)
+                g.sum(self.cpu_overhead),
+                g.min(self.cpu_overhead),
+                g.max(self.cpu_overhead),
             ),
         )
 

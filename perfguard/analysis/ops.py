@@ -312,9 +312,7 @@ def op_instances(
     return inst
 
 
-def fold_cpu_only(
-    trace: Trace, codes: OpCodes, keep: np.ndarray, api_time: np.ndarray
-) -> CpuOnly:
+def fold_cpu_only(trace: Trace, codes: OpCodes, keep: np.ndarray, api_time: np.ndarray) -> CpuOnly:
     """The op ranges ``keep`` leaves out of the instance table, as a
     :class:`CpuOnly` (their iterations unassigned, -1): what a row of theirs would
     hold beyond the range itself is no GPU work and no figure. ``api_time``:
@@ -489,8 +487,12 @@ def _fold_into_ops(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str]) ->
                 np.where(key % 2 == 1, "bprop", "fprop").astype(object), inst["direction"]
             ),
             "op_type": first_valid_of_both(
-                inst["op_type"].to_numpy(dtype=object), kc, cpu_only.column("op_type"), fc,
-                cpu_only, part,
+                inst["op_type"].to_numpy(dtype=object),
+                kc,
+                cpu_only.column("op_type"),
+                fc,
+                cpu_only,
+                part,
             ),
         },
         copy=False,

@@ -230,12 +230,7 @@ def run_summary(
             "Memory Ops": int((~kernel).sum()),
             "Unique Kernels": len(factorize(acts.loc[kernel, "name"])[1]),
             "Op Instances": n_ops,
-            "Unique Ops": (
-                len(unique_sorted(np.concatenate([inst.loc[~unassoc, "op_key"].to_numpy(np.int64),
-                                                  _folded_keys(cpu_only)])))  # fmt: skip
-                if "op_key" in inst
-                else _distinct_pairs(inst.loc[~unassoc, "op_name"], inst.loc[~unassoc, "direction"])
-            ),
+            "Unique Ops": _unique_ops(inst, unassoc.to_numpy(bool), cpu_only),
             "Unassociated GPU Activities": int(unassoc.sum()),
             "Unassociated GPU Time (ns)": int(inst.loc[unassoc, "gpu_time"].sum()),
             "Tensor Core Kernel Utilization (%)": _tc_utilization(inst),
@@ -254,8 +249,15 @@ def _window_busy(acts: pd.DataFrame, window: pd.DataFrame) -> pd.Series:
     return per[per > 0]
 
 
-def _folded_keys(cpu_only: CpuOnly | None) -> np.ndarray:
-    return cpu_only.op_key.astype(np.int64) if cpu_only is not None else np.zeros(0, np.int64)
+def _unique_ops(inst: pd.DataFrame, unassoc: np.ndarray, cpu_only: CpuOnly | None) -> int:
+    """Distinct ops of the op ranges, folded instances included (``unassoc``: the
+    unassociated rows of ``inst``, which are not ops of a range)."""
+    if "op_key" not in inst:
+        return _distinct_pairs(inst.loc[~unassoc, "op_name"], inst.loc[~unassoc, "direction"])
+    keys = inst["op_key"].to_numpy(np.int64)[~unassoc]
+    if cpu_only is not None:
+        keys = np.concatenate([keys, cpu_only.op_key.astype(np.int64)])
+    return len(unique_sorted(keys))
 
 
 def _tc_utilization(inst: pd.DataFrame) -> float | None:

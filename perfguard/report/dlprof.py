@@ -246,9 +246,7 @@ def op_type_table(analysis: Analysis) -> pd.DataFrame:
     """One row per op type (DLProf's op_type report)."""
     from perfguard.analysis.ops import aggregate_op_types
 
-    return _select(
-        aggregate_op_types(analysis.kept_instances, analysis.cpu_only), OP_TYPE_COLUMNS
-    )
+    return _select(aggregate_op_types(analysis.kept_instances, analysis.cpu_only), OP_TYPE_COLUMNS)
 
 
 def group_node_table(analysis: Analysis) -> pd.DataFrame:
