@@ -27,6 +27,17 @@ def unique_sorted(values: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
+def stable_order(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(values, kind="stable")``; a radix sort (linear) when the values are
+    integers spanning fewer than 2**16, as depths and thread codes do."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iu" and len(values):
+        lo = int(values.min())
+        if int(values.max()) - lo < 2**16:
+            return np.argsort((values - lo).astype(np.uint16), kind="stable")
+    return np.argsort(values, kind="stable")
+
+
 def unique_first(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_index=True)``: distinct values ascending, and the
     position of the first occurrence of each."""

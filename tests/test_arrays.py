@@ -230,3 +230,18 @@ def test_first_rows_are_the_first_occurrences_of_factorized_codes():
         codes, _ = pd.factorize(values)
         _, want = np.unique(codes, return_index=True)
         assert np.array_equal(first_rows(codes), want)
+
+
+def test_stable_order_is_a_stable_argsort():
+    """Small-span integers take a radix sort; anything else the stable argsort."""
+    from perfguard.arrays import stable_order
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(0, 400))
+        lo = int(rng.integers(-(2**40), 2**40))
+        span = int(rng.choice([1, 3, 2**16 - 1, 2**16, 2**20]))
+        values = rng.integers(lo, lo + span, n, endpoint=True)
+        assert np.array_equal(stable_order(values), np.argsort(values, kind="stable"))
+    floats = rng.random(50)
+    assert np.array_equal(stable_order(floats), np.argsort(floats, kind="stable"))

@@ -46,6 +46,7 @@ from perfguard.arrays import (
     first_rows,
     first_valid,
     missing_as_object,
+    stable_order,
 )
 from perfguard.trace.model import Trace
 from perfguard.trace.nesting import group_codes
@@ -107,7 +108,7 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     table_name: list[np.ndarray] = []
     next_id = 0
     n_names = len(names)
-    by_depth = np.argsort(depth, kind="stable")
+    by_depth = stable_order(depth)
     bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
     for level in range(len(bounds) - 1):
         at = by_depth[bounds[level] : bounds[level + 1]]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfguard.arrays import unique_sorted
+from perfguard.arrays import stable_order, unique_sorted
 
 _LIMIT = 2**62
 
@@ -235,7 +235,7 @@ class Nesting:
         # depth level, so O(n log n) whatever the depth.
         n = len(self.start)
         parent = np.full(n, -1, dtype=np.int64)
-        by_depth = np.argsort(self.depth, kind="stable")  # positions ascending per level
+        by_depth = stable_order(self.depth)  # positions ascending per level
         bounds = np.searchsorted(self.depth[by_depth], np.arange(int(self.depth.max()) + 2))
         for d in range(1, len(bounds) - 1):
             above = by_depth[bounds[d - 1] : bounds[d]]

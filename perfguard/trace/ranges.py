@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import stable_order
 from perfguard.trace.model import NO_PARENT
 from perfguard.trace.nesting import Nesting, group_codes
 
@@ -42,7 +43,7 @@ def finalize_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
     ranges["parent_id"] = parent
     bprop = ranges["bprop"].to_numpy(dtype=bool).copy() if "bprop" in ranges else np.zeros(n, bool)
     # inherit backward-ness down the tree, one depth level at a time (parents first)
-    by_depth = np.argsort(depth, kind="stable")
+    by_depth = stable_order(depth)
     bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2 if n else 0))
     for level in range(1, len(bounds) - 1):
         at = by_depth[bounds[level] : bounds[level + 1]]
