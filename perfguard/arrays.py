@@ -79,8 +79,7 @@ class Groups:
     def __init__(self, codes: np.ndarray) -> None:
         codes = np.asarray(codes, dtype=np.int64)
         n_groups = int(codes.max()) + 1 if len(codes) else 0
-        key = codes.astype(np.uint16) if n_groups <= 2**16 else codes
-        self.order = np.argsort(key, kind="stable")
+        self.order = stable_order(codes)
         ordered = codes[self.order]
         self.heads = np.flatnonzero(np.concatenate([[len(codes) > 0], ordered[1:] != ordered[:-1]]))
         if len(self.heads) != n_groups or (len(codes) and ordered[0] != 0):

@@ -77,6 +77,13 @@ class CpuOnly:
             ),
         )
 
+    def op_text(self, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Op name and direction (object arrays) of each op key: the inverse of
+        :meth:`perfguard.analysis.ops.OpCodes.op_key` (name code x 2, +1 for bprop)."""
+        key = np.asarray(key, dtype=np.int64)
+        direction = np.where(key % 2 == 1, "bprop", "fprop").astype(object)
+        return np.asarray(self.names, dtype=object)[key // 2], direction
+
     def column(self, name: str) -> np.ndarray:
         """The ranges' column ``name`` (object values), indexed by range row."""
         return self.ranges[name].to_numpy(dtype=object)
@@ -169,11 +176,9 @@ def missing_as_first(
     instance is a folded one, its range's own (in place). A folded instance has
     neither, so ``data_type`` (``compute_dtype`` filled from ``dtypes``) is its
     ``dtypes``."""
-    kept_first = np.asarray(kept_first, dtype=np.int64)
-    first_k = np.where(part.at_kept >= 0, kept_first[np.clip(part.at_kept, 0, None)]
-                       if len(kept_first) else 0, np.iinfo(np.int64).max)  # fmt: skip
-    first_f = np.where(part.at_fold >= 0, folded.first[np.clip(part.at_fold, 0, None)]
-                       if len(folded.first) else 0, np.iinfo(np.int64).max)  # fmt: skip
+    never = np.iinfo(np.int64).max
+    first_k = part.kept_int(kept_first, never)
+    first_f = part.fold_int(folded.first, never)
     for col, source in (("data_type", "dtypes"), ("input_shapes", "input_shapes")):
         if col not in gpu:
             continue
@@ -235,16 +240,13 @@ class Parts:
         at_fold[fold_codes] = np.arange(len(fold_codes))
         return cls(n, kept_codes, fold_codes, at_kept, at_fold)
 
-    def kept_int(self, values: pd.Series, fill: int = 0) -> np.ndarray:
+    def kept_int(self, values: np.ndarray | pd.Series, fill: int = 0) -> np.ndarray:
         """A kept group's integer figure per merged group, ``fill`` where it has none."""
-        v = values.to_numpy(np.int64)
-        return np.where(self.at_kept >= 0, v[np.clip(self.at_kept, 0, None)] if len(v) else fill,
-                        fill)  # fmt: skip
+        return _lay(self.at_kept, np.asarray(values, dtype=np.int64), fill)
 
-    def fold_int(self, values: np.ndarray, fill: int = 0) -> np.ndarray:
-        v = np.asarray(values, dtype=np.int64)
-        return np.where(self.at_fold >= 0, v[np.clip(self.at_fold, 0, None)] if len(v) else fill,
-                        fill)  # fmt: skip
+    def fold_int(self, values: np.ndarray | pd.Series, fill: int = 0) -> np.ndarray:
+        """A folded group's integer figure per merged group, ``fill`` where it has none."""
+        return _lay(self.at_fold, np.asarray(values, dtype=np.int64), fill)
 
     def kept_only(self, frame: pd.DataFrame) -> pd.DataFrame:
         """``frame``'s rows per merged group (one per kept group); a group with no
@@ -255,8 +257,7 @@ class Parts:
             values = frame[col]
             plain = isinstance(values.dtype, np.dtype)  # numpy, not nullable
             if plain and values.dtype == bool:
-                out[col] = np.where(idx >= 0, values.to_numpy()[np.clip(idx, 0, None)]
-                                    if len(values) else False, False)  # fmt: skip
+                out[col] = _lay(idx, values.to_numpy(), False)
             elif plain and values.dtype.kind in "iu":
                 out[col] = self.kept_int(values)
             elif plain and values.dtype == object:  # an op's first value, None where it has none
@@ -266,6 +267,13 @@ class Parts:
             else:  # nullable and floating columns: NA / NaN
                 out[col] = values.array.take(idx, allow_fill=True)
         return pd.DataFrame(out, copy=False)
+
+
+def _lay(at: np.ndarray, values: np.ndarray, fill: Any) -> np.ndarray:
+    """``values[at]``, ``fill`` where ``at`` is -1 (a group missing from that part)."""
+    if not len(values):  # every group is missing from that part
+        return np.full(len(at), fill, dtype=values.dtype)
+    return np.where(at >= 0, values[np.clip(at, 0, None)], fill)
 
 
 def first_valid_of_both(

@@ -228,9 +228,7 @@ def _op_text(inst: pd.DataFrame, at: np.ndarray, cpu_only: CpuOnly | None) -> pd
     out = {}
     if not own.all():
         assert cpu_only is not None
-        key = cpu_only.op_key[-2 - at[~own]].astype(np.int64)
-        name = np.asarray(cpu_only.names, dtype=object)[key // 2]
-        direction = np.where(key % 2 == 1, "bprop", "fprop").astype(object)
+        name, direction = cpu_only.op_text(cpu_only.op_key[-2 - at[~own]])
         ids = op_id(pd.Series(name), pd.Series(direction)).to_numpy(dtype=object)
         folded = {"op_id": ids, "op_name": name, "direction": direction}
     for col in ("op_id", "op_name", "direction"):

@@ -31,6 +31,7 @@ import pandas as pd
 from perfguard.analysis.attribution import UNASSOCIATED_PREFIX
 from perfguard.analysis.cpu_only import (
     CpuOnly,
+    FoldedStats,
     Parts,
     first_valid_of_both,
     merge_codes,
@@ -343,10 +344,21 @@ def fold_cpu_only(trace: Trace, codes: OpCodes, keep: np.ndarray, api_time: np.n
 def api_time_inside(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Summed duration of the CUDA API calls on each of the ranges ``rows``' thread
     that start inside it: CPU time minus this is the range's CPU overhead."""
-    r = trace.ranges
-    return _api_time_inside(
-        trace.api_calls, {c: r[c].to_numpy()[rows] for c in ("rank", "pid", "tid", "start", "end")}
-    )
+    api = trace.api_calls
+    inst = {c: trace.ranges[c].to_numpy()[rows] for c in ("rank", "pid", "tid", "start", "end")}
+    if api.empty or not len(rows):
+        return np.zeros(len(rows), dtype=np.int64)
+    keys = ["rank", "pid", "tid"]
+    a_code, i_code = group_codes(api[keys], pd.DataFrame({k: inst[k] for k in keys}, copy=False))
+    t0 = int(min(api["start"].min(), inst["start"].min()))
+    span = int(max(api["end"].max(), inst["end"].max())) - t0 + 2
+    a_key = a_code * span + (api["start"].to_numpy() - t0)
+    order = np.argsort(a_key, kind="stable")  # calls come nearly in order: timsort runs
+    a_key = a_key[order]
+    cum = np.concatenate([[0], np.cumsum((api["end"] - api["start"]).to_numpy()[order])])
+    lo = np.searchsorted(a_key, i_code * span + (inst["start"] - t0), side="left")
+    hi = np.searchsorted(a_key, i_code * span + (inst["end"] - t0), side="right")
+    return cum[hi] - cum[lo]
 
 
 def instance_rows(instance: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -412,24 +424,6 @@ def _op_name_codes(
     return codes.astype(np.int64), np.asarray(names, dtype=object)
 
 
-def _api_time_inside(api: pd.DataFrame, inst: dict[str, np.ndarray]) -> np.ndarray:
-    """Summed duration of API calls on each instance's thread starting inside it
-    (``inst``: arrays ``rank, pid, tid, start, end``)."""
-    if api.empty or not len(inst["start"]):
-        return np.zeros(len(inst["start"]), dtype=np.int64)
-    keys = ["rank", "pid", "tid"]
-    a_code, i_code = group_codes(api[keys], pd.DataFrame({k: inst[k] for k in keys}, copy=False))
-    t0 = int(min(api["start"].min(), inst["start"].min()))
-    span = int(max(api["end"].max(), inst["end"].max())) - t0 + 2
-    a_key = a_code * span + (api["start"].to_numpy() - t0)
-    order = np.argsort(a_key, kind="stable")  # calls come nearly in order: timsort runs
-    a_key = a_key[order]
-    cum = np.concatenate([[0], np.cumsum((api["end"] - api["start"]).to_numpy()[order])])
-    lo = np.searchsorted(a_key, i_code * span + (inst["start"] - t0), side="left")
-    hi = np.searchsorted(a_key, i_code * span + (inst["end"] - t0), side="right")
-    return cum[hi] - cum[lo]
-
-
 def aggregate_ops(inst: pd.DataFrame, cpu_only: CpuOnly | None = None) -> pd.DataFrame:
     """Per-op totals: one row per ``(op_name, direction)``, sorted by GPU time.
 
@@ -460,6 +454,56 @@ def aggregate_ops(inst: pd.DataFrame, cpu_only: CpuOnly | None = None) -> pd.Dat
     return out.reset_index(drop=True)
 
 
+@dataclass(frozen=True)
+class _Merge:
+    """The kept rows and the folded instances grouped by one key, numbered as the
+    whole table's codes would be: each part's groups (``grouped``, ``folded``), the
+    kept groups' figures (``kept``) and where each merged group is in each part."""
+
+    grouped: _Grouped
+    kc: np.ndarray
+    fc: np.ndarray
+    part: Parts
+    kept: pd.DataFrame
+    folded: FoldedStats
+    cpu_only: CpuOnly
+
+    @classmethod
+    def of(
+        cls,
+        inst: pd.DataFrame,
+        kept_key: np.ndarray,
+        fold_key: np.ndarray,
+        cpu_only: CpuOnly,
+        firsts: list[str],
+        metrics: list[str],
+    ) -> _Merge:
+        ck, cf, n = merge_codes(kept_key, cpu_only.kept_order, fold_key, cpu_only.order)
+        kc, kept_codes = pd.factorize(ck)  # the kept rows' own codes, and their merged codes
+        fc, fold_codes = pd.factorize(cf)
+        grouped = _Grouped.of(inst, kc)
+        part = Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
+        kept = _group_stats(grouped, firsts, metrics)
+        return cls(grouped, kc, fc, part, kept, cpu_only.by(fc), cpu_only)
+
+    def key_of_each(self, kept_key: np.ndarray, fold_key: np.ndarray) -> np.ndarray:
+        """Each merged group's key (its first value in either part)."""
+        key = np.empty(self.part.n, dtype=np.asarray(kept_key).dtype)
+        key[self.part.fold_codes] = np.asarray(fold_key)[first_rows(self.fc)]
+        key[self.part.kept_codes] = np.asarray(kept_key)[self.grouped.rows]
+        return key
+
+    def figures(self, out: pd.DataFrame, metrics: list[str]) -> None:
+        merged_figures(out, self.kept, self.folded, self.part, metrics)
+
+    def gpu_metrics(self, drop: tuple[str, ...] = ()) -> pd.DataFrame:
+        """:func:`_gpu_metrics` per merged group: the folded instances add nothing."""
+        gpu = self.part.kept_only(_gpu_metrics(self.grouped).drop(columns=list(drop)))
+        first_kept = self.cpu_only.kept_order[self.grouped.rows]
+        missing_as_first(gpu, self.part, first_kept, self.folded, self.cpu_only)
+        return gpu
+
+
 def _fold_into_ops(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str]) -> pd.DataFrame:
     """:func:`aggregate_ops`' per-op columns (before ``op_id``) from the kept rows
     and the folded instances, in the order the whole table's codes would give.
@@ -469,40 +513,28 @@ def _fold_into_ops(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str]) ->
     so the first values and sums of those come from the kept rows alone.
     """
     kept_key = inst["op_key"].to_numpy(np.int64)
-    ck, cf, n = merge_codes(kept_key, cpu_only.kept_order, cpu_only.op_key, cpu_only.order)
-    kc, kept_codes = pd.factorize(ck)  # the kept rows' own codes, and their merged codes
-    grouped = _Grouped.of(inst, kc)
-    kept = _group_stats(grouped, ["op_name", "direction", "op_type"], metrics)
-    fc, fold_codes = pd.factorize(cf)
-    folded = cpu_only.by(fc)
-    part = Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
-
-    key = np.zeros(n, dtype=np.int64)  # each op's op_key, for its name and direction
-    key[part.fold_codes] = cpu_only.op_key[first_rows(fc)]
-    key[part.kept_codes] = kept_key[grouped.rows]
-    names = np.asarray(cpu_only.names, dtype=object)
+    fold_key = cpu_only.op_key.astype(np.int64)
+    m = _Merge.of(inst, kept_key, fold_key, cpu_only, ["op_name", "direction", "op_type"], metrics)
+    name, direction = cpu_only.op_text(m.key_of_each(kept_key, fold_key))
+    op_type = first_valid_of_both(
+        inst["op_type"].to_numpy(dtype=object),
+        m.kc,
+        cpu_only.column("op_type"),
+        m.fc,
+        cpu_only,
+        m.part,
+    )
     out = pd.DataFrame(
         {
-            "op_name": typed_like(names[key // 2], inst["op_name"]),
-            "direction": typed_like(
-                np.where(key % 2 == 1, "bprop", "fprop").astype(object), inst["direction"]
-            ),
-            "op_type": first_valid_of_both(
-                inst["op_type"].to_numpy(dtype=object),
-                kc,
-                cpu_only.column("op_type"),
-                fc,
-                cpu_only,
-                part,
-            ),
+            "op_name": typed_like(name, inst["op_name"]),
+            "direction": typed_like(direction, inst["direction"]),
+            "op_type": op_type,
         },
         copy=False,
     )
-    merged_figures(out, kept, folded, part, metrics)
-    if "tc_eligible" in inst.columns:  # the folded instances add nothing to these
-        gpu = part.kept_only(_gpu_metrics(grouped))
-        missing_as_first(gpu, part, cpu_only.kept_order[grouped.rows], folded, cpu_only)
-        out = pd.concat([out, gpu], axis=1)
+    m.figures(out, metrics)
+    if "tc_eligible" in inst.columns:
+        out = pd.concat([out, m.gpu_metrics()], axis=1)
     return out
 
 
@@ -513,22 +545,14 @@ def _fold_into_op_types(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str
     fold_key = pd.Series(cpu_only.column("op_type")[cpu_only.range_row], dtype=object)
     fold_key = fold_key.fillna(pd.Series(cpu_only.column("name")[cpu_only.range_row], dtype=object))
     fold_key = fold_key.to_numpy(dtype=object)
-    ck, cf, n = merge_codes(kept_key, cpu_only.kept_order, fold_key, cpu_only.order)
-    kc, kept_codes = pd.factorize(ck)
-    grouped = _Grouped.of(inst, kc)
-    kept = _group_stats(grouped, ["op_type"], metrics)
-    fc, fold_codes = pd.factorize(cf)
-    folded = cpu_only.by(fc)
-    part = Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
-    text = np.full(n, None, dtype=object)  # each group's key is its op type
-    text[part.fold_codes] = fold_key[first_rows(fc)]
-    text[part.kept_codes] = kept_key[grouped.rows]
-    out = pd.DataFrame({"op_type": typed_like(text, inst["op_type"])}, copy=False)
-    merged_figures(out, kept, folded, part, metrics)
+    m = _Merge.of(inst, kept_key, fold_key, cpu_only, ["op_type"], metrics)
+    # each group's key is its op type
+    out = pd.DataFrame(
+        {"op_type": typed_like(m.key_of_each(kept_key, fold_key), inst["op_type"])}, copy=False
+    )
+    m.figures(out, metrics)
     if "tc_eligible" in inst.columns:
-        gpu = part.kept_only(_gpu_metrics(grouped).drop(columns=["input_shapes"]))
-        missing_as_first(gpu, part, cpu_only.kept_order[grouped.rows], folded, cpu_only)
-        out = pd.concat([out, gpu], axis=1)
+        out = pd.concat([out, m.gpu_metrics(drop=("input_shapes",))], axis=1)
     return out
 
 

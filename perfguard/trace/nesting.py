@@ -123,13 +123,13 @@ def _nesting_order(key: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.nd
     """The order of ``np.lexsort((-end, key))``: by group and start, then end descending.
 
     Exports list ranges by start time (nsys, Kineto): then one radix sort of the
-    few thread codes (int16) gives the order, checked in one pass; otherwise two
-    stable sorts of single int64 keys (end descending, then group and start
-    packed), 2x faster than ``lexsort``.
+    few thread codes (:func:`stable_order`) gives the order, checked in one pass;
+    otherwise two stable sorts of single int64 keys (end descending, then group
+    and start packed), 2x faster than ``lexsort``.
     """
     n = len(key)
-    if n and int(group.max()) < 2**15 and int(group.min()) >= 0:
-        order = np.argsort(group.astype(np.int16), kind="stable")  # radix: O(n)
+    if n and int(group.max()) - int(group.min()) < 2**16:
+        order = stable_order(group)  # a radix sort: O(n)
         k = key[order]
         step = np.diff(k)
         if (step >= 0).all():
