@@ -260,7 +260,9 @@ def judge_store(
         return not_judged(
             metric,
             f"too few rounds to judge timing: {side} has {min(len(cur), len(base))} "
-            f"(at least {MIN_ROUNDS} needed; set rounds= on the marker or --perfguard-rounds)",
+            f"(at least {MIN_ROUNDS} needed: rounds are of the test's "
+            "`for _ in gpuprofile.iterations()` loop, set by rounds= on the marker or "
+            "--perfguard-rounds; a test without the loop is one round)",
             tolerance,
             mode="store",
             **common,
