@@ -20,7 +20,7 @@ from perfguard.arrays import (
     unique_first,
     unique_sorted,
 )
-from perfguard.trace.nesting import Nesting
+from perfguard.trace.nesting import Nesting, range_tree
 from perfguard.trace.nsys import _OP_ID_SUFFIX, _strip_op_ids
 
 
@@ -98,6 +98,52 @@ def test_nesting_order_of_ranges_listed_by_start_is_lexsort():
             start, end, group = start[order], end[order], group[order]
         nest = Nesting(start, end, group)
         assert np.array_equal(nest.order, np.lexsort((-end, start, group)))
+
+
+def _push_pop_ranges(rng: np.random.Generator, n_threads: int = 3):
+    """Ranges of a random push/pop walk per thread (laminar, as NVTX push/pop and
+    framework ops are), with ties: zero-length ranges, a child starting or ending
+    with its parent, siblings touching."""
+    start, end, group = [], [], []
+    for g in range(n_threads):
+        t, stack = 0, []
+        for _ in range(int(rng.integers(0, 60))):
+            t += int(rng.integers(0, 3))  # 0: the same instant as the last event
+            if stack and rng.random() < 0.45:
+                start.append(stack.pop())
+                end.append(t)
+                group.append(g)
+            else:
+                stack.append(t)
+        while stack:
+            start.append(stack.pop())
+            end.append(t)
+            group.append(g)
+    order = np.random.default_rng(int(rng.integers(1 << 30))).permutation(len(start))
+    return (np.asarray(start, dtype=np.int64)[order], np.asarray(end, dtype=np.int64)[order],
+            np.asarray(group, dtype=np.int64)[order])  # fmt: skip
+
+
+def test_range_tree_is_the_definition_by_brute_force():
+    """Depth: the ranges of the thread sorted before one (start, then longest first)
+    that are still open at its start (end > start, so a zero-length range is never
+    open). Parent: the innermost of those, the last one sorted before it."""
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        start, end, group = _push_pop_ranges(rng)
+        depth, parent = range_tree(start, end, group)
+        order = np.lexsort((-end, start, group))
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        for i in range(len(start)):
+            before = (group == group[i]) & (rank < rank[i]) & (end > start[i])
+            assert depth[i] == before.sum()
+            open_rows = np.flatnonzero(before)
+            want = open_rows[np.argmax(rank[open_rows])] if len(open_rows) else -1
+            assert parent[i] == want
+        nest = Nesting(start, end, group)
+        assert np.array_equal(nest.unsorted_depth(), depth)
+        assert np.array_equal(nest.unsorted_parent(), parent)
 
 
 def test_union_length_by_hand():

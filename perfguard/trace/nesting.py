@@ -119,8 +119,11 @@ def _composite(group: np.ndarray, t: np.ndarray, t0: int, span: int) -> np.ndarr
     return group.astype(np.int64) * span + (t.astype(np.int64) - t0)
 
 
-def _nesting_order(key: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """The order of ``np.lexsort((-end, key))``: by group and start, then end descending.
+def _nesting_order(
+    key: np.ndarray, end: np.ndarray, group: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The order of ``np.lexsort((-end, key))`` (by group and start, then end
+    descending) and ``key`` in that order.
 
     Exports list ranges by start time (nsys, Kineto): then one radix sort of the
     few thread codes (:func:`stable_order`) gives the order, checked in one pass;
@@ -131,22 +134,79 @@ def _nesting_order(key: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.nd
     if n and int(group.max()) - int(group.min()) < 2**16:
         order = stable_order(group)  # a radix sort: O(n)
         k = key[order]
-        step = np.diff(k)
-        if (step >= 0).all():
-            tie = np.flatnonzero(step == 0)
-            e = end[order]
-            if (e[tie] >= e[tie + 1]).all():  # ties already longest first
-                return order
+        if bool(np.greater_equal(k[1:], k[:-1]).all()):
+            tie = np.flatnonzero(k[1:] == k[:-1])
+            if (end[order[tie]] >= end[order[tie + 1]]).all():  # ties already longest first
+                return order, k
+        del k
     by_end = np.argsort(-end, kind="stable")
-    return by_end[np.argsort(key[by_end], kind="stable")]
+    order = by_end[np.argsort(key[by_end], kind="stable")]
+    del by_end
+    return order, key[order]
+
+
+def _narrow_codes(group: np.ndarray) -> np.ndarray:
+    """Thread codes (small non-negative ints) as int32 when they fit: half the bytes of
+    a per-range array that :class:`Nesting` keeps."""
+    if len(group) and 0 <= int(group.min()) and int(group.max()) < 2**31:
+        return group.astype(np.int32, copy=False)
+    return group.astype(np.int64, copy=False)
+
+
+def _later_zero_length(key: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """For each sorted range, the zero-length ranges (sorted positions ``zero``) of its
+    thread that start when it starts and sort at or after it, which the depth's
+    binary search counted as ended before it: the k-th of them counts itself and
+    the ones after it, any other range of that key all of them (they sort after
+    the longer ones: ends descending). Only the rows sharing a key with one are
+    touched, not every row."""
+    out = np.zeros(len(key), dtype=np.int64)
+    keys, first, count = np.unique(key[zero], return_index=True, return_counts=True)
+    lo = np.searchsorted(key, keys, side="left")
+    size = np.searchsorted(key, keys, side="right") - lo
+    rows = np.repeat(lo - np.cumsum(size) + size, size) + np.arange(int(size.sum()))
+    out[rows] = np.repeat(count, size)
+    out[zero] -= np.arange(len(zero)) - np.repeat(first, count)
+    return out
+
+
+def _parent(depth: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Sorted position of each range's parent (-1 for roots), from the sorted depths.
+
+    Sorted order is a preorder walk of each thread's forest: the parent of a range
+    at depth d is the last range at depth d - 1 before it, if that one is on the
+    same thread (threads are contiguous). One binary search per depth level, so
+    O(n log n) whatever the depth.
+    """
+    parent = np.full(len(depth), -1, dtype=np.int64)
+    if not len(depth):
+        return parent
+    by_depth = stable_order(depth)  # positions ascending per level
+    # a range that ends before it starts (a reader that repairs them after
+    # finalizing) can come out below 0: such levels get no parents
+    low = min(int(depth.min()), 0)
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(depth - low if low else depth))])
+    for d in range(1, int(depth.max()) + 1):
+        above = by_depth[bounds[d - 1 - low] : bounds[d - low]]
+        at = by_depth[bounds[d - low] : bounds[d + 1 - low]]
+        hit = np.searchsorted(above, at) - 1
+        cand = above[np.clip(hit, 0, None)] if len(above) else at
+        ok = (hit >= 0) & (group[cand] == group[at])
+        parent[at[ok]] = cand[ok]
+    return parent
 
 
 class Nesting:
     """The forest of ranges grouped by thread.
 
     Attributes are aligned with the *sorted* order ``order`` (group, start
-    ascending, end descending): ``depth``, ``parent`` (sorted position of the
-    parent, -1 for roots), ``start``, ``end``, ``group``.
+    ascending, end descending): ``parent`` (sorted position of the parent, -1
+    for roots), ``start``, ``end``, ``group``, ``key`` (group and start packed)
+    and ``depth`` (derived on first use when the tree was given).
+
+    Built for millions of ranges: it keeps four int64 arrays and the thread
+    codes, and computes the tree with a few more alive at once (finalizing
+    4.8M ``emit_nvtx`` ranges is the reader's memory peak).
     """
 
     def __init__(
@@ -161,36 +221,36 @@ class Nesting:
         (see :meth:`from_tree`); otherwise they are derived from the times."""
         start = np.asarray(start, dtype=np.int64)
         end = np.asarray(end, dtype=np.int64)
-        group = np.asarray(group, dtype=np.int64)
+        group = _narrow_codes(np.asarray(group))
         n = len(start)
+        self._depth: np.ndarray | None = None
         if n == 0:
             self.order = np.zeros(0, dtype=np.int64)
             self.start, self.end, self.group = start, end, group
             self.t0, self.span = 0, 1
             self.key = np.zeros(0, dtype=np.int64)
-            self.depth = np.zeros(0, dtype=np.int64)
+            self._depth = np.zeros(0, dtype=np.int64)
             self.parent = np.zeros(0, dtype=np.int64)
             return
         self.t0 = int(min(start.min(), end.min()))
         self.span = int(max(start.max(), end.max())) - self.t0 + 1
-        # the order of np.lexsort((-end, start, group)) by two stable sorts of single
-        # int64 keys (end descending, then group and start packed): 2x faster
-        key = _composite(group, start, self.t0, self.span)
-        self.order = _nesting_order(key, end, group)
+        self.order, self.key = _nesting_order(
+            _composite(group, start, self.t0, self.span), end, group
+        )
         self.start = start[self.order]
         self.end = end[self.order]
         self.group = group[self.order]
-        self.key = key[self.order]
         if tree is None:
-            self.depth = self._depth()
-            self.parent = self._parent()
+            self._depth = self._sorted_depth()
+            self.parent = _parent(self._depth, self.group)
             return
         depth, parent = tree
-        self.depth = np.asarray(depth, dtype=np.int64)[self.order]
+        p = np.asarray(parent, dtype=np.int64)[self.order]
+        has = p >= 0
         position = np.empty(n, dtype=np.int64)
         position[self.order] = np.arange(n, dtype=np.int64)
-        p = np.asarray(parent, dtype=np.int64)[self.order]
-        self.parent = np.where(p >= 0, position[np.clip(p, 0, None)], -1)
+        p[has] = position[p[has]]
+        self.parent = p
 
     @classmethod
     def from_tree(
@@ -206,45 +266,35 @@ class Nesting:
         table): only the sort is done again."""
         return cls(start, end, group, tree=(depth, parent))
 
-    def _depth(self) -> np.ndarray:
-        n = len(self.start)
-        pos = np.arange(n, dtype=np.int64)
-        # first sorted position of each row's group (groups are contiguous and sorted)
-        new_group = np.ones(n, dtype=bool)
-        new_group[1:] = self.group[1:] != self.group[:-1]
-        group_first = np.maximum.accumulate(np.where(new_group, pos, 0))
-        # nearly sorted already (ends follow starts): a stable sort finds the runs
-        end_key = np.sort(_composite(self.group, self.end, self.t0, self.span), kind="stable")
-        # ranges of this thread closed at or before my start (earlier threads drop out)
-        closed = np.searchsorted(end_key, self.key, side="right") - group_first
-        # zero-length ranges starting when I start are counted as closed but come
-        # after me in sorted order: they are not my ancestors, so take them back
-        zero = self.start == self.end
-        zero_keys = self.key[zero]
-        left = np.searchsorted(zero_keys, self.key, side="left")
-        same_start_zero = np.searchsorted(zero_keys, self.key, side="right") - left
-        rank_among_zero = np.zeros(n, dtype=np.int64)
-        rank_among_zero[zero] = np.arange(zero.sum()) - left[zero]
-        later_zero = same_start_zero - rank_among_zero
-        return (pos - group_first) - (closed - later_zero)
+    @property
+    def depth(self) -> np.ndarray:
+        """Depth in sorted order (derived from the times when the tree was given:
+        nothing that reuses a tree asks for it)."""
+        if self._depth is None:
+            self._depth = self._sorted_depth()
+        return self._depth
 
-    def _parent(self) -> np.ndarray:
-        # sorted order is a preorder walk of each group's forest: the parent of a
-        # range at depth d is the last range at depth d - 1 before it, if that one
-        # is in the same group (groups are contiguous). One binary search per
-        # depth level, so O(n log n) whatever the depth.
+    def _sorted_depth(self) -> np.ndarray:
+        """Depth of each range in sorted order: the ranges of its thread sorted before
+        it that are still open at its start (``end > start``).
+
+        Counted as (ranges sorted before it) - (ranges of any earlier thread, and of
+        its own that ended by its start): one binary search of its start among the
+        sorted ends. Zero-length ranges starting when it starts count as ended but
+        sort after it; they are added back.
+        """
         n = len(self.start)
-        parent = np.full(n, -1, dtype=np.int64)
-        by_depth = stable_order(self.depth)  # positions ascending per level
-        bounds = np.searchsorted(self.depth[by_depth], np.arange(int(self.depth.max()) + 2))
-        for d in range(1, len(bounds) - 1):
-            above = by_depth[bounds[d - 1] : bounds[d]]
-            at = by_depth[bounds[d] : bounds[d + 1]]
-            hit = np.searchsorted(above, at) - 1
-            cand = above[np.clip(hit, 0, None)] if len(above) else at
-            ok = (hit >= 0) & (self.group[cand] == self.group[at])
-            parent[at[ok]] = cand[ok]
-        return parent
+        end_key = _composite(self.group, self.end, self.t0, self.span)
+        end_key.sort(kind="stable")  # nearly sorted already (ends follow starts): runs
+        closed = np.searchsorted(end_key, self.key, side="right")
+        del end_key
+        depth = np.arange(n, dtype=np.int64)
+        depth -= closed
+        del closed
+        zero = np.flatnonzero(self.start == self.end)
+        if len(zero):
+            depth += _later_zero_length(self.key, zero)
+        return depth
 
     def innermost_enclosing(self, group: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Sorted position of the innermost range of the same group open at ``t``.
@@ -278,13 +328,34 @@ class Nesting:
 
     def unsorted_parent(self) -> np.ndarray:
         """Parent as an index into the *input* order (-1 for roots)."""
-        parent_in = np.full(len(self.order), -1, dtype=np.int64)
-        has = self.parent >= 0
-        parent_in[self.order[has]] = self.order[self.parent[has]]
-        return parent_in
+        return _unsorted_parent(self.order, self.parent)
 
     def unsorted_depth(self) -> np.ndarray:
         """Depth in the input order."""
         depth = np.empty(len(self.order), dtype=np.int64)
         depth[self.order] = self.depth
         return depth
+
+
+def _unsorted_parent(order: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    mapped = order[parent]  # a root's -1 picks the last row: replaced next
+    mapped[parent < 0] = -1
+    out = np.empty(len(order), dtype=np.int64)
+    out[order] = mapped
+    return out
+
+
+def range_tree(
+    start: np.ndarray, end: np.ndarray, group: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(depth, parent)`` of each range in input order (parent an input row, -1 for
+    roots): :class:`Nesting`'s tree without keeping its sorted times, which
+    :func:`perfguard.trace.ranges.finalize_ranges` does not need (they are a third
+    of the memory finalizing millions of ranges takes)."""
+    nest = Nesting(start, end, group)
+    order, depth_sorted, parent_sorted = nest.order, nest.depth, nest.parent
+    del nest  # its sorted start, end, key and thread codes
+    depth = np.empty(len(order), dtype=np.int64)
+    depth[order] = depth_sorted
+    del depth_sorted
+    return depth, _unsorted_parent(order, parent_sorted)

@@ -7,7 +7,7 @@ import pandas as pd
 
 from perfguard.arrays import stable_order
 from perfguard.trace.model import NO_PARENT
-from perfguard.trace.nesting import Nesting, group_codes
+from perfguard.trace.nesting import group_codes, range_tree
 
 
 def finalize_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
@@ -25,8 +25,8 @@ def finalize_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
     if "rank" not in ranges:
         ranges["rank"] = 0
     ranges["range_id"] = np.arange(n, dtype=np.int64)
-    depth = np.zeros(n, dtype=np.int64)
-    parent = np.full(n, NO_PARENT, dtype=np.int64)
+    depth: np.ndarray | None = None
+    parent: np.ndarray | None = None
     if n:
         nestable = (ranges["kind"] != "async").to_numpy()
         idx = np.flatnonzero(nestable)
@@ -35,10 +35,19 @@ def finalize_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
         if len(idx) < n:  # only the columns the nesting needs, not the whole table
             keys, start, end = keys.iloc[idx], start[idx], end[idx]
         (codes,) = group_codes(keys)
-        nest = Nesting(start, end, codes)
-        depth[idx] = nest.unsorted_depth()
-        p = nest.unsorted_parent()
-        parent[idx] = np.where(p >= 0, idx[np.clip(p, 0, None)], NO_PARENT)
+        del keys
+        d, p = range_tree(start, end, codes)
+        del codes, start, end
+        if len(idx) == n:  # every range nests (the usual case): no copies
+            depth, parent = d, p
+        else:  # async ranges stay roots
+            depth = np.zeros(n, dtype=np.int64)
+            parent = np.full(n, NO_PARENT, dtype=np.int64)
+            depth[idx] = d
+            parent[idx] = np.where(p >= 0, idx[np.clip(p, 0, None)], NO_PARENT)
+        del d, p
+    if depth is None or parent is None:  # no ranges
+        depth, parent = np.zeros(n, dtype=np.int64), np.full(n, NO_PARENT, dtype=np.int64)
     ranges["depth"] = depth
     ranges["parent_id"] = parent
     bprop = ranges["bprop"].to_numpy(dtype=bool).copy() if "bprop" in ranges else np.zeros(n, bool)
