@@ -720,7 +720,7 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
     # the columns nothing fills share it
     missing = _all_nan(len(codes))
     end = pd.arrays.IntegerArray(end_v, (flag & 256) != 0)
-    push_pop = np.isin(etype, NVTX_PUSH_POP).astype(np.intp)
+    start_end = (~np.isin(etype, NVTX_PUSH_POP)).astype(np.int8)  # a code of _SOURCES
     ranges = pd.DataFrame(
         {
             "start": start,
@@ -729,9 +729,9 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
             "tid": tid,
             "name": _take(parsed["name"], codes),
             "domain": domain if domain is not None else missing,
-            "category": "nvtx",
+            "category": pd.Categorical.from_codes(np.zeros(len(codes), np.int8), ["nvtx"]),
             "kind": pd.Categorical.from_codes(kind, dtype=RANGE_KIND),  # op, async, iteration
-            "source": _take(["nvtx:start_end", "nvtx:push_pop"], push_pop),
+            "source": pd.Categorical.from_codes(start_end, dtype=_SOURCES),
             "op_type": _take(op_type_of(parsed["name"]), codes),
             "bprop": parsed["bprop"].to_numpy(dtype=bool)[codes],
             "seq": parsed["seq"].array.take(codes),
@@ -742,6 +742,10 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
         copy=False,
     )
     return ranges, keep is not None
+
+
+#: ``source`` of an NVTX range, by its event type (lexical order, as text sorts)
+_SOURCES = pd.CategoricalDtype(["nvtx:push_pop", "nvtx:start_end"])
 
 
 def _all_nan(n: int) -> pd.Series:

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.arrays import stable_order
-from perfguard.trace.model import NO_PARENT
+from perfguard.trace.model import DIRECTIONS, NO_PARENT
 from perfguard.trace.nesting import group_codes, range_tree
 
 
@@ -57,11 +57,9 @@ def finalize_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
     for level in range(1, len(bounds) - 1):
         at = by_depth[bounds[level] : bounds[level + 1]]
         bprop[at] |= bprop[parent[at]]
-    ranges["direction"] = (
-        # typed once on the two values: cheaper than a fresh string per range
-        pd.Series(np.array(["fprop", "bprop"], dtype=object)).array.take(bprop.astype(np.intp))
-        if n
-        else np.where(bprop, "bprop", "fprop")
+    # coded once on the two values (lexical order, as text would sort)
+    ranges["direction"] = pd.Categorical.from_codes(
+        np.where(bprop, 0, 1).astype(np.int8), dtype=DIRECTIONS
     )
     if "bprop" in ranges:
         del ranges["bprop"]
