@@ -148,11 +148,20 @@ def test_in_process_exit_keeps_what_was_measured_before(project: Path) -> None:
     assert runs(project) == 0
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the child before exec: SIGINT handled as in a terminal's foreground job. A
+    suite started as a shell's background job (``pytest ... &``) ignores SIGINT, and
+    its children inherit that: the session would never see the signal, and the
+    hanging test would hang."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_interrupted_session_writes_reports_and_saves_nothing(project: Path, sig) -> None:
     proc = subprocess.Popen(
         pytest_argv("--perfguard-save", "-k", "a_fine or e_hangs"),
         cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_ctrl_c_reaches_it,
     )  # fmt: skip
     partial = project / ".perfguard" / "results.json"
     deadline = time.monotonic() + 300
