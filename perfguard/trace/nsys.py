@@ -96,7 +96,7 @@ class _Db:
             self.close()
             raise
         self.tables = {r[0] for r in rows}
-        self._cols: dict[str, set[str]] = {}
+        self._cols: dict[str, dict[str, str]] = {}
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -145,11 +145,18 @@ class _Db:
                 if not fut.cancelled():
                     fut.exception()  # let it finish; its error is not ours to raise
 
-    def columns(self, table: str) -> set[str]:
+    def columns(self, table: str) -> dict[str, str]:
+        """``table``'s columns and their declared types."""
         if table not in self._cols:
             rows = self.conn.execute(f"PRAGMA table_info('{table}')").fetchall()
-            self._cols[table] = {r[1] for r in rows}
+            self._cols[table] = {r[1]: str(r[2] or "") for r in rows}
         return self._cols[table]
+
+    def text_affinity(self, table: str, col: str) -> bool:
+        """Whether SQLite gives ``col`` TEXT affinity (its rules 1-2 on the declared
+        type): a value stored there is then text, NULL or a blob, never a number."""
+        declared = self.columns(table).get(col, "").upper()
+        return "INT" not in declared and any(k in declared for k in ("CHAR", "CLOB", "TEXT"))
 
     def has(self, table: str, *cols: str) -> bool:
         return table in self.tables and all(c in self.columns(table) for c in cols)
@@ -648,11 +655,16 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
     text = _col(db, t, "text")
     text_id = _col(db, t, "textId", "-1")
     end_gtid = _col(db, t, "endGlobalTid")
+    # a number in the text column needs the row-by-row read: tested only where the
+    # declared type lets one be stored (0.5 CPU s at 4.8M ranges); a blob reads the same
+    # either way (group_concat gives its bytes, decoded as the row-by-row read does)
+    numbers = (
+        "" if db.text_affinity(t, "text") else f" + 512 * (typeof({text}) NOT IN ('text', 'null'))"
+    )
     # cheap per-row expressions, packed into one integer: SQLite spends its time on
     # each value it writes out, so fewer columns read faster
     flags = (
-        f"eventType + 128 * ({text} IS NULL) + 256 * (end IS NULL)"
-        f" + 512 * (typeof({text}) NOT IN ('text', 'null'))"
+        f"eventType + 128 * ({text} IS NULL) + 256 * (end IS NULL){numbers}"
         f" + 1024 * coalesce({end_gtid} != coalesce(globalTid, 0), 0)"
         f" + 2048 * (coalesce({text_id}, -1) + 1)"
     )
