@@ -130,6 +130,9 @@ def test_which_commits_an_acceptance_covers(tmp_path):
 TEST = """import pytest
 import torch
 
+# one thread: torch's intra-op threads spin when another process holds a core, and CPU
+# time then reads several times its level (a suite beside this one is such a process)
+torch.set_num_threads(1)
 A = torch.randn(64, 64)
 
 
