@@ -38,6 +38,31 @@ def stable_order(values: np.ndarray) -> np.ndarray:
     return np.argsort(values, kind="stable")
 
 
+def levels(depth: np.ndarray) -> list[np.ndarray]:
+    """The rows at each depth 0, 1, ..., max, ascending within a level: a tree walked
+    a level at a time, parents before children (one radix sort, no sorted copy of
+    the depths). A negative depth (a range that ends before it starts, from a
+    reader that repairs after finalizing) is in no level."""
+    depth = np.asarray(depth)
+    if not len(depth) or int(depth.max()) < 0:
+        return []
+    by_depth = stable_order(depth)
+    low = min(int(depth.min()), 0)
+    counts = np.bincount(depth - low if low else depth)
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    return [by_depth[starts[i] : ends[i]] for i in range(-low, len(ends))]
+
+
+def narrow(values: np.ndarray) -> np.ndarray:
+    """Integers as int32 when every value fits (half the bytes of a per-row array),
+    else int64; not copied when already so."""
+    values = np.asarray(values)
+    if len(values) and values.min() >= -(2**31) and values.max() < 2**31:
+        return values.astype(np.int32, copy=False)
+    return values.astype(np.int64, copy=False)
+
+
 def unique_first(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_index=True)``: distinct values ascending, and the
     position of the first occurrence of each."""

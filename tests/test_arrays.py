@@ -16,6 +16,7 @@ from perfguard.arrays import (
     factorize,
     first_rows,
     first_valid,
+    levels,
     per_distinct,
     unique_first,
     unique_sorted,
@@ -144,6 +145,18 @@ def test_range_tree_is_the_definition_by_brute_force():
         nest = Nesting(start, end, group)
         assert np.array_equal(nest.unsorted_depth(), depth)
         assert np.array_equal(nest.unsorted_parent(), parent)
+
+
+def test_levels_are_the_rows_at_each_depth():
+    rng = np.random.default_rng(13)
+    for n in (0, 1, 7, 300):
+        for low in (0, -2):  # below 0: a range that ends before it starts
+            depth = rng.integers(low, 6, n)
+            got = levels(depth)
+            top = int(depth.max()) if n else -1
+            assert len(got) == max(top + 1, 0)
+            for d, rows in enumerate(got):
+                assert np.array_equal(rows, np.flatnonzero(depth == d))
 
 
 def test_union_length_by_hand():

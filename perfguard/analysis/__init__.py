@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.attribution import attribute, gpu_activities
-from perfguard.analysis.cpu_only import CpuOnly, narrow, needs_row
+from perfguard.analysis.cpu_only import CpuOnly, needs_row
 from perfguard.analysis.enrich import add_flops, add_tensor_cores, range_flops
 from perfguard.analysis.iterations import (
     assign_iteration,
@@ -33,6 +33,7 @@ from perfguard.analysis.ops import (
     op_instances,
 )
 from perfguard.analysis.summary import iteration_table, run_summary
+from perfguard.arrays import narrow
 from perfguard.trace.model import Trace
 from perfguard.trace.sanity import TIMED_TABLES, repair_times
 

@@ -113,14 +113,6 @@ class FoldedStats:
     cpu_overhead: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def narrow(values: np.ndarray) -> np.ndarray:
-    """Integers as int32 when every value fits: a folded entry costs 4 bytes a field."""
-    values = np.asarray(values)
-    if len(values) and values.min() >= -(2**31) and values.max() < 2**31:
-        return values.astype(np.int32)
-    return values.astype(np.int64)
-
-
 def merge_codes(
     kept_key: np.ndarray, kept_pos: np.ndarray, fold_key: np.ndarray, fold_pos: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, int]:

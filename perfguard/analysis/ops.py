@@ -37,7 +37,6 @@ from perfguard.analysis.cpu_only import (
     merge_codes,
     merged_figures,
     missing_as_first,
-    narrow,
     typed_like,
 )
 from perfguard.analysis.intervals import segment_figures
@@ -46,8 +45,9 @@ from perfguard.arrays import (
     factorize,
     first_rows,
     first_valid,
+    levels,
     missing_as_object,
-    stable_order,
+    narrow,
 )
 from perfguard.trace.model import Trace
 from perfguard.trace.nesting import group_codes
@@ -109,10 +109,7 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     table_name: list[np.ndarray] = []
     next_id = 0
     n_names = len(names)
-    by_depth = stable_order(depth)
-    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
-    for level in range(len(bounds) - 1):
-        at = by_depth[bounds[level] : bounds[level + 1]]
+    for level, at in enumerate(levels(depth)):
         pp = np.where(parent_row[at] >= 0, base[np.clip(parent_row[at], 0, None)], -1)
         pp[absolute[at]] = -1
         keep = ~transparent[at]

@@ -15,10 +15,12 @@ explicitly, so attribution stays correct for them.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 
-from perfguard.arrays import stable_order, unique_sorted
+from perfguard.arrays import levels, narrow, stable_order, unique_sorted
 
 _LIMIT = 2**62
 
@@ -145,14 +147,6 @@ def _nesting_order(
     return order, key[order]
 
 
-def _narrow_codes(group: np.ndarray) -> np.ndarray:
-    """Thread codes (small non-negative ints) as int32 when they fit: half the bytes of
-    a per-range array that :class:`Nesting` keeps."""
-    if len(group) and 0 <= int(group.min()) and int(group.max()) < 2**31:
-        return group.astype(np.int32, copy=False)
-    return group.astype(np.int64, copy=False)
-
-
 def _later_zero_length(key: np.ndarray, zero: np.ndarray) -> np.ndarray:
     """For each sorted range, the zero-length ranges (sorted positions ``zero``) of its
     thread that start when it starts and sort at or after it, which the depth's
@@ -179,16 +173,7 @@ def _parent(depth: np.ndarray, group: np.ndarray) -> np.ndarray:
     O(n log n) whatever the depth.
     """
     parent = np.full(len(depth), -1, dtype=np.int64)
-    if not len(depth):
-        return parent
-    by_depth = stable_order(depth)  # positions ascending per level
-    # a range that ends before it starts (a reader that repairs them after
-    # finalizing) can come out below 0: such levels get no parents
-    low = min(int(depth.min()), 0)
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(depth - low if low else depth))])
-    for d in range(1, int(depth.max()) + 1):
-        above = by_depth[bounds[d - 1 - low] : bounds[d - low]]
-        at = by_depth[bounds[d - low] : bounds[d + 1 - low]]
+    for above, at in itertools.pairwise(levels(depth)):
         hit = np.searchsorted(above, at) - 1
         cand = above[np.clip(hit, 0, None)] if len(above) else at
         ok = (hit >= 0) & (group[cand] == group[at])
@@ -221,7 +206,7 @@ class Nesting:
         (see :meth:`from_tree`); otherwise they are derived from the times."""
         start = np.asarray(start, dtype=np.int64)
         end = np.asarray(end, dtype=np.int64)
-        group = _narrow_codes(np.asarray(group))
+        group = narrow(group)  # thread codes: int32, half the bytes of an array it keeps
         n = len(start)
         self._depth: np.ndarray | None = None
         if n == 0:
@@ -332,17 +317,20 @@ class Nesting:
 
     def unsorted_depth(self) -> np.ndarray:
         """Depth in the input order."""
-        depth = np.empty(len(self.order), dtype=np.int64)
-        depth[self.order] = self.depth
-        return depth
+        return _in_input_order(self.order, self.depth)
+
+
+def _in_input_order(order: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per-range ``values`` in sorted order, put back in input order."""
+    out = np.empty(len(order), dtype=values.dtype)
+    out[order] = values
+    return out
 
 
 def _unsorted_parent(order: np.ndarray, parent: np.ndarray) -> np.ndarray:
     mapped = order[parent]  # a root's -1 picks the last row: replaced next
     mapped[parent < 0] = -1
-    out = np.empty(len(order), dtype=np.int64)
-    out[order] = mapped
-    return out
+    return _in_input_order(order, mapped)
 
 
 def range_tree(
@@ -355,7 +343,6 @@ def range_tree(
     nest = Nesting(start, end, group)
     order, depth_sorted, parent_sorted = nest.order, nest.depth, nest.parent
     del nest  # its sorted start, end, key and thread codes
-    depth = np.empty(len(order), dtype=np.int64)
-    depth[order] = depth_sorted
+    depth = _in_input_order(order, depth_sorted)
     del depth_sorted
     return depth, _unsorted_parent(order, parent_sorted)

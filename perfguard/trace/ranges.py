@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfguard.arrays import stable_order
+from perfguard.arrays import levels
 from perfguard.trace.model import DIRECTIONS, NO_PARENT
 from perfguard.trace.nesting import group_codes, range_tree
 
@@ -25,37 +25,12 @@ def finalize_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
     if "rank" not in ranges:
         ranges["rank"] = 0
     ranges["range_id"] = np.arange(n, dtype=np.int64)
-    depth: np.ndarray | None = None
-    parent: np.ndarray | None = None
-    if n:
-        nestable = (ranges["kind"] != "async").to_numpy()
-        idx = np.flatnonzero(nestable)
-        keys = ranges[["rank", "pid", "tid"]]
-        start, end = ranges["start"].to_numpy(), ranges["end"].to_numpy()
-        if len(idx) < n:  # only the columns the nesting needs, not the whole table
-            keys, start, end = keys.iloc[idx], start[idx], end[idx]
-        (codes,) = group_codes(keys)
-        del keys
-        d, p = range_tree(start, end, codes)
-        del codes, start, end
-        if len(idx) == n:  # every range nests (the usual case): no copies
-            depth, parent = d, p
-        else:  # async ranges stay roots
-            depth = np.zeros(n, dtype=np.int64)
-            parent = np.full(n, NO_PARENT, dtype=np.int64)
-            depth[idx] = d
-            parent[idx] = np.where(p >= 0, idx[np.clip(p, 0, None)], NO_PARENT)
-        del d, p
-    if depth is None or parent is None:  # no ranges
-        depth, parent = np.zeros(n, dtype=np.int64), np.full(n, NO_PARENT, dtype=np.int64)
+    depth, parent = _tree(ranges) if n else (np.zeros(0, np.int64), np.zeros(0, np.int64))
     ranges["depth"] = depth
     ranges["parent_id"] = parent
     bprop = ranges["bprop"].to_numpy(dtype=bool).copy() if "bprop" in ranges else np.zeros(n, bool)
     # inherit backward-ness down the tree, one depth level at a time (parents first)
-    by_depth = stable_order(depth)
-    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2 if n else 0))
-    for level in range(1, len(bounds) - 1):
-        at = by_depth[bounds[level] : bounds[level + 1]]
+    for at in levels(depth)[1:]:
         bprop[at] |= bprop[parent[at]]
     # coded once on the two values (lexical order, as text would sort)
     ranges["direction"] = pd.Categorical.from_codes(
@@ -64,3 +39,24 @@ def finalize_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
     if "bprop" in ranges:
         del ranges["bprop"]
     return ranges
+
+
+def _tree(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """``depth`` and ``parent_id`` of every range: time containment per thread, the
+    ``async`` ranges roots (they cannot nest)."""
+    n = len(ranges)
+    idx = np.flatnonzero((ranges["kind"] != "async").to_numpy())
+    keys = ranges[["rank", "pid", "tid"]]
+    start, end = ranges["start"].to_numpy(), ranges["end"].to_numpy()
+    if len(idx) < n:  # only the columns the nesting needs, not the whole table
+        keys, start, end = keys.iloc[idx], start[idx], end[idx]
+    (codes,) = group_codes(keys)
+    del keys
+    depth, parent = range_tree(start, end, codes)
+    if len(idx) == n:  # every range nests (the usual case): no copies
+        return depth, parent
+    all_depth = np.zeros(n, dtype=np.int64)
+    all_parent = np.full(n, NO_PARENT, dtype=np.int64)
+    all_depth[idx] = depth
+    all_parent[idx] = np.where(parent >= 0, idx[np.clip(parent, 0, None)], NO_PARENT)
+    return all_depth, all_parent
