@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.tensor_cores import op_tc_eligible
-from perfguard.arrays import Groups, first_rows, unique_first
+from perfguard.arrays import Groups, factorize, first_rows, unique_first
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,8 @@ def merge_codes(
     Both parts are in table order, so each part's first row of a key is where the
     key first appears in it; only the few distinct keys are compared.
     """
-    kc, ku = pd.factorize(kept_key, use_na_sentinel=False)  # a missing key is a group too
-    fc, fu = pd.factorize(fold_key, use_na_sentinel=False)
+    kc, ku = _codes(kept_key)
+    fc, fu = _codes(fold_key)
     firsts = np.concatenate([kept_pos[first_rows(kc)], fold_pos[first_rows(fc)]])
     both, which = pd.factorize(
         np.concatenate([np.asarray(ku), np.asarray(fu)]), use_na_sentinel=False
@@ -134,6 +134,14 @@ def merge_codes(
     code = np.empty(len(which), dtype=np.int64)
     code[np.argsort(first, kind="stable")] = np.arange(len(which), dtype=np.int64)
     return code[both[: len(ku)]][kc], code[both[len(ku) :]][fc], len(which)
+
+
+def _codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize`` of one part's keys, a missing key a group too; text keys by
+    :func:`perfguard.arrays.factorize` (millions of repeats of a few op types)."""
+    if np.asarray(key).dtype == object:
+        return factorize(key, use_na_sentinel=False)
+    return pd.factorize(key, use_na_sentinel=False)
 
 
 def needs_row(

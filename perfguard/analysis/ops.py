@@ -572,9 +572,12 @@ def _fold_into_op_types(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str
     """:func:`aggregate_op_types`' columns from the kept rows (``op_type`` already
     filled with the name) and the folded instances (:func:`_fold_into_ops`)."""
     kept_key = inst["op_type"].to_numpy(dtype=object)
-    fold_key = pd.Series(cpu_only.column("op_type")[cpu_only.range_row], dtype=object)
-    fold_key = fold_key.fillna(pd.Series(cpu_only.column("name")[cpu_only.range_row], dtype=object))
-    fold_key = fold_key.to_numpy(dtype=object)
+    # taken before converting: the ranges' columns hold millions of rows
+    rows = cpu_only.range_row
+    fold_key = np.array(_rows_of(cpu_only.ranges["op_type"], rows), dtype=object)
+    unnamed = pd.isna(fold_key)
+    if unnamed.any():
+        fold_key[unnamed] = _rows_of(cpu_only.ranges["name"], rows[unnamed])
     m = _Merge.of(inst, kept_key, fold_key, cpu_only, ["op_type"], metrics)
     # each group's key is its op type
     out = pd.DataFrame(
