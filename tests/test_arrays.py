@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfguard.analysis.intervals import sort_by_group_then, union_length
+from perfguard.analysis.intervals import segment_figures, sort_by_group_then, union_length
 from perfguard.analysis.ops import instance_rows
 from perfguard.arrays import (
     Groups,
@@ -163,6 +163,31 @@ def test_union_length_by_hand():
     # [0,10) and [5,12) overlap -> 12; [20,25) apart -> 5; group 7: [3,4) -> 1
     got = union_length(np.array([0, 5, 20, 3]), np.array([10, 12, 25, 4]), np.array([1, 1, 1, 7]))
     assert got.to_dict() == {1: 17, 7: 1}
+
+
+def test_segment_figures_are_their_definition_by_brute_force():
+    # pairs put activities in groups (one activity in several groups, unsorted input);
+    # every figure against a walk over each group's intervals
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        n_act, n_pairs = int(rng.integers(1, 30)), int(rng.integers(1, 60))
+        start = rng.integers(10**12, 10**12 + 200, n_act)
+        end = start + rng.integers(0, 60, n_act)
+        kernel = rng.random(n_act) < 0.6
+        group = rng.integers(0, 8, n_pairs) * (1 + trial % 3)
+        at = rng.integers(0, n_act, n_pairs)
+        groups, fig = segment_figures(group, at, start, end, kernel)
+        assert groups.tolist() == sorted(set(group.tolist()))
+        for i, g in enumerate(groups):
+            rows = at[group == g]
+            covered = set()
+            for r in rows:
+                covered |= set(range(int(start[r]), int(end[r])))
+            assert fig["busy"][i] == len(covered)
+            assert fig["time"][i] == int((end[rows] - start[rows]).sum())
+            assert fig["count"][i] == len(rows)
+            assert fig["kernels"][i] == int(kernel[rows].sum())
+            assert fig["span"][i] == int(end[rows].max() - start[rows].min())
 
 
 def test_instance_rows_finds_ranges_and_unassociated_ids():

@@ -75,9 +75,10 @@ def _shallow_anchor(parent: np.ndarray, depth: np.ndarray) -> np.ndarray | None:
     return anchor
 
 
-def _op_parent(parent: np.ndarray, is_op: np.ndarray) -> np.ndarray:
-    """Nearest enclosing *op* range of every range (skipping iteration markers), -1 if none."""
-    out = parent.copy()
+def _op_parent(parent: np.ndarray, is_op: np.ndarray, dtype: type = np.int64) -> np.ndarray:
+    """Nearest enclosing *op* range of every range (skipping iteration markers), -1 if
+    none, as ``dtype``."""
+    out = parent.astype(dtype)
     for _ in range(len(parent)):  # bounded by tree depth; stops at the first level without markers
         bad = (out >= 0) & ~is_op[np.clip(out, 0, None)]
         if not bad.any():
@@ -110,17 +111,22 @@ def aggregate_groups(
         inst = instances.iloc[:k][cols]  # five columns of millions of rows
     else:
         inst = instances.loc[ranged, cols]
+    # per-range arrays hold range ids and rows: int32 where they fit (36 -> 18 MiB
+    # each at emit_nvtx's 4.8M ranges; this report is the reports' memory peak)
+    entries = n + len(inst) + (len(cpu_only) if cpu_only is not None else 0)
+    index = np.int32 if entries < 2**31 - 2 else np.int64
     # the instance of each range: its row of ``inst``, or -2 - j for the j-th folded
     # one; -1: none (not an op, or outside the selected iterations)
-    inst_row = np.full(n, -1, dtype=np.int64)
-    inst_row[inst["instance"].to_numpy(np.int64)] = np.arange(len(inst))
+    inst_row = np.full(n, -1, dtype=index)
+    inst_row[inst["instance"].to_numpy(np.int64)] = np.arange(len(inst), dtype=index)
     folded = cpu_only is not None and len(cpu_only) > 0
     if folded:
         assert cpu_only is not None
         ids = r["range_id"].to_numpy(np.int64)[cpu_only.range_row]
-        inst_row[ids] = -2 - np.arange(len(cpu_only), dtype=np.int64)
+        inst_row[ids] = -2 - np.arange(len(cpu_only), dtype=index)
+        del ids
     is_op = (r["kind"] == "op").to_numpy()
-    op_parent = _op_parent(r["parent_id"].to_numpy(np.int64), is_op)
+    op_parent = _op_parent(r["parent_id"].to_numpy(np.int64), is_op, index)
     is_group = np.zeros(n, dtype=bool)
     is_group[op_parent[is_op & (op_parent >= 0)]] = True
     is_group &= inst_row != -1
@@ -249,12 +255,15 @@ def _op_keys(inst: pd.DataFrame, inst_row: np.ndarray, cpu_only: CpuOnly | None)
         key = inst["op_key"].to_numpy(np.int64)
     else:
         key = pd.factorize(inst["op_id"].to_numpy(dtype=object))[0].astype(np.int64)
-    out = np.full(len(inst_row), -1, dtype=np.int64)
+    fold_key = cpu_only.op_key if cpu_only is not None and len(cpu_only) else key[:0]
+    top = max(int(key.max()) if len(key) else 0, int(fold_key.max()) if len(fold_key) else 0)
+    out = np.full(len(inst_row), -1, dtype=np.int32 if top < 2**31 else np.int64)
     own = inst_row >= 0
     out[own] = key[inst_row[own]]
-    if cpu_only is not None and len(cpu_only):
+    del own
+    if len(fold_key):
         fold = inst_row <= -2
-        out[fold] = cpu_only.op_key[-2 - inst_row[fold]]
+        out[fold] = fold_key[-2 - inst_row[fold]]
     return out
 
 
@@ -263,8 +272,14 @@ def _child_ops(
 ) -> np.ndarray:
     """Number of distinct ops (name, direction) directly under each range (by range id),
     counting the ranges with an instance (``op_key`` >= 0)."""
-    child = np.flatnonzero(is_op & (op_parent >= 0) & (op_key >= 0))
+    child = is_op & (op_parent >= 0) & (op_key >= 0)
     op = op_key[child]
     width = int(op.max()) + 1 if len(op) else 1
-    parents = unique_sorted(op_parent[child] * width + op) // width
-    return np.bincount(parents, minlength=len(r)).astype(np.int64)
+    pair = op_parent[child].astype(np.int64)
+    del child
+    pair *= width
+    pair += op
+    del op
+    pair = unique_sorted(pair)
+    pair //= width
+    return np.bincount(pair, minlength=len(r))

@@ -77,20 +77,31 @@ def sorted_union_length(s: np.ndarray, e: np.ndarray, heads: np.ndarray) -> np.n
     n = len(s)
     if not n:
         return np.zeros(0, dtype=np.int64)
-    first = np.zeros(n, dtype=bool)
-    first[heads] = True
-    rank = np.cumsum(first, dtype=np.int64) - 1
     t0 = int(e.min())
     span = int(e.max()) - t0 + 1
     if len(heads) * span >= 2**62:
         return None
-    shifted = rank * span + (e - t0)
-    reach = np.maximum.accumulate(shifted) - rank * span + t0
-    prev = np.empty_like(reach)
-    prev[1:] = reach[:-1]
-    prev[first] = np.iinfo(np.int64).min
-    contrib = np.clip(e - np.maximum(s, prev), 0, None)
-    return np.add.reduceat(contrib, heads)
+    first = np.zeros(n, dtype=bool)
+    first[heads] = True
+    # in place where it can be: three arrays of n alive at most, not eight
+    offset = np.cumsum(first, dtype=np.int64)
+    offset -= 1
+    offset *= span  # each segment shifted above the previous one
+    reach = e.astype(np.int64)
+    reach -= t0
+    reach += offset
+    np.maximum.accumulate(reach, out=reach)
+    reach -= offset
+    reach += t0
+    del offset
+    lo = np.empty_like(reach)  # the furthest end before each interval, in its segment
+    lo[1:] = reach[:-1]
+    del reach
+    lo[first] = np.iinfo(np.int64).min
+    np.maximum(lo, s, out=lo)
+    np.subtract(e, lo, out=lo)  # what each interval adds to the union
+    np.clip(lo, 0, None, out=lo)
+    return np.add.reduceat(lo, heads)
 
 
 def segment_figures(
@@ -114,18 +125,20 @@ def segment_figures(
     group, at = group[order], at[order]
     del order
     s, e, k = start[at], end[at], kernel[at]
+    del at
     heads = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
     busy = sorted_union_length(s, e, heads)
     if busy is None:  # pragma: no cover - needs > 2**62 ns of spread
         busy = union_length(s, e, group).to_numpy(np.int64)  # ascending groups, as heads
+    group = group[heads]
     figures = {
         "time": np.add.reduceat(e - s, heads),
-        "count": np.diff(np.append(heads, len(group))),
+        "count": np.diff(np.append(heads, len(s))),
         "kernels": np.add.reduceat(k.astype(np.int64), heads),
         "span": np.maximum.reduceat(e, heads) - np.minimum.reduceat(s, heads),
         "busy": busy,
     }
-    return group[heads], figures
+    return group, figures
 
 
 def covered_within(
