@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from perfguard.analysis.intervals import segment_figures, sort_by_group_then, union_length
+from perfguard.analysis.iterations import _span_per_rank
 from perfguard.analysis.ops import instance_rows
 from perfguard.arrays import (
     Groups,
@@ -188,6 +189,23 @@ def test_segment_figures_are_their_definition_by_brute_force():
             assert fig["count"][i] == len(rows)
             assert fig["kernels"][i] == int(kernel[rows].sum())
             assert fig["span"][i] == int(end[rows].max() - start[rows].min())
+
+
+@pytest.mark.parametrize("ranks", [[0], [3, 1, 3, 0]])
+def test_span_per_rank_is_the_groupby(ranks):
+    n = 40
+    rng = np.random.default_rng(len(ranks))
+    start = rng.integers(0, 1000, n)
+    table = pd.DataFrame(
+        {
+            "rank": np.resize(np.array(ranks), n),
+            "start": start,
+            "end": pd.array(start + rng.integers(0, 50, n), dtype="Int64"),
+        }
+    )
+    table.loc[[2, 7], "end"] = pd.NA  # an unclosed range: skipped, as the groupby skips it
+    want = table.groupby("rank").agg(t0=("start", "min"), t1=("end", "max"))
+    pd.testing.assert_frame_equal(_span_per_rank(table), want)
 
 
 def test_instance_rows_finds_ranges_and_unassociated_ids():

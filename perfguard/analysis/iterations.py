@@ -30,16 +30,32 @@ COLUMNS = ["rank", "iteration", "start", "end", "source"]
 def rank_spans(trace: Trace) -> pd.DataFrame:
     """First and last timestamp per rank over every event table (``rank, t0, t1``)."""
     parts = [
-        getattr(trace, t)[["rank", "start", "end"]]
-        for t in ("ranges", "api_calls", "kernels", "memops")
+        getattr(trace, t) for t in ("ranges", "api_calls", "kernels", "memops")
         if len(getattr(trace, t))
-    ]
+    ]  # fmt: skip
     if not parts:
         return pd.DataFrame({"rank": [], "t0": [], "t1": []}, dtype=np.int64)
     # per table, then over the tables: no concatenated copy of every event
-    per = pd.concat([p.groupby("rank").agg(t0=("start", "min"), t1=("end", "max")) for p in parts])
+    per = pd.concat([_span_per_rank(p) for p in parts])
     g = per.groupby(level="rank")
     return pd.DataFrame({"t0": g["t0"].min(), "t1": g["t1"].max()}).reset_index()
+
+
+def _span_per_rank(table: pd.DataFrame) -> pd.DataFrame:
+    """``t0``, ``t1`` of one event table, indexed by rank. A table of one rank (the
+    usual case) takes two reductions, not a groupby (+90 MiB at 4.8M ranges)."""
+    rank = table["rank"]
+    lo, hi = rank.min(), rank.max()
+    if lo == hi:
+        index = pd.Index(np.array([lo], dtype=rank.dtype), name="rank")
+        start, end = table["start"], table["end"]
+        return pd.DataFrame(
+            {"t0": pd.array([start.min()], dtype=start.dtype),
+             "t1": pd.array([end.max()], dtype=end.dtype)},
+            index=index,
+        )  # fmt: skip
+    cols = table[["rank", "start", "end"]]
+    return cols.groupby("rank").agg(t0=("start", "min"), t1=("end", "max"))
 
 
 def iteration_intervals(trace: Trace, key_node: str | None = None) -> pd.DataFrame:
