@@ -19,6 +19,7 @@ from perfguard.analysis.enrich import add_flops, add_tensor_cores, range_flops
 from perfguard.analysis.iterations import (
     assign_iteration,
     iteration_intervals,
+    iteration_numbers,
     select_window,
 )
 from perfguard.analysis.kernels import aggregate_kernels
@@ -123,8 +124,9 @@ def analyze(
     cpu_only = fold_cpu_only(trace, codes, keep, api_time)
     del codes, api_time, keep  # millions of entries each: freed before the next step
     start = trace.ranges["start"].to_numpy(np.int64)[cpu_only.range_row]
-    it = assign_iteration(cpu_only.rank, start, intervals).fillna(-1).to_numpy(np.int64)
+    it = iteration_numbers(cpu_only.rank, start, intervals)
     del start
+    it[it < 0] = -1  # as assign_iteration's NA
     cpu_only = dataclasses.replace(cpu_only, iteration=narrow(it))
     del it
 

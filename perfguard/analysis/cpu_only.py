@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.tensor_cores import op_tc_eligible
-from perfguard.arrays import Groups, factorize, first_rows, unique_first
+from perfguard.arrays import Groups, factorize, first_rows, narrow, unique_first
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,14 @@ class FoldedStats:
 
 def merge_codes(
     kept_key: np.ndarray, kept_pos: np.ndarray, fold_key: np.ndarray, fold_pos: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, int]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """Codes over the kept rows and the folded entries together, numbered as a
     ``pd.factorize`` of the whole table would number them (by first appearance in
-    table order, ``*_pos``): ``(kept codes, folded codes, number of codes)``.
+    table order, ``*_pos``): ``(kc, kept_codes, fc, fold_codes, n)``. ``kc`` numbers
+    each kept row's key as first seen among the kept rows, and ``kept_codes[c]`` is
+    the whole table's code of the key coded ``c`` (``fc``, ``fold_codes`` likewise);
+    ``n`` is the number of codes. Each part's codes are what ``pd.factorize`` of its
+    whole-table codes would give, without forming those (millions of entries).
 
     Both parts are in table order, so each part's first row of a key is where the
     key first appears in it; only the few distinct keys are compared.
@@ -133,15 +137,17 @@ def merge_codes(
     np.minimum.at(first, both, firsts.astype(np.int64))
     code = np.empty(len(which), dtype=np.int64)
     code[np.argsort(first, kind="stable")] = np.arange(len(which), dtype=np.int64)
-    return code[both[: len(ku)]][kc], code[both[len(ku) :]][fc], len(which)
+    return kc, code[both[: len(ku)]], fc, code[both[len(ku) :]], len(which)
 
 
 def _codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``pd.factorize`` of one part's keys, a missing key a group too; text keys by
     :func:`perfguard.arrays.factorize` (millions of repeats of a few op types)."""
     if np.asarray(key).dtype == object:
-        return factorize(key, use_na_sentinel=False)
-    return pd.factorize(key, use_na_sentinel=False)
+        codes, uniques = factorize(key, use_na_sentinel=False)
+    else:
+        codes, uniques = pd.factorize(key, use_na_sentinel=False)
+    return narrow(codes), uniques
 
 
 def needs_row(
@@ -157,8 +163,9 @@ def needs_row(
     keep = owned.copy()
     for col in ("input_shapes", "dtypes"):
         keep |= ranges[col].notna().to_numpy(bool)[op_rows]
-    names = pd.Series(ranges["name"].to_numpy(dtype=object)[op_rows], dtype=object)
-    keep |= op_tc_eligible(names.fillna("")).to_numpy(bool)
+    # a missing name is not eligible: no fill needed (a copy and a scan of millions)
+    names = pd.Series(ranges["name"].to_numpy(dtype=object)[op_rows], dtype=object, copy=False)
+    keep |= op_tc_eligible(names).to_numpy(bool)
     if by_range is not None:
         keep |= by_range.notna().any(axis=1).to_numpy(bool)[op_rows]
     return keep

@@ -221,12 +221,14 @@ class OpCodes:
             np.where(pd.isna(short), full, short), dtype="object"
         ).fillna("unnamed").astype(str)
         code, names = _op_name_codes(path_id[op_rows], path_text, orphan_name)
+        # int32 where they fit: kept alive through the fold, 4.8M entries each at
+        # emit_nvtx density (copies: a slice would keep the whole int64 array)
         return cls(
-            op_rows=op_rows,
-            op_code=code[: len(op_rows)],
+            op_rows=narrow(op_rows),
+            op_code=_own(narrow(code[: len(op_rows)])),
             orphan=orphan,
             orphan_name=orphan_name.to_numpy(dtype=object),
-            orphan_code=code[len(op_rows) :],
+            orphan_code=_own(code[len(op_rows) :]),
             names=names,
         )
 
@@ -236,6 +238,11 @@ class OpCodes:
         key *= 2
         key += bprop
         return key
+
+
+def _own(values: np.ndarray) -> np.ndarray:
+    """``values``, copied when a view: a view keeps its whole base array alive."""
+    return values.copy() if values.base is not None else values
 
 
 def op_instances(
@@ -508,11 +515,11 @@ class _Merge:
         firsts: list[str],
         metrics: list[str],
     ) -> _Merge:
-        ck, cf, n = merge_codes(kept_key, cpu_only.kept_order, fold_key, cpu_only.order)
-        kc, kept_codes = pd.factorize(ck)  # the kept rows' own codes, and their merged codes
-        fc, fold_codes = pd.factorize(cf)
+        kc, kept_codes, fc, fold_codes, n = merge_codes(
+            kept_key, cpu_only.kept_order, fold_key, cpu_only.order
+        )
         grouped = _Grouped.of(inst, kc)
-        part = Parts.of(n, np.asarray(kept_codes), np.asarray(fold_codes))
+        part = Parts.of(n, kept_codes, fold_codes)
         kept = _group_stats(grouped, firsts, metrics)
         return cls(grouped, kc, fc, part, kept, cpu_only.by(fc), cpu_only)
 
@@ -543,7 +550,7 @@ def _fold_into_ops(inst: pd.DataFrame, cpu_only: CpuOnly, metrics: list[str]) ->
     so the first values and sums of those come from the kept rows alone.
     """
     kept_key = inst["op_key"].to_numpy(np.int64)
-    fold_key = cpu_only.op_key.astype(np.int64)
+    fold_key = cpu_only.op_key  # int32 at most: coded as it is, not widened first
     m = _Merge.of(inst, kept_key, fold_key, cpu_only, ["op_name", "direction", "op_type"], metrics)
     name, direction = cpu_only.op_text(m.key_of_each(kept_key, fold_key))
     op_type = first_valid_of_both(
