@@ -219,7 +219,6 @@ def analyze_and_report(args: argparse.Namespace) -> None:
             )
         except AnalysisError as exc:  # name the capture the request does not fit
             raise AnalysisError(f"{args.database}: {exc}") from None
-        release_free_pages()  # the analysis' dropped steps: the reports' own fit there
         progress.phase("writing reports")
         found = straggler(rank_table(result))  # None for one rank
         written = write_reports(

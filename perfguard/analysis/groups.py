@@ -28,7 +28,7 @@ import pandas as pd
 from perfguard.analysis.cpu_only import CpuOnly
 from perfguard.analysis.intervals import segment_figures
 from perfguard.analysis.ops import MAX_OP_PATH_DEPTH, op_id
-from perfguard.arrays import Groups, first_rows, unique_sorted
+from perfguard.arrays import Groups, first_rows
 from perfguard.trace.model import Trace
 
 COLUMNS = [
@@ -48,16 +48,27 @@ def _member_pairs(
     if skip is not None:
         cur = skip[cur]
     out_rows, out_groups = [], []
+    index = np.int32 if max(len(owner), len(group)) < 2**31 else np.int64
     while len(rows):
         hit = group[cur]
-        out_rows.append(rows[hit])
-        out_groups.append(cur[hit])
+        out_rows.append(rows[hit].astype(index))  # pairs of millions: half the bytes
+        out_groups.append(cur[hit].astype(index))
         cur = parent[cur]
         alive = cur >= 0
         rows, cur = rows[alive], cur[alive]
     if not out_rows:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     return np.concatenate(out_rows), np.concatenate(out_groups)
+
+
+def _range_ids(ranges: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """The ``range_id`` of the ranges at ``rows``: the rows themselves when ids are row
+    numbers, as :func:`perfguard.trace.ranges.finalize_ranges` numbers them (no copy of
+    millions of ids)."""
+    ids = ranges["range_id"].to_numpy(np.int64)
+    if len(ids) and ids[0] == 0 and ids[-1] == len(ids) - 1 and bool((np.diff(ids) == 1).all()):
+        return rows
+    return ids[rows]
 
 
 def _shallow_anchor(parent: np.ndarray, depth: np.ndarray) -> np.ndarray | None:
@@ -122,9 +133,7 @@ def aggregate_groups(
     folded = cpu_only is not None and len(cpu_only) > 0
     if folded:
         assert cpu_only is not None
-        ids = r["range_id"].to_numpy(np.int64)[cpu_only.range_row]
-        inst_row[ids] = -2 - np.arange(len(cpu_only), dtype=index)
-        del ids
+        inst_row[_range_ids(r, cpu_only.range_row)] = -2 - np.arange(len(cpu_only), dtype=index)
     is_op = (r["kind"] == "op").to_numpy()
     op_parent = _op_parent(r["parent_id"].to_numpy(np.int64), is_op, index)
     is_group = np.zeros(n, dtype=bool)
@@ -280,6 +289,11 @@ def _child_ops(
     pair *= width
     pair += op
     del op
-    pair = unique_sorted(pair)
+    pair.sort()  # in place: distinct (parent, op) pairs without a sorted copy
+    distinct = np.empty(len(pair), dtype=bool)
+    distinct[:1] = True
+    np.not_equal(pair[1:], pair[:-1], out=distinct[1:])
+    pair = pair[distinct]
+    del distinct
     pair //= width
     return np.bincount(pair, minlength=len(r))
