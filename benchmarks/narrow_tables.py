@@ -5,7 +5,10 @@ the analysis (the Trace and the ``Analysis`` tables), not by transient
 copies. This measures, on a real capture, each kept table as it is and as
 it would be with
 
-* integer columns whose values fit stored as int32 (ids, counts, ranks), and
+* the integer columns that are row numbers, codes or small counts
+  (:data:`NARROW_INTS`) stored as int32 where the values fit; times,
+  durations, process and thread ids and correlation ids stay int64 (they
+  outgrow int32 in real captures), and
 * text columns with few distinct values (under a quarter of the rows) stored
   as categoricals (op and kernel names, op types, directions, shapes).
 
@@ -27,6 +30,11 @@ import numpy as np
 import pandas as pd
 
 INT32 = (-(2**31), 2**31)
+#: integer columns bounded by the number of rows, ops or devices
+NARROW_INTS = frozenset({
+    "rank", "device_id", "depth", "parent_id", "range_id", "kernel_row", "instance",
+    "instance_row", "op_key", "kernel_count", "memop_count",
+})  # fmt: skip
 
 
 def table_bytes(df: pd.DataFrame) -> int:
@@ -47,14 +55,20 @@ def table_bytes(df: pd.DataFrame) -> int:
 
 
 def narrowed(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with int64 columns that fit as int32 and repetitive text as categoricals."""
+    """``df`` with its :data:`NARROW_INTS` as int32 and repetitive text as categoricals."""
     out = {}
     for col in df.columns:
         s = df[col]
         if s.dtype == object or str(s.dtype) == "str":
             repetitive = s.nunique(dropna=False) < len(s) // 4
             out[col] = s.astype("category") if repetitive else s
-        elif s.dtype == np.int64 and len(s) and INT32[0] <= s.min() and s.max() < INT32[1]:
+        elif (
+            col in NARROW_INTS
+            and s.dtype == np.int64
+            and len(s)
+            and INT32[0] <= s.min()
+            and s.max() < INT32[1]
+        ):
             out[col] = s.astype(np.int32)
         else:
             out[col] = s
