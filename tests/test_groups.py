@@ -83,3 +83,40 @@ def test_group_gpu_time_is_the_work_launched_inside_it(name, fixture_file, cache
     diff = {k: (expected[k], v) for k, v in ours.items() if expected[k] != v}
     assert not diff, f"{len(diff)} groups differ, e.g. {list(diff.items())[:3]}"
     assert (got["gpu_time_flattened"] <= got["gpu_time_total"]).all()
+
+
+def test_shallow_anchor_is_the_ancestor_above_the_cut() -> None:
+    """A range nested MAX_OP_PATH_DEPTH deep or more anchors at its ancestor at depth
+    MAX_OP_PATH_DEPTH - 1 (where the walk up to the groups starts); every other range
+    at itself. Random forests, against a walk up each range's parents."""
+    import numpy as np
+
+    from perfguard.analysis.groups import _shallow_anchor
+    from perfguard.analysis.ops import MAX_OP_PATH_DEPTH
+
+    rng = np.random.default_rng(5)
+    past_the_cut = 0
+    for _ in range(20):
+        n = int(rng.integers(1, 600))
+        parent = np.full(n, -1, dtype=np.int64)
+        depth = np.zeros(n, dtype=np.int64)
+        for i in range(1, n):  # mostly chains, so some ranges nest past the cut
+            if rng.random() < 0.995:
+                parent[i] = i - 1 if rng.random() < 0.97 else int(rng.integers(0, i))
+                depth[i] = depth[parent[i]] + 1
+        order = rng.permutation(n)  # rows in any order: parents need not come first
+        where = np.empty(n, dtype=np.int64)
+        where[order] = np.arange(n)
+        p = np.where(parent[order] >= 0, where[np.clip(parent[order], 0, None)], -1)
+        d = depth[order]
+        anchor = _shallow_anchor(p, d)
+        if not (d >= MAX_OP_PATH_DEPTH).any():
+            assert anchor is None
+            continue
+        past_the_cut += 1
+        for row in range(n):
+            want = row
+            while d[want] >= MAX_OP_PATH_DEPTH:
+                want = p[want]
+            assert anchor[row] == want
+    assert past_the_cut >= 10  # the cases really nest past the cut

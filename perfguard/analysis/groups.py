@@ -28,7 +28,7 @@ import pandas as pd
 from perfguard.analysis.cpu_only import CpuOnly
 from perfguard.analysis.intervals import segment_figures
 from perfguard.analysis.ops import MAX_OP_PATH_DEPTH, op_id
-from perfguard.arrays import Groups, first_rows
+from perfguard.arrays import Groups, first_rows, levels
 from perfguard.trace.model import Trace
 
 COLUMNS = [
@@ -78,9 +78,8 @@ def _shallow_anchor(parent: np.ndarray, depth: np.ndarray) -> np.ndarray | None:
     if not len(deep):
         return None
     anchor = np.arange(len(parent), dtype=np.int64)
-    deep = deep[np.argsort(depth[deep], kind="stable")]  # parents before children
-    bounds = np.flatnonzero(np.diff(depth[deep])) + 1
-    for level in np.split(deep, bounds):  # one vector step per level
+    for at in levels(depth[deep])[MAX_OP_PATH_DEPTH:]:  # parents before children
+        level = deep[at]
         up = parent[level]
         anchor[level] = np.where(up >= 0, anchor[np.clip(up, 0, None)], level)
     return anchor

@@ -59,7 +59,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from perfguard.arrays import factorize
+from perfguard.arrays import factorize, levels
 from perfguard.trace.model import NO_PARENT
 
 __all__ = [
@@ -303,11 +303,7 @@ def _owners(r: pd.DataFrame, ops: np.ndarray) -> np.ndarray:
     owner = np.full(n, -1, dtype=np.int64)
     owner[ops] = ops
     parent = r["parent_id"].to_numpy(np.int64)
-    depth = r["depth"].to_numpy(np.int64)
-    order = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2 if n else 0))
-    for level in range(1, len(bounds) - 1):
-        at = order[bounds[level] : bounds[level + 1]]
+    for at in levels(r["depth"].to_numpy(np.int64))[1:]:
         inherit = owner[at] < 0
         owner[at[inherit]] = owner[parent[at[inherit]]]
     return owner
