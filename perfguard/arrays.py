@@ -54,6 +54,12 @@ def levels(depth: np.ndarray) -> list[np.ndarray]:
     return [by_depth[starts[i] : ends[i]] for i in range(-low, len(ends))]
 
 
+def index_dtype(bound: int) -> type[np.signedinteger]:
+    """int32 for row numbers, ids or codes whose magnitude stays below ``bound`` (half
+    the bytes of a per-row array), else int64."""
+    return np.int32 if bound < 2**31 else np.int64
+
+
 def narrow(values: np.ndarray) -> np.ndarray:
     """Integers as int32 when every value fits (half the bytes of a per-row array),
     else int64; not copied when already so."""

@@ -21,6 +21,7 @@ import pandas as pd
 from perfguard.arrays import unique_first
 from perfguard.trace.model import KERNEL_GEOMETRY, NO_CORRELATION, Trace
 from perfguard.trace.nesting import Nesting, group_codes
+from perfguard.trace.ranges import ids_are_rows
 
 UNASSOCIATED_PREFIX = "unassociated_"
 #: the values of the activities' ``activity`` column (a categorical)
@@ -95,7 +96,7 @@ def _is_tree(ranges: pd.DataFrame) -> bool:
     (each parent one level up), as :func:`perfguard.trace.ranges.finalize_ranges`
     leaves them; a hand-built table may not."""
     n = len(ranges)
-    if not np.array_equal(ranges["range_id"].to_numpy(), np.arange(n)):
+    if not ids_are_rows(ranges):
         return False
     parent = ranges["parent_id"].to_numpy(np.int64)
     depth = ranges["depth"].to_numpy(np.int64)

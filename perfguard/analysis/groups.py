@@ -28,8 +28,9 @@ import pandas as pd
 from perfguard.analysis.cpu_only import CpuOnly
 from perfguard.analysis.intervals import segment_figures
 from perfguard.analysis.ops import MAX_OP_PATH_DEPTH, op_id
-from perfguard.arrays import Groups, first_rows, levels
+from perfguard.arrays import Groups, first_rows, index_dtype, levels
 from perfguard.trace.model import Trace
+from perfguard.trace.ranges import ids_are_rows
 
 COLUMNS = [
     "op_id", "op_name", "direction", "calls", "child_ops", "kernel_count", "cpu_time_total",
@@ -48,7 +49,7 @@ def _member_pairs(
     if skip is not None:
         cur = skip[cur]
     out_rows, out_groups = [], []
-    index = np.int32 if max(len(owner), len(group)) < 2**31 else np.int64
+    index = index_dtype(max(len(owner), len(group)))
     while len(rows):
         hit = group[cur]
         out_rows.append(rows[hit].astype(index))  # pairs of millions: half the bytes
@@ -65,10 +66,7 @@ def _range_ids(ranges: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """The ``range_id`` of the ranges at ``rows``: the rows themselves when ids are row
     numbers, as :func:`perfguard.trace.ranges.finalize_ranges` numbers them (no copy of
     millions of ids)."""
-    ids = ranges["range_id"].to_numpy(np.int64)
-    if len(ids) and ids[0] == 0 and ids[-1] == len(ids) - 1 and bool((np.diff(ids) == 1).all()):
-        return rows
-    return ids[rows]
+    return rows if ids_are_rows(ranges) else ranges["range_id"].to_numpy(np.int64)[rows]
 
 
 def _shallow_anchor(parent: np.ndarray, depth: np.ndarray) -> np.ndarray | None:
@@ -123,8 +121,7 @@ def aggregate_groups(
         inst = instances.loc[ranged, cols]
     # per-range arrays hold range ids and rows: int32 where they fit (36 -> 18 MiB
     # each at emit_nvtx's 4.8M ranges; this report is the reports' memory peak)
-    entries = n + len(inst) + (len(cpu_only) if cpu_only is not None else 0)
-    index = np.int32 if entries < 2**31 - 2 else np.int64
+    index = index_dtype(n + len(inst) + (len(cpu_only) if cpu_only is not None else 0) + 2)
     # the instance of each range: its row of ``inst``, or -2 - j for the j-th folded
     # one; -1: none (not an op, or outside the selected iterations)
     inst_row = np.full(n, -1, dtype=index)
@@ -265,7 +262,7 @@ def _op_keys(inst: pd.DataFrame, inst_row: np.ndarray, cpu_only: CpuOnly | None)
         key = pd.factorize(inst["op_id"].to_numpy(dtype=object))[0].astype(np.int64)
     fold_key = cpu_only.op_key if cpu_only is not None and len(cpu_only) else key[:0]
     top = max(int(key.max()) if len(key) else 0, int(fold_key.max()) if len(fold_key) else 0)
-    out = np.full(len(inst_row), -1, dtype=np.int32 if top < 2**31 else np.int64)
+    out = np.full(len(inst_row), -1, dtype=index_dtype(top + 1))
     own = inst_row >= 0
     out[own] = key[inst_row[own]]
     del own

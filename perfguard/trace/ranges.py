@@ -60,3 +60,11 @@ def _tree(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     all_depth[idx] = depth
     all_parent[idx] = np.where(parent >= 0, idx[np.clip(parent, 0, None)], NO_PARENT)
     return all_depth, all_parent
+
+
+def ids_are_rows(ranges: pd.DataFrame) -> bool:
+    """Whether ``range_id`` is each range's row number, as :func:`finalize_ranges`
+    numbers them (a hand-built table may not): per-range arrays can then be indexed
+    by id."""
+    ids = ranges["range_id"].to_numpy()
+    return bool(np.array_equal(ids, np.arange(len(ids))))
