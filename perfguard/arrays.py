@@ -145,13 +145,13 @@ def first_valid(
     A group's first row answers unless it is NA, so only groups whose first
     row is NA are searched: one ``take`` instead of a groupby, which costs
     10-15 ms per text column of a million rows. Returns a Series indexed
-    ``0..k-1`` with the column's dtype.
+    ``0..k-1`` with the column's dtype (coded text: plain, :func:`plain_text`).
     """
     rows = np.asarray(rows)
     out = values.array.take(rows if through is None else through[rows])
     missing = np.flatnonzero(pd.isna(out))
     if not len(missing):
-        return pd.Series(out, dtype=values.dtype)
+        return plain_text(pd.Series(out, dtype=values.dtype))
     if through is not None:
         values = pd.Series(values.array.take(through), dtype=values.dtype)
     valid = np.flatnonzero(values.notna().to_numpy(dtype=bool))
@@ -160,7 +160,23 @@ def first_valid(
     hit = np.isin(found, missing)
     pick[found[hit]] = valid[at[hit]]
     # a group with no value at all keeps its first (NA) row
-    return pd.Series(values.array.take(pick), dtype=values.dtype)
+    return plain_text(pd.Series(values.array.take(pick), dtype=values.dtype))
+
+
+def plain_text(s: pd.Series) -> pd.Series:
+    """Coded text as the plain text column it codes (per-event tables keep text
+    coded; an aggregate of a few rows per op or kernel holds it plain); any other
+    column as it is."""
+    if not isinstance(s.dtype, pd.CategoricalDtype):
+        return s
+    return s.astype(text_dtype(s.dtype))
+
+
+def text_dtype(dtype: pd.CategoricalDtype) -> Any:
+    """The type pandas gives the plain text of coded text ``dtype``: what a column
+    of those values built from Python objects would have (``str`` for text, object
+    for no value or mixed values)."""
+    return pd.Series(np.asarray(dtype.categories, dtype=object)).dtype
 
 
 def per_distinct(values: pd.Series, rule: Callable[[pd.Series], pd.Series]) -> pd.Series:
@@ -205,15 +221,3 @@ def _object_ids(arr: np.ndarray) -> np.ndarray:
     arr = np.ascontiguousarray(arr, dtype=object)
     view = np.ctypeslib.as_array((ctypes.c_int64 * len(arr)).from_address(arr.ctypes.data))
     return view.copy()  # a copy: the view does not keep ``arr`` (and its objects) alive
-
-
-def missing_as_object(values: np.ndarray) -> np.ndarray | pd.Series:
-    """``values`` for a DataFrame column: an object array where every value is
-    missing becomes an object Series, which is the type the frame would give it
-    after scanning every row to infer one (0.2-0.3 s per 5M rows); anything
-    else is returned as it is, for the frame to type."""
-    if values.dtype == object and len(values) and pd.isna(values).all():
-        # NaT alone would make it a datetime column: the few distinct values decide
-        if not any(v is pd.NaT for v in pd.unique(values)):
-            return pd.Series(values, dtype=object, copy=False)
-    return values

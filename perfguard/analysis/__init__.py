@@ -35,7 +35,7 @@ from perfguard.analysis.ops import (
 )
 from perfguard.analysis.summary import iteration_table, run_summary
 from perfguard.arrays import narrow
-from perfguard.trace.model import Trace
+from perfguard.trace.model import INDEX, Trace
 from perfguard.trace.sanity import TIMED_TABLES, repair_times
 
 __all__ = ["Analysis", "analyze"]
@@ -59,6 +59,9 @@ class Analysis:
     * ``summary``: run-level figures (summary report), a Series;
     * ``notes``: one line per caveat the reader should see once (an unknown
       GPU leaves FLOP efficiency empty, and why).
+
+    ``activities`` and the instance tables hold a row per event, so they keep the
+    Trace model's types (text coded, ids int32); the aggregates hold plain text.
     """
 
     trace: Trace
@@ -138,7 +141,7 @@ def analyze(
         acts = acts[_in(acts, chosen)].reset_index(drop=True)
         acts["instance_row"] = instance_rows(
             inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64)
-        )
+        ).astype(INDEX)
         fold_in = pd.MultiIndex.from_arrays(
             [cpu_only.rank.astype(np.int64), cpu_only.iteration.astype(np.int64)]
         ).isin(chosen) & (cpu_only.iteration >= 0)
@@ -223,7 +226,7 @@ def _join_op(acts: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     look instances up by it instead of searching ids again."""
     row = instance_rows(inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64))
     acts = acts.copy(deep=False)
-    acts["instance_row"] = row
+    acts["instance_row"] = row.astype(INDEX)
     for col in ("op_name", "direction", "op_id", "op_key"):
         acts[col] = pd.api.extensions.take(inst[col].array, row, allow_fill=True)
     return acts

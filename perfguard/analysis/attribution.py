@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.arrays import unique_first
-from perfguard.trace.model import KERNEL_GEOMETRY, NO_CORRELATION, Trace
+from perfguard.trace.model import INDEX, KERNEL_GEOMETRY, NO_CORRELATION, Trace, concat_tables
 from perfguard.trace.nesting import Nesting, group_codes
 from perfguard.trace.ranges import ids_are_rows
 
@@ -39,11 +39,11 @@ def gpu_activities(trace: Trace) -> pd.DataFrame:
     # the launch geometry stays in trace.kernels (8 columns of a million rows that only
     # the kernel report reads, at one row per kernel and op): ``kernel_row`` finds it
     k = trace.kernels.drop(columns=[c for c in KERNEL_GEOMETRY if c in trace.kernels.columns])
-    k = k.assign(kernel_row=np.arange(len(k), dtype=np.int64))
+    k = k.assign(kernel_row=np.arange(len(k), dtype=INDEX))
     m = trace.memops.rename(columns={"kind": "name"}).assign(
-        short_name=lambda d: d["name"], kernel_row=-1
+        short_name=lambda d: d["name"], kernel_row=np.full(len(trace.memops), -1, dtype=INDEX)
     )
-    out = pd.concat([k, m], ignore_index=True)
+    out = concat_tables([k, m])
     # a categorical: every step asks "is it a kernel?", a code compare instead of
     # a million string compares each time
     is_memop = np.repeat(np.array([0, 1], dtype=np.int8), [len(k), len(m)])
@@ -82,12 +82,11 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
         out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
         out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
     )
-    out["range_id"] = range_id
+    out["range_id"] = range_id.astype(INDEX)
     # the op instance that owns it: the range, or a pseudo-instance of its own
     orphans = np.flatnonzero(range_id < 0)
-    instance = range_id.copy()
-    instance[orphans] = -1 - np.arange(len(orphans), dtype=np.int64)
-    out["instance"] = instance
+    range_id[orphans] = -1 - np.arange(len(orphans), dtype=np.int64)
+    out["instance"] = range_id.astype(INDEX)
     return out
 
 

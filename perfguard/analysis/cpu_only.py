@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.tensor_cores import op_tc_eligible
-from perfguard.arrays import Groups, factorize, first_rows, narrow, unique_first
+from perfguard.arrays import Groups, factorize, first_rows, narrow, text_dtype, unique_first
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,10 @@ def merged_figures(
 
 def typed_like(values: np.ndarray, column: pd.Series) -> pd.Series:
     """``values`` typed as ``column`` is; typed by their content when ``column`` is
-    empty (its type then says nothing), as the whole table's column would be."""
+    empty (its type then says nothing), as the whole table's column would be.
+    Coded text gives plain text (an aggregate's column, :func:`plain_text`)."""
+    if len(column) and isinstance(column.dtype, pd.CategoricalDtype):
+        return pd.Series(values, dtype=text_dtype(column.dtype))
     return pd.Series(values, dtype=column.dtype if len(column) else None)
 
 

@@ -28,7 +28,7 @@ from perfguard.analysis.tensor_cores import (
     resolve_unknown,
 )
 from perfguard.arrays import unique_first
-from perfguard.trace.model import Trace
+from perfguard.trace.model import Trace, coded_text, with_category
 from perfguard.trace.nesting import group_codes
 
 
@@ -49,7 +49,7 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
     in TC figures.
     """
     kernel = (acts["activity"] == "kernel").to_numpy()
-    cls = classify_kernels(acts["name"].where(kernel, ""))
+    cls = classify_kernels(with_category(acts["name"], "").where(kernel, ""))
     uses = cls["uses_tc"].astype("boolean")
     uses[~kernel] = False
     reason = cls["tc_reason"].where(kernel, "memory operation")
@@ -57,7 +57,7 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
     rows = activity_rows(acts, inst)
     has_op = rows >= 0
     at = np.where(has_op, rows, 0)
-    leaf_eligible = op_tc_eligible(inst["name"].fillna("")).to_numpy(bool)
+    leaf_eligible = op_tc_eligible(with_category(inst["name"], "").fillna("")).to_numpy(bool)
     op_eligible = pd.Series(np.where(has_op, leaf_eligible[at], False), index=acts.index)
     dtypes = inst["dtypes"].to_numpy(dtype=object)
     op_dtypes = pd.Series(np.where(has_op, dtypes[at], None), index=acts.index, dtype="object")
@@ -66,7 +66,7 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
     resolved = resolve_unknown(uses, op_dtypes, cc, eligible=op_eligible)
     reason = reason.where(~(unknown & resolved.notna()), "resolved from the op's input dtypes")
     acts["uses_tc"] = resolved
-    acts["tc_reason"] = reason
+    acts["tc_reason"] = coded_text(reason)
 
     # per instance row: kernel time, TC kernel time, any TC kernel (activities of
     # instances outside ``inst`` count nowhere)
@@ -172,7 +172,7 @@ def add_flops(
             inst[col] = values
 
     devices, notes = gpu_keys(trace)
-    inst["gpu"] = _first_kernel_gpu(acts, inst, devices)
+    inst["gpu"] = coded_text(_first_kernel_gpu(acts, inst, devices))
     none = np.ones(len(inst), dtype=bool)
     peak = pd.Series(pd.arrays.FloatingArray(np.zeros(len(inst)), none), index=inst.index)
     tc = inst["uses_tc"].fillna(False).astype(bool) if "uses_tc" in inst else False
@@ -189,8 +189,8 @@ def _no_flops(n: int) -> dict[str, object]:
     return {
         "flops": pd.arrays.FloatingArray(np.zeros(n), np.ones(n, dtype=bool)),
         "bytes": pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool)),
-        "compute_dtype": np.full(n, None, dtype=object),
-        "flop_formula": np.full(n, None, dtype=object),
+        "compute_dtype": coded_text(np.full(n, None, dtype=object)),
+        "flop_formula": coded_text(np.full(n, None, dtype=object)),
     }
 
 
@@ -214,8 +214,8 @@ def _range_flops(r: pd.DataFrame, shaped: np.ndarray) -> pd.DataFrame:
     )
     by_range["flops"] = flops.astype("Float64")
     by_range["bytes"] = nbytes.round().astype("Int64")
-    by_range["compute_dtype"] = cost["compute_dtype"].to_numpy(dtype=object)
-    by_range["flop_formula"] = cost["flop_formula"].to_numpy(dtype=object)
+    by_range["compute_dtype"] = coded_text(cost["compute_dtype"].to_numpy(dtype=object))
+    by_range["flop_formula"] = coded_text(cost["flop_formula"].to_numpy(dtype=object))
     return by_range
 
 

@@ -29,6 +29,7 @@ import pandas as pd
 
 from perfguard.analysis.enrich import activity_rows
 from perfguard.arrays import per_distinct
+from perfguard.trace.model import with_category
 
 if TYPE_CHECKING:  # the Analysis dataclass imports this module
     from perfguard.analysis import Analysis
@@ -296,7 +297,7 @@ def memcpy_in_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
     n_iter = max(len(a.window), 1)
     t = float((m["end"] - m["start"]).sum())
     kinds = m["name"].astype(str).value_counts()
-    owners = m["op_name"].value_counts()
+    owners = m["op_name"].astype(object).value_counts()  # coded text: no zero counts
     return [
         Finding(
             "memcpy_in_iterations", "info",
@@ -383,7 +384,7 @@ def amp_not_used(a: Analysis, th: Thresholds) -> list[Finding]:
     if not len(cc.dropna()) or float(cc.max()) < 7.0:
         return []  # no TC-capable GPU known: say nothing rather than guess
     elig = inst[inst["tc_eligible"].fillna(False).astype(bool)]
-    first = elig["dtypes"].fillna("").str.extract(r'^\["([^"]+)"')[0]
+    first = with_category(elig["dtypes"], "").fillna("").str.extract(r'^\["([^"]+)"')[0]
     fp32 = elig[first == "float"]
     total = float(inst["gpu_time"].sum())
     share = float(fp32["gpu_time"].sum()) / total if total else 0.0

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfguard.analysis.cpu_only import CpuOnly
+from perfguard.analysis.cpu_only import CpuOnly, typed_like
 from perfguard.analysis.intervals import segment_figures
 from perfguard.analysis.ops import MAX_OP_PATH_DEPTH, op_id
 from perfguard.arrays import Groups, first_rows, index_dtype, levels
@@ -248,8 +248,10 @@ def _op_text(inst: pd.DataFrame, at: np.ndarray, cpu_only: CpuOnly | None) -> pd
         if not own.all():
             values[~own] = folded[col]
         # as the rows of ``inst`` are typed; without any, as a whole table's would be
-        typed = inst[col].dtype if len(inst) else (object if col == "op_id" else None)
-        out[col] = pd.Series(values, dtype=typed)
+        if len(inst):
+            out[col] = typed_like(values, inst[col])
+        else:
+            out[col] = pd.Series(values, dtype=object if col == "op_id" else None)
     return pd.DataFrame(out, copy=False)
 
 

@@ -46,10 +46,18 @@ from perfguard.arrays import (
     first_rows,
     first_valid,
     levels,
-    missing_as_object,
     narrow,
+    plain_text,
 )
-from perfguard.trace.model import Trace
+from perfguard.trace.model import (
+    INDEX,
+    Trace,
+    categorical,
+    coded_text,
+    concat_coded,
+    fill_text,
+    with_category,
+)
 from perfguard.trace.nesting import group_codes
 
 STATS = ("total", "avg", "min", "max")
@@ -86,7 +94,7 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     n = len(ranges)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
-    name_code, names = factorize(ranges["name"].fillna(""))
+    name_code, names = factorize(with_category(ranges["name"], "").fillna(""))
     # a reader may hand over a name that is not text (a number in a damaged capture)
     texts = [v if isinstance(v, str) else str(v) for v in names]
     names = pd.Index([*texts, PATH_CUT], dtype=object)
@@ -162,8 +170,8 @@ def deep_range_note(ranges: pd.DataFrame) -> list[str]:
 def op_id(op_name: pd.Series, direction: pd.Series) -> pd.Series:
     """Stable 16-hex-digit id of ``(op_name, direction)``, hashed once per distinct op."""
     # distinct (name, direction) pairs by codes: no per-row string building
-    name_code, names = pd.factorize(op_name.fillna(""))
-    dir_code, dirs = pd.factorize(direction.fillna(""))
+    name_code, names = pd.factorize(with_category(op_name, "").fillna(""))
+    dir_code, dirs = pd.factorize(with_category(direction, "").fillna(""))
     width = max(len(dirs), 1)
     codes, pairs = pd.factorize(name_code.astype(np.int64) * width + dir_code)
     names = np.asarray([v if isinstance(v, str) else str(v) for v in names], dtype=object)
@@ -186,8 +194,7 @@ def op_id_by_key(inst: pd.DataFrame) -> pd.Series:
     codes, _ = pd.factorize(key)
     reps = inst.iloc[first_rows(codes)]
     ids = op_id(reps["op_name"].reset_index(drop=True), reps["direction"].reset_index(drop=True))
-    out = ids.to_numpy(dtype=object)[codes] if len(codes) else np.zeros(0, dtype=object)
-    return pd.Series(out, index=inst.index, dtype="object")
+    return pd.Series(categorical(codes, ids.to_numpy(dtype=object)), index=inst.index)
 
 
 @dataclass(frozen=True)
@@ -259,9 +266,10 @@ def op_instances(
     ``instance``, ``rank, pid, tid, start, end,
     op_name, name, direction, op_type, input_shapes, dtypes, cpu_time,
     gpu_time, kernel_count, memop_count, cpu_overhead, gpu_span, gpu_idle``
-    and ``op_key``, an int64 code per op (distinct ``(op_name, direction)``)
-    within this analysis: grouping millions of instances by it is far
-    cheaper than by the two text columns.
+    and ``op_key``, a code per op (distinct ``(op_name, direction)``) within
+    this analysis: grouping millions of instances by it is far cheaper than by
+    the two text columns. Text is coded and ids, keys and counts are int32, as
+    in the Trace model (:data:`perfguard.trace.model.CODED_TEXT`).
 
     ``keep`` (a mask over ``codes.op_rows``) limits the rows to those op ranges
     (the unassociated instances are always rows): each row holds the same values
@@ -287,11 +295,19 @@ def op_instances(
         theirs = np.broadcast_to(np.asarray(orphan_values, dtype=ours.dtype), (n_un,))
         return np.concatenate([ours, theirs])
 
+    def text(ranges_col: str, orphan_values: object) -> pd.Categorical:
+        """A text column, coded (as the model keeps text): no object per row."""
+        ours = r[ranges_col].array.take(op_rows)
+        if not n_un:
+            return ours
+        theirs = np.broadcast_to(np.asarray(orphan_values, dtype=object), (n_un,))
+        return concat_coded([ours, coded_text(theirs)])
+
     a_start = acts["start"].to_numpy(np.int64)
     name_code = np.concatenate([name_code, codes.orphan_code])
     start = col("start", a_start[orphan])
     end = col("end", a_start[orphan])  # unassociated work takes no CPU time
-    direction = col("direction", "fprop")
+    direction = text("direction", "fprop")
     api = np.zeros(len(start), dtype=np.int64)
     api[: len(op_rows)] = api_time_inside(trace, op_rows) if api_time is None else api_time
     cpu_time = end - start
@@ -303,21 +319,20 @@ def op_instances(
             "tid": col("tid", acts["launch_tid"].to_numpy(np.int64, na_value=-1)[orphan]),
             "start": start,
             "end": end,
-            "op_name": np.asarray(codes.names, dtype=object)[name_code],
-            "name": col("name", codes.orphan_name),
+            "op_name": categorical(name_code, codes.names),
+            "name": text("name", codes.orphan_name),
             "direction": direction,
-            "op_type": col("op_type", np.full(n_un, "unassociated", dtype=object)),
-            # all missing without recorded shapes: typed without the frame's scan
-            "input_shapes": missing_as_object(col("input_shapes", None)),
-            "dtypes": missing_as_object(col("dtypes", None)),
+            "op_type": text("op_type", "unassociated"),
+            "input_shapes": text("input_shapes", None),
+            "dtypes": text("dtypes", None),
             "cpu_time": cpu_time,
-            "op_key": codes.op_key(name_code, direction == "bprop"),
+            "op_key": codes.op_key(name_code, np.asarray(direction == "bprop")).astype(INDEX),
             "cpu_overhead": np.clip(cpu_time - api, 0, None),
         },
         copy=False,
     )
     for column, values in _gpu_per_instance(inst["instance"].to_numpy(np.int64), acts).items():
-        inst[column] = values
+        inst[column] = values.astype(INDEX) if column in ("kernel_count", "memop_count") else values
     return inst
 
 
@@ -628,7 +643,7 @@ def _group_stats(grouped: _Grouped, firsts: list[str], metrics: list[str]) -> pd
     not from a groupby "first", which costs 10-15 ms per million rows each.
     """
     inst, groups = grouped.inst, grouped.groups
-    out = pd.DataFrame({c: grouped.first(inst[c]) for c in firsts}, copy=False)
+    out = pd.DataFrame({c: plain_text(grouped.first(inst[c])) for c in firsts}, copy=False)
     out["calls"] = groups.size
     out["kernel_count"] = groups.sum(inst["kernel_count"].to_numpy(np.int64))
     for m in metrics:
@@ -650,7 +665,7 @@ def aggregate_op_types(inst: pd.DataFrame, cpu_only: CpuOnly | None = None) -> p
     folded = cpu_only is not None and len(cpu_only) > 0
     if inst.empty and not folded:
         return pd.DataFrame(columns=["op_type", "calls", "kernel_count", *stats])
-    op_type = inst["op_type"].fillna(inst["name"])
+    op_type = fill_text(inst["op_type"], inst["name"])
     if folded:
         assert cpu_only is not None
         out = _fold_into_op_types(inst.assign(op_type=op_type), cpu_only, metrics)
@@ -714,7 +729,7 @@ def _gpu_metrics(grouped: _Grouped) -> pd.DataFrame:
     for col in floats.columns:
         sums[col] = floats[col].to_numpy()
     out = sums[["tc_eligible", "using_tc", "tc_kernel_time", "kernel_time"]].copy()
-    out["data_type"] = grouped.first(inst["compute_dtype"].fillna(inst["dtypes"]))
+    out["data_type"] = grouped.first(fill_text(inst["compute_dtype"], inst["dtypes"]))
     out["input_shapes"] = grouped.first(inst["input_shapes"])
     out["flops"] = g["flops"].sum(min_count=1).array
     out["bytes"] = g["bytes"].sum(min_count=1).array

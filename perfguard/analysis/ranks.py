@@ -32,6 +32,7 @@ import pandas as pd
 from perfguard.analysis.iterations import rank_spans
 from perfguard.analysis.summary import busy_by, rank_walls
 from perfguard.arrays import factorize
+from perfguard.trace.model import with_category
 
 if TYPE_CHECKING:
     from perfguard.analysis import Analysis
@@ -143,7 +144,7 @@ def combine_ranks(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _is_comm(names: pd.Series, kernel: np.ndarray) -> np.ndarray:
     """Whether each kernel is a NCCL kernel, tested once per distinct name."""
-    codes, uniq = factorize(names.where(kernel, ""), use_na_sentinel=False)
+    codes, uniq = factorize(with_category(names, "").where(kernel, ""), use_na_sentinel=False)
     marked = pd.Series(uniq, dtype=object).str.contains(COMM_MARKER, case=False, regex=False)
     return marked.fillna(False).to_numpy(bool)[codes] if len(uniq) else np.zeros(0, bool)
 

@@ -23,21 +23,33 @@ Columns beyond DESIGN.md, and why:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import factorize
+
 #: ``ranges.kind``: a categorical, since every analysis step asks "is it an op?"
 #: of millions of ranges (a code compare instead of a string compare each time).
 RANGE_KIND = pd.CategoricalDtype(["op", "async", "iteration"])
 
-#: A text column with a handful of distinct values (``category``, ``source``,
-#: ``direction`` of ranges): stored as a categorical, a 1-byte code a row instead
-#: of an 8-byte pointer (110 MiB less at 4.8M ``emit_nvtx`` ranges); readers may
-#: hand over plain text, :func:`conform` codes it.
+#: Every text column of the event tables (names, domains, op types, shapes,
+#: directions, ...): a categorical, a 1-2 byte code a row instead of an 8-byte
+#: pointer, since a capture repeats a few thousand distinct strings millions of
+#: times (110 MiB less for three columns at 4.8M ``emit_nvtx`` ranges). Readers
+#: may hand over plain text; :func:`conform` codes it, categories in lexical
+#: order, as text sorts.
 CODED_TEXT = pd.CategoricalDtype()
+#: Row numbers and depths the readers and the analysis number themselves (range
+#: ids, parents, depths, kernel and instance rows, op keys, counts): bounded by a
+#: table's rows, so 4 bytes a row (a table of 2^31 rows would not fit in memory).
+#: Values a capture states (times, ranks, device/process/thread/stream ids,
+#: correlation ids, launch geometry) stay int64: a damaged capture may hold any
+#: 64-bit number there, and its other figures are still worth reporting.
+INDEX = "int32"
 #: ``ranges.direction`` as :func:`perfguard.trace.ranges.finalize_ranges` codes it
 DIRECTIONS = pd.CategoricalDtype(["bprop", "fprop"])
 
@@ -48,26 +60,26 @@ KERNEL_GEOMETRY = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"
 #: Column name -> dtype for every table of the model.
 SCHEMA: dict[str, dict[str, Any]] = {
     "ranges": {
-        "range_id": "int64",
-        "name": "object",
+        "range_id": INDEX,
+        "name": CODED_TEXT,
         "start": "int64",
         "end": "int64",
         "rank": "int64",
         "pid": "int64",
         "tid": "int64",
-        "depth": "int64",
-        "parent_id": "int64",
-        "domain": "object",
+        "depth": INDEX,
+        "parent_id": INDEX,
+        "domain": CODED_TEXT,
         "category": CODED_TEXT,
         "kind": RANGE_KIND,
         "source": CODED_TEXT,
-        "op_type": "object",
+        "op_type": CODED_TEXT,
         "direction": CODED_TEXT,
         "seq": "Int64",
-        "input_shapes": "object",
-        "dtypes": "object",
-        "concrete_inputs": "object",
-        "call_site": "object",
+        "input_shapes": CODED_TEXT,
+        "dtypes": CODED_TEXT,
+        "concrete_inputs": CODED_TEXT,
+        "call_site": CODED_TEXT,
     },
     "api_calls": {
         "start": "int64",
@@ -76,7 +88,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "pid": "int64",
         "tid": "int64",
         "correlation_id": "int64",
-        "name": "object",
+        "name": CODED_TEXT,
     },
     "kernels": {
         "start": "int64",
@@ -86,8 +98,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "device_id": "int64",
         "stream_id": "int64",
         "correlation_id": "int64",
-        "name": "object",
-        "short_name": "object",
+        "name": CODED_TEXT,
+        "short_name": CODED_TEXT,
         "grid_x": "Int64",
         "grid_y": "Int64",
         "grid_z": "Int64",
@@ -105,7 +117,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "device_id": "int64",
         "stream_id": "int64",
         "correlation_id": "int64",
-        "kind": "object",
+        "kind": CODED_TEXT,
         "bytes": "Int64",
     },
     "devices": {
@@ -146,21 +158,119 @@ def conform(table: str, df: pd.DataFrame) -> pd.DataFrame:
             s = df[col]
         elif dtype == "object":
             s = pd.Series([None] * n, index=df.index, dtype="object")
-        elif dtype == "int64":
-            s = pd.Series(np.zeros(n, dtype=np.int64), index=df.index)
+        elif dtype in ("int64", INDEX):
+            s = pd.Series(np.zeros(n, dtype=dtype), index=df.index)
         else:
             s = pd.Series(pd.NA, index=df.index, dtype=dtype)
         if dtype is CODED_TEXT:
             if not isinstance(s.dtype, pd.CategoricalDtype):
-                s = s.astype(CODED_TEXT)
+                s = pd.Series(coded_text(s), index=s.index)
         elif isinstance(dtype, pd.CategoricalDtype):
             if not (isinstance(s.dtype, pd.CategoricalDtype) and s.dtype == dtype):
                 s = s.astype(dtype)
+        elif dtype == INDEX and str(s.dtype) != dtype:
+            s = _narrowed(s, dtype, f"{table}.{col}")
         elif dtype != "object" and str(s.dtype) != dtype:
             s = s.astype(dtype)
         out[col] = s
     # no copy: readers hand over freshly built columns (a copy of a 5M-range table is seconds)
     return pd.DataFrame(out, copy=False).reset_index(drop=True)
+
+
+def coded_text(values: pd.Series | np.ndarray) -> pd.Categorical:
+    """Text as :data:`CODED_TEXT` gives it, the same as ``astype("category")``;
+    several times faster on a column that repeats a few strings millions of
+    times (rows are grouped by object identity first,
+    :func:`perfguard.arrays.factorize`)."""
+    return categorical(*factorize(values))
+
+
+def categorical(codes: np.ndarray, uniques: np.ndarray | list[Any]) -> pd.Categorical:
+    """Codes into ``uniques`` (-1: missing) as :data:`CODED_TEXT`: equal values one
+    category, the categories in lexical order, as text sorts."""
+    codes = np.asarray(codes)
+    uniques = np.asarray(uniques, dtype=object)
+    same, values = pd.factorize(uniques)  # equal strings given as separate entries
+    values = np.asarray(values, dtype=object)
+    try:
+        order = np.argsort(values, kind="stable")
+    except TypeError:  # text mixed with numbers (a hostile capture): pandas orders it
+        taken = uniques[np.clip(codes, 0, None)] if len(uniques) else np.full(len(codes), None)
+        taken[codes < 0] = None
+        return pd.Categorical(taken)
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    new_code = np.where(same >= 0, rank[np.clip(same, 0, None)], -1) if len(same) else same
+    if not (new_code == np.arange(len(new_code))).all():
+        codes = np.append(new_code, -1)[codes]  # a missing value's -1 indexes the last entry
+    return pd.Categorical.from_codes(codes, categories=values[order])
+
+
+def concat_tables(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``pd.concat`` of tables, rows renumbered, that keeps coded text coded.
+
+    pandas turns categorical columns whose categories differ into millions of
+    objects; here their categories are united (in lexical order) first.
+    """
+    frames = list(frames)
+    for col in dict.fromkeys(c for f in frames for c in f.columns):
+        parts = [f[col] for f in frames if col in f.columns]
+        dtypes = {p.dtype for p in parts}
+        if len(dtypes) > 1 and all(isinstance(d, pd.CategoricalDtype) for d in dtypes):
+            union = _united(p.array for p in parts)
+            frames = [
+                f.assign(**{col: f[col].cat.set_categories(union)}) if col in f.columns else f
+                for f in frames
+            ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def concat_coded(parts: list[pd.Categorical]) -> pd.Categorical:
+    """Coded text one after the other, the categories united in lexical order."""
+    union = _united(parts)
+    codes = [p.set_categories(union).codes for p in parts]
+    return pd.Categorical.from_codes(np.concatenate(codes), categories=union)
+
+
+def _united(parts: Iterable[pd.Categorical]) -> pd.Index:
+    values = {v for p in parts for v in p.categories}
+    return pd.Index(sorted(values, key=_text_order), dtype=object)
+
+
+def fill_text(a: pd.Series, b: pd.Series) -> pd.Series:
+    """``a.fillna(b)`` for text, coded or not: ``a``'s value, or ``b``'s where ``a``
+    has none; coded text stays coded (pandas refuses to fill a categorical from
+    another with other categories)."""
+    if not (isinstance(a.dtype, pd.CategoricalDtype) or isinstance(b.dtype, pd.CategoricalDtype)):
+        return a.fillna(b)
+    parts = [s.array if isinstance(s.dtype, pd.CategoricalDtype) else coded_text(s) for s in (a, b)]
+    union = _united(parts)
+    codes_a, codes_b = (p.set_categories(union).codes for p in parts)
+    codes = np.where(codes_a >= 0, codes_a, codes_b)
+    return pd.Series(pd.Categorical.from_codes(codes, categories=union), index=a.index)
+
+
+def with_category(s: pd.Series, value: str) -> pd.Series:
+    """``s`` able to hold ``value``: coded text gains it as a category (in lexical
+    order), so ``fillna(value)`` and ``where(cond, value)`` work on it as on plain
+    text; any other column is returned as it is."""
+    if not isinstance(s.dtype, pd.CategoricalDtype) or value in s.cat.categories:
+        return s
+    return s.cat.set_categories(sorted([*s.cat.categories, value], key=_text_order))
+
+
+def _text_order(value: Any) -> tuple[bool, Any]:
+    return (not isinstance(value, str), value if isinstance(value, str) else repr(value))
+
+
+def _narrowed(s: pd.Series, dtype: str, where: str) -> pd.Series:
+    """``s`` as the 32-bit ``dtype``; a value outside 32 bits raises
+    :class:`OverflowError` naming the column instead of wrapping around."""
+    if len(s):
+        lo, hi = s.min(), s.max()
+        if lo < -(2**31) or hi >= 2**31:
+            raise OverflowError(f"{where} holds {lo if lo < -(2**31) else hi}, outside 32 bits")
+    return s.astype(dtype)
 
 
 @dataclass
