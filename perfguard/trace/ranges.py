@@ -67,4 +67,4 @@ def ids_are_rows(ranges: pd.DataFrame) -> bool:
     numbers them (a hand-built table may not): per-range arrays can then be indexed
     by id."""
     ids = ranges["range_id"].to_numpy()
-    return bool(np.array_equal(ids, np.arange(len(ids))))
+    return bool(np.array_equal(ids, np.arange(len(ids), dtype=ids.dtype)))
