@@ -118,15 +118,27 @@ def test_plain_text_is_the_type_text_built_from_objects_has() -> None:
 
 def test_conform_narrows_ids_and_never_wraps_one_around() -> None:
     df = pd.DataFrame({"range_id": [0, 1], "start": [0, 1], "end": [5, 2], "depth": [0, 1],
-                       "parent_id": [-1, 0], "rank": [0, 2**40], "name": ["a", "b"]})  # fmt: skip
+                       "parent_id": [-1, 0], "rank": [0, 3], "name": ["a", "b"]})  # fmt: skip
     out = conform("ranges", df)
-    for col in ("range_id", "depth", "parent_id"):
+    for col in ("range_id", "depth", "parent_id", "rank"):
         assert out[col].dtype == INDEX and out[col].tolist() == df[col].tolist()
-    # a rank is what the capture says: any 64-bit number stays as it is
-    assert out["rank"].dtype == np.int64 and out["rank"].tolist() == [0, 2**40]
     assert isinstance(out["name"].dtype, pd.CategoricalDtype)
     with pytest.raises(OverflowError, match=r"ranges\.parent_id holds 4294967296"):
         conform("ranges", df.assign(parent_id=[-1, 2**32]))
+
+
+def test_a_rank_past_32_bits_is_a_one_line_error_naming_the_file(tmp_path: Path) -> None:
+    b = KinetoBuilder()
+    b.op("aten::mm", 0, 10)
+    b.launch((1, 2), (5, 3))
+    path = b.write(tmp_path / "odd_rank.json")
+    data = json.loads(path.read_text())
+    data["distributedInfo"] = {"rank": 2**40}
+    path.write_text(json.dumps(data))
+    with pytest.raises(perfguard.TraceError) as err:
+        perfguard.load_trace(path)
+    msg = str(err.value)
+    assert msg.startswith(str(path)) and "1099511627776" in msg and "\n" not in msg
 
 
 def test_a_capture_stated_device_id_past_32_bits_is_still_analysed(tmp_path: Path) -> None:

@@ -162,7 +162,7 @@ def aggregate_groups(
         figures[col][at] = fig[name]
     del present, fig, at  # per-range arrays of millions: each freed once used
     op_key = _op_keys(inst, inst_row, cpu_only)
-    child_ops = _child_ops(r, is_op, op_parent, op_key)[groups]
+    child_ops = _child_ops(is_op, op_parent, op_key, groups)
     if not len(groups):
         return pd.DataFrame(columns=COLUMNS)
     del op_parent
@@ -276,10 +276,11 @@ def _op_keys(inst: pd.DataFrame, inst_row: np.ndarray, cpu_only: CpuOnly | None)
 
 
 def _child_ops(
-    r: pd.DataFrame, is_op: np.ndarray, op_parent: np.ndarray, op_key: np.ndarray
+    is_op: np.ndarray, op_parent: np.ndarray, op_key: np.ndarray, at: np.ndarray
 ) -> np.ndarray:
-    """Number of distinct ops (name, direction) directly under each range (by range id),
-    counting the ranges with an instance (``op_key`` >= 0)."""
+    """Number of distinct ops (name, direction) directly under each of the ranges ``at``
+    (range ids, ascending), counting the ranges with an instance (``op_key`` >= 0).
+    Counted for those ranges only: a count per range is 36 MiB at 4.8M ranges."""
     child = is_op & (op_parent >= 0) & (op_key >= 0)
     op = op_key[child]
     width = int(op.max()) + 1 if len(op) else 1
@@ -294,5 +295,5 @@ def _child_ops(
     np.not_equal(pair[1:], pair[:-1], out=distinct[1:])
     pair = pair[distinct]
     del distinct
-    pair //= width
-    return np.bincount(pair, minlength=len(r))
+    pair //= width  # each parent once per distinct op under it, sorted
+    return np.searchsorted(pair, at, side="right") - np.searchsorted(pair, at, side="left")

@@ -43,7 +43,7 @@ from perfguard.trace.kineto_stream import (
     read_plain,
     stream_events,
 )
-from perfguard.trace.model import NO_CORRELATION, Trace
+from perfguard.trace.model import NO_CORRELATION, Trace, concat_tables
 from perfguard.trace.names import is_backward_name, is_iteration_name, op_type_of
 from perfguard.trace.ranges import finalize_ranges
 
@@ -145,7 +145,7 @@ def read_kineto_dir(path: str | Path) -> Trace:
         ranks.append(r)
         traces.append(tr)
     merged = {
-        t: pd.concat([getattr(tr, t) for tr in traces], ignore_index=True)
+        t: concat_tables([getattr(tr, t) for tr in traces])
         for t in ("ranges", "api_calls", "kernels", "memops", "devices", "threads")
     }
     offset = np.cumsum([0] + [len(tr.ranges) for tr in traces[:-1]])

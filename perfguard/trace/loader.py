@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
-import pandas as pd
 
 from perfguard.errors import TraceError
 from perfguard.trace.gpu_ranges import RangeFilter
 from perfguard.trace.kineto import read_kineto
-from perfguard.trace.model import SCHEMA, Trace
+from perfguard.trace.model import SCHEMA, Trace, concat_tables
 from perfguard.trace.nsys import is_sqlite, read_nsys
 from perfguard.trace.xplane import (
     find_xplanes,
@@ -86,6 +85,8 @@ def load_trace(
                 return read_xplane_dir(path)
             return _load_dir(path, jobs, on_rank, range_filter)
         return _load(path, range_filter)
+    except OverflowError as exc:  # a rank past 32 bits (the model's INDEX)
+        raise TraceError(path, str(exc)) from None
     except MemoryError:
         size = _size_text(path)
         raise TraceError(
@@ -337,6 +338,8 @@ def _load_rank(path: Path, range_filter: RangeFilter | None = None) -> Trace:
     """One rank's capture."""
     try:
         return _load(path, range_filter)
+    except OverflowError as exc:  # a rank past 32 bits (the model's INDEX)
+        raise TraceError(path, str(exc)) from None
     except MemoryError:
         size = _size_text(path)
         raise TraceError(path, f"not enough memory to read this capture{size}") from None
@@ -364,8 +367,11 @@ def check_unique_ranks(path: Path, files: list[Path], ranks: list[int]) -> None:
 
 def set_rank(trace: Trace, rank: int) -> None:
     """Set ``rank`` on every row of every table of ``trace``, in place (no table copied)."""
+    if not -(2**31) <= rank < 2**31:
+        raise OverflowError(f"rank {rank} is past 32 bits: no process has that place in a job")
     for t in SCHEMA:
-        getattr(trace, t)["rank"] = np.int64(rank)
+        table = getattr(trace, t)
+        table["rank"] = np.full(len(table), rank, dtype=SCHEMA[t]["rank"])
 
 
 def merge_ranks(path: Path, files: list[Path], traces: list[Trace]) -> Trace:
@@ -375,9 +381,7 @@ def merge_ranks(path: Path, files: list[Path], traces: list[Trace]) -> Trace:
     check_unique_ranks(path, files, ranks)
     pairs = list(zip(traces, ranks, strict=True))
     merged = {
-        table: pd.concat(
-            [getattr(tr, table).assign(rank=np.int64(r)) for tr, r in pairs], ignore_index=True
-        )  # fmt: skip
+        table: concat_tables([getattr(tr, table).assign(rank=np.int64(r)) for tr, r in pairs])
         for table in SCHEMA
     }
     offset = np.cumsum([0] + [len(tr.ranges) for tr in traces[:-1]])

@@ -44,11 +44,13 @@ RANGE_KIND = pd.CategoricalDtype(["op", "async", "iteration"])
 #: order, as text sorts.
 CODED_TEXT = pd.CategoricalDtype()
 #: Row numbers and depths the readers and the analysis number themselves (range
-#: ids, parents, depths, kernel and instance rows, op keys, counts): bounded by a
-#: table's rows, so 4 bytes a row (a table of 2^31 rows would not fit in memory).
-#: Values a capture states (times, ranks, device/process/thread/stream ids,
-#: correlation ids, launch geometry) stay int64: a damaged capture may hold any
-#: 64-bit number there, and its other figures are still worth reporting.
+#: ids, parents, depths, kernel and instance rows, op keys, counts) and ranks
+#: (a process's place in its job, under its world size): 4 bytes a row (a table
+#: of 2^31 rows would not fit in memory). A rank past 32 bits is no rank: the
+#: loader refuses it, naming the file. Other values a capture states (times,
+#: device/process/thread/stream ids, correlation ids, launch geometry) stay
+#: int64: a damaged capture may hold any 64-bit number there, and its other
+#: figures are still worth reporting.
 INDEX = "int32"
 #: ``ranges.direction`` as :func:`perfguard.trace.ranges.finalize_ranges` codes it
 DIRECTIONS = pd.CategoricalDtype(["bprop", "fprop"])
@@ -64,7 +66,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "name": CODED_TEXT,
         "start": "int64",
         "end": "int64",
-        "rank": "int64",
+        "rank": INDEX,
         "pid": "int64",
         "tid": "int64",
         "depth": INDEX,
@@ -84,7 +86,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "api_calls": {
         "start": "int64",
         "end": "int64",
-        "rank": "int64",
+        "rank": INDEX,
         "pid": "int64",
         "tid": "int64",
         "correlation_id": "int64",
@@ -93,7 +95,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "kernels": {
         "start": "int64",
         "end": "int64",
-        "rank": "int64",
+        "rank": INDEX,
         "pid": "int64",
         "device_id": "int64",
         "stream_id": "int64",
@@ -112,7 +114,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "memops": {
         "start": "int64",
         "end": "int64",
-        "rank": "int64",
+        "rank": INDEX,
         "pid": "int64",
         "device_id": "int64",
         "stream_id": "int64",
@@ -121,14 +123,14 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "bytes": "Int64",
     },
     "devices": {
-        "rank": "int64",
+        "rank": INDEX,
         "device_id": "int64",
         "name": "object",
         "sm_count": "Int64",
         "memory_bytes": "Int64",
         "compute_capability": "object",
     },
-    "threads": {"rank": "int64", "pid": "int64", "tid": "int64", "name": "object"},
+    "threads": {"rank": INDEX, "pid": "int64", "tid": "int64", "name": "object"},
 }
 
 #: ``parent_id`` of a top-level range.
@@ -233,8 +235,10 @@ def concat_coded(parts: list[pd.Categorical]) -> pd.Categorical:
 
 
 def _united(parts: Iterable[pd.Categorical]) -> pd.Index:
+    """The categories of ``parts`` together, in lexical order, typed as
+    :func:`categorical` types them (by their values)."""
     values = {v for p in parts for v in p.categories}
-    return pd.Index(sorted(values, key=_text_order), dtype=object)
+    return pd.Index(np.array(sorted(values, key=_text_order), dtype=object))
 
 
 def fill_text(a: pd.Series, b: pd.Series) -> pd.Series:

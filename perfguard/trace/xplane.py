@@ -55,7 +55,7 @@ from perfguard.arrays import factorize, per_distinct
 from perfguard.errors import TraceError
 from perfguard.trace.kineto import _MALFORMED, _check_plain, _us_to_ns
 from perfguard.trace.kineto_stream import read_plain
-from perfguard.trace.model import NO_CORRELATION, Trace
+from perfguard.trace.model import NO_CORRELATION, Trace, concat_tables
 from perfguard.trace.names import ITERATION_NAMES
 from perfguard.trace.ranges import finalize_ranges
 from perfguard.trace.xevents import DOUBLE_KIND, REF_KIND, TEXT_KINDS, Events, decode_events
@@ -601,7 +601,7 @@ def read_xplane_dir(path: str | Path) -> Trace:
         r["parent_id"] = np.where(r["parent_id"] >= 0, r["parent_id"] + offset, r["parent_id"])
         offset += len(r)
     for t in tables:
-        merged[t] = pd.concat([getattr(tr, t) for tr in traces], ignore_index=True)
+        merged[t] = concat_tables([getattr(tr, t) for tr in traces])
     merged["ranges"]["range_id"] = np.arange(len(merged["ranges"]), dtype=np.int64)
     meta = dict(traces[0].meta)
     meta.update(path=str(path), ranks=list(range(len(files))), files=[str(f) for f in files])
