@@ -118,14 +118,27 @@ CONDITIONS = {
         Condition("slow5", "slow", "extra numpy work in the step, +5 %", 0.05),
         Condition("slow10", "slow", "extra numpy work in the step, +10 %", 0.10),
         Condition("slow25", "slow", "extra numpy work in the step, +25 %", 0.25),
-        Condition("item", "det", "loss.item() in the step (a host read / sync)",
-                  gates=("host_reads", "syncs")),
-        Condition("copy", "det", "x.clone() before the forward (an extra copy)",
-                  gates=("calls", "bytes", "memcpy", "memcpy_bytes")),
-        Condition("float64", "det", "side matmul in float64 instead of float32",
-                  gates=("dtypes", "calls")),
-        Condition("flops2", "det", "side matmul with doubled FLOPs (32x32 instead of 32x16)",
-                  gates=("flops",)),
+        Condition(
+            "item",
+            "det",
+            "loss.item() in the step (a host read / sync)",
+            gates=("host_reads", "syncs"),
+        ),
+        Condition(
+            "copy",
+            "det",
+            "x.clone() before the forward (an extra copy)",
+            gates=("calls", "bytes", "memcpy", "memcpy_bytes"),
+        ),
+        Condition(
+            "float64", "det", "side matmul in float64 instead of float32", gates=("dtypes", "calls")
+        ),
+        Condition(
+            "flops2",
+            "det",
+            "side matmul with doubled FLOPs (32x32 instead of 32x16)",
+            gates=("flops",),
+        ),
     )  # fmt: skip
 }
 
@@ -461,8 +474,15 @@ def seed_store(project: Project, n: int, timeout: float, log: Path) -> None:
         if not res.get("saved") or not tests:
             raise SystemExit(f"calibration: seed session {i} saved nothing: {raw['log_tail']}")
         median = float(tests[0]["median_current_ns"])
-        have.append({"median_ns": median, "wall_s": raw["wall_s"], "time": now(),
-                     "loadavg": raw["loadavg_before"], "load": tests[0].get("load")})
+        have.append(
+            {
+                "median_ns": median,
+                "wall_s": raw["wall_s"],
+                "time": now(),
+                "loadavg": raw["loadavg_before"],
+                "load": tests[0].get("load"),
+            }
+        )
         project.save()
         say(log, f"seed {i + 1}/{n}: median {median / 1e6:.2f} ms per step, "
                  f"{raw['wall_s']:.1f} s, load avg {raw['loadavg_before'][0]:.2f}")  # fmt: skip
@@ -589,8 +609,9 @@ def run_judged(project: Project, plan: dict, modes: list[str], loads: list[str],
 
 
 def fmt(v: Any, digits: int = 1) -> str:
-    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else \
-        f"{v:+.{digits}f}"
+    return (
+        "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:+.{digits}f}"
+    )
 
 
 def say(log: Path, line: str) -> None:
@@ -643,8 +664,10 @@ def tally(rows: list[dict]) -> list[dict[str, Any]]:
                 1 for r in rs if r.get("ci_low_pct") is not None and r["ci_low_pct"] > 0
             )
         else:
-            line.update(metric="detected (expected gate)", hits=sum(
-                1 for r in rs if r["outcome"] == "regressed" and r.get("expected_gate")))
+            line.update(
+                metric="detected (expected gate)",
+                hits=sum(1 for r in rs if r["outcome"] == "regressed" and r.get("expected_gate")),
+            )
             named: dict[str, int] = {}
             for r in rs:
                 for g in r.get("gates_named") or []:
@@ -800,8 +823,10 @@ GPU_FIXTURE = "kineto/v100_resnet50_train_torch1.9_tbplugin.pt.trace.json.gz"
 
 
 def fixtures_dir() -> Path | None:
-    for cand in (ROOT.parent / "shared" / "fixtures", Path(os.environ.get("PERFGUARD_FIXTURES",
-                                                                          "-"))):
+    for cand in (
+        ROOT.parent / "shared" / "fixtures",
+        Path(os.environ.get("PERFGUARD_FIXTURES", "-")),
+    ):
         if cand.is_dir():
             return cand
     return None
@@ -852,10 +877,15 @@ def gpu_simulation(trials: int, seed: int, sigma_session: float, sigma_round: fl
     acts = analysis.activities
     acts = acts[acts["iteration"].notna()].sort_values(["iteration", "start"])
     iters = sorted(acts["iteration"].unique())
-    dur = np.stack([
-        (acts.loc[acts["iteration"] == it, "end"] - acts.loc[acts["iteration"] == it, "start"])
-        .to_numpy(np.float64) for it in iters
-    ])  # fmt: skip  (iterations x launch slots)
+    dur = np.stack(
+        [
+            (
+                acts.loc[acts["iteration"] == it, "end"]
+                - acts.loc[acts["iteration"] == it, "start"]
+            ).to_numpy(np.float64)
+            for it in iters
+        ]
+    )  # fmt: skip  (iterations x launch slots)
     # cross-check: the slots' sums are the analysis's per-iteration GPU time
     check = np.abs(dur.sum(axis=1) - analysis.iterations["gpu_time"].to_numpy()).max()
     rng = np.random.default_rng(seed)
@@ -1019,31 +1049,51 @@ def write_outputs(out: Path, state: dict, settings: dict, sim: dict | None) -> N
 
 # --------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "calibration",
-                   help="folder for the project, the store, every session and the tables "
-                   "(rerun with the same folder to resume)")
-    p.add_argument("--sessions", type=int, default=20,
-                   help="A/A sessions per mode and load, and +5%% A/B idle; the other "
-                   "conditions get fewer (see default_plan)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "benchmarks" / "out" / "calibration",
+        help="folder for the project, the store, every session and the tables "
+        "(rerun with the same folder to resume)",
+    )
+    p.add_argument(
+        "--sessions",
+        type=int,
+        default=20,
+        help="A/A sessions per mode and load, and +5%% A/B idle; the other "
+        "conditions get fewer (see default_plan)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 2 sessions per cell")
     p.add_argument("--modes", default="store,ab")
     p.add_argument("--loads", default="idle,busy")
     p.add_argument("--conditions", default=",".join(CONDITIONS))
     p.add_argument("--plan", help="overrides, e.g. 'ab:busy:slow5=5,*:*:item=4'")
     p.add_argument("--pairs", type=int, default=4, help="--perfguard-ab-pairs (default 4)")
-    p.add_argument("--seeds", type=int, default=8,
-                   help="saved c0 sessions that seed the store (>= 5 for history noise)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=8,
+        help="saved c0 sessions that seed the store (>= 5 for history noise)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per session")
     p.add_argument("--stop-at", help="UTC time HH:MM after which no new session starts")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    p.add_argument("--report-only", action="store_true",
-                   help="only rewrite the tables from what OUT already holds")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only rewrite the tables from what OUT already holds",
+    )
     p.add_argument("--gpu-sim", action="store_true", help="also run the GPU simulation")
     p.add_argument("--gpu-sim-only", action="store_true", help="only the GPU simulation")
-    p.add_argument("--gpu-trials", type=int, default=100,
-                   help="simulated sessions per timing condition and mode")
+    p.add_argument(
+        "--gpu-trials",
+        type=int,
+        default=100,
+        help="simulated sessions per timing condition and mode",
+    )
     p.add_argument("--gpu-sigma-session", type=float, default=0.01)
     p.add_argument("--gpu-sigma-round", type=float, default=0.005)
     p.add_argument("--seed", type=int, default=0)

@@ -48,8 +48,11 @@ def compare(base: tuple[Analysis, GpuProfile], head: tuple[Analysis, GpuProfile]
     """The verdict's per-op table for ``head`` against ``base`` (what a PR would be shown)."""
     records = [
         record_from_analysis(
-            "test_step", a, wall_times_ns=np.asarray(gp.wall_times_ns),
-            cpu_times_ns=np.asarray(gp.cpu_times_ns), rounds=np.asarray(gp.round_of),
+            "test_step",
+            a,
+            wall_times_ns=np.asarray(gp.wall_times_ns),
+            cpu_times_ns=np.asarray(gp.cpu_times_ns),
+            rounds=np.asarray(gp.round_of),
             profiled=np.asarray(gp.profiled),
         )
         for a, gp in (base, head)

@@ -20,7 +20,7 @@ BASE = 200
 EXTRA_UP = 20  # 220 / 200: +10 %
 EXTRA_DOWN = 9  # 209 / 220: -5 %
 
-TEST = '''
+TEST = """
 import pytest
 import torch
 
@@ -42,7 +42,7 @@ def step():
 def test_step(gpuprofile):
     for _ in gpuprofile.iterations():
         step()
-'''
+"""
 NODEID = "test_bench.py::test_step"
 
 

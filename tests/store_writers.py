@@ -71,9 +71,20 @@ def run_writers(
     tail = [same_commit] if same_commit else []
     procs = [
         subprocess.Popen(
-            [sys.executable, str(tmp_path / "worker.py"), *args,
-             str(w), str(n_workers), str(n_runs), str(gate), *tail],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            [
+                sys.executable,
+                str(tmp_path / "worker.py"),
+                *args,
+                str(w),
+                str(n_workers),
+                str(n_runs),
+                str(gate),
+                *tail,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )  # fmt: skip
         for w in range(n_workers)
     ]

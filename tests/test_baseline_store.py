@@ -310,6 +310,7 @@ def test_prune_by_count_age_and_commit(records, new_store):
 
 # ------------------------------------------------------------------ concurrency
 
+
 def test_concurrent_writers_lose_duplicate_and_corrupt_nothing(tmp_path, records, new_store):
     recs = [records["a100"], records["bert"]]
     path = new_store("shared.db")
@@ -770,7 +771,7 @@ def test_migrate_copies_a_sqlite_store_to_a_server_losslessly(tmp_path, records,
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"copied 4 run(s) from {src} to {url}"
     again = cli("migrate", "--store", src, "--to", url)
-    assert again.stdout.strip().endswith("copied 0 run(s) from " f"{src} to {url}; 4 already there")
+    assert again.stdout.strip().endswith(f"copied 0 run(s) from {src} to {url}; 4 already there")
     for table in ("runs", "tests", *FRAMES):
         assert count(url, table) == count(src, table), table
     with Store(src) as a, Store(url) as b:

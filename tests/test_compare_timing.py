@@ -219,5 +219,7 @@ def test_round_value_is_the_fastest_host_step_and_the_median_gpu_step():
     assert round_value(steps + 1.0, "wall_time") - round_value(steps, "wall_time") == 1.0
     assert np.isnan(round_value(np.array([]), "wall_time"))
     assert [round_statistic(m) for m in ("gpu_time", "wall_time", "cpu_time")] == [
-        "median", "min", "min",
+        "median",
+        "min",
+        "min",
     ]

@@ -138,9 +138,7 @@ def test_a_change_inside_the_noise_is_not_a_regression(resnet: TestRecord) -> No
     se_rounds = math.sqrt(rc.var(ddof=1) / 6 + rb.var(ddof=1) / 6)
     se = max(se_rounds, between_run_sd(history) * math.sqrt(2.0))
     t = stats_t_ppf(0.995, 6)
-    assert h.timing.threshold_pct == pytest.approx(
-        100 * max(0.01, math.expm1(t * se)), rel=1e-6
-    )
+    assert h.timing.threshold_pct == pytest.approx(100 * max(0.01, math.expm1(t * se)), rel=1e-6)
     assert h.timing.threshold_pct < tight.timing.threshold_pct
 
 

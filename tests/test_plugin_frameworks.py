@@ -89,9 +89,7 @@ def test_jax_step_is_captured_and_a_changed_step_regresses(tmp_path: Path) -> No
 
 def test_tf_function_is_captured_and_a_changed_step_regresses(tmp_path: Path) -> None:
     pytest.importorskip("tensorflow", reason='TensorFlow is not installed: pip install -e ".[tf]"')
-    first, second, _ = sessions(
-        tmp_path, TF_TEST, "tf.tanh(x @ W)", "tf.tanh(tf.tanh(x @ W) @ W)"
-    )
+    first, second, _ = sessions(tmp_path, TF_TEST, "tf.tanh(x @ W)", "tf.tanh(tf.tanh(x @ W) @ W)")
     assert first["outcome"] == "no-baseline" and first["capture"].endswith(".xplane.pb")
     assert second["outcome"] == "regressed", second["message"]
     assert {f["gate"] for f in second["gates"]["regressions"]} & {"calls", "flops"}

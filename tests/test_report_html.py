@@ -363,8 +363,10 @@ def test_timing_and_gates_halves_side_by_side(session, page, resnet):
         resnet.round_values()))) - 1)  # fmt: skip
     assert timing.find("dd", cls="delta").text().startswith(fmt_pct(delta))
     assert timing.find("dd", cls="threshold").text().startswith("5.0 % (tolerance 5.0 %")
-    assert timing.find("dd", cls="replicated").text().startswith(
-        "6 rounds x 1 iterations this session vs 6 rounds of the baseline"
+    assert (
+        timing.find("dd", cls="replicated")
+        .text()
+        .startswith("6 rounds x 1 iterations this session vs 6 rounds of the baseline")
     )
     assert "regressed" in timing.find("h3").text() and "unchanged" in gates.find("h3").text()
     assert not slow.find_all("dd", cls="load")  # no load measured: nothing said

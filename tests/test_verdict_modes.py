@@ -178,8 +178,11 @@ def test_ab_bad_ref_is_a_usage_error(project: Path) -> None:
         # an added sync, hidden in a 20 ms sleep
         ("pass", "x.sum().item()", "host_reads"),
         # the same ops on float64 inputs: twice the bytes, another dtype
-        ("torch.set_num_threads(1)",
-         "torch.set_num_threads(1)\ntorch.set_default_dtype(torch.float64)", "dtypes"),
+        (
+            "torch.set_num_threads(1)",
+            "torch.set_num_threads(1)\ntorch.set_default_dtype(torch.float64)",
+            "dtypes",
+        ),
         # a small op doing twice the FLOPs (a matmul of twice the rows): +6 % of the step's
         # FLOPs in all, nothing against the sleep, but +100 % for that op
         ("B = torch.randn(8, 96)", "B = torch.randn(16, 96)", "flops"),

@@ -330,9 +330,7 @@ def record_from_analysis(
         }
     )
     counters = reduce_counters(op_counters_of(analysis), samples, extra_counters or {})
-    return TestRecord(
-        nodeid, metric, samples, op_samples, ops, kernels, dict(meta or {}), counters
-    )
+    return TestRecord(nodeid, metric, samples, op_samples, ops, kernels, dict(meta or {}), counters)
 
 
 def _timing_rows(
@@ -490,9 +488,7 @@ def _merge_counters(frames: list[pd.DataFrame]) -> pd.DataFrame:
         return empty_frame(COUNTER_COLUMNS)
     n = len(frames)
     key = ["op_id", "counter"]
-    wide = pd.concat(
-        [f.assign(_round=k) for k, f in enumerate(frames)], ignore_index=True
-    )
+    wide = pd.concat([f.assign(_round=k) for k, f in enumerate(frames)], ignore_index=True)
     g = wide.groupby(key, sort=True)
     value = g["value"].sum() / n  # a round without the row counts 0
     present = g["_round"].nunique()

@@ -292,9 +292,7 @@ class Store:
             )
         return self.db.write(exclusive=exclusive, key=key)
 
-    def save_run(
-        self, run: RunInfo, records: Sequence[TestRecord], *, replace: bool = True
-    ) -> int:
+    def save_run(self, run: RunInfo, records: Sequence[TestRecord], *, replace: bool = True) -> int:
         """Store ``run`` and its test records in one transaction; returns the new run_id
         (see :meth:`save` for ``replace``)."""
         return self.save(run, records, replace=replace).run_id

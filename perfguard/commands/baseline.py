@@ -21,8 +21,7 @@ def store_option() -> argparse.ArgumentParser:
         "--store",
         default=DEFAULT_STORE,
         metavar="PATH_OR_URL",
-        help=f"baseline store: a SQLite file (default: {DEFAULT_STORE}) or a "
-        "postgresql:// URL",
+        help=f"baseline store: a SQLite file (default: {DEFAULT_STORE}) or a postgresql:// URL",
     )
     return parent
 
@@ -86,8 +85,7 @@ def add_parser(subparsers: Any) -> None:
     p = sub.add_parser(
         "accept",
         parents=[store_opt],
-        help="record that a test's new level at a commit is intended (later runs compare "
-        "with it)",
+        help="record that a test's new level at a commit is intended (later runs compare with it)",
         description="Record in the store that TEST's level at --at is intended: runs of that "
         "commit and of every commit descending from it are compared with stored runs since "
         "it only (baseline and noise), and reports show 'accepted at <sha>: <reason>'.",

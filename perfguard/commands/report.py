@@ -133,8 +133,12 @@ def results_from_store(
         perfguard_version=__version__,
         run=info.to_dict(),
         baseline=baseline,
-        settings={"tolerance": tolerance, "alpha": alpha, "fail_on": None,
-                  "backend": fp.backend},  # fmt: skip
+        settings={
+            "tolerance": tolerance,
+            "alpha": alpha,
+            "fail_on": None,
+            "backend": fp.backend,
+        },  # fmt: skip
     )
 
 

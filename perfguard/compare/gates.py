@@ -104,8 +104,7 @@ def parse_gates(spec: dict[str, Any] | None) -> dict[str, Budget | bool]:
             out[key] = Budget("abs", float(value))
         else:
             raise ValueError(
-                f"gates: {key} takes a number (increase per iteration), 'N%' or None, "
-                f"got {value!r}"
+                f"gates: {key} takes a number (increase per iteration), 'N%' or None, got {value!r}"
             )
     return out
 
@@ -240,9 +239,8 @@ def judge_gates(
         per = "" if counter == "peak_memory" else " per iteration"
         if budget.exceeded(tb, tc) or budget.exceeded(tc, tb):
             up = tc > tb
-            msg = (
-                f"{label}{per} {_fmt(tb)} -> {_fmt(tc)} (budget {budget})"
-                + (f": {top}" if top else "")
+            msg = f"{label}{per} {_fmt(tb)} -> {_fmt(tc)} (budget {budget})" + (
+                f": {top}" if top else ""
             )
             top_op = str(names.get(moved.index[0], "")) if len(moved) else ""
             finding = GateFinding(counter, top_op, "", tb, tc, str(budget), msg)
@@ -254,8 +252,9 @@ def judge_gates(
             both = ids[(vb > 0) & (vc > 0)]
             for i in both:
                 x, y = float(vb[i]), float(vc[i])
-                if budget.exceeded(x, y) and not any(f.op_name == names.get(i) and
-                                                     f.gate == counter for f in worse):
+                if budget.exceeded(x, y) and not any(
+                    f.op_name == names.get(i) and f.gate == counter for f in worse
+                ):
                     op = str(names.get(i, i))
                     worse.append(GateFinding(
                         counter, op, "", x, y, str(budget),

@@ -371,4 +371,3 @@ def load_history(
     counters = run_counters(store, nodeid, levels["run_id"])
     metric_name = str(levels["metric"].iloc[0]) if len(levels) else (metric or "")
     return History(nodeid, metric_name, fingerprint, levels, counters, points)
-

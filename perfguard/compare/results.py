@@ -561,10 +561,13 @@ def _gates(d: Any, source: str, where: str) -> GateVerdict | None:
         rows = _rows(d.get(key), source, f"{where}.{key}", _GATE_FINDING_TEXTS, ())
         return [
             GateFinding(
-                gate=r["gate"] or "", op_name=r["op_name"] or "",
+                gate=r["gate"] or "",
+                op_name=r["op_name"] or "",
                 kernel_name=r["kernel_name"] or "",
-                baseline=_scalar(r.get("baseline")), current=_scalar(r.get("current")),
-                budget=r["budget"] or "", message=r["message"] or "",
+                baseline=_scalar(r.get("baseline")),
+                current=_scalar(r.get("current")),
+                budget=r["budget"] or "",
+                message=r["message"] or "",
             )  # fmt: skip
             for r in rows
         ]

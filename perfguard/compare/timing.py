@@ -160,9 +160,7 @@ def between_run_sd(levels: np.ndarray) -> float:
     return max(sd, float(np.std(d, ddof=1)) / math.sqrt(2.0) / 3.0)
 
 
-def _interval(
-    delta: float, se: float, df: float, alpha: float
-) -> tuple[float, float, float]:
+def _interval(delta: float, se: float, df: float, alpha: float) -> tuple[float, float, float]:
     if not (se > 0 and math.isfinite(se)) or df < 1:
         return math.nan, math.nan, math.nan
     t = float(sps.t.ppf(1 - alpha / 2, df))
@@ -212,9 +210,7 @@ def _pct(log_ratio: float) -> float:
     return 100.0 * math.expm1(log_ratio) if math.isfinite(log_ratio) else math.nan
 
 
-def _decide(
-    lo: float, hi: float, delta: float, tolerance: float, noisy: bool
-) -> Outcome:
+def _decide(lo: float, hi: float, delta: float, tolerance: float, noisy: bool) -> Outcome:
     tol = math.log1p(tolerance)
     if math.isfinite(lo) and lo > 0 and delta > tol:
         return Outcome.REGRESSED

@@ -295,8 +295,11 @@ def compare_ops(
             # shown but not judged (the test's timing is judged on its timing rounds)
             statistics = False
             status[both] = Outcome.NOT_JUDGED.value
-        if statistics and xb.shape[1] >= MIN_SAMPLES and xc.shape[1] >= MIN_SAMPLES or (
-            statistics and xb is rb and xb.shape[1] >= 3
+        if (
+            statistics
+            and xb.shape[1] >= MIN_SAMPLES
+            and xc.shape[1] >= MIN_SAMPLES
+            or (statistics and xb is rb and xb.shape[1] >= 3)
         ):
             r = compare_samples(xb, xc, alpha)
             p_adj = benjamini_hochberg(r.p_value)

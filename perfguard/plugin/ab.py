@@ -205,9 +205,7 @@ class ABRunner:
                     f"in {time.monotonic() - t0:.1f} s"
                 )
             elif self.server.why_not:
-                self.notes.append(
-                    f"children start as fresh interpreters: {self.server.why_not}"
-                )
+                self.notes.append(f"children start as fresh interpreters: {self.server.why_not}")
                 self.children = "spawn"
                 return None
         return self.server if self.server.proc is not None else None

@@ -497,8 +497,11 @@ class PerfguardSession:
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
         ab = self.ab_results.get(pyfuncitem.nodeid)
         if ab is not None:
-            where = "its own process" if pyfuncitem.nodeid in self.isolated else (
-                "an A/B round of the head")
+            where = (
+                "its own process"
+                if pyfuncitem.nodeid in self.isolated
+                else ("an A/B round of the head")
+            )
             if ab.head.failure is not None:
                 pytest.fail(f"{ab.head.failure} (in {where})", pytrace=False)
             if not ab.head.records and ab.head.crash:
@@ -933,9 +936,7 @@ class PerfguardSession:
             # --perfguard-save exists to make baselines: not saving must not look green
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.require_baseline and not self._compared():
-            self.notes.append(
-                "--perfguard-require-baseline: no test was compared with a baseline"
-            )
+            self.notes.append("--perfguard-require-baseline: no test was compared with a baseline")
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self._write_results()
 

@@ -232,8 +232,6 @@ _KERNEL_NUMBERS = (("registers", "registers per thread"), ("shared_mem", "shared
 _PLAIN_PIECE = 200_000
 
 
-
-
 class _Columns:
     """The reader's tables, built piece by piece from decoded events.
 
@@ -539,8 +537,6 @@ def _float_us_to_ns(f: np.ndarray) -> np.ndarray:
     """µs as float64 (exact for integers below 2**53) -> int64 ns, as :func:`_us_to_ns`."""
     whole = np.floor(f)
     return whole.astype(np.int64) * 1000 + np.rint((f - whole) * 1000).astype(np.int64)
-
-
 
 
 def _float_field(get: Callable[[Any], Any], objs: list[Any]) -> np.ndarray:

@@ -157,8 +157,7 @@ def _view(i: int, test: TestEntry, figures: Any, max_ops: int) -> TestView:
             f"per-iteration samples of {name}: baseline vs current",
         )  # fmt: skip
     rounds = [
-        (k, b, c)
-        for k, (b, c) in enumerate(zip_longest(test.rounds_baseline, test.rounds_current))
+        (k, b, c) for k, (b, c) in enumerate(zip_longest(test.rounds_baseline, test.rounds_current))
     ]
     return TestView(
         index=i,
