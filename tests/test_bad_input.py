@@ -474,3 +474,24 @@ def test_cli_out_of_memory_is_one_line_naming_the_file(fixture_file) -> None:
     assert run.returncode == 2, run.stderr
     (line,) = run.stderr.strip().splitlines()
     assert line.startswith(f"perfguard: error: {trace}: not enough memory to read this capture (")
+
+
+@pytest.mark.parametrize("per_rank", [False, True])
+def test_a_rank_in_a_file_name_past_32_bits_is_a_one_line_error(
+    tmp_path: Path, per_rank: bool
+) -> None:
+    """The model keeps ranks in 32 bits: a directory whose file name says
+    ``rank99999999999`` is refused naming that file, in the merged read and in a
+    per-rank worker alike (not an internal error)."""
+    doc = json.loads(gzip.decompress(EXAMPLE.read_bytes()))
+    doc.pop("distributedInfo", None)  # the rank then comes from the file name
+    shutil.copy(EXAMPLE, tmp_path / "rank0.pt.trace.json.gz")
+    odd = tmp_path / "rank99999999999.pt.trace.json"
+    odd.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    result = run_cli("analyze", "-d", tmp_path, "--output-path", out, *(["--per-rank"] * per_rank))
+    assert result.returncode == 2
+    assert one_line(result.stderr) == (
+        f"perfguard: error: {odd}: rank 99999999999 is past 32 bits: "
+        "no process has that place in a job"
+    )

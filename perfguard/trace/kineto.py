@@ -43,7 +43,7 @@ from perfguard.trace.kineto_stream import (
     read_plain,
     stream_events,
 )
-from perfguard.trace.model import NO_CORRELATION, Trace, concat_tables
+from perfguard.trace.model import NO_CORRELATION, Trace, checked_rank, concat_tables
 from perfguard.trace.names import is_backward_name, is_iteration_name, op_type_of
 from perfguard.trace.ranges import finalize_ranges
 
@@ -98,9 +98,10 @@ def _rank_of(path: Path, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise TraceError(path, f"distributedInfo.rank is not an integer ({value!r})")
     try:
-        return int(value)
+        rank = int(value)
     except ValueError:
         raise TraceError(path, f"distributedInfo.rank is not an integer ({value!r})") from None
+    return checked_rank(path, rank)
 
 
 def _dist_info(data: dict[str, Any]) -> dict[str, Any]:

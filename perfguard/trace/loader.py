@@ -26,7 +26,7 @@ import numpy as np
 from perfguard.errors import TraceError
 from perfguard.trace.gpu_ranges import RangeFilter
 from perfguard.trace.kineto import read_kineto
-from perfguard.trace.model import SCHEMA, Trace, concat_tables
+from perfguard.trace.model import SCHEMA, Trace, checked_rank, concat_tables
 from perfguard.trace.nsys import is_sqlite, read_nsys
 from perfguard.trace.xplane import (
     find_xplanes,
@@ -85,8 +85,6 @@ def load_trace(
                 return read_xplane_dir(path)
             return _load_dir(path, jobs, on_rank, range_filter)
         return _load(path, range_filter)
-    except OverflowError as exc:  # a rank past 32 bits (the model's INDEX)
-        raise TraceError(path, str(exc)) from None
     except MemoryError:
         size = _size_text(path)
         raise TraceError(
@@ -338,8 +336,6 @@ def _load_rank(path: Path, range_filter: RangeFilter | None = None) -> Trace:
     """One rank's capture."""
     try:
         return _load(path, range_filter)
-    except OverflowError as exc:  # a rank past 32 bits (the model's INDEX)
-        raise TraceError(path, str(exc)) from None
     except MemoryError:
         size = _size_text(path)
         raise TraceError(path, f"not enough memory to read this capture{size}") from None
@@ -351,9 +347,9 @@ def rank_of(path: Path, trace: Trace, index: int) -> int:
     dist = trace.meta.get("distributed")
     own = dist.get("rank") if isinstance(dist, dict) else None
     if own is not None:
-        return int(own)
+        return checked_rank(path, int(own))
     m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else index
+    return checked_rank(path, int(m.group(1))) if m else index
 
 
 def check_unique_ranks(path: Path, files: list[Path], ranks: list[int]) -> None:
@@ -367,8 +363,6 @@ def check_unique_ranks(path: Path, files: list[Path], ranks: list[int]) -> None:
 
 def set_rank(trace: Trace, rank: int) -> None:
     """Set ``rank`` on every row of every table of ``trace``, in place (no table copied)."""
-    if not -(2**31) <= rank < 2**31:
-        raise OverflowError(f"rank {rank} is past 32 bits: no process has that place in a job")
     for t in SCHEMA:
         table = getattr(trace, t)
         table["rank"] = np.full(len(table), rank, dtype=SCHEMA[t]["rank"])

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from perfguard.arrays import factorize
+from perfguard.errors import TraceError
 
 #: ``ranges.kind``: a categorical, since every analysis step asks "is it an op?"
 #: of millions of ranges (a code compare instead of a string compare each time).
@@ -47,11 +49,13 @@ CODED_TEXT = pd.CategoricalDtype()
 #: ids, parents, depths, kernel and instance rows, op keys, counts) and ranks
 #: (a process's place in its job, under its world size): 4 bytes a row (a table
 #: of 2^31 rows would not fit in memory). A rank past 32 bits is no rank: the
-#: loader refuses it, naming the file. Other values a capture states (times,
-#: device/process/thread/stream ids, correlation ids, launch geometry) stay
-#: int64: a damaged capture may hold any 64-bit number there, and its other
-#: figures are still worth reporting.
+#: readers refuse it, naming the file (:func:`checked_rank`). Other values a
+#: capture states (times, device/process/thread/stream ids, correlation ids,
+#: launch geometry) stay int64: a damaged capture may hold any 64-bit number
+#: there, and its other figures are still worth reporting.
 INDEX = "int32"
+
+
 #: ``ranges.direction`` as :func:`perfguard.trace.ranges.finalize_ranges` codes it
 DIRECTIONS = pd.CategoricalDtype(["bprop", "fprop"])
 
@@ -275,6 +279,14 @@ def _narrowed(s: pd.Series, dtype: str, where: str) -> pd.Series:
         if lo < -(2**31) or hi >= 2**31:
             raise OverflowError(f"{where} holds {lo if lo < -(2**31) else hi}, outside 32 bits")
     return s.astype(dtype)
+
+
+def checked_rank(path: str | Path, rank: int) -> int:
+    """``rank``, or a :class:`perfguard.TraceError` naming ``path`` when it is past
+    32 bits (:data:`INDEX`): no process has that place in a job."""
+    if not -(2**31) <= rank < 2**31:
+        raise TraceError(path, f"rank {rank} is past 32 bits: no process has that place in a job")
+    return rank
 
 
 @dataclass
