@@ -779,8 +779,8 @@ _PAYLOAD = ("input_shapes", "dtypes", "concrete_inputs", "call_site")
 def _payload(parsed: pd.DataFrame, codes: np.ndarray, missing: pd.Categorical) -> dict[str, Any]:
     """The payload columns of the ranges named by ``codes``. A column no name fills
     (``emit_nvtx`` without shapes, annotations: all of them) is ``missing``, the
-    ranges' all-NaN column (``domain`` without declared domains): one array for
-    all of them, not 36 MiB each at 4.8M ranges (pandas copies before a write)."""
+    ranges' all-missing column (``domain`` without declared domains): one array
+    for all of them, without a take of the distinct values per column."""
     out: dict[str, Any] = {}
     for col in _PAYLOAD:
         values = parsed[col]
