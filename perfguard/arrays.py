@@ -198,6 +198,8 @@ def factorize(values: Any, use_na_sentinel: bool = True) -> tuple[np.ndarray, np
     object is factorized by value, so equal strings that are distinct
     objects still get one code.
     """
+    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
+        return _factorize_coded(pd.Categorical(values), use_na_sentinel)
     arr = values.to_numpy(dtype=object) if isinstance(values, pd.Series) else values
     arr = np.asarray(arr, dtype=object)
     if len(arr) < 4096:
@@ -206,6 +208,17 @@ def factorize(values: Any, use_na_sentinel: bool = True) -> tuple[np.ndarray, np
     id_codes, _ = pd.factorize(_object_ids(arr))
     rep_codes, uniques = pd.factorize(arr[first_rows(id_codes)], use_na_sentinel=use_na_sentinel)
     return rep_codes[id_codes].astype(np.int64), np.asarray(uniques, dtype=object)
+
+
+def _factorize_coded(cat: pd.Categorical, use_na_sentinel: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`factorize` of coded text from its codes (small integers, hashed fast),
+    in order of first appearance: no Python object per row."""
+    codes = cat.codes
+    if use_na_sentinel:  # a missing value (-1) stays -1
+        codes = pd.arrays.IntegerArray(codes.astype(np.int64), codes < 0)
+    order, present = pd.factorize(codes)  # without the sentinel -1 is a value like any other
+    categories = np.append(np.asarray(cat.categories, dtype=object), np.nan)  # -1: missing
+    return order.astype(np.int64), categories[np.asarray(present, dtype=np.int64)]
 
 
 def _object_ids(arr: np.ndarray) -> np.ndarray:

@@ -55,6 +55,27 @@ def test_factorize_matches_pandas_with_repeats_nas_and_equal_distinct_objects():
             ]
 
 
+def test_factorize_of_coded_text_is_pandas_factorize_of_its_values():
+    """Coded text (a categorical) is factorized from its codes, renumbered in order of
+    first appearance: the same codes and uniques as the text itself gives."""
+    rng = np.random.default_rng(3)
+    words = np.array(["b", "a", "zz", "", "é"], dtype=object)
+    for n in (0, 1, 7, 500):
+        values = words[rng.integers(0, len(words), n)]
+        values[rng.random(n) < 0.2] = None
+        # unused categories, in an order that is neither lexical nor of appearance
+        categories = list(rng.permutation(["a", "b", "zz", "", "é", "unused"]))
+        coded = pd.Series(pd.Categorical(values, categories=categories))
+        for sentinel in (True, False):
+            want_codes, want_uniques = pd.factorize(values, use_na_sentinel=sentinel)
+            for given in (coded, coded.array):
+                codes, uniques = factorize(given, use_na_sentinel=sentinel)
+                assert codes.dtype == np.int64 and np.array_equal(codes, want_codes)
+                assert [None if pd.isna(u) else u for u in uniques] == [
+                    None if pd.isna(u) else u for u in want_uniques
+                ]
+
+
 def test_strip_op_ids_matches_the_regex_on_every_name():
     rng = random.Random(1)
     parts = ["aten::add", ", op_id = ", "12", "\n", "", "é", "x", ", op_id = 5", "seq = 3",

@@ -164,8 +164,7 @@ def needs_row(
     for col in ("input_shapes", "dtypes"):
         keep |= ranges[col].notna().to_numpy(bool)[op_rows]
     # a missing name is not eligible: no fill needed (a copy and a scan of millions)
-    names = pd.Series(ranges["name"].to_numpy(dtype=object)[op_rows], dtype=object, copy=False)
-    keep |= op_tc_eligible(names).to_numpy(bool)
+    keep |= op_tc_eligible(pd.Series(ranges["name"].array.take(op_rows))).to_numpy(bool)
     if by_range is not None:
         keep |= by_range.notna().any(axis=1).to_numpy(bool)[op_rows]
     return keep

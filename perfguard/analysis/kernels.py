@@ -31,8 +31,9 @@ def aggregate_kernels(acts: pd.DataFrame, kernels: pd.DataFrame | None = None) -
     # each group's first row
     # one int64 key per (name, op): grouping a million rows by two text columns
     # hashes every string; names repeat, so they are coded once (same groups, same order)
-    name_code, _ = factorize(acts["name"].to_numpy(dtype=object)[kernel], use_na_sentinel=False)
-    op_code, n_ops = factorize(acts["op_id"].to_numpy(dtype=object)[kernel], use_na_sentinel=False)
+    # taken before converting: coded text is factorized from its codes
+    name_code, _ = factorize(acts["name"].array[kernel], use_na_sentinel=False)
+    op_code, n_ops = factorize(acts["op_id"].array[kernel], use_na_sentinel=False)
     codes, _ = pd.factorize(name_code * max(len(n_ops), 1) + op_code)  # groups as first seen
     rows = first_rows(codes)
     # the per-group "first" columns by one take at each group's first row (a groupby
