@@ -1,0 +1,1035 @@
+"""One prepared GPU acceptance run of perfguard (issue 32 item 1): everything a lent GPU
+can tell us in one call, written under one folder as it goes.
+
+perfguard is built for GPU work, yet every GPU figure so far came from shared fixtures
+and simulations. A lent GPU comes with 15 minutes of device time, so the run is prepared
+and tested here (``--dry`` runs every step on the CPU) and spends its minutes in order of
+value, each step in its own try/except with its own timeout under a global deadline:
+
+1. ``env``: ``nvidia-smi -q`` and clocks, torch/CUDA/cuDNN, Python, which of perfguard's
+   dependencies import, ``git``, ``ncu``, ``nvcc``.
+2. ``save``: the examples (transformer block, CNN train step) copied into a fresh git
+   repository and run under ``pytest --perfguard`` with the CUDA profiler, saved as the
+   baseline.
+3. ``traces``, ``graph_capture``: a small model eagerly and replayed from a CUDA graph
+   (captured outside the profile; then, in a process of its own, captured inside it),
+   gzipped Kineto traces kept as fixtures, each analysed by ``perfguard analyze``
+   (``benchmarks/acceptance_model.py``).
+4. ``aa1..aaN``: A/A sessions on the unchanged code (saved, append mode: the later ones
+   are judged with the noise learnt from history). Expect unchanged or noisy, never
+   regressed. The summary gives the real between-session noise of each test's GPU time
+   next to the 1 % that the verdict and the calibration assume.
+5. ``item``, ``tf32``, ``fp32``, ``work5``: injected changes, each a commit judged
+   against the saved base commit: a ``.item()`` per step, TF32 off, the bf16 autocast
+   off, and ~5 % more kernel work (an extra matmul sized from the measured table).
+6. ``compile``, ``compile_ro``: the model under ``torch.compile`` (Inductor default, then
+   ``reduce-overhead`` with CUDA graphs), traced and analysed, with Inductor's debug
+   folder (output code, provenance mappings) kept.
+7. ``ncu``: Nsight Compute on the top kernel of the eager trace, SpeedOfLight, to see
+   whether it can read counters there.
+
+Without ``git`` the sessions still run (captures and medians, hence the noise) but
+cannot save or name a baseline: each change is then judged by ``perfguard compare`` of
+its capture against the first session's. A crash or kill leaves what was done: the
+summary, the log and the packed files in ``--out`` are rewritten after every step.
+``--out`` only ever holds ``summary.json``, ``summary.md``, ``log.txt``,
+``artifacts.tar.gz`` and ``fixtures.tar.gz`` (what comes back from the device: at most 8
+files of 16 MB); the working files are in ``--work`` (a temp folder by default).
+
+Duration on one H100/H200 (estimated from the dry run's parts, see benchmarks/README.md
+"GPU acceptance run"): about 5-6 minutes for everything; the default deadline is 450 s
+and steps that no longer fit are skipped with a note, the least valuable last.
+
+    python3 benchmarks/gpu_acceptance.py --out "$OUT"           # on the GPU
+    python benchmarks/gpu_acceptance.py --dry --out /tmp/acc     # here, on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "benchmarks" / "acceptance_model.py"
+EXAMPLES = ("conftest.py", "test_transformer_block.py", "test_cnn_train_step.py")
+TRANSFORMER = "test_transformer_block.py::test_transformer_block_forward"
+CNN = "test_cnn_train_step.py::test_cnn_train_step"
+#: what the device returns: at most 8 files of 16 MB each
+MAX_FILES, MAX_BYTES = 8, 16 * 1024 * 1024
+#: a packed file is kept under this, leaving room for the tar's own overhead
+PACK_LIMIT = 15 * 1024 * 1024
+#: seconds kept back from the deadline for the last packing
+PACK_RESERVE = 10.0
+#: perfguard's [project] dependencies and the module each is imported as
+DEPENDENCIES = {
+    "pandas": "pandas", "numpy": "numpy", "nvtx": "nvtx", "sqlite-utils": "sqlite_utils",
+    "jinja2": "jinja2", "GitPython": "git", "matplotlib": "matplotlib", "pytest": "pytest",
+    "scipy": "scipy", "msgspec": "msgspec", "protobuf": "google.protobuf",
+}  # fmt: skip
+#: expected seconds of each step on one H100/H200 (see the module docstring); a step is
+#: skipped when less than this is left before the deadline
+GPU_ESTIMATE_S = {
+    "env": 10, "save": 30, "traces": 40, "graph_capture": 30, "aa": 20, "noise": 0,
+    "change": 20, "compile": 60, "compile_ro": 50, "ncu": 45,
+}  # fmt: skip
+#: the same on this project's 2-core CPU machine in --dry mode
+DRY_ESTIMATE_S = {
+    "env": 4, "save": 18, "traces": 10, "graph_capture": 0, "aa": 18, "noise": 0,
+    "change": 18, "compile": 16, "compile_ro": 0, "ncu": 0,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Change:
+    """An injected change: text replacements in one example file, and what should see it."""
+
+    name: str
+    file: str
+    edits: tuple[tuple[str, str], ...]
+    what: str
+    test: str  # the test it changes
+    expect: str  # the gates (or timing) that should catch it on a GPU
+    on_cpu: bool  # whether it changes anything on the CPU (else --dry leaves it out)
+
+
+CHANGES = {
+    c.name: c
+    for c in (
+        Change(
+            "item", "test_cnn_train_step.py",
+            (("        losses.append(loss.detach())\n",
+              "        losses.append(loss.detach())\n"
+              "        loss.item()  # injected: a host read (and a sync) per step\n"),),
+            "an added loss.item() in the training loop", CNN, "host_reads, syncs", True,
+        ),
+        Change(
+            "tf32", "conftest.py",
+            (("torch.backends.cuda.matmul.allow_tf32 = True",
+              "torch.backends.cuda.matmul.allow_tf32 = False"),
+             ("torch.backends.cudnn.allow_tf32 = True",
+              "torch.backends.cudnn.allow_tf32 = False")),
+            "TF32 off for matmuls and cuDNN", CNN, "tc_lost, kernel_set, timing", False,
+        ),
+        Change(
+            "fp32", "test_transformer_block.py",
+            (('enabled=device == "cuda"', "enabled=False"),),
+            "the bf16 autocast off: the block runs in float32", TRANSFORMER,
+            "dtypes, kernel_set, tc_lost, timing", False,
+        ),
+        Change(
+            "work5", "test_transformer_block.py",
+            (("    x = torch.randn(8, 64, 128, device=device)\n",
+              "    x = torch.randn(8, 64, 128, device=device)\n"
+              "    extra_dtype = torch.bfloat16 if device == \"cuda\" else torch.float32\n"
+              "    extra = torch.randn({n}, {n}, device=device, dtype=extra_dtype)"
+              "  # injected: ~5 % more kernel work\n"),
+             ("            y = model(x)\n",
+              "            y = model(x)\n            torch.mm(extra, extra)\n")),
+            "an extra n x n matmul per step, sized to ~5 % of the test's GPU time",
+            TRANSFORMER, "timing (+5 %), calls, flops", True,
+        ),
+    )
+}  # fmt: skip
+
+
+class Terminated(Exception):
+    """SIGTERM (the device's timeout): stop, and pack what there is."""
+
+
+@dataclass
+class Step:
+    name: str
+    status: str = "pending"  # ok | failed | skipped
+    started_s: float | None = None
+    wall_s: float | None = None
+    note: str = ""
+    error: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def tail(text: str, lines: int = 15, chars: int = 2000) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
+
+
+class Acceptance:
+    """The run: its folders, clock, steps and the files it packs."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.dry: bool = args.dry
+        self.out: Path = args.out.resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work = Path(args.work or tempfile.mkdtemp(prefix="pg-acceptance-")).resolve()
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.artifacts = self.work / "artifacts"
+        self.fixtures = self.work / "fixtures"
+        self.logs = self.artifacts / "logs"
+        for d in (self.artifacts, self.fixtures, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+        self.t0 = time.monotonic()
+        self.deadline: float = args.deadline
+        self.estimates = DRY_ESTIMATE_S if self.dry else GPU_ESTIMATE_S
+        self.steps: list[Step] = []
+        self.summary: dict[str, Any] = {
+            "what": "perfguard GPU acceptance run (issue 32 item 1)",
+            "dry": self.dry,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "deadline_s": self.deadline,
+            "work": str(self.work),
+            "steps": [],
+            "sessions": [],
+            "changes": [],
+            "noise": {},
+            "traces": [],
+            "packed": {},
+        }
+        self.child: subprocess.Popen[bytes] | None = None
+        self.log_file = open(self.out / "log.txt", "a", buffering=1)  # noqa: SIM115
+        self.git_ok = False
+        self.project = self.work / "project"
+        self.store = self.work / "store.db"
+        self.base_sha: str | None = None
+        self.base_texts: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ clock, log
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def left(self) -> float:
+        return self.deadline - self.elapsed()
+
+    def say(self, line: str) -> None:
+        text = f"[{self.elapsed():6.1f}s] {line}"
+        print(text, flush=True)
+        self.log_file.write(text + "\n")
+
+    # ------------------------------------------------------------------ children
+    def env(self) -> dict[str, str]:
+        """A child's environment: this tree's perfguard first on PYTHONPATH (plus the carried
+        wheels already there), no pytest plugin autoloading (``-p perfguard.plugin`` loads
+        ours, installed or not; the image's other plugins stay out of the timings)."""
+        env = dict(os.environ)
+        paths = [str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        for var in [v for v in env if v.startswith("PYTEST_XDIST") or v == "PYTEST_CURRENT_TEST"]:
+            env.pop(var)  # run from a test: the sessions are not that test's workers
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if self.dry:
+            for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+                env[var] = "1"
+        if self.args.pretend_no_git:  # test the no-git path on a machine that has git
+            keep = [d for d in env.get("PATH", "").split(os.pathsep)
+                    if d and not Path(d, "git").exists()]  # fmt: skip
+            env["PATH"] = os.pathsep.join(keep)
+        return env
+
+    def run(self, argv: list[str], name: str, timeout: float, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Run a child in its own process group (a timeout kills all of it); its output goes
+        to ``logs/<name>.log``. Returns rc (None: timed out), wall seconds and the tail."""
+        timeout = max(1.0, min(timeout, self.left() + PACK_RESERVE / 2))
+        log = self.logs / f"{name}.log"
+        self.say(f"$ {' '.join(argv)}  (timeout {timeout:.0f} s)")
+        t = time.monotonic()
+        with open(log, "wb") as f:
+            self.child = subprocess.Popen(
+                argv, cwd=cwd, env=env or self.env(), stdout=f, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                rc: int | None = self.child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+                self.kill_child()
+            finally:
+                self.child = None
+        wall = time.monotonic() - t
+        text = log.read_text(errors="replace")
+        self.say(f"  -> rc {rc if rc is not None else 'timeout'} in {wall:.1f} s")
+        return {"rc": rc, "wall_s": round(wall, 2), "tail": tail(text), "log": log.name}
+
+    def kill_child(self) -> None:
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            child.kill()
+        child.wait()
+
+    # ------------------------------------------------------------------ steps
+    def step(self, name: str, fn: Callable[[Step], None], kind: str | None = None,
+             needs: str | None = None) -> Step:  # fmt: skip
+        """Run ``fn`` as step ``name`` unless its estimate no longer fits or ``needs`` (a
+        reason) says it cannot run; record the outcome and rewrite the summary."""
+        st = Step(name)
+        self.steps.append(st)
+        estimate = self.estimates.get(kind or name, 30)
+        only = self.args.only
+        if only and name != "env" and name not in only and (kind or name) not in only:
+            st.status, st.note = "skipped", "not in --only"
+        elif needs:
+            st.status, st.note = "skipped", needs
+        elif self.left() < estimate:
+            st.status = "skipped"
+            st.note = (f"deadline: {max(self.left(), 0):.0f} s left of {self.deadline:.0f} s, "
+                       f"the step needs about {estimate} s")  # fmt: skip
+        if st.status == "skipped":
+            self.say(f"== {name}: skipped ({st.note})")
+            self.checkpoint()
+            return st
+        self.say(f"== {name} (about {estimate} s; {self.left():.0f} s left)")
+        st.started_s = round(self.elapsed(), 1)
+        t = time.monotonic()
+        try:
+            fn(st)
+            if st.status == "pending":
+                st.status = "ok"
+        except Terminated:
+            st.status, st.error = "failed", "terminated (SIGTERM) while running"
+            raise
+        except Exception:  # noqa: BLE001 (a step's failure is recorded, the run goes on)
+            st.status = "failed"
+            st.error = tail(traceback.format_exc())
+            self.say(f"   {name} failed: {st.error.splitlines()[-1]}")
+        finally:
+            st.wall_s = round(time.monotonic() - t, 1)
+            self.say(f"== {name}: {st.status} in {st.wall_s} s {st.note}".rstrip())
+            self.checkpoint()
+        return st
+
+    def checkpoint(self) -> None:
+        """Rewrite summary.json/summary.md and the packed files: a kill loses one step."""
+        self.summary["steps"] = [vars(s) for s in self.steps]
+        self.summary["elapsed_s"] = round(self.elapsed(), 1)
+        try:
+            self.pack()
+        except Exception:  # noqa: BLE001 (packing must never end the run)
+            self.say("packing failed: " + tail(traceback.format_exc(), 3))
+        write_atomic(self.out / "summary.json", json.dumps(self.summary, indent=1, default=str))
+        write_atomic(self.out / "summary.md", markdown(self.summary))
+
+    # ------------------------------------------------------------------ packing
+    def pack(self) -> None:
+        packed = {}
+        for name, folder in (("artifacts.tar.gz", self.artifacts),
+                             ("fixtures.tar.gz", self.fixtures)):  # fmt: skip
+            packed[name] = pack_folder(folder, self.out / name, PACK_LIMIT)
+        ours = {*packed, "summary.json", "summary.md", "log.txt"}
+        extra = sorted(p.name for p in self.out.iterdir() if p.name not in ours)
+        self.summary["packed"] = {"files": packed, "other_files_in_out": extra}
+
+    # ------------------------------------------------------------------ 1. environment
+    def step_env(self, st: Step) -> None:
+        info: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable}
+        for label, argv in (
+            ("git", ["git", "--version"]),
+            ("nvidia_smi_clocks", ["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.mem,"
+                                   "clocks.max.sm,power.draw,temperature.gpu,driver_version",
+                                   "--format=csv"]),
+            ("ncu", ["ncu", "--version"]),
+            ("nvcc", ["nvcc", "--version"]),
+            ("cxx", ["c++", "--version"]),
+            ("cc", ["cc", "--version"]),  # Triton builds its launcher with it
+        ):  # fmt: skip
+            info[label] = quick(argv)
+        self.git_ok = info["git"]["rc"] == 0 and not self.args.pretend_no_git
+        if not self.git_ok:
+            why = "pretended (--pretend-no-git)" if self.args.pretend_no_git else "not found"
+            self.say(f"!! git {why}: sessions run without saving or a baseline; changes are "
+                     "judged by perfguard compare of captures instead")  # fmt: skip
+        smi = quick(["nvidia-smi", "-q"], timeout=30, keep=200_000)
+        (self.artifacts / "nvidia-smi-q.txt").write_text(smi.pop("output", "") or "")
+        info["nvidia_smi_q_rc"] = smi["rc"]
+        code = (
+            "import json, importlib, importlib.metadata as md\n"
+            f"deps = {DEPENDENCIES!r}\n"
+            "out = {}\n"
+            "for dist, mod in deps.items():\n"
+            "    try:\n"
+            "        importlib.import_module(mod); ok = True; err = None\n"
+            "    except Exception as e:\n"
+            "        ok = False; err = f'{type(e).__name__}: {e}'[:300]\n"
+            "    try: ver = md.version(dist)\n"
+            "    except Exception: ver = None\n"
+            "    out[dist] = {'imports': ok, 'version': ver, 'error': err}\n"
+            "import torch\n"
+            "t = {'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
+            "     'cuda_available': torch.cuda.is_available(),\n"
+            "     'cudnn': torch.backends.cudnn.version() if torch.backends.cudnn.is_available()"
+            " else None}\n"
+            "if torch.cuda.is_available():\n"
+            "    p = torch.cuda.get_device_properties(0)\n"
+            "    t.update(gpu=p.name, sm_count=p.multi_processor_count,\n"
+            "             memory_bytes=p.total_memory, capability=f'{p.major}.{p.minor}')\n"
+            "try:\n"
+            "    import triton; t['triton'] = triton.__version__\n"
+            "except Exception: t['triton'] = None\n"
+            "import perfguard, perfguard.plugin\n"
+            "t['perfguard_from'] = perfguard.__file__\n"
+            "print(json.dumps({'deps': out, 'torch': t}))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], env=self.env(), capture_output=True,
+                              text=True, timeout=min(120, self.left()), check=False)  # fmt: skip
+        if done.returncode == 0:
+            info.update(json.loads(done.stdout.strip().splitlines()[-1]))
+        else:
+            info["probe_error"] = tail(done.stderr)
+        self.summary["env"] = info
+        missing = [d for d, v in (info.get("deps") or {}).items() if not v["imports"]]
+        if missing:
+            st.note = f"dependencies that do not import: {', '.join(missing)}"
+        self.device = "cuda" if (info.get("torch") or {}).get("cuda_available") else "cpu"
+        if not self.dry and self.device != "cuda":
+            raise RuntimeError("torch sees no CUDA device; run with --dry on a CPU machine")
+        if self.dry:
+            self.device = "cpu"
+        st.data = {"device": self.device, "git": self.git_ok}
+
+    # ------------------------------------------------------------------ 2. sessions
+    def make_project(self) -> None:
+        """The examples in a fresh repository (a git commit when git is there)."""
+        shutil.rmtree(self.project, ignore_errors=True)
+        self.project.mkdir(parents=True)
+        for name in EXAMPLES:
+            text = (ROOT / "examples" / name).read_text()
+            if self.dry:  # tiny loops on the CPU: the run exercises the steps, not the CPU
+                text = re.sub(r"iterations=\d+, warmup=\d+", "iterations=4, warmup=1", text)
+            self.base_texts[name] = text
+            (self.project / name).write_text(text)
+        (self.project / ".gitignore").write_text(".perfguard/\n__pycache__/\n")
+        if self.git_ok:
+            git(self.project, "init", "-q", "-b", "main")
+            git(self.project, "add", "-A")
+            git(self.project, "commit", "-q", "-m", "base: the perfguard examples")
+            self.base_sha = git(self.project, "rev-parse", "HEAD")
+
+    def session(self, st: Step, name: str, kind: str, flags: list[str],
+                change: str | None = None) -> dict[str, Any]:  # fmt: skip
+        """One ``pytest --perfguard`` session in the project; its record in the summary."""
+        folder = self.work / "sessions" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        backend = "torch" if self.device == "cuda" else "cpu"
+        # "--opt=PATH": pytest takes its rootdir from any existing path among the
+        # arguments, and an outside output folder would move it (and the git state)
+        argv = [sys.executable, "-m", "pytest", "-p", "perfguard.plugin", "-p",
+                "no:cacheprovider", "-q", "--perfguard", f"--perfguard-backend={backend}",
+                f"--perfguard-store={self.store}", f"--perfguard-output={folder}",
+                "--perfguard-fail-on=never", f"--rootdir={self.project}",
+                f"--perfguard-rounds={self.args.rounds}", *flags]  # fmt: skip
+        done = self.run(argv, f"session-{name}", self.args.session_timeout, cwd=self.project)
+        rec: dict[str, Any] = {"name": name, "kind": kind, "change": change, "rc": done["rc"],
+                               "wall_s": done["wall_s"], "flags": flags}  # fmt: skip
+        keep = self.artifacts / "sessions" / name
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.logs / done["log"], keep / "pytest.log")
+        results = folder / "results.json"
+        if results.is_file():
+            doc = json.loads(results.read_text())
+            for f in ("results.json", "summary.md"):
+                if (folder / f).is_file():
+                    shutil.copy(folder / f, keep / f)
+            captures = folder / "captures"
+            if captures.is_dir():  # a few hundred kB: real GPU pytest captures, kept
+                shutil.copytree(captures, keep / "captures", dirs_exist_ok=True)
+            rec.update(badge=doc.get("badge"), complete=doc.get("complete"),
+                       notes=doc.get("notes"), tests=[test_row(t) for t in doc["tests"]],
+                       baseline_status=doc.get("baseline_status"))  # fmt: skip
+            rec["captures"] = {t["nodeid"]: t.get("capture") for t in doc["tests"]}
+        else:
+            rec["error"] = done["tail"]
+        self.summary["sessions"].append(rec)
+        st.data = {k: rec.get(k) for k in ("rc", "wall_s", "badge")}
+        st.data["outcomes"] = {t["nodeid"]: t["outcome"] for t in rec.get("tests", [])}
+        if done["rc"] not in (0, 1) or not results.is_file():
+            raise RuntimeError(f"session {name}: rc {done['rc']}, no results\n{done['tail']}")
+        return rec
+
+    def step_save(self, st: Step) -> None:
+        self.make_project()
+        flags = ["--perfguard-save"] if self.git_ok else []
+        self.session(st, "save", "base", flags)
+        if not self.git_ok:
+            st.note = "no git: measured, not saved (the changes are compared with its captures)"
+
+    def step_aa(self, st: Step, i: int) -> None:
+        flags = ["--perfguard-save", "--perfguard-save-mode=append"] if self.git_ok else []
+        rec = self.session(st, f"aa{i}", "aa", flags)
+        bad = [t["nodeid"] for t in rec.get("tests", []) if t["outcome"] == "regressed"]
+        st.data["false_alarm"] = bool(bad)
+        if bad:
+            st.note = f"A/A FALSE ALARM: {', '.join(bad)} regressed on unchanged code"
+
+    def apply_change(self, change: Change, size: int | None) -> None:
+        if self.git_ok:
+            git(self.project, "checkout", "-q", "--detach", self.base_sha or "HEAD")
+        for name, text in self.base_texts.items():  # every file back to the base first
+            (self.project / name).write_text(text)
+        text = self.base_texts[change.file]
+        for old, new in change.edits:
+            if old not in text:
+                raise RuntimeError(f"{change.name}: {old.strip()!r} not in {change.file}")
+            text = text.replace(old, new.replace("{n}", str(size)))
+        (self.project / change.file).write_text(text)
+        if self.git_ok:
+            git(self.project, "commit", "-q", "-am", f"{change.name}: {change.what}")
+
+    def step_change(self, st: Step, change: Change) -> None:
+        size, planned = None, None
+        if change.name == "work5":
+            size, planned = self.size_work5()
+        self.apply_change(change, size)
+        flags = [f"--perfguard-baseline={self.base_sha}"] if self.git_ok else []
+        rec = self.session(st, change.name, "change", flags, change=change.name)
+        tests = {t["nodeid"]: t for t in rec.get("tests", [])}
+        if not self.git_ok:
+            tests[change.test] = self.compare_captures(change.test, rec)
+        hit = tests.get(change.test) or {}
+        row = {
+            "change": change.name, "what": change.what, "test": change.test,
+            "expect": change.expect, "outcome": hit.get("outcome"),
+            "caught": hit.get("outcome") == "regressed",
+            "timing_outcome": hit.get("timing_outcome"), "delta_pct": hit.get("delta_pct"),
+            "ci_pct": hit.get("ci_pct"), "gates_fired": hit.get("gates_fired"),
+            "reason": hit.get("reason"), "matmul_n": size, "planned_pct": planned,
+            "others": {k: v["outcome"] for k, v in tests.items() if k != change.test},
+        }  # fmt: skip
+        self.summary["changes"].append(row)
+        st.data.update(caught=row["caught"], gates=row["gates_fired"])
+        st.note = (f"{change.test.split('::')[-1]}: {row['outcome']} (timing "
+                   f"{row['timing_outcome']}, gates {row['gates_fired']})")  # fmt: skip
+
+    def size_work5(self) -> tuple[int, float | None]:
+        """The matmul size whose measured time is nearest 5 % of the transformer test's
+        per-iteration time in the saved session (64 when either is unknown)."""
+        base = next((s for s in self.summary["sessions"] if s["name"] == "save"), None)
+        level = None
+        for t in (base or {}).get("tests", []):
+            if t["nodeid"] == TRANSFORMER:
+                level = t.get("median_ns")
+        table_path = self.fixtures / "mm_sizes.json"
+        if not level or not table_path.is_file():
+            return 64, None
+        table = json.loads(table_path.read_text())["us_per_mm"]
+        target_us = 0.05 * level / 1000.0
+        sizes = [(int(n), us) for n, us in table.items() if us]
+        if not sizes:
+            return 64, None
+        n, us = min(sizes, key=lambda x: abs(math.log(x[1] / target_us)))
+        planned = round(100.0 * us * 1000.0 / level, 2)
+        self.say(f"   work5: {n} x {n} matmul, {us:.2f} us = {planned} % of {level / 1e3:.1f} us")
+        return n, planned
+
+    def compare_captures(self, nodeid: str, rec: dict[str, Any]) -> dict[str, Any]:
+        """No git: ``perfguard compare`` of the changed test's capture with the first
+        session's (one profiled round each; gates and a per-iteration timing)."""
+        base = next((s for s in self.summary["sessions"] if s["name"] == "save"), {})
+        cur_cap = (rec.get("captures") or {}).get(nodeid)
+        base_cap = (base.get("captures") or {}).get(nodeid)
+        if not cur_cap or not base_cap:
+            return {"nodeid": nodeid, "outcome": None, "reason": "no capture to compare"}
+        out = self.artifacts / "sessions" / rec["name"] / "compare.json"
+        argv = [sys.executable, "-m", "perfguard", "compare", cur_cap, base_cap,
+                "--json", str(out)]  # fmt: skip
+        done = self.run(argv, f"compare-{rec['name']}", 120, cwd=self.work)
+        if not out.is_file():
+            return {"nodeid": nodeid, "outcome": None, "reason": done["tail"][-300:]}
+        tests = json.loads(out.read_text()).get("tests") or [{}]
+        return {**test_row({"nodeid": nodeid, **tests[0]}), "judged_by": "perfguard compare"}
+
+    # ------------------------------------------------------------------ noise
+    def noise(self) -> None:
+        """Between-session noise of each test's level over the sessions of unchanged code."""
+        import numpy as np
+
+        sys.path.insert(0, str(ROOT))
+        from perfguard.compare.timing import PRIOR_RUN_SD, between_run_sd
+
+        unchanged = [s for s in self.summary["sessions"] if s["kind"] in ("base", "aa")]
+        by_test: dict[str, list[dict[str, Any]]] = {}
+        for s in unchanged:
+            for t in s.get("tests", []):
+                if t.get("median_ns"):
+                    by_test.setdefault(t["nodeid"], []).append(t)
+        out: dict[str, Any] = {}
+        for nodeid, rows in by_test.items():
+            levels = np.array([r["median_ns"] for r in rows], dtype=float)
+            metric = rows[0].get("metric")
+            within = [float(np.std(np.log(r["rounds"]), ddof=1)) for r in rows
+                      if len(r.get("rounds") or []) >= 2]  # fmt: skip
+            n = len(levels)
+            out[nodeid] = {
+                "metric": metric, "sessions": n,
+                "levels_ns": [round(float(x), 1) for x in levels],
+                "mean_ns": round(float(levels.mean()), 1),
+                "sd_over_mean_pct": pct(np.std(levels, ddof=1) / levels.mean()) if n > 1 else None,
+                "log_sd_pct": pct(np.std(np.log(levels), ddof=1)) if n > 1 else None,
+                "successive_mad_sd_pct": pct(between_run_sd(levels)),
+                "within_session_round_sd_pct": pct(float(np.median(within))) if within else None,
+                "assumed_prior_sd_pct": pct(PRIOR_RUN_SD.get(metric or "", math.nan)),
+            }  # fmt: skip
+        self.summary["noise"] = {"tests": out, "assumed": assumed_sigmas()}
+
+    # ------------------------------------------------------------------ 3/6. traces
+    def step_traces(self, st: Step) -> None:
+        self.capture_program(st, ["traces", "--iters", str(self.args.trace_iters)], "traces",
+                             self.args.trace_timeout)  # fmt: skip
+
+    def step_graph_capture(self, st: Step) -> None:
+        self.capture_program(st, ["graph-capture", "--iters", str(self.args.trace_iters)],
+                             "graph-capture", self.args.graph_timeout)  # fmt: skip
+
+    def step_compile(self, st: Step, mode: str) -> None:
+        if self.device == "cpu" and not (shutil.which("c++") or shutil.which("g++")):
+            st.status, st.note = "skipped", "no C++ compiler: Inductor cannot build CPU kernels"
+            return
+        debug = self.work / f"inductor-{mode}"
+        env = {**self.env(), "TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": str(debug),
+               "TORCH_LOGS": "output_code"}  # fmt: skip
+        self.capture_program(st, ["compile", "--compile-mode", mode, "--iters",
+                                  str(self.args.trace_iters)], f"compile-{mode}",
+                             self.args.compile_timeout, env=env)  # fmt: skip
+        kept = keep_inductor_debug(debug, self.fixtures / f"inductor_{mode.replace('-', '_')}")
+        st.data["inductor_files"] = kept
+
+    def capture_program(self, st: Step, args: list[str], name: str, timeout: float,
+                        env: dict[str, str] | None = None) -> None:  # fmt: skip
+        before = set(manifest_lines(self.fixtures))
+        argv = [sys.executable, str(MODEL), *args, "--out", str(self.fixtures),
+                "--device", self.device]  # fmt: skip
+        done = self.run(argv, name, timeout, cwd=self.work, env=env)
+        if name.startswith("compile"):  # TORCH_LOGS=output_code: the kernels' source
+            shutil.copy(self.logs / done["log"], self.fixtures / f"{name}.log")
+        new = [m for m in manifest_lines(self.fixtures) if m not in before]
+        for line in new:
+            entry = json.loads(line)
+            entry["analyze"] = self.analyze(entry["trace"])
+            self.summary["traces"].append(entry)
+        self.write_manifest()
+        st.data = {"traces": [json.loads(line)["trace"] for line in new], "rc": done["rc"]}
+        if done["rc"] != 0:
+            st.status = "failed"
+            st.error = f"rc {done['rc']}: {len(new)} trace(s) written\n{done['tail']}"
+
+    def analyze(self, trace: str) -> dict[str, Any]:
+        """``perfguard analyze`` on one trace: its reports into the artifacts, and the top
+        kernels (for ncu) and the summary figures into the manifest."""
+        base = trace.removesuffix(".pt.trace.json.gz")
+        folder = self.artifacts / "analyze"
+        argv = [sys.executable, "-m", "perfguard", "analyze", "-d", str(self.fixtures / trace),
+                "--output-path", str(folder), "--base-name", base, "--formats", "csv,json",
+                "-q", "-f"]  # fmt: skip
+        done = self.run(argv, f"analyze-{base}", self.args.analyze_timeout, cwd=self.work)
+        res: dict[str, Any] = {"rc": done["rc"], "wall_s": done["wall_s"]}
+        if done["rc"] != 0:
+            res["error"] = done["tail"][-600:]
+            return res
+        res["top_kernels"] = top_kernels(folder / f"{base}_kernel.csv")
+        summary = folder / f"{base}_summary.json"
+        if summary.is_file():
+            res["summary"] = json.loads(summary.read_text())
+        return res
+
+    def write_manifest(self) -> None:
+        """fixtures/manifest.json: every trace, what is in it and how it analysed."""
+        doc = {
+            "about": "traces made by benchmarks/gpu_acceptance.py (acceptance_model.py): "
+            "one model eagerly, from CUDA graphs and compiled; per trace the model, "
+            "shapes, iterations, regions and machine",
+            "traces": self.summary["traces"],
+            "env": {k: (self.summary.get("env") or {}).get(k) for k in ("torch", "python")},
+        }
+        write_atomic(self.fixtures / "manifest.json", json.dumps(doc, indent=1, default=str))
+
+    # ------------------------------------------------------------------ 7. ncu
+    def step_ncu(self, st: Step) -> None:
+        if not shutil.which("ncu"):
+            st.status, st.note = "skipped", "ncu not on PATH"
+            return
+        eager = next((t for t in self.summary["traces"] if t["name"] == "eager"), None)
+        kernels = ((eager or {}).get("analyze") or {}).get("top_kernels") or []
+        attempts = []
+        if kernels:
+            word = re.escape(kernel_word(kernels[0]["short_name"] or kernels[0]["name"]))
+            attempts.append(["--kernel-name", f"regex:{word}", "--launch-count", "1"])
+        attempts.append(["--launch-skip", "20", "--launch-count", "1"])
+        for i, extra in enumerate(attempts):
+            argv = ["ncu", "--target-processes", "all", "--clock-control", "none", "--section",
+                    "SpeedOfLight", "--csv", *extra, sys.executable, str(MODEL), "run",
+                    "--iters", "3", "--device", self.device]  # fmt: skip
+            done = self.run(argv, f"ncu-{i}", self.args.ncu_timeout, cwd=self.work)
+            text = (self.logs / done["log"]).read_text(errors="replace")
+            rows = [ln for ln in text.splitlines() if ln.startswith('"')]
+            result = {"argv": argv, "rc": done["rc"], "csv_rows": len(rows),
+                      "counters_read": len(rows) > 1 and "ERR_NVGPUCTRPERM" not in text,
+                      "tail": done["tail"][-800:]}  # fmt: skip
+            attempts[i] = result
+            if result["counters_read"]:
+                (self.artifacts / "ncu.csv").write_text("\n".join(rows) + "\n")
+                break
+        self.summary["ncu"] = attempts
+        st.data = {"counters_read": any(a.get("counters_read") for a in attempts)}
+        st.note = "counters read" if st.data["counters_read"] else "no counters read"
+
+    # ------------------------------------------------------------------ the run
+    def main(self) -> None:
+        self.say(f"perfguard GPU acceptance run{' (dry, CPU)' if self.dry else ''}: out "
+                 f"{self.out}, work {self.work}, deadline {self.deadline:.0f} s")  # fmt: skip
+        self.device = "cpu"
+        env = self.step("env", self.step_env)
+        if env.status != "ok" and not self.dry:
+            self.say("!! no usable GPU environment: stopping")
+            return
+        save = self.step("save", self.step_save)
+        sessions_ok = save.status == "ok"
+        no_session = None if sessions_ok else "the base session failed"
+        self.step("traces", self.step_traces)
+        self.step("graph_capture", self.step_graph_capture,
+                  needs="CUDA graphs need a GPU" if self.device != "cuda" else None)  # fmt: skip
+        for i in range(1, self.args.aa + 1):
+            self.step(f"aa{i}", lambda st, i=i: self.step_aa(st, i), kind="aa",
+                      needs=no_session)  # fmt: skip
+        self.step("noise", lambda st: self.noise(), needs=no_session)
+        for name in self.args.changes:
+            change = CHANGES[name]
+            needs = no_session
+            if self.dry and not change.on_cpu:
+                needs = "changes nothing on the CPU (CUDA-only code path)"
+            self.step(name, lambda st, c=change: self.step_change(st, c), kind="change",
+                      needs=needs)  # fmt: skip
+        self.step("compile", lambda st: self.step_compile(st, "default"))
+        self.step(
+            "compile_ro",
+            lambda st: self.step_compile(st, "reduce-overhead"),
+            needs="reduce-overhead is CUDA graphs: GPU only" if self.dry else None,
+        )
+        self.step("ncu", self.step_ncu, needs="no GPU (dry run)" if self.dry else None)
+
+
+# ---------------------------------------------------------------------- helpers
+def pct(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(100.0 * float(x), 3)
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=perfguard-acceptance",
+         "-c", "user.email=acceptance@perfguard.invalid", *args],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def quick(argv: list[str], timeout: float = 20, keep: int = 4000) -> dict[str, Any]:
+    """A small command's rc and output (rc None: not installed or timed out)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return {"rc": None, "output": f"{argv[0]}: not found"}
+    except subprocess.TimeoutExpired:
+        return {"rc": None, "output": f"{argv[0]}: timed out after {timeout} s"}
+    return {"rc": done.returncode, "output": (done.stdout + done.stderr).strip()[:keep]}
+
+
+def test_row(t: dict[str, Any]) -> dict[str, Any]:
+    """What the summary keeps of one results.json test entry (compare/results.py, schema 2)."""
+    timing = t.get("timing") or {}
+    gates = t.get("gates") or {}
+    fired = sorted({r.get("gate") for r in gates.get("regressions") or []} - {None})
+    lo, hi = t.get("ci_low_pct"), t.get("ci_high_pct")
+    return {
+        "nodeid": t.get("nodeid"), "outcome": t.get("outcome"),
+        "reason": (t.get("message") or t.get("error") or "")[:500],
+        "metric": t.get("metric"), "median_ns": t.get("median_current_ns"),
+        "baseline_ns": t.get("median_baseline_ns"), "delta_pct": t.get("delta_pct"),
+        "ci_pct": [lo, hi] if lo is not None else None,
+        "timing_outcome": timing.get("outcome"), "noise_pct": timing.get("noise_pct"),
+        "history_runs": timing.get("history_runs"), "gates_outcome": gates.get("outcome"),
+        "gates_fired": fired,
+        "gate_messages": [r.get("message") for r in gates.get("regressions") or []][:6],
+        "rounds": t.get("rounds_current") or [],
+    }  # fmt: skip
+
+
+def assumed_sigmas() -> dict[str, Any]:
+    """The noise the verdict and the calibration assume for GPU time, read from the code."""
+    from perfguard.compare.timing import PRIOR_RUN_SD
+
+    out: dict[str, Any] = {"timing.PRIOR_RUN_SD": PRIOR_RUN_SD}
+    cal = ROOT / "benchmarks" / "calibration.py"
+    if cal.is_file():
+        text = cal.read_text()
+        for flag in ("gpu-sigma-session", "gpu-sigma-round"):
+            m = re.search(rf'"--{flag}", type=float, default=([0-9.e-]+)', text)
+            out[f"calibration --{flag}"] = float(m.group(1)) if m else None
+    return out
+
+
+def manifest_lines(folder: Path) -> list[str]:
+    path = folder / "manifest.jsonl"
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def top_kernels(csv_path: Path, n: int = 5) -> list[dict[str, Any]]:
+    """The ``n`` kernels with the most GPU time in a kernel report."""
+    import csv
+
+    if not csv_path.is_file():
+        return []
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows.sort(key=lambda r: -float(r.get("Total GPU Time (ns)") or 0))
+    return [{"name": r.get("Kernel Name"), "short_name": r.get("Kernel Short Name"),
+             "op": r.get("Op Name"), "gpu_ns": float(r.get("Total GPU Time (ns)") or 0),
+             "calls": r.get("No. Calls")} for r in rows[:n]]  # fmt: skip
+
+
+def kernel_word(name: str) -> str:
+    """A plain piece of a kernel's name for ncu's regex: its longest identifier."""
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]{3,}", name or "")
+    return max(words, key=len)[:80] if words else "gemm"
+
+
+def keep_inductor_debug(debug: Path, dest: Path, limit: int = 2 * 1024 * 1024) -> list[str]:
+    """Inductor's debug files worth keeping (output code, provenance, fx graphs, IR), up to
+    ``limit`` bytes, smallest first."""
+    if not debug.is_dir():
+        return []
+    wanted = ("output_code.py", "inductor_provenance_tracking_node_mappings.json",
+              "fx_graph_readable.py", "fx_graph_transformed.py", "ir_post_fusion.txt",
+              "ir_pre_fusion.txt")  # fmt: skip
+    files = sorted((p for p in debug.rglob("*") if p.is_file() and p.name in wanted),
+                   key=lambda p: p.stat().st_size)  # fmt: skip
+    kept, used = [], 0
+    for p in files:
+        size = p.stat().st_size
+        if used + size > limit:
+            continue
+        rel = p.relative_to(debug)
+        target = dest / rel.parent.name / p.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(p, target)
+        kept.append(str(target.relative_to(dest.parent)))
+        used += size
+    return kept
+
+
+def pack_folder(folder: Path, target: Path, limit: int) -> dict[str, Any]:
+    """``folder`` as a .tar.gz under ``limit`` bytes: files are left out (and named) until
+    it fits, the A/A and change sessions' pytest captures first, then the largest."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+
+    def spare(p: Path) -> tuple[bool, int]:
+        rel = p.relative_to(folder).parts
+        capture = len(rel) > 2 and rel[0] == "sessions" and rel[2] == "captures"
+        return (capture and rel[1] != "save", p.stat().st_size)
+
+    dropped: list[str] = []
+    while True:
+        tmp = target.with_name(f".{target.name}.tmp")
+        with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
+            for p in files:
+                tar.add(p, arcname=str(p.relative_to(folder.parent)))
+        size = tmp.stat().st_size
+        if size <= limit or not files:
+            tmp.replace(target)
+            return {"bytes": size, "files": len(files), "left_out_too_big": dropped}
+        biggest = max(files, key=spare)
+        files.remove(biggest)
+        dropped.append(f"{biggest.relative_to(folder)} ({biggest.stat().st_size} bytes)")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    if isinstance(v, list):
+        return ", ".join(_fmt(x, digits) for x in v) or "-"
+    return str(v)
+
+
+def markdown(s: dict[str, Any]) -> str:
+    """summary.md: the same content as summary.json, for people."""
+    env = s.get("env") or {}
+    t = env.get("torch") or {}
+    lines = [
+        f"# perfguard GPU acceptance run{' (dry, CPU)' if s['dry'] else ''}",
+        "",
+        f"Started {s['started']}, {s.get('elapsed_s')} s of a {s['deadline_s']:.0f} s "
+        f"deadline. GPU {t.get('gpu', '-')}, torch {t.get('torch', '-')}, CUDA "
+        f"{t.get('cuda', '-')}, cuDNN {t.get('cudnn', '-')}, Python {env.get('python')}, "
+        f"git: {'yes' if (env.get('git') or {}).get('rc') == 0 else 'NO'}.",
+        "",
+        "## Steps",
+        "",
+        "| step | status | s | note / error |",
+        "|---|---|---|---|",
+    ]
+    for st in s["steps"]:
+        note = st["note"] or ""
+        if st["error"]:
+            note += " " + st["error"].strip().splitlines()[-1]
+        lines.append(f"| {st['name']} | {st['status']} | {_fmt(st['wall_s'], 1)} | "
+                     f"{note.strip().replace('|', '/')[:300]} |")  # fmt: skip
+    deps = env.get("deps") or {}
+    missing = [d for d, v in deps.items() if not v.get("imports")]
+    if deps:
+        lines += ["", f"Dependencies that do not import: {', '.join(missing) or 'none'}."]
+    lines += ["", "## Sessions", "", "| session | rc | s | test | outcome | metric | median "
+              "| delta % | interval % | timing | gates fired |", "|---|---|---|---|---|---|---|"
+              "---|---|---|---|"]  # fmt: skip
+    for ses in s["sessions"]:
+        for row in ses.get("tests") or [{}]:
+            lines.append(
+                f"| {ses['name']} | {ses['rc']} | {ses['wall_s']} | "
+                f"{(row.get('nodeid') or '-').split('::')[-1]} | {row.get('outcome', '-')} | "
+                f"{row.get('metric', '-')} | {_fmt(row.get('median_ns'), 0)} | "
+                f"{_fmt(row.get('delta_pct'))} | {_fmt(row.get('ci_pct'))} | "
+                f"{row.get('timing_outcome', '-')} | {_fmt(row.get('gates_fired'))} |"
+            )
+    if s["changes"]:
+        lines += ["", "## Injected changes", "", "| change | test | expected | outcome | caught "
+                  "| timing | delta % | gates fired | other tests |", "|---|---|---|---|---|---|"
+                  "---|---|---|"]  # fmt: skip
+        for c in s["changes"]:
+            others = ", ".join(f"{k.split('::')[-1]}: {v}" for k, v in c["others"].items())
+            lines.append(
+                f"| {c['change']} ({c['what']}) | {c['test'].split('::')[-1]} | {c['expect']} | "
+                f"{c['outcome']} | {c['caught']} | {c['timing_outcome']} | "
+                f"{_fmt(c['delta_pct'])} | {_fmt(c['gates_fired'])} | {others} |"
+            )
+    noise = (s.get("noise") or {}).get("tests") or {}
+    if noise:
+        lines += ["", "## Between-session noise of unchanged code", "",
+                  "| test | metric | sessions | mean ns | sd/mean % | log sd % | successive-MAD "
+                  "sd % (the judge's) | within-session round sd % | assumed prior % |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for nodeid, n in noise.items():
+            lines.append(
+                f"| {nodeid.split('::')[-1]} | {n['metric']} | {n['sessions']} | "
+                f"{_fmt(n['mean_ns'], 0)} | {_fmt(n['sd_over_mean_pct'])} | "
+                f"{_fmt(n['log_sd_pct'])} | {_fmt(n['successive_mad_sd_pct'])} | "
+                f"{_fmt(n['within_session_round_sd_pct'])} | {_fmt(n['assumed_prior_sd_pct'])} |"
+            )
+        lines += ["", f"Assumed: `{json.dumps(s['noise'].get('assumed'))}`."]
+    if s["traces"]:
+        lines += ["", "## Traces (fixtures.tar.gz)", "", "| trace | bytes | analyze | top kernel "
+                  "| its op |", "|---|---|---|---|---|"]  # fmt: skip
+        for tr in s["traces"]:
+            a = tr.get("analyze") or {}
+            k = (a.get("top_kernels") or [{}])[0]
+            lines.append(
+                f"| {tr['trace']} | {tr['bytes']} | rc {a.get('rc')} | "
+                f"{(k.get('short_name') or '-')[:60]} | {(k.get('op') or '-')[-60:]} |"
+            )
+    for a in s.get("ncu") or []:
+        lines += ["", f"ncu: rc {a.get('rc')}, {a.get('csv_rows')} CSV rows, counters read: "
+                  f"{a.get('counters_read')}"]  # fmt: skip
+    packed = (s.get("packed") or {}).get("files") or {}
+    if packed:
+        lines += ["", "Packed: " + ", ".join(
+            f"{k} {v['bytes']} bytes ({v['files']} files"
+            + (f", left out: {'; '.join(v['left_out_too_big'])}" if v["left_out_too_big"] else "")
+            + ")" for k, v in packed.items())]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="folder for the packed results (at most 8 files come back)",
+    )
+    p.add_argument("--work", type=Path, help="working folder (default: a new temp folder)")
+    p.add_argument(
+        "--dry",
+        action="store_true",
+        help="run every step on the CPU with tiny sizes (tests/test_gpu_acceptance)",
+    )
+    p.add_argument("--deadline", type=float, help="seconds for the whole run (default 450)")
+    p.add_argument("--aa", type=int, help="A/A sessions after the save (default 5, dry 1)")
+    p.add_argument("--changes", help=f"comma list of {','.join(CHANGES)} (default all; dry: "
+                   "those that change something on the CPU)")  # fmt: skip
+    p.add_argument("--only", help="comma list of steps (or kinds: aa, change) to run")
+    p.add_argument("--rounds", type=int, help="--perfguard-rounds (default 5, dry 3)")
+    p.add_argument("--trace-iters", type=int, help="profiled iterations per trace (10, dry 3)")
+    p.add_argument("--session-timeout", type=float, default=150)
+    p.add_argument("--trace-timeout", type=float, default=90)
+    p.add_argument("--graph-timeout", type=float, default=60)
+    p.add_argument("--compile-timeout", type=float, default=150)
+    p.add_argument("--analyze-timeout", type=float, default=60)
+    p.add_argument("--ncu-timeout", type=float, default=60)
+    p.add_argument(
+        "--pretend-no-git",
+        action="store_true",
+        help="act as if git were missing (tests the no-git path)",
+    )
+    a = p.parse_args(argv)
+    a.deadline = a.deadline or (600.0 if a.dry else 450.0)
+    a.aa = a.aa if a.aa is not None else (1 if a.dry else 5)
+    a.rounds = a.rounds or (3 if a.dry else 5)
+    a.trace_iters = a.trace_iters or (3 if a.dry else 10)
+    names = [c.strip() for c in (a.changes or "").split(",") if c.strip()]
+    if not names:
+        names = [c.name for c in CHANGES.values() if c.on_cpu or not a.dry]
+    bad = [n for n in names if n not in CHANGES]
+    if bad:
+        p.error(f"unknown change(s) {', '.join(bad)}; choose from {', '.join(CHANGES)}")
+    a.changes = names
+    a.only = {s.strip() for s in (a.only or "").split(",") if s.strip()} or None
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    run = Acceptance(args)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        run.main()
+    except (Terminated, KeyboardInterrupt):
+        run.kill_child()
+        run.say("!! stopped by a signal: packing what there is")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        run.summary["finished"] = True
+        run.checkpoint()
+        run.say(f"done in {run.elapsed():.1f} s: {run.out}")
+        run.log_file.close()
+    failed = [s.name for s in run.steps if s.status == "failed"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
