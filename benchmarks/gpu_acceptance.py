@@ -36,9 +36,12 @@ summary, the log and the packed files in ``--out`` are rewritten after every ste
 ``artifacts.tar.gz`` and ``fixtures.tar.gz`` (what comes back from the device: at most 8
 files of 16 MB); the working files are in ``--work`` (a temp folder by default).
 
-Duration on one H100/H200 (estimated from the dry run's parts, see benchmarks/README.md
-"GPU acceptance run"): about 5-6 minutes for everything; the default deadline is 450 s
-and steps that no longer fit are skipped with a note, the least valuable last.
+Duration on one H100/H200, from the dry run's parts (benchmarks/README.md, "GPU
+acceptance run"): a pytest session is mostly its start, CUPTI's, the analysis and the
+reports, ~20 s (12-17 s in the dry run here, where the CPU also runs the tests' work);
+env 10 s, save 25, traces 25, graph_capture 15, 5 A/A 100, 4 changes 80, compile 40,
+compile_ro 30, ncu 30: ~6 minutes (5-7.5). The deadline (450 s) skips what no longer
+fits, the least valuable steps last, so the device's ``timeout_s=540`` is never reached.
 
     python3 benchmarks/gpu_acceptance.py --out "$OUT"           # on the GPU
     python benchmarks/gpu_acceptance.py --dry --out /tmp/acc     # here, on the CPU
