@@ -260,6 +260,9 @@ class Acceptance:
             except subprocess.TimeoutExpired:
                 rc = None
                 self.kill_child()
+            except BaseException:  # SIGTERM (Terminated) or Ctrl-C: never leave it running
+                self.kill_child()
+                raise
             finally:
                 self.child = None
         wall = time.monotonic() - t
@@ -385,8 +388,10 @@ class Acceptance:
             "try:\n"
             "    import triton; t['triton'] = triton.__version__\n"
             "except Exception: t['triton'] = None\n"
-            "import perfguard, perfguard.plugin\n"
-            "t['perfguard_from'] = perfguard.__file__\n"
+            "try:\n"
+            "    import perfguard, perfguard.plugin; t['perfguard_from'] = perfguard.__file__\n"
+            "except Exception as e:\n"
+            "    t['perfguard_error'] = f'{type(e).__name__}: {e}'[:300]\n"
             "print(json.dumps({'deps': out, 'torch': t}))\n"
         )
         done = subprocess.run([sys.executable, "-c", code], env=self.env(), capture_output=True,
@@ -419,7 +424,8 @@ class Acceptance:
             (self.project / name).write_text(text)
         (self.project / ".gitignore").write_text(".perfguard/\n__pycache__/\n")
         if self.git_ok:
-            git(self.project, "init", "-q", "-b", "main")
+            git(self.project, "init", "-q")  # (init -b needs git 2.28)
+            git(self.project, "symbolic-ref", "HEAD", "refs/heads/main")
             git(self.project, "add", "-A")
             git(self.project, "commit", "-q", "-m", "base: the perfguard examples")
             self.base_sha = git(self.project, "rev-parse", "HEAD")
@@ -675,7 +681,8 @@ class Acceptance:
         attempts.append(["--launch-skip", "20", "--launch-count", "1"])
         for i, extra in enumerate(attempts):
             argv = ["ncu", "--target-processes", "all", "--clock-control", "none", "--section",
-                    "SpeedOfLight", "--csv", *extra, sys.executable, str(MODEL), "run",
+                    "SpeedOfLight", "--csv", "--kernel-name-base", "demangled", *extra,
+                    sys.executable, str(MODEL), "run",
                     "--iters", "3", "--device", self.device]  # fmt: skip
             done = self.run(argv, f"ncu-{i}", self.args.ncu_timeout, cwd=self.work)
             text = (self.logs / done["log"]).read_text(errors="replace")
@@ -849,7 +856,7 @@ def pack_folder(folder: Path, target: Path, limit: int) -> dict[str, Any]:
     dropped: list[str] = []
     while True:
         tmp = target.with_name(f".{target.name}.tmp")
-        with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
+        with tarfile.open(tmp, "w:gz", compresslevel=3) as tar:  # rewritten every step
             for p in files:
                 tar.add(p, arcname=str(p.relative_to(folder.parent)))
         size = tmp.stat().st_size
