@@ -34,6 +34,7 @@ import pandas as pd
 
 from perfguard.arrays import factorize
 from perfguard.errors import TraceError
+from perfguard.trace.compiled import expand_compiled
 from perfguard.trace.kineto_split import read_split, split_worthwhile
 from perfguard.trace.kineto_stream import (
     NA_INT,
@@ -630,6 +631,8 @@ def _read(path: Path, rank: int | None, rank_default: int = 0) -> tuple[Trace, i
     ranges = _ranges(cols.table("ranges", _RANGE_COLUMNS))
     for df in (api_calls, kernels, memops, ranges):
         df["rank"] = rank
+    ranges, compiled_notes = expand_compiled(ranges)
+    notes.extend(compiled_notes)
     if cols.not_text:
         notes.append(f"{cols.not_text} event name(s) were not text (e.g. a number); read as text")
     unknown = int((ranges["name"] == "unknown").sum())
