@@ -83,6 +83,20 @@ def test_expansion_adds_zero_length_ops_at_their_kernels_end() -> None:
     assert expand_compiled(plain)[0] is plain  # nothing compiled: untouched
 
 
+def test_real_triton_capture_names_its_aten_ops_and_keeps_the_kernel_time() -> None:
+    """A real GPU capture of a compiled step (HTA's, tests/data/MANIFEST.md): the Triton
+    kernel stays with the launcher's range; add, cos and sin are calls beside it."""
+    path = Path(__file__).parent / "data" / "hta_triton_example.pt.trace.json.gz"
+    ops = analyze(load_trace(path)).ops.set_index("op_name")
+    region = "Torch-Compiled Region: 0/0/"
+    kernel = ops.loc[region + "triton_poi_fused_add_cos_sin_0"]
+    assert (kernel["kernel_count"], kernel["gpu_time_total"]) == (1, 1760)  # 1.76 us
+    fused = ops.loc[[region + f"aten::{op}" for op in ("add", "cos", "sin")]]
+    assert (fused["calls"] == 1).all()
+    assert (fused[["kernel_count", "gpu_time_total", "cpu_time_total"]] == 0).all().all()
+    assert ops["gpu_time_total"].sum() == 1760  # no GPU time made or lost
+
+
 # ------------------------------------------------------------- a real torch.compile
 
 
