@@ -437,6 +437,7 @@ class KinetoExpected:
         self.owner = Counter()  # (activity key, owner key) -> n
         self.totals: dict = {}  # range key -> [gpu ns, kernels, memops]
         self.orphans: list = []  # (kind, raw name) of unassociated activities
+        self.replayed: dict = {}  # activity key -> graph id of work a cudaGraphLaunch replayed
         self.kernel_ns = self.memop_ns = self.n_kernels = 0
         self.activities: list = []  # (rank, kind, corr, start, end, owner)
         for f in files:
@@ -466,7 +467,8 @@ class KinetoExpected:
                 corr = (ev.get("args") or {}).get("correlation")
                 if corr is not None:
                     assert corr not in launch, f"correlation {corr} launched twice"
-                    launch[corr] = (_int(ev["pid"]), _int(ev["tid"]), _ns(ev["ts"]))
+                    launch[corr] = (_int(ev["pid"]), _int(ev["tid"]), _ns(ev["ts"]),
+                                    ev.get("name"))  # fmt: skip
             elif cat in KERNEL_CATS or cat in MEMOP_CATS:
                 gpu.append(ev)
         index = {}
@@ -482,8 +484,12 @@ class KinetoExpected:
             kind = "kernel" if ev["cat"] in KERNEL_CATS else "memop"
             owner = None
             if corr in launch:
-                pid, tid, t = launch[corr]
-                owner = self._innermost(index.get((pid, tid)), t)
+                pid, tid, t, api = launch[corr]
+                if api in ("cudaGraphLaunch", "cuGraphLaunch"):  # replayed: not the range's
+                    graph = (ev.get("args") or {}).get("graph id")
+                    self.replayed[(kind, rank, corr, s, e)] = graph
+                else:
+                    owner = self._innermost(index.get((pid, tid)), t)
             self.owner[(kind, rank, corr, s, e), owner] += 1
             self.activities.append((rank, kind, corr, s, e, owner))
             if owner is None:
@@ -562,6 +568,10 @@ def test_kineto_totals_and_unassociated(kineto_case):
     assert Counter(k for k, _ in got.elements()) == Counter(k for k, _ in exp.orphans)
     for key, op_name in got:
         raw = raw_of[key]
+        if key in exp.replayed:
+            graph = exp.replayed[key]
+            assert op_name == f"graph_replay_{'unknown' if graph is None else graph}"
+            continue
         assert op_name.startswith("unassociated_")
         label = op_name[len("unassociated_") :]
         assert label

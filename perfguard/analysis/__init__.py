@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from perfguard.analysis.attribution import attribute, gpu_activities
+from perfguard.analysis.attribution import attribute, gpu_activities, graph_replay_note
 from perfguard.analysis.cpu_only import CpuOnly, needs_row
 from perfguard.analysis.enrich import add_flops, add_tensor_cores, range_flops
 from perfguard.analysis.iterations import (
@@ -123,7 +123,7 @@ def analyze(
     keep = needs_row(trace.ranges, codes.op_rows, _owners(trace, codes, attributed), by_range)
     api_time = api_time_inside(trace, codes.op_rows)
     inst, acts, notes = _instances(trace, attributed, codes, intervals, by_range, keep, api_time)
-    notes = [*trace.notes, *deep_range_note(trace.ranges), *notes]
+    notes = [*trace.notes, *deep_range_note(trace.ranges), *graph_replay_note(attributed), *notes]
     cpu_only = fold_cpu_only(trace, codes, keep, api_time)
     del codes, api_time, keep  # millions of entries each: freed before the next step
     start = trace.ranges["start"].to_numpy(np.int64)[cpu_only.range_row]

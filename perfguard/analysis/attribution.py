@@ -11,6 +11,12 @@ This is the DLProf/PyProf rule (DESIGN.md "Attribution"):
 
 Iteration markers (``ProfilerStep#N``, ``perfguard.iteration``) are not ops,
 so a kernel launched directly inside a step is unassociated, as in DLProf.
+
+A kernel replayed from a CUDA graph has ``cudaGraphLaunch`` (``cuGraphLaunch``)
+as its launching call, not the op that recorded it at capture time: the range
+around the replay (a module, a step) did not launch it, so rule 2 does not
+apply. It goes to the op ``graph_replay_<graph id>`` (rule 3's pseudo-op, with
+the graph named), and the analysis notes how much GPU time that is.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from perfguard.trace.nesting import Nesting, group_codes
 from perfguard.trace.ranges import ids_are_rows
 
 UNASSOCIATED_PREFIX = "unassociated_"
+#: the op of work replayed from a CUDA graph that nothing ties to its recording op
+GRAPH_REPLAY_PREFIX = "graph_replay_"
+#: launching calls that replay a CUDA graph (runtime and driver API, any version suffix)
+_GRAPH_LAUNCH = r"^(?:cudaGraphLaunch|cuGraphLaunch)(?:_v\d+|_ptsz)*$"
 #: the values of the activities' ``activity`` column (a categorical)
 ACTIVITY_KINDS = ("kernel", "memop")
 
@@ -55,15 +65,23 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
     """Add launch and op columns to ``activities`` (from :func:`gpu_activities`).
 
     Adds: ``launch_start`` (the API call's start, NA without one),
-    ``launch_tid``, ``range_id`` (the owning op range, -1 when unassociated)
-    and ``instance`` (``range_id``, or ``-1 - k`` for the k-th unassociated
-    activity, which is an op instance of its own).
+    ``launch_tid``, ``range_id`` (the owning op range, -1 when unassociated),
+    ``graph_replay`` (launched by a CUDA graph launch: never owned by the range
+    around it) and ``instance`` (``range_id``, or ``-1 - k`` for the k-th
+    unassociated activity, which is an op instance of its own).
     """
     api = trace.api_calls
     row = _launching_call(api, activities)
     has_launch = row >= 0
     at = np.where(has_launch, row, 0)
     out = activities.copy(deep=False)
+    replay = np.zeros(len(out), dtype=bool)
+    if len(api) and has_launch.any():
+        names = api["name"].array  # coded text (the model's conform): one match per name
+        is_graph = np.asarray(names.categories.str.match(_GRAPH_LAUNCH), dtype=bool)
+        if is_graph.any():
+            replay = has_launch & np.append(is_graph, False)[names.codes[at]]
+    out["graph_replay"] = replay
     # nullable ints: a float NaN column would round ns timestamps past 2**53
     out["launch_start"] = pd.arrays.IntegerArray(
         api["start"].to_numpy(np.int64)[at] if len(api) else np.zeros(len(at), np.int64),
@@ -75,12 +93,13 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
     )
 
     range_id = np.full(len(out), -1, dtype=np.int64)
-    range_id[has_launch] = enclosing_op(
+    owned = has_launch & ~replay
+    range_id[owned] = enclosing_op(
         trace,
-        out["rank"].to_numpy()[has_launch],
-        out["pid"].to_numpy()[has_launch],
-        out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
-        out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
+        out["rank"].to_numpy()[owned],
+        out["pid"].to_numpy()[owned],
+        out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[owned],
+        out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[owned],
     )
     out["range_id"] = range_id.astype(INDEX)
     # the op instance that owns it: the range, or a pseudo-instance of its own
@@ -88,6 +107,43 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
     range_id[orphans] = -1 - np.arange(len(orphans), dtype=np.int64)
     out["instance"] = range_id.astype(INDEX)
     return out
+
+
+def orphan_names(acts: pd.DataFrame, orphan: np.ndarray) -> pd.Series:
+    """The op name of each unowned activity (rows ``orphan`` of ``acts``):
+    ``graph_replay_<graph id>`` for work replayed from a CUDA graph, else
+    ``unassociated_<kernel short name or memop kind>``."""
+    short = acts["short_name"].to_numpy(dtype=object)[orphan]
+    full = acts["name"].to_numpy(dtype=object)[orphan]
+    names = UNASSOCIATED_PREFIX + pd.Series(
+        np.where(pd.isna(short), full, short), dtype="object"
+    ).fillna("unnamed").astype(str)
+    if "graph_replay" in acts:
+        replay = acts["graph_replay"].to_numpy(dtype=bool)[orphan]
+        if replay.any():
+            graph = acts["graph_id"] if "graph_id" in acts else pd.Series(pd.NA, index=acts.index)
+            gid = pd.Series(graph.to_numpy(dtype=object)[orphan][replay], dtype=object)
+            label = GRAPH_REPLAY_PREFIX + gid.map(lambda g: "unknown" if pd.isna(g) else str(g))
+            names[replay] = label.to_numpy(dtype=object)
+    return names
+
+
+def graph_replay_note(acts: pd.DataFrame) -> list[str]:
+    """One line saying how much GPU work was replayed from CUDA graphs and where it went."""
+    if "graph_replay" not in acts or not acts["graph_replay"].any():
+        return []
+    replay = acts["graph_replay"].to_numpy(dtype=bool)
+    dur = acts["end"].to_numpy(np.int64) - acts["start"].to_numpy(np.int64)
+    total = int(dur.sum())
+    share = 100.0 * int(dur[replay].sum()) / total if total > 0 else 0.0
+    graphs = int(acts.loc[replay, "graph_id"].dropna().nunique()) if "graph_id" in acts else 0
+    which = f"{graphs} CUDA graph(s)" if graphs else "CUDA graphs (the capture numbers none)"
+    return [
+        f"{int(replay.sum())} GPU activities ({share:.1f} % of GPU time) were replayed from "
+        f"{which}: their launching call is cudaGraphLaunch, and the capture does not say "
+        f"which op recorded them, so they are reported as {GRAPH_REPLAY_PREFIX}<graph id>, "
+        "not as work of the range around the replay"
+    ]
 
 
 def _is_tree(ranges: pd.DataFrame) -> bool:

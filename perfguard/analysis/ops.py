@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfguard.analysis.attribution import UNASSOCIATED_PREFIX
+from perfguard.analysis.attribution import orphan_names
 from perfguard.analysis.cpu_only import (
     CpuOnly,
     FoldedStats,
@@ -222,11 +222,7 @@ class OpCodes:
         path_id, path_text = op_path_codes(r)
         op_rows = np.flatnonzero((r["kind"] == "op").to_numpy(dtype=bool))
         orphan = np.flatnonzero(acts["range_id"].to_numpy() < 0)
-        short = acts["short_name"].to_numpy(dtype=object)[orphan]
-        full = acts["name"].to_numpy(dtype=object)[orphan]
-        orphan_name = UNASSOCIATED_PREFIX + pd.Series(
-            np.where(pd.isna(short), full, short), dtype="object"
-        ).fillna("unnamed").astype(str)
+        orphan_name = orphan_names(acts, orphan)
         code, names = _op_name_codes(path_id[op_rows], path_text, orphan_name)
         # int32 where they fit: kept alive through the fold, 4.8M entries each at
         # emit_nvtx density (copies: a slice would keep the whole int64 array)

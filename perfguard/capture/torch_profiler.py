@@ -109,6 +109,30 @@ def resolve_device(device: str, torch: Any) -> str:
     return device
 
 
+#: Inductor's switch for a profiler range around each C++ kernel it generates (torch.compile
+#: on a CPU); its Triton kernels get one from their launcher whatever it says
+INDUCTOR_CPP_PROFILE_ENV = "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"
+
+
+def record_compiled_kernels() -> bool:
+    """Have ``torch.compile``'s C++ kernels compiled from now on open a profiler range each.
+
+    Without one a compiled CPU model's kernels are invisible: their time is the
+    ``CompiledFxGraph`` range's own, and no op they fuse can be named
+    (:mod:`perfguard.trace.compiled`). Code compiled earlier is not changed, so
+    this is called before the program compiles (the runner: before it runs; the
+    plugin: at session start). The environment variable also reaches child
+    processes; a user's own ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=0`` is kept.
+    Returns whether the ranges are on. Does not import torch.
+    """
+    os.environ.setdefault(INDUCTOR_CPP_PROFILE_ENV, "1")
+    on = os.environ[INDUCTOR_CPP_PROFILE_ENV] == "1"
+    config = sys.modules.get("torch._inductor.config")  # read the variable at its import
+    if config is not None and on:
+        config.cpp.enable_kernel_profile = True
+    return on
+
+
 @dataclass
 class TorchProfile:
     """What :func:`profile_torch` yields: where the trace goes, the device, the profiler."""
@@ -136,6 +160,7 @@ def profile_torch(
     when the body raises (then the body's exception propagates). Shapes are on
     by default because FLOP and Tensor Core figures need them.
     """
+    record_compiled_kernels()
     torch = _import_torch()
     dev = resolve_device(device, torch)
     activities = [torch.profiler.ProfilerActivity.CPU]

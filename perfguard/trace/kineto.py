@@ -34,6 +34,7 @@ import pandas as pd
 
 from perfguard.arrays import factorize
 from perfguard.errors import TraceError
+from perfguard.trace.compiled import expand_compiled
 from perfguard.trace.kineto_split import read_split, split_worthwhile
 from perfguard.trace.kineto_stream import (
     NA_INT,
@@ -63,7 +64,7 @@ API_CATEGORIES = ("cuda_runtime", "cuda_driver")
 MEMOP_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 _ARGS = [
     "correlation", "device", "stream", "grid", "block",
-    "registers per thread", "shared memory", "bytes", "Input Dims", "Input type",
+    "registers per thread", "shared memory", "bytes", "graph id", "Input Dims", "Input type",
     "Sequence number", "Call stack", "Concrete Inputs",
 ]  # fmt: skip
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
@@ -345,6 +346,7 @@ class _Columns:
                 df["shared_mem"] = _nullable(_int_field(_SHMEM, ga))
             else:
                 df["bytes"] = _nullable(_int_field(_BYTES, ga))
+            df["graph_id"] = _nullable(_int_field(_GRAPH, ga))
             self.parts[table].append(df)
         i, ra = rows(code >= _CPU_OP)
         if len(i):
@@ -462,6 +464,7 @@ class _Columns:
                     df[col] = pd.to_numeric(ga[arg], errors="coerce").to_numpy()
             else:
                 df["bytes"] = pd.to_numeric(ga["bytes"], errors="coerce").to_numpy()
+            df["graph_id"] = pd.to_numeric(ga["graph id"], errors="coerce").to_numpy()
             self.parts[table].append(df)
         i = rows(RANGE_CATEGORIES)
         if len(i):
@@ -519,8 +522,8 @@ _PH, _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS_OF = map(attrgetter, _FIELDS + ["
 _CORR, _DEVICE, _STREAM, _GRID, _BLOCK = map(
     attrgetter, ["correlation", "device", "stream", "grid", "block"]
 )
-_REGS, _SHMEM, _BYTES, _SEQ, _STACK = map(
-    attrgetter, ["registers", "shared_memory", "bytes", "seq", "call_stack"]
+_REGS, _SHMEM, _BYTES, _SEQ, _STACK, _GRAPH = map(
+    attrgetter, ["registers", "shared_memory", "bytes", "seq", "call_stack", "graph_id"]
 )
 _DIMS, _TYPES, _CONCRETE = map(attrgetter, ["input_dims", "input_type", "concrete"])
 #: the table an event goes to, by (modern) category; its ``category`` column by code
@@ -630,6 +633,8 @@ def _read(path: Path, rank: int | None, rank_default: int = 0) -> tuple[Trace, i
     ranges = _ranges(cols.table("ranges", _RANGE_COLUMNS))
     for df in (api_calls, kernels, memops, ranges):
         df["rank"] = rank
+    ranges, compiled_notes = expand_compiled(ranges)
+    notes.extend(compiled_notes)
     if cols.not_text:
         notes.append(f"{cols.not_text} event name(s) were not text (e.g. a number); read as text")
     unknown = int((ranges["name"] == "unknown").sum())

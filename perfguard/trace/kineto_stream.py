@@ -83,6 +83,7 @@ class Args(msgspec.Struct, gc=False, frozen=True):
     registers: int | None = msgspec.field(default=NA_INT, name="registers per thread")
     shared_memory: int | None = msgspec.field(default=NA_INT, name="shared memory")
     bytes: int | None = NA_INT
+    graph_id: int | None = msgspec.field(default=NA_INT, name="graph id")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
     seq: int | None = msgspec.field(default=NA_INT, name="Sequence number")

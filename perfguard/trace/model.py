@@ -16,6 +16,9 @@ Columns beyond DESIGN.md, and why:
   another thread, which cannot nest); a categorical (:data:`RANGE_KIND`).
 * ``category`` on ranges: the Kineto category (``cpu_op``,
   ``user_annotation``) or ``nvtx``.
+* ``graph_id`` on kernels and memops: the CUDA graph a replayed activity ran in
+  (Kineto ``graph id``, CUPTI's ``graphId``), NA for work launched on its own:
+  its launching call is ``cudaGraphLaunch``, not the op that recorded it.
 * ``concrete_inputs`` on ranges: the scalar arguments of an op (stride,
   padding, dilation, groups, ...; Kineto ``Concrete Inputs``) as JSON text,
   aligned with ``input_shapes``/``dtypes``: FLOPs of a convolution need them.
@@ -114,6 +117,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "block_z": "Int64",
         "registers": "Int64",
         "shared_mem": "Int64",
+        "graph_id": "Int64",
     },
     "memops": {
         "start": "int64",
@@ -125,6 +129,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "correlation_id": "int64",
         "kind": CODED_TEXT,
         "bytes": "Int64",
+        "graph_id": "Int64",
     },
     "devices": {
         "rank": INDEX,
