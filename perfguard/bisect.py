@@ -293,31 +293,19 @@ class _StoreOracle:
         mine = self._runs_with_tests(sha, self.fingerprint)
         if not mine:
             return None
-        import numpy as np
+        from perfguard.compare.against import History, against_from_store, settings_for
+        from perfguard.compare.judge import judge
 
-        from perfguard.compare.gates import parse_gates
-        from perfguard.compare.judge import TOLERANCE, Against, JudgeSettings, judge
-
+        good = History(self.good, [self.good])  # GOOD itself, not an ancestor of it
         out = []
         for nodeid in self.nodeids:
             current = self.store.load_test(mine[0], nodeid)
-            base = [self.store.load_test(r, nodeid) for r in self.good_runs]
-            base = [b for b in base if b is not None]
             assert current is not None
-            hist = self.store.history(nodeid, fingerprint=self.fingerprint, limit=50)
-            hist = hist[hist["metric"] == current.metric]["median_ns"].to_numpy(np.float64)
-            waits = [b.meta.get("wait") for b in base if b.meta.get("wait") is not None]
-            marker = current.meta.get("marker") or {}
-            tol = settings.tolerance
-            if tol is None:
-                tol = current.meta.get("tolerance") or TOLERANCE
-            against = Against(
-                records=base, mode="store", commit=self.good, run_found=True, history=hist,
-                wait=float(np.median(waits)) if waits else float("nan"),
-            )  # fmt: skip
-            verdict = judge(current, against, JudgeSettings(
-                tolerance=float(tol), gates=parse_gates(marker.get("gates")),
-            ))  # fmt: skip
+            # the plugin's own path: the same pooling, history, speed and -n rules
+            against = against_from_store(
+                self.store, good, current, self.fingerprint, exclude_run_id=mine[0]
+            )
+            verdict = judge(current, against, settings_for(current, settings.tolerance))
             out.append(_verdict(verdict.to_dict(), settings.oracle))
         return out
 

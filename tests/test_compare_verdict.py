@@ -108,9 +108,13 @@ def test_scaled_op_is_a_regression_named_in_the_message(resnet: TestRecord) -> N
     top = c.ops.iloc[0]
     assert top["op_id"] == op and top["delta_pct"] == pytest.approx(50.0, abs=0.01)
     name = resnet.ops.set_index("op_id").loc[op, "op_name"]
-    assert f"top op {name} (bprop) +50%" in c.message
-    assert c.message.startswith("slower beyond the threshold")
-    assert "99% interval" in c.message and "6 rounds" in c.message
+    why = c.explanation
+    assert why.decided_by == "timing" and why.first.kind == "timing" and why.first.op == name
+    assert f"{name}: GPU time" in c.message and "(+50.0%; per-op times not judged)" in c.message
+    assert c.message.startswith("timing regressed: GPU time")
+    assert "slower beyond the threshold" in c.message and "6/6 rounds" in c.message
+    # the change is the ratio of the levels it is shown between
+    assert c.level_current_ns / c.level_baseline_ns - 1 == pytest.approx(c.delta_pct / 100)
 
 
 def test_improvement_is_symmetric(resnet: TestRecord) -> None:
@@ -118,7 +122,8 @@ def test_improvement_is_symmetric(resnet: TestRecord) -> None:
     c = compare_records(_scale_op(resnet, op, 0.5), resnet)
     assert c.outcome is Outcome.IMPROVED and not failed(c)
     assert c.ci_high_pct < 0 and c.ops.iloc[0]["op_id"] == op
-    assert "top op" in c.message and "-50%" in c.message
+    assert c.explanation.first.kind == "timing" and "(-50.0%" in c.explanation.first.text
+    assert c.message.startswith("timing improved")
 
 
 def test_a_change_inside_the_noise_is_not_a_regression(resnet: TestRecord) -> None:
@@ -237,8 +242,11 @@ def test_deterministic_kernel_findings(resnet: TestRecord) -> None:
     assert c.outcome is Outcome.REGRESSED and c.timing.outcome is Outcome.UNCHANGED
     gates = {f.gate for f in c.gates.regressions}
     assert {"tc_lost", "kernel_set"} <= gates, c.gates.message
-    assert "lost Tensor Cores" in c.message
-    assert "launches a new kernel brand_new_kernel" in c.message
+    why = c.explanation
+    assert why.decided_by == "gates" and why.first.kind == "tc_lost"
+    assert c.message.startswith("gates: ") and "lost Tensor Cores" in c.message
+    assert any("launches a new kernel brand_new_kernel" in x.text for x in why.culprits)
+    assert all(x.kind != "timing" for x in why.culprits)  # timing did not decide
     gained = compare_records(base, cur).kernel_changes
     assert gained["kind"].tolist().count("tc_gained") == 1
 
@@ -399,4 +407,6 @@ def test_message_names_an_added_op_that_moved_more_than_a_regressed_one(resnet) 
     assert ops.loc[second, "delta_pct"] == pytest.approx(10.0, abs=0.01)
     # no ops row was made for the new op, so its id stands in for its name
     added = format_ns(float(np.median(per_it)))
-    assert f"; top op feedfacefeedface added ({added}/iteration)" in c.message
+    assert c.explanation.first.op == "feedfacefeedface" and c.explanation.first.kind == "added"
+    assert "largest mover feedfacefeedface ×" in c.message
+    assert f"added ({added} per iteration)" in c.message

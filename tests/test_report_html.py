@@ -328,13 +328,18 @@ def test_tests_table_sorted_by_severity_with_reasons(session, page):
     assert by[EVIL_TEST][9] == "regressed"  # the gates column
     for nodeid, (cur, base) in session["records"].items():
         row = by[nodeid]
-        mc = round_median(cur.round_values())  # independent of the results dict
-        assert row[4] == fmt_ns(mc), nodeid
-        if base is None or nodeid.endswith("test_other_gpu"):
-            assert row[3] == "n/a" and row[5] == "n/a"
+        # independent of the results dict: a compared test shows the levels whose ratio is
+        # its change (geometric means of the rounds); one compared with nothing, its median
+        if base is None or nodeid.endswith("test_other_gpu") or len(cur.round_values()) < 3:
+            assert row[4] == fmt_ns(round_median(cur.round_values())), nodeid
+            assert row[5] == "n/a"
+            if base is None or nodeid.endswith("test_other_gpu"):
+                assert row[3] == "n/a"
         else:
-            mb = round_median(base.round_values())
-            assert row[3] == fmt_ns(mb)
+            gb = float(np.exp(np.mean(np.log(base.round_values()))))
+            gc = float(np.exp(np.mean(np.log(cur.round_values()))))
+            assert row[3] == fmt_ns(gb) and row[4] == fmt_ns(gc), nodeid
+            assert row[5] == fmt_pct(100 * (gc / gb - 1)), nodeid
     for nodeid in (ERROR_TEST, CRASH_TEST):
         assert by[nodeid][3:6] == ["n/a", "n/a", "n/a"]
 
@@ -617,7 +622,8 @@ def test_terminal_table_lists_every_outcome_worst_first_with_why(session):
 
     lines = results_lines(SessionResults.from_dict(session["results"]))
     assert lines[0] == "perfguard: FAIL (3 regressed)"
-    header, rule, *body, counts = lines[1:]
+    header, rule, *rest = lines[1:]
+    body, counts, explained = rest[: len(EXPECTED)], rest[len(EXPECTED)], rest[len(EXPECTED) + 1 :]
     assert header.split()[:2] == ["test", "outcome"]
     assert len(body) == len(EXPECTED)
     widths = [len(c) for c in rule.split("  ")]
@@ -630,8 +636,15 @@ def test_terminal_table_lists_every_outcome_worst_first_with_why(session):
     assert by["error"][5].startswith("the test requests the gpuprofile fixture")
     assert "\udc80" not in "".join(lines)  # printable on any terminal
     assert by["not-judged"][5].startswith("too few rounds")
-    assert by["improved"][5].startswith("top op ")
+    improved = next(t for t in SessionResults.from_dict(session["results"]).tests
+                    if t.outcome == "improved")  # fmt: skip
+    assert improved.explanation is not None and improved.explanation.lead
+    assert by["improved"][5].startswith(improved.explanation.lead[:30])
     assert counts.startswith("3 regressed, 1 crashed, 1 error, 1 noisy")
+    # under the table, each regressed or improved test's explanation, as its failure says it
+    heads = [x for x in explained if not x.startswith("  - ")]
+    assert [h.split()[0] for h in heads] == ["regressed"] * 3 + ["improved"]
+    assert f"improved {improved.nodeid}: {improved.explanation.headline}" in heads
 
 
 # --------------------------------------------------------------------------- summary.md
@@ -649,8 +662,13 @@ def test_markdown_lines_details_and_link(session):
     ]
     slower = next(b for b in bullets if "test_slower" in b)
     t = next(t for t in session["results"]["tests"] if t["nodeid"].endswith("test_slower"))
-    assert fmt_pct(t["delta_pct"]) in slower and fmt_ns(t["median_current_ns"]) in slower
-    assert "6/6 rounds, threshold 5.0 %" in slower
+    block = md[md.index(slower) :].split("\n- ")[0]  # the bullet and its sub-bullets
+    from perfguard.compare.explain import format_ns as level_ns
+
+    levels = f"level {level_ns(t['level_baseline_ns'])} → {level_ns(t['level_current_ns'])}"
+    assert f"{t['delta_pct']:+.1f}%" in block and levels in block and "6/6 rounds" in block
+    # the change is the change of the levels shown beside it, never of other figures
+    assert t["level_current_ns"] / t["level_baseline_ns"] - 1 == pytest.approx(t["delta_pct"] / 100)
     crashed = next(b for b in bullets if "**crashed**" in b)
     assert crashed.endswith(CRASH_REASON.replace("(", "(").replace("_", "\\_"))
     details = md[md.index("<details>") : md.index("</details>")]

@@ -129,18 +129,26 @@ class Fingerprint:
     def incompatibility(self, other: Fingerprint) -> str | None:
         """Why results measured on ``other`` cannot be compared with these, or None.
 
-        Same GPU model, same device count, same backend and the same number of
-        test processes measuring at once (``-n``) are required;
+        Same GPU model, same device count and same backend are required;
         versions and host are recorded for the reader but do not block.
         A CPU-only run is compared only with CPU-only runs on the same CPU
-        model, since its figures are wall times of that CPU.
+        model, since its figures are wall times of that CPU. The number of test
+        processes measuring at once (``-n``) changes timing, not the counters the
+        gates compare: :meth:`timing_incompatibility` says that one.
         """
-        for name in ("gpu_name", "gpu_count", "backend", "workers"):
+        for name in ("gpu_name", "gpu_count", "backend"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 return f"{name} differs: {theirs!r} (baseline) vs {mine!r} (current)"
         if not self.gpu_name and self.cpu and other.cpu and self.cpu != other.cpu:
             return f"cpu differs: {other.cpu!r} (baseline) vs {self.cpu!r} (current)"
+        return None
+
+    def timing_incompatibility(self, other: Fingerprint) -> str | None:
+        """Why timings measured on ``other`` cannot be compared with these (beyond
+        :meth:`incompatibility`): another number of test processes measuring at once."""
+        if self.workers != other.workers:
+            return f"workers differs: {other.workers!r} (baseline) vs {self.workers!r} (current)"
         return None
 
     def to_dict(self) -> dict[str, Any]:

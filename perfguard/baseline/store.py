@@ -497,9 +497,11 @@ class Store:
                    ORDER BY r.time DESC, r.run_id DESC""",
                 [nodeid],
             )
-            if fingerprint is not None and len(cand):
+            if fingerprint is not None and len(cand):  # timings measured alike: -n too
                 fps = [Fingerprint.from_dict(json.loads(s)) for s in cand["fingerprint"]]
-                cand = cand[[fingerprint.incompatibility(fp) is None for fp in fps]]
+                cand = cand[[fingerprint.incompatibility(fp) is None
+                             and fingerprint.timing_incompatibility(fp) is None
+                             for fp in fps]]  # fmt: skip
             cand = cand.head(max(int(limit), 0)).iloc[::-1].reset_index(drop=True)
             samples = self._query(
                 "SELECT test_id, gpu_time_ns, wall_time_ns, cpu_time_ns, profiled FROM samples "
@@ -518,6 +520,20 @@ class Store:
         out["n"] = cand["test_id"].map(stats["count"]).fillna(0).astype(np.int64)
         out["run_id"] = out["run_id"].astype(np.int64)
         return out
+
+    def runs_with_test(self, nodeid: str) -> pd.DataFrame:
+        """The runs that recorded ``nodeid``: run_id, commit, dirty, time and ``fingerprint``
+        (a Fingerprint object), oldest first (a partial save holds only some tests)."""
+        df = self._query(
+            """SELECT r.run_id, r."commit", r.dirty, r.time, r.fingerprint
+               FROM runs r JOIN tests t ON t.run_id = r.run_id WHERE t.nodeid = ?
+               ORDER BY r.time, r.run_id""",
+            [nodeid],
+        )
+        df["run_id"] = df["run_id"].astype(np.int64)
+        df["dirty"] = df["dirty"].astype(bool)
+        df["fingerprint"] = [Fingerprint.from_dict(json.loads(s)) for s in df["fingerprint"]]
+        return df
 
     def nodeids(self) -> list[str]:
         """Every test with a record in the store, sorted."""

@@ -37,8 +37,10 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "compare",
         help="compare two captures or stored runs; exit 1 on a regression",
-        description="Noise-aware verdict (Mann-Whitney U + Hodges-Lehmann interval) of "
-        "CURRENT against BASELINE, per test and per op.",
+        description="The judge's verdict of CURRENT against BASELINE, per test and per op: "
+        "timing (the change of the rounds' level with its interval against the noise) "
+        "and the deterministic gates (op calls, FLOPs, dtypes, syncs, ...), with the "
+        "explanation the plugin's reports give.",
     )
     for name in ("current", "baseline"):
         p.add_argument(
@@ -60,15 +62,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--tolerance",
         type=argtypes.tolerance,
-        default=0.05,
+        default=None,
         metavar="PCT",
-        help="smallest median slowdown that counts (default: 5%%)",
+        help="smallest slowdown of the level that counts (default: a stored test's "
+        "marker, else 5%%)",
     )
     p.add_argument(
         "--alpha",
         type=argtypes.alpha,
         default=0.01,
-        help="significance level of the Mann-Whitney test (default: 0.01)",
+        help="significance level of the change's interval (default: 0.01)",
     )
     p.add_argument(
         "--key-node",
@@ -76,6 +79,13 @@ def add_parser(subparsers: Any) -> None:
         dest="key_node",
         metavar="NAME",
         help="range that ends each iteration, for captures (DLProf semantics)",
+    )
+    p.add_argument(
+        "--output",
+        default=".perfguard/compare",
+        metavar="DIR",
+        help="A/B mode: where the run's results.json, report.html and summary.md are "
+        "written and kept (default: .perfguard/compare)",
     )
     p.add_argument(
         "--json",
@@ -164,6 +174,7 @@ def _incompatibility(current: _Side, baseline: _Side) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from perfguard.compare import Outcome, compare_records
+    from perfguard.compare.against import settings_for
     from perfguard.errors import CompareError
 
     if args.against:
@@ -186,22 +197,25 @@ def run(args: argparse.Namespace) -> int:
     if not current.records:
         raise CompareError(f"{current.spec}: no tests recorded")
     reason = _incompatibility(current, baseline)
-    results = [
-        compare_records(
-            rec,
-            baseline.records.get(nodeid),
-            tolerance=args.tolerance,
-            alpha=args.alpha,
-            incompatibility=reason,
-            baseline_commit=baseline.commit,
+    timing_reason = (
+        current.fingerprint.timing_incompatibility(baseline.fingerprint)
+        if current.fingerprint is not None and baseline.fingerprint is not None
+        else None
+    )
+    results = []
+    for nodeid, rec in sorted(current.records.items()):
+        settings = settings_for(rec, args.tolerance, args.alpha)  # the marker's, as stored
+        results.append(compare_records(
+            rec, baseline.records.get(nodeid), tolerance=settings.tolerance,
+            alpha=args.alpha, incompatibility=reason, baseline_commit=baseline.commit,
             baseline_run_exists=baseline.is_run,
-        )
-        for nodeid, rec in sorted(current.records.items())
-    ]
+            gates=(rec.meta.get("marker") or {}).get("gates"),
+            timing_incompatibility=timing_reason,
+        ))  # fmt: skip
     gone = sorted(set(baseline.records) - set(current.records))
     print(_table(results))
     for r in results:
-        print(f"\n{r.outcome.value.upper()} {r.nodeid}\n  {r.message}")
+        print(f"\n{r.outcome.value.upper()} {r.nodeid}\n  {r.explanation.text('    ')}")
         if r.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and args.ops > 0:
             print(_ops_table(r.ops.head(args.ops)))
     for nodeid in gone:
@@ -227,9 +241,9 @@ def run_ab(args: argparse.Namespace) -> int:
     import shlex
     import subprocess
     import sys
-    import tempfile
 
-    from perfguard.errors import CompareError
+    from perfguard.compare.results import load_results
+    from perfguard.errors import CompareError, ReportError
     from perfguard.plugin.ab import prepare_worktree
 
     repo = Path(args.repo).resolve()
@@ -251,22 +265,24 @@ def run_ab(args: argparse.Namespace) -> int:
             tree, _ = prepare_worktree(root, args.head, (root / common).resolve() / "perfguard-ab")
         except RuntimeError as exc:
             raise CompareError(f"--head {args.head}: cannot check it out: {exc}") from None
-    with tempfile.TemporaryDirectory(prefix="perfguard-compare-") as tmp:
-        out = Path(tmp)
-        argv = [sys.executable, "-m", "pytest", *shlex.split(args.pytest_args), "--perfguard",
-                f"--perfguard-against={args.against}", f"--perfguard-output={out}",
-                f"--perfguard-tolerance={args.tolerance}", "-p", "no:cacheprovider",
-                "-q"]  # fmt: skip
-        done = subprocess.run(argv, cwd=tree, check=False)
-        try:
-            doc = json.loads((out / "results.json").read_text())
-        except (OSError, ValueError):
-            raise CompareError(
-                f"the A/B run in {tree} wrote no results (pytest exited {done.returncode})"
-            ) from None
+    out = Path(args.output).resolve()  # kept: the report it names must still be there
+    argv = [sys.executable, "-m", "pytest", *shlex.split(args.pytest_args), "--perfguard",
+            f"--perfguard-against={args.against}", f"--perfguard-output={out}",
+            "-p", "no:cacheprovider", "-q"]  # fmt: skip
+    if args.tolerance is not None:
+        argv.append(f"--perfguard-tolerance={args.tolerance}")
+    done = subprocess.run(argv, cwd=tree, check=False)
+    try:
+        results = load_results(out / "results.json")
+    except ReportError:
+        raise CompareError(
+            f"the A/B run in {tree} wrote no results in {out} (pytest exited {done.returncode})"
+        ) from None
+    doc = results.to_dict()
     tests = doc.get("tests", [])
-    for t in tests:
-        print(f"\n{t['outcome'].upper()} {t['nodeid']}\n  {t.get('message', '')}")
+    for t in results.sorted_tests():
+        print(f"\n{t.outcome.value.upper()} {t.nodeid}\n  {t.explained.text('    ')}")
+    print(f"\nreport: {out / 'report.html'} (summary.md beside it)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=1) + "\n")
     return 1 if any(t["outcome"] == "regressed" for t in tests) else 0
@@ -281,6 +297,7 @@ def _renamed(record: Any, nodeid: str) -> Any:
 def _table(results: list[Any]) -> str:
     from perfguard.compare.verdict import format_ns, format_p, format_pct
 
+    # the levels whose ratio is the change (geometric means of the rounds), not medians
     rows = [("outcome", "test", "baseline", "current", "change", "interval", "p", "n")]
     for r in results:
         ci = (
@@ -292,8 +309,10 @@ def _table(results: list[Any]) -> str:
             (
                 r.outcome.value,
                 r.nodeid,
-                format_ns(r.median_baseline_ns),
-                format_ns(r.median_current_ns),
+                format_ns(r.level_baseline_ns),
+                format_ns(
+                    r.median_current_ns if math.isnan(r.level_current_ns) else r.level_current_ns
+                ),  # fmt: skip
                 format_pct(r.delta_pct),
                 ci,
                 format_p(r.p_value),

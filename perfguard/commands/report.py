@@ -51,8 +51,9 @@ def add_parser(subparsers: Any) -> None:
                            "ancestor of REF measured on a compatible machine")  # fmt: skip
     p.add_argument("--repo", default=".", metavar="DIR",
                    help="git repository for --baseline (default: .)")  # fmt: skip
-    p.add_argument("--tolerance", type=argtypes.tolerance, default=0.05, metavar="PCT",
-                   help="store only: slowdown that counts, e.g. 5%% (default 5%%)")  # fmt: skip
+    p.add_argument("--tolerance", type=argtypes.tolerance, default=None, metavar="PCT",
+                   help="store only: slowdown that counts, e.g. 5%% (default: each test's "
+                        "marker, else the session's, else 5%%)")  # fmt: skip
     p.add_argument("--alpha", type=argtypes.alpha, default=0.01, metavar="P",
                    help="store only: significance level (default 0.01)")  # fmt: skip
     p.add_argument("--max-ops", type=argtypes.integer(1), default=50, metavar="N",
@@ -75,55 +76,59 @@ def results_from_store(
     baseline_run: int | None = None,
     baseline_ref: str | None = None,
     repo: str | Path = ".",
-    tolerance: float = 0.05,
+    tolerance: float | None = None,
     alpha: float = 0.01,
 ) -> SessionResults:
-    """The session document of stored run ``run_id`` against a baseline run (or none)."""
+    """The session document of stored run ``run_id``, judged as the plugin judges it.
+
+    With ``baseline_ref``, each test against the nearest run at or before the ref that
+    measured it (:func:`perfguard.compare.against.against_from_store`, the plugin's own
+    path); with ``baseline_run``, against that one run; else ``no-baseline``.
+    ``tolerance``: overrides the default, never a marker's own (``settings_for``).
+    """
     from perfguard import __version__
     from perfguard.baseline.store import open_store
-    from perfguard.compare import compare_records
+    from perfguard.compare.against import (
+        History,
+        against_from_store,
+        history_levels,
+        history_rows,
+        settings_for,
+    )
+    from perfguard.compare.judge import Against, judge
 
     with open_store(store_path, create=False) as store:
         info, records = store.load_run(run_id)
         fp = info.fingerprint
         baseline: dict[str, Any] | None = None
+        walk = History.of(repo, baseline_ref) if baseline_ref is not None else None
         base_records: dict[str, Any] = {}
-        reason = None
-        if baseline_ref is not None and baseline_run is None:
-            from perfguard.baseline.git import find_baseline
-
-            match = find_baseline(store, repo, baseline_ref, fp, exclude_run_id=run_id)
-            if match.found:
-                baseline_run = match.run_id
-            elif match.status == "incomparable":
-                reason = match.reason
+        base_reason = base_timing = None
         if baseline_run is not None:
             base_info, base_records = store.load_run(baseline_run)
-            reason = fp.incompatibility(base_info.fingerprint)
-            baseline = {
-                "ref": baseline_ref,
-                "commit": base_info.commit,
-                "run_id": str(baseline_run),
-            }
+            base_reason = fp.incompatibility(base_info.fingerprint)
+            base_timing = fp.timing_incompatibility(base_info.fingerprint)
+            baseline = {"ref": None, "commit": base_info.commit, "run_id": str(baseline_run)}
         tests = []
         for nodeid, record in records.items():
-            base = base_records.get(nodeid)
-            c = compare_records(
-                record,
-                base,
-                tolerance=tolerance,
-                alpha=alpha,
-                incompatibility=reason if base is not None else None,
-                baseline_commit=baseline["commit"] if baseline else None,
-                baseline_run_exists=baseline is not None,
-            )
-            hist = store.history(nodeid, fingerprint=fp)
+            if walk is not None:
+                against = against_from_store(store, walk, record, fp, exclude_run_id=run_id)
+                if baseline is None and against.commit:
+                    baseline = {"ref": baseline_ref, "commit": against.commit, "run_id": None}
+            elif baseline_run is not None:
+                base = base_records.get(nodeid)
+                against = Against(
+                    records=[base] if base is not None else [], commit=baseline["commit"],
+                    run_found=True, incompatibility=base_reason,
+                    timing_incompatibility=base_timing,
+                    history=history_levels(store, record, fp, None, before_run_id=run_id),
+                )  # fmt: skip
+            else:
+                against = Against()
+            c = judge(record, against, settings_for(record, tolerance, alpha))
             tests.append(TestEntry.from_comparison(
                 c,
-                history=[
-                    {"commit": h.commit, "time": h.time, "median_ns": float(h.median_ns)}
-                    for h in hist.itertuples(index=False)
-                ],  # at most `limit` (50) stored runs
+                history=history_rows(store, nodeid, fp),
                 backend=fp.backend,
                 capture=record.meta.get("capture"),
                 load=record.meta.get("load"),

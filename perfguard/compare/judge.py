@@ -57,6 +57,8 @@ class Against:
     commit: str | None = None
     run_found: bool = False
     incompatibility: str | None = None
+    #: why the timing alone cannot be compared (another -n); the gates still are
+    timing_incompatibility: str | None = None
     history: np.ndarray = field(default_factory=lambda: np.zeros(0))
     wait: float = math.nan  # share of the baseline's round time spent waiting for a CPU
     speed_ns: float = math.nan  # the baseline's reference-workload time (capture/speed.py)
@@ -102,6 +104,8 @@ def _iterations(record: TestRecord) -> int:
 
 def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any:
     """The verdict on ``current`` (a :class:`~perfguard.compare.verdict.TestComparison`)."""
+    from perfguard.compare.explain import explain
+    from perfguard.compare.explanation import Explanation
     from perfguard.compare.verdict import TestComparison, compare_ops, format_ns, kernel_changes
 
     if current.metric not in METRICS:
@@ -139,11 +143,19 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any
         msg = f"{text}; {current.metric} median {format_ns(median)}, {len(cur_rounds)} round(s)"
         return TestComparison(
             outcome=outcome, message=msg, timing=timing, gates=None,
-            **_figures(timing), **common,
+            explanation=Explanation.plain(outcome.value, msg), **_figures(timing), **common,
         )  # fmt: skip
 
     metric = current.metric
-    if metric != "gpu_time" and any(r.timed_apart != current.timed_apart for r in against.records):
+    if against.timing_incompatibility is not None:
+        timing = not_judged(
+            metric, f"timing not compared: {against.timing_incompatibility}", tol,
+            median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
+            n_current=len(cur_rounds), load=load,
+        )  # fmt: skip
+    elif metric != "gpu_time" and any(
+        r.timed_apart != current.timed_apart for r in against.records
+    ):
         # a CPU timing under the profiler is slower and noisier than one without it
         which = "the baseline" if current.timed_apart else "this session"
         timing = not_judged(
@@ -170,21 +182,16 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any
     changes = kernel_changes(current, base_rec)  # once: the gates and the report share it
     gates = judge_gates(current, base_rec, settings.gates, changes)
     outcome = combine(timing, gates)
+    if outcome is Outcome.NOT_JUDGED and against.timing_incompatibility is not None:
+        outcome = Outcome.INCOMPARABLE  # the timing could not be compared; the gates held
     ops = compare_ops(current, base_rec, tolerance=tol, alpha=alpha)
-    parts = [timing.message]
-    if gates.outcome is not Outcome.UNCHANGED or outcome is Outcome.NOT_JUDGED:
-        parts.append(gates.message)
-    result = TestComparison(
-        outcome=outcome, message="", timing=timing, gates=gates, ops=ops,
+    why = explain(outcome, timing, gates, ops, current, base_rec, settings.gates)
+    return TestComparison(
+        outcome=outcome, message=why.headline, timing=timing, gates=gates, ops=ops,
         kernel_changes=changes, samples_baseline=_ints(base_rec.values()),
-        rounds_baseline=_ints(base_rec.round_values(metric)),
+        rounds_baseline=_ints(base_rec.round_values(metric)), explanation=why,
         **_figures(timing), **common,
     )  # fmt: skip
-    from perfguard.compare.verdict import _top_op
-
-    top = _top_op(result)
-    result.message = "; ".join(parts) + (f"; top op {top}" if top else "")
-    return result
 
 
 def _figures(t: TimingVerdict) -> dict[str, Any]:
@@ -192,6 +199,7 @@ def _figures(t: TimingVerdict) -> dict[str, Any]:
     return dict(
         n_current=t.n_current, n_baseline=t.n_baseline,
         median_current_ns=t.median_current_ns, median_baseline_ns=t.median_baseline_ns,
+        level_current_ns=t.level_current_ns, level_baseline_ns=t.level_baseline_ns,
         delta_pct=t.delta_pct, ci_low_pct=t.ci_low_pct, ci_high_pct=t.ci_high_pct,
         p_value=t.p_value,
     )  # fmt: skip

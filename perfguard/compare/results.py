@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perfguard.compare.explanation import Explanation
 from perfguard.compare.outcomes import Outcome
 from perfguard.errors import ReportError
 
@@ -43,7 +44,8 @@ _SCHEMA1_MIN_SAMPLES = 5
 BADGES = ("FAIL", "ADVISORY", "INCOMPLETE", "NOT JUDGED", "PASS")
 
 _FIGURES = (
-    "median_current_ns", "median_baseline_ns", "delta_pct", "ci_low_pct", "ci_high_pct",
+    "median_current_ns", "median_baseline_ns", "level_current_ns", "level_baseline_ns",
+    "delta_pct", "ci_low_pct", "ci_high_pct",
     "ci_level_pct", "p_value", "tolerance_pct", "alpha", "load",
 )  # fmt: skip
 _COUNTS = ("n_current", "n_baseline")
@@ -83,6 +85,9 @@ class TestEntry:
     n_baseline: int | None = None
     median_current_ns: float | None = None
     median_baseline_ns: float | None = None
+    #: the levels ``delta_pct`` is the change between (compare.timing.TimingVerdict)
+    level_current_ns: float | None = None
+    level_baseline_ns: float | None = None
     delta_pct: float | None = None
     ci_low_pct: float | None = None
     ci_high_pct: float | None = None
@@ -113,6 +118,8 @@ class TestEntry:
     timeline: str | None = None
     #: the acceptance this test was judged under: commit, reason, time, author
     accepted: dict[str, Any] | None = None
+    #: the judge's explanation (compare.explain); None for a test nothing judged
+    explanation: Explanation | None = None
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -144,6 +151,13 @@ class TestEntry:
         return self.message or (self.error or "")
 
     @property
+    def explained(self) -> Explanation:
+        """The explanation every view renders: the judge's, else the reason alone."""
+        if self.explanation is not None:
+            return self.explanation
+        return Explanation.plain(self.outcome.value, self.reason or self.outcome.value)
+
+    @property
     def accepted_text(self) -> str:
         """``accepted at <sha>: <reason>`` when judged under an acceptance, else ""."""
         a = self.accepted
@@ -169,7 +183,7 @@ class TestEntry:
             v = getattr(self, f.name)
             if f.name == "outcome":
                 v = v.value
-            elif f.name in ("timing", "gates"):
+            elif f.name in ("timing", "gates", "explanation"):
                 v = v.to_dict() if v is not None else None
             elif isinstance(v, float) and not math.isfinite(v):
                 v = None
@@ -226,10 +240,27 @@ class TestEntry:
         vals["timing"] = _timing(test.get("timing"), source, f"{where}.timing")
         vals["gates"] = _gates(test.get("gates"), source, f"{where}.gates")
         vals["accepted"] = _accepted(test.get("accepted"), source, f"{where}.accepted")
+        vals["explanation"] = (  # schema 1 had none: its message is its reason
+            _explanation(test.get("explanation"), source, f"{where}.explanation")
+            if schema >= 2
+            else None
+        )
         entry = cls(**vals)
         if schema < 2:
             _from_schema1(entry)
         return entry
+
+
+def _explanation(value: Any, source: str, where: str) -> Explanation | None:
+    if value is None:
+        return None
+    _need(isinstance(value, dict), source, where, "an object or null", value)
+    _need(isinstance(value.get("headline"), str), source, f"{where}.headline", "a string",
+          value.get("headline"))  # fmt: skip
+    culprits = value.get("culprits") or []
+    _need(isinstance(culprits, list) and all(isinstance(c, dict) for c in culprits), source,
+          f"{where}.culprits", "a list of objects", culprits)  # fmt: skip
+    return Explanation.from_dict(value)
 
 
 def _accepted(value: Any, source: str, where: str) -> dict[str, Any] | None:

@@ -82,6 +82,11 @@ class TimingVerdict:
     n_baseline: int
     median_current_ns: float
     median_baseline_ns: float
+    #: the levels the change is the ratio of: the geometric mean of the baseline's
+    #: rounds, and the current level = baseline level x (1 + delta) (store mode: the
+    #: geometric mean of this session's rounds; A/B: the paired estimate applied)
+    level_baseline_ns: float
+    level_current_ns: float
     delta_pct: float
     ci_low_pct: float
     ci_high_pct: float
@@ -124,7 +129,8 @@ def not_judged(metric: str, reason: str, tolerance: float, **figures: Any) -> Ti
     nan = math.nan
     base = dict(
         outcome=Outcome.NOT_JUDGED, mode="none", metric=metric, n_current=0, n_baseline=0,
-        median_current_ns=nan, median_baseline_ns=nan, delta_pct=nan, ci_low_pct=nan,
+        median_current_ns=nan, median_baseline_ns=nan, level_baseline_ns=nan,
+        level_current_ns=nan, delta_pct=nan, ci_low_pct=nan,
         ci_high_pct=nan, ci_level_pct=nan, p_value=nan, tolerance_pct=100 * tolerance,
         threshold_pct=nan, noise_pct=nan, spread_pct=nan, history_runs=0, load=nan,
         wait=nan, replicated="", message=reason,
@@ -264,6 +270,8 @@ def judge_store(
             **common,
         )
     delta = float(cur.mean() - base.mean())
+    common.update(level_baseline_ns=float(np.exp(base.mean())),
+                  level_current_ns=float(np.exp(cur.mean())))  # fmt: skip
     se_rounds = math.sqrt(cur.var(ddof=1) / len(cur) + base.var(ddof=1) / len(base))
     sd_run = between_run_sd(history) if len(history) >= MIN_HISTORY else math.nan
     if math.isfinite(sd_run):
@@ -369,6 +377,8 @@ def judge_ab(
     # by 15-20 % among pairs within 2 %, seen in the calibration) is set aside, not
     # averaged in; below 5 pairs nothing is trimmed and this is the paired t interval
     delta, lo, hi, p = trimmed_interval(d, alpha, AB_TRIM)
+    level = float(np.exp(a.mean()))
+    common.update(level_baseline_ns=level, level_current_ns=level * math.exp(delta))
     _, g, w = _winsorized(d, AB_TRIM)
     sd = float(w.std(ddof=1))  # the winsorized spread the interval used
     half = (hi - lo) / 2 if math.isfinite(hi) else math.inf

@@ -1,51 +1,26 @@
-"""The verdict on one test: its current record against its baseline record.
+"""The verdict's types and its per-op evidence: :class:`TestComparison`, the per-op
+comparison (:func:`compare_ops`) and the deterministic kernel findings
+(:func:`kernel_changes`).
 
-A test is **regressed** when two things hold. The median of its primary
-metric grew by more than ``tolerance``. The two-sided Mann-Whitney test
-gives ``p < alpha``. **Improved** is the mirror case. Both conditions are
-needed for a reason: the tolerance alone flags noise, and the test alone
-flags changes too small to matter. The message states the number of samples.
-Fewer than :data:`MIN_SAMPLES` per side makes statistics impossible. The
-test is then ``unchanged`` and the message says why, so a short capture
-never fails a build. The statistics are in :mod:`perfguard.compare.stats`.
+The decision itself is :func:`perfguard.compare.judge.judge` (timing: rounds
+against history or A/B pairs, :mod:`perfguard.compare.timing`; gates:
+deterministic counters, :mod:`perfguard.compare.gates`), and its
+explanation is :mod:`perfguard.compare.explain`; :func:`compare_records` is
+the judge with one baseline record, for notebooks.
 
-The other outcomes:
+Per op, the same statistics run on per-round (else per-iteration) samples;
+an op missing from an iteration counts as 0 there, and ops found on one side
+only are ``added`` or ``removed``. Per-op statuses are corrected for many
+comparisons (Benjamini-Hochberg).
 
-* ``no-baseline``: nothing to compare with.
-* ``new``: the baseline run exists but lacks this test.
-* ``incomparable``: the machines differ (the caller passes the
-  :meth:`Fingerprint.incompatibility` reason), or the two records measure
-  different metrics.
-
-Per op, the same statistics run on per-iteration samples. An op missing
-from an iteration counts as 0 there. Ops found on one side only are
-``added`` or ``removed``. Deterministic findings need no statistics and are
-listed in ``kernel_changes``:
-
-* an op that lost or gained Tensor Cores;
-* a kernel added to or removed from an op;
-* a change in an op's kernel launches per iteration of at least 0.5;
-* a change in FLOPs per call.
-
-These findings are named in the message. They do not change the outcome:
-DESIGN.md gates only on the median. A lost Tensor Core path that costs time
-shows up there anyway.
-
-``TestComparison.to_dict()`` is one entry of ``results.json["tests"]``. The
-plugin and the HTML report read these keys:
-
-``nodeid`` (str); ``outcome`` (one of :class:`Outcome`'s values); ``metric``
-("gpu_time" | "wall_time"); ``n_current``, ``n_baseline`` (int);
-``median_current_ns``, ``median_baseline_ns`` (float | None);
-``delta_pct`` (median change, % | None); ``ci_low_pct``, ``ci_high_pct``
-(the ``1 - alpha`` interval of the change, % | None); ``ci_level_pct``
-(float); ``p_value`` (float | None); ``p_exact`` (bool: exact U
-distribution rather than the normal approximation); ``tolerance_pct``,
-``alpha`` (float); ``baseline_commit`` (str | None); ``message`` (one
-line); ``ops``: a list of objects with the :data:`OP_COLUMNS` keys;
-``kernel_changes``: a list of objects with the :data:`CHANGE_COLUMNS`
-keys; ``samples_current``, ``samples_baseline`` (lists of ns). Every NaN is
-``null``.
+``TestComparison.to_dict()`` is one entry of ``results.json["tests"]``
+(:class:`perfguard.compare.results.TestEntry` reads it back): ``delta_pct`` is
+the judge's change, the ratio of ``level_current_ns`` to
+``level_baseline_ns`` (the geometric means of the rounds; A/B: the paired
+estimate applied to the base level); ``median_*_ns`` are the plain medians of
+the rounds, shown for reference. ``explanation`` is the
+:class:`~perfguard.compare.explanation.Explanation` every view renders, and
+``message`` its headline. Every NaN is ``null``.
 """
 
 from __future__ import annotations
@@ -109,6 +84,9 @@ class TestComparison:
     mode: str = "store"  # "store" | "ab"
     timing: Any = None  # perfguard.compare.timing.TimingVerdict
     gates: Any = None  # perfguard.compare.gates.GateVerdict (None: nothing to gate against)
+    level_baseline_ns: float = math.nan
+    level_current_ns: float = math.nan
+    explanation: Any = None  # perfguard.compare.explanation.Explanation
 
     @property
     def ci_level_pct(self) -> float:
@@ -124,6 +102,8 @@ class TestComparison:
             "n_baseline": self.n_baseline,
             "median_current_ns": self.median_current_ns,
             "median_baseline_ns": self.median_baseline_ns,
+            "level_current_ns": self.level_current_ns,
+            "level_baseline_ns": self.level_baseline_ns,
             "delta_pct": self.delta_pct,
             "ci_low_pct": self.ci_low_pct,
             "ci_high_pct": self.ci_high_pct,
@@ -145,6 +125,7 @@ class TestComparison:
         out["mode"] = self.mode
         out["timing"] = self.timing.to_dict() if self.timing is not None else None
         out["gates"] = self.gates.to_dict() if self.gates is not None else None
+        out["explanation"] = self.explanation.to_dict() if self.explanation is not None else None
         return out
 
 
@@ -169,6 +150,7 @@ def compare_records(
     history: np.ndarray | None = None,
     mode: str = "store",
     gates: dict[str, Any] | None = None,
+    timing_incompatibility: str | None = None,
 ) -> TestComparison:
     """Compare ``current`` with one ``baseline`` record: :func:`perfguard.compare.judge`
     with that record as the baseline (kept for notebooks and the CLI's two-capture case).
@@ -185,6 +167,7 @@ def compare_records(
         commit=baseline_commit,
         run_found=baseline_run_exists or baseline is not None,
         incompatibility=incompatibility,
+        timing_incompatibility=timing_incompatibility,
         history=np.zeros(0) if history is None else np.asarray(history, dtype=np.float64),
     )
     settings = JudgeSettings(tolerance=tolerance, alpha=alpha, gates=parse_gates(gates))
@@ -501,83 +484,6 @@ def _per_call(ops: pd.DataFrame, column: str) -> pd.Series:
 
 
 # ---------------------------------------------------------------------------- text
-
-
-def _message(c: TestComparison, enough: bool) -> str:
-    head = (
-        f"{c.metric} median {format_ns(c.median_baseline_ns)} -> {format_ns(c.median_current_ns)}"
-    )
-    n = f"n={c.n_current}/{c.n_baseline}"
-    if not enough:
-        text = (
-            f"statistics impossible: {n} samples (current/baseline), need >= {MIN_SAMPLES} "
-            f"on each side; {head} ({format_pct(c.delta_pct)}), not judged"
-        )
-    else:
-        ci = (
-            f"{c.ci_level_pct:g}% CI {format_pct(c.ci_low_pct)}..{format_pct(c.ci_high_pct)}"
-            if not (math.isnan(c.ci_low_pct) or math.isnan(c.ci_high_pct))
-            else f"no {c.ci_level_pct:g}% CI at this n"
-        )
-        text = f"{head} ({format_pct(c.delta_pct)}, {ci}, p={format_p(c.p_value)}, {n})"
-        if c.outcome is Outcome.UNCHANGED:
-            if c.p_value >= c.alpha:
-                text += f": not significant (p >= {c.alpha:g})"
-            elif not math.isnan(c.delta_pct):
-                text += f": within the {c.tolerance_pct:g}% tolerance"
-    top = _top_op(c)
-    if top:
-        text += f"; top op {top}"
-    found = _findings(c.kernel_changes)
-    if found:
-        text += "; " + found
-    return text
-
-
-def _top_op(c: TestComparison) -> str:
-    """The op behind the verdict: the biggest significant mover in its direction, an
-    op that appeared (for a regression) or vanished (for an improvement) included.
-    ``ops`` is sorted by |delta time|, so the first candidate moved the most."""
-    ops = c.ops
-    if ops.empty or c.outcome not in (Outcome.REGRESSED, Outcome.IMPROVED):
-        return ""
-    want = "regressed" if c.outcome is Outcome.REGRESSED else "improved"
-    appeared = "added" if want == "regressed" else "removed"
-    pick = ops[ops["status"].isin([want, appeared])]
-    if pick.empty:  # no single op is significant: name the largest mover that way
-        d = ops["current_ns"].fillna(0) - ops["baseline_ns"].fillna(0)
-        pick = ops[(d > 0) if want == "regressed" else (d < 0)]
-    if pick.empty:
-        return ""
-    row = pick.iloc[0]
-    name = str(row["op_name"])
-    label = f"{name} ({row['direction']})" if not _isnan(row["direction"]) else name
-    if row["status"] == "added":
-        return f"{label} added ({format_ns(row['current_ns'])}/iteration)"
-    if row["status"] == "removed":
-        return f"{label} removed ({format_ns(row['baseline_ns'])}/iteration)"
-    return f"{label} {format_pct(row['delta_pct'], 0)}"
-
-
-def _findings(changes: pd.DataFrame) -> str:
-    if changes.empty:
-        return ""
-    parts = []
-    counts = changes["kind"].value_counts()
-    for kind, text in (
-        ("tc_lost", "Tensor Cores lost in {n} op(s): {ops}"),
-        ("tc_gained", "Tensor Cores gained in {n} op(s): {ops}"),
-        ("added", "{n} kernel(s) added"),
-        ("removed", "{n} kernel(s) removed"),
-        ("count_changed", "launches per iteration changed in {n} op(s)"),
-        ("flops_changed", "FLOPs per call changed in {n} op(s)"),
-    ):
-        n = int(counts.get(kind, 0))
-        if n:
-            names = changes.loc[changes["kind"] == kind, "op_name"].astype(str).tolist()
-            shown = ", ".join(names[:3]) + (", ..." if n > 3 else "")
-            parts.append(text.format(n=n, ops=shown))
-    return "; ".join(parts)
 
 
 def _isnan(v: Any) -> bool:

@@ -38,6 +38,7 @@ import base64
 import json
 import os
 import pickle
+import sys
 from collections.abc import Generator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -140,6 +141,7 @@ class PerfguardSession:
         self.report_path: Path | None = None
         self._backends: dict[str, ResolvedBackend] = {}
         self._store: Store | None = None
+        self._walk: Any = None  # the baseline ref's first-parent history, walked once
 
         try:
             self.backend = self._backend(settings.backend)
@@ -358,8 +360,8 @@ class PerfguardSession:
     def _judge_ab(self, item: pytest.Item, spec: ProfileSpec) -> None:
         """The A/B verdict of one test from its rounds in both trees."""
         from perfguard.baseline.record import merge_rounds
-        from perfguard.compare.gates import parse_gates
-        from perfguard.compare.judge import Against, JudgeSettings, judge
+        from perfguard.compare.against import settings_for
+        from perfguard.compare.judge import Against, judge
 
         ab = self.ab_results.get(item.nodeid)
         if ab is None:
@@ -383,10 +385,7 @@ class PerfguardSession:
             run_found=True,  # the base tree was measured: a test it lacks is new
             incompatibility=reason,
         )  # fmt: skip
-        settings = JudgeSettings(
-            tolerance=self._tolerance(spec), alpha=ALPHA, gates=parse_gates(spec.gates)
-        )
-        comparison = judge(head, against, settings)
+        comparison = judge(head, against, settings_for(head, self.settings.tolerance))
         self._finish(item, head, comparison, [], head.meta.get("capture"), self.backend.label,
                      notes)  # fmt: skip
 
@@ -629,19 +628,20 @@ class PerfguardSession:
             msg = " ".join(str(exc).split()) or type(exc).__name__
             self._error_entry(item, msg, backend, info.get("path"))
             return
-        timeline = self._timeline(comparison, analysis, Path(info["path"]))
+        timeline = self._timeline(comparison, analysis, Path(info["path"]), item.nodeid)
         self._finish(item, record, comparison, findings, info["path"], backend, notes, timeline)
 
-    def _timeline(self, comparison: Any, analysis: Any, capture: Path) -> str | None:
+    def _timeline(self, comparison: Any, analysis: Any, capture: Path, nodeid: str) -> str | None:
         """A regressed test's capture as a Perfetto trace beside it (the report links it):
-        the reviewer opens the evidence in ui.perfetto.dev, op to kernel."""
+        the reviewer opens the evidence in ui.perfetto.dev, op to kernel. Named after the
+        test (one file per test: a name cut from the capture's would be its module's)."""
         from perfguard.compare.outcomes import Outcome
 
         if comparison.outcome is not Outcome.REGRESSED:
             return None
         from perfguard.report.perfetto import write_perfetto
 
-        name = capture.name.split(".")[0] + ".perfetto.json.gz"
+        name = capture_name(nodeid) + ".perfetto.json.gz"
         try:
             path = write_perfetto(analysis, capture.with_name(name))
             return str(Path(path).resolve().relative_to(self.settings.output.resolve()))
@@ -687,7 +687,7 @@ class PerfguardSession:
             what = "the base tree" if comparison.mode == "ab" else "the baseline"
             pytest.fail(
                 f"perfguard: {item.nodeid} regressed against {what} at {commit[:12]}: "
-                f"{comparison.message}",
+                f"{comparison.explanation.text()}",
                 pytrace=False,
             )
 
@@ -748,6 +748,7 @@ class PerfguardSession:
             "wait": wait if wait is not None and np.isfinite(wait) else None,
             "speed_ns": env.get("speed_ns"),
             "slow_rounds": env.get("slow_rounds") or 0,
+            "autotuned": _autotuned(),
         }
         peak = env.get("peak_memory")
         record = record_from_analysis(
@@ -767,61 +768,29 @@ class PerfguardSession:
         return self.settings.tolerance if spec.tolerance is None else spec.tolerance
 
     def _compare(self, record: TestRecord, spec: ProfileSpec) -> Any:
-        """The verdict, from :func:`perfguard.compare.judge` (store mode)."""
-        from perfguard.compare.gates import parse_gates
-        from perfguard.compare.judge import JudgeSettings, judge
+        """The verdict, from :func:`perfguard.compare.judge` (store mode) on the input
+        :func:`perfguard.compare.against.against_from_store` builds, as every entry point."""
+        from perfguard.compare.against import settings_for
+        from perfguard.compare.judge import judge
 
-        settings = JudgeSettings(
-            tolerance=self._tolerance(spec), alpha=ALPHA, gates=parse_gates(spec.gates)
-        )
-        return judge(record, self._against(record), settings)
+        return judge(record, self._against(record), settings_for(record, self.settings.tolerance))
 
     def _against(self, record: TestRecord) -> Any:
-        """The baseline commit's runs of this test (pooled) and its history on this machine."""
+        """The nearest stored run at or before the baseline ref that measured this test on
+        a compatible machine (pooled with that commit's other runs of it), and its history;
+        since the test's acceptance, when one applies."""
+        from perfguard.compare.against import History, against_from_store
         from perfguard.compare.judge import Against
 
-        match = self.match
-        accepted = self._acceptance(record.nodeid)
-        if accepted is not None and not (match is not None and match.commit in accepted.commits):
-            assert self._store is not None and self.git is not None and self.baseline_ref
-            # runs from before the acceptance no longer count: the nearest one since it
-            match = find_baseline(self._store, self.git.root, self.baseline_ref,
-                                  self.fingerprint, only=accepted.commits)  # fmt: skip
-        if match is not None and match.status == "incomparable":
-            return Against(incompatibility=match.reason or "machines differ")
-        if match is None or not match.found or self._store is None:
+        if self._store is None or self.git is None or not self.baseline_ref:
             return Against()
-        records = []
-        for run_id in self._baseline_runs(match):
-            rec = self._store.load_test(run_id, record.nodeid)
-            if rec is not None:
-                records.append(rec)
-        reason = None
-        if records:
-            theirs = (records[0].meta or {}).get("backend")
-            if theirs and theirs != record.meta.get("backend"):
-                reason = f"backend differs: {theirs!r} (baseline) vs {record.meta['backend']!r}"
-        waits = [r.meta.get("wait") for r in records if r.meta.get("wait") is not None]
-        speeds = [r.meta.get("speed_ns") for r in records if r.meta.get("speed_ns")]
-        history = self._history_levels(record.nodeid, record.metric, accepted)
-        return Against(
-            records=records, commit=match.commit, run_found=True, incompatibility=reason,
-            history=history, wait=float(np.median(waits)) if waits else float("nan"),
-            speed_ns=float(np.median(speeds)) if speeds else float("nan"),
+        accepted = self._acceptance(record.nodeid)
+        if self._walk is None:
+            self._walk = History.of(self.git.root, self.baseline_ref)
+        return against_from_store(
+            self._store, self._walk, record, self.fingerprint,
+            only=accepted.commits if accepted is not None else None,
         )  # fmt: skip
-
-    def _baseline_runs(self, match: BaselineMatch) -> list[int]:
-        """Every comparable run stored for the baseline commit (rounds of all of them are
-        pooled), the matched one first."""
-        assert self._store is not None
-        runs = self._store.runs(match.commit)
-        ok = [
-            int(r.run_id)
-            for r in runs.itertuples()
-            if r.commit == match.commit and self.fingerprint.incompatibility(r.fingerprint) is None
-        ]
-        first = int(match.run_id or 0)
-        return [first] + [r for r in ok if r != first]
 
     def _acceptance(self, nodeid: str) -> Any:
         """The acceptance of ``nodeid`` that applies to HEAD (store mode), remembered for
@@ -838,27 +807,15 @@ class PerfguardSession:
             self.accepted[nodeid] = found
         return found
 
-    def _history_levels(self, nodeid: str, metric: str, accepted: Any = None) -> np.ndarray:
-        """The test's run levels on this machine (its noise); since the acceptance, if any."""
-        if self._store is None:
-            return np.zeros(0)
-        try:
-            rows = self._store.history(nodeid, fingerprint=self.fingerprint, limit=50)
-        except PerfguardError:
-            return np.zeros(0)
-        rows = rows[rows["metric"] == metric]
-        if accepted is not None:
-            rows = rows[rows["commit"].isin(list(accepted.commits))]
-        return rows["median_ns"].to_numpy(dtype=np.float64)
-
     def _history(self, nodeid: str) -> list[dict[str, Any]]:
+        from perfguard.compare.against import history_rows
+
         if self._store is None:
             return []
         try:
-            rows = self._store.history(nodeid, fingerprint=self.fingerprint, limit=50)
+            return history_rows(self._store, nodeid, self.fingerprint)
         except PerfguardError:
             return []
-        return json.loads(rows[["commit", "time", "median_ns"]].to_json(orient="records"))
 
     def _error_entry(
         self,
@@ -1132,6 +1089,17 @@ def spec_backend(item: pytest.Item) -> str | None:
     return spec_of(item).backend
 
 
+def _autotuned() -> list[str]:
+    """The libraries that chose kernels by timing them in this process (their kernel
+    choice is not a gate: :mod:`perfguard.compare.gates`)."""
+    torch = sys.modules.get("torch")
+    try:
+        on = bool(torch is not None and torch.backends.cudnn.benchmark)
+    except AttributeError:
+        on = False
+    return ["cudnn.benchmark"] if on else []
+
+
 def _findings(analysis: Any) -> list[dict[str, Any]]:
     """The expert system's findings on this capture (``[]`` when it cannot run on it)."""
     try:
@@ -1144,6 +1112,12 @@ def _findings(analysis: Any) -> list[dict[str, Any]]:
 
 
 def _add_properties(item: pytest.Item, entry: dict[str, Any]) -> None:
-    for key in ("outcome", "delta_pct", "p_value", "median_current_ns", "median_baseline_ns"):
+    """JUnit properties (``--junitxml``): the figures and the explanation's own words."""
+    for key in ("outcome", "delta_pct", "ci_low_pct", "ci_high_pct", "p_value",
+                "level_baseline_ns", "level_current_ns"):  # fmt: skip
         value = entry.get(key)
         item.user_properties.append((f"perfguard_{key}", "" if value is None else value))
+    why = entry.get("explanation") or {}
+    item.user_properties.append(("perfguard_explanation", why.get("headline") or ""))
+    for k, culprit in enumerate((why.get("culprits") or [])[:3], 1):
+        item.user_properties.append((f"perfguard_culprit_{k}", culprit.get("text") or ""))

@@ -1,12 +1,12 @@
 """The ``perfguard`` section of pytest's terminal summary: the badge, one row per test.
 
-Columns: test, outcome, Δ median, interval (the ``1 - alpha`` confidence
-interval of the change), the gates half's outcome, and why: the op that
-moved most for a regression or improvement, the reason for every other
-outcome (an error, a crash, too few rounds, a busy machine). Tests are
-listed worst first. Then which baseline was used, what was saved and
-where ``results.json`` and the reports are. Text only, from the typed
-session document (:class:`~perfguard.compare.results.SessionResults`).
+Columns: test, outcome, change (the judge's change of the level: the ratio of
+the rounds' geometric means, A/B the paired estimate; never the ratio of two
+medians), its interval (``1 - alpha``), the gates half's outcome, and why:
+the judge's explanation (:class:`~perfguard.compare.explanation.Explanation`)
+in one line, its first culprit for a regression or improvement, the reason
+for every other outcome. The regressed tests' explanation lines follow the
+table. Text only, from the typed session document.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.errors import PerfguardError
 
-HEADER = ("test", "outcome", "Δ median", "interval", "gates", "why")
+HEADER = ("test", "outcome", "change", "interval", "gates", "why")
 MAX_TEST = 60
 MAX_WHY = 70
 
@@ -36,27 +36,9 @@ def _interval(entry: TestEntry) -> str:
     return f"{lo:+.1f}..{hi:+.1f}%"
 
 
-def top_op(entry: TestEntry) -> str:
-    """The op that moved most (ops come largest change first), with its change."""
-    for op in entry.ops:
-        base, cur = op.get("baseline_ns"), op.get("current_ns")
-        if (base or 0) == (cur or 0):
-            return ""
-        name = str(op.get("op_name"))
-        if op.get("status") in ("added", "removed"):
-            return f"{name} ({op['status']})"
-        return f"{name} {_pct(op.get('delta_pct'))}"
-    return ""
-
-
 def why(entry: TestEntry) -> str:
-    """The op behind a regression or improvement; the reason for everything else
-    (after the acceptance it was judged under, if any)."""
-    text = entry.reason or "-"
-    if entry.outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
-        op = top_op(entry)
-        if op:
-            text = f"top op {op}"
+    """The explanation in one line (after the acceptance it was judged under, if any)."""
+    text = entry.explained.short() or "-"
     return f"{entry.accepted_text}; {text}" if entry.accepted else text
 
 
@@ -97,6 +79,10 @@ def results_lines(results: SessionResults) -> list[str]:
         lines += format_table(table_rows(tests))
         counts = results.counts
         lines.append(", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]))
+        for e in tests:  # what changed, in the judge's words (the failure message's)
+            if e.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and e.explanation is not None:
+                lines.append(f"{e.outcome.value} {e.nodeid}: {e.explanation.headline}")
+                lines += [f"  - {line}" for line in e.explanation.lines]
     else:
         lines.append("no test was measured (mark benchmarks with @pytest.mark.gpuprofile)")
     return lines

@@ -23,10 +23,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.errors import ReportError
-from perfguard.report.html.render import clean_text, fmt_ci, fmt_ns, fmt_p, fmt_pct, write_text
+from perfguard.report.html.render import clean_text, fmt_ns, fmt_p, fmt_pct, write_text
 
 #: what the link to the HTML report points at until CI substitutes the artifact URL
 REPORT_URL_PLACEHOLDER = "PERFGUARD_REPORT_URL"
@@ -43,7 +42,7 @@ _BADGE_ICON = {
 _LISTED = tuple(o for o in OUTCOMES if o in _ICON)
 _MAX_LINES = 30  # listed lines
 _MAX_ROWS = 150  # rows of the collapsed table
-_MAX_REASON = 200  # characters of a reason
+_MAX_REASON = 500  # characters of a reason or an explanation line
 
 
 def _code(text: Any, table: bool = False) -> str:
@@ -65,55 +64,21 @@ def _text(text: Any, limit: int | None = None) -> str:
     return re.sub(r"([\\`*_\[\]|#~])", r"\\\1", text)
 
 
-def _top_op(test: TestEntry) -> str:
-    """The changed op with the largest |Δ time|, as `` `name` +12.3 %``, or ""."""
-    best, best_abs = None, -1.0
-    for op in test.ops:
-        if op.get("status") not in ("regressed", "improved"):
-            continue
-        b, c = op.get("baseline_ns"), op.get("current_ns")
-        d = abs(c - b) if b is not None and c is not None else 0.0
-        if d > best_abs:
-            best, best_abs = op, d
-    if best is None:
-        return ""
-    return f"; top op {_code(best.get('op_name') or best.get('op_id') or '?')} " + fmt_pct(
-        best.get("delta_pct")
-    )
-
-
-def _evidence(t: TestEntry) -> str:
-    """The timing half's figures and the gates half's verdict, in one clause each."""
-    parts = []
-    tv = t.timing
-    if t.delta_pct is not None:
-        n = f"n {_count(t.n_baseline)}/{_count(t.n_current)}"
-        if tv is not None and tv.mode != "none":
-            n = f"{tv.n_baseline}/{tv.n_current} {'pairs' if tv.mode == 'ab' else 'rounds'}"
-        threshold = (
-            f", threshold {fmt_pct(tv.threshold_pct, False)}"
-            if tv is not None and tv.threshold_pct == tv.threshold_pct
-            else ""
-        )
-        parts.append(
-            f"{fmt_pct(t.delta_pct)} (interval {fmt_ci(t.ci_low_pct, t.ci_high_pct)}, "
-            f"p {fmt_p(t.p_value)}, {n}{threshold}), "
-            f"median {fmt_ns(t.median_baseline_ns)} → {fmt_ns(t.median_current_ns)}"
-        )
-    if t.gates is not None and t.gates.outcome is not Outcome.UNCHANGED:
-        parts.append(f"gates {t.gates.outcome.value}")
-    return "; ".join(parts)
-
-
 def _line(t: TestEntry) -> str:
+    """One listed test: the explanation's headline and its lines (the timing's figures are
+    its last line)."""
     o = t.outcome.value
-    evidence = _evidence(t) if t.outcome.judged else ""
-    head = f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: "
-    if evidence:
-        line = f"{head}{evidence}{_top_op(t)}  \n  {_text(t.reason, _MAX_REASON)}"
-    else:
-        line = f"{head}{_text(t.reason, _MAX_REASON) or o}"
-    return line + (f"  \n  {_text(t.accepted_text, _MAX_REASON)}" if t.accepted else "")
+    why = t.explained
+    out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(why.headline, _MAX_REASON) or o}"]
+    out += [f"  - {_text(line, _MAX_REASON)}" for line in why.lines]
+    if t.accepted:
+        out.append(f"  - {_text(t.accepted_text, _MAX_REASON)}")
+    return "\n".join(out)
+
+
+def _level_or_median(t: TestEntry) -> float | None:
+    """The current level; a test compared with nothing has only its rounds' median."""
+    return t.level_current_ns if t.level_current_ns is not None else t.median_current_ns
 
 
 def _count(x: float | None) -> str:
@@ -158,14 +123,14 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
         by = ", ".join(f"{o}: {n}" for o in OUTCOMES if (n := sum(t.outcome == o for t in rest)))
         out += [f"<details><summary>{len(rest)} other tests ({by})</summary>", ""]
         out += [
-            "| Test | Outcome | Δ median | p | Median baseline → current | Reason |",
+            "| Test | Outcome | Change | p | Level baseline → current | Reason |",
             "|---|---|---|---|---|---|",
         ]
         for t in rest[:_MAX_ROWS]:
             out.append(
                 f"| {_code(t.nodeid, table=True)} | {t.outcome.value} | {fmt_pct(t.delta_pct)} "
-                f"| {fmt_p(t.p_value)} | {fmt_ns(t.median_baseline_ns)} → "
-                f"{fmt_ns(t.median_current_ns)} | "
+                f"| {fmt_p(t.p_value)} | {fmt_ns(t.level_baseline_ns)} → "
+                f"{fmt_ns(_level_or_median(t))} | "
                 f"{_text('; '.join(filter(None, [t.accepted_text, t.reason])), _MAX_REASON)} |"
             )
         if len(rest) > _MAX_ROWS:

@@ -1,0 +1,176 @@
+"""What one test is judged against, from a store: the one path from stored data to a verdict.
+
+The plugin (store mode), ``perfguard report --run``, ``perfguard compare``
+(two stored runs) and ``perfguard bisect`` all build the judge's input here,
+so the same store, record and settings give the same outcome and figures.
+
+* **A baseline per test.** The test is compared with the nearest first-parent
+  ancestor of the baseline ref (the ref included) that has a run *measuring
+  this test* on a compatible machine; every such run of that commit is
+  pooled. A partial save (``-k``) or two concurrent saves of one commit
+  therefore never hide a test that an older run measured: ``new`` only when
+  no run on that history has it.
+* **Gates across worker counts.** The machine must match for anything to be
+  compared (GPU model and count, backend, CPU model:
+  :meth:`Fingerprint.incompatibility`); the number of test processes
+  measuring at once (``-n``) changes timing only, so a baseline saved with
+  another ``-n`` still gates the counters, and its timing is said to be not
+  comparable, with how to fix it (:meth:`Fingerprint.timing_incompatibility`).
+* **Settings from the record.** The marker's tolerance and gates were stored
+  with the record; an explicit tolerance (a CLI flag, the session's option
+  when the marker has none) is the only override, and every default is
+  :mod:`perfguard.compare.judge`'s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfguard.baseline.git import first_parent_commits
+from perfguard.baseline.record import Fingerprint, TestRecord
+from perfguard.baseline.store import Store
+from perfguard.compare.gates import parse_gates
+from perfguard.compare.judge import ALPHA, TOLERANCE, Against, JudgeSettings
+
+#: stored runs of a test read for its between-run noise (the judge's history)
+HISTORY_RUNS = 50
+
+
+@dataclass
+class History:
+    """The first-parent commits of a baseline ref, newest first, walked once per session."""
+
+    ref: str
+    commits: list[str]
+
+    @classmethod
+    def of(cls, repo: str | os.PathLike[str], ref: str, max_depth: int = 1000) -> History:
+        return cls(ref, first_parent_commits(repo, ref, max_depth=max_depth))
+
+
+def settings_for(
+    record: TestRecord, tolerance: float | None = None, alpha: float = ALPHA
+) -> JudgeSettings:
+    """The judge's thresholds for ``record``: the marker's tolerance and gates as stored with
+    it; ``tolerance`` where the caller sets one (it wins over a default, never over a
+    marker that set its own)."""
+    marker = record.meta.get("marker") or {}
+    own = marker.get("tolerance")
+    stored = record.meta.get("tolerance")
+    if own is not None:
+        tol = float(own)
+    elif tolerance is not None:
+        tol = float(tolerance)
+    elif stored is not None:
+        tol = float(stored)
+    else:
+        tol = TOLERANCE
+    return JudgeSettings(tolerance=tol, alpha=alpha, gates=parse_gates(marker.get("gates")))
+
+
+def against_from_store(
+    store: Store,
+    history: History,
+    record: TestRecord,
+    fingerprint: Fingerprint,
+    *,
+    exclude_run_id: int | None = None,
+    only: Collection[str] | None = None,
+) -> Against:
+    """The judge's input for ``record`` (module docstring).
+
+    ``exclude_run_id``: the run being judged, when it is stored already.
+    ``only``: the commits an acceptance allows (runs before it no longer count).
+    """
+    nodeid = record.nodeid
+    runs = store.runs_with_test(nodeid)
+    if exclude_run_id is not None:
+        runs = runs[runs["run_id"] != exclude_run_id]
+    if only is not None:
+        runs = runs[runs["commit"].isin(list(only))]
+    distance = {c: i for i, c in enumerate(history.commits)}
+    runs = runs.assign(distance=runs["commit"].map(distance)).dropna(subset=["distance"])
+    if runs.empty:
+        # some run on this history, just not of this test: the test is new there
+        others = store.runs()
+        others = others[others["commit"].isin(list(distance))]
+        if exclude_run_id is not None:
+            others = others[others["run_id"] != exclude_run_id]
+        ok = any(fingerprint.incompatibility(fp) is None for fp in others["fingerprint"])
+        return Against(run_found=ok)
+    runs = runs.sort_values(["distance", "time", "run_id"], ascending=[True, False, False])
+    reasons = [fingerprint.incompatibility(fp) for fp in runs["fingerprint"]]
+    comparable = runs[[r is None for r in reasons]]
+    if comparable.empty:
+        first = runs.iloc[0]
+        why = next(r for r in reasons if r is not None)
+        return Against(
+            incompatibility=f"run {first.run_id} at {str(first.commit)[:10]}: {why}",
+            run_found=True,
+        )
+    commit = str(comparable.iloc[0]["commit"])
+    pooled = comparable[comparable["commit"] == commit]
+    # timing pools only runs measured like this one (same -n); the gates need one record
+    timing_ok = [fingerprint.timing_incompatibility(fp) is None for fp in pooled["fingerprint"]]
+    same = pooled[timing_ok]
+    chosen = same if len(same) else pooled.head(1)
+    records = [r for r in (store.load_test(int(i), nodeid) for i in chosen["run_id"]) if r]
+    timing_reason = None
+    if not len(same):
+        why = fingerprint.timing_incompatibility(pooled.iloc[0]["fingerprint"])
+        timing_reason = (
+            f"{why}: timing is not compared across worker counts (each worker shares the "
+            f"machine); run with the baseline's -n, or save a baseline with this one; the "
+            "gates were compared"
+        )
+    reason = None
+    if records:
+        theirs = (records[0].meta or {}).get("backend")
+        mine = record.meta.get("backend")
+        if theirs and mine and theirs != mine:
+            reason = f"backend differs: {theirs!r} (baseline) vs {mine!r}"
+    waits = [r.meta.get("wait") for r in records if r.meta.get("wait") is not None]
+    speeds = [r.meta.get("speed_ns") for r in records if r.meta.get("speed_ns")]
+    return Against(
+        records=records, commit=commit, run_found=True, incompatibility=reason,
+        timing_incompatibility=timing_reason,
+        history=history_levels(store, record, fingerprint, only, before_run_id=exclude_run_id),
+        wait=float(np.median(waits)) if waits else math.nan,
+        speed_ns=float(np.median(speeds)) if speeds else math.nan,
+    )  # fmt: skip
+
+
+def history_levels(
+    store: Store,
+    record: TestRecord,
+    fingerprint: Fingerprint,
+    only: Collection[str] | None,
+    *,
+    before_run_id: int | None = None,
+) -> np.ndarray:
+    """The test's run levels measured like this one (machine and ``-n``), oldest first; since
+    the acceptance, when ``only`` names its commits. ``before_run_id``: a stored run being
+    judged again sees the history its session saw (the runs saved before it)."""
+    rows = store.history(record.nodeid, fingerprint=fingerprint, limit=HISTORY_RUNS)
+    if before_run_id is not None:
+        rows = rows[rows["run_id"] < before_run_id]
+    rows = rows[rows["metric"] == record.metric]
+    if only is not None:
+        rows = rows[rows["commit"].isin(list(only))]
+    return rows["median_ns"].to_numpy(dtype=np.float64)
+
+
+def history_rows(store: Store, nodeid: str, fingerprint: Fingerprint) -> list[dict[str, Any]]:
+    """The test's stored levels as the reports list them (commit, time, median_ns)."""
+    rows = store.history(nodeid, fingerprint=fingerprint, limit=HISTORY_RUNS)
+    return [
+        {"commit": str(h.commit), "time": str(h.time), "median_ns": float(h.median_ns)}
+        for h in rows.itertuples(index=False)
+        if h.median_ns == h.median_ns
+    ]

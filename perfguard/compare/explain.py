@@ -1,0 +1,485 @@
+"""The judge's explanation of a verdict: which ops changed, how, ranked (one culprit rule).
+
+Built once per test by :func:`perfguard.compare.judge.judge` from what the
+judge already has (the timing half, the gates half, the per-op comparison and
+both records' counters); the types are in
+:mod:`perfguard.compare.explanation`, and every view renders them.
+
+The rule, in order:
+
+1. **What changed, minimally.** Ops that appeared or vanished (an op path
+   whose parent path appeared too is the parent's change, not its own: adding
+   ``aten::masked_fill`` also adds ``aten::masked_fill/aten::clone``); per-op
+   counter moves (calls, FLOPs, bytes, kernel launches, copies, syncs) on ops
+   both sides have, a child's move dropped where its parent moved the same way
+   (a new ``nn.Linear`` call adds one ``aten::linear`` and, under it, one
+   ``aten::addmm``: one culprit); dtype changes, Tensor Cores lost, new
+   kernels and peak memory from the gates' findings; and, when timing decided,
+   the ops whose time moved significantly.
+2. **Ranked**: the evidence that decided first (a culprit beyond a gate's
+   budget before one within it), then by kind (:data:`KIND_ORDER`: a dtype or
+   Tensor Core change, then a new sync, then ops added or removed, then
+   counters, then time), then by the op's change of time per iteration.
+3. **Grouped** for reading: two or more ops added or removed under one
+   parent become one line ("ops changed under X: A removed; B ×2, C added").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfguard.baseline.record import TestRecord
+from perfguard.compare.explanation import KIND_ORDER, RANKED_AS, SHOWN, Culprit, Explanation
+from perfguard.compare.gates import LABELS, Budget, GateVerdict
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.timing import TimingVerdict
+
+#: counters a culprit can name, in the gates' words; peak memory is the test's alone
+_COUNTERS = ("syncs", "host_reads", "calls", "flops", "bytes", "kernels", "memcpy",
+             "memcpy_bytes")  # fmt: skip
+_UNITS = {"flops": "FLOP", "bytes": "B", "memcpy_bytes": "B", "peak_memory": "B"}
+#: op names a grouped line lists per kind before "and N more"
+_GROUP_NAMES = 5
+_METRIC_LABEL = {"gpu_time": "GPU time", "wall_time": "wall time", "cpu_time": "CPU time"}
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def human(value: Any, counter: str = "") -> str:
+    """A counter's value as a reader wants it: integers as integers, FLOPs and bytes with
+    SI prefixes (``757 MFLOP``, ``6.11 MB``)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, str):
+        return value
+    v = float(value)
+    unit = _UNITS.get(counter, "")
+    if unit:
+        for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(v) >= scale:
+                return f"{v / scale:.3g} {prefix}{unit}"
+        return f"{v:.3g} {unit}"
+    if v == int(v):
+        return f"{int(v):,}"
+    return f"{v:.3g}"
+
+
+def format_ns(v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    a = abs(float(v))
+    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
+        if a >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.3g} ns"
+
+
+def _pct(base: float, cur: float) -> str:
+    if not (math.isfinite(base) and math.isfinite(cur)) or base == 0:
+        return ""
+    return f"{100 * (cur / base - 1):+.1f}%"
+
+
+def times(calls: Any) -> str:
+    """`` ×2`` for an op called twice per iteration; nothing for once."""
+    try:
+        c = float(calls)
+    except (TypeError, ValueError):
+        return ""
+    if not math.isfinite(c) or c == 1:
+        return ""
+    return f" ×{int(c)}" if c == int(c) else f" ×{c:.3g}"
+
+
+def _parent(name: str) -> str:
+    return name.rsplit("/", 1)[0] if "/" in name else ""
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f
+
+
+# ---------------------------------------------------------------------------- moves
+
+
+def _op_names(*records: TestRecord) -> pd.DataFrame:
+    """op_id -> op_name, direction over the records (the current one wins)."""
+    frames = [r.ops[["op_id", "op_name", "direction"]] for r in records if len(r.ops)]
+    if not frames:
+        return pd.DataFrame(columns=["op_name", "direction"])
+    ops = pd.concat(frames).drop_duplicates("op_id").set_index("op_id")
+    return ops
+
+
+def counter_moves(current: TestRecord, baseline: TestRecord) -> pd.DataFrame:
+    """Per op and counter, the per-iteration values that differ between the records.
+
+    Columns: op_id, op_name, direction, counter, baseline, current. Counters that vary
+    between a run's rounds (``stable`` false) are left out, as the gates leave them.
+    """
+    cols = ["op_id", "op_name", "direction", "counter", "baseline", "current"]
+    cb, cc = baseline.counters, current.counters
+    if cb is None or cc is None or cb.empty and cc.empty:
+        return pd.DataFrame(columns=cols)
+    parts = []
+    for side, frame in (("baseline", cb), ("current", cc)):
+        f = frame[frame["counter"].isin(_COUNTERS)]
+        shaky = set(zip(f.loc[~f["stable"].astype(bool), "op_id"],
+                        f.loc[~f["stable"].astype(bool), "counter"], strict=True))  # fmt: skip
+        v = f.groupby(["op_id", "counter"])["value"].sum().rename(side)
+        if shaky:
+            v = v[[k not in shaky for k in v.index]]
+        parts.append(v)
+    both = pd.concat(parts, axis=1)
+    in_b = set(cb["op_id"])
+    in_c = set(cc["op_id"])
+    ids = both.index.get_level_values(0)
+    both = both[np.fromiter((i in in_b and i in in_c for i in ids), bool, len(ids))]
+    both = both.fillna(0.0)
+    moved = both[(both["current"] - both["baseline"]).abs() > 1e-9 * both.abs().max(axis=1)]
+    if moved.empty:
+        return pd.DataFrame(columns=cols)
+    out = moved.reset_index()
+    names = _op_names(current, baseline)
+    out["op_name"] = out["op_id"].map(names["op_name"]).fillna(out["op_id"]).astype(str)
+    out["direction"] = out["op_id"].map(names["direction"])
+    return out[cols]
+
+
+def _minimal_moves(moves: pd.DataFrame) -> pd.DataFrame:
+    """Drop a child's move where its parent op moved the same counter the same way."""
+    if moves.empty:
+        return moves
+    sign = np.sign(moves["current"].to_numpy(float) - moves["baseline"].to_numpy(float))
+    key = set(zip(moves["op_name"], moves["counter"], sign, strict=True))
+    keep = [
+        (_parent(n), c, s) not in key or not _parent(n)
+        for n, c, s in zip(moves["op_name"], moves["counter"], sign, strict=True)
+    ]
+    return moves[np.asarray(keep, dtype=bool)]
+
+
+def _structural(ops: pd.DataFrame) -> pd.DataFrame:
+    """Ops added or removed whose parent op was not itself added or removed."""
+    if ops.empty:
+        return ops
+    changed = ops[ops["status"].isin(["added", "removed"])]
+    if changed.empty:
+        return changed
+    paths = set(zip(changed["op_name"].astype(str), changed["direction"].astype(str),
+                    strict=True))  # fmt: skip
+    keep = [
+        (_parent(n), d) not in paths
+        for n, d in zip(
+            changed["op_name"].astype(str), changed["direction"].astype(str), strict=True
+        )  # fmt: skip
+    ]
+    return changed[np.asarray(keep, dtype=bool)]
+
+
+# ---------------------------------------------------------------------------- culprits
+
+
+def _impacts(ops: pd.DataFrame) -> dict[tuple[str, str], float]:
+    if ops.empty:
+        return {}
+    d = ops["current_ns"].astype(float).fillna(0.0) - ops["baseline_ns"].astype(float).fillna(0.0)
+    return dict(zip(zip(ops["op_name"].astype(str), ops["direction"].astype(str), strict=True),
+                    d.to_numpy(float), strict=True))  # fmt: skip
+
+
+def _culprits(
+    outcome: Outcome,
+    timing: TimingVerdict,
+    gates: GateVerdict | None,
+    ops: pd.DataFrame,
+    current: TestRecord,
+    baseline: TestRecord,
+    budgets: dict[str, Budget | bool],
+) -> list[Culprit]:
+    impact = _impacts(ops)
+    found: list[Culprit] = []
+    fired = (
+        {f.gate for f in [*gates.regressions, *gates.improvements]} if gates is not None else set()
+    )
+
+    calls_budget = budgets.get("calls")
+    struct_gated = "calls" in fired or (
+        isinstance(calls_budget, Budget) and calls_budget.kind != "off" and "calls" in fired
+    )
+    for row in _structural(ops).itertuples(index=False):
+        name, direction = str(row.op_name), str(row.direction)
+        added = row.status == "added"
+        calls = row.calls_current if added else row.calls_baseline
+        t = _num(row.current_ns if added else row.baseline_ns)
+        found.append(Culprit(
+            kind=row.status, op=name, direction=_dir(row.direction),
+            text=f"{name}{times(calls)} {row.status} ({format_ns(t)} per iteration)",
+            baseline=None if added else _num(calls), current=_num(calls) if added else None,
+            gated=struct_gated, impact_ns=impact.get((name, direction), math.nan),
+        ))  # fmt: skip
+
+    moves = _minimal_moves(counter_moves(current, baseline))
+    for row in moves.itertuples(index=False):
+        name, counter = str(row.op_name), str(row.counter)
+        b, c = float(row.baseline), float(row.current)
+        budget = budgets.get(counter)
+        gated = (
+            isinstance(budget, Budget)
+            and counter in fired
+            and (budget.exceeded(b, c) or budget.exceeded(c, b))
+        )
+        pct = _pct(b, c)
+        found.append(Culprit(
+            kind=counter, op=name, direction=_dir(row.direction),
+            text=f"{name}: {LABELS[counter].split(' (')[0]} {human(b, counter)} → "
+                 f"{human(c, counter)} per iteration"
+                 + (f" ({pct}" + (f", budget {budget})" if gated else ")") if pct else
+                    (f" (budget {budget})" if gated else "")),
+            baseline=b, current=c, budget=str(budget) if isinstance(budget, Budget) else "",
+            gated=bool(gated), impact_ns=impact.get((name, str(row.direction)), math.nan),
+        ))  # fmt: skip
+
+    if gates is not None:
+        findings = gates.regressions if outcome is not Outcome.IMPROVED else gates.improvements
+        for f in [*gates.regressions, *gates.improvements]:
+            if f.gate not in ("dtypes", "tc_lost", "kernel_set", "peak_memory"):
+                continue
+            if f.gate == "tc_lost" and f not in findings:
+                continue  # Tensor Cores gained is an improvement's culprit only
+            found.append(_switch_culprit(f, impact))
+
+    # a finding on an op whose parent op has the same finding is the parent's (the dtype of
+    # aten::softmax and of the aten::_softmax it calls changed together: one culprit)
+    same = {(c.kind, c.op) for c in found}
+    found = [c for c in found if not ("/" in c.op and (c.kind, _parent(c.op)) in same)]
+    if timing.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and not ops.empty:
+        found += _timing_culprits(timing, ops, {(c.op, c.kind) for c in found})
+    return sorted(found, key=_rank)
+
+
+def _dir(v: Any) -> str | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def _switch_culprit(f: Any, impact: dict[tuple[str, str], float]) -> Culprit:
+    name = str(f.op_name)
+    imp = next((v for (n, _), v in impact.items() if n == name), math.nan)
+    if f.gate == "dtypes":
+        text = f"{name}: input dtypes {f.baseline} → {f.current}"
+    elif f.gate == "tc_lost":
+        lost = f.baseline is True or f.baseline == "True"
+        text = (
+            f"{name} lost Tensor Cores (was {f.kernel_name or 'a Tensor Core kernel'})"
+            if lost
+            else f"{name} now uses Tensor Cores"
+        )
+    elif f.gate == "kernel_set":
+        new = f.current is not None and not (isinstance(f.current, float) and math.isnan(f.current))
+        verb = "launches a new kernel" if new else "no longer launches"
+        text = f"{name} {verb} {f.kernel_name}"
+    else:  # peak_memory
+        b, c = _num(f.baseline), _num(f.current)
+        text = (
+            f"peak memory {human(b, 'peak_memory')} → {human(c, 'peak_memory')} "
+            f"({_pct(b, c)}, budget {f.budget})"
+        )
+        name = ""
+    return Culprit(kind=f.gate, op=name, text=text, baseline=f.baseline, current=f.current,
+                   budget=str(f.budget), gated=True, impact_ns=imp)  # fmt: skip
+
+
+def _timing_culprits(
+    timing: TimingVerdict, ops: pd.DataFrame, named: set[tuple[str, str]]
+) -> list[Culprit]:
+    """The ops whose time moved the outcome's way: significant ones, else the largest
+    mover, said to be unjudged. Up to three, outermost first where they nest."""
+    up = timing.outcome is Outcome.REGRESSED
+    want = "regressed" if up else "improved"
+    both = ops[ops["baseline_ns"].notna() & ops["current_ns"].notna()]
+    d = both["current_ns"].astype(float) - both["baseline_ns"].astype(float)
+    sig = both[(both["status"] == want).to_numpy()]
+    judged = not sig.empty
+    pick = sig if judged else both[((d > 0) if up else (d < 0)).to_numpy()]
+    label = _METRIC_LABEL.get(timing.metric, timing.metric)
+    out = []
+    for row in pick.head(3).itertuples(index=False):
+        name = str(row.op_name)
+        if (name, "timing") in named:
+            continue
+        b, c = float(row.baseline_ns), float(row.current_ns)
+        note = "" if judged else "; per-op times not judged"
+        out.append(Culprit(
+            kind="timing", op=name, direction=_dir(row.direction),
+            text=f"{name}: {label} {format_ns(b)} → {format_ns(c)} per iteration "
+                 f"({_pct(b, c)}{note})",
+            baseline=b, current=c, gated=False, impact_ns=c - b,
+        ))  # fmt: skip
+    return out
+
+
+def _rank(c: Culprit) -> tuple[Any, ...]:
+    impact = c.impact_ns if c.impact_ns is not None and math.isfinite(c.impact_ns) else 0.0
+    b, cur = _num(c.baseline), _num(c.current)
+    rel = abs(cur / b - 1) if math.isfinite(b) and math.isfinite(cur) and b else 0.0
+    k = RANKED_AS.get(c.kind, c.kind)
+    kind = KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER)
+    return (not c.gated, kind, -abs(impact), -rel, c.op)
+
+
+# ---------------------------------------------------------------------------- lines
+
+
+_AUTOGRAD = "autograd::engine::evaluate_function: "
+
+
+def _display(name: str) -> str:
+    """An op name as a line shows it: autograd's engine prefix dropped (the node's name,
+    ``BmmBackward0``, is what the user's code made)."""
+    return name.replace(_AUTOGRAD, "")
+
+
+def _group_lines(culprits: list[Culprit]) -> tuple[list[str], list[Culprit], int]:
+    """The reader's lines, structural culprits under one parent grouped, in rank order;
+    and the culprits in the order the lines name them (those past :data:`SHOWN` lines
+    last, in rank order), and how many of them the lines name."""
+    groups: dict[tuple[str, str | None], list[Culprit]] = {}
+    for c in culprits:
+        if c.kind in ("added", "removed"):
+            groups.setdefault((_parent(c.op), c.direction), []).append(c)
+    lines: list[str] = []
+    order: list[Culprit] = []
+    done: set[tuple[str, str | None]] = set()
+    for c in culprits:
+        if len(lines) >= SHOWN:
+            break
+        key = (_parent(c.op), c.direction)
+        if c.kind in ("added", "removed") and len(groups[key]) > 1:
+            if key in done:
+                continue
+            done.add(key)
+            parts = []
+            for kind in ("removed", "added"):
+                members = [m for m in groups[key] if m.kind == kind]
+                order += members
+                names = [
+                    _display(m.leaf if key[0] else m.op)
+                    + times(m.current if kind == "added" else m.baseline)
+                    for m in members
+                ]
+                if names:
+                    shown = ", ".join(names[:_GROUP_NAMES])
+                    more = len(names) - _GROUP_NAMES
+                    parts.append(f"{shown}{f' and {more} more' if more > 0 else ''} {kind}")
+            where = f"under {_display(key[0])}" if key[0] else "in the step"
+            dirn = f" ({key[1]})" if key[1] and key[1] not in ("fprop", "None") else ""
+            lines.append(f"ops changed {where}{dirn}: {'; '.join(parts)}")
+        else:
+            order.append(c)
+            lines.append(_display(c.text))
+    seen = {id(c) for c in order}
+    return lines, order + [c for c in culprits if id(c) not in seen], len(order)
+
+
+def _counter_line(gates: GateVerdict | None) -> str:
+    """The test's counters that fired, per iteration, humanized."""
+    if gates is None:
+        return ""
+    parts = []
+    for f in [*gates.regressions, *gates.improvements]:
+        if f.gate not in _COUNTERS:
+            continue
+        b, c = _num(f.baseline), _num(f.current)
+        if not f.message.startswith(LABELS[f.gate]):
+            continue  # a per-op finding: its culprit says it
+        pct = _pct(b, c)
+        parts.append(
+            f"{LABELS[f.gate].split(' (')[0]} {human(b, f.gate)} → {human(c, f.gate)}"
+            + (f" ({pct}, budget {f.budget})" if pct and "%" in f.budget else
+               f" (budget {f.budget})")
+        )  # fmt: skip
+    return ("counters per iteration: " + "; ".join(parts)) if parts else ""
+
+
+def timing_clause(timing: TimingVerdict) -> str:
+    """The timing half in one clause: its outcome, the change with its interval, the
+    levels it is the change between, the replicates and the threshold, and why."""
+    if timing.mode == "none":
+        return f"timing not judged: {timing.message.split(':')[0]}"
+    label = _METRIC_LABEL.get(timing.metric, timing.metric)
+    ci = (
+        f" [{timing.ci_low_pct:+.1f}%, {timing.ci_high_pct:+.1f}%]"
+        if math.isfinite(timing.ci_low_pct) and math.isfinite(timing.ci_high_pct)
+        else ""
+    )
+    levels = ""
+    if math.isfinite(timing.level_baseline_ns) and math.isfinite(timing.level_current_ns):
+        levels = f", level {format_ns(timing.level_baseline_ns)} → "
+        levels += format_ns(timing.level_current_ns)
+    n = f"{timing.n_baseline}/{timing.n_current} {'pairs' if timing.mode == 'ab' else 'rounds'}"
+    why = timing.message.split(":")[0]
+    return (
+        f"timing {timing.outcome.value}: {label} {timing.delta_pct:+.1f}%{ci}{levels} ({n}; {why})"
+    )
+
+
+def explain(
+    outcome: Outcome,
+    timing: TimingVerdict,
+    gates: GateVerdict | None,
+    ops: pd.DataFrame,
+    current: TestRecord,
+    baseline: TestRecord,
+    budgets: dict[str, Budget | bool],
+) -> Explanation:
+    """The explanation of a judged test (module docstring)."""
+    gates_said = gates is not None and gates.outcome is outcome
+    timing_said = timing.outcome is outcome
+    if outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
+        decided = " and ".join(w for w, s in (("gates", gates_said), ("timing", timing_said)) if s)
+        culprits = _culprits(outcome, timing, gates, ops, current, baseline, budgets)
+        if not timing_said:  # time did not decide: its op movers are no culprits
+            culprits = [c for c in culprits if c.kind != "timing"]
+        lines, culprits, named = _group_lines(culprits)
+        if named < len(culprits):
+            lines.append(f"… and {len(culprits) - named} more change(s) in the report")
+        counters = _counter_line(gates)
+        if counters:
+            lines.append(counters)
+        clause = timing_clause(timing)
+        lines.append(clause)
+        lead = lines[0] if len(lines) > 1 or not gates_said else (gates.message if gates else "")
+        if gates_said:
+            headline = f"gates: {lead}"
+            if timing_said:
+                headline += f"; {clause}"
+        else:
+            headline = clause
+        rest = lines[1:] if lead == lines[0] else lines
+        if not gates_said:
+            rest = [line for line in lines if line != clause]
+            lead = rest[0] if rest else ""
+            headline = clause + (f"; largest mover {lead}" if lead else "")
+            rest = rest[1:]
+        return Explanation(
+            outcome=outcome.value, headline=headline, decided_by=decided,
+            culprits=tuple(culprits), lead=lead, lines=tuple(rest), timing=clause,
+        )  # fmt: skip
+    # not a regression or improvement: the reason, noise excuse included, is the headline
+    parts = [timing.message]
+    if gates is not None and (gates.outcome is not Outcome.UNCHANGED or outcome is
+                              Outcome.NOT_JUDGED):  # fmt: skip
+        parts.append(gates.message)
+    return Explanation(
+        outcome=outcome.value, headline="; ".join(p for p in parts if p),
+        timing=timing_clause(timing),
+    )  # fmt: skip

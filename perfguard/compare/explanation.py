@@ -1,0 +1,148 @@
+"""Why a test has its outcome: one typed explanation, made once, rendered by every view.
+
+The judge (:func:`perfguard.compare.explain.explain`) builds an
+:class:`Explanation` for every verdict; the failure message, the terminal
+"why", ``summary.md``, ``report.html``, the JUnit properties and
+``results.json`` all render *this object* and compute nothing of their own,
+so every view names the same culprit with the same figures.
+
+An explanation holds:
+
+* ``headline``: one line, the decisive evidence first (the gates where they
+  decided, the timing where only it did; for an outcome that is not a
+  regression, the reason, noise excuse included);
+* ``culprits``: what changed, ranked (:data:`KIND_ORDER`), each with its
+  one-line ``text``;
+* ``lines``: the short list a reviewer reads under the headline: grouped
+  structural changes ("ops changed under X: A removed; B ×2, C added"),
+  then the other culprits, then the counters and the timing in one line each.
+
+Standard library only: ``results.json`` is read back without numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: culprit kinds, most telling first: a qualitative change to an op the reviewer can
+#: act on (dtype, Tensor Cores, a new sync) before the ops that appeared or vanished,
+#: before counters that moved on an op that stayed, before time alone
+KIND_ORDER = (
+    "dtypes", "tc_lost", "syncs", "host_reads", "structure", "calls", "flops",
+    "bytes", "kernels", "memcpy", "memcpy_bytes", "kernel_set", "peak_memory", "timing",
+)  # fmt: skip
+#: kinds ranked as one: an op added and an op removed are one change of structure
+RANKED_AS = {"added": "structure", "removed": "structure"}
+#: how many culprits a view lists before "and N more"
+SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """One thing that changed on one op (``op`` "" for the whole test).
+
+    ``baseline``/``current`` are per iteration (counts, FLOPs, bytes), the dtype text,
+    or the op's time in ns (``timing``); ``gated``: a gate's budget was exceeded by it
+    (decisive evidence); ``impact_ns``: the op's change of time per iteration, current
+    minus baseline (NaN when unknown), which ranks culprits of one kind.
+    """
+
+    kind: str
+    op: str
+    text: str
+    baseline: Any = None
+    current: Any = None
+    budget: str = ""
+    gated: bool = False
+    impact_ns: float | None = None
+    direction: str | None = None
+
+    @property
+    def leaf(self) -> str:
+        """The op's own name (the last part of its path)."""
+        return self.op.rsplit("/", 1)[-1] if self.op else "the test"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe: a NaN is null, a numpy number a Python one."""
+        return {k: _plain(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Culprit:
+        known = {k: d.get(k) for k in cls.__dataclass_fields__ if k in d}
+        known["kind"] = str(known.get("kind") or "")
+        known["op"] = str(known.get("op") or "")
+        known["text"] = str(known.get("text") or "")
+        known["budget"] = str(known.get("budget") or "")
+        known["gated"] = bool(known.get("gated"))
+        return cls(**known)
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item") and not isinstance(v, str):  # a numpy scalar
+        v = v.item()
+    if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
+        return None
+    return v
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The explanation of one verdict (module docstring)."""
+
+    outcome: str
+    headline: str
+    decided_by: str = ""  # "gates" | "timing" | "gates and timing" | ""
+    #: ranked, in the order the lines name them (culprits[0] is what every view names first)
+    culprits: tuple[Culprit, ...] = field(default_factory=tuple)
+    #: the first culprit's line (the headline says it after "gates:"/"timing:")
+    lead: str = ""
+    #: the lines under the headline (the rest of the culprits, counters, timing)
+    lines: tuple[str, ...] = field(default_factory=tuple)
+    timing: str = ""  # the timing half in one line, as it bears on the outcome
+
+    @property
+    def first(self) -> Culprit | None:
+        """The culprit every view names first."""
+        return self.culprits[0] if self.culprits else None
+
+    def short(self) -> str:
+        """The terminal's "why": the lead line (and how many more changes), else the
+        headline."""
+        if not self.lead:
+            return self.headline
+        more = sum(1 for line in self.lines if line != self.timing and
+                   not line.startswith(("counters ", "… and")))  # fmt: skip
+        return self.lead + (f" (+{more} more)" if more > 0 else "")
+
+    def text(self, indent: str = "  ") -> str:
+        """The headline and its lines, one per row (the failure message)."""
+        return "\n".join([self.headline, *(f"{indent}- {line}" for line in self.lines)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "headline": self.headline,
+            "decided_by": self.decided_by,
+            "culprits": [c.to_dict() for c in self.culprits],
+            "lead": self.lead,
+            "lines": list(self.lines),
+            "timing": self.timing,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Explanation:
+        return cls(
+            outcome=str(d.get("outcome") or ""),
+            headline=str(d.get("headline") or ""),
+            decided_by=str(d.get("decided_by") or ""),
+            culprits=tuple(Culprit.from_dict(c) for c in d.get("culprits") or []),
+            lead=str(d.get("lead") or ""),
+            lines=tuple(str(x) for x in d.get("lines") or []),
+            timing=str(d.get("timing") or ""),
+        )
+
+    @classmethod
+    def plain(cls, outcome: str, reason: str) -> Explanation:
+        """An outcome with a reason and nothing to name (new, error, no baseline, ...)."""
+        return cls(outcome=outcome, headline=" ".join(reason.split()))

@@ -1,0 +1,262 @@
+"""One explanation, rendered everywhere: real CPU captures of a small attention model in
+real git repositories, across commits and sessions.
+
+A reviewer reads the failure message, the terminal, ``summary.md``, ``report.html``,
+the JUnit properties or ``results.json``; each must say what regressed, the same way,
+because each renders the judge's one :class:`~perfguard.compare.explanation.Explanation`.
+The baseline is looked up per test (a partial save never hides a test), the gates hold
+across worker counts, and the plugin, ``perfguard report --run``, ``perfguard compare``
+and the bisect oracle judge one store the same way.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch  # noqa: F401
+from test_plugin import _profiler_loaded, commit, entry, results, run  # noqa: F401
+from test_plugin import repo as _repo  # noqa: F401  (the fixture ``repo``: a git project)
+
+import perfguard.plugin.session  # noqa: F401  (before pytester snapshots sys.modules)
+
+pytest_plugins = ["pytester"]
+
+MODEL = """
+import pytest
+import torch
+from torch.nn import functional as F
+
+torch.set_num_threads(1)
+ATTENTION = "{attention}"  # "fused": one SDPA op; "matmul": bmm, masked_fill, softmax
+SOFTMAX = torch.{softmax}
+torch.manual_seed(0)
+X = torch.randn(2, 4, 16, 8)
+MASK = torch.tril(torch.ones(16, 16)) == 0
+
+
+def attend(q, k, v):
+    if ATTENTION == "fused":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    att = (q @ k.transpose(-2, -1)) * k.size(-1) ** -0.5
+    att = att.masked_fill(MASK, float("-inf"))
+    return F.softmax(att.to(SOFTMAX), dim=-1).to(q.dtype) @ v
+
+
+@pytest.mark.gpuprofile(iterations=3, rounds=3, warmup=1)
+def test_attention(gpuprofile):
+    for _ in gpuprofile.iterations():
+        with torch.profiler.record_function('block "q"'):
+            attend(X, X, X)
+
+
+@pytest.mark.gpuprofile(iterations=3, rounds=3, warmup=1)
+def test_two_heads(gpuprofile):
+    for _ in gpuprofile.iterations():
+        attend(X[:, :2], X[:, :2], X[:, :2])
+"""
+ATT = "test_model.py::test_attention"
+TWO = "test_model.py::test_two_heads"
+
+
+def model(pytester: pytest.Pytester, attention: str = "matmul", softmax: str = "float32") -> None:
+    pytester.makepyfile(test_model=MODEL.format(attention=attention, softmax=softmax))
+
+
+def failure_text(result: pytest.RunResult, nodeid: str) -> str:
+    """The failure message pytest printed for ``nodeid`` (its section of FAILURES)."""
+    out = result.stdout.str()
+    name = nodeid.split("::")[-1]
+    start = out.index(f"_ {name} _")
+    end = min(i for i in (out.find("\n____", start + 1), out.find("\n====", start + 1)) if i > 0)
+    return out[start:end]
+
+
+def test_every_view_names_the_same_culprit(repo: pytest.Pytester) -> None:
+    """A dtype change decided by the gates: the failure message, the terminal, summary.md,
+    report.html, JUnit and results.json all lead with it, in the same words."""
+    model(repo)
+    base = commit(repo.path, "A: float32 softmax")
+    run(repo, "--perfguard-save").assert_outcomes(passed=2)
+    model(repo, softmax="float64")
+    commit(repo.path, "B: softmax in float64")
+    junit = repo.path / "junit.xml"
+    r = run(repo, f"--junitxml={junit}")
+    r.assert_outcomes(failed=2)
+    doc = results(repo)
+    out = repo.path / ".perfguard"
+    md = (out / "summary.md").read_text(encoding="utf-8")
+    page = html.unescape((out / "report.html").read_text(encoding="utf-8"))
+    props = {
+        case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+        for case in ET.parse(junit).getroot().iter("testcase")
+    }
+    timelines = set()
+    for nodeid in (ATT, TWO):
+        t = entry(doc, nodeid)
+        why = t["explanation"]
+        assert t["outcome"] == "regressed" and t["baseline_commit"] == base
+        assert why["decided_by"] in ("gates", "gates and timing")
+        first = why["culprits"][0]
+        assert first["kind"] == "dtypes" and "aten::softmax" in first["op"], first
+        assert "input dtypes fp32 → fp64" in first["text"]
+        assert why["headline"] == f"gates: {why['lead']}" or why["headline"].startswith(
+            f"gates: {why['lead']}; timing"
+        )
+        assert why["lead"] == first["text"]
+        # the failure message: the headline, then each line of the explanation
+        failure = failure_text(r, nodeid)
+        assert f"regressed against the baseline at {base[:12]}: {why['headline']}" in failure
+        for line in why["lines"]:
+            assert f"- {line}" in failure
+        # the terminal: the table's why cell starts with the lead; the lines follow
+        row = next(x for x in r.outlines if x.startswith(nodeid) and " regressed " in x)
+        assert why["lead"][:40] in row
+        assert f"regressed {nodeid}: {why['headline']}" in r.stdout.str()
+        # summary.md: the bullet of the test says the same (Markdown-escaped)
+        bullet = next(x for x in md.splitlines() if f"`{nodeid}`" in x)
+        assert re.sub(r"\\(.)", r"\1", bullet).endswith(why["headline"][:190]) or (
+            why["headline"][:100] in re.sub(r"\\(.)", r"\1", bullet)
+        )
+        # report.html: the test's section holds the headline and every line
+        assert why["headline"] in page and all(line in page for line in why["lines"])
+        # JUnit: the headline and the first culprit
+        name = nodeid.split("::")[-1]
+        assert props[name]["perfguard_explanation"] == why["headline"]
+        assert props[name]["perfguard_culprit_1"] == first["text"]
+        # one Perfetto timeline per test, each there
+        assert t["timeline"] and (out / t["timeline"]).is_file()
+        timelines.add(t["timeline"])
+    assert len(timelines) == 2
+
+
+def test_an_attention_path_change_is_one_grouped_line(repo: pytest.Pytester) -> None:
+    """SDPA replaced by matmul + softmax: one line names what was removed and added, with
+    calls per iteration as integers, and no child of an added op as a culprit of its own."""
+    model(repo, attention="fused")
+    commit(repo.path, "A: fused attention")
+    run(repo, "--perfguard-save").assert_outcomes(passed=2)
+    model(repo, attention="matmul")
+    commit(repo.path, "B: attention through matmul")
+    run(repo).assert_outcomes(failed=2)
+    why = entry(results(repo), ATT)["explanation"]
+    group = why["lead"]
+    assert group.startswith('ops changed under block "q":') or group.startswith(
+        "ops changed in the step:"
+    ), group
+    assert "aten::scaled_dot_product_attention removed" in group
+    for op in ("aten::matmul ×2", "aten::softmax", "aten::masked_fill"):
+        assert op in group, group
+    ops = [c["op"] for c in why["culprits"]]
+    for c in why["culprits"]:  # minimal: no culprit under another added/removed culprit
+        parent = c["op"].rsplit("/", 1)[0]
+        assert not (c["kind"] in ("added", "removed") and parent in ops and "/" in c["op"])
+    counters = next(x for x in why["lines"] if x.startswith("counters per iteration"))
+    assert re.search(r"op calls \d[\d,]* → \d[\d,]*", counters)  # integers
+    assert re.search(r"FLOPs [\d.]+ [kMG]?FLOP → [\d.]+ [kMG]?FLOP", counters)  # humanized
+
+
+def test_a_partial_save_never_hides_a_test(repo: pytest.Pytester) -> None:
+    """A save of one test (``-k``) at B: the other test is still compared with A's run."""
+    model(repo)
+    a = commit(repo.path, "A")
+    run(repo, "--perfguard-save").assert_outcomes(passed=2)
+    (repo.path / "notes.txt").write_text("B\n")
+    b = commit(repo.path, "B")
+    run(repo, "--perfguard-save", "-k", "two_heads").assert_outcomes(passed=1)
+    model(repo, softmax="float64")
+    commit(repo.path, "C: float64")
+    run(repo).assert_outcomes(failed=2)
+    doc = results(repo)
+    att, two = entry(doc, ATT), entry(doc, TWO)
+    assert att["outcome"] == "regressed" and att["baseline_commit"] == a
+    assert two["outcome"] == "regressed" and two["baseline_commit"] == b
+    assert att["explanation"]["culprits"][0]["kind"] == "dtypes"
+
+
+def test_gates_hold_across_worker_counts(repo: pytest.Pytester) -> None:
+    """A serial baseline, a ``-n 2`` session: the gate regression fails it (exit 1); the
+    timing says it was not compared and how to fix that."""
+    model(repo)
+    commit(repo.path, "A")
+    run(repo, "--perfguard-save").assert_outcomes(passed=2)
+    model(repo, softmax="float64")
+    commit(repo.path, "B: float64")
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--perfguard", "-p", "no:cacheprovider",
+         "-q"],
+        cwd=repo.path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout[-3000:]
+    doc = results(repo)
+    for nodeid in (ATT, TWO):
+        t = entry(doc, nodeid)
+        assert t["outcome"] == "regressed" and t["gates"]["outcome"] == "regressed"
+        assert t["timing"]["outcome"] == "not-judged"
+        assert "workers differs: 1 (baseline) vs 2 (current)" in t["timing"]["message"]
+        assert "run with the baseline's -n" in t["timing"]["message"]
+        assert t["explanation"]["culprits"][0]["kind"] == "dtypes"
+
+
+def test_the_four_entry_points_agree(repo: pytest.Pytester, capsys) -> None:
+    """The plugin, ``perfguard report --run``, ``perfguard compare`` on two stored runs and
+    the bisect oracle judge one store alike: outcomes, changes and first culprits."""
+    from perfguard.bisect import Settings as BisectSettings
+    from perfguard.bisect import _StoreOracle
+    from perfguard.cli import main
+    from perfguard.commands.report import results_from_store
+
+    model(repo)
+    a = commit(repo.path, "A")
+    run(repo, "--perfguard-save").assert_outcomes(passed=2)
+    model(repo, softmax="float64")
+    b = commit(repo.path, "B")
+    run(repo, "--perfguard-save", "--perfguard-fail-on=never").assert_outcomes(passed=2)
+    plugin = {t["nodeid"]: t for t in results(repo)["tests"]}
+    store = repo.path / "baselines" / "perfguard.db"
+    report = results_from_store(store, 2, baseline_ref=a, repo=repo.path)
+    capsys.readouterr()
+    json_out = repo.path / "compare.json"
+    assert main(["compare", f"{store}#2", f"{store}#1", "--json", str(json_out)]) == 1
+    compared = {t["nodeid"]: t for t in json.loads(json_out.read_text())["tests"]}
+    oracle = _StoreOracle(store, a, [ATT, TWO])
+    try:
+        bisect = oracle.judge(b, BisectSettings(good=a, bad=b))
+    finally:
+        oracle.close()
+    assert bisect is not None
+    for t in report.tests:
+        mine = plugin[t.nodeid]
+        assert t.outcome.value == mine["outcome"] == compared[t.nodeid]["outcome"] == "regressed"
+        assert t.delta_pct == pytest.approx(mine["delta_pct"])
+        assert compared[t.nodeid]["delta_pct"] == pytest.approx(mine["delta_pct"])
+        assert t.explanation is not None
+        assert t.explanation.headline == mine["explanation"]["headline"]
+        assert t.explanation.timing == mine["explanation"]["timing"]
+        first = mine["explanation"]["culprits"][0]["text"]
+        assert compared[t.nodeid]["explanation"]["culprits"][0]["text"] == first
+    assert all(v.outcome == "regressed" for v in bisect)
+
+
+def test_compare_against_keeps_its_report(repo: pytest.Pytester, tmp_path: Path) -> None:
+    """``perfguard compare --against`` writes where ``--output`` says and keeps it."""
+    model(repo)
+    commit(repo.path, "A")
+    model(repo, softmax="float64")
+    commit(repo.path, "B")
+    out = tmp_path / "ab"
+    r = subprocess.run(
+        [sys.executable, "-m", "perfguard.cli", "compare", "--against", "HEAD~1",
+         "--pytest-args", "-k attention --perfguard-ab-pairs=3", "--output", str(out)],
+        cwd=repo.path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    assert f"report: {out / 'report.html'}" in r.stdout
+    assert (out / "report.html").is_file() and (out / "summary.md").is_file()
+    assert "input dtypes" in r.stdout
