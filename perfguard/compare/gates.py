@@ -19,7 +19,15 @@ Budgets (the marker's ``gates=``, merged over :data:`DEFAULT_GATES`):
 
 A decrease beyond the budget is reported as an improvement. A counter that
 moved between rounds of one run (``stable`` false: data-dependent work) is
-listed and never gates.
+listed and never gates. Neither does the *kernel choice* of an op that a
+library autotunes at run time: with ``torch.backends.cudnn.benchmark`` on
+(recorded with each capture, ``meta["autotuned"]``), cuDNN times its
+candidate algorithms in each process and keeps the fastest, so which
+convolution kernels run, how many, and whether they use Tensor Cores differ
+between two runs of the same code (a real H200 run read three of five
+unchanged sessions ``regressed`` on them). The kernel-level gates
+(``kernels``, ``kernel_set``, ``tc_lost``) skip the ops that launch cuDNN
+kernels then, and say so; op calls, FLOPs, bytes, syncs and dtypes still gate.
 """
 
 from __future__ import annotations
@@ -177,6 +185,30 @@ def _short(op_name: str) -> str:
     return op_name.rsplit("/", 1)[-1] if op_name else "the test"
 
 
+#: counters that follow the kernel an op's library chose, not the op's work
+_KERNEL_CHOICE = ("kernels",)
+#: a kernel name that marks cuDNN's own kernels (its namespaces and its SASS kernels'
+#: ``__5x_cudnn`` suffix), the library ``cudnn.benchmark`` autotunes
+_CUDNN = "cudnn"
+
+
+def autotuned_ops(current: TestRecord, baseline: TestRecord) -> dict[str, str]:
+    """op_id -> op_name of the ops whose kernels were chosen by autotuning in either
+    record (cuDNN kernels under ``cudnn.benchmark``): their kernel choice varies between
+    runs of the same code (module docstring)."""
+    if not any("cudnn.benchmark" in (r.meta.get("autotuned") or []) for r in (current, baseline)):
+        return {}
+    out: dict[str, str] = {}
+    for record in (baseline, current):
+        k = record.kernels
+        if k.empty:
+            continue
+        hit = k["kernel_name"].astype(str).str.contains(_CUDNN, case=False, regex=False)
+        for op_id, name in zip(k.loc[hit, "op_id"], k.loc[hit, "op_name"], strict=True):
+            out[str(op_id)] = str(name)
+    return out
+
+
 def _counter_table(record: TestRecord) -> pd.DataFrame:
     c = record.counters
     if c is None or c.empty:
@@ -196,6 +228,7 @@ def judge_gates(
     records when the caller already has it (the judge shows it too).
     """
     cb, cc = _counter_table(baseline), _counter_table(current)
+    tuned = autotuned_ops(current, baseline)
     if cb.empty and not baseline.ops.empty:
         return GateVerdict(
             Outcome.NOT_JUDGED,
@@ -217,6 +250,10 @@ def judge_gates(
         checked.append(counter)
         drop = set(b.loc[~b["stable"].astype(bool), "op_id"])
         drop |= set(c.loc[~c["stable"].astype(bool), "op_id"])
+        if counter in _KERNEL_CHOICE and tuned:
+            tuned_here = (set(b["op_id"]) | set(c["op_id"])) & set(tuned)
+            unstable.update(f"{counter} of {_short(tuned[i])} (autotuned)" for i in tuned_here)
+            b, c = b[~b["op_id"].isin(tuned_here)], c[~c["op_id"].isin(tuned_here)]
         if drop:
             shaky = pd.concat([b, c])
             shaky = shaky[shaky["op_id"].isin(drop)]["op_name"]
@@ -265,6 +302,15 @@ def judge_gates(
         from perfguard.compare.verdict import kernel_changes
 
         changes = kernel_changes(current, baseline)
+    if tuned:
+        names = set(tuned.values())
+        moved = changes["op_name"].isin(names) & changes["kind"].isin(
+            ["tc_lost", "tc_gained", "added", "removed"]
+        )
+        unstable.update(
+            f"kernel choice of {_short(str(n))} (autotuned)" for n in changes.loc[moved, "op_name"]
+        )
+        changes = changes[~moved]
     _switch_gates(current, baseline, budgets, changes, worse, better, checked)
     if worse:
         outcome = Outcome.REGRESSED
