@@ -467,7 +467,7 @@ def rewind_to_v1(location: Path | str) -> None:
 
 def fresh_v1(location: Path | str) -> None:
     """An empty store built by the frozen v1 migration alone."""
-    db = db_mod.open_database(location, create=True)
+    db = store_mod.open_database(location, create=True)
     try:
         with db.write():
             _v1_initial(db)

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch  # noqa: F401
-from test_plugin import _profiler_loaded, commit, entry, results, run  # noqa: F401
-from test_plugin import repo as _repo  # noqa: F401  (the fixture ``repo``: a git project)
+from test_plugin import _profiler_loaded, commit, entry, init_repo, results, run  # noqa: F401
 
 import perfguard.plugin.session  # noqa: F401  (before pytester snapshots sys.modules)
 
@@ -61,6 +60,14 @@ def test_two_heads(gpuprofile):
     for _ in gpuprofile.iterations():
         attend(X[:, :2], X[:, :2], X[:, :2])
 """
+
+
+@pytest.fixture
+def repo(pytester: pytest.Pytester) -> pytest.Pytester:
+    """An empty git repository with a pytest.ini, as the project under test."""
+    return init_repo(pytester)
+
+
 ATT = "test_model.py::test_attention"
 TWO = "test_model.py::test_two_heads"
 

@@ -34,9 +34,9 @@ import torch  # noqa: F401
 # Loaded here, before pytester snapshots sys.modules: the in-process runs would
 # otherwise drop torch after each run and the next import of it crashes.
 import perfguard.plugin.session  # noqa: F401
+from perfguard.capture.capturers import capture_name
 from perfguard.capture.torch_profiler import TRACE_SUFFIX
 from perfguard.compare.tolerance import parse_tolerance
-from perfguard.plugin.capture import capture_name
 from perfguard.plugin.marker import parse_marker
 
 pytest_plugins = ["pytester"]
@@ -104,6 +104,11 @@ def commit(path: Path, message: str) -> str:
 @pytest.fixture
 def repo(pytester: pytest.Pytester) -> pytest.Pytester:
     """An empty git repository with a pytest.ini, as the project under test."""
+    return init_repo(pytester)
+
+
+def init_repo(pytester: pytest.Pytester) -> pytest.Pytester:
+    """``pytester``'s folder made an empty git repository with a pytest.ini."""
     pytester.makeini("[pytest]\n")
     git(pytester.path, "init", "-q", "-b", "main")
     git(pytester.path, "config", "user.email", "ci@example.com")
@@ -196,9 +201,12 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     timing = train["timing"]
     assert timing["delta_pct"] > 15 and timing["mode"] == "store"
     assert timing["outcome"] in ("regressed", "noisy"), timing["message"]
-    msg = train["message"]
-    for part in ("wall_time", "interval", "rounds", "gates:", "op calls per iteration"):
-        assert part in msg, msg
+    why = train["explanation"]  # the new op leads: the gates decided, whatever the timing
+    assert (why["culprits"][0]["op"], why["culprits"][0]["kind"]) == ("extra_sync", "added")
+    assert train["message"] == why["headline"] and why["headline"].startswith("gates: ")
+    text = "\n".join([why["headline"], *why["lines"]])
+    for part in ("extra_sync added", "wall time", "rounds", "counters per iteration: op calls"):
+        assert part in text, text
     failure = "\n".join(r.outlines)
     assert f"perfguard: {TRAIN} regressed against the baseline at {sha_b[:12]}" in failure
     # the figures, cross-checked against the raw samples in results.json: a wall-time
@@ -677,7 +685,7 @@ def test_nsys_backend_reruns_each_test_in_a_child_pytest(
         import os
 
         if os.environ.get("PERFGUARD_CHILD"):
-            from perfguard.plugin import capture
+            from perfguard.capture import capturers as capture
 
             capture._cuda_profiler = lambda which: None
         """

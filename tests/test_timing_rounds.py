@@ -21,8 +21,8 @@ from perfguard.analysis import analyze  # noqa: E402
 from perfguard.baseline.record import profiled_mask, record_from_analysis, timing_mask  # noqa: E402
 from perfguard.baseline.store import Store  # noqa: E402
 from perfguard.capture import speed  # noqa: E402
+from perfguard.capture.capturers import TorchCapturer  # noqa: E402
 from perfguard.plugin import iterate  # noqa: E402
-from perfguard.plugin.capture import TorchCapturer  # noqa: E402
 from perfguard.plugin.iterate import GpuProfile  # noqa: E402
 from perfguard.plugin.marker import ProfileSpec  # noqa: E402
 from perfguard.trace import load_trace  # noqa: E402

@@ -360,18 +360,3 @@ class SQLiteDatabase(Database):
         finally:
             if conn.in_transaction:
                 conn.execute("COMMIT")
-
-
-def open_database(location: str | os.PathLike[str], *, create: bool) -> Database:
-    """The backend ``location`` selects: a PostgreSQL URL, else a SQLite file path."""
-    if is_url(location):
-        from perfguard.baseline.pg import PostgresDatabase
-
-        return PostgresDatabase(str(location), create=create)
-    if isinstance(location, str) and "://" in location:
-        scheme = location.split("://", 1)[0]
-        raise BaselineError(
-            f"{location}: unknown store URL scheme {scheme!r}; use a file path or "
-            "postgresql://user@host/dbname"
-        )
-    return SQLiteDatabase(location, create=create)

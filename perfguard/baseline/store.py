@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfguard.baseline import db as db_mod
-from perfguard.baseline.db import Database, one_line, open_database
+from perfguard.baseline.db import Database, SQLiteDatabase, is_url, one_line
 from perfguard.baseline.frames import FRAME_TYPES, conform_frame
 from perfguard.baseline.record import METRICS, Fingerprint, RunInfo, TestRecord, timing_mask
 from perfguard.baseline.schema import (
@@ -124,7 +123,22 @@ def open_store(location: str | os.PathLike[str], *, create: bool = True) -> Stor
 
 def store_location(text: str | os.PathLike[str]) -> str | Path:
     """A store option's value as :func:`open_store` takes it: a URL as given, else a Path."""
-    return str(text) if db_mod.is_url(text) else Path(text)
+    return str(text) if is_url(text) else Path(text)
+
+
+def open_database(location: str | os.PathLike[str], *, create: bool) -> Database:
+    """The backend ``location`` selects: a PostgreSQL URL, else a SQLite file path."""
+    if is_url(location):
+        from perfguard.baseline.pg import PostgresDatabase
+
+        return PostgresDatabase(str(location), create=create)
+    if isinstance(location, str) and "://" in location:
+        scheme = location.split("://", 1)[0]
+        raise BaselineError(
+            f"{location}: unknown store URL scheme {scheme!r}; use a file path or "
+            "postgresql://user@host/dbname"
+        )
+    return SQLiteDatabase(location, create=create)
 
 
 @dataclass(frozen=True)

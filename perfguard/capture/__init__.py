@@ -11,36 +11,73 @@ of perfguard's analysis or reports (``DESIGN.md``). The entry point is
   (``python -m perfguard.capture.torch_runner``), giving Kineto JSON.
 * ``auto`` (:mod:`perfguard.capture.select`): nsys with a GPU, else torch.
 
-Nothing here imports torch at import time.
+Nothing here imports torch at import time, and the package itself imports nothing: names
+load on first use (PEP 562), so the pytest plugin reads its child-process constants
+(:mod:`perfguard.capture.capturers`) without numpy or pandas.
 """
 
-# Do not import perfguard.capture.torch_runner here: it runs as `python -m`,
-# and importing it with the package would make runpy warn.
-# framework instrumentation; the Keras callback (keras.py) is imported where wanted,
-# since importing it imports Keras when that is installed
-from perfguard.capture.annotate import (
-    annotate,
-    annotate_function,
-    name_thread,
-    unannotate_function,
-)
-from perfguard.capture.base import Backend, CaptureResult
-from perfguard.capture.instrument import Instrumentation, encode_message, instrument, kineto_dtype
-from perfguard.capture.nsys import (
-    NsysBackend,
-    find_nsys,
-    nsys_export_argv,
-    nsys_profile_argv,
-    parse_capture_range,
-)
-from perfguard.capture.select import BACKENDS, gpu_present, profile_command, select_backend
-from perfguard.capture.torch_profiler import (
-    TorchBackend,
-    TorchProfile,
-    profile_torch,
-    torch_available,
-)
-from perfguard.errors import CaptureError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perfguard.capture.annotate import (
+        annotate,
+        annotate_function,
+        name_thread,
+        unannotate_function,
+    )
+    from perfguard.capture.base import Backend, CaptureResult
+    from perfguard.capture.instrument import (
+        Instrumentation,
+        encode_message,
+        instrument,
+        kineto_dtype,
+    )
+    from perfguard.capture.nsys import (
+        NsysBackend,
+        find_nsys,
+        nsys_export_argv,
+        nsys_profile_argv,
+        parse_capture_range,
+    )
+    from perfguard.capture.select import BACKENDS, gpu_present, profile_command, select_backend
+    from perfguard.capture.torch_profiler import (
+        TorchBackend,
+        TorchProfile,
+        profile_torch,
+        torch_available,
+    )
+    from perfguard.errors import CaptureError
+
+#: where each name lives
+_HOME = {
+    "BACKENDS": "perfguard.capture.select",
+    "Backend": "perfguard.capture.base",
+    "CaptureError": "perfguard.errors",
+    "CaptureResult": "perfguard.capture.base",
+    "NsysBackend": "perfguard.capture.nsys",
+    "TorchBackend": "perfguard.capture.torch_profiler",
+    "TorchProfile": "perfguard.capture.torch_profiler",
+    "find_nsys": "perfguard.capture.nsys",
+    "gpu_present": "perfguard.capture.select",
+    "nsys_export_argv": "perfguard.capture.nsys",
+    "nsys_profile_argv": "perfguard.capture.nsys",
+    "parse_capture_range": "perfguard.capture.nsys",
+    "profile_command": "perfguard.capture.select",
+    "profile_torch": "perfguard.capture.torch_profiler",
+    "select_backend": "perfguard.capture.select",
+    "torch_available": "perfguard.capture.torch_profiler",
+    "Instrumentation": "perfguard.capture.instrument",
+    "annotate": "perfguard.capture.annotate",
+    "annotate_function": "perfguard.capture.annotate",
+    "encode_message": "perfguard.capture.instrument",
+    "instrument": "perfguard.capture.instrument",
+    "kineto_dtype": "perfguard.capture.instrument",
+    "name_thread": "perfguard.capture.annotate",
+    "unannotate_function": "perfguard.capture.annotate",
+}
 
 __all__ = [
     "BACKENDS",
@@ -68,3 +105,11 @@ __all__ = [
     "name_thread",
     "unannotate_function",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        value = getattr(importlib.import_module(_HOME[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'perfguard.capture' has no attribute {name!r}")

@@ -54,8 +54,7 @@ def make_capturer(framework: str, path: Path, device: str = "cpu") -> Any:
         from perfguard.capture.jax import JaxCapturer
 
         return JaxCapturer(Path(path), device)
-    # the torch capturer lives with the plugin today (perfguard/plugin/capture.py)
-    from perfguard.plugin.capture import TorchCapturer
+    from perfguard.capture.capturers import TorchCapturer
 
     return TorchCapturer(Path(path), device)
 

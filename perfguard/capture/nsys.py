@@ -259,3 +259,14 @@ def _find_report(outbase: Path) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def usable_nsys(
+    nsys: str | None = None, *, export_mode: ExportMode = "inline", why: str = ""
+) -> NsysBackend:
+    """An :class:`NsysBackend` checked to run here; CaptureError names what to install."""
+    backend = NsysBackend(nsys, export_mode=export_mode, why=why)
+    ok, reason = backend.available()
+    if not ok:
+        raise CaptureError(reason)
+    return backend

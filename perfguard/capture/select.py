@@ -22,7 +22,7 @@ from pathlib import Path
 from perfguard.capture import nsys as _nsys
 from perfguard.capture import torch_profiler as _torch
 from perfguard.capture.base import Backend, CaptureResult, command_list
-from perfguard.capture.nsys import ExportMode, NsysBackend
+from perfguard.capture.nsys import ExportMode, NsysBackend, usable_nsys
 from perfguard.capture.torch_profiler import TorchBackend
 from perfguard.errors import CaptureError
 
@@ -52,11 +52,7 @@ def select_backend(
     """
     key = (name or "").strip().lower()
     if key == "nsys":
-        backend = NsysBackend(nsys, export_mode=export_mode, why="the nsys backend was requested")
-        ok, reason = backend.available()
-        if not ok:
-            raise CaptureError(reason)
-        return backend
+        return usable_nsys(nsys, export_mode=export_mode, why="the nsys backend was requested")
     if key == "torch":
         ok, reason = _torch.torch_available()
         if not ok:

@@ -100,6 +100,8 @@ def against_from_store(
         # some run on this history, just not of this test: the test is new there
         others = store.runs()
         others = others[others["commit"].isin(list(distance))]
+        if only is not None:  # under an acceptance, runs before it are no baseline at all
+            others = others[others["commit"].isin(list(only))]
         if exclude_run_id is not None:
             others = others[others["run_id"] != exclude_run_id]
         ok = any(fingerprint.incompatibility(fp) is None for fp in others["fingerprint"])

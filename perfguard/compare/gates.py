@@ -220,12 +220,12 @@ def judge_gates(
     current: TestRecord,
     baseline: TestRecord,
     budgets: dict[str, Budget | bool],
-    changes: pd.DataFrame | None = None,
+    changes: pd.DataFrame,
 ) -> GateVerdict:
     """Compare the deterministic counters of ``current`` with ``baseline``'s.
 
-    ``changes``: :func:`perfguard.compare.verdict.kernel_changes` of the two
-    records when the caller already has it (the judge shows it too).
+    ``changes``: :func:`perfguard.compare.verdict.kernel_changes` of the two records
+    (the judge computes it once and shows it too).
     """
     cb, cc = _counter_table(baseline), _counter_table(current)
     tuned = autotuned_ops(current, baseline)
@@ -298,10 +298,6 @@ def judge_gates(
                         f"{label}{per} of {_short(op)} {_fmt(x)} -> {_fmt(y)} "
                         f"({100 * (y / x - 1):+.1f}%, budget {budget})",
                     ))  # fmt: skip
-    if changes is None:
-        from perfguard.compare.verdict import kernel_changes
-
-        changes = kernel_changes(current, baseline)
     if tuned:
         names = set(tuned.values())
         moved = changes["op_name"].isin(names) & changes["kind"].isin(

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from perfguard.baseline.record import METRICS, TestRecord
+from perfguard.compare.explain import explain
+from perfguard.compare.explanation import Explanation
 from perfguard.compare.gates import Budget, GateVerdict, judge_gates, parse_gates
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.timing import (
@@ -32,6 +34,7 @@ from perfguard.compare.timing import (
     judge_store,
     not_judged,
 )
+from perfguard.compare.verdict import TestComparison, compare_ops, format_ns, kernel_changes
 from perfguard.errors import CompareError
 
 #: significance level of every interval and test (one place for the default)
@@ -102,12 +105,8 @@ def _iterations(record: TestRecord) -> int:
     return int(np.bincount(rounds - rounds.min()).max()) if len(rounds) else 0
 
 
-def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any:
-    """The verdict on ``current`` (a :class:`~perfguard.compare.verdict.TestComparison`)."""
-    from perfguard.compare.explain import explain
-    from perfguard.compare.explanation import Explanation
-    from perfguard.compare.verdict import TestComparison, compare_ops, format_ns, kernel_changes
-
+def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> TestComparison:
+    """The verdict on ``current``."""
     if current.metric not in METRICS:
         raise CompareError(f"{current.nodeid}: unknown metric {current.metric!r}")
     tol, alpha = settings.tolerance, settings.alpha
@@ -192,6 +191,39 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Any
         rounds_baseline=_ints(base_rec.round_values(metric)), explanation=why,
         **_figures(timing), **common,
     )  # fmt: skip
+
+
+def compare_records(
+    current: TestRecord,
+    baseline: TestRecord | None,
+    *,
+    tolerance: float = 0.05,
+    alpha: float = 0.01,
+    incompatibility: str | None = None,
+    baseline_commit: str | None = None,
+    baseline_run_exists: bool = False,
+    history: np.ndarray | None = None,
+    mode: str = "store",
+    gates: dict[str, Any] | None = None,
+    timing_incompatibility: str | None = None,
+) -> TestComparison:
+    """Compare ``current`` with one ``baseline`` record: :func:`perfguard.compare.judge`
+    with that record as the baseline (kept for notebooks and the CLI's two-capture case).
+
+    ``baseline=None`` gives ``no-baseline``, or ``new`` with
+    ``baseline_run_exists``; ``incompatibility`` gives ``incomparable``.
+    """
+    against = Against(
+        records=[baseline] if baseline is not None else [],
+        mode=mode,
+        commit=baseline_commit,
+        run_found=baseline_run_exists or baseline is not None,
+        incompatibility=incompatibility,
+        timing_incompatibility=timing_incompatibility,
+        history=np.zeros(0) if history is None else np.asarray(history, dtype=np.float64),
+    )
+    settings = JudgeSettings(tolerance=tolerance, alpha=alpha, gates=parse_gates(gates))
+    return judge(current, against, settings)
 
 
 def _figures(t: TimingVerdict) -> dict[str, Any]:

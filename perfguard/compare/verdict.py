@@ -5,7 +5,7 @@ comparison (:func:`compare_ops`) and the deterministic kernel findings
 The decision itself is :func:`perfguard.compare.judge.judge` (timing: rounds
 against history or A/B pairs, :mod:`perfguard.compare.timing`; gates:
 deterministic counters, :mod:`perfguard.compare.gates`), and its
-explanation is :mod:`perfguard.compare.explain`; :func:`compare_records` is
+explanation is :mod:`perfguard.compare.explain`; ``judge.compare_records`` is
 the judge with one baseline record, for notebooks.
 
 Per op, the same statistics run on per-round (else per-iteration) samples;
@@ -136,42 +136,6 @@ def failed(comparison: TestComparison, fail_on: str = "regression") -> bool:
     if fail_on != "regression":
         raise CompareError(f"fail_on must be 'regression' or 'never', got {fail_on!r}")
     return comparison.outcome is Outcome.REGRESSED
-
-
-def compare_records(
-    current: TestRecord,
-    baseline: TestRecord | None,
-    *,
-    tolerance: float = 0.05,
-    alpha: float = 0.01,
-    incompatibility: str | None = None,
-    baseline_commit: str | None = None,
-    baseline_run_exists: bool = False,
-    history: np.ndarray | None = None,
-    mode: str = "store",
-    gates: dict[str, Any] | None = None,
-    timing_incompatibility: str | None = None,
-) -> TestComparison:
-    """Compare ``current`` with one ``baseline`` record: :func:`perfguard.compare.judge`
-    with that record as the baseline (kept for notebooks and the CLI's two-capture case).
-
-    ``baseline=None`` gives ``no-baseline``, or ``new`` with
-    ``baseline_run_exists``; ``incompatibility`` gives ``incomparable``.
-    """
-    from perfguard.compare.gates import parse_gates
-    from perfguard.compare.judge import Against, JudgeSettings, judge
-
-    against = Against(
-        records=[baseline] if baseline is not None else [],
-        mode=mode,
-        commit=baseline_commit,
-        run_found=baseline_run_exists or baseline is not None,
-        incompatibility=incompatibility,
-        timing_incompatibility=timing_incompatibility,
-        history=np.zeros(0) if history is None else np.asarray(history, dtype=np.float64),
-    )
-    settings = JudgeSettings(tolerance=tolerance, alpha=alpha, gates=parse_gates(gates))
-    return judge(current, against, settings)
 
 
 def classify(

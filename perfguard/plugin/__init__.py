@@ -22,24 +22,24 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from perfguard.plugin.capture import CHILD_ENV
+from perfguard.capture.capturers import CHILD_ENV
+from perfguard.plugin.items import FIXTURE, profile_key, profiled, spec_key, spec_of
 from perfguard.plugin.iterate import GpuProfile
-from perfguard.plugin.marker import MARKER, MARKER_HELP, ProfileSpec, parse_marker
+from perfguard.plugin.marker import MARKER, MARKER_HELP, ProfileSpec
 from perfguard.plugin.options import Settings, add_options, read_settings
 
 if TYPE_CHECKING:
     from perfguard.plugin.child import ChildPlugin
     from perfguard.plugin.session import PerfguardSession
 
-__all__ = ["GpuProfile", "ProfileSpec", "gpuprofile", "profiled", "settings_key", "spec_of"]
-
-FIXTURE = "gpuprofile"
+__all__ = [
+    "FIXTURE", "GpuProfile", "ProfileSpec", "gpuprofile", "profile_key", "profiled",
+    "settings_key", "spec_key", "spec_of",
+]  # fmt: skip
 
 settings_key: pytest.StashKey[Settings] = pytest.StashKey()
 session_key: pytest.StashKey[PerfguardSession] = pytest.StashKey()
 child_key: pytest.StashKey[ChildPlugin] = pytest.StashKey()
-spec_key: pytest.StashKey[ProfileSpec] = pytest.StashKey()
-profile_key: pytest.StashKey[GpuProfile] = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,22 +72,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             del config.stash[key]
             plugin.close()
             config.pluginmanager.unregister(plugin)
-
-
-def profiled(item: pytest.Item) -> bool:
-    """Whether perfguard measures ``item``: it carries the marker or uses the fixture."""
-    return item.get_closest_marker(MARKER) is not None or FIXTURE in getattr(
-        item, "fixturenames", ()
-    )
-
-
-def spec_of(item: pytest.Item) -> ProfileSpec:
-    """The item's checked marker arguments (cached); ValueError for a bad marker."""
-    spec = item.stash.get(spec_key, None)
-    if spec is None:
-        spec = parse_marker(item.get_closest_marker(MARKER))
-        item.stash[spec_key] = spec
-    return spec
 
 
 @pytest.hookimpl(tryfirst=True)

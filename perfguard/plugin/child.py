@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from perfguard.plugin.capture import ChildCapturer, whole_call, write_child_result
+from perfguard.capture.capturers import ChildCapturer, whole_call, write_child_result
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 
@@ -41,7 +41,7 @@ class ChildPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
-        from perfguard.plugin import profiled
+        from perfguard.plugin.items import profiled
 
         if not profiled(item) or "gpuprofile" in getattr(item, "fixturenames", ()):
             return (yield)

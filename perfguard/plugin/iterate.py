@@ -36,9 +36,9 @@ import gc
 import sys
 import time
 from collections.abc import Generator, Iterator
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
+from perfguard.capture.capturers import Capturer
 from perfguard.plugin.marker import ProfileSpec
 
 if TYPE_CHECKING:
@@ -50,27 +50,6 @@ ROUND_GAP_S = 0.05
 #: pause before a timing round that ran while the machine was slow is run again, s:
 #: the slow spells seen on shared VMs last a fraction of a second to a second
 RETRY_PAUSE_S = 0.3
-
-
-class Capturer(Protocol):
-    """A capture around recorded iterations (see :mod:`perfguard.plugin.capture`).
-
-    ``start``/``stop`` never raise: a failure is kept in ``error`` and the
-    test goes on uncaptured; the plugin reports it when the test ends.
-    """
-
-    error: str | None
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def sync(self) -> None: ...
-
-    #: True: timing rounds run with the capture off (an in-process profiler on the CPU)
-    separate_timing: bool
-
-    def iteration(self) -> AbstractContextManager[object]: ...
 
 
 def _cuda() -> object | None:

@@ -9,7 +9,7 @@ Where each step runs, and why there:
   fingerprinted and the baseline run looked up once (a bad backend, ref or
   store is a :class:`pytest.UsageError` before any test runs).
 * **setup** (nsys only) — the test is re-run alone in a child pytest under
-  nsys (:func:`perfguard.plugin.capture.run_nsys_child`); the parent then
+  nsys (:func:`perfguard.capture.capturers.run_nsys_child`); the parent then
   skips the body (``pytest_pyfunc_call``) and reports the child's outcome.
   A crash, hang or profiler failure of the child is the test's setup *error*.
 * **call** — torch backend: the recorded iterations are profiled in process
@@ -59,6 +59,7 @@ from perfguard.baseline.git import (
 )
 from perfguard.baseline.record import RunInfo, TestRecord
 from perfguard.baseline.store import Store, open_store
+from perfguard.capture.capturers import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.capture.select import select_backend
 from perfguard.capture.torch_profiler import TRACE_SUFFIX, TorchBackend
 from perfguard.errors import PerfguardError
@@ -74,7 +75,6 @@ from perfguard.plugin.ab import (
     prepare_worktree,
     write_round_output,
 )
-from perfguard.plugin.capture import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.plugin.forkserver import preload_names
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
@@ -321,7 +321,7 @@ class PerfguardSession:
         """A/B parent: measure every selected marked test in both trees, up front."""
         if self.ab is None:
             return
-        from perfguard.plugin import profiled
+        from perfguard.plugin.items import profiled
 
         nodeids = [i.nodeid for i in session.items if profiled(i)]
         if not nodeids:
@@ -419,7 +419,7 @@ class PerfguardSession:
 
     # ------------------------------------------------------------------ per test
     def _captures(self, item: pytest.Item) -> tuple[ProfileSpec, ResolvedBackend] | None:
-        from perfguard.plugin import profiled, spec_of
+        from perfguard.plugin.items import profiled, spec_of
 
         if not profiled(item):
             return None
@@ -565,7 +565,7 @@ class PerfguardSession:
     # ------------------------------------------------------------------ the verdict
     def _judge(self, item: pytest.Item, spec: ProfileSpec) -> None:
         """Analyse the capture, compare it, record the result; raise a regression as a failure."""
-        from perfguard.plugin import profile_key
+        from perfguard.plugin.items import profile_key
 
         info = item.stash.get(_capture_key, None)
         if info is None:
@@ -1084,7 +1084,7 @@ def _git_dir(root: Path) -> Path:
 
 
 def spec_backend(item: pytest.Item) -> str | None:
-    from perfguard.plugin import spec_of
+    from perfguard.plugin.items import spec_of
 
     return spec_of(item).backend
 

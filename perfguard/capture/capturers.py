@@ -1,4 +1,5 @@
-"""Capturing one test: the torch profiler in process, or nsys around a child pytest.
+"""Capturing one test: the :class:`Capturer` protocol the plugin's loop drives, the torch
+profiler in process, or nsys around a child pytest.
 
 * :class:`TorchCapturer` — ``torch.profiler`` (CPU activities, plus CUDA when
   the backend runs on a GPU) around the recorded iterations, in this process;
@@ -33,11 +34,33 @@ import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 #: environment variable that puts a pytest process in child mode; its value is the result file
 CHILD_ENV = "PERFGUARD_CHILD"
 ITERATION_RANGE = "perfguard.iteration"
+
+
+class Capturer(Protocol):
+    """A capture around recorded iterations: the plugin's loop drives one, and
+    :func:`perfguard.capture.frameworks.make_capturer` makes it for a test's framework.
+
+    ``start``/``stop`` never raise: a failure is kept in ``error`` and the
+    test goes on uncaptured; the plugin reports it when the test ends.
+    """
+
+    error: str | None
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def sync(self) -> None: ...
+
+    #: True: timing rounds run with the capture off (an in-process profiler on the CPU)
+    separate_timing: bool
+
+    def iteration(self) -> AbstractContextManager[object]: ...
 
 
 def capture_name(nodeid: str) -> str:
@@ -230,7 +253,7 @@ def run_nsys_child(
     Raises :class:`perfguard.errors.CaptureError` (one line) when nsys or the
     child fails, times out, or the child reports no result.
     """
-    from perfguard.capture.select import select_backend
+    from perfguard.capture.nsys import usable_nsys
     from perfguard.errors import CaptureError
 
     name = capture_name(nodeid)
@@ -238,7 +261,7 @@ def run_nsys_child(
     result_file.unlink(missing_ok=True)
     env = dict(os.environ)
     env[CHILD_ENV] = str(result_file)
-    backend = select_backend("nsys")
+    backend = usable_nsys(why="the nsys backend was requested")
     argv = child_argv(nodeid, rootdir, inifile=inifile, xdist=xdist)
     try:
         done = backend.capture(

@@ -1,0 +1,128 @@
+"""The import graph: data flows down the layers of docs/design.md, never back up, and no
+module of the capture, baseline, compare or plugin packages reaches itself again through
+its imports, counting the imports made inside functions (a cycle deferred to call time
+is still a cycle a reader has to hold in their head). Read from the source with ``ast``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import perfguard
+
+ROOT = Path(perfguard.__file__).parent
+#: the packages the design orders, lowest first: each may import only those before it
+LAYERS = ("errors", "arrays", "trace", "capture", "analysis", "baseline", "compare", "report",
+          "plugin")  # fmt: skip
+CHECKED = ("capture", "baseline", "compare", "plugin")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """Every perfguard module ``path`` imports, at the top or in a function, outside
+    ``if TYPE_CHECKING:`` blocks."""
+    found: set[str] = set()
+    stack: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
+    while stack:
+        node = stack.pop()
+        if _type_checking(node):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    return {m for m in found if m in modules}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module(p): p for p in ROOT.rglob("*.py")}
+    names = set(files)
+    return {m: _imports(p, names) - {m} for m, p in files.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_no_import_cycles_in_the_checked_packages() -> None:
+    graph = _graph()
+    checked = {m: d for m, d in graph.items() if _package(m) in CHECKED}
+    cycles = [c for c in _cycles(graph) if any(m in checked for m in c)]
+    assert cycles == []
+
+
+def test_layers_import_only_downwards() -> None:
+    wrong = []
+    for module, deps in _graph().items():
+        mine = _package(module)
+        if mine not in LAYERS:
+            continue
+        allowed = set(LAYERS[: LAYERS.index(mine) + 1])
+        for dep in deps:
+            theirs = _package(dep)
+            if theirs and theirs not in allowed:
+                wrong.append(f"{module} -> {dep}")
+    assert wrong == []
+
+
+def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path: Path) -> None:
+    """The graph reader is not vacuous: a function-level import and a two-module cycle."""
+    (tmp_path / "a.py").write_text("def f():\n    from perfguard.compare import b\n")
+    deps = _imports(tmp_path / "a.py", {"perfguard.compare.b", "perfguard.compare"})
+    assert deps == {"perfguard.compare.b"}
+    assert _cycles({"x": {"y"}, "y": {"x"}, "z": set()}) == [["x", "y"]]
