@@ -676,11 +676,12 @@ class Acceptance:
             return
         eager = next((t for t in self.summary["traces"] if t["name"] == "eager"), None)
         kernels = ((eager or {}).get("analyze") or {}).get("top_kernels") or []
-        attempts = []
+        attempts: list[list[str]] = []
         if kernels:
             word = re.escape(kernel_word(kernels[0]["short_name"] or kernels[0]["name"]))
             attempts.append(["--kernel-name", f"regex:{word}", "--launch-count", "1"])
         attempts.append(["--launch-skip", "20", "--launch-count", "1"])
+        results: list[dict[str, Any]] = []  # the attempts made: those after a success are not
         for i, extra in enumerate(attempts):
             argv = ["ncu", "--target-processes", "all", "--clock-control", "none", "--section",
                     "SpeedOfLight", "--csv", "--kernel-name-base", "demangled", *extra,
@@ -692,12 +693,12 @@ class Acceptance:
             result = {"argv": argv, "rc": done["rc"], "csv_rows": len(rows),
                       "counters_read": len(rows) > 1 and "ERR_NVGPUCTRPERM" not in text,
                       "tail": done["tail"][-800:]}  # fmt: skip
-            attempts[i] = result
+            results.append(result)
             if result["counters_read"]:
                 (self.artifacts / "ncu.csv").write_text("\n".join(rows) + "\n")
                 break
-        self.summary["ncu"] = attempts
-        st.data = {"counters_read": any(a.get("counters_read") for a in attempts)}
+        self.summary["ncu"] = results
+        st.data = {"counters_read": any(a["counters_read"] for a in results)}
         st.note = "counters read" if st.data["counters_read"] else "no counters read"
 
     # ------------------------------------------------------------------ the run
@@ -960,7 +961,11 @@ def markdown(s: dict[str, Any]) -> str:
                 f"| {tr['trace']} | {tr['bytes']} | rc {a.get('rc')} | "
                 f"{(k.get('short_name') or '-')[:60]} | {(k.get('op') or '-')[-60:]} |"
             )
+    # a summary from before the fix holds the untried attempt's ncu arguments (a list)
+    # after the one that read counters: only the attempts made are results
     for a in s.get("ncu") or []:
+        if not isinstance(a, dict):
+            continue
         lines += ["", f"ncu: rc {a.get('rc')}, {a.get('csv_rows')} CSV rows, counters read: "
                   f"{a.get('counters_read')}"]  # fmt: skip
     packed = (s.get("packed") or {}).get("files") or {}

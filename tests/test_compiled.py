@@ -8,6 +8,7 @@ ones as Inductor names them on a GPU (``triton_<kind>_fused_<ops>_<n>``).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -95,6 +96,39 @@ def test_real_triton_capture_names_its_aten_ops_and_keeps_the_kernel_time() -> N
     assert (fused["calls"] == 1).all()
     assert (fused[["kernel_count", "gpu_time_total", "cpu_time_total"]] == 0).all().all()
     assert ops["gpu_time_total"].sum() == 1760  # no GPU time made or lost
+
+
+def test_real_h200_compiled_kernels_name_the_aten_ops_inductor_says_they_fuse() -> None:
+    """Our own H200 run (tests/data/MANIFEST.md, torch 2.11): each Triton kernel's fused
+    ops, read from its name, are the ``Original ATen`` ops Inductor's output code lists
+    for it, and the per-op table holds those ops with every kernel's time kept."""
+    h200 = Path(__file__).parent / "data" / "gpu_h200"
+    code = (h200 / "inductor_default" / "output_code.py.txt").read_text()
+    # "# ... Original ATen: [aten.view, aten.gelu]", comment lines, then
+    # "triton_poi_fused_gelu_view_1 = async_compile.triton(..."
+    said = {
+        m.group(2): sorted({f"aten::{op.strip()[5:]}" for op in m.group(1).split(",")})
+        for m in re.finditer(
+            r"Original ATen: \[([^\]]*)\]\n(?:#.*\n)*(triton_\w+) = async_compile", code
+        )
+    }
+    a = analyze(load_trace(h200 / "compile_default.pt.trace.json.gz"))
+    triton = sorted(set(a.trace.kernels["name"].astype(str)) - {""})
+    triton = [k for k in triton if k.startswith("triton_")]
+    assert len(triton) == 5 and set(triton) <= set(said)
+    for kernel in triton:
+        assert sorted(fused_ops(kernel)) == said[kernel], kernel
+    ops = a.ops.set_index("op_name")
+    graph = "Torch-Compiled Region: 0/0/## Call CompiledFxGraph ##/"
+    calls = {op: int(ops.loc[graph + op, "calls"]) for op in
+             ("aten::native_layer_norm", "aten::gelu", "aten::add", "aten::view")}  # fmt: skip
+    # 10 iterations: layer norm in 3 kernels, gelu in 3 (one kernel run 3 times), add in
+    # 3, view in 6
+    assert calls == {"aten::native_layer_norm": 30, "aten::gelu": 30, "aten::add": 30,
+                     "aten::view": 60}  # fmt: skip
+    assert int(ops.loc[graph + "aten::addmm", "kernel_count"]) == 60  # cuBLAS, not fused
+    acts = a.activities
+    assert int(ops["gpu_time_total"].sum()) == int((acts["end"] - acts["start"]).sum())
 
 
 # ------------------------------------------------------------- a real torch.compile

@@ -153,3 +153,27 @@ def test_kernel_word_is_a_plain_identifier() -> None:
     name = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1>"
     assert acc.kernel_word(name) == "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1"
     assert acc.kernel_word("") == "gemm"
+
+
+#: the ``ncu`` entry of the real run's summary.json (H200, 2026-11-26; argv and tail cut):
+#: the attempt that read counters, then the untried fallback's arguments, which made
+#: ``markdown`` crash at the end of the real run (``'list' object has no attribute 'get'``)
+REAL_NCU: list[Any] = [
+    {"argv": ["ncu", "--target-processes", "all", "--clock-control", "none", "--section",
+              "SpeedOfLight", "--csv", "--kernel-name-base", "demangled", "--kernel-name",
+              "regex:nvjet_sm90_tst_64x24_64x16_2x4_h_bz_bias_TNT", "--launch-count", "1"],
+     "rc": 0, "csv_rows": 12, "counters_read": True,
+     "tail": '"0","1677","python3.12","127.0.0.1","nvjet_sm90_tst_64x24_64x16_2x4_h_bz_bias_TNT"'},
+    ["--launch-skip", "20", "--launch-count", "1"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("ncu", [REAL_NCU, REAL_NCU[:1]], ids=["real-run", "fixed"])
+def test_the_summary_renders_an_ncu_entry_as_the_real_run_wrote_it(
+    dry: tuple[Path, dict[str, Any], str], ncu: list[Any]
+) -> None:
+    acc = _load()
+    _, summary, _ = dry
+    md = acc.markdown({**summary, "ncu": ncu})
+    assert md.count("ncu: ") == 1
+    assert "ncu: rc 0, 12 CSV rows, counters read: True" in md

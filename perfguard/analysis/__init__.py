@@ -25,6 +25,7 @@ from perfguard.analysis.iterations import (
 from perfguard.analysis.kernels import aggregate_kernels
 from perfguard.analysis.ops import (
     OpCodes,
+    _gpu_per_instance,
     aggregate_ops,
     api_time_inside,
     deep_range_note,
@@ -136,12 +137,15 @@ def analyze(
     timeline = acts  # every activity: busy time inside an iteration counts them all
     if restricted:
         assert chosen is not None
-        kept_in = _in(inst, chosen)
-        inst = inst[kept_in].reset_index(drop=True)
         acts = acts[_in(acts, chosen)].reset_index(drop=True)
+        # replayed graph work counts in the iteration that replayed it, and its op is
+        # the one that recorded it at capture time, outside the window: keep that op
+        kept_in = _in(inst, chosen) | _records_replay(inst, acts)
+        inst = inst[kept_in].reset_index(drop=True)
         acts["instance_row"] = instance_rows(
             inst["instance"].to_numpy(np.int64), acts["instance"].to_numpy(np.int64)
         ).astype(INDEX)
+        _per_replay(trace, inst, acts, by_range, window_only=True)
         fold_in = pd.MultiIndex.from_arrays(
             [cpu_only.rank.astype(np.int64), cpu_only.iteration.astype(np.int64)]
         ).isin(chosen) & (cpu_only.iteration >= 0)
@@ -196,7 +200,56 @@ def _instances(
     acts = _join_op(attributed, inst)
     add_tensor_cores(trace, acts, inst)
     notes = add_flops(trace, acts, inst, by_range)
+    _per_replay(trace, inst, acts, by_range)
     return inst, acts, notes
+
+
+def _per_replay(
+    trace: Trace,
+    inst: pd.DataFrame,
+    acts: pd.DataFrame,
+    by_range: pd.DataFrame | None,
+    window_only: bool = False,
+) -> None:
+    """In place: an op instance that recorded CUDA-graph work ran once per replay, so
+    its FLOPs and bytes are its call's times the replays in ``acts``; with
+    ``window_only`` (``acts`` limited to some iterations) its GPU figures are
+    recomputed from those replays too, as the capture itself lies outside them."""
+    if "graph_recorded" not in acts or not acts["graph_recorded"].any():
+        return
+    rec = acts["graph_recorded"].to_numpy(dtype=bool) & (acts["instance_row"] >= 0).to_numpy()
+    pairs = np.unique(
+        np.stack(
+            [
+                acts["instance_row"].to_numpy(np.int64)[rec],
+                acts["correlation_id"].to_numpy(np.int64)[rec],
+            ]
+        ),
+        axis=1,
+    )
+    replays = np.bincount(pairs[0], minlength=len(inst))
+    rows = np.flatnonzero(replays)
+    if window_only:
+        figures = _gpu_per_instance(inst["instance"].to_numpy(np.int64)[rows], acts)
+        for column, values in figures.items():
+            inst.loc[rows, column] = values.astype(inst[column].dtype)
+        owner = acts["instance_row"].to_numpy(np.int64)
+        kernel = (acts["activity"] == "kernel").to_numpy(dtype=bool)
+        tc = kernel.copy()
+        tc &= acts["uses_tc"].fillna(False).to_numpy(dtype=bool) if "uses_tc" in acts else False
+        dur = (acts["end"] - acts["start"]).to_numpy(np.int64)
+        for column, mask in (("kernel_time", kernel), ("tc_kernel_time", tc)):
+            if column in inst:
+                sums = np.bincount(owner[mask & (owner >= 0)], dur[mask & (owner >= 0)],
+                                   minlength=len(inst))  # fmt: skip
+                inst.loc[rows, column] = sums[rows].astype(inst[column].dtype)
+    if by_range is None or "flops" not in inst:
+        return
+    at = instance_rows(trace.ranges["range_id"].to_numpy(np.int64),
+                       inst["instance"].to_numpy(np.int64)[rows])  # fmt: skip
+    for column in ("flops", "bytes"):
+        per_call = pd.api.extensions.take(by_range[column].array, at, allow_fill=True)
+        inst.loc[rows, column] = per_call * replays[rows]
 
 
 def _owners(trace: Trace, codes: OpCodes, acts: pd.DataFrame) -> np.ndarray:
@@ -230,6 +283,14 @@ def _join_op(acts: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     for col in ("op_name", "direction", "op_id", "op_key"):
         acts[col] = pd.api.extensions.take(inst[col].array, row, allow_fill=True)
     return acts
+
+
+def _records_replay(inst: pd.DataFrame, acts: pd.DataFrame) -> np.ndarray:
+    """Which op instances recorded graph work that ``acts`` replays (a mask over ``inst``)."""
+    if "graph_recorded" not in acts or not acts["graph_recorded"].any():
+        return np.zeros(len(inst), dtype=bool)
+    owners = acts.loc[acts["graph_recorded"].to_numpy(dtype=bool), "instance"].unique()
+    return inst["instance"].isin(owners).to_numpy(dtype=bool)
 
 
 def _in(df: pd.DataFrame, keep: pd.MultiIndex) -> np.ndarray:

@@ -15,7 +15,10 @@ so a kernel launched directly inside a step is unassociated, as in DLProf.
 A kernel replayed from a CUDA graph has ``cudaGraphLaunch`` (``cuGraphLaunch``)
 as its launching call, not the op that recorded it at capture time: the range
 around the replay (a module, a step) did not launch it, so rule 2 does not
-apply. It goes to the op ``graph_replay_<graph id>`` (rule 3's pseudo-op, with
+apply. Where the profiler also ran during the capture, the launch that recorded
+the activity's graph node is found (:mod:`perfguard.analysis.graphs`) and rule 2
+applies to that launch instead: the activity belongs to the op that recorded it.
+Otherwise it goes to the op ``graph_replay_<graph id>`` (rule 3's pseudo-op, with
 the graph named), and the analysis notes how much GPU time that is.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis.graphs import recorded_launch
 from perfguard.arrays import unique_first
 from perfguard.trace.model import INDEX, KERNEL_GEOMETRY, NO_CORRELATION, Trace, concat_tables
 from perfguard.trace.nesting import Nesting, group_codes
@@ -67,8 +71,10 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
     Adds: ``launch_start`` (the API call's start, NA without one),
     ``launch_tid``, ``range_id`` (the owning op range, -1 when unassociated),
     ``graph_replay`` (launched by a CUDA graph launch: never owned by the range
-    around it) and ``instance`` (``range_id``, or ``-1 - k`` for the k-th
-    unassociated activity, which is an op instance of its own).
+    around it), ``graph_recorded`` (a replayed activity tied to the capture-time
+    launch that recorded it: owned by the op around that launch) and ``instance``
+    (``range_id``, or ``-1 - k`` for the k-th unassociated activity, which is an op
+    instance of its own).
     """
     api = trace.api_calls
     row = _launching_call(api, activities)
@@ -101,6 +107,20 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
         out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[owned],
         out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[owned],
     )
+    # replayed work: the op around the launch that recorded its node, where one did;
+    # launch_start stays the replay's, so the work counts in the iteration that ran it
+    recorded = recorded_launch(api, out, np.where(has_launch, row, -1), replay)
+    tied = np.flatnonzero(recorded >= 0)
+    if len(tied):
+        rec = recorded[tied]
+        range_id[tied] = enclosing_op(
+            trace,
+            api["rank"].to_numpy()[rec],
+            api["pid"].to_numpy()[rec],
+            api["tid"].to_numpy(np.int64)[rec],
+            api["start"].to_numpy(np.int64)[rec],
+        )
+    out["graph_recorded"] = replay & (range_id >= 0)
     out["range_id"] = range_id.astype(INDEX)
     # the op instance that owns it: the range, or a pseudo-instance of its own
     orphans = np.flatnonzero(range_id < 0)
@@ -129,20 +149,36 @@ def orphan_names(acts: pd.DataFrame, orphan: np.ndarray) -> pd.Series:
 
 
 def graph_replay_note(acts: pd.DataFrame) -> list[str]:
-    """One line saying how much GPU work was replayed from CUDA graphs and where it went."""
+    """One line saying how much GPU work was replayed from CUDA graphs and where it went:
+    how much of it was tied to the ops that recorded it, and how much could not be."""
     if "graph_replay" not in acts or not acts["graph_replay"].any():
         return []
     replay = acts["graph_replay"].to_numpy(dtype=bool)
+    tied = replay.copy()
+    tied &= acts["graph_recorded"].to_numpy(dtype=bool) if "graph_recorded" in acts else False
     dur = acts["end"].to_numpy(np.int64) - acts["start"].to_numpy(np.int64)
     total = int(dur.sum())
-    share = 100.0 * int(dur[replay].sum()) / total if total > 0 else 0.0
+    replayed = int(dur[replay].sum())
+    share = 100.0 * replayed / total if total > 0 else 0.0
     graphs = int(acts.loc[replay, "graph_id"].dropna().nunique()) if "graph_id" in acts else 0
     which = f"{graphs} CUDA graph(s)" if graphs else "CUDA graphs (the capture numbers none)"
-    return [
+    head = (
         f"{int(replay.sum())} GPU activities ({share:.1f} % of GPU time) were replayed from "
-        f"{which}: their launching call is cudaGraphLaunch, and the capture does not say "
-        f"which op recorded them, so they are reported as {GRAPH_REPLAY_PREFIX}<graph id>, "
-        "not as work of the range around the replay"
+        f"{which}: their launching call is cudaGraphLaunch"
+    )
+    rest = (
+        f"so they are reported as {GRAPH_REPLAY_PREFIX}<graph id>, not as work of the "
+        "range around the replay"
+    )
+    if not tied.any():
+        return [f"{head}, and the capture does not say which op recorded them, {rest}"]
+    named = 100.0 * int(dur[tied].sum()) / replayed if replayed > 0 else 0.0
+    left = int((replay & ~tied).sum())
+    tail = f"; the other {left} were not ({rest})" if left else ""
+    return [
+        f"{head}; {int(tied.sum())} of them ({named:.1f} % of the replayed GPU time) were "
+        "tied to the op that recorded them, through the launches made during the graph's "
+        f"profiled capture, in capture order{tail}"
     ]
 
 
