@@ -714,15 +714,17 @@ def tally(rows: list[dict[str, Any]]) -> dict[str, Any]:
         aa = [r for r in rows if r["mode"] == mode and r["kind"] == "aa"]
         for r in cases:
             r["detected"] = r["outcome"] == "regressed"
+            # right only where a reviewer reads it: a failure message and summary.md line
+            r["right_and_detected"] = r["detected"] and bool(r.get("right"))
         found = [r for r in cases if r["detected"]]
         for r in aa:
             r["false_alarm"] = r["outcome"] in ("regressed", "improved")
         out[mode] = {
             "cases": len(cases),
             "detected": rate(cases, "detected"),
-            "first_culprit_right": rate(cases, "right"),
+            "first_culprit_right": rate(cases, "right_and_detected"),
             "first_culprit_right_of_detected": rate(found, "right"),
-            "leaf_right": rate(cases, "leaf_right"),
+            "leaf_right_of_detected": rate(found, "leaf_right"),
             "views_agree_of_detected": rate(found, "views_agree"),
             "views_name_first_op_of_detected": rate(found, "views_name_first_op"),
             "terminal_has_lead_of_detected": rate(found, "terminal_has_lead"),
@@ -756,6 +758,8 @@ def markdown(rows: list[dict[str, Any]], rates: dict[str, Any], meta: dict[str, 
             "first_op") else ""  # fmt: skip
         agree = {True: "yes", False: "**no**"}.get(r.get("views_agree"), "")
         right = "yes" if r.get("right") else "**no**"
+        if not r.get("detected"):
+            right = f"({right}: not regressed)"
         out.append(f"| {r['case']} | {r['category']} | {r['test']} | {r['mode']} | "
                    f"{r['outcome']} | {r.get('decided_by', '')} | {first} | {right} | "
                    f"{agree} |")  # fmt: skip
@@ -767,7 +771,7 @@ def markdown(rows: list[dict[str, Any]], rates: dict[str, Any], meta: dict[str, 
                    f"{t['aa_false_alarms']} |")  # fmt: skip
     out += ["", f"Load: before `{meta['uptime_before']}`; after `{meta['uptime_after']}`; "
             f"duration {meta['duration_s']:.0f} s."]  # fmt: skip
-    wrong = [r for r in rows if r["kind"] == "case" and not r.get("right")]
+    wrong = [r for r in rows if r["kind"] == "case" and not r.get("right_and_detected")]
     if wrong:
         out += ["", "Wrong or missing first culprits (the explanation's lead):", ""]
         for r in wrong:
@@ -777,6 +781,22 @@ def markdown(rows: list[dict[str, Any]], rates: dict[str, Any], meta: dict[str, 
 
 
 # --------------------------------------------------------------------------- main
+
+
+def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """``culprits.json`` and ``culprits.md`` from the session rows."""
+    rates = tally(rows)
+    doc = {"meta": meta, "rates": rates, "rows": rows}
+    (out / "culprits.json").write_text(json.dumps(doc, indent=1))
+    (out / "culprits.md").write_text(markdown(rows, rates, meta))
+    print(json.dumps(rates, indent=1))
+
+
+def retally(out: Path) -> int:
+    """Recount an earlier run's rows (``--retally``): no session is run again."""
+    doc = json.loads((out / "culprits.json").read_text())
+    write_outputs(out, doc["rows"], doc["meta"])
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -799,7 +819,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "culprits")
     p.add_argument("--keep", action="store_true", help="keep the temp project and its store")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per session")
+    p.add_argument("--retally", action="store_true", help="recount OUT/culprits.json, run nothing")
     a = p.parse_args(argv)
+    if a.retally:
+        return retally(a.out.resolve())
 
     chosen = list(CASES) if a.cases == "all" else [c for c in CASES if c.name in a.cases.split(",")]
     unknown = set(a.cases.split(",")) - {c.name for c in CASES} - {"all"}
@@ -884,12 +907,7 @@ def main(argv: list[str] | None = None) -> int:
                      "quick": a.quick},
         "cases": [asdict(c) for c in chosen],
     }  # fmt: skip
-    rates = tally(rows)
-    (a.out / "culprits.json").write_text(
-        json.dumps({"meta": meta, "rates": rates, "rows": rows}, indent=1)
-    )
-    (a.out / "culprits.md").write_text(markdown(rows, rates, meta))
-    print(json.dumps(rates, indent=1))
+    write_outputs(a.out, rows, meta)
     print(
         f"culprits: {meta['duration_s']:.0f} s; load after {meta['uptime_after']}; "
         f"results in {a.out}"
