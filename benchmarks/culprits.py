@@ -749,20 +749,28 @@ def _cell(text: Any, n: int = 90) -> str:
 
 def markdown(rows: list[dict[str, Any]], rates: dict[str, Any], meta: dict[str, Any]) -> str:
     """The table and the numbers, as ``benchmarks/README.md`` shows them."""
-    out = ["| case | category | test | mode | outcome | decided by | first culprit | right | "
-           "views agree |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    modes = sorted({r["mode"] for r in rows}, key=["store", "ab"].index)
+    head = "| case | category | test | " + " | ".join(f"{m}: outcome, first culprit" for m in modes)
+    out = [head + " |", "|---|---|---|" + "---|" * len(modes)]
+    by_case: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
-        if r["kind"] != "case":
-            continue
-        first = f"{r.get('first_kind', '')}: `{_cell(r.get('first_op'), 70)}`" if r.get(
-            "first_op") else ""  # fmt: skip
-        agree = {True: "yes", False: "**no**"}.get(r.get("views_agree"), "")
-        right = "yes" if r.get("right") else "**no**"
-        if not r.get("detected"):
-            right = f"({right}: not regressed)"
-        out.append(f"| {r['case']} | {r['category']} | {r['test']} | {r['mode']} | "
-                   f"{r['outcome']} | {r.get('decided_by', '')} | {first} | {right} | "
-                   f"{agree} |")  # fmt: skip
+        if r["kind"] == "case":
+            by_case.setdefault(r["case"], {})[r["mode"]] = r
+    for name, per in by_case.items():
+        any_row = next(iter(per.values()))
+        cells = []
+        for m in modes:
+            r = per.get(m)
+            if r is None:
+                cells.append("")
+                continue
+            mark = "" if r.get("right_and_detected") else " **wrong**"
+            agree = "" if r.get("views_agree") or not r.get("detected") else " (views differ)"
+            op = f" {r.get('first_kind', '')} `{_cell(r.get('first_op'), 60)}`" if r.get(
+                "first_op") else ""  # fmt: skip
+            cells.append(f"{r['outcome']}:{op}{mark}{agree}")
+        out.append(f"| {name} | {any_row['category']} | {any_row['test']} | "
+                   + " | ".join(cells) + " |")  # fmt: skip
     out += ["", "| mode | cases | detected | first culprit right | of detected | views agree "
             "(of detected) | A/A false alarms |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for mode, t in rates.items():
