@@ -1,0 +1,927 @@
+"""Culprit benchmark: does the explanation name the op a regression actually changed?
+
+Issue 27 asks that the first culprit named in ``summary.md`` and the failure message be
+the right op in at least 95 % of realistic regressions, in store mode and A/B mode. This
+script measures it on real sessions, end to end, the way a project meets perfguard:
+
+* **The project** (``culprit_project.py``): a fresh git repository in a temp dir with six
+  small real torch models on the CPU (causal self-attention through SDPA, an MLP block,
+  an attention-pooling classifier, a conv net, an MLP classifier's training step and a
+  2-layer GPT's training step), one ``@pytest.mark.gpuprofile`` test each. The base
+  commit is saved as the baseline (``pytest --perfguard --perfguard-save``).
+* **The regressions** (:data:`CASES`): each is an exact text edit of the base (the diff
+  a pull request would make), committed on top of the base, with the op names a reviewer
+  should be pointed to, written down *before* any result was seen. An op in the
+  explanation is a path (``aten::linear/aten::addmm``, or under a ``record_function``
+  range); the first culprit is *right* when any component of its path (autograd's
+  ``evaluate_function:`` prefix dropped) is in the case's accepted set.
+* **Sessions**: for each case, only the test the change touches, in a subprocess:
+  store mode (``pytest --perfguard --perfguard-baseline=BASE``) and A/B mode
+  (``--perfguard-against=BASE --perfguard-ab-pairs=P``, default 4 pairs to keep the time
+  down). Each writes its own ``--perfguard-output`` folder; the script reads
+  ``results.json`` (outcome, ``explanation.culprits[0]``, ``lead``), the failure
+  message in pytest's stdout, the terminal table's row and ``summary.md``.
+* **A/A**: a commit that only edits a comment, every test, ``--aa`` sessions per mode:
+  any ``regressed``/``improved`` there is a false alarm.
+
+Outputs (``--out``, default ``benchmarks/out/culprits``): ``sessions.jsonl`` (one row per
+session as it finishes), ``culprits.json`` (rows, rates, settings, load) and
+``culprits.md`` (the table for ``benchmarks/README.md``).
+
+Run::
+
+    PYTHONPATH=. python benchmarks/culprits.py                  # every case, both modes
+    PYTHONPATH=. python benchmarks/culprits.py --modes store --quick
+    PYTHONPATH=. python benchmarks/culprits.py --cases softmax_f64,item_sync --keep
+
+The child sessions import perfguard from this checkout (its root leads ``PYTHONPATH``);
+the script checks that before it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import culprit_project as project  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+AUTOGRAD = "autograd::engine::evaluate_function: "
+#: ops a Linear may run as, by the input's shape and the torch version
+LINEAR = ("aten::linear", "aten::addmm", "aten::matmul", "aten::mm")
+CONV = (
+    "aten::conv2d",
+    "aten::convolution",
+    "aten::_convolution",
+    "aten::mkldnn_convolution",
+    "aten::_slow_conv2d_forward",
+    "aten::thnn_conv2d",
+    "aten::_nnpack_spatial_convolution",
+)
+SDPA = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace ``old`` (which must occur exactly once) by ``new`` in ``file``."""
+
+    file: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One realistic regression: the change, the test it touches, the ops to name."""
+
+    name: str
+    category: str
+    test: str
+    what: str
+    edits: tuple[Edit, ...]
+    expected: tuple[str, ...]
+
+
+def _m(old: str, new: str) -> Edit:
+    return Edit(project.MODELS_FILE, old, new)
+
+
+def _t(old: str, new: str) -> Edit:
+    return Edit(project.TESTS_FILE, old, new)
+
+
+_SDPA_LINE = "        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
+_POOL_LINE = "        pooled = torch.bmm(weights.unsqueeze(1), x).squeeze(1)\n"
+_CLS_LAYERS = "            nn.ReLU(),\n            nn.Linear(hidden, classes),\n"
+_CLS_LOGITS = "        logits = model(x)\n        loss = F.cross_entropy(logits, y)\n"
+_CLS_STEP = (
+    "        loss = F.cross_entropy(logits, y)\n        loss.backward()\n        opt.step()\n"
+)
+
+#: the regressions; ``expected`` was fixed before the first run and is not tuned to results
+CASES: tuple[Case, ...] = (
+    Case(
+        "sdpa_to_matmul",
+        "attention path",
+        "test_attention",
+        "attention through matmul + masked_fill + softmax instead of the fused SDPA op",
+        (
+            _m(
+                "        self.proj = nn.Linear(d, d)\n",
+                "        self.proj = nn.Linear(d, d)\n        self.register_buffer(\n"
+                '            "causal", torch.ones(T, T, dtype=torch.bool).tril(), '
+                "persistent=False\n"
+                "        )\n",
+            ),
+            _m(
+                _SDPA_LINE,
+                "        att = (q @ k.transpose(-2, -1)) * (k.size(-1) ** -0.5)\n"
+                '        att = att.masked_fill(~self.causal[:t, :t], float("-inf"))\n'
+                "        y = F.softmax(att, dim=-1) @ v\n",
+            ),
+        ),
+        (
+            "aten::scaled_dot_product_attention",
+            "aten::matmul",
+            "aten::bmm",
+            "aten::softmax",
+            "aten::_softmax",
+            "aten::masked_fill",
+        ),
+    ),
+    Case(
+        "causal_mask_tensor",
+        "recompute per step",
+        "test_attention",
+        "an explicit causal mask tensor built every step instead of is_causal=True",
+        (
+            _m(
+                _SDPA_LINE,
+                "        causal = torch.ones(t, t, dtype=torch.bool).tril()\n"
+                "        y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)\n",
+            ),
+        ),
+        ("aten::ones", "aten::tril"),
+    ),
+    Case(
+        "softmax_f64",
+        "dtype",
+        "test_attention_pool",
+        "the pooling softmax in float64",
+        (
+            _m(
+                "        weights = F.softmax(scores, dim=1)\n",
+                "        weights = F.softmax(scores.double(), dim=1).float()\n",
+            ),
+        ),
+        ("aten::softmax", "aten::_softmax"),
+    ),
+    Case(
+        "linear_f64",
+        "dtype",
+        "test_mlp_block",
+        "the MLP's up projection in float64",
+        (
+            _m(
+                "        self.up = nn.Linear(d, hidden)\n",
+                "        self.up = nn.Linear(d, hidden).double()\n",
+            ),
+            _m("        h = self.up(h)\n", "        h = self.up(h.double()).float()\n"),
+        ),
+        LINEAR,
+    ),
+    Case(
+        "loss_f64",
+        "dtype",
+        "test_gpt_train_step",
+        "the GPT's loss computed in float64",
+        (
+            _t(
+                "        loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())\n",
+                "        loss = F.cross_entropy(logits.flatten(0, 1).double(), target.flatten())\n",
+            ),
+        ),
+        (
+            "aten::cross_entropy_loss",
+            "aten::log_softmax",
+            "aten::_log_softmax",
+            "aten::nll_loss",
+            "aten::nll_loss_nd",
+            "aten::nll_loss_forward",
+            "LogSoftmaxBackward0",
+            "aten::_log_softmax_backward_data",
+            "NllLossBackward0",
+            "aten::nll_loss_backward",
+        ),
+    ),
+    Case(
+        "item_sync",
+        "sync",
+        "test_classifier_train_step",
+        "loss.item() logged every step",
+        (_t(_CLS_STEP, _CLS_STEP + "        running = loss.item()  # logged every step\n"),),
+        ("aten::item", "aten::_local_scalar_dense"),
+    ),
+    Case(
+        "nan_check",
+        "sync",
+        "test_classifier_train_step",
+        "a NaN check on the loss each step",
+        (
+            _t(
+                "        loss = F.cross_entropy(logits, y)\n",
+                "        loss = F.cross_entropy(logits, y)\n        if torch.isnan(loss):\n"
+                '            raise FloatingPointError("loss is NaN")\n',
+            ),
+        ),
+        ("aten::isnan", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense"),
+    ),
+    Case(
+        "nonzero_count",
+        "sync",
+        "test_attention_pool",
+        "counting real tokens with nonzero",
+        (
+            _m(
+                "        weights = F.softmax(scores, dim=1)\n",
+                "        weights = F.softmax(scores, dim=1)\n"
+                "        self.n_tokens = mask.nonzero().size(0)  # for logging\n",
+            ),
+        ),
+        ("aten::nonzero",),
+    ),
+    Case(
+        "cpu_readback",
+        "sync",
+        "test_classifier_train_step",
+        "predictions copied to the host each step for an accuracy metric",
+        (
+            _t(
+                _CLS_LOGITS,
+                _CLS_LOGITS.replace(
+                    "model(x)\n", "model(x)\n        preds = logits.argmax(-1).cpu()  # accuracy\n"
+                ),
+            ),
+        ),
+        ("aten::argmax", "aten::to", "aten::_to_copy"),
+    ),
+    Case(
+        "contiguous_qkv",
+        "copy",
+        "test_attention",
+        "q, k, v made contiguous before SDPA",
+        (
+            _m(
+                _SDPA_LINE,
+                "        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n" + _SDPA_LINE,
+            ),
+        ),
+        ("aten::contiguous", "aten::clone", "aten::copy_"),
+    ),
+    Case(
+        "clone_input",
+        "copy",
+        "test_classifier_train_step",
+        "a defensive copy of the input",
+        (_t(_CLS_LOGITS, _CLS_LOGITS.replace("model(x)", "model(x.clone())")),),
+        ("aten::clone", "aten::copy_"),
+    ),
+    Case(
+        "channels_last",
+        "copy",
+        "test_convnet",
+        "the input converted to channels_last",
+        (
+            _m(
+                "        x = F.max_pool2d(",
+                "        x = x.to(memory_format=torch.channels_last)\n        x = F.max_pool2d(",
+            ),
+        ),
+        ("aten::to", "aten::_to_copy", "aten::copy_"),
+    ),
+    Case(
+        "hidden_grown",
+        "layer size",
+        "test_mlp_block",
+        "the MLP's hidden size 4 D -> 6 D",
+        (
+            _m(
+                "    def __init__(self, d=D, hidden=4 * D):\n",
+                "    def __init__(self, d=D, hidden=6 * D):\n",
+            ),
+        ),
+        (*LINEAR, "aten::gelu"),
+    ),
+    Case(
+        "channels_grown",
+        "layer size",
+        "test_convnet",
+        "the conv net's width 8 -> 16 channels",
+        (
+            _m(
+                "    def __init__(self, channels=8, classes=10):\n",
+                "    def __init__(self, channels=16, classes=10):\n",
+            ),
+        ),
+        CONV,
+    ),
+    Case(
+        "extra_layer",
+        "extra layer",
+        "test_classifier_train_step",
+        "one more Linear + ReLU in the classifier",
+        (
+            _m(
+                _CLS_LAYERS,
+                "            nn.ReLU(),\n            nn.Linear(hidden, hidden),\n" + _CLS_LAYERS,
+            ),
+        ),
+        (
+            *LINEAR,
+            "aten::relu",
+            "aten::clamp_min",
+            "AddmmBackward0",
+            "ReluBackward0",
+            "aten::threshold_backward",
+        ),
+    ),
+    Case(
+        "extra_block",
+        "extra layer",
+        "test_gpt_train_step",
+        "a third GPT block",
+        (_m("    N_LAYER = 2\n", "    N_LAYER = 3\n"),),
+        (
+            *LINEAR,
+            *SDPA,
+            "aten::layer_norm",
+            "aten::native_layer_norm",
+            "aten::gelu",
+            "AddmmBackward0",
+            "NativeLayerNormBackward0",
+            "aten::native_layer_norm_backward",
+            "GeluBackward0",
+            "aten::gelu_backward",
+            "ScaledDotProductFlashAttentionForCpuBackward0",
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+        ),
+    ),
+    Case(
+        "per_head_loop",
+        "python loop",
+        "test_attention",
+        "a Python loop over heads, one SDPA call per head, then stack",
+        (
+            _m(
+                _SDPA_LINE,
+                "        y = torch.stack(\n"
+                "            [F.scaled_dot_product_attention(q[:, h], k[:, h], v[:, h], "
+                "is_causal=True)\n             for h in range(self.heads)],\n"
+                "            dim=1,\n        )\n",
+            ),
+        ),
+        (*SDPA, "aten::select", "aten::stack"),
+    ),
+    Case(
+        "per_sample_loop",
+        "python loop",
+        "test_convnet",
+        "the conv net run one sample at a time, then cat",
+        (
+            _t(
+                "            logits = model(x)\n    assert logits.shape == (4, 10)\n",
+                "            logits = torch.cat([model(x[i : i + 1]) for i in range(x.shape[0])])\n"
+                "    assert logits.shape == (4, 10)\n",
+            ),
+        ),
+        (*CONV, "aten::cat", "aten::slice"),
+    ),
+    Case(
+        "bmm_loop",
+        "python loop",
+        "test_attention_pool",
+        "the weighted sum as a Python loop over the batch instead of one bmm",
+        (
+            _m(
+                _POOL_LINE,
+                "        pooled = torch.stack([weights[i] @ x[i] for i in range(x.shape[0])])\n",
+            ),
+        ),
+        ("aten::bmm", "aten::matmul", "aten::mv", "aten::mm", "aten::stack", "aten::select"),
+    ),
+    Case(
+        "gelu_manual",
+        "fusion removed",
+        "test_mlp_block",
+        "GELU written out as the tanh formula instead of F.gelu",
+        (
+            _m(
+                '        h = F.gelu(h, approximate="tanh")\n',
+                "        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * h**3)))\n",
+            ),
+        ),
+        ("aten::gelu", "aten::tanh", "aten::pow", "aten::mul", "aten::add"),
+    ),
+    Case(
+        "layernorm_manual",
+        "fusion removed",
+        "test_mlp_block",
+        "LayerNorm written out as mean / var instead of the fused op",
+        (
+            _m(
+                "        h = self.norm(x)\n",
+                "        mean = x.mean(-1, keepdim=True)\n"
+                "        var = x.var(-1, keepdim=True, unbiased=False)\n"
+                "        h = (x - mean) / torch.sqrt(var + self.norm.eps)\n"
+                "        h = h * self.norm.weight + self.norm.bias\n",
+            ),
+        ),
+        (
+            "aten::layer_norm",
+            "aten::native_layer_norm",
+            "aten::mean",
+            "aten::var",
+            "aten::sub",
+            "aten::sqrt",
+            "aten::div",
+            "aten::mul",
+            "aten::add",
+        ),
+    ),
+    Case(
+        "addmm_split",
+        "fusion removed",
+        "test_attention_pool",
+        "the head as matmul + add instead of nn.Linear's addmm",
+        (
+            _m(
+                "        return self.head(pooled)\n",
+                "        return pooled @ self.head.weight.t() + self.head.bias\n",
+            ),
+        ),
+        (*LINEAR, "aten::add"),
+    ),
+    Case(
+        "extra_dropout",
+        "extra activation",
+        "test_classifier_train_step",
+        "a dropout layer added to the classifier",
+        (
+            _m(
+                _CLS_LAYERS,
+                "            nn.ReLU(),\n            nn.Dropout(0.1),\n"
+                "            nn.Linear(hidden, classes),\n",
+            ),
+        ),
+        (
+            "aten::dropout",
+            "aten::native_dropout",
+            "aten::bernoulli_",
+            "NativeDropoutBackward0",
+            "aten::native_dropout_backward",
+        ),
+    ),
+    Case(
+        "extra_activation",
+        "extra activation",
+        "test_attention_pool",
+        "a tanh squashing the token scores",
+        (
+            _m(
+                "        scores = self.score(x).squeeze(-1)\n",
+                "        scores = torch.tanh(self.score(x)).squeeze(-1)\n",
+            ),
+        ),
+        ("aten::tanh",),
+    ),
+    Case(
+        "softmax_twice",
+        "repeated computation",
+        "test_attention_pool",
+        "the softmax inlined into the bmm while the old line stays: computed twice",
+        (
+            _m(
+                _POOL_LINE,
+                "        pooled = torch.bmm(F.softmax(scores, dim=1).unsqueeze(1), x).squeeze(1)\n",
+            ),
+        ),
+        ("aten::softmax", "aten::_softmax"),
+    ),
+    Case(
+        "mask_recompute",
+        "recompute per step",
+        "test_attention_pool",
+        "the padding mask rebuilt every step instead of once per batch",
+        (
+            _t(
+                "            logits = model(x, mask)\n",
+                "            logits = model(x, models.padding_mask(lengths))\n",
+            ),
+        ),
+        ("aten::arange", "aten::lt", "aten::unsqueeze", "aten::slice"),
+    ),
+)
+TESTS = ("test_attention", "test_mlp_block", "test_attention_pool", "test_convnet",
+         "test_classifier_train_step", "test_gpt_train_step")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def uptime() -> str:
+    """``uptime``'s line: the load the numbers were measured under."""
+    done = subprocess.run(["uptime"], capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=culprits", "-c",
+         "user.email=culprits@perfguard.invalid", "-c", "commit.gpgsign=false", *args],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"culprits: git {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def child_env() -> dict[str, str]:
+    """This checkout's perfguard first on the path (the children must judge with it)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = "1"
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def check_import(cwd: Path) -> str:
+    """Where a child imports perfguard from; it must be this checkout."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import perfguard.plugin as p; print(p.__file__)"],
+        cwd=cwd, env=child_env(), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    path = done.stdout.strip()
+    if not path.startswith(str(ROOT)):
+        raise SystemExit(f"culprits: a child imports perfguard from {path!r}, not {ROOT}")
+    return path
+
+
+def apply(repo: Path, edits: tuple[Edit, ...]) -> None:
+    for e in edits:
+        path = repo / e.file
+        text = path.read_text()
+        if text.count(e.old) != 1:
+            raise SystemExit(f"culprits: edit of {e.file} matches {text.count(e.old)} times:\n"
+                             f"{e.old}")  # fmt: skip
+        path.write_text(text.replace(e.old, e.new))
+
+
+class Project:
+    """The temp git project: the base, one commit per case, the A/A commit."""
+
+    def __init__(self, folder: Path, iterations: int, rounds: int, warmup: int) -> None:
+        self.dir = folder / "project"
+        self.store = folder / "store.db"
+        self.dir.mkdir(parents=True)
+        git(self.dir, "init", "-q", "-b", "main")
+        for name, text in project.files(iterations, rounds, warmup).items():
+            (self.dir / name).write_text(text)
+        git(self.dir, "add", "-A")
+        git(self.dir, "commit", "-q", "-m", "base: six small models and their benchmarks")
+        self.base = git(self.dir, "rev-parse", "HEAD")
+        self.commits: dict[str, str] = {}
+
+    def commit(self, name: str, message: str, edits: tuple[Edit, ...]) -> str:
+        git(self.dir, "checkout", "-q", "--detach", self.base)
+        apply(self.dir, edits)
+        git(self.dir, "commit", "-q", "-am", f"{name}: {message}")
+        self.commits[name] = git(self.dir, "rev-parse", "HEAD")
+        return self.commits[name]
+
+    def checkout(self, sha: str) -> None:
+        git(self.dir, "checkout", "-q", "--detach", sha)
+
+
+def run_session(
+    proj: Project, args: list[str], folder: Path, tests: list[str], timeout: float
+) -> dict[str, Any]:
+    """One ``pytest --perfguard`` session; its stdout, results.json and summary.md."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    # "--opt=PATH": pytest would take an absolute path given as its own argument as a
+    # candidate rootdir, and the rootdir is where perfguard reads the git state
+    argv = [sys.executable, "-m", "pytest", *(f"{project.TESTS_FILE}::{t}" for t in tests),
+            "-q", "--perfguard", f"--perfguard-output={folder}",
+            f"--perfguard-store={proj.store}", f"--rootdir={proj.dir}", *args]  # fmt: skip
+    load, t0 = uptime(), time.monotonic()
+    try:
+        done = subprocess.run(argv, cwd=proj.dir, env=child_env(), capture_output=True,
+                              text=True, timeout=timeout, check=False)  # fmt: skip
+        code, stdout = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, stdout = -1, f"timed out after {timeout:g} s\n{exc.stdout or ''}"
+    wall = time.monotonic() - t0
+    (folder / "stdout.log").write_text(stdout if isinstance(stdout, str) else str(stdout))
+    for junk in ("captures", "ab"):
+        shutil.rmtree(folder / junk, ignore_errors=True)
+    doc = None
+    if (folder / "results.json").is_file():
+        doc = json.loads((folder / "results.json").read_text())
+    summary = (folder / "summary.md").read_text() if (folder / "summary.md").is_file() else ""
+    return {"argv": argv[3:], "returncode": code, "wall_s": round(wall, 1), "load": load,
+            "stdout": stdout, "results": doc, "summary": summary}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def components(op: str) -> list[str]:
+    """An op path's parts, autograd's engine prefix dropped (``AddmmBackward0``)."""
+    return [p.replace(AUTOGRAD, "").strip() for p in op.split("/") if p.strip()]
+
+
+def failure_section(stdout: str, test: str) -> str:
+    """The failure message pytest printed for ``test`` (its part of FAILURES), or ""."""
+    m = re.search(rf"_+ {re.escape(test)} _+\n", stdout)
+    if not m:
+        return ""
+    rest = stdout[m.end() :]
+    end = re.search(r"\n(_{3,} \S|={3,} )", rest)
+    return rest[: end.start()] if end else rest
+
+
+def summary_text(md: str) -> str:
+    """summary.md as plain text: Markdown escapes and HTML entities undone."""
+    return html.unescape(re.sub(r"\\(.)", r"\1", md))
+
+
+def judge_case(case: Case | None, test: str, session: dict[str, Any]) -> dict[str, Any]:
+    """One test of one session: outcome, first culprit, right or not, views agreeing."""
+    row: dict[str, Any] = {"test": test, "outcome": "missing", "returncode":
+                           session["returncode"], "wall_s": session["wall_s"]}  # fmt: skip
+    doc = session["results"]
+    entry = None
+    if doc:
+        entry = next((t for t in doc.get("tests", []) if t["nodeid"].endswith(f"::{test}")),
+                     None)  # fmt: skip
+    if entry is None:
+        row["error"] = session["stdout"][-1500:]
+        return row
+    why = entry.get("explanation") or {}
+    culprits = why.get("culprits") or []
+    first = culprits[0] if culprits else {}
+    row.update(
+        outcome=entry["outcome"], decided_by=why.get("decided_by", ""),
+        headline=why.get("headline", ""), lead=why.get("lead", ""),
+        first_op=first.get("op", ""), first_kind=first.get("kind", ""),
+        first_text=first.get("text", ""),
+        culprits=[f"{c.get('kind')}: {c.get('op')}" for c in culprits[:6]],
+        timing=(entry.get("timing") or {}).get("outcome"),
+        gates=(entry.get("gates") or {}).get("outcome"),
+        delta_pct=entry.get("delta_pct"),
+    )  # fmt: skip
+    if case is not None:
+        parts = components(row["first_op"])
+        row["right"] = bool(parts) and any(p in case.expected for p in parts)
+        row["leaf_right"] = bool(parts) and parts[-1] in case.expected
+    lead = row["lead"]
+    if row["outcome"] == "regressed" and lead:
+        fail = failure_section(session["stdout"], test)
+        md = summary_text(session["summary"])
+        md_line = next((x for x in md.splitlines() if f"::{test}`" in x), "")
+        row["failure_has_lead"] = lead in fail
+        row["summary_has_lead"] = lead[:100] in md
+        row["summary_line_has_lead"] = lead[:100] in md_line
+        leaf = components(row["first_op"])[-1] if row["first_op"] else ""
+        row["views_name_first_op"] = bool(leaf) and leaf in fail and leaf in md
+        rows = [x for x in session["stdout"].splitlines() if f"::{test} " in x]
+        row["terminal_has_lead"] = any(lead[:40] in x for x in rows)
+        row["views_agree"] = row["failure_has_lead"] and row["summary_has_lead"]
+    return row
+
+
+def rate(rows: list[dict[str, Any]], key: str, of: list[dict[str, Any]] | None = None) -> str:
+    """``k / n (p %)`` of the rows where ``key`` is true."""
+    pool = rows if of is None else of
+    n = len(pool)
+    k = sum(1 for r in pool if r.get(key))
+    return f"{k} / {n} ({100 * k / n:.0f} %)" if n else "0 / 0"
+
+
+def tally(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode: detection, first culprit right (of all and of the detected), views."""
+    out: dict[str, Any] = {}
+    for mode in sorted({r["mode"] for r in rows}):
+        cases = [r for r in rows if r["mode"] == mode and r["kind"] == "case"]
+        aa = [r for r in rows if r["mode"] == mode and r["kind"] == "aa"]
+        for r in cases:
+            r["detected"] = r["outcome"] == "regressed"
+            # right only where a reviewer reads it: a failure message and summary.md line
+            r["right_and_detected"] = r["detected"] and bool(r.get("right"))
+        found = [r for r in cases if r["detected"]]
+        for r in aa:
+            r["false_alarm"] = r["outcome"] in ("regressed", "improved")
+        out[mode] = {
+            "cases": len(cases),
+            "detected": rate(cases, "detected"),
+            "first_culprit_right": rate(cases, "right_and_detected"),
+            "first_culprit_right_of_detected": rate(found, "right"),
+            "leaf_right_of_detected": rate(found, "leaf_right"),
+            "views_agree_of_detected": rate(found, "views_agree"),
+            "views_name_first_op_of_detected": rate(found, "views_name_first_op"),
+            "terminal_has_lead_of_detected": rate(found, "terminal_has_lead"),
+            "aa_false_alarms": rate(aa, "false_alarm"),
+            "aa_outcomes": sorted(r["outcome"] for r in aa),
+            "wall_s": round(
+                sum(
+                    r["wall_s"]
+                    for r in rows
+                    if r["mode"] == mode and r.get("first_of_session", True)
+                ),
+                1,
+            ),  # fmt: skip
+        }
+    return out
+
+
+def _cell(text: Any, n: int = 90) -> str:
+    s = " ".join(str(text or "").split()).replace("|", "\\|")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def markdown(rows: list[dict[str, Any]], rates: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The table and the numbers, as ``benchmarks/README.md`` shows them."""
+    modes = sorted({r["mode"] for r in rows}, key=["store", "ab"].index)
+    head = "| case | category | test | " + " | ".join(f"{m}: outcome, first culprit" for m in modes)
+    out = [head + " |", "|---|---|---|" + "---|" * len(modes)]
+    by_case: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == "case":
+            by_case.setdefault(r["case"], {})[r["mode"]] = r
+    for name, per in by_case.items():
+        any_row = next(iter(per.values()))
+        cells = []
+        for m in modes:
+            r = per.get(m)
+            if r is None:
+                cells.append("")
+                continue
+            mark = "" if r.get("right_and_detected") else " **wrong**"
+            agree = "" if r.get("views_agree") or not r.get("detected") else " (views differ)"
+            op = f" {r.get('first_kind', '')} `{_cell(r.get('first_op'), 60)}`" if r.get(
+                "first_op") else ""  # fmt: skip
+            cells.append(f"{r['outcome']}:{op}{mark}{agree}")
+        out.append(f"| {name} | {any_row['category']} | {any_row['test']} | "
+                   + " | ".join(cells) + " |")  # fmt: skip
+    out += ["", "| mode | cases | detected | first culprit right | of detected | views agree "
+            "(of detected) | A/A false alarms |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for mode, t in rates.items():
+        out.append(f"| {mode} | {t['cases']} | {t['detected']} | {t['first_culprit_right']} | "
+                   f"{t['first_culprit_right_of_detected']} | {t['views_agree_of_detected']} | "
+                   f"{t['aa_false_alarms']} |")  # fmt: skip
+    out += ["", f"Load: before `{meta['uptime_before']}`; after `{meta['uptime_after']}`; "
+            f"duration {meta['duration_s']:.0f} s."]  # fmt: skip
+    wrong = [r for r in rows if r["kind"] == "case" and not r.get("right_and_detected")]
+    if wrong:
+        out += ["", "Wrong or missing first culprits (the explanation's lead):", ""]
+        for r in wrong:
+            out.append(f"- {r['case']} ({r['mode']}, {r['outcome']}): "
+                       f"{_cell(r.get('lead') or r.get('headline'), 400)}")  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- main
+
+
+def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """``culprits.json`` and ``culprits.md`` from the session rows."""
+    rates = tally(rows)
+    doc = {"meta": meta, "rates": rates, "rows": rows}
+    (out / "culprits.json").write_text(json.dumps(doc, indent=1))
+    (out / "culprits.md").write_text(markdown(rows, rates, meta))
+    print(json.dumps(rates, indent=1))
+
+
+def retally(out: Path) -> int:
+    """Recount an earlier run's rows (``--retally``): no session is run again."""
+    doc = json.loads((out / "culprits.json").read_text())
+    write_outputs(out, doc["rows"], doc["meta"])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--cases",
+        default="all",
+        help=f"comma-separated case names, or all: {', '.join(c.name for c in CASES)}",
+    )
+    p.add_argument("--modes", default="store,ab", help="store, ab or both (default store,ab)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer iterations and rounds, 3 A/B pairs, one A/A session per mode",
+    )
+    p.add_argument("--pairs", type=int, default=4, help="--perfguard-ab-pairs (default 4)")
+    p.add_argument("--aa", type=int, default=2, help="A/A sessions per mode (default 2)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "culprits")
+    p.add_argument("--keep", action="store_true", help="keep the temp project and its store")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per session")
+    p.add_argument("--retally", action="store_true", help="recount OUT/culprits.json, run nothing")
+    a = p.parse_args(argv)
+    if a.retally:
+        return retally(a.out.resolve())
+
+    chosen = list(CASES) if a.cases == "all" else [c for c in CASES if c.name in a.cases.split(",")]
+    unknown = set(a.cases.split(",")) - {c.name for c in CASES} - {"all"}
+    if unknown:
+        p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    modes = [m for m in a.modes.split(",") if m]
+    if set(modes) - {"store", "ab"}:
+        p.error("--modes takes store and/or ab")
+    iterations, rounds, warmup = (5, 3, 2) if a.quick else (10, 5, 3)
+    pairs = min(a.pairs, 3) if a.quick else a.pairs
+    aa_runs = min(a.aa, 1) if a.quick else a.aa
+
+    a.out = a.out.resolve()  # the sessions run in the project's folder
+    a.out.mkdir(parents=True, exist_ok=True)
+    log = a.out / "sessions.jsonl"
+    log.write_text("")
+    tmp = Path(tempfile.mkdtemp(prefix="perfguard-culprits-"))
+    t_start, before = time.monotonic(), uptime()
+    print(f"culprits: project in {tmp}; load {before}", flush=True)
+    rows: list[dict[str, Any]] = []
+    try:
+        proj = Project(tmp, iterations, rounds, warmup)
+        imported = check_import(proj.dir)
+        for c in chosen:
+            proj.commit(c.name, c.what, c.edits)
+        aa_sha = proj.commit(
+            "aa",
+            "A/A: only a comment changes",
+            (
+                _m(
+                    '"""Small models: the code under benchmark."""\n',
+                    '"""Small models: the code under benchmark."""\n# reviewed\n',
+                ),
+            ),
+        )
+        proj.checkout(proj.base)
+        saved = run_session(proj, ["--perfguard-save"], a.out / "sessions" / "base-save",
+                            list(TESTS), a.timeout)  # fmt: skip
+        print(f"  base saved in {saved['wall_s']} s (exit {saved['returncode']})", flush=True)
+        if saved["returncode"] != 0:
+            raise SystemExit(f"culprits: saving the baseline failed:\n{saved['stdout'][-3000:]}")
+        mode_args = {
+            "store": [f"--perfguard-baseline={proj.base}"],
+            "ab": [f"--perfguard-against={proj.base}", f"--perfguard-ab-pairs={pairs}"],
+        }
+        plan: list[tuple[str, Case | None, int]] = [(m, c, 0) for m in modes for c in chosen] + [
+            (m, None, i) for m in modes for i in range(aa_runs)
+        ]
+        for mode, case, i in plan:
+            name = case.name if case else f"aa{i}"
+            proj.checkout(proj.commits[case.name] if case else aa_sha)
+            tests = [case.test] if case else list(TESTS)
+            session = run_session(proj, mode_args[mode], a.out / "sessions" / f"{name}-{mode}",
+                                  tests, a.timeout)  # fmt: skip
+            for j, test in enumerate(tests):
+                row = {"case": name, "kind": "case" if case else "aa", "mode": mode,
+                       "category": case.category if case else "A/A",
+                       "what": case.what if case else "a comment",
+                       "expected": list(case.expected) if case else [],
+                       "load": session["load"], "first_of_session": j == 0,
+                       **judge_case(case, test, session)}  # fmt: skip
+                rows.append(row)
+                with log.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                mark = "" if case is None else (" right" if row.get("right") else " WRONG")
+                print(
+                    f"  {mode:5} {name:18} {test:28} {row['outcome']:11}{mark} "
+                    f"{_cell(row.get('first_op'), 60)}  ({session['wall_s']} s)",
+                    flush=True,
+                )
+    finally:
+        if a.keep:
+            print(f"culprits: kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    meta = {
+        "date": now(), "uptime_before": before, "uptime_after": uptime(),
+        "duration_s": round(time.monotonic() - t_start, 1), "perfguard": imported,
+        "python": sys.version.split()[0], "cpus": os.cpu_count(),
+        "settings": {"iterations": iterations, "rounds": rounds, "warmup": warmup,
+                     "ab_pairs": pairs, "aa_sessions_per_mode": aa_runs, "modes": modes,
+                     "quick": a.quick},
+        "cases": [asdict(c) for c in chosen],
+    }  # fmt: skip
+    write_outputs(a.out, rows, meta)
+    print(
+        f"culprits: {meta['duration_s']:.0f} s; load after {meta['uptime_after']}; "
+        f"results in {a.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
