@@ -219,7 +219,7 @@ def test_compiled_model_in_aten_ops_and_regressions_inside_it(
     calls = [f for f in extra["gates"]["regressions"] if f["gate"] == "calls"]
     assert calls, extra["gates"]
     assert calls[0]["current"] - calls[0]["baseline"] == pytest.approx(1.0)
-    assert "aten::tanh 0 -> 1" in extra["gates"]["message"], extra["gates"]["message"]
+    assert "aten::tanh 0 → 1" in extra["gates"]["message"], extra["gates"]["message"]
 
     # float64 inside the compiled function: the matmul it keeps as an aten call changes
     # its input dtypes (same op: the graph's hash is not part of its name)

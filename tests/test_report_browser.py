@@ -330,3 +330,39 @@ def test_analysis_page_has_no_console_errors_and_sorts(browser, tmp_path, fixtur
     first = browser.eval(f"{rows}[0].cells[0].textContent.trim()")
     assert first  # a real op name, rendered as text
     assert browser.errors() == []
+
+
+#: every horizontally scrolling box and every reason/op cell that hides part of its text
+_CLIPPED = (
+    "Array.from(document.querySelectorAll('.scroll, td.reason, td.name, .why-lines li'))"
+    ".filter(e => e.scrollWidth > e.clientWidth + 1)"
+    ".map(e => (e.id || e.className || e.tagName) + ' ' + e.scrollWidth + '>' + e.clientWidth)"
+)
+
+
+def test_report_fits_1400_px_with_the_explanation_in_full(session, tmp_path):
+    """At 1,400 px nothing in the tests table, the ops tables or the explanation needs a
+    horizontal scroll or hides part of a reason or an op name (long hierarchical op names
+    included); each regressed test's section shows its explanation's lines."""
+    from perfguard.compare.results import SessionResults
+
+    doc = SessionResults.from_dict(session["results"])
+    report = write_session_html(doc, tmp_path / "report.html")
+    wide = Browser(tmp_path / "profile-1400", width=1400, height=1000)
+    try:
+        wide.open(report.as_uri())
+        assert wide.errors() == []
+        assert wide.eval("document.documentElement.scrollWidth") <= 1400
+        assert wide.eval(_CLIPPED) == []
+        lines = wide.eval(
+            "Array.from(document.querySelectorAll('section.test[data-outcome=regressed]'))"
+            ".map(s => Array.from(s.querySelectorAll('.why-lines li')).map(l => l.textContent))"
+        )
+        wanted = [list(t.explanation.lines) for t in doc.sorted_tests() if t.outcome == "regressed"]
+        assert lines == wanted and any(lines)
+        shot = tmp_path / "report-1400.png"
+        wide.screenshot(shot)
+        if NOTES_SCREENSHOT.parent.is_dir():
+            shutil.copyfile(shot, NOTES_SCREENSHOT.with_name("report_1400.png"))
+    finally:
+        wide.close()

@@ -37,46 +37,17 @@ from perfguard.compare.explanation import KIND_ORDER, RANKED_AS, SHOWN, Culprit,
 from perfguard.compare.gates import LABELS, Budget, GateVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.timing import TimingVerdict
+from perfguard.compare.units import format_ns, human
 
 #: counters a culprit can name, in the gates' words; peak memory is the test's alone
 _COUNTERS = ("syncs", "host_reads", "calls", "flops", "bytes", "kernels", "memcpy",
              "memcpy_bytes")  # fmt: skip
-_UNITS = {"flops": "FLOP", "bytes": "B", "memcpy_bytes": "B", "peak_memory": "B"}
 #: op names a grouped line lists per kind before "and N more"
 _GROUP_NAMES = 5
 _METRIC_LABEL = {"gpu_time": "GPU time", "wall_time": "wall time", "cpu_time": "CPU time"}
 
 
 # ---------------------------------------------------------------------------- figures
-
-
-def human(value: Any, counter: str = "") -> str:
-    """A counter's value as a reader wants it: integers as integers, FLOPs and bytes with
-    SI prefixes (``757 MFLOP``, ``6.11 MB``)."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
-    if isinstance(value, str):
-        return value
-    v = float(value)
-    unit = _UNITS.get(counter, "")
-    if unit:
-        for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-            if abs(v) >= scale:
-                return f"{v / scale:.3g} {prefix}{unit}"
-        return f"{v:.3g} {unit}"
-    if v == int(v):
-        return f"{int(v):,}"
-    return f"{v:.3g}"
-
-
-def format_ns(v: Any) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "n/a"
-    a = abs(float(v))
-    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
-        if a >= scale:
-            return f"{v / scale:.3g} {unit}"
-    return f"{v:.3g} ns"
 
 
 def _pct(base: float, cur: float) -> str:

@@ -43,6 +43,7 @@ from perfguard.analysis.counters import COUNTERS
 from perfguard.baseline.record import TestRecord
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.tolerance import parse_tolerance
+from perfguard.compare.units import human
 
 #: the defaults, chosen so that the changes a reviewer always wants to hear about
 #: fail (a new sync, a lost Tensor Core path, more launches or copies, an op whose
@@ -173,14 +174,6 @@ class GateVerdict:
         )
 
 
-def _fmt(v: float) -> str:
-    if not math.isfinite(v):
-        return "-"
-    if abs(v) >= 1e6:
-        return f"{v:.4g}"
-    return f"{v:g}" if v == int(v) else f"{v:.3g}"
-
-
 def _short(op_name: str) -> str:
     return op_name.rsplit("/", 1)[-1] if op_name else "the test"
 
@@ -269,14 +262,15 @@ def judge_gates(
         moved = (vc - vb).abs().sort_values(ascending=False)
         moved = moved[moved > 0]
         top = "; ".join(
-            f"{_short(str(names.get(i, i)))} {_fmt(float(vb[i]))} -> {_fmt(float(vc[i]))}"
+            f"{_short(str(names.get(i, i)))} "
+            f"{human(float(vb[i]), counter)} → {human(float(vc[i]), counter)}"
             for i in moved.index[:3]
         )
         label = LABELS[counter]
         per = "" if counter == "peak_memory" else " per iteration"
         if budget.exceeded(tb, tc) or budget.exceeded(tc, tb):
             up = tc > tb
-            msg = f"{label}{per} {_fmt(tb)} -> {_fmt(tc)} (budget {budget})" + (
+            msg = f"{label}{per} {human(tb, counter)} → {human(tc, counter)} (budget {budget})" + (
                 f": {top}" if top else ""
             )
             top_op = str(names.get(moved.index[0], "")) if len(moved) else ""
@@ -295,7 +289,7 @@ def judge_gates(
                     op = str(names.get(i, i))
                     worse.append(GateFinding(
                         counter, op, "", x, y, str(budget),
-                        f"{label}{per} of {_short(op)} {_fmt(x)} -> {_fmt(y)} "
+                        f"{label}{per} of {_short(op)} {human(x, counter)} → {human(y, counter)} "
                         f"({100 * (y / x - 1):+.1f}%, budget {budget})",
                     ))  # fmt: skip
     if tuned:
@@ -366,5 +360,5 @@ def _switch_gates(
                 name = str(oc.at[op_id, "op_name"])
                 worse.append(GateFinding(
                     "dtypes", name, "", str(db[op_id]), str(dc[op_id]), "on",
-                    f"input dtypes of {_short(name)} changed: {db[op_id]} -> {dc[op_id]}",
+                    f"input dtypes of {_short(name)} changed: {db[op_id]} → {dc[op_id]}",
                 ))  # fmt: skip

@@ -179,6 +179,8 @@ class ABRunner:
         self.xdist = xdist
         self.timeout = timeout
         self.say = say
+        #: wall seconds of each round's child so far (its start, import, rounds, exit)
+        self.round_seconds: list[float] = []
         self.rounds = rounds  # per child; None: the marker's (isolation mode)
         self.results: dict[str, TestAB] = {}
         self.notes: list[str] = []
@@ -304,7 +306,7 @@ class ABRunner:
         )
         self.rounds_run += 1
         name = "base" if side == "A" else "head"
-        self.say(f"perfguard A/B: round {index + 1} ({name}) {time.monotonic() - t0:.1f} s")
+        self.round_seconds.append(time.monotonic() - t0)
         output = _read_output(out_file)
         if output is not None and self.children == "fork":
             self._learn(output.modules)
@@ -331,6 +333,29 @@ class ABRunner:
             if output.foreign:
                 self.results[n].foreign = output.foreign
 
+    def _progress(
+        self,
+        done: int,
+        total: int,
+        nodeids: list[str],
+        status: Callable[[str, TestAB], str],
+        pair_done: bool,
+    ) -> None:
+        """One progress line: round ``done`` of ``total``, their pace, the time left; after
+        a whole pair, each test's change so far."""
+        recent = self.round_seconds[-4:]
+        pace = sum(recent) / len(recent) if recent else 0.0
+        left = max(total - done, 0) * pace
+        line = (
+            f"perfguard A/B: pair {(done + 1) // 2} of {max(total // 2, 1)} "
+            f"(round {done} of {total}, {pace:.1f} s a round, about {left:.0f} s left)"
+        )
+        if pair_done:
+            said = [text for n in nodeids if (text := status(n, self.results[n]))]
+            if said:
+                line += ": " + "; ".join(said)
+        self.say(line)
+
     def _side(self, nodeid: str, side: str) -> Side:
         ab = self.results.setdefault(nodeid, TestAB())
         return ab.base if side == "A" else ab.head
@@ -343,23 +368,31 @@ class ABRunner:
         budget: float,
         max_pairs: int,
         unresolved: Callable[[str, TestAB], bool],
+        status: Callable[[str, TestAB], str] = lambda nodeid, ab: "",
     ) -> dict[str, TestAB]:
-        """``pairs`` ABBA pairs of rounds, then more for unresolved tests within ``budget``."""
+        """``pairs`` ABBA pairs of rounds, then more for unresolved tests within ``budget``.
+
+        Says its progress after every round (pair k of n, the time a round takes, the
+        time left) and, after every pair, each test's change so far (``status``): an A/B
+        session runs for minutes before the first test reports."""
         for n in nodeids:
             self.results.setdefault(n, TestAB())
         index = 0
-        for side in abba(pairs):
+        for k, side in enumerate(abba(pairs)):
             self.run_round(side, nodeids, index)
             index += 1
+            self._progress(index, 2 * pairs, nodeids, status, pair_done=k % 2 == 1)
         deadline = time.monotonic() + budget
         done = pairs
         while budget > 0 and done < max_pairs and time.monotonic() < deadline:
             todo = [n for n in nodeids if unresolved(n, self.results[n])]
             if not todo:
                 break
-            for side in abba(1, done):
+            for k, side in enumerate(abba(1, done)):
                 self.run_round(side, todo, index)
                 index += 1
+                left = min(max_pairs - done, max(deadline - time.monotonic(), 0) / 2)
+                self._progress(index, index + int(2 * left) - k, todo, status, k == 1)
             done += 1
         if budget > 0 and done > pairs:
             self.notes.append(f"A/B auto-sampling: {done} pairs for the unresolved test(s)")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import pickle
 import sys
@@ -62,6 +63,7 @@ from perfguard.baseline.store import Store, open_store
 from perfguard.capture.capturers import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.capture.select import select_backend
 from perfguard.capture.torch_profiler import TRACE_SUFFIX, TorchBackend
+from perfguard.compare.results import TestEntry
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import (
     AB_FOREIGN_ENV,
@@ -128,7 +130,8 @@ class PerfguardSession:
         self.settings = settings
         workerinput = getattr(config, "workerinput", None)
         self.worker_id: str | None = workerinput["workerid"] if workerinput else None
-        self.entries: dict[str, dict[str, Any]] = {}
+        #: each test's entry, checked once when it is made (never re-read from dicts)
+        self.entries: dict[str, TestEntry] = {}
         self.records: dict[str, TestRecord] = {}
         #: nodeid -> the acceptance (perfguard.baseline.accept) it was judged under
         self.accepted: dict[str, Any] = {}
@@ -148,6 +151,12 @@ class PerfguardSession:
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-backend {settings.backend}: {exc}") from None
         self.fingerprint = machine_fingerprint(self.backend.label, workers=_workers(config))
+        if self.backend.label != "nsys":
+            from perfguard.capture.torch_profiler import record_compiled_kernels
+
+            # before any test compiles: torch.compile's C++ kernels get a profiler range
+            # each, so a compiled CPU model's fused ops can be named (trace/compiled.py)
+            record_compiled_kernels()
         self.git: GitState | None = None
         root, misplaced = project_root(config)
         if misplaced:
@@ -286,14 +295,13 @@ class PerfguardSession:
                 f"{flag}: pytest's rootdir {rootdir} is outside the git repository "
                 f"{self.git.root}; pass --rootdir={self.git.root} (or give paths with '=')"
             )
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         self.ab = ABRunner(
             head_root=self.git.root, base_root=base_root,
             head_rel=self.config.rootpath.resolve().relative_to(self.git.root.resolve()),
             output=self.settings.output, backend=self.settings.backend,
             xdist=self.config.pluginmanager.hasplugin("xdist"),
             timeout=self.settings.timeout, children=self.settings.children,
-            say=(reporter.write_line if reporter is not None else lambda line: None),
+            say=self._say,
         )  # fmt: skip
         self.notes.append(
             f"A/B mode: {self.settings.ab_pairs} ABBA pairs of rounds against "
@@ -328,24 +336,54 @@ class PerfguardSession:
             return
         self.ab_results = self.ab.measure(
             nodeids, self.settings.ab_pairs, budget=self.settings.ab_budget,
-            max_pairs=MAX_AB_PAIRS, unresolved=self._ab_unresolved,
+            max_pairs=MAX_AB_PAIRS, unresolved=self._ab_unresolved, status=self._ab_status,
         )  # fmt: skip
         self.notes.extend(self.ab.notes)
 
-    def _ab_unresolved(self, nodeid: str, ab: TestAB) -> bool:
+    def _say(self, line: str) -> None:
+        """A line on the terminal now, past pytest's output capture (a progress line
+        written while collecting would otherwise appear only when the session ends)."""
+        from contextlib import nullcontext
+
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman is not None else nullcontext():
+            reporter.write_line(line)
+            reporter.flush()
+
+    def _ab_verdict(self, ab: TestAB) -> Any:
+        """The timing verdict of the pairs measured so far (None while a side has none)."""
         from perfguard.baseline.record import round_value
-        from perfguard.compare.timing import ab_resolved, judge_ab
+        from perfguard.compare.timing import judge_ab
 
         if ab.base.failure or ab.head.failure or not ab.base.records or not ab.head.records:
-            return False
+            return None
         metric = ab.head.records[0].metric
         # a child's value: its timing iterations reduced as merge_rounds makes a round of them
         a = np.array([round_value(r.values(metric), metric) for r in ab.base.records])
         b = np.array([round_value(r.values(metric), metric) for r in ab.head.records])
         n = min(len(a), len(b))
-        tol = self.settings.tolerance
-        verdict = judge_ab(a[:n], b[:n], metric=metric, tolerance=tol, alpha=ALPHA)
-        return not ab_resolved(verdict, tol)
+        return judge_ab(a[:n], b[:n], metric=metric, tolerance=self.settings.tolerance,
+                        alpha=ALPHA)  # fmt: skip
+
+    def _ab_unresolved(self, nodeid: str, ab: TestAB) -> bool:
+        from perfguard.compare.timing import ab_resolved
+
+        verdict = self._ab_verdict(ab)
+        return verdict is not None and not ab_resolved(verdict, self.settings.tolerance)
+
+    def _ab_status(self, nodeid: str, ab: TestAB) -> str:
+        """A test's change so far, for the progress line."""
+        verdict = self._ab_verdict(ab)
+        name = nodeid.rsplit("::", 1)[-1]
+        if verdict is None or not math.isfinite(verdict.delta_pct):
+            return ""  # fewer pairs than a change is estimated from
+        ci = ""
+        if verdict.ci_low_pct == verdict.ci_low_pct:
+            ci = f" [{verdict.ci_low_pct:+.1f}, {verdict.ci_high_pct:+.1f}]"
+        return f"{name} {verdict.delta_pct:+.1f}%{ci}"
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """A round child remembers each test's pytest outcome for its parent."""
@@ -677,7 +715,7 @@ class PerfguardSession:
             notes=notes,
             worker=self.worker_id,
         )
-        self.entries[item.nodeid] = entry
+        self.entries[item.nodeid] = TestEntry.from_dict(entry, "results", item.nodeid)
         _add_properties(item, entry)
         self._write_partial()
         from perfguard.compare.verdict import failed
@@ -830,11 +868,10 @@ class PerfguardSession:
         crashed); teardown raises a capture failure as the test's error."""
         if at_teardown:
             item.stash[_error_key] = error
-        self.entries[item.nodeid] = {
-            "nodeid": item.nodeid, "outcome": outcome, "message": error, "findings": [],
-            "history": [], "capture": str(path) if path else None, "backend": backend,
-            "error": error, "notes": [], "worker": self.worker_id,
-        }  # fmt: skip
+        self.entries[item.nodeid] = TestEntry.not_judged(
+            item.nodeid, outcome, error, capture=str(path) if path else None,
+            backend=backend, worker=self.worker_id,
+        )  # fmt: skip
         item.user_properties.append(("perfguard_outcome", outcome))
         self._write_partial()
 
@@ -859,7 +896,8 @@ class PerfguardSession:
         data = getattr(node, "workeroutput", {}).get(OUTPUT_KEY)
         if not data:
             return
-        self.entries.update(data["entries"])
+        for nodeid, entry in data["entries"].items():  # checked once, as they arrive
+            self.entries[nodeid] = TestEntry.from_dict(entry, "results", nodeid)
         for blob in data["records"]:
             record = pickle.loads(base64.b64decode(blob))
             self.records[record.nodeid] = record
@@ -867,7 +905,7 @@ class PerfguardSession:
     # ------------------------------------------------------------------ the end
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.ab_out:
-            errors = {k: str(e.get("error")) for k, e in self.entries.items() if e.get("error")}
+            errors = {k: str(e.error) for k, e in self.entries.items() if e.error}
             foreign, own = os.environ.get(AB_FOREIGN_ENV), os.environ.get(AB_OWN_ENV)
             trees = [Path(p) for p in (foreign, own) if p]
             write_round_output(self.ab_out, RoundOutput(
@@ -878,7 +916,7 @@ class PerfguardSession:
             return
         if self.worker_id is not None:
             self.config.workeroutput[OUTPUT_KEY] = {  # type: ignore[attr-defined]
-                "entries": self.entries,
+                "entries": {k: e.to_dict() for k, e in self.entries.items()},
                 "records": [
                     base64.b64encode(pickle.dumps(r)).decode("ascii") for r in self.records.values()
                 ],
@@ -899,11 +937,11 @@ class PerfguardSession:
 
     def _compared(self) -> bool:
         """Some test was compared with something (a judged timing or gates)."""
+        judged = ("regressed", "improved", "unchanged")
         for e in self.entries.values():
-            timing, gates = e.get("timing") or {}, e.get("gates") or {}
-            if timing.get("mode") in ("store", "ab") and timing.get("n_baseline"):
+            if e.timing is not None and e.timing.mode in ("store", "ab") and e.timing.n_baseline:
                 return True
-            if gates.get("outcome") in ("regressed", "improved", "unchanged"):
+            if e.gates is not None and e.gates.outcome.value in judged:
                 return True
         return False
 
@@ -932,16 +970,13 @@ class PerfguardSession:
         schema 2): every entry checked into a typed :class:`TestEntry`; ``complete``
         is false while the session runs."""
         from perfguard import __version__
-        from perfguard.compare.results import SessionResults, TestEntry
+        from perfguard.compare.results import SessionResults
 
         match = self.match
         baseline = None
         if match is not None and match.found:
             baseline = {"ref": match.ref, "commit": match.commit, "run_id": match.run_id}
-        tests = [
-            TestEntry.from_dict(self.entries[k], "results", f"tests[{k!r}]")
-            for k in sorted(self.entries)
-        ]
+        tests = [self.entries[k] for k in sorted(self.entries)]
         settings = {
             **self.settings.to_dict(),
             "alpha": ALPHA,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
+from perfguard.compare.units import human
 from perfguard.report.html.render import render, write_text
 
 #: op statuses listed before the rest, whatever their size
@@ -135,7 +136,16 @@ def gate_rows(test: TestEntry) -> list[GateRow]:
     if g is None:
         return []
     return [
-        GateRow(kind, f.gate, f.op_name, f.kernel_name, f.baseline, f.current, f.budget, f.message)
+        GateRow(
+            kind,
+            f.gate,
+            f.op_name,
+            f.kernel_name,
+            human(f.baseline, f.gate),
+            human(f.current, f.gate),
+            f.budget,
+            f.message,
+        )  # fmt: skip
         for kind, found in (("regression", g.regressions), ("improvement", g.improvements))
         for f in found
     ]
