@@ -27,6 +27,7 @@ The rule, in order:
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -199,7 +200,8 @@ def _culprits(
             gated=struct_gated, impact_ns=impact.get((name, direction), math.nan),
         ))  # fmt: skip
 
-    moves = _minimal_moves(counter_moves(current, baseline))
+    all_moves = counter_moves(current, baseline)
+    moves = _minimal_moves(all_moves)
     for row in moves.itertuples(index=False):
         name, counter = str(row.op_name), str(row.counter)
         b, c = float(row.baseline), float(row.current)
@@ -235,7 +237,8 @@ def _culprits(
     found = [c for c in found if not ("/" in c.op and (c.kind, _parent(c.op)) in same)]
     if timing.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and not ops.empty:
         found += _timing_culprits(timing, ops, {(c.op, c.kind) for c in found})
-    return sorted(found, key=_rank)
+    called = set(all_moves.loc[all_moves["counter"] == "calls", "op_name"].astype(str))
+    return sorted(found, key=lambda c: _rank(c, called))
 
 
 def _dir(v: Any) -> str | None:
@@ -298,13 +301,35 @@ def _timing_culprits(
     return out
 
 
-def _rank(c: Culprit) -> tuple[Any, ...]:
-    impact = c.impact_ns if c.impact_ns is not None and math.isfinite(c.impact_ns) else 0.0
-    b, cur = _num(c.baseline), _num(c.current)
-    rel = abs(cur / b - 1) if math.isfinite(b) and math.isfinite(cur) and b else 0.0
+#: a path component that is the framework's own op (its implementation calls ops of its own)
+_FRAMEWORK_OP = re.compile(r"^(aten|prim|torch_c10|autograd)::|Backward\d*$")
+
+
+def _internal(op: str) -> bool:
+    """The change happened inside an op both sides call (SDPA choosing its math path, a
+    convolution adding a ``contiguous``): a consequence of what the user's code changed,
+    ranked after changes at the level of the user's own calls."""
+    parent = _parent(op)
+    return bool(parent) and bool(_FRAMEWORK_OP.search(parent.rsplit("/", 1)[-1]))
+
+
+def _rank(c: Culprit, called: set[str]) -> tuple[Any, ...]:
+    """Gated first, then by kind; within a kind, ops added or removed at the user's level
+    before those inside an unchanged op, then the largest: FLOPs, bytes and launches by
+    how much the counter moved (deterministic: a leaf op holds them, whatever its
+    parent), calls and the rest by the op's change of time. A dtype change on an op whose
+    calls changed too is new call sites, not a changed call: it ranks as calls."""
     k = RANKED_AS.get(c.kind, c.kind)
+    if k == "dtypes" and c.op in called:
+        k = "calls"
     kind = KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER)
-    return (not c.gated, kind, -abs(impact), -rel, c.op)
+    b, cur = _num(c.baseline), _num(c.current)
+    if c.kind in _COUNTERS and c.kind != "calls" and math.isfinite(b) and math.isfinite(cur):
+        size = abs(cur - b)  # FLOPs, bytes, launches: where the work moved, not the noise
+    else:
+        size = abs(c.impact_ns) if c.impact_ns is not None and math.isfinite(c.impact_ns) else 0.0
+    inside = c.kind in ("added", "removed") and _internal(c.op)
+    return (not c.gated, kind, inside, -size, c.op)
 
 
 # ---------------------------------------------------------------------------- lines
