@@ -184,10 +184,7 @@ def _culprits(
         {f.gate for f in [*gates.regressions, *gates.improvements]} if gates is not None else set()
     )
 
-    calls_budget = budgets.get("calls")
-    struct_gated = "calls" in fired or (
-        isinstance(calls_budget, Budget) and calls_budget.kind != "off" and "calls" in fired
-    )
+    struct_gated = "calls" in fired  # an op added or removed moves the calls it had
     for row in _structural(ops).itertuples(index=False):
         name, direction = str(row.op_name), str(row.direction)
         added = row.status == "added"
@@ -211,13 +208,11 @@ def _culprits(
             and counter in fired
             and (budget.exceeded(b, c) or budget.exceeded(c, b))
         )
-        pct = _pct(b, c)
+        detail = ", ".join(x for x in (_pct(b, c), f"budget {budget}" if gated else "") if x)
         found.append(Culprit(
             kind=counter, op=name, direction=_dir(row.direction),
             text=f"{name}: {LABELS[counter].split(' (')[0]} {human(b, counter)} → "
-                 f"{human(c, counter)} per iteration"
-                 + (f" ({pct}" + (f", budget {budget})" if gated else ")") if pct else
-                    (f" (budget {budget})" if gated else "")),
+                 f"{human(c, counter)} per iteration" + (f" ({detail})" if detail else ""),
             baseline=b, current=c, budget=str(budget) if isinstance(budget, Budget) else "",
             gated=bool(gated), impact_ns=impact.get((name, str(row.direction)), math.nan),
         ))  # fmt: skip
