@@ -81,6 +81,7 @@ from perfguard.plugin.forkserver import preload_names
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, Settings, project_root
+from perfguard.plugin.outputs import SessionOutputs
 
 ALPHA = 0.01
 OUTPUT_KEY = "perfguard"
@@ -140,8 +141,8 @@ class PerfguardSession:
         self.save_error: str | None = None
         #: what the save replaced (earlier records of this commit and machine), if anything
         self.replaced: dict[str, Any] | None = None
-        self.results_path: Path | None = None
-        self.report_path: Path | None = None
+        #: the one writer of results.json and the reports
+        self.outputs = SessionOutputs(settings.output)
         self._backends: dict[str, ResolvedBackend] = {}
         self._store: Store | None = None
         self._walk: Any = None  # the baseline ref's first-parent history, walked once
@@ -881,14 +882,9 @@ class PerfguardSession:
         if self.worker_id is not None or self.ab_out:
             return
         try:
-            self.settings.output.mkdir(parents=True, exist_ok=True)
-            path = self.settings.output / "results.json"
-            tmp = path.with_name("results.json.tmp")
-            doc = self.results(complete=False).to_dict()
-            tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
-            tmp.replace(path)
-        except (OSError, ValueError, PerfguardError):
-            pass  # the final write at the session's end reports a broken output folder
+            self.outputs.partial(self.results(complete=False))
+        except PerfguardError:
+            pass  # the final write at the session's end says what is wrong
 
     # ------------------------------------------------------------------ xdist
     @pytest.hookimpl(optionalhook=True)
@@ -1019,50 +1015,15 @@ class PerfguardSession:
         return f"no stored run on {m.ref[:12]} or its {m.searched - 1} first-parent ancestors"
 
     def _write_results(self) -> None:
-        out = self.settings.output
+        """The session's document, then its reports (:mod:`perfguard.plugin.outputs`)."""
         try:
-            results = self.results()
-            out.mkdir(parents=True, exist_ok=True)
-            path = out / "results.json"
-            tmp = path.with_name("results.json.tmp")
-            tmp.write_text(json.dumps(results.to_dict(), indent=1, allow_nan=False))
-            tmp.replace(path)
-            self.results_path = path
-        except (OSError, ValueError, PerfguardError) as exc:
-            self.notes.append(f"could not write results.json in {out}: {exc}")
-            self._remove_stale_reports(out)
-            return
-        self._write_reports(out, results)
-
-    def _write_reports(self, out: Path, results: Any) -> None:
-        """``report.html`` for the reviewer and ``summary.md`` for the PR comment (and
-        ``$GITHUB_STEP_SUMMARY``), from the results just written. A failure here is
-        said in the terminal summary and removes the reports of an earlier session (a
-        stale report must never pass for this one's); it never changes the outcome."""
-        from perfguard.report.html import write_session_html
-        from perfguard.report.markdown import write_markdown
-
-        try:
-            self.report_path = write_session_html(results, out / "report.html")
-            write_markdown(results, out / "summary.md")
-        except Exception as exc:  # a report bug must not cost the session: say it, clean up
-            self.report_path = None
-            why = " ".join(str(exc).split()) or type(exc).__name__
-            self.notes.append(f"could not write the HTML/Markdown report in {out}: {why}")
-            self._remove_stale_reports(out)
-
-    def _remove_stale_reports(self, out: Path) -> None:
-        gone = []
-        for name in ("report.html", "summary.md"):
-            try:
-                (out / name).unlink()
-                gone.append(name)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                self.notes.append(f"could not remove the stale {out / name}: {exc.strerror}")
-        if gone:
-            self.notes.append(f"removed {' and '.join(gone)} so that no stale report remains")
+            doc = self.results()
+        except PerfguardError as exc:
+            self.notes.append(f"could not assemble results.json: {exc}")
+            self.outputs.remove_stale_reports()
+        else:
+            self.outputs.final(doc)
+        self.notes.extend(self.outputs.notes)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.worker_id is not None or self.ab_out:

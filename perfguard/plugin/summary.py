@@ -104,9 +104,10 @@ def summary_lines(session: Any) -> list[str]:
         )
     elif session.settings.save:
         lines.append(f"not saved: {session.save_error}")
-    if session.results_path is not None:
-        lines.append(f"results: {session.results_path}")
-    if session.report_path is not None:
-        lines.append(f"report: {session.report_path} (open it in a browser; summary.md beside it)")
+    written = session.outputs
+    if written.results_path is not None:
+        lines.append(f"results: {written.results_path}")
+    if written.report_path is not None:
+        lines.append(f"report: {written.report_path} (open it in a browser; summary.md beside it)")
     lines += [f"note: {n}" for n in session.notes if not n.startswith("no baseline")]
     return lines
