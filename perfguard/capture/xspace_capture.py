@@ -7,7 +7,7 @@ it stops, moves that one file to ``path`` (always named ``*.xplane.pb``, so
 step annotation named ``perfguard.iteration`` with ``step_num`` 0, 1, ...,
 which the XSpace reader turns into ``ProfilerStep#N`` iterations.
 
-The protocol is the plugin's ``Capturer`` (``perfguard/plugin/iterate.py``):
+The protocol is the plugin's ``Capturer`` (``perfguard/capture/capturers.py``):
 ``start``/``stop`` never raise, a failure is kept in ``error`` (one line).
 The framework is imported only when a capture starts.
 """
