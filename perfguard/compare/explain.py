@@ -312,8 +312,9 @@ def _rank(c: Culprit, called: set[str]) -> tuple[Any, ...]:
     """Gated first, then by kind; within a kind, ops added or removed at the user's level
     before those inside an unchanged op, then the largest: FLOPs, bytes and launches by
     how much the counter moved (deterministic: a leaf op holds them, whatever its
-    parent), calls and the rest by the op's change of time. A dtype change on an op whose
-    calls changed too is new call sites, not a changed call: it ranks as calls."""
+    parent), calls and the rest by the op's change of time; a forward op's change before
+    a backward one's, which follows from it. A dtype change on an op whose calls changed
+    too is new call sites, not a changed call: it ranks as calls."""
     k = RANKED_AS.get(c.kind, c.kind)
     if k == "dtypes" and c.op in called:
         k = "calls"
@@ -324,7 +325,9 @@ def _rank(c: Culprit, called: set[str]) -> tuple[Any, ...]:
     else:
         size = abs(c.impact_ns) if c.impact_ns is not None and math.isfinite(c.impact_ns) else 0.0
     inside = c.kind in ("added", "removed") and _internal(c.op)
-    return (not c.gated, kind, inside, -size, c.op)
+    # the backward follows from the forward the user wrote: its changes come second
+    backward = c.direction == "bprop"
+    return (not c.gated, kind, inside, backward, -size, c.op)
 
 
 # ---------------------------------------------------------------------------- lines
