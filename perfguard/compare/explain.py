@@ -16,10 +16,12 @@ The rule, in order:
    ``aten::addmm``: one culprit); dtype changes, Tensor Cores lost, new
    kernels and peak memory from the gates' findings; and, when timing decided,
    the ops whose time moved significantly.
-2. **Ranked**: the evidence that decided first (a culprit beyond a gate's
-   budget before one within it), then by kind (:data:`KIND_ORDER`: a dtype or
-   Tensor Core change, then a new sync, then ops added or removed, then
-   counters, then time), then by the op's change of time per iteration.
+2. **Ranked** (:func:`_rank`): the evidence that decided first (a culprit
+   beyond a gate's budget before one within it), then by kind
+   (:data:`KIND_ORDER`: a dtype or Tensor Core change, then a new sync, then
+   ops added or removed, then counters, then time), then the user's own calls
+   before what changed inside an op both sides call, forward before backward,
+   then the largest (counters by how much they moved, the rest by time).
 3. **Grouped** for reading: two or more ops added or removed under one
    parent become one line ("ops changed under X: A removed; B ×2, C added").
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -161,6 +164,21 @@ def _structural(ops: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------- culprits
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What the judge found on one test, all an explanation is made from: the outcome, its
+    two halves, the per-op comparison (:func:`perfguard.compare.verdict.compare_ops`), both
+    records (their per-op counters) and the gates' budgets."""
+
+    outcome: Outcome
+    timing: TimingVerdict
+    gates: GateVerdict | None
+    ops: pd.DataFrame
+    current: TestRecord
+    baseline: TestRecord
+    budgets: dict[str, Budget | bool]
+
+
 def _impacts(ops: pd.DataFrame) -> dict[tuple[str, str], float]:
     if ops.empty:
         return {}
@@ -169,15 +187,8 @@ def _impacts(ops: pd.DataFrame) -> dict[tuple[str, str], float]:
                     d.to_numpy(float), strict=True))  # fmt: skip
 
 
-def _culprits(
-    outcome: Outcome,
-    timing: TimingVerdict,
-    gates: GateVerdict | None,
-    ops: pd.DataFrame,
-    current: TestRecord,
-    baseline: TestRecord,
-    budgets: dict[str, Budget | bool],
-) -> list[Culprit]:
+def _culprits(e: Evidence) -> list[Culprit]:
+    outcome, timing, gates, ops = e.outcome, e.timing, e.gates, e.ops
     impact = _impacts(ops)
     found: list[Culprit] = []
     fired = (
@@ -197,12 +208,12 @@ def _culprits(
             gated=struct_gated, impact_ns=impact.get((name, direction), math.nan),
         ))  # fmt: skip
 
-    all_moves = counter_moves(current, baseline)
+    all_moves = counter_moves(e.current, e.baseline)
     moves = _minimal_moves(all_moves)
     for row in moves.itertuples(index=False):
         name, counter = str(row.op_name), str(row.counter)
         b, c = float(row.baseline), float(row.current)
-        budget = budgets.get(counter)
+        budget = e.budgets.get(counter)
         gated = (
             isinstance(budget, Budget)
             and counter in fired
@@ -426,21 +437,14 @@ def timing_clause(timing: TimingVerdict) -> str:
     )
 
 
-def explain(
-    outcome: Outcome,
-    timing: TimingVerdict,
-    gates: GateVerdict | None,
-    ops: pd.DataFrame,
-    current: TestRecord,
-    baseline: TestRecord,
-    budgets: dict[str, Budget | bool],
-) -> Explanation:
+def explain(e: Evidence) -> Explanation:
     """The explanation of a judged test (module docstring)."""
+    outcome, timing, gates = e.outcome, e.timing, e.gates
     gates_said = gates is not None and gates.outcome is outcome
     timing_said = timing.outcome is outcome
     if outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
         decided = " and ".join(w for w, s in (("gates", gates_said), ("timing", timing_said)) if s)
-        culprits = _culprits(outcome, timing, gates, ops, current, baseline, budgets)
+        culprits = _culprits(e)
         if not timing_said:  # time did not decide: its op movers are no culprits
             culprits = [c for c in culprits if c.kind != "timing"]
         lines, culprits, named = _group_lines(culprits)
@@ -450,20 +454,13 @@ def explain(
         if counters:
             lines.append(counters)
         clause = timing_clause(timing)
-        lines.append(clause)
-        lead = lines[0] if len(lines) > 1 or not gates_said else (gates.message if gates else "")
-        if gates_said:
-            headline = f"gates: {lead}"
-            if timing_said:
-                headline += f"; {clause}"
-        else:
-            headline = clause
-        rest = lines[1:] if lead == lines[0] else lines
-        if not gates_said:
-            rest = [line for line in lines if line != clause]
-            lead = rest[0] if rest else ""
+        lead, rest = (lines[0], lines[1:]) if lines else ("", [])
+        if gates_said:  # the gates lead; the timing is the last line, or joins the headline
+            lead = lead or (gates.message if gates else "")
+            headline = f"gates: {lead}" + (f"; {clause}" if timing_said else "")
+            rest.append(clause)
+        else:  # the timing alone decided: it is the headline, with its largest mover
             headline = clause + (f"; largest mover {lead}" if lead else "")
-            rest = rest[1:]
         return Explanation(
             outcome=outcome.value, headline=headline, decided_by=decided,
             culprits=tuple(culprits), lead=lead, lines=tuple(rest), timing=clause,

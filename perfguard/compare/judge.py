@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from perfguard.baseline.record import METRICS, TestRecord
-from perfguard.compare.explain import explain
+from perfguard.compare.explain import Evidence, explain
 from perfguard.compare.explanation import Explanation
 from perfguard.compare.gates import Budget, GateVerdict, judge_gates, parse_gates
 from perfguard.compare.outcomes import Outcome
@@ -184,7 +184,7 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Tes
     if outcome is Outcome.NOT_JUDGED and against.timing_incompatibility is not None:
         outcome = Outcome.INCOMPARABLE  # the timing could not be compared; the gates held
     ops = compare_ops(current, base_rec, tolerance=tol, alpha=alpha)
-    why = explain(outcome, timing, gates, ops, current, base_rec, settings.gates)
+    why = explain(Evidence(outcome, timing, gates, ops, current, base_rec, settings.gates))
     return TestComparison(
         outcome=outcome, message=why.headline, timing=timing, gates=gates, ops=ops,
         kernel_changes=changes, samples_baseline=_ints(base_rec.values()),
