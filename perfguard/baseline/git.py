@@ -22,6 +22,8 @@ from perfguard.baseline.record import Fingerprint
 from perfguard.errors import BaselineError
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from perfguard.baseline.store import Store
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "default_baseline_ref",
     "find_baseline",
     "first_parent_commits",
+    "match_runs",
     "repo_state",
     "resolve",
 ]
@@ -194,7 +197,24 @@ def find_baseline(
     commits alone count (an acceptance: :mod:`perfguard.baseline.accept`).
     """
     walk = first_parent_commits(repo_path, ref, max_depth=max_depth)
-    runs = store.runs()
+    match, _ = match_runs(
+        store.runs(), walk, ref, fingerprint, exclude_run_id=exclude_run_id, only=only
+    )
+    return match
+
+
+def match_runs(
+    runs: pd.DataFrame,
+    walk: list[str],
+    ref: str,
+    fingerprint: Fingerprint,
+    *,
+    exclude_run_id: int | None = None,
+    only: Collection[str] | None = None,
+) -> tuple[BaselineMatch, pd.DataFrame]:
+    """:func:`find_baseline`'s rule on given ``runs`` (``Store.runs`` or
+    ``Store.runs_with_test`` rows) and a first-parent ``walk``, newest first: the match,
+    and every comparable run of its commit, latest first (empty unless found)."""
     if exclude_run_id is not None:
         runs = runs[runs["run_id"] != exclude_run_id]
     if only is not None:
@@ -202,21 +222,18 @@ def find_baseline(
     distance = {c: i for i, c in enumerate(walk)}
     runs = runs.assign(distance=runs["commit"].map(distance)).dropna(subset=["distance"])
     if runs.empty:
-        return BaselineMatch("no-runs", ref, len(walk))
+        return BaselineMatch("no-runs", ref, len(walk)), runs
     # nearest commit first; within a commit the latest run first
     runs = runs.sort_values(["distance", "time", "run_id"], ascending=[True, False, False])
-    nearest_reason = None
-    for row in runs.itertuples(index=False):
-        reason = fingerprint.incompatibility(row.fingerprint)
-        if reason is None:
-            return BaselineMatch(
-                "found",
-                ref,
-                len(walk),
-                run_id=int(row.run_id),
-                commit=str(row.commit),
-                distance=int(row.distance),
-                dirty=bool(row.dirty),
-            )
-        nearest_reason = nearest_reason or f"run {row.run_id} at {row.commit[:10]}: {reason}"
-    return BaselineMatch("incomparable", ref, len(walk), reason=nearest_reason)
+    reasons = [fingerprint.incompatibility(fp) for fp in runs["fingerprint"]]
+    comparable = runs[[r is None for r in reasons]]
+    if comparable.empty:
+        first = runs.iloc[0]
+        why = f"run {first.run_id} at {str(first.commit)[:10]}: {reasons[0]}"
+        return BaselineMatch("incomparable", ref, len(walk), reason=why), comparable
+    row = comparable.iloc[0]
+    match = BaselineMatch(
+        "found", ref, len(walk), run_id=int(row.run_id), commit=str(row.commit),
+        distance=int(row.distance), dirty=bool(row.dirty),
+    )  # fmt: skip
+    return match, comparable[comparable["commit"] == match.commit]

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from perfguard.baseline.git import first_parent_commits
+from perfguard.baseline.git import first_parent_commits, match_runs
 from perfguard.baseline.record import Fingerprint, TestRecord
 from perfguard.baseline.store import Store
 from perfguard.compare.gates import parse_gates
@@ -89,35 +89,20 @@ def against_from_store(
     ``only``: the commits an acceptance allows (runs before it no longer count).
     """
     nodeid = record.nodeid
-    runs = store.runs_with_test(nodeid)
-    if exclude_run_id is not None:
-        runs = runs[runs["run_id"] != exclude_run_id]
-    if only is not None:
-        runs = runs[runs["commit"].isin(list(only))]
-    distance = {c: i for i, c in enumerate(history.commits)}
-    runs = runs.assign(distance=runs["commit"].map(distance)).dropna(subset=["distance"])
-    if runs.empty:
+    match, pooled = match_runs(
+        store.runs_with_test(nodeid), history.commits, history.ref, fingerprint,
+        exclude_run_id=exclude_run_id, only=only,
+    )  # fmt: skip
+    if match.status == "no-runs":
         # some run on this history, just not of this test: the test is new there
-        others = store.runs()
-        others = others[others["commit"].isin(list(distance))]
-        if only is not None:  # under an acceptance, runs before it are no baseline at all
-            others = others[others["commit"].isin(list(only))]
-        if exclude_run_id is not None:
-            others = others[others["run_id"] != exclude_run_id]
-        ok = any(fingerprint.incompatibility(fp) is None for fp in others["fingerprint"])
-        return Against(run_found=ok)
-    runs = runs.sort_values(["distance", "time", "run_id"], ascending=[True, False, False])
-    reasons = [fingerprint.incompatibility(fp) for fp in runs["fingerprint"]]
-    comparable = runs[[r is None for r in reasons]]
-    if comparable.empty:
-        first = runs.iloc[0]
-        why = next(r for r in reasons if r is not None)
-        return Against(
-            incompatibility=f"run {first.run_id} at {str(first.commit)[:10]}: {why}",
-            run_found=True,
-        )
-    commit = str(comparable.iloc[0]["commit"])
-    pooled = comparable[comparable["commit"] == commit]
+        anyone, _ = match_runs(
+            store.runs(), history.commits, history.ref, fingerprint,
+            exclude_run_id=exclude_run_id, only=only,
+        )  # fmt: skip
+        return Against(run_found=anyone.found)
+    if match.status == "incomparable":
+        return Against(incompatibility=match.reason, run_found=True)
+    commit = str(match.commit)
     # timing pools only runs measured like this one (same -n); the gates need one record
     timing_ok = [fingerprint.timing_incompatibility(fp) is None for fp in pooled["fingerprint"]]
     same = pooled[timing_ok]
