@@ -80,7 +80,7 @@ class Coordinator:
             raise pytest.UsageError(f"{flag} needs a git repository")
         try:
             base_root, self.ab_commit = prepare_worktree(
-                ctx.git.root, settings.against, _git_dir(ctx.git.root) / "perfguard-ab"
+                ctx.git.root, str(settings.against), _git_dir(ctx.git.root) / "perfguard-ab"
             )
         except (RuntimeError, OSError) as exc:
             raise pytest.UsageError(f"{flag}: cannot check it out: {exc}") from None

@@ -36,7 +36,7 @@ import gc
 import sys
 import time
 from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from perfguard.capture.capturers import Capturer
 from perfguard.plugin.marker import ProfileSpec
@@ -52,7 +52,7 @@ ROUND_GAP_S = 0.05
 RETRY_PAUSE_S = 0.3
 
 
-def _cuda() -> object | None:
+def _cuda() -> Any:
     """``torch.cuda`` when the test already uses CUDA (never initialises it)."""
     torch = sys.modules.get("torch")
     try:
