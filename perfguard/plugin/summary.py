@@ -93,24 +93,24 @@ OWN_PHASES = ("warmup", "timing")
 
 
 def cost_line(entries: list[TestEntry], session_s: dict[str, float]) -> str:
-    """perfguard's own wall time: per measured test beyond its warm-up and timed rounds
-    (the profiled round, the analysis, the comparison, ...), and the session's parts."""
-    measured = [e.phase_s for e in entries if e.phase_s]
-    if not measured:
-        return ""
+    """perfguard's own wall time: per test measured in this process, beyond its warm-up and
+    timed rounds (the profiled round, the analysis, the comparison, ...), and the session's
+    parts (in A/B mode the rounds of both trees, run in child processes, are one part)."""
+    measured = [e.phase_s for e in entries if "profiled" in e.phase_s]
     parts: dict[str, float] = {}
     for phases in measured:
         for name, seconds in phases.items():
             if name not in OWN_PHASES:
                 parts[name] = parts.get(name, 0.0) + seconds
-    n = len(measured)
-    per_test = sum(parts.values()) / n
-    detail = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
-    text = f"perfguard's own time: {per_test:.2f} s per test beyond its rounds ({detail})"
+    texts = []
+    if measured:
+        n = len(measured)
+        detail = _largest_first({k: v / n for k, v in parts.items()})
+        texts.append(f"{sum(parts.values()) / n:.2f} s per test beyond its rounds ({detail})")
     if session_s:
-        total = sum(session_s.values())
-        split = ", ".join(
-            f"{k} {v:.2f}" for k, v in sorted(session_s.items(), key=lambda kv: -kv[1])
-        )
-        text += f"; session {total:.2f} s ({split})"
-    return text
+        texts.append(f"session {sum(session_s.values()):.2f} s ({_largest_first(session_s)})")
+    return "perfguard's own time: " + "; ".join(texts) if texts else ""
+
+
+def _largest_first(parts: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
