@@ -4,6 +4,12 @@ and taken from the test's code; see ``tests/history_repo.py``).
 
     python benchmarks/history_steps.py [--commits 30] [--up 10] [--down 20] [--repo DIR]
         [--export FILE]
+    python benchmarks/history_steps.py --four [--commits 24] [--repo DIR] [--export FILE]
+
+``--four``: two counter steps (op calls, commits 5 and 14) and two timing
+steps (CPU time +15 % at 10, -10 % at 19) at four different commits
+(``history_repo.four_steps``); both kinds of change point must be found
+exactly where they were made.
 
 Builds the repo (or reuses ``--repo`` when it already holds a store), then
 prints every run's level, the change points found by
