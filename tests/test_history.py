@@ -25,6 +25,7 @@ from perfguard.compare.history import load_history, run_levels
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = Path(__file__).parent / "data" / "history_steps.json"
+RECORDED_FOUR = Path(__file__).parent / "data" / "history_four_steps.json"
 H100 = Fingerprint(gpu_name="NVIDIA H100", gpu_count=1, backend="torch", host="ci-1", cpu="x")
 A100 = Fingerprint(gpu_name="NVIDIA A100", gpu_count=1, backend="torch", host="ci-2", cpu="x")
 
@@ -174,13 +175,12 @@ def git(path: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-@pytest.fixture
-def replayed(tmp_path, store_location):
-    """The recorded history in a store, its commits replaced by those of a new git repo
+def replay(recorded: Path, tmp_path: Path, store_location) -> tuple:
+    """A recorded history in a store, its commits replaced by those of a new git repo
     with one commit per run (the runs' data unchanged): (store, repo, shas, expected)."""
-    if not RECORDED.exists():
-        pytest.skip(f"{RECORDED} is missing (benchmarks/history_steps.py --export makes it)")
-    doc = json.loads(RECORDED.read_text())
+    if not recorded.exists():
+        pytest.skip(f"{recorded} is missing (benchmarks/history_steps.py --export makes it)")
+    doc = json.loads(recorded.read_text())
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -198,6 +198,36 @@ def replayed(tmp_path, store_location):
     with Store(store_location) as store:
         store.import_json(tmp_path / "replayed.json")
     return store_location, repo, shas, doc["steps"]
+
+
+@pytest.fixture
+def replayed(tmp_path, store_location):
+    """tests/data/history_steps.json replayed (:func:`replay`)."""
+    return replay(RECORDED, tmp_path, store_location)
+
+
+def test_counter_and_timing_steps_in_a_real_history_are_found_exactly_where_made(
+    tmp_path, store_location
+):
+    """24 real CPU sessions (benchmarks/history_steps.py --four, a busy shared 2-core
+    machine): op calls step at commits 5 (+40 adds) and 14 (40 -> 15 adds) with the time
+    moving by well under 1 %, and the CPU time steps at commits 10 (+15 % of pure-Python
+    work, no op) and 19 (-10 %) with no counter moving. Each kind of change point is found
+    at its commits and nowhere else."""
+    location, repo, shas, steps = replay(RECORDED_FOUR, tmp_path, store_location)
+    with Store(location) as store:
+        hist = load_history(store, "test_bench.py::test_step", repo=repo)
+    assert len(hist.levels) == len(shas) >= 18
+    timing = [(shas.index(cp.commit), cp.kind) for cp in hist.change_points]
+    assert timing == [(i, "step") for i in steps["timing"]]
+    up, down = hist.change_points
+    assert up.change_pct > 10 and down.change_pct < -5
+    counter = {(shas.index(s.commit), s.counter) for s in hist.counter_steps}
+    assert {c for _, c in counter} <= {"calls", "flops", "bytes"}
+    assert {i for i, _ in counter} == set(steps["counter"])
+    calls = [s for s in hist.counter_steps if s.counter == "calls"]
+    assert [(s.before, s.after) for s in calls] == [(800, 840), (840, 815)]
+    assert all(s.ops[0][0] == "aten::add" for s in calls)  # the op that changed, named
 
 
 def test_a_recorded_real_history_has_no_false_change_point_and_finds_the_step(replayed):
@@ -254,3 +284,18 @@ def test_history_command(replayed):
     )  # fmt: skip
     assert missing.returncode == 2 and "no stored run of t.py::nothing" in missing.stderr
     assert len(missing.stderr.splitlines()) == 1
+
+
+def test_the_reports_history_rows_mark_the_change_points(replayed):
+    """What report.html's history table shows beside each run: the timing step and the
+    counter steps at their commits, nothing elsewhere."""
+    from perfguard.compare.against import history_rows
+
+    location, repo, shas, steps = replayed
+    with Store(location) as store:
+        fp = store.runs()["fingerprint"].iloc[-1]
+        rows = history_rows(store, "test_bench.py::test_step", fp)
+    marks = {shas.index(r["commit"]): r["change"] for r in rows if r["change"]}
+    assert sorted(marks) == [steps["up"], steps["down"]]
+    assert marks[steps["up"]].startswith("step +") and "calls 800 → 881" in marks[steps["up"]]
+    assert "calls 881 → 837" in marks[steps["down"]]

@@ -16,26 +16,35 @@ by a busy neighbour, and only a few dozen values.
    at the same level and that a split searched from one end misses. Both
    ends become candidates and each side is searched again, down to a low
    bar (:data:`CANDIDATE_Z`): this stage only proposes.
-2. **Pruning** with the series' noise: the candidate whose two neighbouring
-   segments differ least, the difference of their medians over its
-   standard error (``sigma * sqrt(pi / 2) * sqrt(1/n1 + 1/n2)``, the
-   median's), is removed while that ratio is below :data:`STEP_Z`; each
-   removal merges two segments and the rest are re-scored (Otava prunes
-   its candidates the same way with a t-test). ``sigma`` is the run-to-run
-   noise: a trimmed mean of squared successive differences (a step or an
-   outlier moves one or two differences, which the trim drops; a
-   two-valued "banding" series keeps its band gap as noise), or the
-   history's own noise estimate when it is larger.
+2. **Refining**: each candidate moved to the best single split between its
+   neighbours (rank CUSUM, then the least absolute deviation within 5
+   runs of it: a run at the edge of the old level ranks like the new one's).
+3. **Pruning** with the noise: the candidate whose two neighbouring
+   segments differ least (their interquartile means, robust to a quarter
+   of slow runs yet not stuck on one band of a two-valued series as a
+   median is, over the standard error ``sigma * sqrt(LEVEL_VAR * (1/n1 +
+   1/n2))``) is removed while that ratio is below the bar, :data:`STEP_Z`
+   plus :data:`STEP_Z_PER_LOG` per log of the length past 50 runs (a longer
+   series has more places where noise alone looks like a step); each
+   removal merges two segments and their neighbours are re-scored (Otava
+   prunes its candidates the same way with a t-test). ``sigma`` is the
+   largest of the history's noise estimate (the verdicts',
+   :func:`perfguard.compare.timing.between_run_sd`), the series' own (a
+   trimmed mean of squared successive differences: a step or a slow run
+   moves one or two differences, which the trim drops) and the two
+   segments' pooled robust spread; once pruned, the spread left around the
+   levels found (winsorised, so two-valued banding keeps its band gap)
+   replaces it when larger and the pruning runs again.
 
-Then each remaining segment is searched the same way for a change of
-spread alone (the absolute deviations from the segment's median as the
-series): such a point is reported as a ``variance`` change, not as a step.
-A split whose two sides lie on one straight line (the jump at the split
-is within the noise of a line fitted across both) is reported as
-``drift``: a level that creeps rather than steps.
+Segments that are ramps (a line tells them better than a flat level) make
+one ``drift`` change with the ramps next to them, at the first run of the
+ramp, not a staircase of steps. Then the residuals around the levels (or
+ramps) are searched the same way for a change of spread alone, scored by
+the log ratio of clipped RMS residuals: such a point is a ``variance``
+change, never a level step.
 
-Everything is O(m^2) numpy per searched stretch, no permutations: about
-1-3 ms for a 200-run history.
+Everything is O(m^2) numpy per searched stretch, no permutations: a few
+ms for a 200-run history (benchmarks/change_points.py, benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -55,7 +64,9 @@ MIN_SIZE = 3
 CANDIDATE_Z = 2.5
 #: a level change is kept when the medians of its two sides differ by this many standard
 #: errors (the candidates are the best of many intervals: a nominal 2-sided p of 1e-4)
-STEP_Z = 3.9
+STEP_Z = 3.6
+#: the bar rises with the log of the series' length past 50 runs (more places to split)
+STEP_Z_PER_LOG = 0.6
 #: variance of the interquartile mean over n runs, in sigma^2 / n (normal noise: 1.15;
 #: rounded up for the few-run segments where it is a median of 3 or 4, pi / 2)
 LEVEL_VAR = 1.3
@@ -108,18 +119,37 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return (upper - (counts - 1) / 2.0)[inverse]
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=64)
+def _length_weights(m: int, min_size: int) -> np.ndarray:
+    """By interval length L (index L, 0..m): 1 / sqrt(L (m - L)) where an interval of L
+    runs may be split off (L and m - L at least ``min_size``), 0 elsewhere."""
+    length = np.arange(m + 1, dtype=np.float64)
+    ok = (length >= min_size) & (m - length >= min_size)
+    w = np.zeros(m + 1)
+    w[ok] = 1.0 / np.sqrt(length[ok] * (m - length[ok]))
+    w.flags.writeable = False
+    return w
+
+
+_lengths = np.zeros((0, 0), dtype=np.intp)
+
+
+def _interval_lengths(m: int) -> np.ndarray:
+    """(m + 1) x (m + 1) view of b - a, clipped at 0 (one table, grown as needed)."""
+    global _lengths
+    if len(_lengths) < m + 1:
+        idx = np.arange(max(m + 1, 2 * len(_lengths)))
+        _lengths = np.maximum(idx[None, :] - idx[:, None], 0)
+    return _lengths[: m + 1, : m + 1]
+
+
 def _interval_weights(m: int, min_size: int) -> np.ndarray:
     """1 / sqrt(L (m - L)) for each interval [a, b) of L = b - a runs that may be split off
     (each resulting piece at least ``min_size`` runs), 0 elsewhere: (m + 1) x (m + 1)."""
-    idx = np.arange(m + 1)
-    a, b = idx[:, None], idx[None, :]
-    length = b - a
-    ok = (length >= min_size) & (m - length >= min_size)
-    ok &= ((a == 0) | (a >= min_size)) & ((b == m) | (m - b >= min_size))
-    w = np.zeros((m + 1, m + 1))
-    w[ok] = 1.0 / np.sqrt(length[ok] * (m - length[ok]))
-    w.flags.writeable = False
+    w = _length_weights(m, min_size)[_interval_lengths(m)]
+    edge = np.arange(m + 1)
+    w[(edge > 0) & (edge < min_size), :] = 0.0  # a piece of fewer than min_size before a
+    w[:, (edge < m) & (m - edge < min_size)] = 0.0  # ... or after b
     return w
 
 
@@ -155,44 +185,52 @@ def _candidates(x: np.ndarray, min_size: int) -> list[int]:
     return sorted(found)
 
 
-def _spread(seg: np.ndarray) -> float:
-    """Robust standard deviation of one segment (1.4826 MAD)."""
-    return 1.4826 * float(np.median(np.abs(seg - np.median(seg))))
-
-
-def _level(seg: np.ndarray) -> float:
-    """Interquartile mean (a quarter of the values cut from each end, at least one each
-    from three on): robust to a quarter of slow runs, yet not stuck on one of two bands as
-    a median of two-valued runs is."""
+def _level_spread(seg: np.ndarray) -> tuple[float, float]:
+    """(level, spread) of one segment from one sort: the level its interquartile mean (a
+    quarter of the values cut from each end, at least one each from three on: robust to a
+    quarter of slow runs, yet not stuck on one of two bands as a median of two-valued runs
+    is), the spread 1.4826 times the median absolute deviation (a robust SD)."""
     v = np.sort(seg)
-    cut = max(len(v) // 4, 1 if len(v) >= 3 else 0)
-    return float(v[cut : len(v) - cut].mean())
+    n = len(v)
+    cut = max(n // 4, 1 if n >= 3 else 0)
+    med = 0.5 * (v[(n - 1) // 2] + v[n // 2])
+    dev = np.abs(v - med)
+    k = (n - 1) // 2
+    part = np.partition(dev, [k, n // 2])
+    return float(v[cut : n - cut].mean()), 1.4826 * 0.5 * float(part[k] + part[n // 2])
 
 
-def _step_z(left: np.ndarray, right: np.ndarray, sigma: float) -> float:
-    """Difference of the levels of two neighbouring segments over its standard error, the
-    noise the larger of the series' ``sigma`` and the segments' own pooled spread (a side
-    that is noisier than the series, or a wave the successive differences miss, needs a
-    larger difference)."""
-    diff = abs(_level(right) - _level(left))
+def _step_z(left: tuple[float, float, int], right: tuple[float, float, int], sigma: float) -> float:
+    """Difference of the levels of two neighbouring segments (level, spread, runs: from
+    :func:`_level_spread`) over its standard error, the noise the larger of the series'
+    ``sigma`` and the segments' own pooled spread (a side that is noisier than the series,
+    or a wave the successive differences miss, needs a larger difference)."""
+    (l1, s1, n1), (l2, s2, n2) = left, right
+    diff = abs(l2 - l1)
     if diff == 0:
         return 0.0
-    n1, n2 = len(left), len(right)
-    own = np.sqrt((n1 * _spread(left) ** 2 + n2 * _spread(right) ** 2) / (n1 + n2))
+    own = np.sqrt((n1 * s1**2 + n2 * s2**2) / (n1 + n2))
     se = max(sigma, own) * np.sqrt(LEVEL_VAR * (1 / n1 + 1 / n2))
     return float("inf") if se == 0 else diff / se
 
 
-def _spread_z(left: np.ndarray, right: np.ndarray, sigma: float) -> float:
-    """Log ratio of the two segments' root-mean-square residuals over its standard error
-    (``sqrt(1 / 2 n1 + 1 / 2 n2)`` under normal noise). The residuals come in clipped
-    (:func:`_clip_residuals`), so a rare slow run does not read as a wider spread."""
-    a, b = float(np.sqrt(np.mean(left**2))), float(np.sqrt(np.mean(right**2)))
+def _spread_z(
+    left: tuple[float, float, int], right: tuple[float, float, int], sigma: float
+) -> float:
+    """Log ratio of the two segments' root-mean-square residuals (``(rms, 0, runs)``) over
+    its standard error (``sqrt(1 / 2 n1 + 1 / 2 n2)`` under normal noise). The residuals
+    come in clipped (:func:`_clip_residuals`), so a rare slow run does not read as a wider
+    spread."""
+    (a, _, n1), (b, _, n2) = left, right
     if a == b:
         return 0.0
     if min(a, b) == 0:
         return float("inf")
-    return abs(np.log(b / a)) / np.sqrt(0.5 / len(left) + 0.5 / len(right))
+    return abs(np.log(b / a)) / np.sqrt(0.5 / n1 + 0.5 / n2)
+
+
+def _rms(seg: np.ndarray) -> tuple[float, float]:
+    return float(np.sqrt(np.mean(seg * seg))), 0.0
 
 
 def _clip_residuals(r: np.ndarray) -> np.ndarray:
@@ -203,16 +241,24 @@ def _clip_residuals(r: np.ndarray) -> np.ndarray:
 
 
 def _prune(
-    x: np.ndarray, cuts: list[int], sigma: float, bar: float, score=_step_z
+    x: np.ndarray, cuts: list[int], sigma: float, bar: float, spread: bool = False
 ) -> list[tuple[int, float]]:
     """Remove the weakest candidate while it is below ``bar``: (index, z) kept. A removal
-    merges two segments, so only its two neighbours are scored again."""
+    merges two segments, so only its two neighbours are scored again. ``spread``: score
+    changes of spread (:func:`_spread_z`), else of level (:func:`_step_z`)."""
     cuts = list(cuts)
+    stats_of, score = (_rms, _spread_z) if spread else (_level_spread, _step_z)
+    memo: dict[tuple[int, int], tuple[float, float, int]] = {}
+
+    def stats(lo: int, hi: int) -> tuple[float, float, int]:
+        if (lo, hi) not in memo:
+            memo[lo, hi] = (*stats_of(x[lo:hi]), hi - lo)
+        return memo[lo, hi]
 
     def z_at(i: int) -> float:
         lo = cuts[i - 1] if i else 0
         hi = cuts[i + 1] if i + 1 < len(cuts) else len(x)
-        return score(x[lo : cuts[i]], x[cuts[i] : hi], sigma)
+        return score(stats(lo, cuts[i]), stats(cuts[i], hi), sigma)
 
     z = [z_at(i) for i in range(len(cuts))]
     while cuts:
@@ -362,9 +408,10 @@ def detect(
     history's run-to-run standard deviation (same unit as the values) when known; the
     series' own estimate is used when larger. ``step_z``/``variance_z``: the bars (default
     :data:`STEP_Z`, :data:`VARIANCE_Z`). Deterministic."""
-    step_z = STEP_Z if step_z is None else step_z
-    variance_z = VARIANCE_Z if variance_z is None else variance_z
     x = np.asarray(values, dtype=np.float64)
+    if step_z is None:
+        step_z = STEP_Z + STEP_Z_PER_LOG * max(0.0, np.log(len(x) / 50))
+    variance_z = VARIANCE_Z if variance_z is None else variance_z
     if len(x) < 2 * min_size or np.ptp(x) == 0:
         return []
     sigma = max(noise_sigma(x), float(noise))
@@ -383,6 +430,6 @@ def detect(
     if len(x) >= 6 * min_size:
         dev = np.abs(resid)
         cuts = _refine_spread(resid, _candidates(dev, 3 * min_size), 3 * min_size)
-        kept = _prune(_clip_residuals(resid), sorted(set(cuts)), 0.0, variance_z, _spread_z)
+        kept = _prune(_clip_residuals(resid), sorted(set(cuts)), 0.0, variance_z, spread=True)
         out += [Split(i, "variance", z) for i, z in kept]
     return sorted(out, key=lambda s: s.index)

@@ -50,6 +50,7 @@ __all__ = [
     "CounterStep",
     "History",
     "OpMove",
+    "change_marks",
     "find_change_points",
     "load_history",
     "run_levels",
@@ -284,6 +285,22 @@ def find_change_points(
             )
         )
     return out
+
+
+def change_marks(store: Store, nodeid: str, levels: pd.DataFrame) -> list[str]:
+    """One short text per run of ``levels`` (run_id, commit, value in ns, history order):
+    the timing and counter change points that start at that run, "" elsewhere; what the
+    reports' history tables show beside each run."""
+    marks: list[list[str]] = [[] for _ in range(len(levels))]
+    for cp in find_change_points(levels):
+        what = "spread changed" if cp.kind == "variance" else f"{cp.kind} {cp.change_pct:+.1f} %"
+        marks[cp.index].append(what)
+    for step in counter_steps(store, nodeid, levels, top_ops=0):
+        if step.counter in ("kernel_set", "tc_ops", "dtypes"):
+            marks[step.index].append(f"{step.counter} changed")
+        else:
+            marks[step.index].append(f"{step.counter} {step.before:.4g} → {step.after:.4g}")
+    return ["; ".join(m) for m in marks]
 
 
 def load_history(
