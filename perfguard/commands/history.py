@@ -125,8 +125,9 @@ def _print_counter_steps(hist: Any) -> None:
     print(f"{len(hist.counter_steps)} counter change point(s) (c above, exact):")
     for s in hist.counter_steps:
         per = "" if s.counter in ("kernel_set", "tc_ops", "dtypes", "peak_memory") else "/iter"
+        delta = f" ({s.after - s.before:+,.4g})" if per else ""  # 839 MFLOP -> 839 MFLOP: +40
         print(f"  {s.commit[:10]} (run {s.run_id}): {s.counter} "
-              f"{human(s.before, s.counter)} -> {human(s.after, s.counter)}{per}")  # fmt: skip
+              f"{human(s.before, s.counter)} -> {human(s.after, s.counter)}{per}{delta}")  # fmt: skip
         for name, before, after in s.ops:
             if s.counter in ("kernel_set", "tc_ops", "dtypes"):
                 print(f"      {'+' if after else '-'} {name}")
