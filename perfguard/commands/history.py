@@ -126,8 +126,8 @@ def _print_counter_steps(hist: Any) -> None:
     for s in hist.counter_steps:
         per = "" if s.counter in ("kernel_set", "tc_ops", "dtypes", "peak_memory") else "/iter"
         delta = f" ({s.after - s.before:+,.4g})" if per else ""  # 839 MFLOP -> 839 MFLOP: +40
-        print(f"  {s.commit[:10]} (run {s.run_id}): {s.counter} "
-              f"{human(s.before, s.counter)} -> {human(s.after, s.counter)}{per}{delta}")  # fmt: skip
+        moved = f"{human(s.before, s.counter)} -> {human(s.after, s.counter)}{per}{delta}"
+        print(f"  {s.commit[:10]} (run {s.run_id}): {s.counter} {moved}")
         for name, before, after in s.ops:
             if s.counter in ("kernel_set", "tc_ops", "dtypes"):
                 print(f"      {'+' if after else '-'} {name}")
