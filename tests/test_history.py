@@ -21,6 +21,7 @@ from perfguard.analysis import analyze
 from perfguard.baseline import Fingerprint, RunInfo, record_from_analysis
 from perfguard.baseline.store import Store
 from perfguard.compare.changepoint import _best_interval, detect, noise_sigma, runs_needed
+from perfguard.compare.counter_steps import numeric_steps, set_steps
 from perfguard.compare.history import load_history, run_levels
 
 REPO = Path(__file__).resolve().parents[1]
@@ -272,6 +273,12 @@ def test_history_command(replayed):
     assert marked == [shas[steps["up"]][:10]]  # see the test above for the -5 % step
     assert "1 timing change point(s)" in done.stdout and "extra_work" in done.stdout
     assert "6 counter change point(s)" in done.stdout
+    few = subprocess.run(
+        [sys.executable, "-m", "perfguard", "history", node, "--store", str(location),
+         "--repo", str(repo), "--limit", "5"], capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+    )  # fmt: skip
+    assert "timing change points: needs 6 runs (has 5)" in few.stdout, few.stdout
     summary = subprocess.run(
         [sys.executable, "-m", "perfguard", "history", "--store", str(location),
          "--repo", str(repo)], capture_output=True, text=True, timeout=300, cwd=REPO,
@@ -299,3 +306,58 @@ def test_the_reports_history_rows_mark_the_change_points(replayed):
     assert sorted(marks) == [steps["up"], steps["down"]]
     assert marks[steps["up"]].startswith("step +") and "calls 800 → 881" in marks[steps["up"]]
     assert "calls 881 → 837" in marks[steps["down"]]
+
+
+# ------------------------------------------------------------------ counter steps
+
+
+def counter_rows(runs: dict[int, list[tuple[str, str, float, bool]]]) -> pd.DataFrame:
+    """The store's ``counters`` table for runs {run_id: [(op, counter, value, stable)]}."""
+    rows = [
+        {"run_id": r, "op_id": op, "op_name": f"aten::{op}", "counter": c, "value": v,
+         "stable": s}
+        for r, entries in runs.items()
+        for op, c, v, s in entries
+    ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_counter_steps_are_exact_and_follow_the_gates_rules():
+    same = [("mm", "calls", 4.0, True), ("add", "calls", 2.0, True), ("", "peak_memory", 1e6, True)]
+    rows = counter_rows({
+        1: same,
+        2: same,  # no change: nothing
+        3: [("mm", "calls", 5.0, True), ("add", "calls", 2.0, True),
+            ("", "peak_memory", 1.05e6, True)],  # +1 call of mm; peak memory +5 %: under 10 %
+        4: [("mm", "calls", 5.0, True), ("add", "calls", 7.0, False),
+            ("", "peak_memory", 1.3e6, True)],  # add varied between rounds: not compared
+        # run 5 stored without counters (an older perfguard): skipped
+        6: [("mm", "calls", 5.0, True), ("add", "calls", 3.0, True),
+            ("", "peak_memory", 1.3e6, True)],
+    })  # fmt: skip
+    steps = numeric_steps(rows, np.array([1, 2, 3, 4, 5, 6]))
+    assert [(i, c, b, a) for i, c, b, a, _ in steps] == [
+        (2, "calls", 6.0, 7.0),  # position 2 is run 3
+        (3, "peak_memory", 1.05e6, 1.3e6),  # +24 %
+    ]
+    assert steps[0][4] == (("aten::mm", 4.0, 5.0),)
+    # run 4's add was unstable: run 6 is compared with run 4 on the ops stable in both
+    assert all(i != 5 for i, *_ in steps)
+
+
+def test_set_steps_name_what_appeared_and_what_went():
+    members = pd.DataFrame({
+        "run_id": [1, 1, 2, 2, 3, 3, 4],
+        "counter": ["kernel_set"] * 4 + ["dtypes"] * 3,
+        "member": ["gemm", "relu", "gemm", "gelu", "mm\x1fbf16", "add\x1ffloat", "mm\x1ffloat"],
+        "key": ["gemm", "relu", "gemm", "gelu", "mm", "add", "mm"],
+    })  # fmt: skip
+    steps = set_steps(members, {1, 2, 3, 4, 5}, np.array([1, 2, 3, 4, 5]))
+    assert [(i, c, ops) for i, c, _, _, ops in steps] == [
+        (1, "kernel_set", (("relu", 1.0, 0.0), ("gelu", 0.0, 1.0))),
+        # run 3 recorded ops but launched no kernel: every kernel went
+        (2, "kernel_set", (("gelu", 1.0, 0.0), ("gemm", 1.0, 0.0))),
+        # dtypes change only for an op in both runs: add appearing at run 3, or every op
+        # gone at run 5, is not a dtype change; mm's bf16 -> float at run 4 is
+        (3, "dtypes", (("mm: bf16", 1.0, 0.0), ("mm: float", 0.0, 1.0))),
+    ]
