@@ -104,6 +104,7 @@ def test_noise_alone_rarely_gives_a_change_point():
     bands = sum(bool(detect(100 + 5 * (rng.random(60) < 0.3))) for _ in range(50))
     assert bands <= 3
     assert detect(np.full(30, 5.0)) == [] and detect(np.arange(4.0)) == []
+    assert detect(np.zeros(0)) == []
 
 
 def test_the_noise_estimate_ignores_steps_and_slow_runs():

@@ -409,11 +409,11 @@ def detect(
     series' own estimate is used when larger. ``step_z``/``variance_z``: the bars (default
     :data:`STEP_Z`, :data:`VARIANCE_Z`). Deterministic."""
     x = np.asarray(values, dtype=np.float64)
-    if step_z is None:
-        step_z = STEP_Z + STEP_Z_PER_LOG * max(0.0, np.log(len(x) / 50))
-    variance_z = VARIANCE_Z if variance_z is None else variance_z
     if len(x) < 2 * min_size or np.ptp(x) == 0:
         return []
+    if step_z is None:
+        step_z = STEP_Z + STEP_Z_PER_LOG * max(0.0, float(np.log(len(x) / 50)))
+    variance_z = VARIANCE_Z if variance_z is None else variance_z
     sigma = max(noise_sigma(x), float(noise))
     steps = _prune(x, _candidates(x, min_size), sigma, step_z)
     cuts = _refine(x, [i for i, _ in steps], min_size)

@@ -196,8 +196,7 @@ def first_parent_order(
 def run_counters(store: Store, nodeid: str, run_ids: pd.Series) -> pd.DataFrame:
     """Per run, each counter summed over the test's ops (per iteration): run_id + a column
     per counter, in the order of ``run_ids``."""
-    rows = store.test_rows(nodeid, "counters")
-    rows = rows[rows["run_id"].isin(run_ids)]
+    rows = store.test_rows(nodeid, "counters", [int(r) for r in run_ids])
     if rows.empty:
         return pd.DataFrame({"run_id": run_ids.to_numpy(np.int64)})
     wide = rows.pivot_table(index="run_id", columns="counter", values="value", aggfunc="sum")
@@ -211,8 +210,8 @@ def run_counters(store: Store, nodeid: str, run_ids: pd.Series) -> pd.DataFrame:
 def _op_levels(store: Store, nodeid: str, levels: pd.DataFrame) -> pd.DataFrame:
     """Per (run, op): the op's median per-iteration time (an iteration without it counts 0),
     GPU time for a GPU-time history, else CPU time. Index run_id, columns op ids."""
-    ops = store.test_rows(nodeid, "op_samples")
-    ops = ops[ops["run_id"].isin(levels["run_id"])]
+    ids = [int(r) for r in levels["run_id"]]
+    ops = store.test_rows(nodeid, "op_samples", ids)
     if ops.empty:
         return pd.DataFrame(index=levels["run_id"])
     gpu = ops["metric"] == "gpu_time"
@@ -223,15 +222,14 @@ def _op_levels(store: Store, nodeid: str, levels: pd.DataFrame) -> pd.DataFrame:
         .sum()
         .unstack("op_id", fill_value=0.0)
     )
-    samples = store.test_rows(nodeid, "samples")
-    samples = samples[profiled_mask(samples)][["run_id", "iteration"]]
-    full = pd.MultiIndex.from_frame(samples[samples["run_id"].isin(levels["run_id"])])
+    samples = store.test_rows(nodeid, "samples", ids)
+    full = pd.MultiIndex.from_frame(samples[profiled_mask(samples)][["run_id", "iteration"]])
     per_iter = per_iter.reindex(full, fill_value=0.0)
     return per_iter.groupby(level="run_id").median()
 
 
-def _op_names(store: Store, nodeid: str) -> dict[str, str]:
-    ops = store.test_rows(nodeid, "ops")
+def _op_names(store: Store, nodeid: str, run_ids: list[int]) -> dict[str, str]:
+    ops = store.test_rows(nodeid, "ops", run_ids)
     return dict(zip(ops["op_id"], ops["op_name"], strict=True))
 
 
@@ -333,7 +331,7 @@ def load_history(
     points = find_change_points(
         levels,
         op_levels=_op_levels(store, nodeid, levels),
-        op_names=_op_names(store, nodeid),
+        op_names=_op_names(store, nodeid, [int(r) for r in levels["run_id"]]),
         top_ops=top_ops,
     )
     counters = run_counters(store, nodeid, levels["run_id"])
