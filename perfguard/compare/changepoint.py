@@ -49,12 +49,12 @@ ms for a 200-run history (benchmarks/change_points.py, benchmarks/README.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 
 import numpy as np
-from scipy.special import erfc
-from scipy.stats import norm
 
 __all__ = ["CANDIDATE_Z", "STEP_Z", "Split", "detect", "noise_sigma", "runs_needed"]
 
@@ -74,10 +74,11 @@ LEVEL_VAR = 1.3
 VARIANCE_Z = 5.0
 #: share of the largest squared successive differences dropped from the noise estimate
 TRIM = 0.3
-_Q = float(norm.ppf(1 - TRIM / 2))
+_NORMAL = NormalDist()  # the standard library's: no scipy.stats import in a pytest session
+_Q = _NORMAL.inv_cdf(1 - TRIM / 2)
 #: E[z^2 | z^2 below its (1 - TRIM) quantile] for a standard normal z: makes the trimmed
 #: mean an estimate of the variance
-_TRIM_FACTOR = 1 - 2 * _Q * float(norm.pdf(_Q)) / (1 - TRIM)
+_TRIM_FACTOR = 1 - 2 * _Q * _NORMAL.pdf(_Q) / (1 - TRIM)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Split:
 
     @property
     def p_value(self) -> float:
-        return float(erfc(abs(self.z) / np.sqrt(2.0)))
+        return math.erfc(abs(float(self.z)) / math.sqrt(2.0))
 
 
 def runs_needed(min_size: int = MIN_SIZE) -> int:
@@ -341,8 +342,8 @@ def _residuals(x: np.ndarray, cuts: list[int], sigma: float = 0.0) -> np.ndarray
 
 #: E[min(z^2, q^2)] for a standard normal z and q its 95th percentile of |z|: makes the
 #: winsorised mean square an estimate of the variance
-_WINSOR_Q = float(norm.ppf(0.95))
-_WINSOR_FACTOR = (0.9 - 2 * _WINSOR_Q * float(norm.pdf(_WINSOR_Q))) + 0.1 * _WINSOR_Q**2
+_WINSOR_Q = _NORMAL.inv_cdf(0.95)
+_WINSOR_FACTOR = (0.9 - 2 * _WINSOR_Q * _NORMAL.pdf(_WINSOR_Q)) + 0.1 * _WINSOR_Q**2
 
 
 def _winsorized_sd(r: np.ndarray) -> float:

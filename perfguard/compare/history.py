@@ -24,6 +24,7 @@ iteration time moved most between the same two stretches.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -94,9 +95,7 @@ class ChangePoint:
     @property
     def p_value(self) -> float:
         """Nominal two-sided normal p of ``z`` (before any allowance for the search)."""
-        from scipy.special import erfc
-
-        return float(erfc(abs(self.z) / np.sqrt(2.0)))
+        return math.erfc(abs(float(self.z)) / math.sqrt(2.0))
 
     @property
     def change_pct(self) -> float:
