@@ -16,7 +16,6 @@ from typing import Any
 
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
-from perfguard.errors import PerfguardError
 
 HEADER = ("test", "outcome", "change", "interval", "gates", "why")
 MAX_TEST = 60
@@ -88,26 +87,30 @@ def results_lines(results: SessionResults) -> list[str]:
     return lines
 
 
-def summary_lines(session: Any) -> list[str]:
-    """The section's lines for a :class:`~perfguard.plugin.session.PerfguardSession`."""
-    lines = [f"backend: {session.backend.label} ({session.backend.why})"]
-    lines.append(f"baseline: {session.baseline_status()}")
-    try:
-        lines += results_lines(session.results())
-    except PerfguardError as exc:  # a malformed entry must not cost the summary
-        lines.append(f"perfguard: cannot tabulate the results: {exc}")
-    if session.saved_run_id is not None:
-        dirty = " (dirty tree)" if session.run.dirty else ""
-        lines.append(
-            f"saved run {session.saved_run_id} for {session.run.commit[:12]}{dirty} "
-            f"in {session.settings.store}"
+#: a test's own parts: the loop the test runs without perfguard too (its warm-up, its
+#: timed rounds); every other part is perfguard's cost
+OWN_PHASES = ("warmup", "timing")
+
+
+def cost_line(entries: list[TestEntry], session_s: dict[str, float]) -> str:
+    """perfguard's own wall time: per measured test beyond its warm-up and timed rounds
+    (the profiled round, the analysis, the comparison, ...), and the session's parts."""
+    measured = [e.phase_s for e in entries if e.phase_s]
+    if not measured:
+        return ""
+    parts: dict[str, float] = {}
+    for phases in measured:
+        for name, seconds in phases.items():
+            if name not in OWN_PHASES:
+                parts[name] = parts.get(name, 0.0) + seconds
+    n = len(measured)
+    per_test = sum(parts.values()) / n
+    detail = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+    text = f"perfguard's own time: {per_test:.2f} s per test beyond its rounds ({detail})"
+    if session_s:
+        total = sum(session_s.values())
+        split = ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(session_s.items(), key=lambda kv: -kv[1])
         )
-    elif session.settings.save:
-        lines.append(f"not saved: {session.save_error}")
-    written = session.outputs
-    if written.results_path is not None:
-        lines.append(f"results: {written.results_path}")
-    if written.report_path is not None:
-        lines.append(f"report: {written.report_path} (open it in a browser; summary.md beside it)")
-    lines += [f"note: {n}" for n in session.notes if not n.startswith("no baseline")]
-    return lines
+        text += f"; session {total:.2f} s ({split})"
+    return text
