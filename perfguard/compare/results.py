@@ -235,7 +235,11 @@ class TestEntry:
         vals["findings"] = _rows(test.get("findings"), source, f"{where}.findings",
                                  _FINDING_TEXTS, ())  # fmt: skip
         vals["history"] = _rows(
-            test.get("history"), source, f"{where}.history", ("commit", "time"), ("median_ns",)
+            test.get("history"),
+            source,
+            f"{where}.history",
+            ("commit", "time", "change"),
+            ("median_ns",),
         )
         for key in _SERIES:
             vals[key] = _series(test.get(key), source, f"{where}.{key}")
