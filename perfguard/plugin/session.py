@@ -78,6 +78,7 @@ from perfguard.plugin.ab import (
     write_round_output,
 )
 from perfguard.plugin.forkserver import preload_names
+from perfguard.plugin.instructions import METRIC, InstructionSession
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, Settings, project_root
@@ -146,6 +147,8 @@ class PerfguardSession:
         self._backends: dict[str, ResolvedBackend] = {}
         self._store: Store | None = None
         self._walk: Any = None  # the baseline ref's first-parent history, walked once
+        #: the session's one Callgrind child, when a test asks for instructions
+        self.instructions = InstructionSession(settings.output, settings.timeout)
 
         try:
             self.backend = self._backend(settings.backend)
@@ -327,10 +330,19 @@ class PerfguardSession:
             items[:] = keep
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """A/B parent: measure every selected marked test in both trees, up front."""
+        """A/B parent: measure every selected marked test in both trees, up front. Store
+        mode: count the instructions of the tests that ask for them, in one child."""
+        from perfguard.plugin.items import profiled, spec_of
+
+        if self.ab is None and not self.ab_out:
+            counted = [
+                i.nodeid for i in session.items
+                if profiled(i) and _wants_instructions(i, spec_of, self.settings)
+            ]  # fmt: skip
+            self.instructions.measure(counted, self.config.rootpath, self.config.inipath)
+            self.notes.extend(self.instructions.notes)
         if self.ab is None:
             return
-        from perfguard.plugin.items import profiled
 
         nodeids = [i.nodeid for i in session.items if profiled(i)]
         if not nodeids:
@@ -662,6 +674,7 @@ class PerfguardSession:
                 item, spec, Path(info["path"]), walls, notes, backend,
                 info.get("cpu_times_ns", []), rounds, env,
             )  # fmt: skip
+            record = self._with_instructions(record, spec, notes)
             comparison = self._compare(record, spec)
         except (PerfguardError, ValueError, KeyError) as exc:
             msg = " ".join(str(exc).split()) or type(exc).__name__
@@ -749,9 +762,11 @@ class PerfguardSession:
         analysis = analyze(load_trace(path), key_node=spec.key_node)
         has_gpu = len(analysis.activities) > 0
         available = {"gpu_time": has_gpu, "wall_time": True, "cpu_time": bool(cpu_times)}
-        # the first metric the marker names that this capture has; wall time otherwise
-        metric = next((m for m in spec.metrics if available[m]), "wall_time")
-        if metric not in spec.metrics:
+        # the first timing the marker names that this capture has; wall time otherwise
+        # (instructions are counted beside the timing, never instead of it)
+        timings = [m for m in spec.metrics if m != METRIC]
+        metric = next((m for m in timings if available[m]), "wall_time")
+        if metric not in spec.metrics and timings:
             notes.append(
                 f"no {' or '.join(spec.metrics)} measured here"
                 f"{'' if has_gpu else ' (no GPU activity captured)'}: "
@@ -802,6 +817,21 @@ class PerfguardSession:
             profiled=profiled if walls and int(profiled.sum()) == n_ranges else None,
         )
         return record, _findings(analysis), analysis
+
+    def _with_instructions(
+        self, record: TestRecord, spec: ProfileSpec, notes: list[str]
+    ) -> TestRecord:
+        """The record with its loop's Callgrind counts, when the session's child made them."""
+        dump = self.instructions.dump_of(record.nodeid)
+        if dump is None:
+            return record
+        from perfguard.analysis.instructions import summarize
+        from perfguard.baseline.record import with_instructions
+        from perfguard.trace.callgrind import read_callgrind
+
+        figures, functions = summarize(read_callgrind(dump), spec.iterations)
+        notes.append(f"host instructions per iteration: {figures['instructions']:,.0f}")
+        return with_instructions(record, figures, functions)
 
     def _tolerance(self, spec: ProfileSpec) -> float:
         return self.settings.tolerance if spec.tolerance is None else spec.tolerance
@@ -1077,6 +1107,17 @@ def _git_dir(root: Path) -> Path:
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     return (root / out).resolve()
+
+
+def _wants_instructions(item: pytest.Item, spec_of: Any, settings: Settings) -> bool:
+    """The test asks for host instructions: its marker's ``metrics=`` or the session's
+    ``--perfguard-metric``; a bad marker is its own setup error later, not counted."""
+    if settings.metric == METRIC:
+        return True
+    try:
+        return METRIC in spec_of(item).metrics
+    except ValueError:
+        return False
 
 
 def spec_backend(item: pytest.Item) -> str | None:
