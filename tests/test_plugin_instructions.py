@@ -30,10 +30,10 @@ import pytest
 EXTRA = {extra}
 
 
-def work():
+def work(extra):
     data = sorted((i * 7919) % 1009 for i in range(3000))
     total = sum(x * x for x in data)
-    for _ in range(EXTRA):
+    for _ in range(extra):
         total += 1
     return total
 
@@ -42,13 +42,13 @@ def work():
                         metrics=("wall_time", "instructions"))
 def test_step(gpuprofile):
     for _ in gpuprofile.iterations():
-        work()
+        work(EXTRA)
 
 
 @pytest.mark.gpuprofile(iterations=3, rounds=3, warmup=1, tolerance="50%")
 def test_timed_only(gpuprofile):
     for _ in gpuprofile.iterations():
-        work()
+        work(0)
 """
 STEP_ID = "test_step.py::test_step"
 
@@ -87,7 +87,22 @@ def test_instructions_are_counted_saved_and_gated(pytester: pytest.Pytester) -> 
     assert "libpython" in finding["message"]
 
 
+def _counts(repo: pytest.Pytester) -> dict[str, list[float]]:
+    with sqlite3.connect(repo.path / "baselines" / "perfguard.db") as db:
+        rows = db.execute(
+            "SELECT t.nodeid, c.value FROM counters c JOIN tests t USING (test_id) "
+            "WHERE c.counter = 'instructions' ORDER BY t.run_id"
+        ).fetchall()
+    out: dict[str, list[float]] = {}
+    for nodeid, value in rows:
+        out.setdefault(nodeid, []).append(value)
+    return out
+
+
 def test_the_session_option_and_a_bad_value(pytester: pytest.Pytester) -> None:
+    """``--perfguard-metric instructions`` counts every measured test; a test that did not
+    change counts exactly the same after one that ran before it did (each test is forked
+    from the same state)."""
     repo = init_repo(pytester)
     repo.makepyfile(test_step=STEP.format(extra=0))
     commit(repo.path, "A")
@@ -95,9 +110,13 @@ def test_the_session_option_and_a_bad_value(pytester: pytest.Pytester) -> None:
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--perfguard-metric*'cycles' is not one of instructions*"])
     run(repo, "--perfguard-metric", "instructions", "--perfguard-save").assert_outcomes(passed=2)
-    with sqlite3.connect(repo.path / "baselines" / "perfguard.db") as db:
-        counted = {r[0] for r in db.execute(
-            "SELECT t.nodeid FROM counters c JOIN tests t USING (test_id) "
-            "WHERE c.counter = 'instructions'"
-        )}  # fmt: skip
-    assert counted == {STEP_ID, "test_step.py::test_timed_only"}
+    assert set(_counts(repo)) == {STEP_ID, "test_step.py::test_timed_only"}
+    repo.makepyfile(test_step=STEP.format(extra=1500))  # only the first test changes
+    commit(repo.path, "B")
+    run(repo, "--perfguard-metric", "instructions", "--perfguard-save").assert_outcomes(
+        passed=1, failed=1
+    )
+    counts = _counts(repo)
+    assert counts[STEP_ID][1] > 1.01 * counts[STEP_ID][0]
+    same = counts["test_step.py::test_timed_only"]
+    assert abs(same[1] / same[0] - 1) < 1e-4, same

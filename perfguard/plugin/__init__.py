@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perfguard.capture.capturers import CHILD_ENV
-from perfguard.plugin.instructions import callgrind_child
+from perfguard.plugin.instructions import ForkEachTest, callgrind_child
 from perfguard.plugin.items import FIXTURE, profile_key, profiled, spec_key, spec_of
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import MARKER, MARKER_HELP, ProfileSpec
@@ -58,7 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[child_key] = child
         config.pluginmanager.register(child, "perfguard-child")
         return
-    if settings.enabled and not callgrind_child():  # that child only counts: plain loops
+    if callgrind_child():  # the session's Callgrind child only counts: plain loops, one fork each
+        config.pluginmanager.register(ForkEachTest(), "perfguard-callgrind")
+        return
+    if settings.enabled:
         from perfguard.plugin.session import PerfguardSession  # the heavy part
 
         session = PerfguardSession(config, settings)

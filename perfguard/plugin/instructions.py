@@ -7,7 +7,13 @@ CPU-only runner). After collection the session runs the selected tests once
 more, in one child ``pytest`` under Callgrind (start-up paid once per
 session): there the ``gpuprofile`` loop runs its warm-up plain and its
 recorded steps inside :func:`perfguard.capture.instructions.measured`, named
-by the test's node id. Each test's record then gets the counts of its dump
+by the test's node id. There each test runs in a process forked from the
+child after collection (:class:`ForkEachTest`), so every test starts from the
+same state: in one process a loop's count depends on what ran before it (the
+same loop measured first and second counted 10.40 M and 10.17 M
+instructions: type cache, allocator and free lists warmed by the first), and
+a change to one test would move the counts of the tests after it. Each test's
+record then gets the counts of its dump
 (:func:`perfguard.baseline.record.with_instructions`) before it is judged, so
 the gates compare them with the baseline's. Without Valgrind the session
 says why in a note and the tests are judged as before.
@@ -18,6 +24,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+import pytest
 
 from perfguard.capture.instructions import ENV_OUT, named_dumps, run_callgrind, valgrind_missing
 from perfguard.errors import PerfguardError
@@ -34,6 +42,27 @@ def callgrind_child() -> bool:
 def current_test() -> str:
     """The node id of the test running now (pytest's ``PYTEST_CURRENT_TEST``)."""
     return os.environ.get("PYTEST_CURRENT_TEST", "test").rsplit(" (", 1)[0]
+
+
+class ForkEachTest:
+    """The Callgrind child's plugin: each test's protocol (set-up, call, teardown) runs in a
+    process forked from the collected session, which only waits for it. Reports stay in the
+    fork: the child exists for its dumps, the parent session reports the tests."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the fork's coverage is not collected
+            code = 1
+            try:
+                from _pytest.runner import runtestprotocol
+
+                runtestprotocol(item, nextitem=None, log=False)
+                code = 0
+            finally:
+                os._exit(code)
+        os.waitpid(pid, 0)
+        return True
 
 
 class InstructionSession:
