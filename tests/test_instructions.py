@@ -2,9 +2,10 @@
 
 One real Callgrind child per module (a small Python program, no torch: its
 start-up under Valgrind takes seconds, torch's a minute) measures three
-blocks: ``base``, the same work again (``again``) and the work plus a loop
-(``more``); a second child runs the same program again, for determinism
-across processes. Everything else (the reader's numbers, the records, the
+blocks: ``base`` and the work plus a loop (``more``); a second child runs the
+same program again, for determinism across processes (the same block measured
+twice in *one* process is not the same count: the first warms caches for the
+second: 0.3 % and 2.2 % apart in two measurements, which is why the plugin forks each test). Everything else (the reader's numbers, the records, the
 gate, the store) works on those real dumps. Skipped, with the reason, only
 where Valgrind cannot run.
 """
@@ -60,7 +61,7 @@ CHILD = textwrap.dedent(
             total += 1
         return total
 
-    for name, extra in (("base", 0), ("again", 0), ("more", 3000)):
+    for name, extra in (("base", 0), ("more", 3000)):
         work(extra)  # warm-up, not counted
         with measured(name):
             for _ in range({iterations}):
@@ -110,15 +111,13 @@ def test_client_requests_are_no_ops_outside_valgrind():
 
 @needs_valgrind
 def test_blocks_are_named_counted_and_deterministic(dumps):
-    assert set(dumps[0]) == set(dumps[1]) == {"base", "again", "more"}
+    assert set(dumps[0]) == set(dumps[1]) == {"base", "more"}
     first = {k: _record(k, p) for k, p in dumps[0].items()}
     second = {k: _record(k, p) for k, p in dumps[1].items()}
     base = _count(first["base"])
     assert base > 100_000  # 20 x sorting 2,000 ints: far from an empty block
     # the same code, another process: the same count to a small fraction of a percent
     assert abs(_count(second["base"]) / base - 1) < 0.002
-    # the same code again in the same process, after a warm-up: the same too
-    assert abs(_count(first["again"]) / base - 1) < 0.002
     # 3,000 more loop iterations per step: clearly more, in the interpreter
     assert _count(first["more"]) > 1.05 * base
     assert _count(first["base"], "est_cycles") > base  # misses cost more than hits
@@ -215,3 +214,22 @@ def test_a_failing_child_is_one_line_naming_it(tmp_path):
         pytest.skip(MISSING)
     with pytest.raises(CaptureError, match=r"under callgrind exited with 3"):
         run_callgrind([sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
+
+
+@needs_valgrind
+def test_history_levels_and_change_point_of_the_counts(dumps, tmp_path):
+    from test_baseline_store import run
+
+    from perfguard.compare.history import find_change_points, run_levels
+
+    nodeid = "tests/test_x.py::test_step"
+    before, after = _record(nodeid, dumps[0]["base"]), _record(nodeid, dumps[0]["more"])
+    with Store(tmp_path / "perfguard.db") as store:
+        for k in range(12):  # 6 runs a side: 4 cannot reach p <= 0.01 (2 of 70 splits)
+            record = before if k < 6 else after
+            store.save_run(run(f"{k:040x}", f"2026-01-{k + 1:02d}T00:00:00Z"), [record])
+        levels = run_levels(store, nodeid, metric="instructions")
+    assert list(levels["n_rounds"]) == [1] * 12
+    assert list(levels["value"]) == [_count(before)] * 6 + [_count(after)] * 6
+    (point,) = find_change_points(levels, permutations=199)
+    assert point.index == 6 and point.change_pct > 5
