@@ -1,13 +1,14 @@
 """Instruction counts under real Valgrind: the child's blocks, the dump reader, the gate.
 
 One real Callgrind child per module (a small Python program, no torch: its
-start-up under Valgrind takes seconds, torch's a minute) measures three
+start-up under Valgrind takes seconds, torch's a minute) measures two
 blocks: ``base`` and the work plus a loop (``more``); a second child runs the
 same program again, for determinism across processes (the same block measured
 twice in *one* process is not the same count: the first warms caches for the
-second: 0.3 % and 2.2 % apart in two measurements, which is why the plugin forks each test). Everything else (the reader's numbers, the records, the
-gate, the store) works on those real dumps. Skipped, with the reason, only
-where Valgrind cannot run.
+second, 0.3 % and 2.2 % apart in two measurements, which is why the plugin
+forks each test). Everything else (the reader's numbers, the records, the
+gate, the store, the history) works on those real dumps. Skipped, with the
+reason, only where Valgrind cannot run.
 """
 
 from __future__ import annotations
