@@ -93,7 +93,7 @@ def _record(nodeid: str, dump: Path) -> TestRecord:
         nodeid, "wall_time", empty_frame(SAMPLE_COLUMNS), empty_frame(OP_SAMPLE_COLUMNS),
         empty_frame(OP_COLUMNS), empty_frame(KERNEL_COLUMNS), {"iterations": ITERATIONS},
     )  # fmt: skip
-    return with_instructions(empty, figures, functions)
+    return with_instructions(empty, figures, functions, ITERATIONS)
 
 
 def _count(record: TestRecord, counter: str = "instructions") -> float:

@@ -11,6 +11,7 @@ only where Valgrind cannot run.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -38,7 +39,7 @@ def work(extra):
     return total
 
 
-@pytest.mark.gpuprofile(iterations=5, rounds=3, warmup=1, tolerance="50%",
+@pytest.mark.gpuprofile(iterations=8, rounds=3, warmup=1, tolerance="50%",
                         metrics=("wall_time", "instructions"))
 def test_step(gpuprofile):
     for _ in gpuprofile.iterations():
@@ -69,6 +70,9 @@ def test_instructions_are_counted_saved_and_gated(pytester: pytest.Pytester) -> 
         functions = db.execute("SELECT count(*) FROM functions").fetchone()[0]
     assert set(counts) == {STEP_ID}  # the other test did not ask for them
     assert counts[STEP_ID] > 100_000 and functions > 5
+    with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
+        (meta,) = db.execute("SELECT meta FROM tests WHERE nodeid = ?", (STEP_ID,)).fetchone()
+    assert json.loads(meta)["instructions_steps"] == 5  # of 8 recorded: counts do not vary
 
     # the same code again: the count is the same, nothing is flagged
     run(repo).assert_outcomes(passed=2)

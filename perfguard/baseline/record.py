@@ -259,11 +259,11 @@ def empty_frame(columns: tuple[str, ...]) -> pd.DataFrame:
 
 
 def with_instructions(
-    record: TestRecord, figures: dict[str, float], functions: pd.DataFrame
+    record: TestRecord, figures: dict[str, float], functions: pd.DataFrame, steps: int
 ) -> TestRecord:
-    """``record`` with a Callgrind measurement of its loop: the whole-test figures
-    (:data:`INSTRUCTION_COUNTERS`, per iteration) as stable counters, replacing any it had,
-    and the per-function table. One round is enough: the count does not vary by run."""
+    """``record`` with a Callgrind measurement of ``steps`` steps of its loop: the whole-test
+    figures (:data:`INSTRUCTION_COUNTERS`, per iteration) as stable counters, replacing any it
+    had, and the per-function table. One round is enough: the count does not vary by run."""
     unknown = set(figures) - set(INSTRUCTION_COUNTERS)
     if unknown:
         raise ValueError(f"{record.nodeid}: not instruction counters: {sorted(unknown)}")
@@ -282,7 +282,7 @@ def with_instructions(
         record,
         counters=counters[list(COUNTER_COLUMNS)],
         functions=functions.reindex(columns=list(FUNCTION_COLUMNS)).reset_index(drop=True),
-        meta={**record.meta, "instructions_iterations": record.meta.get("iterations")},
+        meta={**record.meta, "instructions_steps": int(steps)},
     )
 
 

@@ -5,15 +5,18 @@ every measured test does with ``--perfguard-metric instructions`` (ini
 ``perfguard_metric = "instructions"`` in ``pyproject.toml``: the opt-in for a
 CPU-only runner). After collection the session runs the selected tests once
 more, in one child ``pytest`` under Callgrind (start-up paid once per
-session): there the ``gpuprofile`` loop runs its warm-up plain and its
-recorded steps inside :func:`perfguard.capture.instructions.measured`, named
-by the test's node id. There each test runs in a process forked from the
-child after collection (:class:`ForkEachTest`), so every test starts from the
-same state: in one process a loop's count depends on what ran before it (the
-same loop measured first and second counted 10.40 M and 10.17 M
-instructions: type cache, allocator and free lists warmed by the first), and
-a change to one test would move the counts of the tests after it. Each test's
-record then gets the counts of its dump
+session): there the ``gpuprofile`` loop runs its warm-up plain and its first
+:data:`MAX_COUNTED_STEPS` recorded steps inside
+:func:`perfguard.capture.instructions.measured`, named by the test's node id.
+
+Each test runs in a process forked from that child after collection
+(:class:`ForkEachTest`), so every test starts from the same state: in one
+process a loop's count depends on what ran before it (the same loop measured
+first and second counted 10.40 M and 10.17 M instructions: type cache,
+allocator and free lists warmed by the first), and a change to one test would
+move the counts of the tests after it.
+
+Each test's record then gets the counts of its dump
 (:func:`perfguard.baseline.record.with_instructions`) before it is judged, so
 the gates compare them with the baseline's. Without Valgrind the session
 says why in a note and the tests are judged as before.
@@ -32,6 +35,15 @@ from perfguard.errors import PerfguardError
 
 #: the metric's name, for the marker's ``metrics=`` and ``--perfguard-metric``
 METRIC = "instructions"
+#: recorded steps counted per test at most: the count per step does not vary between runs,
+#: so more steps add nothing but time (an instrumented step runs ~50x slower; the CNN
+#: example's 20 steps took 8 min under Callgrind on the loaded 2-core VM)
+MAX_COUNTED_STEPS = 5
+
+
+def counted_steps(iterations: int) -> int:
+    """How many of a test's ``iterations`` recorded steps the Callgrind child counts."""
+    return max(1, min(iterations, MAX_COUNTED_STEPS))
 
 
 def callgrind_child() -> bool:
@@ -88,8 +100,9 @@ class InstructionSession:
                 "-p", "no:xdist", "--rootdir", str(rootdir)]  # fmt: skip
         if inifile is not None:
             argv += ["-c", str(inifile)]
+        timeout = self.timeout * len(nodeids)  # the per-test limit, for the whole child
         try:
-            run = run_callgrind([*argv, *nodeids], self.folder, timeout=self.timeout, cwd=rootdir)
+            run = run_callgrind([*argv, *nodeids], self.folder, timeout=timeout, cwd=rootdir)
         except PerfguardError as exc:
             self.dumps = named_dumps(self.folder)  # the tests that did finish
             self.notes.append(f"instructions: the Callgrind child failed: {exc}")

@@ -133,7 +133,7 @@ class GpuProfile:
 
     def _plain(self) -> Generator[int, None, None]:
         # an ordinary test run: one round (rounds are replicates for a verdict)
-        from perfguard.plugin.instructions import callgrind_child, current_test
+        from perfguard.plugin.instructions import callgrind_child, counted_steps, current_test
 
         if not callgrind_child():
             yield from range(-self.spec.warmup, self.spec.iterations)
@@ -145,7 +145,7 @@ class GpuProfile:
         # test's node id (perfguard.plugin.instructions)
         yield from range(-self.spec.warmup, 0)
         with measured(current_test()):
-            yield from range(self.spec.iterations)
+            yield from range(counted_steps(self.spec.iterations))
         self.completed = True
 
     def _run(self) -> Generator[int, None, None]:

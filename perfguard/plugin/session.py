@@ -827,11 +827,16 @@ class PerfguardSession:
             return record
         from perfguard.analysis.instructions import summarize
         from perfguard.baseline.record import with_instructions
+        from perfguard.plugin.instructions import counted_steps
         from perfguard.trace.callgrind import read_callgrind
 
-        figures, functions = summarize(read_callgrind(dump), spec.iterations)
-        notes.append(f"host instructions per iteration: {figures['instructions']:,.0f}")
-        return with_instructions(record, figures, functions)
+        steps = counted_steps(spec.iterations)
+        figures, functions = summarize(read_callgrind(dump), steps)
+        notes.append(
+            f"host instructions per iteration: {figures['instructions']:,.0f} "
+            f"({steps} step(s) counted under Callgrind)"
+        )
+        return with_instructions(record, figures, functions, steps)
 
     def _tolerance(self, spec: ProfileSpec) -> float:
         return self.settings.tolerance if spec.tolerance is None else spec.tolerance
