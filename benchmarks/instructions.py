@@ -17,11 +17,13 @@ The variants:
 
 A/A: session k's ``base`` against session k-1's ``base`` (two processes, as
 store mode compares runs). Detection: session k's variant against session
-k-1's ``base``. A change counts when it exceeds the budget (instructions:
-the gate's ``1%``; wall time: the same 1 % and 5 %). ``--busy`` starts one
-spinning process per core for the sessions (stopped by pid afterwards).
+k-1's ``base``. A change counts when it exceeds the budget (instructions and
+estimated cycles: the gate's default ``0.2%`` and ``1%``; wall time: 1 % and
+5 %). ``--busy`` starts one spinning process per core for the sessions (stopped
+by pid afterwards).
 
     python benchmarks/instructions.py --sessions 6 --out /tmp/ig/run.json [--busy] [--jobs 2]
+    python benchmarks/instructions.py --table /tmp/ig/run.json   # the table of a saved run
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ def session(k: int, spins: dict[str, int], cache_sim: bool) -> dict:
         for variant in VARIANTS:
             figures, functions = summarize(read_callgrind(run.dumps[variant]), ITERATIONS)
             counts[variant] = figures
-            tops[variant] = functions.head(400).to_dict("list")
+            tops[variant] = functions.to_dict("list")
     return {"session": k, "wall_ns": json.loads(timed.stdout), "counts": counts,
             "callgrind_s": run.wall_time_s, "functions": tops,
             "load": os.getloadavg()[0]}  # fmt: skip
@@ -213,7 +215,7 @@ def table(doc: dict) -> dict:
         out[f"{name}_base_mean"] = mean
         out[f"{name}_base_cv_pct"] = 100 * sd / mean
         out[f"{name}_base_range_pct"] = 100 * (max(base) - min(base)) / mean
-        for gate in (1.0, 5.0) if name == "wall" else (1.0,):
+        for gate in (1.0, 5.0) if name == "wall" else (0.2, 1.0):
             row = {}
             pairs = list(zip(s[:-1], s[1:], strict=True))
             for v in VARIANTS:
@@ -232,7 +234,9 @@ def table(doc: dict) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child-count":
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(json.dumps(table(json.loads(Path(sys.argv[2]).read_text())), indent=1))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--child-count":
         child_count(json.loads(sys.argv[2]))
     elif len(sys.argv) == 3 and sys.argv[1] == "--child-time":
         print(json.dumps(child_time(json.loads(sys.argv[2]))))

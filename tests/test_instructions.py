@@ -234,3 +234,12 @@ def test_history_levels_and_change_point_of_the_counts(dumps, tmp_path):
     assert list(levels["value"]) == [_count(before)] * 6 + [_count(after)] * 6
     (point,) = find_change_points(levels, permutations=199)
     assert point.index == 6 and point.change_pct > 5
+
+
+def test_function_names_lose_their_argument_list_only():
+    from perfguard.compare.instructions import _short
+
+    assert _short("at::_ops::abs::call(at::Tensor const&)") == "at::_ops::abs::call"
+    templated = "void c10::function_ref<void (char**, long)>::callback_fn<F>(long, char**, long)"
+    assert _short(templated) == "void c10::function_ref<void (char**, long)>::callback_fn<F>"
+    assert _short("_PyEval_EvalFrameDefault") == "_PyEval_EvalFrameDefault"

@@ -50,9 +50,17 @@ def function_moves(baseline: TestRecord, current: TestRecord, column: str = "ir"
 
 
 def _short(function: str) -> str:
-    """A C++ signature without its argument list (``at::_ops::abs::call``)."""
-    cut = function.find("(")
-    return function[:cut] if cut > 0 else function
+    """A C++ signature without its argument list (``at::_ops::abs::call``): the last
+    balanced ``(...)``, so a template argument such as ``function_ref<void (long)>`` stays."""
+    text = function.removesuffix(" const").rstrip()
+    if not text.endswith(")"):
+        return function
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[:i].rstrip() or function
+    return function
 
 
 def explain_move(baseline: TestRecord, current: TestRecord, counter: str) -> str:
