@@ -59,9 +59,11 @@ DEFAULT_GATES: dict[str, Any] = {
     "syncs": 0,
     "host_reads": 0,
     "peak_memory": "10%",
-    # host instructions under Callgrind (benchmarks/README.md, instructions.py): 0.000 %
-    # spread in 11 sessions of an MLP step, busy or not; one extra small op was +0.29 %
-    "instructions": "0.2%",
+    # host instructions under Callgrind (benchmarks/README.md, instructions.py): an MLP
+    # step's count differed by up to 0.195 % between 13 sessions (0 within one set-up, busy
+    # or not); +2 % of Python was +3.5 %, one extra small op +0.05-0.45 % (set "0.2%" to
+    # catch that where the set-up is fixed)
+    "instructions": "0.5%",
     "est_cycles": "1%",
     "kernel_set": True,
     "tc_lost": True,

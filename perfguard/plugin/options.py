@@ -102,7 +102,7 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "is unresolved (its interval wider than the tolerance); default 0: no auto-sampling"),
     ("perfguard_metric", "--perfguard-metric", "string",
      "instructions: also count each measured test's host instructions under Valgrind's "
-     "Callgrind (one child for the session) and gate them (default budget 0.2%); "
+     "Callgrind (one child for the session) and gate them (default budget 0.5%); "
      "set it as the ini key in pyproject.toml to opt a CPU-only runner in"),
     ("perfguard_children", "--perfguard-children", "string",
      "how A/B rounds and isolated tests start their child process: fork (default: from a "
