@@ -20,6 +20,7 @@ import pandas as pd
 
 from perfguard.baseline.record import (
     COUNTER_COLUMNS,
+    FUNCTION_COLUMNS,
     KERNEL_COLUMNS,
     OP_COLUMNS,
     OP_SAMPLE_COLUMNS,
@@ -78,6 +79,14 @@ FRAME_TYPES: dict[str, dict[str, Kind]] = {
         "value": "float",
         "stable": "bool",
     },
+    "functions": {
+        "function": "str",
+        "object": "str",
+        "op": "str",
+        "ir": "float",
+        "ir_inclusive": "float",
+        "est_cycles": "float",
+    },
 }
 
 #: what a column a frame lacks holds (else missing): a sample of a record made before
@@ -89,6 +98,7 @@ assert tuple(FRAME_TYPES["op_samples"]) == OP_SAMPLE_COLUMNS
 assert tuple(FRAME_TYPES["ops"]) == OP_COLUMNS
 assert tuple(FRAME_TYPES["kernels"]) == KERNEL_COLUMNS
 assert tuple(FRAME_TYPES["counters"]) == COUNTER_COLUMNS
+assert tuple(FRAME_TYPES["functions"]) == FUNCTION_COLUMNS
 
 #: SQLite column type of each kind
 SQL_TYPES: dict[Kind, str] = {

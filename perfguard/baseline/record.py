@@ -19,11 +19,13 @@ compared on the same metric.
 from __future__ import annotations
 
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from perfguard.analysis.instructions import FUNCTION_COLUMNS
 
 #: columns of :attr:`TestRecord.samples`: one row per recorded iteration
 #: (``cpu_time_ns``: the harness thread's CPU time, NA when not measured)
@@ -47,6 +49,9 @@ KERNEL_COLUMNS = ("op_id", "op_name", "kernel_name", "calls", "gpu_time_total", 
 #: same value in every round, so the gates may compare it exactly (op_id "" is the
 #: whole test, e.g. ``peak_memory``)
 COUNTER_COLUMNS = ("op_id", "op_name", "counter", "value", "stable")
+#: the whole-test counters of a loop measured under Callgrind (per iteration), gated like
+#: the others (:mod:`perfguard.analysis.instructions`); ``functions`` holds their split
+INSTRUCTION_COUNTERS = ("instructions", "est_cycles")
 
 #: metric names a record's samples can carry
 METRICS = {"gpu_time": "gpu_time_ns", "wall_time": "wall_time_ns", "cpu_time": "cpu_time_ns"}
@@ -191,8 +196,9 @@ class TestRecord:
     """One benchmark test's measurements in one run.
 
     ``samples`` (SAMPLE_COLUMNS), ``op_samples`` (OP_SAMPLE_COLUMNS), ``ops``
-    (OP_COLUMNS), ``kernels`` (KERNEL_COLUMNS) and ``counters``
-    (COUNTER_COLUMNS) are DataFrames; ``meta``
+    (OP_COLUMNS), ``kernels`` (KERNEL_COLUMNS), ``counters``
+    (COUNTER_COLUMNS) and ``functions`` (FUNCTION_COLUMNS: the host functions
+    of a loop measured under Callgrind, empty otherwise) are DataFrames; ``meta``
     holds the marker's settings (iterations, warmup, tolerance, metrics),
     the capture path and any note (e.g. "test did not use the gpuprofile
     fixture: captured as one iteration").
@@ -208,6 +214,7 @@ class TestRecord:
     kernels: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
     counters: pd.DataFrame = field(default_factory=lambda: empty_frame(COUNTER_COLUMNS))
+    functions: pd.DataFrame = field(default_factory=lambda: empty_frame(FUNCTION_COLUMNS))
 
     def values(self, metric: str | None = None) -> np.ndarray:
         """Per-iteration values of ``metric`` (default: the primary one), in ns, as float64:
@@ -249,6 +256,34 @@ class TestRecord:
 
 def empty_frame(columns: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
+
+
+def with_instructions(
+    record: TestRecord, figures: dict[str, float], functions: pd.DataFrame, steps: int
+) -> TestRecord:
+    """``record`` with a Callgrind measurement of ``steps`` steps of its loop: the whole-test
+    figures (:data:`INSTRUCTION_COUNTERS`, per iteration) as stable counters, replacing any it
+    had, and the per-function table. One round is enough: the count does not vary by run."""
+    unknown = set(figures) - set(INSTRUCTION_COUNTERS)
+    if unknown:
+        raise ValueError(f"{record.nodeid}: not instruction counters: {sorted(unknown)}")
+    kept = record.counters[~record.counters["counter"].isin(INSTRUCTION_COUNTERS)]
+    rows = pd.DataFrame(
+        {
+            "op_id": "",
+            "op_name": "",
+            "counter": list(figures),
+            "value": [float(v) for v in figures.values()],
+            "stable": True,
+        }
+    )
+    counters = pd.concat([kept, rows], ignore_index=True) if len(kept) else rows
+    return replace(
+        record,
+        counters=counters[list(COUNTER_COLUMNS)],
+        functions=functions.reindex(columns=list(FUNCTION_COLUMNS)).reset_index(drop=True),
+        meta={**record.meta, "instructions_steps": int(steps)},
+    )
 
 
 def record_from_analysis(
@@ -484,9 +519,10 @@ def merge_rounds(records: list[TestRecord]) -> TestRecord:
     meta["speed_ns"] = float(np.median(speeds)) if speeds else None
     meta["slow_rounds"] = int(sum(r.meta.get("slow_rounds") or 0 for r in records))
     meta["rounds"] = len(records)
+    functions = next((r.functions for r in records if len(r.functions)), first.functions)
     return TestRecord(
         first.nodeid, first.metric, pd.concat(samples, ignore_index=True),
-        pd.concat(op_samples, ignore_index=True), ops, kernels, meta, counters,
+        pd.concat(op_samples, ignore_index=True), ops, kernels, meta, counters, functions,
     )  # fmt: skip
 
 

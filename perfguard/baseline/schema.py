@@ -175,6 +175,20 @@ def _v6_acceptances(db: SchemaTarget) -> None:
     db.execute("CREATE INDEX acceptances_nodeid ON acceptances(nodeid)")
 
 
+def _v7_functions(db: SchemaTarget) -> None:
+    """v7: the host functions of a loop measured under Callgrind, per iteration (self and
+    inclusive instructions, estimated cycles, the aten op a dispatcher entry is); the
+    whole-test instruction counts are ``counters`` rows (op_id '')."""
+    _ddl(
+        db,
+        """CREATE TABLE functions ({rowid}
+            test_id {int} NOT NULL REFERENCES tests(test_id) ON DELETE CASCADE,
+            function TEXT, object TEXT, op TEXT, ir {real}, ir_inclusive {real},
+            est_cycles {real})""",
+    )
+    db.execute("CREATE INDEX functions_test ON functions(test_id)")
+
+
 #: (version reached, migration), in order
 MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (1, _v1_initial),
@@ -183,5 +197,6 @@ MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (4, _v4_rounds_dtypes_counters),
     (5, _v5_sample_profiled),
     (6, _v6_acceptances),
+    (7, _v7_functions),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]

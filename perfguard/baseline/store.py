@@ -53,6 +53,8 @@ EXPORT_FORMAT = "perfguard-baseline-export"
 
 #: record frame -> table (same names); child tables of ``tests``
 FRAME_TABLES = tuple(FRAME_TYPES)
+#: frames an export writes only when a record has rows (older exports stay byte-identical)
+OPTIONAL_FRAMES = ("functions",)
 
 _one_line = one_line
 
@@ -669,7 +671,11 @@ class Store:
                 nodeid: {
                     "metric": r.metric,
                     "meta": json.loads(_meta_json(r.meta)),
-                    **{t: _rows(getattr(r, t)) for t in FRAME_TABLES},
+                    **{
+                        t: _rows(getattr(r, t))
+                        for t in FRAME_TABLES
+                        if t not in OPTIONAL_FRAMES or len(getattr(r, t))
+                    },
                 }
                 for nodeid, r in records.items()
             }

@@ -35,7 +35,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("test", nargs="?", metavar="TEST", help="test node id; default: every test")
     p.add_argument("--repo", default=".", metavar="DIR", help="git repository (default: .)")
     p.add_argument("--ref", default="HEAD", metavar="REF", help="history of (default: HEAD)")
-    p.add_argument("--metric", choices=("gpu_time", "wall_time", "cpu_time"),
+    p.add_argument("--metric", choices=("gpu_time", "wall_time", "cpu_time", "instructions",
+                                        "est_cycles"),
                    help="default: each record's primary metric")  # fmt: skip
     p.add_argument("--limit", type=argtypes.integer(2), metavar="N", help="only the latest N runs")
     p.add_argument("--ops", type=argtypes.integer(0), default=3, metavar="N",
@@ -65,6 +66,13 @@ def _accepted_on(store: Any, nodeid: str, repo: str, ref: str) -> list[Any]:
     return out
 
 
+def _level(metric: str, value: float) -> str:
+    """A run's level: a time, or a count per iteration (host instructions)."""
+    from perfguard.compare.units import human
+
+    return human(value, metric) if metric in ("instructions", "est_cycles") else _human(value)
+
+
 def _print_history(hist: Any, accepted: list[Any] = ()) -> None:  # type: ignore[assignment]
     import pandas as pd
 
@@ -83,7 +91,7 @@ def _print_history(hist: Any, accepted: list[Any] = ()) -> None:  # type: ignore
             "run": r.run_id,
             "commit": r.commit[:10],
             "time": str(r.time)[:19],
-            hist.metric: _human(float(r.value)),
+            hist.metric: _level(hist.metric, float(r.value)),
             "rounds": r.n_rounds,
         }
         for c in shown:
@@ -110,7 +118,8 @@ def _print_timing_points(hist: Any) -> None:
     for cp in hist.change_points:
         what = "spread changed, level" if cp.kind == "variance" else cp.kind
         print(f"  {cp.commit[:10]} (run {cp.run_id}): {what} {cp.change_pct:+.1f} % "
-              f"({_human(cp.before_ns)} -> {_human(cp.after_ns)}, z={cp.z:.1f})")  # fmt: skip
+              f"({_level(hist.metric, cp.before_ns)} -> {_level(hist.metric, cp.after_ns)}, "
+              f"z={cp.z:.1f})")  # fmt: skip
         for op in cp.ops:
             pct = f" ({op.change_pct:+.1f} %)" if op.before_ns else ""
             print(f"      {op.op_name}: {_human(op.before_ns)} -> {_human(op.after_ns)}{pct}")

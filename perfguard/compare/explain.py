@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfguard.baseline.record import TestRecord
+from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
 from perfguard.compare.explanation import KIND_ORDER, RANKED_AS, SHOWN, Culprit, Explanation
 from perfguard.compare.gates import LABELS, Budget, GateVerdict
 from perfguard.compare.outcomes import Outcome
@@ -231,7 +231,7 @@ def _culprits(e: Evidence) -> list[Culprit]:
     if gates is not None:
         findings = gates.regressions if outcome is not Outcome.IMPROVED else gates.improvements
         for f in [*gates.regressions, *gates.improvements]:
-            if f.gate not in ("dtypes", "tc_lost", "kernel_set", "peak_memory"):
+            if f.gate not in SWITCH_CULPRITS:
                 continue
             if f.gate == "tc_lost" and f not in findings:
                 continue  # Tensor Cores gained is an improvement's culprit only
@@ -245,6 +245,10 @@ def _culprits(e: Evidence) -> list[Culprit]:
         found += _timing_culprits(timing, ops, {(c.op, c.kind) for c in found})
     called = set(all_moves.loc[all_moves["counter"] == "calls", "op_name"].astype(str))
     return sorted(found, key=lambda c: _rank(c, called))
+
+
+#: gate findings that become culprits as they are (no per-op counter row behind them)
+SWITCH_CULPRITS = ("dtypes", "tc_lost", "kernel_set", "peak_memory", *INSTRUCTION_COUNTERS)
 
 
 def _dir(v: Any) -> str | None:
@@ -294,6 +298,8 @@ def _switch_culprit(f: Any, impact: dict[tuple[str, str], float]) -> Culprit:
         new = f.current is not None and not (isinstance(f.current, float) and math.isnan(f.current))
         verb = "launches a new kernel" if new else "no longer launches"
         text = f"{name} {verb} {f.kernel_name}"
+    elif f.gate in INSTRUCTION_COUNTERS:  # the gate's message names the functions and ops
+        text, name = f.message, ""
     else:  # peak_memory
         b, c = _num(f.baseline), _num(f.current)
         text = (

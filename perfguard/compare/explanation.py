@@ -30,7 +30,8 @@ from typing import Any
 #: before counters that moved on an op that stayed, before time alone
 KIND_ORDER = (
     "dtypes", "tc_lost", "syncs", "host_reads", "structure", "calls", "flops",
-    "bytes", "kernels", "memcpy", "memcpy_bytes", "kernel_set", "peak_memory", "timing",
+    "bytes", "kernels", "memcpy", "memcpy_bytes", "kernel_set", "peak_memory", "instructions",
+    "est_cycles", "timing",
 )  # fmt: skip
 #: kinds ranked as one: an op added and an op removed are one change of structure
 RANKED_AS = {"added": "structure", "removed": "structure"}

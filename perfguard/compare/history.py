@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.baseline.record import (
+    INSTRUCTION_COUNTERS,
     METRICS,
     Fingerprint,
     profiled_mask,
@@ -145,6 +146,8 @@ def run_levels(
     of the metric (e.g. no CPU time measured) is left out.
     """
     runs = _runs_on(store, fingerprint)
+    if metric in INSTRUCTION_COUNTERS:
+        return _counter_levels(store, nodeid, runs, metric)
     samples = store.test_rows(nodeid, "samples")
     samples = samples[samples["run_id"].isin(runs["run_id"])]
     cols = ["run_id", "commit", "time", "metric", "value", "n_rounds"]
@@ -175,6 +178,22 @@ def run_levels(
     out["value"] = per_run["median"].to_numpy(np.float64)
     out["n_rounds"] = per_run["size"].to_numpy(np.int64)
     out["run_id"] = out["run_id"].astype(np.int64)
+    return out.sort_values(["time", "run_id"], kind="stable").reset_index(drop=True)[cols]
+
+
+def _counter_levels(store: Store, nodeid: str, runs: pd.DataFrame, counter: str) -> pd.DataFrame:
+    """:func:`run_levels` of a whole-test counter measured once per run (the host
+    instructions per iteration): the run's value, one "round"."""
+    rows = store.test_rows(nodeid, "counters")
+    rows = rows[(rows["counter"] == counter) & (rows["op_id"] == "")]
+    rows = rows[rows["run_id"].isin(runs["run_id"])]
+    value = rows.groupby("run_id")["value"].sum()
+    out = runs.set_index("run_id").loc[value.index, ["commit", "time"]].reset_index()
+    out["metric"] = counter
+    out["value"] = value.to_numpy(np.float64)
+    out["n_rounds"] = np.ones(len(out), dtype=np.int64)
+    out["run_id"] = out["run_id"].astype(np.int64)
+    cols = ["run_id", "commit", "time", "metric", "value", "n_rounds"]
     return out.sort_values(["time", "run_id"], kind="stable").reset_index(drop=True)[cols]
 
 
@@ -329,7 +348,7 @@ def load_history(
         levels = levels.tail(limit).reset_index(drop=True)
     points = find_change_points(
         levels,
-        op_levels=_op_levels(store, nodeid, levels),
+        op_levels=None if metric in INSTRUCTION_COUNTERS else _op_levels(store, nodeid, levels),
         op_names=_op_names(store, nodeid, [int(r) for r in levels["run_id"]]),
         top_ops=top_ops,
     )

@@ -11,6 +11,8 @@ from typing import Any
 
 #: the unit of each counter that has one (the rest are counts)
 _UNITS = {"flops": "FLOP", "bytes": "B", "memcpy_bytes": "B", "peak_memory": "B"}
+#: counts in the millions whose gate is a fraction of a percent: four digits, a word
+_FINE = {"instructions": "instr", "est_cycles": "cycles"}
 
 
 def human(value: Any, counter: str = "") -> str:
@@ -21,6 +23,11 @@ def human(value: Any, counter: str = "") -> str:
     if isinstance(value, str | bool):  # a dtype, a kernel name, a yes/no gate's state
         return str(value)
     v = float(value)
+    if counter in _FINE:
+        for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(v) >= scale:
+                return f"{v / scale:.4g} {prefix} {_FINE[counter]}"
+        return f"{v:.4g} {_FINE[counter]}"
     unit = _UNITS.get(counter, "")
     if unit:
         for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):

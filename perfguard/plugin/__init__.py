@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perfguard.capture.capturers import CHILD_ENV
+from perfguard.plugin.instructions import ForkEachTest, callgrind_child
 from perfguard.plugin.items import FIXTURE, profile_key, profiled, spec_key, spec_of
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import MARKER, MARKER_HELP, ProfileSpec
@@ -56,6 +57,9 @@ def pytest_configure(config: pytest.Config) -> None:
         child = ChildPlugin(os.environ[CHILD_ENV])
         config.stash[child_key] = child
         config.pluginmanager.register(child, "perfguard-child")
+        return
+    if callgrind_child():  # the session's Callgrind child only counts: plain loops, one fork each
+        config.pluginmanager.register(ForkEachTest(), "perfguard-callgrind")
         return
     if settings.enabled:
         from perfguard.plugin.session import PerfguardSession  # the heavy part

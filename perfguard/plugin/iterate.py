@@ -137,7 +137,19 @@ class GpuProfile:
 
     def _plain(self) -> Generator[int, None, None]:
         # an ordinary test run: one round (rounds are replicates for a verdict)
-        yield from range(-self.spec.warmup, self.spec.iterations)
+        from perfguard.plugin.instructions import callgrind_child, counted_steps, current_test
+
+        if not callgrind_child():
+            yield from range(-self.spec.warmup, self.spec.iterations)
+            self.completed = True
+            return
+        from perfguard.capture.instructions import measured
+
+        # the session's Callgrind child: only the recorded steps are counted, under the
+        # test's node id (perfguard.plugin.instructions)
+        yield from range(-self.spec.warmup, 0)
+        with measured(current_test()):
+            yield from range(counted_steps(self.spec.iterations))
         self.completed = True
 
     def _run(self) -> Generator[int, None, None]:

@@ -34,6 +34,8 @@ SAVE_MODE_CHOICES = ("replace", "append")
 #: how A/B and isolation children start: fork (from a warm server, plugin/forkserver.py)
 #: or spawn (a fresh interpreter each)
 CHILDREN_CHOICES = ("fork", "spawn")
+#: metrics a whole session can add to every measured test (the marker's ``metrics=`` per test)
+METRIC_CHOICES = ("instructions",)
 DEFAULT_STORE = "baselines/perfguard.db"
 DEFAULT_OUTPUT = ".perfguard"
 DEFAULT_TOLERANCE = 0.05
@@ -98,6 +100,10 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("perfguard_ab_budget", "--perfguard-ab-budget", "string",
      f"A/B mode: seconds to keep adding pairs (up to {MAX_AB_PAIRS}) while a test's change "
      "is unresolved (its interval wider than the tolerance); default 0: no auto-sampling"),
+    ("perfguard_metric", "--perfguard-metric", "string",
+     "instructions: also count each measured test's host instructions under Valgrind's "
+     "Callgrind (one child for the session) and gate them (default budget 0.5%); "
+     "set it as the ini key in pyproject.toml to opt a CPU-only runner in"),
     ("perfguard_children", "--perfguard-children", "string",
      "how A/B rounds and isolated tests start their child process: fork (default: from a "
      "warm server that imported the session's libraries once, never the trees' code) or "
@@ -119,6 +125,7 @@ _METAVARS = {
     "perfguard_ab_pairs": "N",
     "perfguard_ab_budget": "SECONDS",
     "perfguard_children": "{fork,spawn}",
+    "perfguard_metric": "{instructions}",
 }
 
 
@@ -163,6 +170,7 @@ class Settings:
     require_baseline: bool = False
     save_mode: str = "replace"
     children: str = "fork"
+    metric: str | None = None  # "instructions": every measured test counts them too
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -245,6 +253,8 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = _choice(str(value or "auto"), BACKEND_CHOICES, "backend")
             elif dest == "perfguard_save_mode":
                 values[dest] = _choice(str(value or "replace"), SAVE_MODE_CHOICES, "save mode")
+            elif dest == "perfguard_metric":
+                values[dest] = None if not value else _choice(str(value), METRIC_CHOICES, "metric")
             elif dest == "perfguard_children":
                 values[dest] = _choice(str(value or "fork"), CHILDREN_CHOICES, "children")
             elif dest == "perfguard_fail_on":
@@ -297,6 +307,7 @@ def read_settings(config: pytest.Config) -> Settings:
         require_baseline=values["perfguard_require_baseline"],
         save_mode=values["perfguard_save_mode"],
         children=values["perfguard_children"],
+        metric=values["perfguard_metric"],
     )
 
 

@@ -29,6 +29,7 @@ from perfguard.capture.capturers import TorchCapturer, capture_name, run_nsys_ch
 from perfguard.capture.torch_profiler import TRACE_SUFFIX
 from perfguard.errors import PerfguardError
 from perfguard.plugin.context import ResolvedBackend, SessionContext
+from perfguard.plugin.instructions import METRIC, InstructionSession
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 
@@ -73,6 +74,8 @@ class CaptureRunner:
 
     def __init__(self, context: SessionContext) -> None:
         self.context = context
+        #: the session's Callgrind counts (:mod:`perfguard.plugin.instructions`), if any
+        self.instructions: InstructionSession | None = None
         if context.backend.label != "nsys":
             from perfguard.capture.torch_profiler import record_compiled_kernels
 
@@ -227,9 +230,11 @@ class CaptureRunner:
         analysis = analyze(load_trace(path), key_node=spec.key_node)
         has_gpu = len(analysis.activities) > 0
         available = {"gpu_time": has_gpu, "wall_time": True, "cpu_time": bool(cpu_times)}
-        # the first metric the marker names that this capture has; wall time otherwise
-        metric = next((m for m in spec.metrics if available[m]), "wall_time")
-        if metric not in spec.metrics:
+        # the first timing the marker names that this capture has; wall time otherwise
+        # (instructions are counted beside the timing, never instead of it)
+        timings = [m for m in spec.metrics if m != METRIC]
+        metric = next((m for m in timings if available[m]), "wall_time")
+        if metric not in spec.metrics and timings:
             notes.append(
                 f"no {' or '.join(spec.metrics)} measured here"
                 f"{'' if has_gpu else ' (no GPU activity captured)'}: "
@@ -279,11 +284,32 @@ class CaptureRunner:
             extra_counters={"peak_memory": float(peak)} if peak else None,
             profiled=profiled if walls and int(profiled.sum()) == n_ranges else None,
         )
+        record = self._with_instructions(record, spec, notes)
         t1 = time.perf_counter()
         findings = _findings(analysis)
         capture.phase_s["analysis"] = t1 - t0
         capture.phase_s["findings"] = time.perf_counter() - t1
         return Analysed(record, findings, analysis)
+
+    def _with_instructions(
+        self, record: TestRecord, spec: ProfileSpec, notes: list[str]
+    ) -> TestRecord:
+        """The record with its loop's Callgrind counts, when the session's child made them."""
+        dump = self.instructions.dump_of(record.nodeid) if self.instructions else None
+        if dump is None:
+            return record
+        from perfguard.analysis.instructions import summarize
+        from perfguard.baseline.record import with_instructions
+        from perfguard.plugin.instructions import counted_steps
+        from perfguard.trace.callgrind import read_callgrind
+
+        steps = counted_steps(spec.iterations)
+        figures, functions = summarize(read_callgrind(dump), steps)
+        notes.append(
+            f"host instructions per iteration: {figures['instructions']:,.0f} "
+            f"({steps} step(s) counted under Callgrind)"
+        )
+        return with_instructions(record, figures, functions, steps)
 
 
 def _autotuned() -> list[str]:

@@ -41,6 +41,7 @@ import pytest
 from perfguard.errors import PerfguardError
 from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.coordinator import Coordinator, RoundChild
+from perfguard.plugin.instructions import METRIC, InstructionSession
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.options import Settings
@@ -61,6 +62,9 @@ class PerfguardSession:
         self.outputs = SessionOutputs(self.context)
         self.runner = CaptureRunner(self.context)
         self.verdicts = Verdicts(self.context, self.outputs)
+        #: the session's one Callgrind child, when a test asks for instructions
+        self.instructions = InstructionSession(settings.output, settings.timeout)
+        self.runner.instructions = self.instructions
         self.child = RoundChild(self.context.round_child) if self.context.round_child else None
         self.coordinator: Coordinator | None = None
         if self.child is not None:
@@ -90,10 +94,22 @@ class PerfguardSession:
             self.child.select(config, items)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if self.coordinator is None or self.coordinator.ab is None:
-            return
+        """A/B: every selected marked test measured in both trees, up front. Store mode:
+        the instructions of the tests that ask for them, counted in one Callgrind child."""
         from perfguard.plugin.items import profiled
 
+        if self.coordinator is None:
+            return
+        if self.coordinator.ab is None:
+            t0 = time.perf_counter()
+            settings = self.context.settings
+            counted = [i.nodeid for i in session.items
+                       if profiled(i) and _wants_instructions(i, settings)]  # fmt: skip
+            self.instructions.measure(counted, self.config.rootpath, self.config.inipath)
+            self.context.notes.extend(self.instructions.notes)
+            if counted:
+                self.outputs.phase("instructions", time.perf_counter() - t0)
+            return
         t0 = time.perf_counter()
         self.coordinator.measure([i.nodeid for i in session.items if profiled(i)])
         self.outputs.phase("ab_rounds", time.perf_counter() - t0)
@@ -226,3 +242,16 @@ class PerfguardSession:
         terminalreporter.section("perfguard")
         for line in self.outputs.summary_lines():
             terminalreporter.write_line(line)
+
+
+def _wants_instructions(item: pytest.Item, settings: Settings) -> bool:
+    """The test asks for host instructions: its marker's ``metrics=`` or the session's
+    ``--perfguard-metric``; a bad marker is its own setup error later, not counted."""
+    from perfguard.plugin.items import spec_of
+
+    if settings.metric == METRIC:
+        return True
+    try:
+        return METRIC in spec_of(item).metrics
+    except ValueError:
+        return False

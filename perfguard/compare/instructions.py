@@ -1,0 +1,104 @@
+"""Where a change of a test's host instructions went: the functions and ops that moved.
+
+Two records measured under Callgrind carry a ``functions`` table each (per
+iteration: self and inclusive ``Ir``, the aten op of a dispatcher entry).
+The functions whose self instructions moved most name *what* got slower
+(``_PyEval_EvalFrameDefault`` in ``libpython``: Python code; a BLAS kernel:
+a kernel path); the dispatcher entries whose inclusive instructions moved
+most name the aten op it happened under (an extra ``aten::abs`` call is
+its entry appearing). A function kept on one side only (the table keeps
+the costliest) counts 0 on the other.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from perfguard.baseline.record import TestRecord
+from perfguard.compare.units import human
+
+#: the moves a message names
+TOP = 3
+
+
+def _frame(record: TestRecord) -> pd.DataFrame:
+    f = record.functions
+    return f if f is not None and len(f) else pd.DataFrame(columns=["function", "object", "op"])
+
+
+def function_moves(baseline: TestRecord, current: TestRecord, column: str = "ir") -> pd.DataFrame:
+    """One row per function of either record: ``function, object, op, baseline, current,
+    delta`` (``column`` per iteration), largest increase first."""
+    key = ["function", "object"]
+    b, c = _frame(baseline), _frame(current)
+    cols = [*key, "op", column]
+    both = pd.merge(
+        b.reindex(columns=cols), c.reindex(columns=cols), on=key, how="outer",
+        suffixes=("_b", "_c"),
+    )  # fmt: skip
+    out = pd.DataFrame(
+        {
+            "function": both["function"].astype(str),
+            "object": both["object"].astype(str),
+            "op": both["op_c"].fillna(both["op_b"]).fillna("").astype(str),
+            "baseline": pd.to_numeric(both[f"{column}_b"]).fillna(0.0),
+            "current": pd.to_numeric(both[f"{column}_c"]).fillna(0.0),
+        }
+    )
+    out["delta"] = out["current"] - out["baseline"]
+    return out.sort_values("delta", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _short(function: str) -> str:
+    """A C++ signature without its argument list (``at::_ops::abs::call``): the last
+    balanced ``(...)``, so a template argument such as ``function_ref<void (long)>`` stays."""
+    text = function.removesuffix(" const").rstrip()
+    if not text.endswith(")"):
+        return function
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[:i].rstrip() or function
+    return function
+
+
+def explain_move(baseline: TestRecord, current: TestRecord, counter: str) -> str:
+    """The functions and ops that explain a move of ``counter`` (``instructions`` or
+    ``est_cycles``), one clause each, in the direction of the move; '' without tables."""
+    column = "ir" if counter == "instructions" else "est_cycles"
+    if not len(_frame(baseline)) or not len(_frame(current)):
+        return ""
+    total_b = _total(baseline, counter)
+    total_c = _total(current, counter)
+    up = total_c >= total_b
+    moves = function_moves(baseline, current, column)
+    moves = moves if up else moves.iloc[::-1]
+    moves = moves[(moves["delta"] > 0) if up else (moves["delta"] < 0)]
+    parts = [
+        f"{_short(r.function)} ({r.object}) {_signed(r.delta, counter)}"
+        for r in moves.head(TOP).itertuples()
+    ]
+    ops = function_moves(baseline, current, "ir_inclusive")
+    ops = ops[ops["op"] != ""]
+    ops = ops if up else ops.iloc[::-1]
+    ops = ops[(ops["delta"] > 0) if up else (ops["delta"] < 0)]
+    ops = ops.drop_duplicates("op").head(TOP)
+    text = "functions: " + "; ".join(parts) if parts else ""
+    if len(ops):
+        named = "; ".join(
+            f"{r.op} {_signed(r.delta, 'instructions')}" + (" (new)" if r.baseline == 0 else "")
+            for r in ops.itertuples()
+        )
+        text += ("; " if text else "") + f"under ops: {named}"
+    return text
+
+
+def _total(record: TestRecord, counter: str) -> float:
+    c = record.counters
+    rows = c[(c["counter"] == counter) & (c["op_id"] == "")]
+    return float(rows["value"].sum()) if len(rows) else 0.0
+
+
+def _signed(value: float, counter: str) -> str:
+    return ("+" if value >= 0 else "-") + human(abs(float(value)), counter)

@@ -1,0 +1,117 @@
+"""The ``instructions`` metric in a pytest session: one Callgrind child for the whole session.
+
+A test asks for it with ``metrics=(..., "instructions")`` on its marker, or
+every measured test does with ``--perfguard-metric instructions`` (ini
+``perfguard_metric = "instructions"`` in ``pyproject.toml``: the opt-in for a
+CPU-only runner). After collection the session runs the selected tests once
+more, in one child ``pytest`` under Callgrind (start-up paid once per
+session): there the ``gpuprofile`` loop runs its warm-up plain and its first
+:data:`MAX_COUNTED_STEPS` recorded steps inside
+:func:`perfguard.capture.instructions.measured`, named by the test's node id.
+
+Each test runs in a process forked from that child after collection
+(:class:`ForkEachTest`), so every test starts from the same state: in one
+process a loop's count depends on what ran before it (the same loop measured
+first and second counted 10.40 M and 10.17 M instructions: type cache,
+allocator and free lists warmed by the first), and a change to one test would
+move the counts of the tests after it.
+
+Each test's record then gets the counts of its dump
+(:func:`perfguard.baseline.record.with_instructions`) before it is judged, so
+the gates compare them with the baseline's. Without Valgrind the session
+says why in a note and the tests are judged as before.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfguard.capture.instructions import ENV_OUT, named_dumps, run_callgrind, valgrind_missing
+from perfguard.errors import PerfguardError
+
+#: the metric's name, for the marker's ``metrics=`` and ``--perfguard-metric``
+METRIC = "instructions"
+#: recorded steps counted per test at most: the count per step does not vary between runs,
+#: so more steps add nothing but time (an instrumented step runs ~50x slower; the CNN
+#: example's 20 steps took 8 min under Callgrind on the loaded 2-core VM)
+MAX_COUNTED_STEPS = 5
+
+
+def counted_steps(iterations: int) -> int:
+    """How many of a test's ``iterations`` recorded steps the Callgrind child counts."""
+    return max(1, min(iterations, MAX_COUNTED_STEPS))
+
+
+def callgrind_child() -> bool:
+    """Whether this pytest process is the session's Callgrind child (no perfguard session)."""
+    return bool(os.environ.get(ENV_OUT))
+
+
+def current_test() -> str:
+    """The node id of the test running now (pytest's ``PYTEST_CURRENT_TEST``)."""
+    return os.environ.get("PYTEST_CURRENT_TEST", "test").rsplit(" (", 1)[0]
+
+
+class ForkEachTest:
+    """The Callgrind child's plugin: each test's protocol (set-up, call, teardown) runs in a
+    process forked from the collected session, which only waits for it. Reports stay in the
+    fork: the child exists for its dumps, the parent session reports the tests."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the fork's coverage is not collected
+            code = 1
+            try:
+                from _pytest.runner import runtestprotocol
+
+                runtestprotocol(item, nextitem=None, log=False)
+                code = 0
+            finally:
+                os._exit(code)
+        os.waitpid(pid, 0)
+        return True
+
+
+class InstructionSession:
+    """The session's Callgrind child and the dumps it left, by node id."""
+
+    def __init__(self, output: Path, timeout: float) -> None:
+        self.folder = output / "callgrind"
+        self.timeout = timeout
+        self.dumps: dict[str, Path] = {}
+        self.notes: list[str] = []
+
+    def measure(self, nodeids: list[str], rootdir: Path, inifile: Path | None) -> None:
+        """Run ``nodeids`` in one child pytest under Callgrind; a failure is a note."""
+        if not nodeids:
+            return
+        missing = valgrind_missing()
+        if missing:
+            self.notes.append(f"instructions not measured: {missing}")
+            return
+        for old in self.folder.glob("callgrind.out.*"):
+            old.unlink()
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                "-p", "no:xdist", "--rootdir", str(rootdir)]  # fmt: skip
+        if inifile is not None:
+            argv += ["-c", str(inifile)]
+        timeout = self.timeout * len(nodeids)  # the per-test limit, for the whole child
+        try:
+            run = run_callgrind([*argv, *nodeids], self.folder, timeout=timeout, cwd=rootdir)
+        except PerfguardError as exc:
+            self.dumps = named_dumps(self.folder)  # the tests that did finish
+            self.notes.append(f"instructions: the Callgrind child failed: {exc}")
+            return
+        self.dumps = run.dumps
+        self.notes.append(
+            f"instructions of {len(self.dumps)} test(s) counted under Callgrind in one child "
+            f"({run.wall_time_s:.0f} s)"
+        )
+
+    def dump_of(self, nodeid: str) -> Path | None:
+        return self.dumps.get(nodeid)

@@ -1,0 +1,126 @@
+"""The ``instructions`` metric end to end: a real project, a real git history, real Valgrind.
+
+The session counts the host instructions of each test asking for them in one
+Callgrind child pytest, saves them with the run, and the gate compares the
+next session's with them: the same code again is not flagged, 4 % more Python
+work per step is, naming the interpreter. The step is pure Python (the child
+needs no torch, so its start-up under Valgrind takes seconds); the parent
+captures it with the torch profiler as any CPU test. Skipped, with the reason,
+only where Valgrind cannot run.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from test_plugin import _profiler_loaded, commit, entry, init_repo, results, run
+
+from perfguard.capture.instructions import valgrind_missing
+
+pytest_plugins = ["pytester"]
+MISSING = valgrind_missing()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
+#: torch's profiler started once before pytester's snapshots (an autouse fixture, imported)
+__all__ = ["_profiler_loaded"]
+
+STEP = """
+import pytest
+
+EXTRA = {extra}
+
+
+def work(extra):
+    data = sorted((i * 7919) % 1009 for i in range(3000))
+    total = sum(x * x for x in data)
+    for _ in range(extra):
+        total += 1
+    return total
+
+
+@pytest.mark.gpuprofile(iterations=8, rounds=3, warmup=1, tolerance="50%",
+                        metrics=("wall_time", "instructions"))
+def test_step(gpuprofile):
+    for _ in gpuprofile.iterations():
+        work(EXTRA)
+
+
+@pytest.mark.gpuprofile(iterations=3, rounds=3, warmup=1, tolerance="50%")
+def test_timed_only(gpuprofile):
+    for _ in gpuprofile.iterations():
+        work(0)
+"""
+STEP_ID = "test_step.py::test_step"
+
+
+def test_instructions_are_counted_saved_and_gated(pytester: pytest.Pytester) -> None:
+    repo = init_repo(pytester)
+    path = repo.path
+    repo.makepyfile(test_step=STEP.format(extra=0))
+    commit(path, "A")
+    run(repo, "--perfguard-save").assert_outcomes(passed=2)
+    doc = results(repo)
+    assert any("counted under Callgrind" in n for n in doc["notes"])
+    with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
+        counts = dict(db.execute(
+            "SELECT t.nodeid, c.value FROM counters c JOIN tests t USING (test_id) "
+            "WHERE c.counter = 'instructions'"
+        ).fetchall())  # fmt: skip
+        functions = db.execute("SELECT count(*) FROM functions").fetchone()[0]
+    assert set(counts) == {STEP_ID}  # the other test did not ask for them
+    assert counts[STEP_ID] > 100_000 and functions > 5
+    with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
+        (meta,) = db.execute("SELECT meta FROM tests WHERE nodeid = ?", (STEP_ID,)).fetchone()
+    assert json.loads(meta)["instructions_steps"] == 5  # of 8 recorded: counts do not vary
+
+    # the same code again: the count is the same, nothing is flagged
+    run(repo).assert_outcomes(passed=2)
+    same = entry(results(repo), STEP_ID)
+    assert "instructions" in same["gates"]["checked"]
+    assert not [f for f in same["gates"]["regressions"] if f["gate"] == "instructions"]
+
+    # about 4 % more Python work per step: beyond the 1 % budget, whatever the load
+    repo.makepyfile(test_step=STEP.format(extra=1500))
+    commit(path, "B: a slower Python step")
+    run(repo).assert_outcomes(passed=1, failed=1)
+    slower = entry(results(repo), STEP_ID)
+    assert slower["outcome"] == "regressed"
+    (finding,) = [f for f in slower["gates"]["regressions"] if f["gate"] == "instructions"]
+    assert finding["current"] > 1.01 * finding["baseline"]
+    assert "libpython" in finding["message"]
+
+
+def _counts(repo: pytest.Pytester) -> dict[str, list[float]]:
+    with sqlite3.connect(repo.path / "baselines" / "perfguard.db") as db:
+        rows = db.execute(
+            "SELECT t.nodeid, c.value FROM counters c JOIN tests t USING (test_id) "
+            "WHERE c.counter = 'instructions' ORDER BY t.run_id"
+        ).fetchall()
+    out: dict[str, list[float]] = {}
+    for nodeid, value in rows:
+        out.setdefault(nodeid, []).append(value)
+    return out
+
+
+def test_the_session_option_and_a_bad_value(pytester: pytest.Pytester) -> None:
+    """``--perfguard-metric instructions`` counts every measured test; a test that did not
+    change counts exactly the same after one that ran before it did (each test is forked
+    from the same state)."""
+    repo = init_repo(pytester)
+    repo.makepyfile(test_step=STEP.format(extra=0))
+    commit(repo.path, "A")
+    bad = run(repo, "--perfguard-metric", "cycles")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--perfguard-metric*'cycles' is not one of instructions*"])
+    run(repo, "--perfguard-metric", "instructions", "--perfguard-save").assert_outcomes(passed=2)
+    assert set(_counts(repo)) == {STEP_ID, "test_step.py::test_timed_only"}
+    repo.makepyfile(test_step=STEP.format(extra=1500))  # only the first test changes
+    commit(repo.path, "B")
+    run(repo, "--perfguard-metric", "instructions", "--perfguard-save").assert_outcomes(
+        passed=1, failed=1
+    )
+    counts = _counts(repo)
+    assert counts[STEP_ID][1] > 1.01 * counts[STEP_ID][0]
+    same = counts["test_step.py::test_timed_only"]
+    assert abs(same[1] / same[0] - 1) < 1e-4, same
