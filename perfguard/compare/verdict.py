@@ -130,6 +130,25 @@ class TestComparison:
         return out
 
 
+def with_empty_capture(comparison: TestComparison, why: str) -> TestComparison:
+    """A verdict on a capture that saw no op (a pure-Python step, the wrong framework's
+    profiler) is never silent: ``why`` leads its message and explanation, and an outcome
+    the timing alone would call ``unchanged`` reads ``not-judged`` (nothing was gated,
+    no op attributed). A timing regression or improvement stands, said with ``why``."""
+    from dataclasses import replace
+
+    outcome = comparison.outcome
+    if outcome is Outcome.UNCHANGED:
+        outcome = Outcome.NOT_JUDGED
+    message = f"{why}; timing alone: {comparison.message}" if comparison.message else why
+    explanation = comparison.explanation
+    if explanation is not None:
+        head = explanation.headline
+        explanation = replace(explanation, outcome=outcome.value,
+                              headline=f"{why}; {head}" if head else why)  # fmt: skip
+    return replace(comparison, outcome=outcome, message=message, explanation=explanation)
+
+
 def failed(comparison: TestComparison, fail_on: str = "regression") -> bool:
     """Whether this comparison fails its test: only a regression, and only if asked."""
     if fail_on == "never":

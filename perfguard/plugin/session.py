@@ -489,18 +489,14 @@ class PerfguardSession:
             return GpuProfile(spec)  # the marker's backend cannot run: setup reports it next
         if what is None or what[1].label == "nsys":
             return GpuProfile(self.effective(spec))  # nsys: the child runs the body
-        from perfguard.capture.frameworks import framework_for, make_capturer
+        from perfguard.capture.frameworks import DeferredCapturer
 
-        try:  # the marker's framework=, else what the test imported (torch by default)
-            framework = framework_for(getattr(item, "module", None), spec.framework)
-        except ValueError as exc:
-            pytest.fail(f"perfguard: {item.nodeid}: {exc}", pytrace=False)
-        where = self._capture_path(item)
-        if framework != "torch":  # the capturer names its own file (<name>.xplane.pb)
-            where = where.with_name(capture_name(item.nodeid))
-        capturer = make_capturer(framework, where, what[1].device or "cpu")
-        path = Path(getattr(capturer, "path", where))
-        item.stash[_capture_key] = {"path": path, "backend": what[1].label}
+        # the framework is decided when the loop starts (the marker's framework=, else what
+        # the test holds and the process has imported by then): importorskip in the body
+        where = self._capture_path(item).with_name(capture_name(item.nodeid))
+        capturer = DeferredCapturer(spec.framework, getattr(item, "module", None), where,
+                                    what[1].device or "cpu", TRACE_SUFFIX)  # fmt: skip
+        item.stash[_capture_key] = {"path": where, "backend": what[1].label}
         return GpuProfile(what[0], capturer)
 
     @pytest.hookimpl(trylast=True)
@@ -625,6 +621,8 @@ class PerfguardSession:
         elif profile is not None:
             profile.close()  # a loop left early still ends its capture here
             capturer = profile.capturer
+            if getattr(capturer, "inner", None) is not None:  # decided at the loop's start
+                info["path"] = capturer.path
             walls, error = profile.wall_times_ns, getattr(capturer, "error", None)
             info["cpu_times_ns"] = list(profile.cpu_times_ns)
             rounds = list(profile.round_of)
@@ -663,6 +661,14 @@ class PerfguardSession:
                 info.get("cpu_times_ns", []), rounds, env,
             )  # fmt: skip
             comparison = self._compare(record, spec)
+            if analysis.ops.empty:  # nothing attributed or gated: never judged silently
+                from perfguard.capture.frameworks import empty_capture_reason
+                from perfguard.compare.verdict import with_empty_capture
+
+                framework = getattr(getattr(profile, "capturer", None), "framework", None)
+                comparison = with_empty_capture(
+                    comparison, empty_capture_reason(framework or "torch")
+                )
         except (PerfguardError, ValueError, KeyError) as exc:
             msg = " ".join(str(exc).split()) or type(exc).__name__
             self._error_entry(item, msg, backend, info.get("path"))
