@@ -33,42 +33,58 @@ def op_call_sites(
 
     ``inst``: the kept instances (``instance`` is the range's row, ``op_key``,
     ``op_name``, ``direction``, ``gpu_time``, ``cpu_time``); ``cpu_only``: the folded ones.
+    Grouped on integer codes (op key, site code): no object per instance.
     """
-    site = ranges["call_site"].to_numpy(dtype=object)
-    n_ranges = len(site)
+    site = pd.Categorical(ranges["call_site"])
+    codes, texts = site.codes.astype(np.int64), np.asarray(site.categories, dtype=object)
     row = inst["instance"].to_numpy(np.int64)
-    ok = (row >= 0) & (row < n_ranges)
-    parts = [pd.DataFrame({
-        "op_name": inst["op_name"].astype(object).to_numpy()[ok],
-        "direction": inst["direction"].astype(object).to_numpy()[ok],
-        "site": site[row[ok]],
-        "gpu": inst["gpu_time"].to_numpy(np.float64)[ok],
-        "cpu": inst["cpu_time"].to_numpy(np.float64)[ok],
-    })]  # fmt: skip
+    ok = (row >= 0) & (row < len(codes))
+    keys = [inst["op_key"].to_numpy(np.int64)[ok]]
+    sites = [codes[row[ok]]]
+    gpu = [inst["gpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
+    cpu = [inst["cpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
     if cpu_only is not None and len(cpu_only):
-        names, direction = cpu_only.op_text(cpu_only.op_key)
-        parts.append(pd.DataFrame({
-            "op_name": names, "direction": direction, "site": site[cpu_only.range_row],
-            "gpu": 0.0, "cpu": cpu_only.cpu_time.astype(np.float64),
-        }))  # fmt: skip
-    df = pd.concat(parts, ignore_index=True)
-    df = df[df["site"].notna()]
-    if df.empty:
+        keys.append(cpu_only.op_key.astype(np.int64))
+        sites.append(codes[cpu_only.range_row])
+        gpu.append(np.zeros(len(cpu_only)))
+        cpu.append(cpu_only.cpu_time.astype(np.float64))
+    key, code = np.concatenate(keys), np.concatenate(sites)
+    g_all, c_all = np.concatenate(gpu), np.concatenate(cpu)
+    has = code >= 0
+    if not has.any():
         empty = pd.Series(dtype=object)
         return pd.DataFrame({"op_id": empty, "call_site": empty.copy()})
-    g = df.groupby(["op_name", "direction", "site"], sort=False)[["gpu", "cpu"]].sum()
-    g = g.reset_index()
-    on_gpu = g.groupby(["op_name", "direction"], sort=False)["gpu"].transform("sum") > 0
-    g["time"] = np.where(on_gpu, g["gpu"], g["cpu"])
-    g = g.sort_values(["op_name", "direction", "time", "site"],
-                      ascending=[True, True, False, True], kind="stable")  # fmt: skip
+    key, code, g_all, c_all = key[has], code[has], g_all[has], c_all[has]
+    pair, first = np.unique(key * (len(texts) + 1) + code, return_inverse=True)
+    pair_key, pair_site = pair // (len(texts) + 1), pair % (len(texts) + 1)
+    g = np.bincount(first, weights=g_all, minlength=len(pair))
+    c = np.bincount(first, weights=c_all, minlength=len(pair))
+    op_codes, op_of_pair = np.unique(pair_key, return_inverse=True)
+    on_gpu = np.bincount(op_of_pair, weights=g, minlength=len(op_codes)) > 0
+    time = np.where(on_gpu[op_of_pair], g, c)
+    order = np.lexsort((texts[pair_site], -time, op_of_pair))
     rows = []
-    for (name, direction), one in g.groupby(["op_name", "direction"], sort=False):
-        sites = list(zip(one["site"].astype(str), one["time"].astype(float), strict=True))
-        rows.append((name, direction, top_sites_text(sites, TOP_SITES)))  # one per op
-    out = pd.DataFrame(rows, columns=["op_name", "direction", "call_site"])
+    bounds = np.searchsorted(op_of_pair[order], np.arange(len(op_codes) + 1))
+    for k in range(len(op_codes)):  # one entry per op (hundreds), not per instance
+        at = order[bounds[k] : bounds[k + 1]]
+        listed = list(zip(texts[pair_site[at]].astype(str), time[at].astype(float), strict=True))
+        rows.append(top_sites_text(listed, TOP_SITES))
+    names, direction = _op_text(op_codes, inst, cpu_only)
+    out = pd.DataFrame({"op_name": names, "direction": direction, "call_site": rows})
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
     return out[["op_id", "call_site"]]
+
+
+def _op_text(
+    keys: np.ndarray, inst: pd.DataFrame, cpu_only: CpuOnly | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Op name and direction of each op key (the kept rows' where they have it)."""
+    if cpu_only is not None and len(cpu_only.names):
+        return cpu_only.op_text(keys)
+    first = inst.drop_duplicates("op_key").set_index(inst.drop_duplicates("op_key")["op_key"])
+    names = first["op_name"].astype(object).reindex(keys).to_numpy(dtype=object)
+    direction = first["direction"].astype(object).reindex(keys).to_numpy(dtype=object)
+    return names, direction
 
 
 def with_call_sites(

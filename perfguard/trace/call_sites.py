@@ -60,12 +60,23 @@ def is_library_file(file: str) -> bool:
     return any(os.path.exists(os.path.join(r, file)) for r in roots)
 
 
+def site_text(file: str, line: int | str) -> str:
+    """``file:line``, an absolute file under the working directory written relative to it
+    (the project's ``model.py:63``, not ``/home/ci/build/src/model.py:63``)."""
+    file = file.strip()
+    if os.path.isabs(file):
+        cwd = os.path.join(os.getcwd(), "")
+        if file.startswith(cwd):
+            file = file[len(cwd) :]
+    return f"{file}:{line}"
+
+
 def frame_site(frame: str) -> str | None:
     """``file:line`` of a ``file(line): function`` frame in the user's code, else None."""
     m = _FRAME.match(frame.strip())
     if m is None or is_library_file(m.group("file")):
         return None
-    return f"{m.group('file').strip()}:{m.group('line')}"
+    return site_text(m.group("file"), m.group("line"))
 
 
 def user_sites(frames: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ import re
 from functools import cache
 from typing import Any
 
-from perfguard.trace.call_sites import is_library_file
+from perfguard.trace.call_sites import is_library_file, site_text
 
 _I64, _STR, _MSG, _BOOL, _I32 = "int64", "string", "message", "bool", "int32"
 _REP, _OPT = "repeated", "optional"
@@ -154,7 +154,7 @@ def instruction_costs(blob: bytes) -> tuple[str, dict[str, tuple[float, str | No
                 if 0 < loc.file_name_id <= len(frames.file_names):
                     file = frames.file_names[loc.file_name_id - 1]
                     if not is_library_file(file):
-                        return f"{file}:{loc.line}"
+                        return site_text(file, loc.line)
             frame_id = frame.parent_frame_id
         return None
 
@@ -163,7 +163,7 @@ def instruction_costs(blob: bytes) -> tuple[str, dict[str, tuple[float, str | No
         (a fusion's own metadata is often empty; its dot's names the user's line)."""
         md = ins.metadata
         if md.source_file and not is_library_file(md.source_file):
-            return f"{md.source_file}:{md.source_line}"
+            return site_text(md.source_file, md.source_line)
         if md.stack_frame_id:
             found = user_frame(md.stack_frame_id)
             if found:
