@@ -112,3 +112,21 @@ def test_pyprof_markers_give_conv_and_linear_their_line_in_the_reports(pyprof_an
     html = render_analysis_html(pyprof_analysis)
     assert "<th>Call site</th>" in html
     assert "<code>/home/user/project/model.py:12</code>" in html
+
+
+def test_a_real_call_stack_gives_the_user_line_and_backward_ops_their_forward_line(
+    fixture_file, cached_trace
+) -> None:
+    """torch 1.9's ``Call stack`` (ResNet-50 training, V100): the innermost frame is
+    torch's own module code; the user's line is the script's forward call, and the
+    backward convolution, run by autograd, is tied to it by its sequence number."""
+    trace = cached_trace(
+        fixture_file("kineto/v100_resnet50_train_torch1.9_tbplugin.pt.trace.json.gz")
+    )
+    sites = set(trace.ranges["call_site"].dropna().astype(str))
+    assert sites and all(s.startswith("resnet50_profiler_api.py:") for s in sites), sites
+    ops = analyze(trace).ops.set_index("op_name")["call_site"]
+    conv = "aten::conv2d/aten::convolution/aten::_convolution/aten::cudnn_convolution"
+    assert ops[conv] == "resnet50_profiler_api.py:46"
+    back = ops[[n for n in ops.index if n.endswith("aten::cudnn_convolution_backward_input")]]
+    assert back.iloc[0] == "resnet50_profiler_api.py:46"

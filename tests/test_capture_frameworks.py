@@ -81,6 +81,7 @@ def test_an_empty_capture_of_pure_python_says_so(monkeypatch) -> None:
     for name in ("tensorflow", "jax"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     assert "pure Python" in empty_capture_reason("torch")
+    assert "no NVTX or framework ranges" in empty_capture_reason(None)  # nsys
 
 
 def test_the_deferred_capturer_decides_when_the_loop_starts(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from perfguard.analysis.cpu_only import CpuOnly
 from perfguard.analysis.ops import op_id
+from perfguard.arrays import levels
 from perfguard.trace.call_sites import top_sites_text
 
 #: call sites listed per op
@@ -26,6 +27,36 @@ def has_call_sites(ranges: pd.DataFrame) -> bool:
     return "call_site" in ranges and bool(ranges["call_site"].notna().any())
 
 
+def range_site_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each range's call-site code (-1: none) and the texts, a range without one taking
+    it from where the user's code is still the answer: a backward node from the forward
+    op of its sequence number (autograd runs it on another thread, with no Python
+    frame around it; PyProf ties them the same way), then any range from its parent
+    (the ops a backward node or a compiled graph runs inside it)."""
+    site = pd.Categorical(ranges["call_site"])
+    codes, texts = site.codes.astype(np.int64), np.asarray(site.categories, dtype=object)
+    if "seq" in ranges and (codes < 0).any():
+        seq = ranges["seq"].to_numpy(dtype=np.float64, na_value=np.nan)
+        fwd = (ranges["direction"].astype(object) != "bprop").to_numpy(bool)
+        known = fwd & (codes >= 0) & ~np.isnan(seq)
+        if known.any():
+            by_seq = pd.Series(codes[known], index=seq[known])
+            by_seq = by_seq[~by_seq.index.duplicated()]
+            want = (codes < 0) & ~np.isnan(seq)
+            got = by_seq.reindex(seq[want]).to_numpy(dtype=np.float64)
+            fill = codes[want]
+            fill[~np.isnan(got)] = got[~np.isnan(got)].astype(np.int64)
+            codes[want] = fill
+    if "parent_id" in ranges and "depth" in ranges and (codes < 0).any():
+        parent = ranges["parent_id"].to_numpy(np.int64)
+        for at in levels(ranges["depth"].to_numpy(np.int64))[1:]:  # parents first
+            missing = at[codes[at] < 0]
+            up = parent[missing]
+            ok = up >= 0
+            codes[missing[ok]] = codes[up[ok]]
+    return codes, texts
+
+
 def op_call_sites(
     ranges: pd.DataFrame, inst: pd.DataFrame, cpu_only: CpuOnly | None
 ) -> pd.DataFrame:
@@ -35,8 +66,7 @@ def op_call_sites(
     ``op_name``, ``direction``, ``gpu_time``, ``cpu_time``); ``cpu_only``: the folded ones.
     Grouped on integer codes (op key, site code): no object per instance.
     """
-    site = pd.Categorical(ranges["call_site"])
-    codes, texts = site.codes.astype(np.int64), np.asarray(site.categories, dtype=object)
+    codes, texts = range_site_codes(ranges)
     row = inst["instance"].to_numpy(np.int64)
     ok = (row >= 0) & (row < len(codes))
     keys = [inst["op_key"].to_numpy(np.int64)[ok]]

@@ -115,8 +115,14 @@ def loaded_frameworks() -> list[str]:
     return [fw for fw in FRAMEWORKS if _LOADED[fw] in sys.modules]
 
 
-def empty_capture_reason(framework: str) -> str:
-    """Why a capture by ``framework``'s profiler may hold no op, in one line naming the fix."""
+def empty_capture_reason(framework: str | None) -> str:
+    """Why a capture by ``framework``'s profiler may hold no op, in one line naming the fix
+    (``None``: not a framework's profiler, e.g. nsys: no op range at all)."""
+    if framework is None:
+        return (
+            "captured no ops: the capture holds no op range in its recorded iterations "
+            "(no NVTX or framework ranges): nothing to attribute or gate"
+        )
     fw = normalise(framework)
     label = LABELS[fw]
     others = [f for f in loaded_frameworks() if f != fw]

@@ -666,9 +666,8 @@ class PerfguardSession:
                 from perfguard.compare.verdict import with_empty_capture
 
                 framework = getattr(getattr(profile, "capturer", None), "framework", None)
-                comparison = with_empty_capture(
-                    comparison, empty_capture_reason(framework or "torch")
-                )
+                framework = framework or (None if backend == "nsys" else "torch")
+                comparison = with_empty_capture(comparison, empty_capture_reason(framework))
         except (PerfguardError, ValueError, KeyError) as exc:
             msg = " ".join(str(exc).split()) or type(exc).__name__
             self._error_entry(item, msg, backend, info.get("path"))
