@@ -4,6 +4,12 @@ and taken from the test's code; see ``tests/history_repo.py``).
 
     python benchmarks/history_steps.py [--commits 30] [--up 10] [--down 20] [--repo DIR]
         [--export FILE]
+    python benchmarks/history_steps.py --four [--commits 24] [--repo DIR] [--export FILE]
+
+``--four``: two counter steps (op calls, commits 5 and 14) and two timing
+steps (CPU time +15 % at 10, -10 % at 19) at four different commits
+(``history_repo.four_steps``); both kinds of change point must be found
+exactly where they were made.
 
 Builds the repo (or reuses ``--repo`` when it already holds a store), then
 prints every run's level, the change points found by
@@ -38,7 +44,10 @@ def main() -> int:
     ap.add_argument("--down", type=int, default=20)
     ap.add_argument("--repo", type=Path)
     ap.add_argument("--export", type=Path)
+    ap.add_argument("--four", action="store_true", help="two counter and two timing steps")
     args = ap.parse_args()
+    if args.four:
+        return four(args.repo, 24 if args.commits == 30 else args.commits, args.export)
     root = args.repo or Path(tempfile.mkdtemp(prefix="perfguard-history-")) / "repo"
     store_path = root / "baselines" / "perfguard.db"
     have = len(history_repo.git(root, "rev-list", "HEAD").split()) if store_path.exists() else 0
@@ -72,6 +81,47 @@ def main() -> int:
     ok = found == [args.up, args.down]
     print(f"expected change points at {[args.up, args.down]}, found {found}: "
           f"{'EXACT' if ok else 'MISMATCH'}")  # fmt: skip
+    return 0 if ok else 1
+
+
+def four(repo: Path | None, commits: int, export: Path | None) -> int:
+    """``--four``: build (or reuse) the history of ``history_repo.four_steps`` and check that
+    the timing change points are exactly at TIMING_STEPS and the counter ones exactly at
+    COUNTER_STEPS."""
+    root = repo or Path(tempfile.mkdtemp(prefix="perfguard-history-")) / "repo"
+    store_path = root / "baselines" / "perfguard.db"
+    have = len(history_repo.git(root, "rev-list", "HEAD").split()) if store_path.exists() else 0
+    if have < commits:  # a resumed build measures the empty loop again: same machine, same code
+        started = time.monotonic()
+        history_repo.build_plan(root, history_repo.four_steps(commits))
+        print(f"{commits} sessions in {time.monotonic() - started:.0f} s ({root})")
+    truth = {"counter": list(history_repo.COUNTER_STEPS), "timing": list(history_repo.TIMING_STEPS)}
+    with open_store(store_path, create=False) as store:
+        hist = load_history(store, history_repo.NODEID, repo=root)
+        if export:
+            store.export_json(export)
+            doc = json.loads(export.read_text())
+            doc["steps"] = truth
+            export.write_text(json.dumps(doc, sort_keys=True, separators=(",", ":")))
+    levels = hist.levels
+    calls = hist.counters.set_index("run_id")["calls"]
+    print(f"metric {hist.metric}")
+    for row in levels.itertuples():
+        print(f"  {int(row.position):3d} {row.commit[:10]} {row.value / 1e6:8.3f} ms "
+              f"calls {calls[row.run_id]:6.0f}")  # fmt: skip
+    position = levels["position"].to_numpy()
+    timing = sorted(int(position[cp.index]) for cp in hist.change_points)
+    counter = sorted({int(position[s.index]) for s in hist.counter_steps})
+    for cp in hist.change_points:
+        print(f"  timing at commit {position[cp.index]}: {cp.kind} {cp.change_pct:+.1f} % "
+              f"(z={cp.z:.1f})")  # fmt: skip
+    for st in hist.counter_steps:
+        print(
+            f"  counter at commit {position[st.index]}: {st.counter} {st.before:g} -> {st.after:g}"
+        )
+    ok = timing == truth["timing"] and counter == truth["counter"]
+    print(f"timing expected {truth['timing']}, found {timing}; counters expected "
+          f"{truth['counter']}, found {counter}: {'EXACT' if ok else 'MISMATCH'}")  # fmt: skip
     return 0 if ok else 1
 
 

@@ -7,6 +7,12 @@ from commit ``down`` on only ``EXTRA_DOWN`` of them (-5 % of the raised
 level). The metric is the harness thread's CPU time, the one a shared
 runner inflates least. Used by ``tests/test_history.py`` (a short history)
 and ``benchmarks/history_steps.py`` (30 commits).
+
+:func:`build_plan` commits any sequence of :class:`Version` instead: besides
+the matmuls, ``tiny`` 1x1 adds (op calls move, the time by well under 1 %:
+a counter step without a timing step) and ``spin`` iterations of a pure-
+Python loop (CPU time moves, no op or counter does: a timing step without a
+counter step).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 BASE = 200
@@ -26,6 +34,7 @@ import torch
 
 torch.set_num_threads(1)
 A = torch.randn(128, 128)
+B = torch.ones(1)
 EXTRA = {extra}  # commit {i}
 
 
@@ -36,6 +45,10 @@ def step():
         with torch.profiler.record_function("extra_work"):
             for _ in range(EXTRA):
                 torch.mm(A, A)
+    for _ in range({tiny}):
+        torch.add(B, B)
+    for _ in range({spin}):
+        pass
 
 
 @pytest.mark.gpuprofile(iterations=12, warmup=2, metrics=("cpu_time",))
@@ -66,10 +79,51 @@ def extra_at(i: int, up: int, down: int) -> int:
     return EXTRA_DOWN if i >= down else EXTRA_UP if i >= up else 0
 
 
+@dataclass(frozen=True)
+class Version:
+    """One commit's benchmark: ``extra`` matmuls in ``extra_work``, ``tiny`` 1x1 adds and
+    ``spin`` iterations of an empty Python loop per iteration, on top of ``BASE`` matmuls."""
+
+    extra: int = 0
+    tiny: int = 0
+    spin: int = 0
+
+
+def spin_for(fraction: float) -> int:
+    """Empty-loop iterations that cost ``fraction`` of ``BASE`` 128x128 matmuls on this
+    machine (the fastest of 5 timings of each, one thread): a timing step of that size."""
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.randn(128, 128)
+
+    def fastest(fn) -> float:
+        out = []
+        for _ in range(5):
+            t = time.thread_time()
+            fn()
+            out.append(time.thread_time() - t)
+        return min(out)
+
+    def spin() -> None:
+        for _ in range(1_000_000):
+            pass
+
+    mm = fastest(lambda: [torch.mm(a, a) for _ in range(BASE)])
+    loop = fastest(spin) / 1_000_000
+    return int(fraction * mm / loop)
+
+
 def build(root: Path, n_commits: int, up: int, down: int, *, nice: int = 10) -> list[str]:
     """Commit ``n_commits`` versions of the benchmark in ``root``, one measured and saved
     session each; returns the commit shas, oldest first. A repo already there (an
     interrupted build) is continued after its last commit."""
+    plan = [Version(extra=extra_at(i, up, down)) for i in range(n_commits)]
+    return build_plan(root, plan, nice=nice)
+
+
+def build_plan(root: Path, plan: list[Version], *, nice: int = 10) -> list[str]:
+    """:func:`build` for any sequence of versions, one commit and session each."""
     root.mkdir(parents=True, exist_ok=True)
     shas = []
     if (root / ".git").exists():
@@ -78,11 +132,12 @@ def build(root: Path, n_commits: int, up: int, down: int, *, nice: int = 10) -> 
         init_project(root)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
-    for i in range(len(shas), n_commits):
-        extra = extra_at(i, up, down)
-        (root / "test_bench.py").write_text(TEST.format(extra=extra, i=i, base=BASE))
+    for i in range(len(shas), len(plan)):
+        v = plan[i]
+        text = TEST.format(extra=v.extra, tiny=v.tiny, spin=v.spin, i=i, base=BASE)
+        (root / "test_bench.py").write_text(text)
         git(root, "add", "-A")
-        git(root, "commit", "-q", "-m", f"commit {i}: extra={extra}")
+        git(root, "commit", "-q", "-m", f"commit {i}: extra={v.extra} tiny={v.tiny} spin={v.spin}")
         shas.append(git(root, "rev-parse", "HEAD"))
         # fail-on never: the step commits are regressions the gate would (rightly) fail
         cmd = ["nice", "-n", str(nice), sys.executable, "-m", "pytest", "--perfguard",
@@ -92,3 +147,22 @@ def build(root: Path, n_commits: int, up: int, down: int, *, nice: int = 10) -> 
         if done.returncode != 0:
             raise RuntimeError(f"session {i} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
     return shas
+
+
+#: commits of :func:`four_steps` where the op calls step (5: +40 adds, 14: 40 -> 15 adds)
+COUNTER_STEPS = (5, 14)
+#: commits of :func:`four_steps` where the CPU time steps (10: +15 %, 19: back to +3.5 %)
+TIMING_STEPS = (10, 19)
+
+
+def four_steps(n_commits: int = 24, spin_up: int | None = None) -> list[Version]:
+    """Two counter steps and two timing steps, never at one commit (``COUNTER_STEPS``,
+    ``TIMING_STEPS``): each kind of change point must be found where it happened only."""
+    up = spin_for(0.15) if spin_up is None else spin_up
+    down = round(up * 0.035 / 0.15)
+    plan = []
+    for i in range(n_commits):
+        tiny = 15 if i >= COUNTER_STEPS[1] else 40 if i >= COUNTER_STEPS[0] else 0
+        spin = down if i >= TIMING_STEPS[1] else up if i >= TIMING_STEPS[0] else 0
+        plan.append(Version(tiny=tiny, spin=spin))
+    return plan

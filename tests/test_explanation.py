@@ -267,3 +267,18 @@ def test_compare_against_keeps_its_report(repo: pytest.Pytester, tmp_path: Path)
     assert f"report: {out / 'report.html'}" in r.stdout
     assert (out / "report.html").is_file() and (out / "summary.md").is_file()
     assert "input dtypes" in r.stdout
+
+
+def test_dtype_change_names_the_input_that_changed() -> None:
+    """torch's per-input type lists read as the types that changed, in the short names the
+    peaks use, with the input's position when the op has several."""
+    from perfguard.compare.explain import dtype_change
+
+    before = '["float","long int","","Scalar","Scalar","Scalar"]'
+    after = '["double","long int","","Scalar","Scalar","Scalar"]'
+    assert dtype_change(before, after) == "fp32 → fp64 (input 1 of 6)"
+    assert dtype_change('["float"]', '["c10::BFloat16"]') == "fp32 → bf16"
+    two = dtype_change('["float","float"]', '["c10::Half","double"]')
+    assert two == "fp32 → fp16 (input 1 of 2), fp32 → fp64 (input 2 of 2)"
+    assert dtype_change("fp32", "fp64") == "fp32 → fp64"  # not lists: as they are
+    assert dtype_change('["float"]', '["float","float"]') == '["float"] → ["float","float"]'

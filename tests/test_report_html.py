@@ -744,7 +744,9 @@ def test_cli_report_from_store_runs(session, tmp_path, capsys):
     assert cell_texts(doc.find("table", id="tests"))[0][:2] == [cur.nodeid, "regressed"]
     assert "a" * 12 in doc.find("dl", id="commits").text()
     history = doc.find("details", cls="history")
-    assert [r[0] for r in cell_texts(history.find("table"))] == ["a" * 12, "d" * 12]
+    rows = cell_texts(history.find("table"))
+    assert [r[0] for r in rows] == ["a" * 12, "d" * 12]
+    assert [r[3] for r in rows] == ["", ""]  # the change-point column: same code, 2 runs
     assert main(["report", str(store_path)]) == 2
     assert "give --run RUN_ID" in capsys.readouterr().err
     with sqlite3.connect(store_path) as conn:  # the store was only read

@@ -616,8 +616,11 @@ class Store:
                 added += 1
         return added
 
-    def test_rows(self, nodeid: str, table: str) -> pd.DataFrame:
-        """One record table of a test across all its stored runs, in one query.
+    def test_rows(
+        self, nodeid: str, table: str, run_ids: Sequence[int] | None = None
+    ) -> pd.DataFrame:
+        """One record table of a test across all its stored runs (or those of ``run_ids``),
+        in one query.
 
         Columns: run_id, metric (the record's primary metric), then the
         table's columns (:data:`~perfguard.baseline.frames.FRAME_TYPES`), rows
@@ -627,11 +630,15 @@ class Store:
         if table not in FRAME_TYPES:
             raise ValueError(f"unknown record table {table!r}")
         cols = ", ".join(f'x."{c}"' for c in FRAME_TYPES[table])
+        where, params = "t.nodeid = ?", [nodeid]
+        if run_ids is not None:
+            where += f" AND {self.db.ids_in('t.run_id')}"
+            params.append(self.db.ids_param(run_ids))
         df = self._query(
             f"""SELECT t.run_id, t.metric, {cols} FROM {table} x
                 JOIN tests t ON t.test_id = x.test_id
-                WHERE t.nodeid = ? ORDER BY t.run_id, x.rowid""",
-            [nodeid],
+                WHERE {where} ORDER BY t.run_id, x.rowid""",
+            params,
         )
         return pd.concat(
             [df[["run_id", "metric"]], conform_frame(table, df.drop(columns=["run_id", "metric"]))],

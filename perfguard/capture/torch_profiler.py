@@ -179,7 +179,8 @@ def profile_torch(
     guard = _StepAside(torch, prof, out)
     handle.notes = guard.notes
     with guard:
-        prof.start()
+        with _inductor_left_unloaded(torch):
+            prof.start()
         guard.active = True
         try:
             yield handle
@@ -190,6 +191,30 @@ def profile_torch(
                 print(f"perfguard: {exc}", file=sys.stderr)
             raise
         guard.finish()
+
+
+@contextmanager
+def _inductor_left_unloaded(torch: Any) -> Iterator[None]:
+    """``torch.profiler.profile.start`` asks ``hasattr(torch, "_inductor")`` to read one
+    Inductor setting (CUDA graphs); torch's lazy module attribute then imports Inductor,
+    1.4 s of CPU on this project's VM, in a session that never compiles. While the profiler
+    starts, the lazy attribute is hidden when Inductor is not loaded yet (the setting then
+    keeps its default, which is what a process that never loaded Inductor runs with)."""
+    lazy = torch.__dict__.get("__getattr__")
+    if lazy is None or "torch._inductor" in sys.modules:
+        yield
+        return
+
+    def getattr_without_inductor(name: str) -> Any:
+        if name == "_inductor":
+            raise AttributeError(name)
+        return lazy(name)
+
+    torch.__getattr__ = getattr_without_inductor
+    try:
+        yield
+    finally:
+        torch.__getattr__ = lazy
 
 
 class _StepAside:

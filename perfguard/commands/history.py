@@ -3,8 +3,10 @@
 A thin client of :func:`perfguard.compare.history.load_history`: the runs
 of the test on the first-parent history of ``--ref`` on one machine, one
 line per run (the run-level median and the counters, per iteration), then
-each change point with its commit, size and the ops that moved most.
-Without TEST, one line per stored test.
+each timing change point (step, drift or change of spread) with its commit,
+size and the ops that moved most, then each counter change point (exact:
+counter, before -> after, the ops that changed). Without TEST, one line per
+stored test.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def add_parser(subparsers: Any) -> None:
         help="a test's stored level and counters across commits, with change points",
         description="The primary metric (median over each run's rounds) and counters of a "
         "test across the stored commits of the first-parent history of --ref on one machine, "
-        "with the change points found by e-divisive means and the ops that moved most.",
+        "with the timing change points (steps, drifts, changes of spread) and the exact "
+        "counter change points, each with the ops that moved most.",
     )
     p.add_argument("test", nargs="?", metavar="TEST", help="test node id; default: every test")
     p.add_argument("--repo", default=".", metavar="DIR", help="git repository (default: .)")
@@ -69,11 +72,14 @@ def _print_history(hist: Any, accepted: list[Any] = ()) -> None:  # type: ignore
     shown = [c for c in SHOWN_COUNTERS if c in counters.columns]
     shown += sorted(c for c in counters.columns if c not in shown)[: max(0, 6 - len(shown))]
     cps = {cp.index: cp for cp in hist.change_points}
+    steps = {s.index for s in hist.counter_steps}
     marks = {a.commit for a in accepted}
     rows = []
     for i, r in enumerate(levels.itertuples(index=False)):
         row = {
-            "": ("*" if i in cps else "") + ("A" if r.commit in marks else ""),
+            "": ("*" if i in cps else "")
+            + ("c" if i in steps else "")
+            + ("A" if r.commit in marks else ""),
             "run": r.run_id,
             "commit": r.commit[:10],
             "time": str(r.time)[:19],
@@ -89,16 +95,44 @@ def _print_history(hist: Any, accepted: list[Any] = ()) -> None:  # type: ignore
     print(pd.DataFrame(rows).to_string(index=False))
     for a in accepted:
         print(f"{a.describe()} ({a.time}{', ' + a.author if a.author else ''}; A above)")
-    if not hist.change_points:
-        print("no change points")
+    _print_timing_points(hist)
+    _print_counter_steps(hist)
+
+
+def _print_timing_points(hist: Any) -> None:
+    if len(hist.levels) < hist.runs_needed:
+        print(f"timing change points: needs {hist.runs_needed} runs (has {len(hist.levels)})")
         return
-    print(f"{len(hist.change_points)} change point(s) (* above):")
+    if not hist.change_points:
+        print("no timing change points")
+        return
+    print(f"{len(hist.change_points)} timing change point(s) (* above):")
     for cp in hist.change_points:
-        print(f"  {cp.commit[:10]} (run {cp.run_id}): {cp.change_pct:+.1f} % "
-              f"({_human(cp.before_ns)} -> {_human(cp.after_ns)}, p={cp.p_value:.3f})")  # fmt: skip
+        what = "spread changed, level" if cp.kind == "variance" else cp.kind
+        print(f"  {cp.commit[:10]} (run {cp.run_id}): {what} {cp.change_pct:+.1f} % "
+              f"({_human(cp.before_ns)} -> {_human(cp.after_ns)}, z={cp.z:.1f})")  # fmt: skip
         for op in cp.ops:
             pct = f" ({op.change_pct:+.1f} %)" if op.before_ns else ""
             print(f"      {op.op_name}: {_human(op.before_ns)} -> {_human(op.after_ns)}{pct}")
+
+
+def _print_counter_steps(hist: Any) -> None:
+    from perfguard.compare.units import human
+
+    if not hist.counter_steps:
+        print("no counter change points")
+        return
+    print(f"{len(hist.counter_steps)} counter change point(s) (c above, exact):")
+    for s in hist.counter_steps:
+        per = "" if s.counter in ("kernel_set", "tc_ops", "dtypes", "peak_memory") else "/iter"
+        delta = f" ({s.after - s.before:+,.4g})" if per else ""  # 839 MFLOP -> 839 MFLOP: +40
+        moved = f"{human(s.before, s.counter)} -> {human(s.after, s.counter)}{per}{delta}"
+        print(f"  {s.commit[:10]} (run {s.run_id}): {s.counter} {moved}")
+        for name, before, after in s.ops:
+            if s.counter in ("kernel_set", "tc_ops", "dtypes"):
+                print(f"      {'+' if after else '-'} {name}")
+            else:
+                print(f"      {name}: {human(before, s.counter)} -> {human(after, s.counter)}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,9 +160,13 @@ def run(args: argparse.Namespace) -> int:
                 continue
             last = hist.change_points[-1] if hist.change_points else None
             moved = f"; last change {last.commit[:10]} {last.change_pct:+.1f} %" if last else ""
+            if hist.counter_steps:
+                c = hist.counter_steps[-1]
+                moved += (f"; {len(hist.counter_steps)} counter change point(s), last "
+                          f"{c.commit[:10]} {c.counter}")  # fmt: skip
             last_ok = accepted[-1] if accepted else None
             shown = f"; {last_ok.describe()}" if last_ok else ""
             print(f"{nodeid}: {len(hist.levels)} run(s), latest "
                   f"{_human(float(hist.levels['value'].iloc[-1]))}, "
-                  f"{len(hist.change_points)} change point(s){moved}{shown}")  # fmt: skip
+                  f"{len(hist.change_points)} timing change point(s){moved}{shown}")  # fmt: skip
     return 0

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from perfguard.baseline.git import first_parent_commits, match_runs
 from perfguard.baseline.record import Fingerprint, TestRecord
@@ -154,10 +155,18 @@ def history_levels(
 
 
 def history_rows(store: Store, nodeid: str, fingerprint: Fingerprint) -> list[dict[str, Any]]:
-    """The test's stored levels as the reports list them (commit, time, median_ns)."""
+    """The test's stored levels as the reports list them (commit, time, median_ns, and
+    ``change``: the timing and counter change points at that run,
+    :func:`perfguard.compare.history.change_marks`)."""
+    from perfguard.compare.history import change_marks
+
     rows = store.history(nodeid, fingerprint=fingerprint, limit=HISTORY_RUNS)
+    rows = rows[rows["median_ns"].notna()].reset_index(drop=True)
+    levels = pd.DataFrame({"run_id": rows["run_id"], "commit": rows["commit"].astype(str),
+                           "value": rows["median_ns"].astype(np.float64)})  # fmt: skip
+    marks = change_marks(store, nodeid, levels)
     return [
-        {"commit": str(h.commit), "time": str(h.time), "median_ns": float(h.median_ns)}
-        for h in rows.itertuples(index=False)
-        if h.median_ns == h.median_ns
-    ]
+        {"commit": str(h.commit), "time": str(h.time), "median_ns": float(h.median_ns),
+         "change": mark}
+        for h, mark in zip(rows.itertuples(index=False), marks, strict=True)
+    ]  # fmt: skip

@@ -269,11 +269,38 @@ def _dir(v: Any) -> str | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
+def dtype_change(before: Any, after: Any) -> str:
+    """``fp32 → fp64`` for the inputs that changed type, from torch's per-input type lists
+    (``["float", "long int", "", "Scalar"]``: a JSON list per op), with the input's position
+    when the op has several; the two texts as they are when they are not such lists."""
+    import json
+
+    from perfguard.analysis.flops import COMPUTE_DTYPE
+
+    try:
+        a, b = json.loads(str(before)), json.loads(str(after))
+    except ValueError:
+        return f"{before} → {after}"
+    if not (isinstance(a, list) and isinstance(b, list)) or len(a) != len(b):
+        return f"{before} → {after}"
+
+    def short(t: Any) -> str:
+        return COMPUTE_DTYPE.get(str(t), str(t)) or "none"
+
+    changed = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+    if not changed:
+        return f"{before} → {after}"
+    if len(a) == 1:
+        return f"{short(a[0])} → {short(b[0])}"
+    return ", ".join(f"{short(a[i])} → {short(b[i])} (input {i + 1} of {len(a)})"
+                     for i in changed)  # fmt: skip
+
+
 def _switch_culprit(f: Any, impact: dict[tuple[str, str], float]) -> Culprit:
     name = str(f.op_name)
     imp = next((v for (n, _), v in impact.items() if n == name), math.nan)
     if f.gate == "dtypes":
-        text = f"{name}: input dtypes {f.baseline} → {f.current}"
+        text = f"{name}: input dtypes {dtype_change(f.baseline, f.current)}"
     elif f.gate == "tc_lost":
         lost = f.baseline is True or f.baseline == "True"
         text = (

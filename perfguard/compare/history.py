@@ -6,23 +6,15 @@ the same reduction the verdict makes of a run), in first-parent order of the
 branch on one machine fingerprint, and the commits where its level moved
 (:func:`find_change_points`).
 
-Change points come from e-divisive means (Matteson & James, "A
-Nonparametric Approach for Multiple Change Point Analysis of Multivariate
-Data", JASA 2014), the method MongoDB's CI and DataStax's Hunter use on
-performance histories: the split that maximises the energy distance
-between the two sides is kept when a permutation test says a split that
-large is unlikely in the same values shuffled (no level shift), then each
-side is split again. It assumes no distribution (CI timings are skewed and
-heavy-tailed) and needs no noise level or penalty chosen beforehand, the
-weak point of penalised methods such as PELT on series of a few dozen
-runs. The distances are taken between the ranks of the values within the
-stretch being split, not the values: on raw values one run slowed 30 % by
-a busy neighbour outweighs a real 5 % step; on ranks it counts as one
-more slow run (the permutation test is unchanged: ranks are permuted as
-values are). Written here (a few numpy lines, O(n^2) per split) rather than taken
-from ``ruptures``, which offers PELT/binary segmentation with a penalty but
-not the permutation-tested e-divisive, or ``signal-processing-algorithms``,
-which pins old numpy/scipy.
+Timing change points come from :func:`perfguard.compare.changepoint.detect`
+(candidates by a rank-based, two-ended binary segmentation, kept when the
+levels on their two sides differ by more than the history's run-to-run
+noise allows; each a ``step``, ``drift`` or ``variance`` change), given the
+noise estimate the verdicts use (:func:`perfguard.compare.timing.between_run_sd`).
+Counter change points are exact (:mod:`perfguard.compare.counter_steps`):
+counters have no noise, so any change between two stored runs is one.
+A history shorter than :func:`~perfguard.compare.changepoint.runs_needed`
+cannot show a timing change point; :attr:`History.runs_needed` says so.
 
 Each change point names its commit, its size (% change of the run-level
 median, with the levels before and after, each the median of the runs
@@ -32,6 +24,7 @@ iteration time moved most between the same two stretches.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,6 +39,8 @@ from perfguard.baseline.record import (
     round_statistic,
     timing_mask,
 )
+from perfguard.compare.changepoint import detect, runs_needed
+from perfguard.compare.counter_steps import CounterStep, counter_steps
 from perfguard.errors import BaselineError
 
 if TYPE_CHECKING:
@@ -53,20 +48,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChangePoint",
+    "CounterStep",
     "History",
     "OpMove",
-    "e_divisive",
+    "change_marks",
     "find_change_points",
     "load_history",
     "run_levels",
 ]
 
-#: significance level of the permutation test that keeps a split
-ALPHA = 0.01
-#: permutations per test (the smallest p-value it can give is 1 / (PERMUTATIONS + 1))
-PERMUTATIONS = 499
-#: fewest runs on each side of a change point
-MIN_SIZE = 3
 #: ops listed under each change point
 TOP_OPS = 3
 
@@ -98,8 +88,14 @@ class ChangePoint:
     commit: str
     before_ns: float  # median run level from the previous change point (or start) to here
     after_ns: float  # median run level from here to the next change point (or end)
-    p_value: float
+    z: float  # the change over its standard error (changepoint.Split.z)
+    kind: str = "step"  # "step", "drift" (the level crept) or "variance" (the spread moved)
     ops: tuple[OpMove, ...] = ()
+
+    @property
+    def p_value(self) -> float:
+        """Nominal two-sided normal p of ``z`` (before any allowance for the search)."""
+        return math.erfc(abs(float(self.z)) / math.sqrt(2.0))
 
     @property
     def change_pct(self) -> float:
@@ -112,7 +108,9 @@ class History:
 
     ``levels``: :func:`run_levels` columns plus ``position`` (first-parent
     distance from the oldest commit shown); ``counters``: one row per run
-    (run_id), one column per counter (summed over ops, per iteration).
+    (run_id), one column per counter (summed over ops, per iteration);
+    ``counter_steps``: the exact counter change points; ``runs_needed``: the
+    runs a timing change point needs (more than ``len(levels)``: none could be found).
     """
 
     nodeid: str
@@ -121,6 +119,8 @@ class History:
     levels: pd.DataFrame
     counters: pd.DataFrame
     change_points: list[ChangePoint] = field(default_factory=list)
+    counter_steps: list[CounterStep] = field(default_factory=list)
+    runs_needed: int = field(default_factory=runs_needed)
 
 
 # --------------------------------------------------------------------------- levels
@@ -195,8 +195,7 @@ def first_parent_order(
 def run_counters(store: Store, nodeid: str, run_ids: pd.Series) -> pd.DataFrame:
     """Per run, each counter summed over the test's ops (per iteration): run_id + a column
     per counter, in the order of ``run_ids``."""
-    rows = store.test_rows(nodeid, "counters")
-    rows = rows[rows["run_id"].isin(run_ids)]
+    rows = store.test_rows(nodeid, "counters", [int(r) for r in run_ids])
     if rows.empty:
         return pd.DataFrame({"run_id": run_ids.to_numpy(np.int64)})
     wide = rows.pivot_table(index="run_id", columns="counter", values="value", aggfunc="sum")
@@ -207,66 +206,11 @@ def run_counters(store: Store, nodeid: str, run_ids: pd.Series) -> pd.DataFrame:
 # --------------------------------------------------------------------------- detection
 
 
-def _energy_stat(d: np.ndarray, min_size: int) -> tuple[int, float]:
-    """The best split of a series from its distance matrix ``d``: (tau, q) with tau the
-    first index of the right side and q the scaled energy distance (Matteson & James's
-    Q-hat with the right end at the series' end)."""
-    n = len(d)
-    s = np.zeros((n + 1, n + 1))
-    s[1:, 1:] = d.cumsum(0).cumsum(1)
-    tau = np.arange(min_size, n - min_size + 1)
-    m = n - tau
-    between = s[tau, n] - s[tau, tau]
-    within_left = s[tau, tau] / 2
-    within_right = (s[n, n] - 2 * s[tau, n] + s[tau, tau]) / 2
-    e = (
-        2 * between / (tau * m)
-        - within_left / (tau * (tau - 1) / 2)
-        - within_right / (m * (m - 1) / 2)
-    )
-    q = tau * m / n * e
-    best = int(np.argmax(q))
-    return int(tau[best]), float(q[best])
-
-
-def e_divisive(
-    values: np.ndarray,
-    *,
-    alpha: float = ALPHA,
-    permutations: int = PERMUTATIONS,
-    min_size: int = MIN_SIZE,
-    seed: int = 0,
-) -> list[tuple[int, float]]:
-    """Change points of ``values``: sorted (index of the first value after the change,
-    permutation p-value). Deterministic for a given ``seed``."""
-    x = np.asarray(values, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    found: list[tuple[int, float]] = []
-    todo = [(0, len(x))]
-    while todo:
-        start, stop = todo.pop()
-        seg = x[start:stop]
-        if len(seg) < 2 * min_size or np.ptp(seg) == 0:
-            continue
-        r = pd.Series(seg).rank().to_numpy()  # ranks: one wild run moves a distance by <= 1/n
-        d = np.abs(r[:, None] - r[None, :])
-        tau, q = _energy_stat(d, min_size)
-        exceed = 0
-        for _ in range(permutations):
-            p = rng.permutation(len(seg))
-            exceed += _energy_stat(d[np.ix_(p, p)], min_size)[1] >= q
-        p_value = (exceed + 1) / (permutations + 1)
-        if p_value <= alpha:
-            found.append((start + tau, p_value))
-            todo += [(start, start + tau), (start + tau, stop)]
-    return sorted(found)
-
-
 def _op_levels(store: Store, nodeid: str, levels: pd.DataFrame) -> pd.DataFrame:
     """Per (run, op): the op's median per-iteration time (an iteration without it counts 0),
     GPU time for a GPU-time history, else CPU time. Index run_id, columns op ids."""
-    ops = store.test_rows(nodeid, "op_samples")
-    ops = ops[ops["run_id"].isin(levels["run_id"])]
+    ids = [int(r) for r in levels["run_id"]]
+    ops = store.test_rows(nodeid, "op_samples", ids)
     if ops.empty:
         return pd.DataFrame(index=levels["run_id"])
     gpu = ops["metric"] == "gpu_time"
@@ -277,37 +221,43 @@ def _op_levels(store: Store, nodeid: str, levels: pd.DataFrame) -> pd.DataFrame:
         .sum()
         .unstack("op_id", fill_value=0.0)
     )
-    samples = store.test_rows(nodeid, "samples")
-    samples = samples[profiled_mask(samples)][["run_id", "iteration"]]
-    full = pd.MultiIndex.from_frame(samples[samples["run_id"].isin(levels["run_id"])])
+    samples = store.test_rows(nodeid, "samples", ids)
+    full = pd.MultiIndex.from_frame(samples[profiled_mask(samples)][["run_id", "iteration"]])
     per_iter = per_iter.reindex(full, fill_value=0.0)
     return per_iter.groupby(level="run_id").median()
 
 
-def _op_names(store: Store, nodeid: str) -> dict[str, str]:
-    ops = store.test_rows(nodeid, "ops")
+def _op_names(store: Store, nodeid: str, run_ids: list[int]) -> dict[str, str]:
+    ops = store.test_rows(nodeid, "ops", run_ids)
     return dict(zip(ops["op_id"], ops["op_name"], strict=True))
 
 
 def find_change_points(
     levels: pd.DataFrame,
     *,
-    alpha: float = ALPHA,
-    permutations: int = PERMUTATIONS,
-    min_size: int = MIN_SIZE,
+    noise: float | None = None,
     op_levels: pd.DataFrame | None = None,
     op_names: dict[str, str] | None = None,
     top_ops: int = TOP_OPS,
 ) -> list[ChangePoint]:
     """The change points of ``levels["value"]`` (in the frame's order), each with the
-    levels around it and, given ``op_levels`` (:func:`_op_levels`), the ops that moved most."""
+    levels around it and, given ``op_levels`` (:func:`_op_levels`), the ops that moved most.
+    ``noise``: run-to-run standard deviation in ns; default the history's own estimate
+    (:func:`perfguard.compare.timing.between_run_sd` of the levels, times their median)."""
+    from perfguard.compare.timing import between_run_sd
+
     values = levels["value"].to_numpy(np.float64)
-    splits = e_divisive(values, alpha=alpha, permutations=permutations, min_size=min_size)
-    bounds = [0, *(i for i, _ in splits), len(values)]
+    if noise is None:
+        sd = between_run_sd(values) if len(values) >= 3 else float("nan")
+        noise = float(sd * np.median(values)) if np.isfinite(sd) else 0.0
+    splits = detect(values, noise=noise)
+    steps = sorted({s.index for s in splits})
+    bounds = [0, *steps, len(values)]
     out = []
-    for k, (index, p_value) in enumerate(splits):
-        before = slice(bounds[k], index)
-        after = slice(index, bounds[k + 2])
+    for split in splits:
+        k = steps.index(split.index)
+        before = slice(bounds[k], split.index)
+        after = slice(split.index, bounds[k + 2])
         moves: tuple[OpMove, ...] = ()
         if op_levels is not None and not op_levels.empty:
             ids = levels["run_id"].to_numpy()
@@ -321,16 +271,33 @@ def find_change_points(
             )
         out.append(
             ChangePoint(
-                index=index,
-                run_id=int(levels["run_id"].iloc[index]),
-                commit=str(levels["commit"].iloc[index]),
+                index=split.index,
+                run_id=int(levels["run_id"].iloc[split.index]),
+                commit=str(levels["commit"].iloc[split.index]),
                 before_ns=float(np.median(values[before])),
                 after_ns=float(np.median(values[after])),
-                p_value=p_value,
+                z=split.z,
+                kind=split.kind,
                 ops=moves,
             )
         )
     return out
+
+
+def change_marks(store: Store, nodeid: str, levels: pd.DataFrame) -> list[str]:
+    """One short text per run of ``levels`` (run_id, commit, value in ns, history order):
+    the timing and counter change points that start at that run, "" elsewhere; what the
+    reports' history tables show beside each run."""
+    marks: list[list[str]] = [[] for _ in range(len(levels))]
+    for cp in find_change_points(levels):
+        what = "spread changed" if cp.kind == "variance" else f"{cp.kind} {cp.change_pct:+.1f} %"
+        marks[cp.index].append(what)
+    for step in counter_steps(store, nodeid, levels, top_ops=0):
+        if step.counter in ("kernel_set", "tc_ops", "dtypes"):
+            marks[step.index].append(f"{step.counter} changed")
+        else:
+            marks[step.index].append(f"{step.counter} {step.before:.4g} → {step.after:.4g}")
+    return ["; ".join(m) for m in marks]
 
 
 def load_history(
@@ -342,7 +309,6 @@ def load_history(
     fingerprint: Fingerprint | None = None,
     metric: str | None = None,
     limit: int | None = None,
-    alpha: float = ALPHA,
     top_ops: int = TOP_OPS,
 ) -> History:
     """The history of ``nodeid`` on the first-parent line of ``ref``, with its change points.
@@ -363,11 +329,11 @@ def load_history(
         levels = levels.tail(limit).reset_index(drop=True)
     points = find_change_points(
         levels,
-        alpha=alpha,
         op_levels=_op_levels(store, nodeid, levels),
-        op_names=_op_names(store, nodeid),
+        op_names=_op_names(store, nodeid, [int(r) for r in levels["run_id"]]),
         top_ops=top_ops,
     )
     counters = run_counters(store, nodeid, levels["run_id"])
+    steps = counter_steps(store, nodeid, levels, top_ops=top_ops)
     metric_name = str(levels["metric"].iloc[0]) if len(levels) else (metric or "")
-    return History(nodeid, metric_name, fingerprint, levels, counters, points)
+    return History(nodeid, metric_name, fingerprint, levels, counters, points, steps)

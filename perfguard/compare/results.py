@@ -120,6 +120,9 @@ class TestEntry:
     accepted: dict[str, Any] | None = None
     #: the judge's explanation (compare.explain); None for a test nothing judged
     explanation: Explanation | None = None
+    #: wall seconds of the measurement's parts (warmup, timing, profiled, analysis,
+    #: findings, compare, timeline, history): where a test's time under perfguard went
+    phase_s: dict[str, float] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -187,8 +190,8 @@ class TestEntry:
                 v = v.to_dict() if v is not None else None
             elif isinstance(v, float) and not math.isfinite(v):
                 v = None
-            elif isinstance(v, list):
-                v = list(v)
+            elif isinstance(v, (list, dict)):
+                v = type(v)(v)
             out[f.name] = v
         return out
 
@@ -232,11 +235,16 @@ class TestEntry:
         vals["findings"] = _rows(test.get("findings"), source, f"{where}.findings",
                                  _FINDING_TEXTS, ())  # fmt: skip
         vals["history"] = _rows(
-            test.get("history"), source, f"{where}.history", ("commit", "time"), ("median_ns",)
+            test.get("history"),
+            source,
+            f"{where}.history",
+            ("commit", "time", "change"),
+            ("median_ns",),
         )
         for key in _SERIES:
             vals[key] = _series(test.get(key), source, f"{where}.{key}")
         vals["notes"] = _notes(test.get("notes"), source, f"{where}.notes")
+        vals["phase_s"] = _phases(test.get("phase_s"), source, f"{where}.phase_s")
         vals["timing"] = _timing(test.get("timing"), source, f"{where}.timing")
         vals["gates"] = _gates(test.get("gates"), source, f"{where}.gates")
         vals["accepted"] = _accepted(test.get("accepted"), source, f"{where}.accepted")
@@ -305,6 +313,9 @@ class SessionResults:
     notes: list[str] = field(default_factory=list)
     mode: str = "store"  # "store" | "ab"
     complete: bool = True  # false while the session runs (rewritten after every test)
+    #: wall seconds of the session's own parts (start-up, A/B measurement, results
+    #: written after each test, save): perfguard's cost beyond each test's
+    phase_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -374,6 +385,7 @@ class SessionResults:
             "badge": self.badge(),
             "counts": {o: n for o, n in self.counts.items() if n},
             "notes": list(self.notes),
+            "phase_s": dict(self.phase_s),
             "tests": [t.to_dict() for t in self.tests],
         }
 
@@ -442,6 +454,7 @@ class SessionResults:
             notes=notes,
             mode=mode,
             complete=bool(data.get("complete", True)),
+            phase_s=_phases(data.get("phase_s"), source, "phase_s"),
         )
 
 
@@ -498,6 +511,19 @@ def _text(value: Any, source: str, where: str) -> str | None:
         return None
     _need(isinstance(value, str | int | float), source, where, "a string", value)
     return str(value)
+
+
+def _phases(value: Any, source: str, where: str) -> dict[str, float]:
+    """Seconds by part name: finite, not negative."""
+    if value is None:
+        return {}
+    _need(isinstance(value, dict), source, where, "an object", value)
+    out = {}
+    for key, seconds in value.items():
+        n = _number(seconds, source, f"{where}.{key}")
+        _need(n is not None and n >= 0, source, f"{where}.{key}", "seconds (>= 0)", seconds)
+        out[str(key)] = float(n)  # type: ignore[arg-type]
+    return out
 
 
 def _notes(notes: Any, source: str, where: str) -> list[str]:

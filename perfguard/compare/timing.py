@@ -45,9 +45,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from perfguard.compare.outcomes import Outcome
+from perfguard.compare.student import t_ppf, t_sf
 
 #: stored runs of a test on one machine needed to estimate its between-run noise
 MIN_HISTORY = 5
@@ -169,8 +169,8 @@ def between_run_sd(levels: np.ndarray) -> float:
 def _interval(delta: float, se: float, df: float, alpha: float) -> tuple[float, float, float]:
     if not (se > 0 and math.isfinite(se)) or df < 1:
         return math.nan, math.nan, math.nan
-    t = float(sps.t.ppf(1 - alpha / 2, df))
-    p = float(2 * sps.t.sf(abs(delta) / se, df))
+    t = float(t_ppf(1 - alpha / 2, df))
+    p = float(2 * t_sf(abs(delta) / se, df))
     return delta - t * se, delta + t * se, p
 
 
@@ -289,7 +289,7 @@ def judge_store(
             f"rounds, with a between-run noise of {100 * prior:g}% assumed until then"
         )
     lo, hi, p = _interval(delta, se, df, alpha)
-    t = float(sps.t.ppf(1 - alpha / 2, df)) if df >= 1 else math.nan
+    t = float(t_ppf(1 - alpha / 2, df)) if df >= 1 else math.nan
     threshold = max(tolerance, math.expm1(t * se)) if math.isfinite(t) else tolerance
     # the machine's share of the change: wait beyond the baseline's stretches the time
     excess, shift = 0.0, 0.0

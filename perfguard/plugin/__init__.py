@@ -66,7 +66,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for key in (session_key, child_key):
+    keys: tuple[pytest.StashKey[Any], ...] = (session_key, child_key)
+    for key in keys:
         plugin: Any = config.stash.get(key, None)
         if plugin is not None:
             del config.stash[key]

@@ -235,7 +235,7 @@ def read_settings(config: pytest.Config) -> Settings:
     """Every option, checked. A bad value is a :class:`pytest.UsageError` naming the option."""
     current = "--perfguard"
     try:
-        values = {}
+        values: dict[str, Any] = {}
         for dest, flag, ini_type, _ in _OPTIONS:
             current = flag
             value, _source = _value(config, dest)

@@ -1,52 +1,174 @@
-"""What a session leaves in its output folder, written in one place: ``results.json`` (after
-every test with ``complete: false``, so a killed session still leaves what it measured, and
-at the end), then ``report.html`` and ``summary.md`` from that same document.
+"""What a session leaves behind, kept and written in one place.
 
-The session assembles the typed document (:class:`~perfguard.compare.results.SessionResults`);
-this writer only writes it. A report that cannot be rendered removes the previous session's
-(a stale report must never pass for this one's) and says so in :attr:`SessionOutputs.notes`;
-it never changes an outcome.
+:class:`SessionOutputs` holds each test's typed entry (:class:`~perfguard.compare.results.
+TestEntry`, checked once when it is made) and record, and alone writes ``results.json``
+(after every test with ``complete: false``, so a killed session still leaves what it
+measured, and at the end), then ``report.html`` and ``summary.md`` from that same
+document, and the terminal summary's lines. An entry is serialised once, when it is added:
+the partial document after each test appends that text to the session's header instead of
+re-serialising every earlier entry.
+
+A report that cannot be rendered removes the previous session's (a stale report must never
+pass for this one's) and says so in :attr:`SessionOutputs.notes`; it never changes an
+outcome.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import pickle
+import time
 from pathlib import Path
+from typing import Any
 
-from perfguard.compare.results import SessionResults
+from perfguard.baseline.record import TestRecord
+from perfguard.compare.results import SessionResults, TestEntry
+from perfguard.errors import PerfguardError
+from perfguard.plugin.context import SaveResult, SessionContext
 
 RESULTS = "results.json"
 REPORTS = ("report.html", "summary.md")
+#: the two-sided level of every interval and test the session reports
+ALPHA = 0.01
 
 
 class SessionOutputs:
-    """The writer of one output folder (module docstring)."""
+    """The entries and records of one session, and the writer of its output folder."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, context: SessionContext) -> None:
+        self.context = context
+        self.folder = context.settings.output
+        #: each test's entry, checked once when it is made (never re-read from dicts)
+        self.entries: dict[str, TestEntry] = {}
+        self.records: dict[str, TestRecord] = {}
+        self.saved = SaveResult()
         self.results_path: Path | None = None
         self.report_path: Path | None = None
         #: what went wrong while writing, for the terminal summary
         self.notes: list[str] = []
+        self._texts: dict[str, str] = {}  # nodeid -> the entry's JSON, made once
+        #: wall seconds of the session's own parts (:attr:`SessionResults.phase_s`)
+        self.phase_s: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the ledger
+    def add(self, entry: TestEntry, record: TestRecord | None = None) -> None:
+        """Keep a test's entry (and record), then write the partial document."""
+        self.entries[entry.nodeid] = entry
+        if record is not None:
+            self.records[entry.nodeid] = record
+        self._texts.pop(entry.nodeid, None)
+        if self.context.worker_id is None and not self.context.round_child:
+            t0 = time.perf_counter()
+            self.partial()
+            self.phase("results", time.perf_counter() - t0)
+
+    def phase(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to the session's part ``name``."""
+        self.phase_s[name] = self.phase_s.get(name, 0.0) + seconds
+
+    def worker_output(self) -> dict[str, Any]:
+        """What an xdist worker hands its controller (``workeroutput`` is JSON-safe)."""
+        return {
+            "entries": {k: e.to_dict() for k, e in self.entries.items()},
+            "records": [
+                base64.b64encode(pickle.dumps(r)).decode("ascii") for r in self.records.values()
+            ],
+        }
+
+    def merge_worker(self, data: dict[str, Any]) -> None:
+        """A worker's entries and records, checked once as they arrive."""
+        for nodeid, entry in data["entries"].items():
+            self.entries[nodeid] = TestEntry.from_dict(entry, "results", nodeid)
+            self._texts.pop(nodeid, None)
+        for blob in data["records"]:
+            record = pickle.loads(base64.b64decode(blob))
+            self.records[record.nodeid] = record
+
+    # ------------------------------------------------------------------ the document
+    def document(self, complete: bool = True) -> SessionResults:
+        """The session document (:class:`~perfguard.compare.results.SessionResults`,
+        schema 2); ``complete`` is false while the session runs."""
+        from perfguard import __version__
+
+        ctx = self.context
+        tests = [self.entries[k] for k in sorted(self.entries)]
+        settings = {
+            **ctx.settings.to_dict(),
+            "alpha": ALPHA,
+            "resolved_backend": ctx.backend.label,
+            "backend_why": ctx.backend.why,
+        }
+        mode = settings.get("mode")
+        saved = self.saved
+        return SessionResults(
+            tests=tests,
+            perfguard_version=__version__,
+            run=ctx.run.to_dict(),
+            baseline=ctx.baseline_dict(),
+            baseline_status=ctx.baseline_status(),
+            saved=(
+                {"run_id": saved.run_id, "store": str(ctx.settings.store),
+                 **({"replaced": saved.replaced} if saved.replaced else {})}
+                if saved.run_id is not None
+                else None
+            ),
+            save_error=saved.error,
+            settings=settings,
+            notes=list(ctx.notes),
+            mode=mode if mode in ("store", "ab") else
+            ("ab" if any(t.mode == "ab" for t in tests) else "store"),
+            complete=complete,
+            phase_s=dict(self.phase_s),
+        )  # fmt: skip
+
+    def _text(self, doc: SessionResults) -> str:
+        """The document as JSON; each entry's text is made once and reused."""
+        head = doc.to_dict()
+        head.pop("tests")
+        parts = []
+        for entry in doc.tests:
+            text = self._texts.get(entry.nodeid)
+            if text is None:
+                text = self._texts[entry.nodeid] = json.dumps(
+                    entry.to_dict(), indent=1, allow_nan=False
+                )
+            parts.append(text)
+        return json.dumps(head, indent=1, allow_nan=False)[:-2] + (
+            ',\n "tests": [\n' + ",\n".join(parts) + "\n ]\n}"
+        )
 
     def _write_json(self, doc: SessionResults) -> Path:
         """``results.json``, atomically (a reader never sees half a file)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / RESULTS
         tmp = path.with_name(RESULTS + ".tmp")
-        tmp.write_text(json.dumps(doc.to_dict(), indent=1, allow_nan=False))
+        tmp.write_text(self._text(doc))
         tmp.replace(path)
         return path
 
-    def partial(self, doc: SessionResults) -> None:
+    def partial(self) -> None:
         """The document so far; a failure here is said by the final write, not here."""
         try:
-            self._write_json(doc)
-        except (OSError, ValueError):
+            self._write_json(self.document(complete=False))
+        except (OSError, ValueError, PerfguardError):
             pass
 
-    def final(self, doc: SessionResults) -> None:
+    def final(self) -> None:
         """The complete document, then the reports rendered from it."""
+        t0 = time.perf_counter()
+        try:
+            self._final()
+        finally:
+            self.phase("reports", time.perf_counter() - t0)
+
+    def _final(self) -> None:
+        try:
+            doc = self.document()
+        except PerfguardError as exc:
+            self.notes.append(f"could not assemble {RESULTS}: {exc}")
+            self.remove_stale_reports()
+            return
         try:
             self.results_path = self._write_json(doc)
         except (OSError, ValueError) as exc:
@@ -84,3 +206,39 @@ class SessionOutputs:
                 )
         if gone:
             self.notes.append(f"removed {' and '.join(gone)} so that no stale report remains")
+
+    # ------------------------------------------------------------------ the terminal
+    def _cost_lines(self) -> list[str]:
+        """perfguard's own seconds: per test beyond its timed rounds, and the session's."""
+        from perfguard.plugin.summary import cost_line
+
+        line = cost_line(list(self.entries.values()), self.phase_s)
+        return [line] if line else []
+
+    def summary_lines(self) -> list[str]:
+        """The ``perfguard`` section of pytest's terminal summary."""
+        from perfguard.plugin.summary import results_lines
+
+        ctx = self.context
+        lines = [f"backend: {ctx.backend.label} ({ctx.backend.why})"]
+        lines.append(f"baseline: {ctx.baseline_status()}")
+        try:
+            lines += results_lines(self.document())
+        except PerfguardError as exc:  # a malformed entry must not cost the summary
+            lines.append(f"perfguard: cannot tabulate the results: {exc}")
+        if self.saved.run_id is not None:
+            dirty = " (dirty tree)" if ctx.run.dirty else ""
+            lines.append(
+                f"saved run {self.saved.run_id} for {ctx.run.commit[:12]}{dirty} "
+                f"in {ctx.settings.store}"
+            )
+        elif ctx.settings.save:
+            lines.append(f"not saved: {self.saved.error}")
+        lines += self._cost_lines()
+        if self.results_path is not None:
+            lines.append(f"results: {self.results_path}")
+        if self.report_path is not None:
+            lines.append(f"report: {self.report_path} (open it in a browser; summary.md beside it)")
+        notes = [*ctx.notes, *self.notes]
+        lines += [f"note: {n}" for n in notes if not n.startswith("no baseline")]
+        return lines

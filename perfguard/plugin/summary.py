@@ -16,7 +16,6 @@ from typing import Any
 
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
-from perfguard.errors import PerfguardError
 
 HEADER = ("test", "outcome", "change", "interval", "gates", "why")
 MAX_TEST = 60
@@ -88,26 +87,30 @@ def results_lines(results: SessionResults) -> list[str]:
     return lines
 
 
-def summary_lines(session: Any) -> list[str]:
-    """The section's lines for a :class:`~perfguard.plugin.session.PerfguardSession`."""
-    lines = [f"backend: {session.backend.label} ({session.backend.why})"]
-    lines.append(f"baseline: {session.baseline_status()}")
-    try:
-        lines += results_lines(session.results())
-    except PerfguardError as exc:  # a malformed entry must not cost the summary
-        lines.append(f"perfguard: cannot tabulate the results: {exc}")
-    if session.saved_run_id is not None:
-        dirty = " (dirty tree)" if session.run.dirty else ""
-        lines.append(
-            f"saved run {session.saved_run_id} for {session.run.commit[:12]}{dirty} "
-            f"in {session.settings.store}"
-        )
-    elif session.settings.save:
-        lines.append(f"not saved: {session.save_error}")
-    written = session.outputs
-    if written.results_path is not None:
-        lines.append(f"results: {written.results_path}")
-    if written.report_path is not None:
-        lines.append(f"report: {written.report_path} (open it in a browser; summary.md beside it)")
-    lines += [f"note: {n}" for n in session.notes if not n.startswith("no baseline")]
-    return lines
+#: a test's own parts: the loop the test runs without perfguard too (its warm-up, its
+#: timed rounds); every other part is perfguard's cost
+OWN_PHASES = ("warmup", "timing")
+
+
+def cost_line(entries: list[TestEntry], session_s: dict[str, float]) -> str:
+    """perfguard's own wall time: per test measured in this process, beyond its warm-up and
+    timed rounds (the profiled round, the analysis, the comparison, ...), and the session's
+    parts (in A/B mode the rounds of both trees, run in child processes, are one part)."""
+    measured = [e.phase_s for e in entries if "profiled" in e.phase_s]
+    parts: dict[str, float] = {}
+    for phases in measured:
+        for name, seconds in phases.items():
+            if name not in OWN_PHASES:
+                parts[name] = parts.get(name, 0.0) + seconds
+    texts = []
+    if measured:
+        n = len(measured)
+        detail = _largest_first({k: v / n for k, v in parts.items()})
+        texts.append(f"{sum(parts.values()) / n:.2f} s per test beyond its rounds ({detail})")
+    if session_s:
+        texts.append(f"session {sum(session_s.values()):.2f} s ({_largest_first(session_s)})")
+    return "perfguard's own time: " + "; ".join(texts) if texts else ""
+
+
+def _largest_first(parts: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))

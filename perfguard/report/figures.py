@@ -1,4 +1,5 @@
-"""Small matplotlib figures for the HTML reports, returned as inline SVG text.
+"""Small figures for the HTML reports, returned as inline SVG text: matplotlib for the
+analysis page, written directly for the session report.
 
 The reports are single files that a reviewer opens from a CI artifact, so
 every figure is SVG text placed in the page: no image files, no network.
@@ -8,10 +9,9 @@ objects directly, never through ``pyplot``, so rendering a report does not
 change the backend of a notebook that imports perfguard.
 
 A session report draws two figures per test (its rounds, or an older
-file's per-iteration samples, and its history). Building a matplotlib figure
-and its axes costs about as much as drawing it, so :class:`SessionFigures`
-builds each kind once and only swaps the data between tests (about half the
-time of a fresh figure per test; see ``benchmarks/report_size.py``).
+file's per-iteration samples, and its history); :class:`SessionFigures` writes
+them as SVG directly (:mod:`perfguard.report.svg`), so a ``pytest --perfguard``
+session never imports matplotlib.
 """
 
 from __future__ import annotations
@@ -68,45 +68,12 @@ def svg_text(fig: Any, label: str, prefix: str) -> str:
 
 
 class SessionFigures:
-    """Per-test figures of a session report, drawn on figures built once.
+    """Per-test figures of a session report, as SVG text (:mod:`perfguard.report.svg`: no
+    matplotlib import in a ``pytest --perfguard`` session).
 
-    ``distribution`` shows baseline and current per-iteration samples (points
-    over a box of the quartiles and a median bar); ``trend`` shows the test's
-    stored medians over commits.
+    ``distribution`` shows baseline and current values (points over a box of the
+    quartiles and a median bar); ``trend`` shows the test's stored medians over commits.
     """
-
-    def __init__(self) -> None:
-        import matplotlib
-        from matplotlib.figure import Figure
-
-        self._count = 0
-        with matplotlib.rc_context(_RC):
-            # fixed margins: a layout engine would re-measure every label on every draw
-            self._dist = Figure(figsize=(5.2, 1.5))
-            self._dist.subplots_adjust(left=0.14, right=0.97, bottom=0.3, top=0.96)
-            ax = self._dist.add_subplot()
-            self._dist_ax = ax
-            self._points = [
-                ax.scatter([], [], s=7, color=c, alpha=0.6, linewidths=0)
-                for c in (BASELINE_COLOR, CURRENT_COLOR)
-            ]
-            self._boxes = [ax.plot([], [], color=c, lw=1.2)[0] for c in ("#333", "#1e3a8a")]
-            ax.set_yticks([1, 0], ["baseline", "current"])
-            ax.set_ylim(-0.6, 1.6)
-            ax.tick_params(axis="y", length=0)
-            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(5))
-
-            self._trend = Figure(figsize=(5.2, 1.5))
-            self._trend.subplots_adjust(left=0.14, right=0.97, bottom=0.17, top=0.96)
-            ax = self._trend.add_subplot()
-            self._trend_ax = ax
-            (self._trend_line,) = ax.plot([], [], color=CURRENT_COLOR, marker="o", ms=3, lw=1)
-            (self._trend_last,) = ax.plot([], [], color="#dc2626", marker="o", ms=5, lw=0)
-            ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
-
-    def _prefix(self) -> str:
-        self._count += 1
-        return f"f{self._count}-"
 
     def distribution(
         self,
@@ -117,51 +84,27 @@ class SessionFigures:
     ) -> str | None:
         """Box/strip plot of the two sets of values (ns: per-iteration samples or per-round
         values, ``unit_label`` says which), or None when both are empty."""
+        from perfguard.report.svg import strip_box
+
         groups = [np.asarray(baseline, dtype=float), np.asarray(current, dtype=float)]
         if not any(len(g) for g in groups):
             return None
-        top = max(float(g.max()) for g in groups if len(g))
-        scale, unit = time_unit(top)
-        rng = np.random.default_rng(0)  # same jitter every render: reports diff cleanly
-        lo, hi = np.inf, -np.inf
-        for y, g, pts, box in zip((1, 0), groups, self._points, self._boxes, strict=True):
-            v = g / scale
-            jitter = rng.uniform(-0.22, 0.22, len(v))
-            pts.set_offsets(np.c_[v, y + jitter] if len(v) else np.empty((0, 2)))
-            if len(v):
-                q1, med, q3 = np.percentile(v, [25, 50, 75])
-                box.set_data(
-                    [q1, q3, q3, q1, q1, np.nan, med, med],
-                    [y - 0.3, y - 0.3, y + 0.3, y + 0.3, y - 0.3, np.nan, y - 0.34, y + 0.34],
-                )
-                lo, hi = min(lo, float(v.min())), max(hi, float(v.max()))
-            else:
-                box.set_data([], [])
-        pad = (hi - lo) * 0.06 or abs(hi) * 0.05 or 1.0
-        self._dist_ax.set_xlim(lo - pad, hi + pad)
-        self._dist_ax.set_xlabel(f"{unit_label} ({unit})")
-        return svg_text(self._dist, label, self._prefix())
+        scale, unit = time_unit(max(float(g.max()) for g in groups if len(g)))
+        rows = [("baseline", groups[0] / scale, BASELINE_COLOR),
+                ("current", groups[1] / scale, CURRENT_COLOR)]  # fmt: skip
+        return strip_box(rows, f"{unit_label} ({unit})", label)
 
     def trend(self, history: Sequence[dict[str, Any]], label: str) -> str | None:
         """Median per stored commit (oldest first), or None with fewer than two points."""
+        from perfguard.report.svg import line
+
         points = [h for h in history if h.get("median_ns") is not None]
         if len(points) < 2:
             return None
         y = np.array([float(h["median_ns"]) for h in points])
         scale, unit = time_unit(float(y.max()))
-        y = y / scale
-        x = np.arange(len(y))
-        ax = self._trend_ax
-        self._trend_line.set_data(x, y)
-        self._trend_last.set_data(x[-1:], y[-1:])
-        ax.set_xlim(-0.5, len(y) - 0.5)
-        pad = (y.max() - y.min()) * 0.15 or y.max() * 0.05 or 1.0
-        ax.set_ylim(y.min() - pad, y.max() + pad)
-        step = -(-len(y) // 5)  # at most 5 labels, anchored at the latest commit
-        ticks = np.arange(len(y) - 1, -1, -step)[::-1]
-        ax.set_xticks(ticks, [str(points[i].get("commit") or "?")[:7] for i in ticks])
-        ax.set_ylabel(f"median ({unit})")
-        return svg_text(self._trend, label, self._prefix())
+        commits = [str(p.get("commit") or "?")[:7] for p in points]
+        return line(y / scale, commits, f"median ({unit})", label, CURRENT_COLOR)
 
 
 def iteration_bars(duration_ns: np.ndarray, gpu_ns: np.ndarray, label: str) -> str | None:

@@ -1,0 +1,436 @@
+"""Change points of a noisy series of run levels: where a test's timing moved.
+
+Two stages, as Apache Otava and MongoDB's e-divisive split the work
+(candidates first, then a test that keeps the real ones), with both
+stages built for CI timings: skewed, heavy-tailed, with rare runs slowed
+by a busy neighbour, and only a few dozen values.
+
+1. **Candidates** by binary segmentation on ranks. Within the stretch
+   being split the values are replaced by their ranks (one wild run moves
+   a rank sum by at most one place) and every interval ``[a, b)`` is
+   scored by the standardised sum of its centred ranks (mean 0, variance
+   ``L (m - L) / (m - 1) * mean(c^2)`` exactly, ties included, under no
+   change). The best interval may end before the stretch does: that is
+   Matteson & James's two-ended search (their kappa), which finds a
+   regression and its fix a few commits later, a shape whose two ends sit
+   at the same level and that a split searched from one end misses. Both
+   ends become candidates and each side is searched again, down to a low
+   bar (:data:`CANDIDATE_Z`): this stage only proposes.
+2. **Refining**: each candidate moved to the best single split between its
+   neighbours (rank CUSUM, then the least absolute deviation within 5
+   runs of it: a run at the edge of the old level ranks like the new one's).
+3. **Pruning** with the noise: the candidate whose two neighbouring
+   segments differ least (their interquartile means, robust to a quarter
+   of slow runs yet not stuck on one band of a two-valued series as a
+   median is, over the standard error ``sigma * sqrt(LEVEL_VAR * (1/n1 +
+   1/n2))``) is removed while that ratio is below the bar, :data:`STEP_Z`
+   plus :data:`STEP_Z_PER_LOG` per log of the length past 50 runs (a longer
+   series has more places where noise alone looks like a step); each
+   removal merges two segments and their neighbours are re-scored (Otava
+   prunes its candidates the same way with a t-test). ``sigma`` is the
+   largest of the history's noise estimate (the verdicts',
+   :func:`perfguard.compare.timing.between_run_sd`), the series' own (a
+   trimmed mean of squared successive differences: a step or a slow run
+   moves one or two differences, which the trim drops) and the two
+   segments' pooled robust spread; once pruned, the spread left around the
+   levels found (winsorised, so two-valued banding keeps its band gap)
+   replaces it when larger and the pruning runs again.
+
+Segments that are ramps (a line tells them better than a flat level) make
+one ``drift`` change with the ramps next to them, at the first run of the
+ramp, not a staircase of steps. Then the residuals around the levels (or
+ramps) are searched the same way for a change of spread alone, scored by
+the log ratio of clipped RMS residuals: such a point is a ``variance``
+change, never a level step.
+
+Everything is O(m^2) numpy per searched stretch, no permutations: a few
+ms for a 200-run history (benchmarks/change_points.py, benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
+
+import numpy as np
+
+__all__ = ["CANDIDATE_Z", "STEP_Z", "Split", "detect", "noise_sigma", "runs_needed"]
+
+#: fewest runs on each side of a change point
+MIN_SIZE = 3
+#: standardised rank-sum at which a stretch is split into candidates
+CANDIDATE_Z = 2.5
+#: a level change is kept when the medians of its two sides differ by this many standard
+#: errors (the candidates are the best of many intervals: a nominal 2-sided p of 1e-4)
+STEP_Z = 3.6
+#: the bar rises with the log of the series' length past 50 runs (more places to split)
+STEP_Z_PER_LOG = 0.6
+#: variance of the interquartile mean over n runs, in sigma^2 / n (normal noise: 1.15;
+#: rounded up for the few-run segments where it is a median of 3 or 4, pi / 2)
+LEVEL_VAR = 1.3
+#: a spread change, the same on absolute deviations
+VARIANCE_Z = 5.0
+#: share of the largest squared successive differences dropped from the noise estimate
+TRIM = 0.3
+_NORMAL = NormalDist()  # the standard library's: no scipy.stats import in a pytest session
+_Q = _NORMAL.inv_cdf(1 - TRIM / 2)
+#: E[z^2 | z^2 below its (1 - TRIM) quantile] for a standard normal z: makes the trimmed
+#: mean an estimate of the variance
+_TRIM_FACTOR = 1 - 2 * _Q * _NORMAL.pdf(_Q) / (1 - TRIM)
+
+
+@dataclass(frozen=True)
+class Split:
+    """A change at ``index`` (the first value after it): ``kind`` "step", "drift" or
+    "variance"; ``z`` the difference over its standard error; ``p_value`` its nominal
+    two-sided normal p."""
+
+    index: int
+    kind: str
+    z: float
+    until: int | None = None  # a drift: the first run after the ramp
+
+    @property
+    def p_value(self) -> float:
+        return math.erfc(abs(float(self.z)) / math.sqrt(2.0))
+
+
+def runs_needed(min_size: int = MIN_SIZE) -> int:
+    """Runs a history needs before a change point can be found (one side each)."""
+    return 2 * min_size
+
+
+def noise_sigma(x: np.ndarray) -> float:
+    """Run-to-run noise of ``x``: sqrt of the trimmed mean of half the squared successive
+    differences, scaled to a standard deviation (module docstring)."""
+    d2 = np.sort(np.diff(x) ** 2)
+    if len(d2) == 0:
+        return 0.0
+    keep = d2[: max(1, int(np.ceil(len(d2) * (1 - TRIM))))]
+    return float(np.sqrt(keep.mean() / 2 / _TRIM_FACTOR))
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share the mean of their places), as ``scipy.stats.rankdata``
+    without its per-call overhead."""
+    values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    upper = np.cumsum(counts)
+    return (upper - (counts - 1) / 2.0)[inverse]
+
+
+@lru_cache(maxsize=64)
+def _length_weights(m: int, min_size: int) -> np.ndarray:
+    """By interval length L (index L, 0..m): 1 / sqrt(L (m - L)) where an interval of L
+    runs may be split off (L and m - L at least ``min_size``), 0 elsewhere."""
+    length = np.arange(m + 1, dtype=np.float64)
+    ok = (length >= min_size) & (m - length >= min_size)
+    w = np.zeros(m + 1)
+    w[ok] = 1.0 / np.sqrt(length[ok] * (m - length[ok]))
+    w.flags.writeable = False
+    return w
+
+
+_lengths = np.zeros((0, 0), dtype=np.intp)
+
+
+def _interval_lengths(m: int) -> np.ndarray:
+    """(m + 1) x (m + 1) view of b - a, clipped at 0 (one table, grown as needed)."""
+    global _lengths
+    if len(_lengths) < m + 1:
+        idx = np.arange(max(m + 1, 2 * len(_lengths)))
+        _lengths = np.maximum(idx[None, :] - idx[:, None], 0)
+    return _lengths[: m + 1, : m + 1]
+
+
+def _interval_weights(m: int, min_size: int) -> np.ndarray:
+    """1 / sqrt(L (m - L)) for each interval [a, b) of L = b - a runs that may be split off
+    (each resulting piece at least ``min_size`` runs), 0 elsewhere: (m + 1) x (m + 1)."""
+    w = _length_weights(m, min_size)[_interval_lengths(m)]
+    edge = np.arange(m + 1)
+    w[(edge > 0) & (edge < min_size), :] = 0.0  # a piece of fewer than min_size before a
+    w[:, (edge < m) & (m - edge < min_size)] = 0.0  # ... or after b
+    return w
+
+
+def _best_interval(seg: np.ndarray, min_size: int) -> tuple[int, int, float]:
+    """The interval [a, b) of ``seg`` whose centred ranks sum furthest from 0 in standard
+    deviations: (a, b, |z|); a == 0 or b == len(seg) is a one-ended split."""
+    m = len(seg)
+    c = _ranks(seg) - (m + 1) / 2.0
+    var_c = float(np.mean(c * c))
+    if var_c == 0:
+        return 0, m, 0.0
+    s = np.concatenate(([0.0], np.cumsum(c)))
+    z = np.abs(s[None, :] - s[:, None])
+    z *= _interval_weights(m, min_size)
+    k = int(np.argmax(z))
+    return k // (m + 1), k % (m + 1), float(z.flat[k]) * np.sqrt((m - 1) / var_c)
+
+
+def _candidates(x: np.ndarray, min_size: int) -> list[int]:
+    found: set[int] = set()
+    todo = [(0, len(x))]
+    while todo:
+        start, stop = todo.pop()
+        if stop - start < 2 * min_size:
+            continue
+        a, b, z = _best_interval(x[start:stop], min_size)
+        if z < CANDIDATE_Z:
+            continue
+        cuts = [c for c in (a, b) if 0 < c < stop - start]
+        found.update(start + c for c in cuts)
+        edges = [start, *(start + c for c in cuts), stop]
+        todo += list(zip(edges[:-1], edges[1:], strict=True))
+    return sorted(found)
+
+
+def _level_spread(seg: np.ndarray) -> tuple[float, float]:
+    """(level, spread) of one segment from one sort: the level its interquartile mean (a
+    quarter of the values cut from each end, at least one each from three on: robust to a
+    quarter of slow runs, yet not stuck on one of two bands as a median of two-valued runs
+    is), the spread 1.4826 times the median absolute deviation (a robust SD)."""
+    v = np.sort(seg)
+    n = len(v)
+    cut = max(n // 4, 1 if n >= 3 else 0)
+    med = 0.5 * (v[(n - 1) // 2] + v[n // 2])
+    dev = np.abs(v - med)
+    k = (n - 1) // 2
+    part = np.partition(dev, [k, n // 2])
+    return float(v[cut : n - cut].mean()), 1.4826 * 0.5 * float(part[k] + part[n // 2])
+
+
+def _step_z(left: tuple[float, float, int], right: tuple[float, float, int], sigma: float) -> float:
+    """Difference of the levels of two neighbouring segments (level, spread, runs: from
+    :func:`_level_spread`) over its standard error, the noise the larger of the series'
+    ``sigma`` and the segments' own pooled spread (a side that is noisier than the series,
+    or a wave the successive differences miss, needs a larger difference)."""
+    (l1, s1, n1), (l2, s2, n2) = left, right
+    diff = abs(l2 - l1)
+    if diff == 0:
+        return 0.0
+    own = np.sqrt((n1 * s1**2 + n2 * s2**2) / (n1 + n2))
+    se = max(sigma, own) * np.sqrt(LEVEL_VAR * (1 / n1 + 1 / n2))
+    return float("inf") if se == 0 else diff / se
+
+
+def _spread_z(
+    left: tuple[float, float, int], right: tuple[float, float, int], sigma: float
+) -> float:
+    """Log ratio of the two segments' root-mean-square residuals (``(rms, 0, runs)``) over
+    its standard error (``sqrt(1 / 2 n1 + 1 / 2 n2)`` under normal noise). The residuals
+    come in clipped (:func:`_clip_residuals`), so a rare slow run does not read as a wider
+    spread."""
+    (a, _, n1), (b, _, n2) = left, right
+    if a == b:
+        return 0.0
+    if min(a, b) == 0:
+        return float("inf")
+    return abs(np.log(b / a)) / np.sqrt(0.5 / n1 + 0.5 / n2)
+
+
+def _rms(seg: np.ndarray) -> tuple[float, float]:
+    return float(np.sqrt(np.mean(seg * seg))), 0.0
+
+
+def _clip_residuals(r: np.ndarray) -> np.ndarray:
+    """Residuals with each beyond 5 times their median size set to that size: a slow
+    run counts as a large residual, not as an unbounded one."""
+    bound = 5 * float(np.median(np.abs(r)))
+    return np.clip(r, -bound, bound)
+
+
+def _prune(
+    x: np.ndarray, cuts: list[int], sigma: float, bar: float, spread: bool = False
+) -> list[tuple[int, float]]:
+    """Remove the weakest candidate while it is below ``bar``: (index, z) kept. A removal
+    merges two segments, so only its two neighbours are scored again. ``spread``: score
+    changes of spread (:func:`_spread_z`), else of level (:func:`_step_z`)."""
+    cuts = list(cuts)
+    stats_of, score = (_rms, _spread_z) if spread else (_level_spread, _step_z)
+    memo: dict[tuple[int, int], tuple[float, float, int]] = {}
+
+    def stats(lo: int, hi: int) -> tuple[float, float, int]:
+        if (lo, hi) not in memo:
+            memo[lo, hi] = (*stats_of(x[lo:hi]), hi - lo)
+        return memo[lo, hi]
+
+    def z_at(i: int) -> float:
+        lo = cuts[i - 1] if i else 0
+        hi = cuts[i + 1] if i + 1 < len(cuts) else len(x)
+        return score(stats(lo, cuts[i]), stats(cuts[i], hi), sigma)
+
+    z = [z_at(i) for i in range(len(cuts))]
+    while cuts:
+        worst = int(np.argmin(z))
+        if z[worst] >= bar:
+            return list(zip(cuts, z, strict=True))
+        del cuts[worst], z[worst]
+        for i in (worst - 1, worst):
+            if 0 <= i < len(cuts):
+                z[i] = z_at(i)
+    return []
+
+
+def _refine(x: np.ndarray, cuts: list[int], min_size: int, window: int = 5) -> list[int]:
+    """Each change point moved to the best single split of the stretch between its
+    neighbours: first by rank CUSUM (one end fixed), then, within ``window`` runs of
+    that, to the split whose two sides' medians leave the least absolute deviation (ranks
+    find the stretch, the deviations the exact run: a run at the edge of the old level
+    ranks like the new one's; the candidates came from intervals scored on a longer
+    stretch)."""
+    cuts = list(cuts)
+    for k in range(len(cuts)):
+        lo = cuts[k - 1] if k else 0
+        hi = cuts[k + 1] if k + 1 < len(cuts) else len(x)
+        seg = x[lo:hi]
+        m = len(seg)
+        t = np.arange(1, m)
+        ok = (t >= min_size) & (m - t >= min_size)
+        if not ok.any():
+            continue
+        c = _ranks(seg) - (m + 1) / 2.0
+        z = np.where(ok, np.abs(np.cumsum(c)[:-1]) / np.sqrt(t * (m - t)), -1.0)
+        first = int(t[np.argmax(z)])
+        near = [
+            j for j in range(first - window, first + window + 1) if min_size <= j <= m - min_size
+        ]
+        cost = [
+            np.abs(seg[:j] - np.median(seg[:j])).sum() + np.abs(seg[j:] - np.median(seg[j:])).sum()
+            for j in near
+        ]
+        cuts[k] = lo + near[int(np.argmin(cost))]
+    return cuts
+
+
+def _refine_spread(r: np.ndarray, cuts: list[int], min_size: int) -> list[int]:
+    """Each change of spread moved to the split of the stretch between its neighbours that
+    fits two normal variances best (``t log s1^2 + (m - t) log s2^2`` least), on residuals
+    clipped to 5 times their median size (one slow run would else pull it)."""
+    cuts = list(cuts)
+    r2 = np.minimum(np.abs(r), 5 * np.median(np.abs(r)) + 1e-300) ** 2
+    for k in range(len(cuts)):
+        lo = cuts[k - 1] if k else 0
+        hi = cuts[k + 1] if k + 1 < len(cuts) else len(r)
+        seg = r2[lo:hi]
+        m = len(seg)
+        t = np.arange(min_size, m - min_size + 1)
+        if len(t) == 0:
+            continue
+        s = np.concatenate(([0.0], np.cumsum(seg)))
+        left, right = s[t] / t, (s[m] - s[t]) / (m - t)
+        with np.errstate(divide="ignore"):
+            cost = t * np.log(left) + (m - t) * np.log(right)
+        cuts[k] = lo + int(t[np.argmin(cost)])
+    return cuts
+
+
+def _residuals(x: np.ndarray, cuts: list[int], sigma: float = 0.0) -> np.ndarray:
+    """``x`` less the median of its segment between ``cuts``, or less the segment's line
+    where it is a ramp (:func:`_ramp`, given the noise ``sigma``)."""
+    r = x.astype(np.float64)
+    edges = [0, *cuts, len(x)]
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        if sigma and _ramp(x[lo:hi], sigma):
+            t = np.arange(hi - lo, dtype=np.float64)
+            r[lo:hi] -= np.polyval(np.polyfit(t, x[lo:hi], 1), t)
+        else:
+            r[lo:hi] -= np.median(x[lo:hi])
+    return r
+
+
+#: E[min(z^2, q^2)] for a standard normal z and q its 95th percentile of |z|: makes the
+#: winsorised mean square an estimate of the variance
+_WINSOR_Q = _NORMAL.inv_cdf(0.95)
+_WINSOR_FACTOR = (0.9 - 2 * _WINSOR_Q * _NORMAL.pdf(_WINSOR_Q)) + 0.1 * _WINSOR_Q**2
+
+
+def _winsorized_sd(r: np.ndarray) -> float:
+    """Standard deviation of residuals, each beyond the 90th percentile of their sizes
+    counted at that size: a slow run counts once, as a large residual, and a two-valued
+    series keeps its bands' spread (a trimmed or median-based one would drop it)."""
+    a = np.abs(r)
+    q = float(np.quantile(a, 0.9))
+    return float(np.sqrt(np.mean(np.minimum(a, q) ** 2) / _WINSOR_FACTOR))
+
+
+def _ramp(seg: np.ndarray, sigma: float) -> float:
+    """The rise of a line through ``seg`` when a line tells it better than a flat level
+    (sum of absolute residuals at most 0.7 of the flat's) and it rises beyond the
+    noise; else 0."""
+    if len(seg) < 2 * MIN_SIZE:
+        return 0.0
+    t = np.arange(len(seg), dtype=np.float64)
+    slope, icpt = np.polyfit(t, seg, 1)
+    line = np.abs(seg - (slope * t + icpt)).sum()
+    flat = np.abs(seg - np.median(seg)).sum()
+    rise = float(slope * (len(seg) - 1))
+    return rise if line <= 0.7 * flat and abs(rise) > 3 * sigma else 0.0
+
+
+def _drifts(x: np.ndarray, steps: list[tuple[int, float]], sigma: float) -> list[Split]:
+    """The level splits as Splits, where a level crept instead of stepping one ``drift``:
+    a segment that is a ramp (:func:`_ramp`), with the ramps next to it that rise the
+    same way, is one drift at its first run (``until``: the first run after it); the
+    split points at its ends and inside it are that one change."""
+    edges = [0, *(i for i, _ in steps), len(x)]
+    z_at = dict(steps)
+    rise = [_ramp(x[lo:hi], sigma) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    taken: set[int] = set()
+    out: list[Split] = []
+    k = 0
+    while k < len(rise):
+        if rise[k] == 0:
+            k += 1
+            continue
+        end = k
+        while end + 1 < len(rise) and rise[end + 1] * rise[k] > 0:
+            end += 1
+        cps = [i for i in edges[k : end + 2] if i in z_at]
+        start = edges[k] if k else edges[end + 1]
+        if cps and start in z_at and start not in taken:
+            out.append(Split(start, "drift", max(z_at[i] for i in cps), until=edges[end + 1]))
+        taken.update(cps)
+        k = end + 1
+    out += [Split(i, "step", z) for i, z in steps if i not in taken]
+    return sorted(out, key=lambda s: s.index)
+
+
+def detect(
+    values: np.ndarray,
+    *,
+    noise: float = 0.0,
+    min_size: int = MIN_SIZE,
+    step_z: float | None = None,
+    variance_z: float | None = None,
+) -> list[Split]:
+    """Change points of ``values`` (module docstring), sorted by index. ``noise``: the
+    history's run-to-run standard deviation (same unit as the values) when known; the
+    series' own estimate is used when larger. ``step_z``/``variance_z``: the bars (default
+    :data:`STEP_Z`, :data:`VARIANCE_Z`). Deterministic."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) < 2 * min_size or np.ptp(x) == 0:
+        return []
+    if step_z is None:
+        step_z = STEP_Z + STEP_Z_PER_LOG * max(0.0, float(np.log(len(x) / 50)))
+    variance_z = VARIANCE_Z if variance_z is None else variance_z
+    sigma = max(noise_sigma(x), float(noise))
+    steps = _prune(x, _candidates(x, min_size), sigma, step_z)
+    cuts = _refine(x, [i for i, _ in steps], min_size)
+    steps = _prune(x, sorted(set(cuts)), sigma, step_z)
+    # the spread left around the levels found: more than the successive differences said
+    # when runs fall in bands or wander (their differences are small, their levels not)
+    left = _winsorized_sd(_residuals(x, [i for i, _ in steps], sigma))
+    if left > 1.1 * sigma:
+        sigma = left
+        steps = _prune(x, [i for i, _ in steps], sigma, step_z)
+    out = _drifts(x, steps, sigma)
+    edges = [0, *(i for i, _ in steps), len(x)]
+    resid = _residuals(x, edges[1:-1], sigma)
+    if len(x) >= 6 * min_size:
+        dev = np.abs(resid)
+        cuts = _refine_spread(resid, _candidates(dev, 3 * min_size), 3 * min_size)
+        kept = _prune(_clip_residuals(resid), sorted(set(cuts)), 0.0, variance_z, spread=True)
+        out += [Split(i, "variance", z) for i, z in kept]
+    return sorted(out, key=lambda s: s.index)

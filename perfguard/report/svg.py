@@ -1,0 +1,156 @@
+"""The session report's two small charts, written as SVG text directly.
+
+A ``pytest --perfguard`` session draws a strip/box chart of each test's rounds and a line
+of its history. Drawn with matplotlib they cost the session its import (about 1 s of CPU
+on this project's VM: more than the analysis of a small test) for two kinds of chart
+that are a few dozen SVG elements each. The analysis page of the CLI, which has more
+kinds of figure, keeps matplotlib (:mod:`perfguard.report.figures`).
+
+Coordinates are in CSS pixels; text stays text, with the page's font.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+
+import numpy as np
+
+WIDTH, HEIGHT = 520, 150
+FONT = 'font-family="system-ui,sans-serif" font-size="10"'
+AXIS_COLOR = "#444"
+
+
+def nice_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
+    """At most ``most`` round values (1, 2, 2.5 or 5 times a power of ten apart) in [lo, hi]."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo] if math.isfinite(lo) else []
+    raw = (hi - lo) / max(most - 1, 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+        step = m * power
+        first = math.ceil(lo / step - 1e-9) * step
+        ticks = [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
+        if len(ticks) <= most:
+            return [round(t, 12) for t in ticks]
+    return [lo, hi]
+
+
+def _num(value: float) -> str:
+    """A tick label: as few digits as tell the ticks apart."""
+    text = f"{value:.6g}"
+    return "0" if text in ("-0", "0") else text
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The plot area inside the chart, and the data ranges mapped onto it."""
+
+    left: float
+    right: float
+    top: float
+    bottom: float
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+
+    def x(self, v: float) -> float:
+        return self.left + (v - self.x0) / (self.x1 - self.x0) * (self.right - self.left)
+
+    def y(self, v: float) -> float:
+        return self.bottom - (v - self.y0) / (self.y1 - self.y0) * (self.bottom - self.top)
+
+
+def _svg(label: str, body: list[str]) -> str:
+    return (
+        f'<svg role="img" aria-label="{escape(label)}" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" {FONT}>' + "".join(body) + "</svg>"
+    )
+
+
+def _x_axis(f: Frame, ticks: Sequence[tuple[float, str]], title: str) -> list[str]:
+    out = [f'<line x1="{f.left}" y1="{f.bottom}" x2="{f.right}" y2="{f.bottom}" '
+           f'stroke="{AXIS_COLOR}"/>']  # fmt: skip
+    for v, text in ticks:
+        x = f.x(v)
+        out.append(f'<line x1="{x:.1f}" y1="{f.bottom}" x2="{x:.1f}" y2="{f.bottom + 3}" '
+                   f'stroke="{AXIS_COLOR}"/>')  # fmt: skip
+        out.append(f'<text x="{x:.1f}" y="{f.bottom + 13}" text-anchor="middle">'
+                   f"{escape(text)}</text>")  # fmt: skip
+    if title:
+        mid = (f.left + f.right) / 2
+        out.append(f'<text x="{mid:.1f}" y="{HEIGHT - 4}" text-anchor="middle">'
+                   f"{escape(title)}</text>")  # fmt: skip
+    return out
+
+
+def _y_axis(f: Frame, ticks: Sequence[tuple[float, str]], title: str) -> list[str]:
+    out = [f'<line x1="{f.left}" y1="{f.top}" x2="{f.left}" y2="{f.bottom}" '
+           f'stroke="{AXIS_COLOR}"/>']  # fmt: skip
+    for v, text in ticks:
+        y = f.y(v)
+        out.append(f'<text x="{f.left - 5}" y="{y + 3.5:.1f}" text-anchor="end">'
+                   f"{escape(text)}</text>")  # fmt: skip
+    if title:
+        y = (f.top + f.bottom) / 2
+        out.append(f'<text transform="translate(11 {y:.1f}) rotate(-90)" '
+                   f'text-anchor="middle">{escape(title)}</text>')  # fmt: skip
+    return out
+
+
+def strip_box(groups: Sequence[tuple[str, np.ndarray, str]], x_title: str, label: str) -> str:
+    """One row per ``(name, values, colour)``, top to bottom: the values as jittered points
+    over a box of their quartiles with a bar at the median."""
+    values = [v for _, v, _ in groups if len(v)]
+    lo = min(float(v.min()) for v in values)
+    hi = max(float(v.max()) for v in values)
+    pad = (hi - lo) * 0.06 or abs(hi) * 0.05 or 1.0
+    f = Frame(left=73, right=WIDTH - 16, top=6, bottom=HEIGHT - 45,
+              x0=lo - pad, x1=hi + pad, y0=-0.6, y1=len(groups) - 0.4)  # fmt: skip
+    body: list[str] = []
+    rng = np.random.default_rng(0)  # the same jitter every render: reports diff cleanly
+    rows = []
+    for k, (name, v, colour) in enumerate(groups):
+        row = len(groups) - 1 - k
+        rows.append((float(row), name))
+        jitter = rng.uniform(-0.22, 0.22, len(v))
+        for value, j in zip(v, jitter, strict=True):
+            body.append(f'<circle cx="{f.x(float(value)):.1f}" cy="{f.y(row + j):.1f}" r="1.6" '
+                        f'fill="{colour}" fill-opacity="0.6"/>')  # fmt: skip
+        if len(v):
+            q1, med, q3 = (float(q) for q in np.percentile(v, [25, 50, 75]))
+            top, bottom = f.y(row + 0.3), f.y(row - 0.3)
+            body.append(f'<rect x="{f.x(q1):.1f}" y="{top:.1f}" '
+                        f'width="{max(f.x(q3) - f.x(q1), 0.5):.1f}" height="{bottom - top:.1f}" '
+                        f'fill="none" stroke="{AXIS_COLOR}" stroke-width="1.2"/>')  # fmt: skip
+            body.append(f'<line x1="{f.x(med):.1f}" y1="{f.y(row + 0.34):.1f}" '
+                        f'x2="{f.x(med):.1f}" y2="{f.y(row - 0.34):.1f}" stroke="#1e3a8a" '
+                        f'stroke-width="1.6"/>')  # fmt: skip
+    ticks = [(t, _num(t)) for t in nice_ticks(f.x0, f.x1)]
+    body += _x_axis(f, ticks, x_title)
+    body += _y_axis(f, [(r, n) for r, n in rows], "")
+    return _svg(label, body)
+
+
+def line(values: np.ndarray, x_labels: Sequence[str], y_title: str, label: str, colour: str) -> str:
+    """``values`` in order as a line with points, the last one marked; at most five x labels,
+    anchored at the last point."""
+    n = len(values)
+    lo, hi = float(values.min()), float(values.max())
+    pad = (hi - lo) * 0.15 or hi * 0.05 or 1.0
+    f = Frame(left=73, right=WIDTH - 16, top=6, bottom=HEIGHT - 25,
+              x0=-0.5, x1=n - 0.5, y0=lo - pad, y1=hi + pad)  # fmt: skip
+    points = " ".join(f"{f.x(i):.1f},{f.y(float(v)):.1f}" for i, v in enumerate(values))
+    body = [f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1"/>']
+    body += [f'<circle cx="{f.x(i):.1f}" cy="{f.y(float(v)):.1f}" r="2" fill="{colour}"/>'
+             for i, v in enumerate(values)]  # fmt: skip
+    body.append(f'<circle cx="{f.x(n - 1):.1f}" cy="{f.y(float(values[-1])):.1f}" r="3.5" '
+                f'fill="#dc2626"/>')  # fmt: skip
+    step = -(-n // 5)
+    xticks = [(float(i), x_labels[i]) for i in range(n - 1, -1, -step)][::-1]
+    body += _x_axis(f, xticks, "")
+    body += _y_axis(f, [(t, _num(t)) for t in nice_ticks(f.y0, f.y1, 4)], y_title)
+    return _svg(label, body)
