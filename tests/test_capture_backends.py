@@ -594,9 +594,12 @@ def test_cli_profile_torch_captures_then_analyses(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert f"capture: {out / 'capture.pt.trace.json.gz'} (torch: " in run.stdout
     assert "Iterations                       3" in run.stdout
+    # the sidecar: names and call sites from the profiler's in-memory results
     assert sorted(p.name for p in out.iterdir()) == [
-        "capture.pt.trace.json.gz", "dlprof_detail.csv"
+        "capture.pt.trace.json.gz", "capture.pt.trace.json.gz.perfguard", "dlprof_detail.csv"
     ]  # fmt: skip
+    detail = (out / "dlprof_detail.csv").read_text()
+    assert "Call Site" in detail.splitlines()[0] and "train.py:" in detail
     # re-analysis of the kept capture with another iteration range needs no new capture
     again = _perfguard(
         "analyze", "-d", str(out / "capture.pt.trace.json.gz"), "--iter-start", "1",

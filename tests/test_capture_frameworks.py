@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy
 import pytest
 
-from perfguard.capture.frameworks import framework_for, make_capturer, normalise
+from perfguard.capture.frameworks import (
+    DeferredCapturer,
+    empty_capture_reason,
+    framework_for,
+    make_capturer,
+    normalise,
+)
 from perfguard.capture.jax import JaxCapturer
 from perfguard.capture.tensorflow import TensorFlowCapturer
 from perfguard.plugin.iterate import GpuProfile
@@ -46,9 +52,46 @@ def test_what_the_module_imported() -> None:
     assert framework_for(_module(jnp=jnp, np=numpy)) == "jax"
     assert framework_for(_module(f=jitted)) == "jax"
     assert framework_for(_module(tf=tf)) == "tf"
-    with pytest.raises(ValueError, match=r"imports jax and tf: .*framework=\.\.\."):
+    with pytest.raises(ValueError, match=r"uses jax and tf: .*framework=\.\.\."):
         framework_for(_module(jnp=jnp, tf=tf))
     assert framework_for(_module(jnp=jnp, tf=tf), "jax") == "jax"
+
+
+def test_what_the_loop_caller_holds_counts_when_the_module_names_nothing() -> None:
+    """``tf = pytest.importorskip("tensorflow")`` inside the test: only its locals say so."""
+    tf = types.ModuleType("tensorflow")
+    assert framework_for(_module(np=numpy), None, [tf, 3]) == "tf"
+    with pytest.raises(ValueError, match="uses jax and tf"):
+        framework_for(_module(jnp=types.ModuleType("jax.numpy")), None, [tf])
+
+
+def test_loaded_frameworks_decide_only_when_one_is_loaded(monkeypatch) -> None:
+    for name in ("torch", "tensorflow", "jax"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "jax", types.ModuleType("jax"))
+    assert framework_for(_module(), loaded=True) == "jax"
+    assert framework_for(_module(), loaded=False) == "torch"
+    monkeypatch.setitem(sys.modules, "tensorflow", types.ModuleType("tensorflow"))
+    assert framework_for(_module(), loaded=True) == "torch"  # ambiguous: the default
+    reason = empty_capture_reason("torch")
+    assert reason.startswith("captured no ops") and 'framework="tf"' in reason
+
+
+def test_an_empty_capture_of_pure_python_says_so(monkeypatch) -> None:
+    for name in ("tensorflow", "jax"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert "pure Python" in empty_capture_reason("torch")
+    assert "no NVTX or framework ranges" in empty_capture_reason(None)  # nsys
+
+
+def test_the_deferred_capturer_decides_when_the_loop_starts(tmp_path: Path) -> None:
+    cap = DeferredCapturer(None, _module(np=numpy), tmp_path / "t", "cpu", ".pt.trace.json.gz")
+    assert cap.inner is None and cap.error is None
+    assert cap.decide([types.ModuleType("jax.numpy")]) == "jax"
+    assert isinstance(cap.inner, JaxCapturer) and cap.path == tmp_path / "t.xplane.pb"
+    assert cap.decide([types.ModuleType("tensorflow")]) == "jax"  # decided once
+    marked = DeferredCapturer("tf", _module(), tmp_path / "u", "cpu", ".pt.trace.json.gz")
+    assert marked.decide([types.ModuleType("jax")]) == "tf"
 
 
 def test_capturers_name_their_file(tmp_path: Path) -> None:

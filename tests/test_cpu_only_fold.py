@@ -19,6 +19,7 @@ from kineto_builder import KinetoBuilder
 from pandas.testing import assert_frame_equal
 
 import perfguard
+from perfguard.analysis.call_sites import with_call_sites
 from perfguard.analysis.groups import aggregate_groups
 from perfguard.analysis.ops import aggregate_op_types, aggregate_ops
 from perfguard.report import ALL_REPORTS, write_reports
@@ -34,7 +35,9 @@ def _same_as_every_row(a: perfguard.Analysis) -> None:
         sub = full[full["instance"].isin(kept["instance"])].reset_index(drop=True)
         # (coded text: the same values, each table's categories those it holds)
         assert_frame_equal(sub, kept, check_categorical=False)
-    assert_frame_equal(aggregate_ops(full), a.ops)
+    # call sites: from the kept rows and the fold, the same as from every row
+    every = with_call_sites(aggregate_ops(full), a.trace.ranges, full, None)
+    assert_frame_equal(every, a.ops)
     assert_frame_equal(aggregate_op_types(full), aggregate_op_types(kept, fold))
     assert_frame_equal(
         aggregate_groups(a.trace, a.activities, full),

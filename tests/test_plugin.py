@@ -205,7 +205,9 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert (why["culprits"][0]["op"], why["culprits"][0]["kind"]) == ("extra_sync", "added")
     assert train["message"] == why["headline"] and why["headline"].startswith("gates: ")
     text = "\n".join([why["headline"], *why["lines"]])
-    for part in ("extra_sync added", "wall time", "rounds", "counters per iteration: op calls"):
+    # the culprit names the user's line it ran at (the profiled round's Python frames)
+    assert "extra_sync at test_bench.py:" in why["headline"], why["headline"]
+    for part in ("added (", "wall time", "rounds", "counters per iteration: op calls"):
         assert part in text, text
     failure = "\n".join(r.outlines)
     assert f"perfguard: {TRAIN} regressed against the baseline at {sha_b[:12]}" in failure

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.attribution import attribute, gpu_activities, graph_replay_note
+from perfguard.analysis.call_sites import with_call_sites
 from perfguard.analysis.cpu_only import CpuOnly, needs_row
 from perfguard.analysis.enrich import add_flops, add_tensor_cores, range_flops
 from perfguard.analysis.iterations import (
@@ -150,7 +151,7 @@ def analyze(
             [cpu_only.rank.astype(np.int64), cpu_only.iteration.astype(np.int64)]
         ).isin(chosen) & (cpu_only.iteration >= 0)
         cpu_only = cpu_only.within(fold_in, kept_in)
-    ops = aggregate_ops(inst, cpu_only)
+    ops = with_call_sites(aggregate_ops(inst, cpu_only), trace.ranges, inst, cpu_only)
     kernels = aggregate_kernels(acts, trace.kernels)
     iterations = iteration_table(window, inst, acts, timeline, cpu_only)
     summary = run_summary(

@@ -142,7 +142,25 @@ def range_flops(trace: Trace) -> pd.DataFrame | None:
     (every formula needs them: ``emit_nvtx`` without ``record_shapes``, annotations)."""
     r = trace.ranges
     shaped = (r["kind"] == "op").to_numpy(bool) & r["input_shapes"].notna().to_numpy(bool)
-    return _range_flops(r, shaped) if shaped.any() else None
+    by_range = _range_flops(r, shaped) if shaped.any() else None
+    if "xla_flops" in r and r["xla_flops"].notna().any():
+        by_range = _with_xla_flops(r, by_range)
+    return by_range
+
+
+def _with_xla_flops(r: pd.DataFrame, by_range: pd.DataFrame | None) -> pd.DataFrame:
+    """XLA ops (XSpace) carry their FLOPs from the module's HLO, not from shapes: those
+    rows take them as they are (leaves under the step: nothing to count twice)."""
+    out = pd.DataFrame(_no_flops(len(r)), index=r.index) if by_range is None else by_range
+    xla = r["xla_flops"].to_numpy(np.float64)
+    has = ~np.isnan(xla)
+    flops = out["flops"].to_numpy(np.float64, na_value=np.nan).copy()
+    flops[has] = xla[has]
+    out["flops"] = pd.array(np.where(np.isnan(flops), None, flops), dtype="Float64")
+    formula = out["flop_formula"].astype(object).to_numpy().copy()
+    formula[has] = "xla_hlo"
+    out["flop_formula"] = coded_text(formula)
+    return out
 
 
 def add_flops(

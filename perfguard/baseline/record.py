@@ -373,7 +373,21 @@ def record_from_analysis(
         }
     )
     counters = reduce_counters(op_counters_of(analysis), samples, extra_counters or {})
-    return TestRecord(nodeid, metric, samples, op_samples, ops, kernels, dict(meta or {}), counters)
+    meta = dict(meta or {})
+    sites = call_sites_of(analysis.ops)
+    if sites:  # the user's line behind each op: explanations name it (kept with the run)
+        meta["call_sites"] = sites
+    return TestRecord(nodeid, metric, samples, op_samples, ops, kernels, meta, counters)
+
+
+def call_sites_of(ops: pd.DataFrame) -> dict[str, str]:
+    """Op name -> its call sites' text (:mod:`perfguard.analysis.call_sites`), for the
+    ops that have one; the first direction's where an op runs both ways."""
+    if "call_site" not in ops or ops.empty:
+        return {}
+    have = ops[ops["call_site"].notna()]
+    pairs = zip(have["op_name"], have["call_site"], strict=True)
+    return {str(n): str(s) for n, s in pairs if str(s)}
 
 
 def _timing_rows(

@@ -109,9 +109,12 @@ class TorchCapturer(_Syncing):
 
         try:
             self.path.unlink(missing_ok=True)
-            # stacks off: they cost more per op than the ops being measured
+            # stacks (the user's line behind each op) only where no timing is taken under
+            # the profiler: the CPU's one profiled round; on a GPU every round is profiled
+            # and the Python tracer's cost per call would stretch the host side of a step
+            stacks = self.separate_timing
             self._stack.enter_context(
-                profile_torch(self.path, device=self.device, with_stack=False)  # type: ignore[arg-type]
+                profile_torch(self.path, device=self.device, with_stack=stacks)  # type: ignore[arg-type]
             )
             self.started = True
         except (CaptureError, RuntimeError, OSError) as exc:

@@ -6,11 +6,20 @@ profile``) asks for a capturer: ``"torch"`` (the PyTorch profiler),
 TensorFlow backend) or ``"jax"`` (:mod:`perfguard.capture.jax`).
 :func:`framework_for` picks one for a test: the ``gpuprofile`` marker's
 ``framework=`` argument when given, else what the test's module imported.
+
+The plugin decides when the test's loop starts (:class:`DeferredCapturer`), not when
+its module is imported: ``tf = pytest.importorskip("tensorflow")`` or ``import jax``
+inside the test leaves nothing in the module, so the loop's caller's local names
+count too, and then what the process has imported by then. A capture that saw no
+op at all is never judged silently: :func:`empty_capture_reason` says what was
+likely missed (another framework ran, or the test is pure Python).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -59,27 +68,143 @@ def make_capturer(framework: str, path: Path, device: str = "cpu") -> Any:
     return TorchCapturer(Path(path), device)
 
 
-def framework_for(module: ModuleType | None, requested: str | None = None) -> str:
+def framework_for(
+    module: ModuleType | None,
+    requested: str | None = None,
+    local_values: Iterable[Any] = (),
+    *,
+    loaded: bool = False,
+) -> str:
     """The framework that captures a test: ``requested`` (the marker's ``framework=``), else
-    the one the test's ``module`` imported; ``"torch"`` when it imported none.
+    the one the test's ``module`` imported or its loop's caller holds (``local_values``:
+    ``tf = pytest.importorskip("tensorflow")``); with ``loaded``, else the one framework
+    the process has imported by now; ``"torch"`` otherwise.
 
-    A module that imported several (say torch for data and JAX for the model)
-    must say which: ValueError, naming them.
+    A test that names several (say torch for data and JAX for the model) must say
+    which: ValueError, naming them.
     """
     if requested:
         return normalise(requested)
     found = set()
-    for value in vars(module).values() if module is not None else ():
+    values = [*(vars(module).values() if module is not None else ()), *local_values]
+    for value in values:
         fw = _framework_of(value)
         if fw:
             found.add(fw)
     if len(found) > 1:
         name = getattr(module, "__name__", "the test module")
         raise ValueError(
-            f"{name} imports {' and '.join(sorted(found))}: say which one to profile with "
+            f"{name} uses {' and '.join(sorted(found))}: say which one to profile with "
             f"@pytest.mark.gpuprofile(framework=...)"
         )
+    if not found and loaded:
+        found = set(loaded_frameworks())
+        if len(found) > 1:
+            return "torch"  # the default; an empty capture then names the others
     return found.pop() if found else "torch"
+
+
+#: what a reason calls each framework
+LABELS = {"torch": "PyTorch", "tf": "TensorFlow", "jax": "JAX"}
+#: top-level module whose presence in ``sys.modules`` means the framework is loaded
+_LOADED = {"torch": "torch", "tf": "tensorflow", "jax": "jax"}
+
+
+def loaded_frameworks() -> list[str]:
+    """The frameworks this process has imported, in :data:`FRAMEWORKS` order."""
+    return [fw for fw in FRAMEWORKS if _LOADED[fw] in sys.modules]
+
+
+def empty_capture_reason(framework: str | None) -> str:
+    """Why a capture by ``framework``'s profiler may hold no op, in one line naming the fix
+    (``None``: not a framework's profiler, e.g. nsys: no op range at all)."""
+    if framework is None:
+        return (
+            "captured no ops: the capture holds no op range in its recorded iterations "
+            "(no NVTX or framework ranges): nothing to attribute or gate"
+        )
+    fw = normalise(framework)
+    label = LABELS[fw]
+    others = [f for f in loaded_frameworks() if f != fw]
+    if others:
+        names = " and ".join(LABELS[o] for o in others)
+        return (
+            f"captured no ops: the {label} profiler saw no {label} op in the recorded "
+            f"iterations, and {names} is loaded: if the test runs it, say so with "
+            f'@pytest.mark.gpuprofile(framework="{others[0]}")'
+        )
+    return (
+        f"captured no ops: the test ran no {label} op in its recorded iterations "
+        "(pure Python?): nothing to attribute, gate or judge"
+    )
+
+
+class DeferredCapturer:
+    """A test's capturer whose framework is decided when its loop starts
+    (:meth:`decide`, from the loop's caller), not when the fixture is set up.
+
+    ``where`` is the capture's path without a suffix; the torch capturer adds
+    ``torch_suffix``, the XSpace ones ``.xplane.pb``. Until decided it delegates
+    nothing; :meth:`decide` is idempotent.
+    """
+
+    def __init__(
+        self,
+        requested: str | None,
+        module: ModuleType | None,
+        where: Path,
+        device: str,
+        torch_suffix: str,
+    ) -> None:
+        self.requested = requested
+        self.module = module
+        self.where = Path(where)
+        self.device = device
+        self.torch_suffix = torch_suffix
+        self.framework: str | None = None
+        self.inner: Any = None
+
+    def decide(self, local_values: Iterable[Any] = ()) -> str:
+        """Pick the framework (:func:`framework_for`, what is loaded by now included) and
+        make its capturer; ValueError (one line) when the test names several."""
+        if self.inner is None:
+            fw = framework_for(self.module, self.requested, local_values, loaded=True)
+            where = self.where
+            if fw == "torch":
+                where = where.with_name(where.name + self.torch_suffix)
+            self.framework = fw
+            self.inner = make_capturer(fw, where, self.device)
+        return str(self.framework)
+
+    @property
+    def path(self) -> Path:
+        return Path(getattr(self._decided(), "path", self.where))
+
+    @property
+    def error(self) -> str | None:
+        return None if self.inner is None else self.inner.error
+
+    @property
+    def separate_timing(self) -> bool:
+        return bool(getattr(self._decided(), "separate_timing", False))
+
+    def _decided(self) -> Any:
+        if self.inner is None:
+            self.decide()
+        return self.inner
+
+    def start(self) -> None:
+        self._decided().start()
+
+    def stop(self) -> None:
+        if self.inner is not None:
+            self.inner.stop()
+
+    def sync(self) -> None:
+        self._decided().sync()
+
+    def iteration(self) -> AbstractContextManager[object]:
+        return self._decided().iteration()
 
 
 def _framework_of(value: Any) -> str | None:

@@ -281,9 +281,11 @@ class _StepAside:
         print(f"perfguard: note: {note}", file=sys.stderr)
 
     def take(self, session: Any) -> None:
-        """The program's session ended: its trace becomes the capture."""
+        """The program's session ended: its trace becomes the capture (and its names and
+        call sites the sidecar: ours described the trace it replaces)."""
         try:
             self._files.append(_save_session(session, self.out))
+            _write_sidecar(session, self.out)
         except Exception as exc:  # noqa: BLE001 - ours (written at step-aside) stays
             print(f"perfguard: note: the program's profiler trace could not be kept "
                   f"({type(exc).__name__}: {exc}); the capture stops where it started",
@@ -343,6 +345,20 @@ def _export(prof: Any, out: Path) -> None:
         prof.export_chrome_trace(str(out))
     except Exception as exc:  # torch raises RuntimeError/AssertionError/OSError here
         raise CaptureError(f"{out}: the torch profiler could not write its trace: {exc}") from None
+    _write_sidecar(prof, out)
+
+
+def _write_sidecar(prof: Any, out: Path) -> None:
+    """Exact names and call sites from the in-memory results beside the trace
+    (:mod:`perfguard.capture.torch_results`); the JSON stands without them."""
+    from perfguard.capture.torch_results import sidecar_path, write_sidecar
+
+    try:
+        write_sidecar(prof, out)
+    except Exception as exc:  # noqa: BLE001 - a torch without these results: a note only
+        sidecar_path(out).unlink(missing_ok=True)
+        print(f"perfguard: note: names and call sites not kept beside {out.name}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)  # fmt: skip
 
 
 def python_target(command: Sequence[str]) -> list[str]:

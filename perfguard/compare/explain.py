@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -244,7 +244,25 @@ def _culprits(e: Evidence) -> list[Culprit]:
     if timing.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and not ops.empty:
         found += _timing_culprits(timing, ops, {(c.op, c.kind) for c in found})
     called = set(all_moves.loc[all_moves["counter"] == "calls", "op_name"].astype(str))
-    return sorted(found, key=lambda c: _rank(c, called))
+    return sorted(_at_call_sites(found, e), key=lambda c: _rank(c, called))
+
+
+def _at_call_sites(found: list[Culprit], e: Evidence) -> list[Culprit]:
+    """Each culprit's text names the user's line behind its op where the capture had it
+    (``aten::softmax at model.py:63: input dtypes ...``): this run's call sites, the
+    baseline's for an op that is gone. The op's top call site only."""
+    sites = {**(e.baseline.meta.get("call_sites") or {}),
+             **(e.current.meta.get("call_sites") or {})}  # fmt: skip
+    if not sites:
+        return found
+    out = []
+    for c in found:
+        site = str(sites.get(c.op) or "").split(";")[0].split(" (")[0].strip()
+        if site and c.text.startswith(c.op):
+            rest = c.text.removeprefix(c.op)
+            c = replace(c, text=f"{c.op} at {site}{rest}")
+        out.append(c)
+    return out
 
 
 #: gate findings that become culprits as they are (no per-op counter row behind them)

@@ -56,7 +56,7 @@ _OP_NUMBERS = (
     "calls_baseline", "calls_current", "tc_util_baseline", "tc_util_current",
     "flop_eff_baseline", "flop_eff_current",
 )  # fmt: skip
-_OP_TEXTS = ("op_id", "op_name", "direction", "status")
+_OP_TEXTS = ("op_id", "op_name", "direction", "status", "call_site")
 _KERNEL_CHANGE_TEXTS = ("kind", "op_name", "kernel_name")
 _FINDING_TEXTS = ("check", "severity", "problem", "evidence", "recommendation")
 _GATE_FINDING_TEXTS = ("gate", "op_name", "kernel_name", "budget", "message")

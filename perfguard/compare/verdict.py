@@ -47,6 +47,7 @@ OP_COLUMNS = (
     "op_id", "op_name", "direction", "status", "baseline_ns", "current_ns", "delta_pct",
     "ci_low_pct", "ci_high_pct", "p_value", "calls_baseline", "calls_current",
     "tc_util_baseline", "tc_util_current", "flop_eff_baseline", "flop_eff_current",
+    "call_site",
 )  # fmt: skip
 CHANGE_COLUMNS = ("kind", "op_name", "kernel_name", "baseline", "current")
 CHANGE_KINDS = ("tc_lost", "tc_gained", "added", "removed", "count_changed", "flops_changed")
@@ -127,6 +128,25 @@ class TestComparison:
         out["gates"] = self.gates.to_dict() if self.gates is not None else None
         out["explanation"] = self.explanation.to_dict() if self.explanation is not None else None
         return out
+
+
+def with_empty_capture(comparison: TestComparison, why: str) -> TestComparison:
+    """A verdict on a capture that saw no op (a pure-Python step, the wrong framework's
+    profiler) is never silent: ``why`` leads its message and explanation, and an outcome
+    the timing alone would call ``unchanged`` reads ``not-judged`` (nothing was gated,
+    no op attributed). A timing regression or improvement stands, said with ``why``."""
+    from dataclasses import replace
+
+    outcome = comparison.outcome
+    if outcome is Outcome.UNCHANGED:
+        outcome = Outcome.NOT_JUDGED
+    message = f"{why}; timing alone: {comparison.message}" if comparison.message else why
+    explanation = comparison.explanation
+    if explanation is not None:
+        head = explanation.headline
+        explanation = replace(explanation, outcome=outcome.value,
+                              headline=f"{why}; {head}" if head else why)  # fmt: skip
+    return replace(comparison, outcome=outcome, message=message, explanation=explanation)
 
 
 def failed(comparison: TestComparison, fail_on: str = "regression") -> bool:
@@ -267,6 +287,10 @@ def compare_ops(
     out["tc_util_current"] = ic["tc_utilization"].reindex(ids).astype("Float64")
     out["flop_eff_baseline"] = ib["flop_efficiency"].reindex(ids).astype("Float64")
     out["flop_eff_current"] = ic["flop_efficiency"].reindex(ids).astype("Float64")
+    # the user's line behind each op (record meta: this run's, the baseline's for a gone op)
+    sites = {**(baseline.meta.get("call_sites") or {}), **(current.meta.get("call_sites") or {})}
+    site = out["op_name"].map(lambda n: sites.get(str(n))) if sites else None
+    out["call_site"] = site.astype(object).where(site.notna(), None) if sites else None
     gap = (out["current_ns"].fillna(0.0) - out["baseline_ns"].fillna(0.0)).abs()
     size = out[["current_ns", "baseline_ns"]].max(axis=1).fillna(0.0)
     out = out.assign(_gap=gap, _size=size).reset_index()

@@ -58,6 +58,9 @@ class CaptureResult:
     #: wall seconds of each part of the test's measurement (:attr:`GpuProfile.phase_s`,
     #: then ``analysis`` and ``findings``, then the verdict's parts)
     phase_s: dict[str, float] = field(default_factory=dict)
+    #: whose profiler captured it ("torch", "tf", "jax"; None: nsys), decided when the loop
+    #: started (:class:`perfguard.capture.frameworks.DeferredCapturer`)
+    framework: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,18 +121,14 @@ class CaptureRunner:
             return GpuProfile(spec)  # the marker's backend cannot run: setup reports it next
         if what is None or what[1].label == "nsys":
             return GpuProfile(self.effective(spec))  # nsys: the child runs the body
-        from perfguard.capture.frameworks import framework_for, make_capturer
+        from perfguard.capture.frameworks import DeferredCapturer
 
-        try:  # the marker's framework=, else what the test imported (torch by default)
-            framework = framework_for(getattr(item, "module", None), spec.framework)
-        except ValueError as exc:
-            pytest.fail(f"perfguard: {item.nodeid}: {exc}", pytrace=False)
-        where = self._capture_path(item)
-        if framework != "torch":  # the capturer names its own file (<name>.xplane.pb)
-            where = where.with_name(capture_name(item.nodeid))
-        capturer = make_capturer(framework, where, what[1].device or "cpu")
-        path = Path(getattr(capturer, "path", where))
-        item.stash[_capture_key] = {"path": path, "backend": what[1].label}
+        # the framework is decided when the loop starts (the marker's framework=, else what
+        # the test holds and the process has imported by then): importorskip in the body
+        where = self._capture_path(item).with_name(capture_name(item.nodeid))
+        capturer = DeferredCapturer(spec.framework, getattr(item, "module", None), where,
+                                    what[1].device or "cpu", TRACE_SUFFIX)  # fmt: skip
+        item.stash[_capture_key] = {"path": where, "backend": what[1].label}
         return GpuProfile(what[0], capturer)
 
     def run_nsys(self, item: pytest.Item) -> None:
@@ -168,6 +167,8 @@ class CaptureRunner:
         if info is None:
             return None
         out = CaptureResult(path=Path(info["path"]), backend=info["backend"])
+        if info["backend"] != "nsys":
+            out.framework = "torch"  # the whole call's capturer; a loop's says below
         profile = item.stash.get(profile_key, None)
         if "child" in info:
             child = info["child"]
@@ -188,6 +189,10 @@ class CaptureRunner:
     @staticmethod
     def _from_loop(profile: GpuProfile, spec: ProfileSpec, out: CaptureResult) -> None:
         profile.close()  # a loop left early still ends its capture here
+        capturer = profile.capturer
+        if getattr(capturer, "inner", None) is not None:  # decided when the loop started
+            out.path = Path(capturer.path)  # type: ignore[union-attr]
+            out.framework = capturer.framework  # type: ignore[union-attr]
         walls = out.walls = list(profile.wall_times_ns)
         out.error = getattr(profile.capturer, "error", None)
         out.cpu_times = list(profile.cpu_times_ns)

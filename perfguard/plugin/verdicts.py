@@ -54,6 +54,12 @@ class Verdicts:
             done = runner.analyse(spec, capture, item.nodeid)
             t0 = time.perf_counter()
             comparison = self.compare(done.record)
+            if done.analysis.ops.empty:  # nothing attributed or gated: never judged silently
+                from perfguard.capture.frameworks import empty_capture_reason
+                from perfguard.compare.verdict import with_empty_capture
+
+                why = empty_capture_reason(capture.framework)
+                comparison = with_empty_capture(comparison, why)
             phases["compare"] = time.perf_counter() - t0
         except (PerfguardError, ValueError, KeyError) as exc:
             msg = " ".join(str(exc).split()) or type(exc).__name__

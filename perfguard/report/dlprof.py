@@ -52,6 +52,7 @@ DETAIL_COLUMNS: dict[str, str] = {
     "kernel_count": "No. Kernels",
     "tc_utilization": "TC Utilization (%)",
     **_FLOP_COLUMNS,
+    "call_site": "Call Site",
 }
 
 #: kernel report: internal column -> DLProf header (``No. Calls`` added by perfguard).

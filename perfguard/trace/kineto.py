@@ -34,7 +34,9 @@ import pandas as pd
 
 from perfguard.arrays import factorize
 from perfguard.errors import TraceError
+from perfguard.trace.call_sites import first_user_frame
 from perfguard.trace.compiled import expand_compiled
+from perfguard.trace.kineto_sidecar import apply_sidecar
 from perfguard.trace.kineto_split import read_split, split_worthwhile
 from perfguard.trace.kineto_stream import (
     NA_INT,
@@ -355,7 +357,7 @@ class _Columns:
             if any(stacks):  # with_stack=True: the innermost frame
                 stack = pd.Series(stacks, dtype=object)
                 stack = stack.where(stack.notna() & (stack != ""), None)
-                call_site = stack.str.split(";").str[0].to_numpy(dtype=object)
+                call_site = first_user_frame(stack).to_numpy(dtype=object)
             self.parts["ranges"].append(pd.DataFrame(
                 {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
                  "name": name[i],
@@ -472,7 +474,7 @@ class _Columns:
             stack = ra["Call stack"]
             call_site = stack.where(stack.notna() & (stack != ""), None)
             if call_site.notna().any():
-                call_site = call_site.str.split(";").str[0]
+                call_site = first_user_frame(call_site)
             self.parts["ranges"].append(pd.DataFrame(
                 {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
                  "name": name[i], "category": cat[i],
@@ -630,7 +632,7 @@ def _read(path: Path, rank: int | None, rank_default: int = 0) -> tuple[Trace, i
     memops = cols.table("memops", gpu_cols)
     memops["pid"] = _launching_pid(memops, launcher)
     memops["kind"] = memops["name"].str.replace(r"\s*\(.*\)$", "", regex=True)
-    ranges = _ranges(cols.table("ranges", _RANGE_COLUMNS))
+    ranges = _ranges(apply_sidecar(path, cols.table("ranges", _RANGE_COLUMNS), notes))
     for df in (api_calls, kernels, memops, ranges):
         df["rank"] = rank
     ranges, compiled_notes = expand_compiled(ranges)

@@ -53,9 +53,10 @@ import pandas as pd
 
 from perfguard.arrays import factorize, per_distinct
 from perfguard.errors import TraceError
+from perfguard.trace.hlo_proto import range_costs, space_costs
 from perfguard.trace.kineto import _MALFORMED, _check_plain, _us_to_ns
 from perfguard.trace.kineto_stream import read_plain
-from perfguard.trace.model import NO_CORRELATION, Trace, concat_tables
+from perfguard.trace.model import NO_CORRELATION, Trace, coded_text, concat_tables
 from perfguard.trace.names import ITERATION_NAMES
 from perfguard.trace.ranges import finalize_ranges
 from perfguard.trace.xevents import DOUBLE_KIND, REF_KIND, TEXT_KINDS, Events, decode_events
@@ -65,7 +66,7 @@ __all__ = ["find_xplanes", "is_xprof_json", "read_xplane", "read_xplane_dir", "r
 
 #: stats the reader keeps; every other stat is skipped without decoding its value
 STATS = ("step_num", "hlo_op", "hlo_module", "tf_function_call", "eager_op", "is_func",
-         "correlation_id", "kernel_details", "memcpy_details", "tf_op")  # fmt: skip
+         "correlation_id", "kernel_details", "memcpy_details", "tf_op", "program_id")  # fmt: skip
 _EVENT_COLUMNS = ["plane", "line", "name", "display_name", "start", "end", *STATS]
 _TF_OP = re.compile(r"^(?P<node>[^:\s]+):(?P<type>_?[A-Z][A-Za-z0-9_]*)$")
 _HLO_SUFFIX = re.compile(r"\.\d+$")
@@ -91,7 +92,37 @@ def read_xplane(path: str | Path) -> Trace:
     meta.update(_versions(planes))
     if space.errors:
         meta["profiler_errors"] = list(space.errors)[:20]
-    return _checked(path, events, planes, meta)
+    costs = space_costs(space, _programs_run(events))
+    return _with_xla_costs(_checked(path, events, planes, meta), costs)
+
+
+def _programs_run(events: pd.DataFrame) -> set[tuple[str, int]]:
+    """``(HLO module, program id)`` of the XLA ops the capture holds."""
+    if "program_id" not in events or "hlo_module" not in events:
+        return set()
+    pid = pd.to_numeric(events["program_id"], errors="coerce")
+    pairs = pd.DataFrame({"m": events["hlo_module"], "p": pid})
+    pairs = pairs[pairs["m"].notna() & pairs["p"].notna()].drop_duplicates()
+    return {(str(m), int(p)) for m, p in pairs.itertuples(index=False)}
+
+
+def _with_xla_costs(trace: Trace, costs: dict[str, Any]) -> Trace:
+    """HLO ops get the FLOPs of their instruction (``xla_flops``, from the module's HLO in
+    the capture: :mod:`perfguard.trace.hlo_proto`) and its source line where XLA kept one."""
+    r = trace.ranges
+    if not costs or r.empty:
+        return trace
+    hlo = (r["category"] == "hlo_op").to_numpy(bool) if "category" in r else np.zeros(len(r), bool)
+    flops = np.full(len(r), np.nan)
+    if hlo.any():
+        f, site = range_costs(r["name"].astype(object).to_numpy()[hlo], costs)
+        flops[hlo] = f
+        if "call_site" in r and np.not_equal(site, None).any():
+            cs = r["call_site"].astype(object).to_numpy().copy()
+            cs[hlo] = np.where(np.not_equal(site, None), site, cs[hlo])
+            r["call_site"] = coded_text(cs)
+    r["xla_flops"] = flops
+    return trace
 
 
 def _parse(path: Path) -> Any:

@@ -29,6 +29,7 @@ _OP_OPTIONAL = {
     "tc_utilization": ("tc_utilization", "tc_utilization_pct"),
     "flops": ("flops",),
     "flop_efficiency": ("flop_efficiency_pct", "flop_efficiency"),
+    "call_site": ("call_site",),
 }
 
 

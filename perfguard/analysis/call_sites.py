@@ -1,0 +1,131 @@
+"""Each op's call sites: the user's ``file:line`` behind it, the top ones by time.
+
+The ranges carry ``call_site`` from whichever source the capture has (PyProf/DLProf
+trace markers, ``instrument(ops=True)``, the PyTorch profiler's Python frames, the
+capture's sidecar). An op called from several places lists the top ones by its
+time there (GPU time where the op has any, else CPU time), with their shares:
+``model.py:63 (72%); data.py:10 (28%)``. Folded CPU-only instances count by
+their CPU time, as in every other per-op figure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from perfguard.analysis.cpu_only import CpuOnly
+from perfguard.analysis.ops import op_id
+from perfguard.arrays import levels
+from perfguard.trace.call_sites import top_sites_text
+
+#: call sites listed per op
+TOP_SITES = 3
+
+
+def has_call_sites(ranges: pd.DataFrame) -> bool:
+    """Whether any range of the capture says where in the user's code it was called."""
+    return "call_site" in ranges and bool(ranges["call_site"].notna().any())
+
+
+def range_site_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each range's call-site code (-1: none) and the texts, a range without one taking
+    it from where the user's code is still the answer: a backward node from the forward
+    op of its sequence number (autograd runs it on another thread, with no Python
+    frame around it; PyProf ties them the same way), then any range from its parent
+    (the ops a backward node or a compiled graph runs inside it)."""
+    site = pd.Categorical(ranges["call_site"])
+    codes, texts = site.codes.astype(np.int64), np.asarray(site.categories, dtype=object)
+    if "seq" in ranges and (codes < 0).any():
+        seq = ranges["seq"].to_numpy(dtype=np.float64, na_value=np.nan)
+        fwd = (ranges["direction"].astype(object) != "bprop").to_numpy(bool)
+        known = fwd & (codes >= 0) & ~np.isnan(seq)
+        if known.any():
+            by_seq = pd.Series(codes[known], index=seq[known])
+            by_seq = by_seq[~by_seq.index.duplicated()]
+            want = (codes < 0) & ~np.isnan(seq)
+            got = by_seq.reindex(seq[want]).to_numpy(dtype=np.float64)
+            fill = codes[want]
+            fill[~np.isnan(got)] = got[~np.isnan(got)].astype(np.int64)
+            codes[want] = fill
+    if "parent_id" in ranges and "depth" in ranges and (codes < 0).any():
+        parent = ranges["parent_id"].to_numpy(np.int64)
+        for at in levels(ranges["depth"].to_numpy(np.int64))[1:]:  # parents first
+            missing = at[codes[at] < 0]
+            up = parent[missing]
+            ok = up >= 0
+            codes[missing[ok]] = codes[up[ok]]
+    return codes, texts
+
+
+def op_call_sites(
+    ranges: pd.DataFrame, inst: pd.DataFrame, cpu_only: CpuOnly | None
+) -> pd.DataFrame:
+    """``op_id, call_site`` (text of the top :data:`TOP_SITES`) for ops with a call site.
+
+    ``inst``: the kept instances (``instance`` is the range's row, ``op_key``,
+    ``op_name``, ``direction``, ``gpu_time``, ``cpu_time``); ``cpu_only``: the folded ones.
+    Grouped on integer codes (op key, site code): no object per instance.
+    """
+    codes, texts = range_site_codes(ranges)
+    row = inst["instance"].to_numpy(np.int64)
+    ok = (row >= 0) & (row < len(codes))
+    keys = [inst["op_key"].to_numpy(np.int64)[ok]]
+    sites = [codes[row[ok]]]
+    gpu = [inst["gpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
+    cpu = [inst["cpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
+    if cpu_only is not None and len(cpu_only):
+        keys.append(cpu_only.op_key.astype(np.int64))
+        sites.append(codes[cpu_only.range_row])
+        gpu.append(np.zeros(len(cpu_only)))
+        cpu.append(cpu_only.cpu_time.astype(np.float64))
+    key, code = np.concatenate(keys), np.concatenate(sites)
+    g_all, c_all = np.concatenate(gpu), np.concatenate(cpu)
+    has = code >= 0
+    if not has.any():
+        empty = pd.Series(dtype=object)
+        return pd.DataFrame({"op_id": empty, "call_site": empty.copy()})
+    key, code, g_all, c_all = key[has], code[has], g_all[has], c_all[has]
+    pair, first = np.unique(key * (len(texts) + 1) + code, return_inverse=True)
+    pair_key, pair_site = pair // (len(texts) + 1), pair % (len(texts) + 1)
+    g = np.bincount(first, weights=g_all, minlength=len(pair))
+    c = np.bincount(first, weights=c_all, minlength=len(pair))
+    op_codes, op_of_pair = np.unique(pair_key, return_inverse=True)
+    on_gpu = np.bincount(op_of_pair, weights=g, minlength=len(op_codes)) > 0
+    time = np.where(on_gpu[op_of_pair], g, c)
+    order = np.lexsort((texts[pair_site], -time, op_of_pair))
+    rows = []
+    bounds = np.searchsorted(op_of_pair[order], np.arange(len(op_codes) + 1))
+    for k in range(len(op_codes)):  # one entry per op (hundreds), not per instance
+        at = order[bounds[k] : bounds[k + 1]]
+        listed = list(zip(texts[pair_site[at]].astype(str), time[at].astype(float), strict=True))
+        rows.append(top_sites_text(listed, TOP_SITES))
+    names, direction = _op_text(op_codes, inst, cpu_only)
+    out = pd.DataFrame({"op_name": names, "direction": direction, "call_site": rows})
+    out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
+    return out[["op_id", "call_site"]]
+
+
+def _op_text(
+    keys: np.ndarray, inst: pd.DataFrame, cpu_only: CpuOnly | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Op name and direction of each op key (the kept rows' where they have it)."""
+    if cpu_only is not None and len(cpu_only.names):
+        return cpu_only.op_text(keys)
+    first = inst.drop_duplicates("op_key").set_index(inst.drop_duplicates("op_key")["op_key"])
+    names = first["op_name"].astype(object).reindex(keys).to_numpy(dtype=object)
+    direction = first["direction"].astype(object).reindex(keys).to_numpy(dtype=object)
+    return names, direction
+
+
+def with_call_sites(
+    ops: pd.DataFrame, ranges: pd.DataFrame, inst: pd.DataFrame, cpu_only: CpuOnly | None
+) -> pd.DataFrame:
+    """``ops`` with a ``call_site`` column (None where the capture has none for an op)."""
+    ops = ops.copy()
+    if not has_call_sites(ranges) or ops.empty:
+        ops["call_site"] = pd.Series([None] * len(ops), index=ops.index, dtype=object)
+        return ops
+    sites = op_call_sites(ranges, inst, cpu_only).set_index("op_id")["call_site"]
+    ops["call_site"] = ops["op_id"].map(sites).astype(object)
+    ops["call_site"] = ops["call_site"].where(ops["call_site"].notna(), None)
+    return ops
