@@ -77,7 +77,9 @@ def write_sidecar(prof: Any, trace: Path) -> Path | None:
     names = np.array([_name(e) for e in events], dtype=object)
     start = np.fromiter((e.start_ns() for e in events), np.int64, len(events))
     dur = np.fromiter((e.duration_ns() for e in events), np.int64, len(events))
-    tid = np.fromiter((e.start_thread_id() for e in events), np.int64, len(events))
+    # thread ids are compared for equality only; torch gives them as unsigned 64-bit
+    # values, which a signed array cannot hold for every thread (OverflowError seen)
+    tid = pd.factorize(pd.Series([e.start_thread_id() for e in events], dtype=object))[0]
     python = np.fromiter((bool(e.is_python_function()) for e in events), bool, len(events))
     cpu = np.fromiter((str(e.device_type()).endswith("CPU") for e in events), bool, len(events))
     op = cpu & ~python
