@@ -1,7 +1,10 @@
 """Analysis of a :class:`~perfguard.trace.Trace`: attribution, iterations, metrics.
 
 Knows the Trace model only. :func:`analyze` is the one call a notebook or
-the CLI makes; everything it returns is a pandas DataFrame or Series.
+the CLI makes; it returns an :class:`Analysis`, the facade over every table the
+reports show: snake_case frames, a typed :class:`RunSummary`, and the derived
+tables (op types, group nodes, ranks, Tensor Core ops, expert findings) as
+cached properties, computed on first use. The report layer only formats them.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -23,6 +28,7 @@ from perfguard.analysis.iterations import (
     select_window,
 )
 from perfguard.analysis.kernels import aggregate_kernels
+from perfguard.analysis.metrics import gpu_time
 from perfguard.analysis.ops import (
     OpCodes,
     _gpu_per_instance,
@@ -34,12 +40,15 @@ from perfguard.analysis.ops import (
     op_id_by_key,
     op_instances,
 )
-from perfguard.analysis.summary import iteration_table, run_summary
+from perfguard.analysis.summary import RunSummary, iteration_table, run_summary
 from perfguard.arrays import narrow
 from perfguard.trace.model import INDEX, Trace
 from perfguard.trace.sanity import TIMED_TABLES, repair_times
 
-__all__ = ["Analysis", "analyze"]
+if TYPE_CHECKING:
+    from perfguard.analysis.ranks import Straggler
+
+__all__ = ["Analysis", "RunSummary", "analyze"]
 
 
 @dataclass
@@ -57,9 +66,13 @@ class Analysis:
     * ``ops``: per-op aggregates (detail report);
     * ``kernels``: per (kernel, op) aggregates (kernel report);
     * ``iterations``: per (rank, iteration) figures (iteration report);
-    * ``summary``: run-level figures (summary report), a Series;
+    * ``summary``: run-level figures (summary report), a :class:`RunSummary`;
     * ``notes``: one line per caveat the reader should see once (an unknown
       GPU leaves FLOP efficiency empty, and why).
+
+    Derived on first use and kept (cached properties): ``instances``,
+    ``op_types``, ``group_nodes``, ``tensor_ops``, ``ranks``, ``straggler``,
+    ``findings`` and ``top_ops``.
 
     ``activities`` and the instance tables hold a row per event, so they keep the
     Trace model's types (text coded, ids int32); the aggregates hold plain text.
@@ -71,28 +84,75 @@ class Analysis:
     ops: pd.DataFrame
     kernels: pd.DataFrame
     iterations: pd.DataFrame
-    summary: pd.Series
+    summary: RunSummary
     window: pd.DataFrame
     #: things the reader should know once, e.g. why FLOP efficiency is empty
     notes: list[str] = field(default_factory=list)
     #: whether ``--iter-start/--iter-stop`` restricted the figures to ``window``
     restricted: bool = False
-    #: derived tables computed on demand and kept (e.g. the expert findings)
-    cache: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
     #: the instances folded out of ``kept_instances`` (None or empty: none are)
     cpu_only: CpuOnly | None = None
     #: builds every instance's row (``instances``) when ``cpu_only`` holds some
     rebuild: Callable[[], pd.DataFrame] | None = field(default=None, repr=False, compare=False)
 
-    @property
+    @cached_property
     def instances(self) -> pd.DataFrame:
         """Every op instance's row, as :func:`perfguard.analysis.ops.op_instances`
         and the enrichment give it; built once, when first asked for."""
         if self.cpu_only is None or not len(self.cpu_only) or self.rebuild is None:
             return self.kept_instances
-        if "instances" not in self.cache:
-            self.cache["instances"] = self.rebuild()
-        return self.cache["instances"]  # type: ignore[return-value]
+        return self.rebuild()
+
+    @cached_property
+    def op_types(self) -> pd.DataFrame:
+        """One row per op type (:func:`perfguard.analysis.ops.aggregate_op_types`)."""
+        from perfguard.analysis.ops import aggregate_op_types
+
+        return aggregate_op_types(self.kept_instances, self.cpu_only)
+
+    @cached_property
+    def group_nodes(self) -> pd.DataFrame:
+        """Inclusive roll-ups over the op hierarchy (:mod:`perfguard.analysis.groups`)."""
+        from perfguard.analysis.groups import aggregate_groups
+
+        return aggregate_groups(self.trace, self.activities, self.kept_instances, self.cpu_only)
+
+    @cached_property
+    def tensor_ops(self) -> pd.DataFrame:
+        """The TC-eligible ops with their TC and non-TC kernel counts and names
+        (:func:`perfguard.analysis.kernels.tensor_core_ops`)."""
+        from perfguard.analysis.kernels import tensor_core_ops
+
+        return tensor_core_ops(self.ops, self.kernels)
+
+    @cached_property
+    def ranks(self) -> pd.DataFrame:
+        """One row per rank (:mod:`perfguard.analysis.ranks`)."""
+        from perfguard.analysis.ranks import rank_figures
+
+        return rank_figures(self)
+
+    @cached_property
+    def straggler(self) -> Straggler | None:
+        """The straggler of a multi-rank run, None for one rank."""
+        from perfguard.analysis.ranks import straggler
+
+        return straggler(self.ranks)
+
+    @cached_property
+    def findings(self) -> pd.DataFrame:
+        """The expert detectors' findings under the default thresholds."""
+        from perfguard.analysis.expert import Thresholds, detect
+
+        return detect(self, Thresholds())
+
+    @cached_property
+    def top_ops(self) -> pd.DataFrame:
+        """``ops`` by GPU time, most first, with ``gpu_share``: each op's share in % of
+        the run's GPU time (NaN for a run without GPU time)."""
+        from perfguard.analysis.ops import by_gpu_share
+
+        return by_gpu_share(self.ops)
 
 
 def analyze(
@@ -237,7 +297,7 @@ def _per_replay(
         kernel = (acts["activity"] == "kernel").to_numpy(dtype=bool)
         tc = kernel.copy()
         tc &= acts["uses_tc"].fillna(False).to_numpy(dtype=bool) if "uses_tc" in acts else False
-        dur = (acts["end"] - acts["start"]).to_numpy(np.int64)
+        dur = gpu_time(acts).astype(np.int64, copy=False)
         for column, mask in (("kernel_time", kernel), ("tc_kernel_time", tc)):
             if column in inst:
                 sums = np.bincount(owner[mask & (owner >= 0)], dur[mask & (owner >= 0)],
