@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -174,7 +174,7 @@ def analyze(
     intervals = iteration_intervals(trace, key_node)
     window = select_window(intervals, iter_start, iter_stop)
     restricted = iter_start is not None or iter_stop is not None
-    chosen = window.set_index(["rank", "iteration"]).index if restricted else None
+    chosen = pd.MultiIndex.from_frame(window[["rank", "iteration"]]) if restricted else None
 
     attributed = attribute(trace, gpu_activities(trace))
     when = attributed["launch_start"].fillna(attributed["start"]).to_numpy(np.int64)
@@ -292,7 +292,7 @@ def _per_replay(
     if window_only:
         figures = _gpu_per_instance(inst["instance"].to_numpy(np.int64)[rows], acts)
         for column, values in figures.items():
-            inst.loc[rows, column] = values.astype(inst[column].dtype)
+            inst[column] = _replaced(inst[column], rows, values)
         owner = acts["instance_row"].to_numpy(np.int64)
         kernel = (acts["activity"] == "kernel").to_numpy(dtype=bool)
         tc = kernel.copy()
@@ -302,14 +302,22 @@ def _per_replay(
             if column in inst:
                 sums = np.bincount(owner[mask & (owner >= 0)], dur[mask & (owner >= 0)],
                                    minlength=len(inst))  # fmt: skip
-                inst.loc[rows, column] = sums[rows].astype(inst[column].dtype)
+                inst[column] = _replaced(inst[column], rows, sums[rows])
     if by_range is None or "flops" not in inst:
         return
     at = instance_rows(trace.ranges["range_id"].to_numpy(np.int64),
                        inst["instance"].to_numpy(np.int64)[rows])  # fmt: skip
     for column in ("flops", "bytes"):
         per_call = pd.api.extensions.take(by_range[column].array, at, allow_fill=True)
-        inst.loc[rows, column] = per_call * replays[rows]
+        inst.loc[rows, column] = cast(Any, per_call) * replays[rows]
+
+
+def _replaced(column: pd.Series, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``column``'s values with those at positions ``rows`` replaced by ``values`` (cast
+    to the column's numpy dtype)."""
+    out = column.to_numpy(copy=True)
+    out[rows] = values.astype(out.dtype)
+    return out
 
 
 def _owners(trace: Trace, codes: OpCodes, acts: pd.DataFrame) -> np.ndarray:
@@ -330,7 +338,7 @@ def repaired(trace: Trace) -> Trace:
     fixed, notes = repair_times(tables, trace.meta.get("path", "trace"))
     if not notes:
         return trace
-    return dataclasses.replace(trace, **fixed, notes=[*trace.notes, *notes])
+    return dataclasses.replace(trace, notes=[*trace.notes, *notes], **cast(dict[str, Any], fixed))
 
 
 def _join_op(acts: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:

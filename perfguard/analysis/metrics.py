@@ -14,13 +14,14 @@ and how many FLOPs an op does are definitions of their own:
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-#: a figure per row (numpy or pandas) or one scalar
-Figure = TypeVar("Figure", np.ndarray, pd.Series, float, int)
+#: a figure per row (a numpy array or a pandas Series) or one scalar: the definitions use
+#: only arithmetic, so each returns the kind it is given
+Figure = Any
 
 
 def _positive(whole: Figure) -> Figure:
@@ -29,12 +30,12 @@ def _positive(whole: Figure) -> Figure:
         return whole.where(whole > 0)
     if isinstance(whole, np.ndarray):
         return np.where(whole > 0, whole, np.nan)
-    return whole if whole > 0 else float("nan")  # type: ignore[return-value]
+    return whole if whole > 0 else float("nan")
 
 
 def percent(part: Figure, whole: Figure) -> Figure:
     """``100 x part / whole``, NaN where ``whole <= 0``."""
-    return 100.0 * part / _positive(whole)  # type: ignore[return-value]
+    return 100.0 * part / _positive(whole)
 
 
 def gpu_time(activities: pd.DataFrame) -> np.ndarray:
@@ -64,7 +65,7 @@ def gpu_idle(capacity: Figure, busy: Figure) -> Figure:
     idle = capacity - busy
     if isinstance(idle, pd.Series):
         return idle.clip(lower=0)
-    return np.maximum(idle, 0)  # type: ignore[return-value]
+    return np.maximum(idle, 0)
 
 
 def gpu_utilization(busy: Figure, capacity: Figure) -> Figure:
@@ -81,17 +82,17 @@ def tc_utilization(tc_kernel_time: Figure, eligible_kernel_time: Figure) -> Figu
 
 def gpu_seconds(gpu_time_ns: Figure) -> Figure:
     """GPU time in seconds, the denominator of the rates."""
-    return gpu_time_ns * 1e-9  # type: ignore[return-value]
+    return gpu_time_ns * 1e-9
 
 
 def achieved_tflops(flops: Figure, seconds: Figure) -> Figure:
     """Achieved TFLOP/s: FLOPs over the GPU seconds they took (NaN for no time)."""
-    return flops / _positive(seconds) * 1e-12  # type: ignore[return-value]
+    return flops / _positive(seconds) * 1e-12
 
 
 def achieved_bandwidth(nbytes: Figure, seconds: Figure) -> Figure:
     """Achieved bytes/s: bytes moved over the GPU seconds they took (NaN for no time)."""
-    return nbytes / _positive(seconds)  # type: ignore[return-value]
+    return nbytes / _positive(seconds)
 
 
 def flop_efficiency(flops: Figure, peak_flops_x_seconds: Figure) -> Figure:

@@ -10,6 +10,7 @@ into "25 %", so only GPUs with activity count, and their number is reported.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -63,7 +64,8 @@ def busy_in_windows(acts: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=np.int64) for c in cols})
     start, end = acts["start"].to_numpy(np.int64), acts["end"].to_numpy(np.int64)
     parts = []
-    for (rank, device), rows in acts.groupby(["rank", "device_id"], sort=True).indices.items():
+    for key, rows in acts.groupby(["rank", "device_id"], sort=True).indices.items():
+        rank, device = cast(tuple[int, int], key)
         w = windows[windows["rank"] == rank]
         if w.empty:
             continue
