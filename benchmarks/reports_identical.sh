@@ -41,7 +41,7 @@ for db in "${dbs[@]}"; do
   if [ -d "$db" ] && ! ls "$db" | grep -q '\.json'; then continue; fi  # e.g. hta_reference/
   for variant in all iter1-2; do
     opts=(); [ $variant = iter1-2 ] && opts=(--iter-start 1 --iter-stop 2)
-    n=$(basename "$db").$variant
+    n=$(basename "$(dirname "$db")")__$(basename "$db").$variant  # the folder: names repeat
     for v in old new; do
       src=$work/cur out=$work/new
       if [ $v = old ]; then

@@ -22,7 +22,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -77,8 +77,8 @@ def _ms(ns: float) -> str:
 
 
 def _top(names: pd.Series, n: int = 3) -> str:
-    names = [str(x) for x in names.head(n)]
-    return ", ".join(names) + (", ..." if len(names) == n else "")
+    shown = [str(x) for x in names.head(n)]
+    return ", ".join(shown) + (", ..." if len(shown) == n else "")
 
 
 # --------------------------------------------------------------------------- iterations
@@ -164,7 +164,8 @@ def imbalanced_gpus(a: Analysis, th: Thresholds) -> list[Finding]:
     ratio = float(busy.max() / busy.min())
     if ratio <= th.imbalance_ratio:
         return []
-    hi, lo = busy.idxmax(), busy.idxmin()
+    hi = cast(tuple[int, int], busy.idxmax())
+    lo = cast(tuple[int, int], busy.idxmin())
     return [
         Finding(
             "imbalanced_gpus", "warning",
@@ -232,7 +233,9 @@ def dataloader_bound(a: Analysis, th: Thresholds) -> list[Finding]:
         return []
     from perfguard.analysis.intervals import union_length
 
-    spent = float(union_length(dl["start"], dl["end"], dl["rank"]).max())
+    spent = float(
+        union_length(dl["start"].to_numpy(), dl["end"].to_numpy(), dl["rank"].to_numpy()).max()
+    )
     share = spent / wall
     if share <= th.dataloader_share:
         return []
@@ -427,7 +430,7 @@ def tc_lost_between_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
         return []
     name, _ = mixed.index[0]
     row = mixed.iloc[0]
-    lost = [int(i) for i, v in row.items() if pd.notna(v) and not bool(v)]
+    lost = [int(cast(int, i)) for i, v in row.items() if pd.notna(v) and not bool(v)]
     return [
         Finding(
             "tc_lost_between_iterations", "warning",

@@ -24,7 +24,7 @@ time. The imbalance is the spread of that figure over its maximum.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -155,9 +155,11 @@ def straggler(ranks: pd.DataFrame) -> Straggler | None:
         return None
     table = ranks.set_index("rank") if "rank" in ranks.columns else ranks
     if (table["comm_time"] > 0).all():
-        by, values, rank = "comm_time", table["comm_time"], int(table["comm_time"].idxmin())
+        by, values = "comm_time", table["comm_time"]
+        rank = int(cast(int, values.idxmin()))
     else:
-        by, values, rank = "gpu_busy", table["gpu_busy"], int(table["gpu_busy"].idxmax())
+        by, values = "gpu_busy", table["gpu_busy"]
+        rank = int(cast(int, values.idxmax()))
     top = float(values.max())
     spread = 100.0 * (top - float(values.min())) / top if top > 0 else 0.0
     return Straggler(rank=rank, by=by, imbalance_pct=spread)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from perfguard.analysis import Analysis
@@ -18,11 +20,11 @@ _SUMMARY_FIELDS = [
 _SHORT = {"tc_utilization": "Tensor Core Utilization"}
 
 
-def _ms(ns: float) -> str:
+def _ms(ns: Any) -> str:
     return f"{ns / 1e6:,.3f}"
 
 
-def _clip(text: str, width: int) -> str:
+def _clip(text: object, width: int) -> str:
     text = str(text)
     return text if len(text) <= width else "…" + text[-(width - 1) :]
 
@@ -51,9 +53,9 @@ def format_summary(analysis: Analysis, top: int = 10, width: int = 60) -> str:
     )
     lines.append(header)
     for row in ops.itertuples(index=False):  # at most `top` rows
-        share = row.gpu_share if total_gpu else 0.0
+        share: Any = row.gpu_share if total_gpu else 0.0
         lines.append(
-            f"  {_clip(row.op_name, width):<{width}} {row.direction:<5} {row.calls:>7}"
+            f"  {_clip(row.op_name, width):<{width}} {str(row.direction):<5} {row.calls:>7}"
             f" {_ms(row.gpu_time_total):>10} {share:>6.1f} {_ms(row.cpu_time_total):>10}"
         )
     return "\n".join(lines)

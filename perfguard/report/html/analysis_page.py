@@ -58,7 +58,7 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     if not len(df):
         return []
     return [
-        {k: _plain(v) for k, v in row.items()} for row in df.to_dict(orient="records")
+        {str(k): _plain(v) for k, v in row.items()} for row in df.to_dict(orient="records")
     ]  # at most the few hundred rows a page shows
 
 
