@@ -72,7 +72,7 @@ class Analysis:
 
     Derived on first use and kept (cached properties): ``instances``,
     ``op_types``, ``group_nodes``, ``tensor_ops``, ``ranks``, ``straggler``,
-    ``findings`` and ``top_ops``.
+    ``findings``, ``top_ops`` and ``tc_missed_ops``.
 
     ``activities`` and the instance tables hold a row per event, so they keep the
     Trace model's types (text coded, ids int32); the aggregates hold plain text.
@@ -153,6 +153,14 @@ class Analysis:
         from perfguard.analysis.ops import by_gpu_share
 
         return by_gpu_share(self.ops)
+
+    @cached_property
+    def tc_missed_ops(self) -> pd.DataFrame:
+        """``top_ops`` that are Tensor Core eligible, ran GPU work and used no Tensor Core
+        kernel (:func:`perfguard.analysis.ops.tc_missed`)."""
+        from perfguard.analysis.ops import tc_missed
+
+        return tc_missed(self.top_ops)
 
 
 def analyze(

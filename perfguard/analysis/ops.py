@@ -510,6 +510,18 @@ def by_gpu_share(ops: pd.DataFrame) -> pd.DataFrame:
     return out.assign(gpu_share=metrics.percent(out["gpu_time_total"], total))
 
 
+def tc_missed(ops: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``ops`` that are Tensor Core eligible, ran GPU work and used no Tensor
+    Core kernel (no rows without the Tensor Core columns). A group range's kernels count
+    on its ops, so an eligible range without GPU time of its own is left out."""
+    if "tc_eligible" not in ops.columns or "using_tc" not in ops.columns:
+        return ops.iloc[0:0]
+    eligible = ops["tc_eligible"].astype("boolean").fillna(False).astype(bool).to_numpy()
+    using = ops["using_tc"].astype("boolean").fillna(False).astype(bool).to_numpy()
+    ran = (ops["gpu_time_total"] > 0).to_numpy()
+    return ops[eligible & ~using & ran]
+
+
 @dataclass(frozen=True)
 class _Merge:
     """The kept rows and the folded instances grouped by one key, numbered as the

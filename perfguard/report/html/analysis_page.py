@@ -120,13 +120,7 @@ def analysis_page(
         findings = analysis.findings
     ops, has_tc = _ops_view(analysis.top_ops)
     total_gpu = float(ops["gpu_time_total"].sum()) if len(ops) else 0.0
-    if has_tc:
-        eligible = ops["tc_eligible"].astype("boolean").fillna(False).astype(bool)
-        using = ops["using_tc"].astype("boolean").fillna(False).astype(bool)
-        ran = (ops["gpu_time_total"] > 0).to_numpy()  # a group range's kernels count on its ops
-        tc_missing = _records(ops[eligible.to_numpy() & ~using.to_numpy() & ran])
-    else:
-        tc_missing = []
+    tc_missing = _records(_ops_view(analysis.tc_missed_ops)[0]) if has_tc else []
 
     it = analysis.iterations
     if len(it) and "rank" in it:
