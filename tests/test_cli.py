@@ -33,6 +33,7 @@ from perfguard.report.dlprof import (
     KERNEL_COLUMNS,
     OP_TYPE_COLUMNS,
     RANK_COLUMNS,
+    SUMMARY_ROWS,
     TENSOR_COLUMNS,
 )
 
@@ -191,17 +192,17 @@ def test_example_writes_every_report_and_nothing_else(example_run: Run) -> None:
 def test_example_terminal_summary_matches_the_library(example_run: Run, example_analysis) -> None:
     s = example_analysis.summary
     shown = example_run.summary_figures()
-    assert shown["Capture Format"] == s["Capture Format"] == "kineto-json modern"
-    assert int(shown["Kernels"]) == int(s["Kernels"]) == 79
-    assert int(shown["Unique Ops"]) == int(s["Unique Ops"])
+    assert shown["Capture Format"] == s.capture_format == "kineto-json modern"
+    assert int(shown["Kernels"]) == int(s.kernels) == 79
+    assert int(shown["Unique Ops"]) == int(s.unique_ops)
     assert float(shown["Total Kernel Time (ms)"].replace(",", "")) == pytest.approx(
-        s["Total Kernel Time (ns)"] / 1e6, abs=5e-4
+        s.kernel_time / 1e6, abs=5e-4
     )
     assert float(shown["Wall Clock Time (ms)"].replace(",", "")) == pytest.approx(
-        s["Wall Clock Time (ns)"] / 1e6, abs=5e-4
+        s.wall_time / 1e6, abs=5e-4
     )
-    assert float(shown["GPU Utilization (%)"]) == pytest.approx(s["GPU Utilization (%)"], abs=5e-3)
-    tc = s["Tensor Core Kernel Utilization (%)"]
+    assert float(shown["GPU Utilization (%)"]) == pytest.approx(s.gpu_utilization, abs=5e-3)
+    tc = s.tc_utilization
     assert float(shown["Tensor Core Utilization (%)"]) == pytest.approx(tc, abs=5e-3)
     top = example_analysis.ops.iloc[0]
     table = example_run.stdout.split("ops by GPU time\n", 1)[1].splitlines()
@@ -234,7 +235,7 @@ def test_example_csv_and_json_hold_the_same_rows(example_run: Run, report: str) 
 def test_example_summary_csv_and_json_agree(example_run: Run, example_analysis) -> None:
     rows = example_run.csv_rows("dlprof", "summary")[1:]
     values = example_run.json("dlprof", "summary")
-    assert [r[0] for r in rows] == list(values) == list(example_analysis.summary.index)
+    assert [r[0] for r in rows] == list(values) == list(SUMMARY_ROWS.values())
     for metric, text in rows:
         x, y = _num(text), _num(values[metric])
         if isinstance(x, float) and isinstance(y, float):
@@ -290,12 +291,12 @@ def test_nsys_run_writes_only_the_requested_reports(saxpy_run: Run) -> None:
 def test_nsys_terminal_summary_matches_the_library(saxpy_run: Run, saxpy: Path, cached_trace):
     s = perfguard.analyze(cached_trace(saxpy)).summary
     shown = saxpy_run.summary_figures()
-    assert shown["Capture Format"] == s["Capture Format"]
+    assert shown["Capture Format"] == s.capture_format
     assert shown["Capture Format"].startswith("nsys-sqlite 2022.2.1")
-    assert int(shown["Kernels"]) == int(s["Kernels"]) == 5
-    assert shown["GPU Names"] == s["GPU Names"] == "NVIDIA A100-SXM4-40GB"
+    assert int(shown["Kernels"]) == int(s.kernels) == 5
+    assert shown["GPU Names"] == s.gpu_names == "NVIDIA A100-SXM4-40GB"
     assert float(shown["Total Memory Op Time (ms)"].replace(",", "")) == pytest.approx(
-        s["Total Memory Op Time (ns)"] / 1e6, abs=5e-4
+        s.memop_time / 1e6, abs=5e-4
     )
 
 

@@ -109,7 +109,7 @@ def test_h100_run_tc_utilization_and_peak_source(h100) -> None:
         "_scaled_dot_product_flash_attention",
     }
     assert eligible == {"addmm", "_flash_attention_forward"}
-    figure = analysis.summary["Tensor Core Kernel Utilization (%)"]
+    figure = analysis.summary.tc_utilization
     assert figure == pytest.approx(100.0 * hand_tc / hand_total)
     assert analysis.notes == []  # the H100 is in the peak table: nothing to explain
 

@@ -183,7 +183,7 @@ def test_kernels_ending_before_they_start_are_clamped_and_counted(tmp_path: Path
     assert f"{bad:,} kernels ended before they started: clamped to zero duration" in trace.notes
     assert int((trace.kernels["end"] - trace.kernels["start"]).sum()) == expected
     analysis = analyze(trace)
-    assert int(analysis.summary["Total Kernel Time (ns)"]) == expected
+    assert int(analysis.summary.kernel_time) == expected
     assert (analysis.ops["gpu_time_min"] >= 0).all()
     out = tmp_path / "out"
     write_reports(analysis, out, formats=["csv", "json"])
@@ -292,7 +292,7 @@ def test_empty_string_table_without_memcpy(tmp_path: Path) -> None:
     trace = load_trace(path)
     assert (trace.kernels["name"] == UNKNOWN_KERNEL).sum() == n
     analysis = analyze(trace)
-    assert int(analysis.summary["Kernels"]) == n
+    assert int(analysis.summary.kernels) == n
     write_reports(analysis, tmp_path / "out", formats=["csv", "json"])
 
 
@@ -405,7 +405,7 @@ def test_per_iteration_utilization_of_torchrec_matches_a_json_walk() -> None:
     assert part.iterations["gpu_utilization"].tolist() == pytest.approx(
         [walk[f"ProfilerStep#{i}"] for i in (1010, 1011, 1012)]
     )
-    assert 0 < float(part.summary["GPU Utilization (%)"]) <= 100
+    assert 0 < float(part.summary.gpu_utilization) <= 100
 
 
 def test_covered_within_by_hand() -> None:

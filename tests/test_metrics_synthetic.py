@@ -84,8 +84,8 @@ def test_work_outside_every_op_is_unassociated(two_step_trace) -> None:
     a = perfguard.analyze(two_step_trace)
     stray = _op(a, "unassociated_stray_kernel")
     assert stray["gpu_time_total"] == 2 * US and stray["calls"] == 1
-    assert a.summary["Unassociated GPU Activities"] == 1
-    assert a.summary["Unassociated GPU Time (ns)"] == 2 * US
+    assert a.summary.unassociated_activities == 1
+    assert a.summary.unassociated_gpu_time == 2 * US
 
 
 def test_profiler_steps_are_iterations_not_ops(two_step_trace) -> None:
@@ -102,12 +102,12 @@ def test_profiler_steps_are_iterations_not_ops(two_step_trace) -> None:
 
 def test_run_summary_by_hand(two_step_trace) -> None:
     s = perfguard.analyze(two_step_trace).summary
-    assert s["Wall Clock Time (ns)"] == 200 * US  # 0 .. 200 µs (ProfilerStep#1 ends last)
-    assert s["Total Kernel Time (ns)"] == (10 + 5 + 6 + 2) * US
-    assert s["Total Memory Op Time (ns)"] == 4 * US
-    assert s["GPU Busy Time, flattened (ns)"] == 27 * US
-    assert s["GPU Utilization (%)"] == pytest.approx(100 * 27 / 200)
-    assert s["Iterations"] == 2 and s["Iteration Range"] == "0-1"
+    assert s.wall_time == 200 * US  # 0 .. 200 µs (ProfilerStep#1 ends last)
+    assert s.kernel_time == (10 + 5 + 6 + 2) * US
+    assert s.memop_time == 4 * US
+    assert s.gpu_busy == 27 * US
+    assert s.gpu_utilization == pytest.approx(100 * 27 / 200)
+    assert s.iterations == 2 and s.iteration_range == "0-1"
 
 
 def test_iteration_bounds_are_inclusive(two_step_trace) -> None:
@@ -115,8 +115,8 @@ def test_iteration_bounds_are_inclusive(two_step_trace) -> None:
     assert set(a.ops["op_name"]) == {
         "model.block", "model.block/aten::add", "unassociated_stray_kernel"
     }  # fmt: skip
-    assert a.summary["Wall Clock Time (ns)"] == 100 * US
-    assert a.summary["Total Kernel Time (ns)"] == 8 * US
+    assert a.summary.wall_time == 100 * US
+    assert a.summary.kernel_time == 8 * US
     both = perfguard.analyze(two_step_trace, iter_start=0, iter_stop=1)
     assert both.ops["gpu_time_total"].sum() == 27 * US
 
@@ -155,8 +155,8 @@ def test_key_node_gives_n_plus_one_intervals(tmp_path: Path) -> None:
     assert it.loc[1, "gpu_time"] == 4 * US and it.loc[2, "gpu_time"] == 5 * US
     assert it.loc[3, "gpu_time"] == 5 * US
     sel = perfguard.analyze(a.trace, "step", iter_start=1, iter_stop=2)
-    assert sel.summary["Total Kernel Time (ns)"] == (4 + 5) * US
-    assert sel.summary["Wall Clock Time (ns)"] == 200 * US
+    assert sel.summary.kernel_time == (4 + 5) * US
+    assert sel.summary.wall_time == 200 * US
 
 
 def test_unknown_key_node_suggests_close_names(two_step_trace) -> None:
@@ -178,8 +178,8 @@ def test_overlapping_kernels_accumulate_per_op_and_flatten_per_gpu(tmp_path: Pat
     conv = _op(a, "aten::conv2d")
     assert conv["gpu_time_total"] == 25 * US
     assert conv["gpu_idle_total"] == (35 - 20) * US  # span 10..45, union 15 + 5
-    assert a.summary["GPU Busy Time, flattened (ns)"] == 20 * US
-    assert a.summary["GPU Utilization (%)"] == pytest.approx(100 * 20 / 45)
+    assert a.summary.gpu_busy == 20 * US
+    assert a.summary.gpu_utilization == pytest.approx(100 * 20 / 45)
 
 
 def test_stats_over_instances(tmp_path: Path) -> None:
@@ -242,7 +242,7 @@ def test_trace_without_gpu_work(tmp_path: Path) -> None:
     a = perfguard.analyze(perfguard.load_trace(b.write(tmp_path / "cpu.json")))
     assert set(a.ops["op_name"]) == {"aten::add", "aten::mul"}
     assert a.ops["gpu_time_total"].sum() == 0
-    assert a.summary["GPU Utilization (%)"] == 0.0 and a.summary["Kernels"] == 0
+    assert a.summary.gpu_utilization == 0.0 and a.summary.kernels == 0
 
 
 def test_kernel_report_geometry_is_each_groups_first_launch_that_has_it() -> None:

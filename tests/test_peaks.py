@@ -6,12 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from perfguard.analysis import metrics
 from perfguard.analysis.peaks import (
     PEAKS,
-    achieved_bandwidth,
-    achieved_tflops,
-    bandwidth_efficiency,
-    efficiency,
     match_gpu,
     peak_bandwidth,
     peak_flops,
@@ -216,23 +213,25 @@ def test_table_is_dense_not_sparse() -> None:
 
 
 def test_efficiency_and_rates_are_na_safe() -> None:
-    flops = pd.Series(pd.array([312e9, None, 1e9, 5e9], dtype="Float64"), index=[3, 4, 5, 6])
-    ns = pd.Series([1e6, 1e6, 0, np.nan], index=[3, 4, 5, 6])
-    eff = efficiency(flops, ns, peak_flops("A100-SXM4-40GB", "bf16", True))
+    """The metrics' definitions on the peaks: no time or an unknown peak gives NaN."""
+    flops = pd.Series([312e9, np.nan, 1e9, 5e9], index=[3, 4, 5, 6])
+    seconds = metrics.gpu_seconds(pd.Series([1e6, 1e6, 0, np.nan], index=[3, 4, 5, 6]))
+    a100 = peak_flops("A100-SXM4-40GB", "bf16", True)
+    assert a100 is not None
+    eff = metrics.flop_efficiency(flops, seconds * a100)
     assert eff.iloc[0] == pytest.approx(100.0)  # 312 GFLOP in 1 ms on a 312 TFLOP/s part
     assert eff.iloc[1:].isna().all()
-    assert list(eff.index) == [3, 4, 5, 6] and str(eff.dtype) == "Float64"
-    assert efficiency(flops, ns, None).isna().all()  # unknown peak: missing, never guessed
-    tf = achieved_tflops(flops, ns)
+    assert list(eff.index) == [3, 4, 5, 6]
+    assert metrics.flop_efficiency(flops, seconds * np.nan).isna().all()  # unknown peak
+    tf = metrics.achieved_tflops(flops, seconds)
     assert tf.iloc[0] == pytest.approx(312.0) and tf.iloc[1:].isna().all()
-    bw = achieved_bandwidth(pd.Series([2e9]), pd.Series([1e6]))
-    assert bw.iloc[0] == pytest.approx(2e12)
-    be = bandwidth_efficiency(pd.Series([3.35e9]), pd.Series([1e6]), peak_bandwidth("H100-SXM"))
-    assert be.iloc[0] == pytest.approx(100.0)
-    # a per-row peak Series and scalars
-    per_row = efficiency(flops, ns, pd.Series([312e12, 1.0, 1.0, 1.0], index=flops.index))
-    assert per_row.iloc[0] == pytest.approx(100.0)
-    assert efficiency(1e12, 1e6, 1e15).iloc[0] == pytest.approx(100.0)
+    bw = metrics.achieved_bandwidth(np.array([2e9]), metrics.gpu_seconds(np.array([1e6])))
+    assert bw[0] == pytest.approx(2e12)
+    h100 = peak_bandwidth("H100-SXM")
+    assert h100 is not None
+    be = metrics.flop_efficiency(3.35e9, metrics.gpu_seconds(1e6) * h100)
+    assert be == pytest.approx(100.0)
+    assert np.isnan(metrics.flop_efficiency(1e12, 0.0))
 
 
 def test_peak_flops_series() -> None:

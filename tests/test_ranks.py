@@ -65,20 +65,20 @@ def test_rank_report_equals_single_rank_analyses(dlrm: perfguard.Analysis, dlrm_
         kernel = acts["activity"] == "kernel"
         dur = acts["end"] - acts["start"]
         nccl = kernel & acts["name"].str.startswith("ncclKernel_")  # the set's only NCCL names
-        assert row["kernel_time"] == s["Total Kernel Time (ns)"]
-        assert row["memop_time"] == s["Total Memory Op Time (ns)"]
-        assert row["gpu_busy"] == s["GPU Busy Time, flattened (ns)"]
-        assert row["wall_time"] == s["Wall Clock Time (ns)"]
-        assert row["gpus"] == s["GPUs Used"] == 1
+        assert row["kernel_time"] == s.kernel_time
+        assert row["memop_time"] == s.memop_time
+        assert row["gpu_busy"] == s.gpu_busy
+        assert row["wall_time"] == s.wall_time
+        assert row["gpus"] == s.gpus_used == 1
         assert row["comm_time"] == int(dur[nccl].sum()) > 0
         assert row["compute_time"] == int(dur[kernel & ~nccl].sum())
-        assert row["iteration_time_avg"] == s["Average Iteration Time (ns)"]
+        assert row["iteration_time_avg"] == s.iteration_time_avg
         assert row["idle_time"] == row["wall_time"] - row["gpu_busy"] >= 0
         assert 0 <= row["idle_pct"] <= 100
     # the per-rank totals add up to the run's
-    assert table["kernel_time"].sum() == dlrm.summary["Total Kernel Time (ns)"]
-    assert table["gpu_busy"].sum() == dlrm.summary["GPU Busy Time, flattened (ns)"]
-    assert table["wall_time"].max() == dlrm.summary["Wall Clock Time (ns)"]
+    assert table["kernel_time"].sum() == dlrm.summary.kernel_time
+    assert table["gpu_busy"].sum() == dlrm.summary.gpu_busy
+    assert table["wall_time"].max() == dlrm.summary.wall_time
 
 
 def test_compute_time_matches_hta(dlrm: perfguard.Analysis, fixtures_dir: Path) -> None:
@@ -144,11 +144,11 @@ def test_directory_of_nsys_exports(tmp_path: Path, fixture_file) -> None:
     assert list(table.index) == [1, 3]
     for rank, src in files.items():
         s = perfguard.analyze(load_trace(src)).summary
-        assert table.at[rank, "kernel_time"] == s["Total Kernel Time (ns)"]
-        assert table.at[rank, "gpu_busy"] == s["GPU Busy Time, flattened (ns)"]
-        assert table.at[rank, "wall_time"] == s["Wall Clock Time (ns)"]
-    assert merged.summary["Kernels"] == sum(
-        perfguard.analyze(load_trace(src)).summary["Kernels"] for src in files.values()
+        assert table.at[rank, "kernel_time"] == s.kernel_time
+        assert table.at[rank, "gpu_busy"] == s.gpu_busy
+        assert table.at[rank, "wall_time"] == s.wall_time
+    assert merged.summary.kernels == sum(
+        perfguard.analyze(load_trace(src)).summary.kernels for src in files.values()
     )
     found = straggler(table.reset_index())
     assert found is not None and found.by == "gpu_busy"  # no NCCL kernels to wait in
@@ -287,13 +287,13 @@ def test_per_rank_workers_equal_single_rank_analyses(dlrm_per_rank, dlrm_dir: Pa
         kernel = acts["activity"] == "kernel"
         nccl = kernel & acts["name"].str.startswith("ncclKernel_")
         comm = int((acts["end"] - acts["start"])[nccl].sum())
-        assert table.at[r, "kernel_time"] == s["Total Kernel Time (ns)"]
+        assert table.at[r, "kernel_time"] == s.kernel_time
         assert table.at[r, "comm_time"] == comm
-        totals["kernel"] += s["Total Kernel Time (ns)"]
-        totals["memop"] += s["Total Memory Op Time (ns)"]
-        totals["busy"] += s["GPU Busy Time, flattened (ns)"]
+        totals["kernel"] += s.kernel_time
+        totals["memop"] += s.memop_time
+        totals["busy"] += s.gpu_busy
         totals["comm"] += comm
-        totals["kernels"] += s["Kernels"]
+        totals["kernels"] += s.kernels
     assert table["kernel_time"].sum() == totals["kernel"]
     assert table["memop_time"].sum() == totals["memop"]
     assert table["gpu_busy"].sum() == totals["busy"]

@@ -1,7 +1,10 @@
 """Analysis of a :class:`~perfguard.trace.Trace`: attribution, iterations, metrics.
 
 Knows the Trace model only. :func:`analyze` is the one call a notebook or
-the CLI makes; everything it returns is a pandas DataFrame or Series.
+the CLI makes; it returns an :class:`Analysis`, the facade over every table the
+reports show: snake_case frames, a typed :class:`RunSummary`, and the derived
+tables (op types, group nodes, ranks, Tensor Core ops, expert findings) as
+cached properties, computed on first use. The report layer only formats them.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -24,6 +29,7 @@ from perfguard.analysis.iterations import (
     select_window,
 )
 from perfguard.analysis.kernels import aggregate_kernels
+from perfguard.analysis.metrics import gpu_time
 from perfguard.analysis.ops import (
     OpCodes,
     _gpu_per_instance,
@@ -35,12 +41,15 @@ from perfguard.analysis.ops import (
     op_id_by_key,
     op_instances,
 )
-from perfguard.analysis.summary import iteration_table, run_summary
+from perfguard.analysis.summary import RunSummary, iteration_table, run_summary
 from perfguard.arrays import narrow
 from perfguard.trace.model import INDEX, Trace
 from perfguard.trace.sanity import TIMED_TABLES, repair_times
 
-__all__ = ["Analysis", "analyze"]
+if TYPE_CHECKING:
+    from perfguard.analysis.ranks import Straggler
+
+__all__ = ["Analysis", "RunSummary", "analyze"]
 
 
 @dataclass
@@ -58,9 +67,13 @@ class Analysis:
     * ``ops``: per-op aggregates (detail report);
     * ``kernels``: per (kernel, op) aggregates (kernel report);
     * ``iterations``: per (rank, iteration) figures (iteration report);
-    * ``summary``: run-level figures (summary report), a Series;
+    * ``summary``: run-level figures (summary report), a :class:`RunSummary`;
     * ``notes``: one line per caveat the reader should see once (an unknown
       GPU leaves FLOP efficiency empty, and why).
+
+    Derived on first use and kept (cached properties): ``instances``,
+    ``op_types``, ``group_nodes``, ``tensor_ops``, ``ranks``, ``straggler``,
+    ``findings``, ``top_ops`` and ``tc_missed_ops``.
 
     ``activities`` and the instance tables hold a row per event, so they keep the
     Trace model's types (text coded, ids int32); the aggregates hold plain text.
@@ -72,28 +85,83 @@ class Analysis:
     ops: pd.DataFrame
     kernels: pd.DataFrame
     iterations: pd.DataFrame
-    summary: pd.Series
+    summary: RunSummary
     window: pd.DataFrame
     #: things the reader should know once, e.g. why FLOP efficiency is empty
     notes: list[str] = field(default_factory=list)
     #: whether ``--iter-start/--iter-stop`` restricted the figures to ``window``
     restricted: bool = False
-    #: derived tables computed on demand and kept (e.g. the expert findings)
-    cache: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
     #: the instances folded out of ``kept_instances`` (None or empty: none are)
     cpu_only: CpuOnly | None = None
     #: builds every instance's row (``instances``) when ``cpu_only`` holds some
     rebuild: Callable[[], pd.DataFrame] | None = field(default=None, repr=False, compare=False)
 
-    @property
+    @cached_property
     def instances(self) -> pd.DataFrame:
         """Every op instance's row, as :func:`perfguard.analysis.ops.op_instances`
         and the enrichment give it; built once, when first asked for."""
         if self.cpu_only is None or not len(self.cpu_only) or self.rebuild is None:
             return self.kept_instances
-        if "instances" not in self.cache:
-            self.cache["instances"] = self.rebuild()
-        return self.cache["instances"]  # type: ignore[return-value]
+        return self.rebuild()
+
+    @cached_property
+    def op_types(self) -> pd.DataFrame:
+        """One row per op type (:func:`perfguard.analysis.ops.aggregate_op_types`)."""
+        from perfguard.analysis.ops import aggregate_op_types
+
+        return aggregate_op_types(self.kept_instances, self.cpu_only)
+
+    @cached_property
+    def group_nodes(self) -> pd.DataFrame:
+        """Inclusive roll-ups over the op hierarchy (:mod:`perfguard.analysis.groups`)."""
+        from perfguard.analysis.groups import aggregate_groups
+
+        return aggregate_groups(self.trace, self.activities, self.kept_instances, self.cpu_only)
+
+    @cached_property
+    def tensor_ops(self) -> pd.DataFrame:
+        """The TC-eligible ops with their TC and non-TC kernel counts and names
+        (:func:`perfguard.analysis.kernels.tensor_core_ops`)."""
+        from perfguard.analysis.kernels import tensor_core_ops
+
+        return tensor_core_ops(self.ops, self.kernels)
+
+    @cached_property
+    def ranks(self) -> pd.DataFrame:
+        """One row per rank (:mod:`perfguard.analysis.ranks`)."""
+        from perfguard.analysis.ranks import rank_figures
+
+        return rank_figures(self)
+
+    @cached_property
+    def straggler(self) -> Straggler | None:
+        """The straggler of a multi-rank run, None for one rank."""
+        from perfguard.analysis.ranks import straggler
+
+        return straggler(self.ranks)
+
+    @cached_property
+    def findings(self) -> pd.DataFrame:
+        """The expert detectors' findings under the default thresholds."""
+        from perfguard.analysis.expert import Thresholds, detect
+
+        return detect(self, Thresholds())
+
+    @cached_property
+    def top_ops(self) -> pd.DataFrame:
+        """``ops`` by GPU time, most first, with ``gpu_share``: each op's share in % of
+        the run's GPU time (NaN for a run without GPU time)."""
+        from perfguard.analysis.ops import by_gpu_share
+
+        return by_gpu_share(self.ops)
+
+    @cached_property
+    def tc_missed_ops(self) -> pd.DataFrame:
+        """``top_ops`` that are Tensor Core eligible, ran GPU work and used no Tensor Core
+        kernel (:func:`perfguard.analysis.ops.tc_missed`)."""
+        from perfguard.analysis.ops import tc_missed
+
+        return tc_missed(self.top_ops)
 
 
 def analyze(
@@ -115,7 +183,7 @@ def analyze(
     intervals = iteration_intervals(trace, key_node)
     window = select_window(intervals, iter_start, iter_stop)
     restricted = iter_start is not None or iter_stop is not None
-    chosen = window.set_index(["rank", "iteration"]).index if restricted else None
+    chosen = pd.MultiIndex.from_frame(window[["rank", "iteration"]]) if restricted else None
 
     attributed = attribute(trace, gpu_activities(trace))
     when = attributed["launch_start"].fillna(attributed["start"]).to_numpy(np.int64)
@@ -233,24 +301,32 @@ def _per_replay(
     if window_only:
         figures = _gpu_per_instance(inst["instance"].to_numpy(np.int64)[rows], acts)
         for column, values in figures.items():
-            inst.loc[rows, column] = values.astype(inst[column].dtype)
+            inst[column] = _replaced(inst[column], rows, values)
         owner = acts["instance_row"].to_numpy(np.int64)
         kernel = (acts["activity"] == "kernel").to_numpy(dtype=bool)
         tc = kernel.copy()
         tc &= acts["uses_tc"].fillna(False).to_numpy(dtype=bool) if "uses_tc" in acts else False
-        dur = (acts["end"] - acts["start"]).to_numpy(np.int64)
+        dur = gpu_time(acts).astype(np.int64, copy=False)
         for column, mask in (("kernel_time", kernel), ("tc_kernel_time", tc)):
             if column in inst:
                 sums = np.bincount(owner[mask & (owner >= 0)], dur[mask & (owner >= 0)],
                                    minlength=len(inst))  # fmt: skip
-                inst.loc[rows, column] = sums[rows].astype(inst[column].dtype)
+                inst[column] = _replaced(inst[column], rows, sums[rows])
     if by_range is None or "flops" not in inst:
         return
     at = instance_rows(trace.ranges["range_id"].to_numpy(np.int64),
                        inst["instance"].to_numpy(np.int64)[rows])  # fmt: skip
     for column in ("flops", "bytes"):
         per_call = pd.api.extensions.take(by_range[column].array, at, allow_fill=True)
-        inst.loc[rows, column] = per_call * replays[rows]
+        inst.loc[rows, column] = cast(Any, per_call) * replays[rows]
+
+
+def _replaced(column: pd.Series, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``column``'s values with those at positions ``rows`` replaced by ``values`` (cast
+    to the column's numpy dtype)."""
+    out = column.to_numpy(copy=True)
+    out[rows] = values.astype(out.dtype)
+    return out
 
 
 def _owners(trace: Trace, codes: OpCodes, acts: pd.DataFrame) -> np.ndarray:
@@ -271,7 +347,7 @@ def repaired(trace: Trace) -> Trace:
     fixed, notes = repair_times(tables, trace.meta.get("path", "trace"))
     if not notes:
         return trace
-    return dataclasses.replace(trace, **fixed, notes=[*trace.notes, *notes])
+    return dataclasses.replace(trace, notes=[*trace.notes, *notes], **cast(dict[str, Any], fixed))
 
 
 def _join_op(acts: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.flops import count_once, op_flops
+from perfguard.analysis.metrics import gpu_time
 from perfguard.analysis.ops import instance_rows
 from perfguard.analysis.peaks import match_gpu, peak_flops_series, why_unknown
 from perfguard.analysis.tensor_cores import (
@@ -73,7 +74,7 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
     n = len(inst)
     counted = kernel & has_op
     krows = rows[counted]
-    dur = (acts["end"] - acts["start"]).to_numpy(np.int64)[counted]
+    dur = gpu_time(acts).astype(np.int64, copy=False)[counted]
     tc = acts["uses_tc"].fillna(False).to_numpy(bool)[counted]
     has_kernel = np.bincount(krows, minlength=n) > 0
     any_tc = np.bincount(krows[tc], minlength=n) > 0

@@ -22,12 +22,13 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
 
 from perfguard.analysis.enrich import activity_rows
+from perfguard.analysis.metrics import gpu_time
 from perfguard.arrays import per_distinct
 from perfguard.trace.model import with_category
 
@@ -76,8 +77,8 @@ def _ms(ns: float) -> str:
 
 
 def _top(names: pd.Series, n: int = 3) -> str:
-    names = [str(x) for x in names.head(n)]
-    return ", ".join(names) + (", ..." if len(names) == n else "")
+    shown = [str(x) for x in names.head(n)]
+    return ", ".join(shown) + (", ..." if len(shown) == n else "")
 
 
 # --------------------------------------------------------------------------- iterations
@@ -108,7 +109,7 @@ def bad_iteration_range(a: Analysis, th: Thresholds) -> list[Finding]:
             Finding(
                 "bad_iteration_range", "info",
                 f"Only {n} iteration(s) are aggregated; timings of so few are noisy.",
-                f"iterations {a.summary['Iteration Range']}",
+                f"iterations {a.summary.iteration_range}",
                 f"Profile or select at least {th.min_iterations} iterations.",
             )
         )  # fmt: skip
@@ -137,15 +138,14 @@ def bad_iteration_range(a: Analysis, th: Thresholds) -> list[Finding]:
 
 
 def gpu_underutilized(a: Analysis, th: Thresholds) -> list[Finding]:
-    util = float(a.summary.get("GPU Utilization (%)") or 0.0)
-    if a.summary.get("GPUs Used", 0) == 0 or util >= th.gpu_utilization_pct:
+    util = a.summary.gpu_utilization
+    if a.summary.gpus_used == 0 or util >= th.gpu_utilization_pct:
         return []
     return [
         Finding(
             "gpu_underutilized", "warning",
             f"The GPU is busy only {util:.1f}% of the wall time.",
-            f"flattened busy {_ms(a.summary['GPU Busy Time, flattened (ns)'])} "
-            f"of {_ms(a.summary['Wall Clock Time (ns)'])} wall time",
+            f"flattened busy {_ms(a.summary.gpu_busy)} of {_ms(a.summary.wall_time)} wall time",
             "Look for CPU-side gaps: data loading, host synchronisation (.item(), .cpu()), "
             "small launch-bound kernels; raise the batch size or overlap work with streams.",
         )
@@ -156,13 +156,16 @@ def imbalanced_gpus(a: Analysis, th: Thresholds) -> list[Finding]:
     acts = a.activities
     if acts.empty:
         return []
-    busy = (acts["end"] - acts["start"]).groupby([acts["rank"], acts["device_id"]]).sum()
+    busy = (
+        pd.Series(gpu_time(acts), index=acts.index).groupby([acts["rank"], acts["device_id"]]).sum()
+    )
     if len(busy) < 2 or busy.min() <= 0:
         return []
     ratio = float(busy.max() / busy.min())
     if ratio <= th.imbalance_ratio:
         return []
-    hi, lo = busy.idxmax(), busy.idxmin()
+    hi = cast(tuple[int, int], busy.idxmax())
+    lo = cast(tuple[int, int], busy.idxmin())
     return [
         Finding(
             "imbalanced_gpus", "warning",
@@ -176,10 +179,8 @@ def imbalanced_gpus(a: Analysis, th: Thresholds) -> list[Finding]:
 
 
 def emit_nvtx_missing(a: Analysis, th: Thresholds) -> list[Finding]:
-    total = float(a.summary.get("Total Kernel Time (ns)", 0)) + float(
-        a.summary.get("Total Memory Op Time (ns)", 0)
-    )
-    un = float(a.summary.get("Unassociated GPU Time (ns)", 0))
+    total = float(a.summary.kernel_time) + float(a.summary.memop_time)
+    un = float(a.summary.unassociated_gpu_time)
     if total <= 0 or un / total <= th.unassociated_share:
         return []
     has_ranges = bool((a.trace.ranges["kind"] == "op").any())
@@ -227,12 +228,14 @@ def dataloader_bound(a: Analysis, th: Thresholds) -> list[Finding]:
         return []
     if len(a.window):
         dl = dl[_inside(a.window, dl["rank"].to_numpy(), dl["start"].to_numpy())]
-    wall = float(a.summary.get("Wall Clock Time (ns)") or 0)
+    wall = float(a.summary.wall_time)
     if dl.empty or wall <= 0:
         return []
     from perfguard.analysis.intervals import union_length
 
-    spent = float(union_length(dl["start"], dl["end"], dl["rank"]).max())
+    spent = float(
+        union_length(dl["start"].to_numpy(), dl["end"].to_numpy(), dl["rank"].to_numpy()).max()
+    )
     share = spent / wall
     if share <= th.dataloader_share:
         return []
@@ -258,7 +261,7 @@ def launch_bound_tiny_kernels(a: Analysis, th: Thresholds) -> list[Finding]:
         return []
     # per instance row: its kernels and how many of them are tiny
     rows = activity_rows(acts, inst)[kernel]
-    dur = (acts["end"] - acts["start"]).to_numpy(np.int64)[kernel]
+    dur = gpu_time(acts).astype(np.int64, copy=False)[kernel]
     owned = rows >= 0
     size = np.bincount(rows[owned], minlength=len(inst))
     tiny = np.bincount(rows[owned & (dur < th.tiny_kernel_ns)], minlength=len(inst))
@@ -427,7 +430,7 @@ def tc_lost_between_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
         return []
     name, _ = mixed.index[0]
     row = mixed.iloc[0]
-    lost = [int(i) for i, v in row.items() if pd.notna(v) and not bool(v)]
+    lost = [int(cast(int, i)) for i, v in row.items() if pd.notna(v) and not bool(v)]
     return [
         Finding(
             "tc_lost_between_iterations", "warning",
@@ -494,14 +497,15 @@ DETECTORS: tuple[Callable[[Analysis, Thresholds], list[Finding]], ...] = (
 def run_detectors(analysis: Analysis, thresholds: Thresholds | None = None) -> pd.DataFrame:
     """Every detector's findings as a table (columns :data:`FINDING_COLUMNS`).
 
-    With the default thresholds the table is kept on the analysis, so the
-    reports that show it (CSV, HTML, the plugin) run the detectors once.
+    With the default thresholds this is ``analysis.findings`` (a copy), kept on the
+    analysis, so the reports that show it (CSV, HTML, the plugin) run the detectors once.
     """
-    if thresholds is None and "findings" in analysis.cache:
-        return analysis.cache["findings"].copy()  # type: ignore[attr-defined]
-    th = thresholds or Thresholds()
-    found = [f for detect in DETECTORS for f in detect(analysis, th)]
-    table = pd.DataFrame([asdict(f) for f in found], columns=FINDING_COLUMNS)
     if thresholds is None:
-        analysis.cache["findings"] = table.copy()
-    return table
+        return analysis.findings.copy()
+    return detect(analysis, thresholds)
+
+
+def detect(analysis: Analysis, thresholds: Thresholds) -> pd.DataFrame:
+    """Run every detector with ``thresholds`` (:func:`run_detectors` keeps the default's)."""
+    found = [f for check in DETECTORS for f in check(analysis, thresholds)]
+    return pd.DataFrame([asdict(f) for f in found], columns=FINDING_COLUMNS)

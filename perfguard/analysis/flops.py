@@ -52,7 +52,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -204,8 +204,8 @@ _STAT_BYTES = 4
 _CATEGORY = {"bool": 0, "int": 1, "float": 2, "complex": 3}
 
 
-def _category(type_name: str) -> int:
-    cd = COMPUTE_DTYPE.get(type_name, "")
+def _category(type_name: str | None) -> int:
+    cd = COMPUTE_DTYPE.get(type_name, "") if type_name is not None else ""
     if cd == "bool":
         return _CATEGORY["bool"]
     if cd.startswith(("int", "uint")):
@@ -258,7 +258,7 @@ class _Args:
         return isinstance(s, list) and all(isinstance(x, int) and x >= 0 for x in s)
 
     def shape(self, i: int | None) -> tuple[int, ...] | None:
-        return tuple(self.shapes[i]) if self.is_tensor(i) else None
+        return tuple(self.shapes[i]) if i is not None and self.is_tensor(i) else None
 
     def esize(self, i: int | None) -> int | None:
         return ELEMENT_SIZE.get(self.dtype(i) or "") if self.is_tensor(i) else None
@@ -357,8 +357,8 @@ def _cd(a: _Args, *idx: int) -> str | None:
     names = [a.dtype(i) for i in idx if a.is_tensor(i)]
     if not names:
         return None
-    widest = max(names, key=lambda d: (ELEMENT_SIZE.get(d, 0), _category(d)))
-    return COMPUTE_DTYPE.get(widest)
+    widest = max(names, key=lambda d: (ELEMENT_SIZE.get(d, 0) if d else 0, _category(d)))
+    return COMPUTE_DTYPE.get(widest) if widest is not None else None
 
 
 def _unknown(family: str, why: str, compute_dtype: str | None = None) -> OpCost:
@@ -366,7 +366,8 @@ def _unknown(family: str, why: str, compute_dtype: str | None = None) -> OpCost:
 
 
 def _sum_or_none(*parts: int | None) -> int | None:
-    return None if any(p is None for p in parts) else int(sum(parts))
+    known = [p for p in parts if p is not None]
+    return None if len(known) < len(parts) else int(sum(known))
 
 
 def _broadcast(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
@@ -681,8 +682,15 @@ def _conv_forward(spec: _ConvSpec) -> Formula:
         d = _arg_ints(a, spec.dilation, nsp, 1)
         op = _arg_ints(a, spec.output_padding, nsp, 0)
         g = _arg_ints(a, spec.groups, 1, 1)
-        known = None not in (s, p, d, op, g)
-        dout = _conv_out(din, W[2:], s, p, d, tr, op) if known else None
+        dout = (
+            _conv_out(din, W[2:], s, p, d, tr, op)
+            if s is not None
+            and p is not None
+            and d is not None
+            and op is not None
+            and g is not None
+            else None
+        )
         if tr:
             flops = 2.0 * n * math.prod(din) * math.prod(W)
             text = "transposed: 2*N*prod(D_in)*C_in*(C_out/g)*prod(k)"
@@ -844,7 +852,7 @@ def _pointwise(operands: int, per_element: float, out: str = "promote") -> Formu
         outs = [i for i in range(operands, a.n) if a.is_tensor(i)]
         if not ops_:
             return _unknown(ELEMENTWISE, "operand shapes not recorded")
-        shapes = [a.shape(i) for i in ops_]
+        shapes = [s for s in (a.shape(i) for i in ops_) if s is not None]  # ops_ are tensors
         names = [a.dtype(i) or "" for i in ops_]
         shape = _broadcast(shapes)
         if shape is None:
@@ -913,7 +921,7 @@ def _reduce_cost(
     out_n = _reduced_numel(X, dims)
     if plus_out and out_n is None:
         return _unknown(REDUCTION, "reduced dims not recorded", cd)
-    flops = per_element * n + (out_n if plus_out else 0)
+    flops = per_element * n + (out_n if plus_out and out_n is not None else 0)
     es = ELEMENT_SIZE.get(out_type or a.dtype(0) or "")
     if out_idx is not None and a.is_tensor(out_idx):
         out = a.nbytes(out_idx)
@@ -1054,9 +1062,8 @@ def _layer_norm(rms: bool) -> Formula:
         rows = _rows(n, a.value(1), a.shape(2))
         stats = None if rows is None else rows * _STAT_BYTES * (1 if rms else 2)
         bias = 0 if rms else a.opt_bytes(3)
-        by = _sum_or_none(
-            2 * a.nbytes(0) if a.nbytes(0) is not None else None, a.opt_bytes(2), bias, stats
-        )
+        x_bytes = a.nbytes(0)
+        by = _sum_or_none(2 * x_bytes if x_bytes is not None else None, a.opt_bytes(2), bias, stats)
         text = f"{per}*numel" + ("" if rms else (" (affine)" if affine else " (no affine)"))
         return OpCost(float(per * n), by, cd, text, NORM)
 
@@ -1717,7 +1724,7 @@ def op_flops(ops: pd.DataFrame) -> pd.DataFrame:
         nbytes[rows] = u_by[codes]
         cdt[rows], formula[rows], family[rows] = u_cd[codes], u_fo[codes], u_fa[codes]
 
-    by = pd.array(nbytes, dtype="Float64").round().astype("Int64")
+    by = cast(Any, pd.array(nbytes, dtype="Float64")).round().astype("Int64")
     return pd.DataFrame(
         {
             "flops": pd.array(flops, dtype="Float64"),

@@ -86,7 +86,7 @@ def _shallow_anchor(parent: np.ndarray, depth: np.ndarray) -> np.ndarray | None:
 def _op_parent(parent: np.ndarray, is_op: np.ndarray, dtype: type = np.int64) -> np.ndarray:
     """Nearest enclosing *op* range of every range (skipping iteration markers), -1 if
     none, as ``dtype``."""
-    out = parent.astype(dtype)
+    out: np.ndarray = parent.astype(dtype)
     for _ in range(len(parent)):  # bounded by tree depth; stops at the first level without markers
         bad = (out >= 0) & ~is_op[np.clip(out, 0, None)]
         if not bad.any():

@@ -57,3 +57,40 @@ def aggregate_kernels(acts: pd.DataFrame, kernels: pd.DataFrame | None = None) -
         out[col] = fn(dur)
     out = out.sort_values(["gpu_time_total", "name"], ascending=[False, True])
     return out.reset_index(drop=True)[cols]
+
+
+def tensor_core_ops(ops: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+    """The TC-eligible ops (rows of ``ops``, the tensor report) with their kernels'
+    ``tc_kernels``, ``non_tc_kernels``, ``unknown_kernels`` (launch counts by
+    ``uses_tc``: True, False, unknown), ``tc_names``, ``non_tc_names`` (short names,
+    sorted, ``; ``-joined) and ``non_tc_time`` (kernel time off Tensor Cores); no rows
+    when the analysis has no Tensor Core columns."""
+    if "tc_eligible" not in ops.columns:
+        return ops.iloc[0:0]
+    ops = ops[ops["tc_eligible"].fillna(False).astype(bool)].copy()
+    k = kernels
+    flag = k["uses_tc"].astype("boolean")
+    tc, unknown = flag.fillna(False).astype(bool), flag.isna()
+    frame = pd.DataFrame(
+        {
+            "op_id": k["op_id"],
+            "tc_kernels": k["calls"].where(tc, 0),
+            "non_tc_kernels": k["calls"].where(~tc & ~unknown, 0),
+            "unknown_kernels": k["calls"].where(unknown, 0),
+        }
+    )
+    counts = frame.groupby("op_id").sum().astype("Int64")
+    short = k["short_name"].fillna(k["name"])
+    names = pd.DataFrame(
+        {
+            "tc_names": short.where(tc).groupby(k["op_id"]).agg(_names),
+            "non_tc_names": short.where(~tc).groupby(k["op_id"]).agg(_names),
+        }
+    )
+    ops = ops.join(counts, on="op_id").join(names, on="op_id")
+    ops["non_tc_time"] = ops["kernel_time"] - ops["tc_kernel_time"]
+    return ops
+
+
+def _names(s: pd.Series) -> str:
+    return "; ".join(sorted(set(s.dropna().astype(str))))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis import metrics
 from perfguard.analysis.attribution import orphan_names
 from perfguard.analysis.cpu_only import (
     CpuOnly,
@@ -306,7 +307,7 @@ def op_instances(
     direction = text("direction", "fprop")
     api = np.zeros(len(start), dtype=np.int64)
     api[: len(op_rows)] = api_time_inside(trace, op_rows) if api_time is None else api_time
-    cpu_time = end - start
+    cpu_time = metrics.cpu_time(start, end)
     inst = pd.DataFrame(
         {
             "instance": col("range_id", acts["instance"].to_numpy(np.int64)[orphan]),
@@ -323,7 +324,7 @@ def op_instances(
             "dtypes": text("dtypes", None),
             "cpu_time": cpu_time,
             "op_key": codes.op_key(name_code, np.asarray(direction == "bprop")).astype(INDEX),
-            "cpu_overhead": np.clip(cpu_time - api, 0, None),
+            "cpu_overhead": metrics.cpu_overhead(cpu_time, api),
         },
         copy=False,
     )
@@ -342,13 +343,12 @@ def fold_cpu_only(trace: Trace, codes: OpCodes, keep: np.ndarray, api_time: np.n
     rows = codes.op_rows[fold]
     # each column taken, narrowed and dropped in turn: 3.4M entries at emit_nvtx density
     cpu_time = r["end"].to_numpy(np.int64)[rows]
-    cpu_time -= r["start"].to_numpy(np.int64)[rows]
+    metrics.cpu_time(r["start"].to_numpy(np.int64)[rows], cpu_time, out=cpu_time)
     bprop = _rows_of(r["direction"] == "bprop", rows)
     op_key = narrow(codes.op_key(codes.op_code[fold], bprop))
     del bprop
     overhead = api_time[fold]
-    np.subtract(cpu_time, overhead, out=overhead)
-    np.clip(overhead, 0, None, out=overhead)
+    metrics.cpu_overhead(cpu_time, overhead, out=overhead)
     return CpuOnly(
         range_row=narrow(rows),
         order=narrow(fold),
@@ -456,7 +456,7 @@ def _gpu_per_instance(instance: np.ndarray, acts: pd.DataFrame) -> dict[str, np.
     out["kernel_count"][at] = fig["kernels"]
     out["memop_count"][at] = fig["count"] - fig["kernels"]
     out["gpu_span"][at] = fig["span"]
-    out["gpu_idle"][at] = fig["span"] - fig["busy"]
+    out["gpu_idle"][at] = metrics.gpu_idle(fig["span"], fig["busy"])
     return out
 
 
@@ -500,6 +500,26 @@ def aggregate_ops(inst: pd.DataFrame, cpu_only: CpuOnly | None = None) -> pd.Dat
     out = out.sort_values(["gpu_time_total", "cpu_time_total", "op_name"],
                           ascending=[False, False, True])  # fmt: skip
     return out.reset_index(drop=True)
+
+
+def by_gpu_share(ops: pd.DataFrame) -> pd.DataFrame:
+    """``ops`` by GPU time, most first (stable), with ``gpu_share``: each op's share in %
+    of the summed GPU time of the ops (NaN when that is 0)."""
+    out = ops.sort_values("gpu_time_total", ascending=False, kind="stable")
+    total = float(out["gpu_time_total"].sum()) if len(out) else 0.0
+    return out.assign(gpu_share=metrics.percent(out["gpu_time_total"], total))
+
+
+def tc_missed(ops: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``ops`` that are Tensor Core eligible, ran GPU work and used no Tensor
+    Core kernel (no rows without the Tensor Core columns). A group range's kernels count
+    on its ops, so an eligible range without GPU time of its own is left out."""
+    if "tc_eligible" not in ops.columns or "using_tc" not in ops.columns:
+        return ops.iloc[0:0]
+    eligible = ops["tc_eligible"].astype("boolean").fillna(False).astype(bool).to_numpy()
+    using = ops["using_tc"].astype("boolean").fillna(False).astype(bool).to_numpy()
+    ran = (ops["gpu_time_total"] > 0).to_numpy()
+    return ops[eligible & ~using & ran]
 
 
 @dataclass(frozen=True)
@@ -696,7 +716,7 @@ def _gpu_metrics(grouped: _Grouped) -> pd.DataFrame:
     known = flops.notna().to_numpy(bool) & (inst["gpu_time"] > 0).to_numpy(bool)
     peak = inst["peak_flops"].astype("Float64")
     rated = known & peak.notna().to_numpy(bool)
-    gpu_s = inst["gpu_time"].to_numpy(np.float64) * 1e-9
+    gpu_s = metrics.gpu_seconds(inst["gpu_time"].to_numpy(np.float64))
     # integers and flags reduced exactly with numpy; floating-point sums by pandas
     sums = pd.DataFrame(
         {
@@ -729,10 +749,8 @@ def _gpu_metrics(grouped: _Grouped) -> pd.DataFrame:
     out["input_shapes"] = grouped.first(inst["input_shapes"])
     out["flops"] = g["flops"].sum(min_count=1).array
     out["bytes"] = g["bytes"].sum(min_count=1).array
-    el_k = sums["el_k"].where(sums["el_k"] > 0)
-    t_known = sums["t_known"].where(sums["t_known"] > 0)
-    tp_rated = sums["tp_rated"].where(sums["tp_rated"] > 0)
-    out["tc_utilization"] = (100.0 * sums["el_tc"] / el_k).to_numpy()
-    out["achieved_tflops"] = (sums["f_known"] / t_known * 1e-12).to_numpy()
-    out["flop_efficiency_pct"] = (100.0 * sums["f_rated"] / tp_rated).to_numpy()
+    out["tc_utilization"] = metrics.tc_utilization(sums["el_tc"], sums["el_k"]).to_numpy()
+    out["achieved_tflops"] = metrics.achieved_tflops(sums["f_known"], sums["t_known"]).to_numpy()
+    efficiency = metrics.flop_efficiency(sums["f_rated"], sums["tp_rated"])
+    out["flop_efficiency_pct"] = efficiency.to_numpy()
     return out

@@ -1,4 +1,4 @@
-"""GPU peak FLOP/s and DRAM bandwidth as data, device-name matching, and efficiency figures.
+"""GPU peak FLOP/s and DRAM bandwidth as data, and device-name matching.
 
 Every number comes from ``shared/reference/tensor_cores_flops.md`` §4 ("the reference"); each
 row names its source. Rates are **dense** (NVIDIA prints Ampere-and-later Tensor-Core rates "with
@@ -13,7 +13,8 @@ operands, fp16/bf16, fp8, int8). Reference §3.8: an fp32 op that ran a TC kerne
 against the TF32 peak, one that ran SIMT kernels against the FP32 CUDA-core peak.
 
 Efficiency (reference §3.8): ``FLOPs / GPU time / peak * 100``; memory-bound ops:
-``bytes / GPU time / bandwidth * 100``.
+``bytes / GPU time / bandwidth * 100``; the figures are defined in
+:mod:`perfguard.analysis.metrics`, which divides by these peaks.
 """
 
 from __future__ import annotations
@@ -27,10 +28,6 @@ import pandas as pd
 __all__ = [
     "PEAKS",
     "GpuPeaks",
-    "achieved_bandwidth",
-    "achieved_tflops",
-    "bandwidth_efficiency",
-    "efficiency",
     "match_gpu",
     "peak_bandwidth",
     "peak_flops",
@@ -315,46 +312,3 @@ def peak_flops_series(gpu: str, dtype: pd.Series, tensor_core: pd.Series | bool)
         )
         out[np.flatnonzero(ok.to_numpy())] = vals[codes]
     return pd.Series(pd.array(out, dtype="Float64"), index=dtype.index)
-
-
-def _as_float(x: object, index: pd.Index | None) -> pd.Series:
-    if isinstance(x, pd.Series):
-        return x.astype("Float64")
-    value = np.nan if x is None else x
-    return pd.Series(pd.array(np.broadcast_to(np.asarray(value, dtype=float), len(index)),
-                              dtype="Float64"), index=index)  # fmt: skip
-
-
-def _ratio(num: pd.Series | float, ns: pd.Series | float, scale: float) -> pd.Series:
-    index = next((x.index for x in (num, ns) if isinstance(x, pd.Series)), pd.RangeIndex(1))
-    n, t = _as_float(num, index), _as_float(ns, index)
-    t = t.where(t > 0)  # no GPU time: no rate
-    return (n / (t * 1e-9) * scale).astype("Float64")
-
-
-def achieved_tflops(flops: pd.Series | float, gpu_time_ns: pd.Series | float) -> pd.Series:
-    """Achieved TFLOP/s = FLOPs / GPU time (NA where either is missing or time <= 0)."""
-    return _ratio(flops, gpu_time_ns, 1e-12)
-
-
-def achieved_bandwidth(nbytes: pd.Series | float, gpu_time_ns: pd.Series | float) -> pd.Series:
-    """Achieved bytes/s = bytes / GPU time (NA where either is missing or time <= 0)."""
-    return _ratio(nbytes, gpu_time_ns, 1.0)
-
-
-def efficiency(
-    flops: pd.Series | float, gpu_time_ns: pd.Series | float, peak: pd.Series | float | None
-) -> pd.Series:
-    """FLOP efficiency in % = FLOPs / GPU time / peak FLOP/s * 100 (NA-safe: missing FLOPs,
-    time <= 0 or an unknown peak give NA)."""
-    rate = _ratio(flops, gpu_time_ns, 1.0)
-    p = _as_float(peak, rate.index)
-    p = p.where(p > 0)
-    return (rate / p * 100.0).astype("Float64")
-
-
-def bandwidth_efficiency(
-    nbytes: pd.Series | float, gpu_time_ns: pd.Series | float, bandwidth: pd.Series | float | None
-) -> pd.Series:
-    """DRAM bandwidth efficiency in % = bytes / GPU time / bandwidth * 100 (NA-safe)."""
-    return efficiency(nbytes, gpu_time_ns, bandwidth)

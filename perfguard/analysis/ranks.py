@@ -24,12 +24,13 @@ time. The imbalance is the spread of that figure over its maximum.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
 
 from perfguard.analysis.iterations import rank_spans
+from perfguard.analysis.metrics import gpu_idle, gpu_time, percent
 from perfguard.analysis.summary import busy_by, rank_walls
 from perfguard.arrays import factorize
 from perfguard.trace.model import with_category
@@ -68,14 +69,13 @@ class Straggler:
 
 
 def rank_table(analysis: Analysis) -> pd.DataFrame:
-    """One row per rank (columns :data:`COLUMNS`), sorted by rank; computed once per
-    analysis and kept in ``analysis.cache``."""
-    if "ranks" not in analysis.cache:
-        analysis.cache["ranks"] = _rank_table(analysis)
-    return analysis.cache["ranks"]  # type: ignore[return-value]
+    """One row per rank (columns :data:`COLUMNS`), sorted by rank: ``analysis.ranks``,
+    computed once per analysis."""
+    return analysis.ranks
 
 
-def _rank_table(analysis: Analysis) -> pd.DataFrame:
+def rank_figures(analysis: Analysis) -> pd.DataFrame:
+    """The rank table of ``analysis`` (what :attr:`Analysis.ranks` keeps)."""
     acts, iterations = analysis.activities, analysis.iterations
     wall_by_rank = rank_walls(
         rank_spans(analysis.trace), analysis.window if analysis.restricted else None
@@ -87,16 +87,16 @@ def _rank_table(analysis: Analysis) -> pd.DataFrame:
     if len(ranks) == 1:  # the summary's and the kernel report's figures: no pass over events
         s, k = analysis.summary, analysis.kernels
         comm_k = _is_comm(k["name"], np.ones(len(k), dtype=bool))
-        kernel_t, memop_t = s["Total Kernel Time (ns)"], s["Total Memory Op Time (ns)"]
+        kernel_t, memop_t = s.kernel_time, s.memop_time
         comm_t = int(k["gpu_time_total"].to_numpy(np.int64)[comm_k].sum())
         out["gpu_time"], out["kernel_time"] = kernel_t + memop_t, kernel_t
         out["comm_time"], out["compute_time"] = comm_t, kernel_t - comm_t
         out["memop_time"] = memop_t
-        busy_rank = pd.Series([s["GPU Busy Time, flattened (ns)"]], index=ranks)
-        gpus = pd.Series([s["GPUs Used"]], index=ranks)
+        busy_rank = pd.Series([s.gpu_busy], index=ranks)
+        gpus = pd.Series([s.gpus_used], index=ranks)
     else:
         rank = acts["rank"].to_numpy(np.int64)
-        dur = (acts["end"] - acts["start"]).to_numpy(np.int64)
+        dur = gpu_time(acts).astype(np.int64, copy=False)
         kernel = (acts["activity"] == "kernel").to_numpy(bool)
         comm = kernel & _is_comm(acts["name"], kernel)
 
@@ -123,8 +123,8 @@ def _rank_table(analysis: Analysis) -> pd.DataFrame:
     out["wall_time"] = wall_by_rank.reindex(ranks, fill_value=0).astype(np.int64)
     out["gpu_busy"] = busy_rank.reindex(ranks, fill_value=0).astype(np.int64)
     capacity = out["wall_time"] * out["gpus"]
-    out["idle_time"] = (capacity - out["gpu_busy"]).clip(lower=0)
-    out["idle_pct"] = (100.0 * out["idle_time"] / capacity.where(capacity > 0)).fillna(0.0)
+    out["idle_time"] = gpu_idle(capacity, out["gpu_busy"])
+    out["idle_pct"] = percent(out["idle_time"], capacity).fillna(0.0)
     return combine_ranks(out.reset_index())
 
 
@@ -155,9 +155,11 @@ def straggler(ranks: pd.DataFrame) -> Straggler | None:
         return None
     table = ranks.set_index("rank") if "rank" in ranks.columns else ranks
     if (table["comm_time"] > 0).all():
-        by, values, rank = "comm_time", table["comm_time"], int(table["comm_time"].idxmin())
+        by, values = "comm_time", table["comm_time"]
+        rank = int(cast(int, values.idxmin()))
     else:
-        by, values, rank = "gpu_busy", table["gpu_busy"], int(table["gpu_busy"].idxmax())
+        by, values = "gpu_busy", table["gpu_busy"]
+        rank = int(cast(int, values.idxmax()))
     top = float(values.max())
     spread = 100.0 * (top - float(values.min())) / top if top > 0 else 0.0
     return Straggler(rank=rank, by=by, imbalance_pct=spread)

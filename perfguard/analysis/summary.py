@@ -9,12 +9,16 @@ into "25 %", so only GPUs with activity count, and their number is reported.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+from typing import cast
+
 import numpy as np
 import pandas as pd
 
 from perfguard.analysis.cpu_only import CpuOnly
 from perfguard.analysis.intervals import covered_within, union_length
 from perfguard.analysis.iterations import rank_spans
+from perfguard.analysis.metrics import gpu_time, gpu_utilization, tc_utilization
 from perfguard.arrays import factorize, unique_first, unique_sorted
 from perfguard.trace.model import Trace
 
@@ -60,7 +64,8 @@ def busy_in_windows(acts: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=np.int64) for c in cols})
     start, end = acts["start"].to_numpy(np.int64), acts["end"].to_numpy(np.int64)
     parts = []
-    for (rank, device), rows in acts.groupby(["rank", "device_id"], sort=True).indices.items():
+    for key, rows in acts.groupby(["rank", "device_id"], sort=True).indices.items():
+        rank, device = cast(tuple[int, int], key)
         w = windows[windows["rank"] == rank]
         if w.empty:
             continue
@@ -119,7 +124,7 @@ def iteration_table(
     t["op_calls"] = calls
     a = acts[["rank", "iteration", "device_id", "start", "end", "activity"]]
     a = a.dropna(subset=["iteration"]).assign(
-        dur=lambda d: d["end"] - d["start"], kernel=lambda d: d["activity"] == "kernel"
+        dur=gpu_time, kernel=lambda d: d["activity"] == "kernel"
     )
     a["iteration"] = a["iteration"].astype(np.int64)
     g = a.groupby(["rank", "iteration"])
@@ -144,8 +149,7 @@ def iteration_table(
     t = t.fillna(0)
     ints = [c for c in cols[2:-1]]
     t[ints] = t[ints].astype(np.int64)
-    denom = (t["duration"] * t["gpus"]).where(lambda d: d > 0)
-    t["gpu_utilization"] = (100.0 * t["gpu_busy"] / denom).fillna(0.0)
+    t["gpu_utilization"] = gpu_utilization(t["gpu_busy"], t["duration"] * t["gpus"]).fillna(0.0)
     return t.reset_index()[cols]
 
 
@@ -162,6 +166,43 @@ def busy_by(acts: pd.DataFrame, keys: list[str]) -> pd.Series:
     return _busy(acts, keys)
 
 
+@dataclass(frozen=True)
+class RunSummary:
+    """The run's figures under snake_case names (times in ns, shares in %); the order
+    of the fields is the summary report's. :mod:`perfguard.report.dlprof` alone maps
+    them to DLProf's headers, so a detector or a page never reads a display label.
+    ``None``: the capture cannot tell (no iterations, no Tensor Core columns)."""
+
+    profile_name: str  # the capture's path
+    capture_format: str  # reader format and version
+    gpu_names: str  # the devices' names, sorted, comma-separated
+    ranks: int
+    gpus_used: int  # (rank, device) pairs with any GPU activity
+    wall_time: int  # longest rank's span, or its summed iterations in a window
+    iterations: int
+    iteration_range: str  # "first-last", "" without iterations
+    iteration_time_avg: int | None
+    gpu_utilization: float  # gpu_utilization(): mean over the GPUs used
+    kernel_time: int  # gpu_time() of the kernels
+    memop_time: int  # gpu_time() of the memory operations
+    gpu_busy: int  # flattened busy time of every activity, summed over GPUs
+    kernel_busy: int  # the same of the kernels alone
+    memop_only_busy: int  # gpu_busy - kernel_busy
+    kernels: int
+    memops: int
+    unique_kernels: int
+    op_instances: int  # op calls, CPU-only ones folded in included
+    unique_ops: int
+    unassociated_activities: int
+    unassociated_gpu_time: int
+    tc_utilization: float | None  # tc_utilization() over the TC-eligible ops
+    tc_kernel_time: int | None
+
+    def values(self) -> list[object]:
+        """The figures in field order (the summary report's rows)."""
+        return [getattr(self, f.name) for f in fields(self)]
+
+
 def run_summary(
     trace: Trace,
     window: pd.DataFrame | None,
@@ -170,8 +211,8 @@ def run_summary(
     iterations: pd.DataFrame,
     timeline: pd.DataFrame | None = None,
     cpu_only: CpuOnly | None = None,
-) -> pd.Series:
-    """The summary report as one Series of named figures.
+) -> RunSummary:
+    """The summary report's figures.
 
     ``window`` is None for the whole run, else the selected iterations: wall
     time is then the summed duration of those iterations (per rank; the
@@ -182,7 +223,7 @@ def run_summary(
     wall_by_rank = rank_walls(spans, window)
     wall = int(wall_by_rank.max()) if len(wall_by_rank) else 0
 
-    dur = (acts["end"] - acts["start"]).to_numpy()
+    dur = gpu_time(acts)
     kernel = (acts["activity"] == "kernel").to_numpy()
     if window is None:
         busy_all = _busy(acts, ["rank", "device_id"])
@@ -197,48 +238,41 @@ def run_summary(
     if len(busy_all):
         ranks = busy_all.index.get_level_values(0)
         walls = wall_by_rank.reindex(ranks).to_numpy(dtype=float)
-        util = pd.Series(100.0 * busy_all.to_numpy() / np.where(walls > 0, walls, np.nan))
+        util = pd.Series(gpu_utilization(busy_all.to_numpy(), walls))
     n_ops = int((inst["instance"] >= 0).sum()) + (len(cpu_only) if cpu_only is not None else 0)
     unassoc = inst["instance"] < 0
     busy_total = int(busy_all.sum()) if len(busy_all) else 0
     kernel_busy = int(busy_kernel.sum()) if len(busy_kernel) else 0
     n_iter = len(iterations)
-    return pd.Series(
-        {
-            "Profile Name": str(trace.meta.get("path", "")),
-            "Capture Format": f"{trace.meta.get('format', '')} {trace.meta.get('version') or ''}",
-            "GPU Names": ", ".join(sorted(set(trace.devices["name"].dropna().astype(str)))),
-            "Ranks": int(spans["rank"].nunique()) if len(spans) else 0,
-            "GPUs Used": int(len(busy_all)),
-            "Wall Clock Time (ns)": wall,
-            "Iterations": n_iter,
-            "Iteration Range": (
-                f"{int(iterations['iteration'].min())}-{int(iterations['iteration'].max())}"
-                if n_iter
-                else ""
-            ),
-            "Average Iteration Time (ns)": (
-                int(round(iterations["duration"].mean())) if n_iter else None
-            ),
-            "GPU Utilization (%)": float(util.mean()) if len(util) else 0.0,
-            "Total Kernel Time (ns)": int(dur[kernel].sum()),
-            "Total Memory Op Time (ns)": int(dur[~kernel].sum()),
-            "GPU Busy Time, flattened (ns)": busy_total,
-            "Kernel Busy Time, flattened (ns)": kernel_busy,
-            "Memory-only Busy Time, flattened (ns)": busy_total - kernel_busy,
-            "Kernels": int(kernel.sum()),
-            "Memory Ops": int((~kernel).sum()),
-            "Unique Kernels": len(factorize(acts.loc[kernel, "name"])[1]),
-            "Op Instances": n_ops,
-            "Unique Ops": _unique_ops(inst, unassoc.to_numpy(bool), cpu_only),
-            "Unassociated GPU Activities": int(unassoc.sum()),
-            "Unassociated GPU Time (ns)": int(inst.loc[unassoc, "gpu_time"].sum()),
-            "Tensor Core Kernel Utilization (%)": _tc_utilization(inst),
-            "Tensor Core Kernel Time (ns)": (
-                int(inst["tc_kernel_time"].sum()) if "tc_kernel_time" in inst else None
-            ),
-        },
-        dtype=object,
+    return RunSummary(
+        profile_name=str(trace.meta.get("path", "")),
+        capture_format=f"{trace.meta.get('format', '')} {trace.meta.get('version') or ''}",
+        gpu_names=", ".join(sorted(set(trace.devices["name"].dropna().astype(str)))),
+        ranks=int(spans["rank"].nunique()) if len(spans) else 0,
+        gpus_used=int(len(busy_all)),
+        wall_time=wall,
+        iterations=n_iter,
+        iteration_range=(
+            f"{int(iterations['iteration'].min())}-{int(iterations['iteration'].max())}"
+            if n_iter
+            else ""
+        ),
+        iteration_time_avg=int(round(iterations["duration"].mean())) if n_iter else None,
+        gpu_utilization=float(util.mean()) if len(util) else 0.0,
+        kernel_time=int(dur[kernel].sum()),
+        memop_time=int(dur[~kernel].sum()),
+        gpu_busy=busy_total,
+        kernel_busy=kernel_busy,
+        memop_only_busy=busy_total - kernel_busy,
+        kernels=int(kernel.sum()),
+        memops=int((~kernel).sum()),
+        unique_kernels=len(factorize(acts.loc[kernel, "name"])[1]),
+        op_instances=n_ops,
+        unique_ops=_unique_ops(inst, unassoc.to_numpy(bool), cpu_only),
+        unassociated_activities=int(unassoc.sum()),
+        unassociated_gpu_time=int(inst.loc[unassoc, "gpu_time"].sum()),
+        tc_utilization=_tc_utilization(inst),
+        tc_kernel_time=int(inst["tc_kernel_time"].sum()) if "tc_kernel_time" in inst else None,
     )
 
 
@@ -261,12 +295,13 @@ def _unique_ops(inst: pd.DataFrame, unassoc: np.ndarray, cpu_only: CpuOnly | Non
 
 
 def _tc_utilization(inst: pd.DataFrame) -> float | None:
-    """Run-level TC utilization: 100 x TC kernel time / kernel time of eligible ops."""
+    """Run-level TC utilization over the eligible op instances, None when none ran."""
     if "tc_eligible" not in inst.columns:
         return None
     eligible = inst["tc_eligible"].fillna(False).astype(bool)
     total = int(inst.loc[eligible, "kernel_time"].sum())
-    return 100.0 * int(inst.loc[eligible, "tc_kernel_time"].sum()) / total if total else None
+    tc = int(inst.loc[eligible, "tc_kernel_time"].sum())
+    return float(tc_utilization(tc, total)) if total else None
 
 
 def _distinct_pairs(a: pd.Series, b: pd.Series) -> int:

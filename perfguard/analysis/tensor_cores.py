@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis import metrics
 from perfguard.arrays import factorize
 from perfguard.trace.pyprof import PYTHON_OP, python_op
 
@@ -744,8 +745,8 @@ def tc_utilization(acts: pd.DataFrame, by: str = "op_key") -> tuple[pd.DataFrame
         copy=False,
     )
     per_group = frame.groupby(by, sort=False, dropna=False).sum()
-    denominator = per_group["eligible_time"].where(per_group["eligible_time"] > 0)
-    per_group["tc_utilization"] = 100.0 * per_group["tc_time"] / denominator
-    total_eligible = frame["eligible_time"].sum()
-    run = 100.0 * frame["tc_time"].sum() / total_eligible if total_eligible > 0 else float("nan")
+    per_group["tc_utilization"] = metrics.tc_utilization(
+        per_group["tc_time"], per_group["eligible_time"]
+    )
+    run = metrics.tc_utilization(float(frame["tc_time"].sum()), float(frame["eligible_time"].sum()))
     return per_group, float(run)

@@ -17,7 +17,7 @@ import random
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -82,7 +82,7 @@ class Database:
         """SQL ``column IN <the ids given as one parameter>`` (see :meth:`ids_param`)."""
         raise NotImplementedError
 
-    def ids_param(self, ids: Sequence[int]) -> Any:
+    def ids_param(self, ids: Iterable[int]) -> Any:
         raise NotImplementedError
 
     def tables(self) -> list[str]:
@@ -256,7 +256,7 @@ class SQLiteDatabase(Database):
     def ids_in(self, column: str) -> str:
         return f"{column} IN (SELECT value FROM json_each(?))"
 
-    def ids_param(self, ids: Sequence[int]) -> Any:
+    def ids_param(self, ids: Iterable[int]) -> Any:
         return json.dumps([int(i) for i in ids])
 
     def tables(self) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -93,7 +93,7 @@ class PostgresDatabase(Database):
     def ids_in(self, column: str) -> str:
         return f"{column} = ANY(?)"
 
-    def ids_param(self, ids: Sequence[int]) -> Any:
+    def ids_param(self, ids: Iterable[int]) -> Any:
         return [int(i) for i in ids]
 
     def tables(self) -> list[str]:

@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -65,7 +65,7 @@ _one_line = one_line
 def _rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Plain Python rows (missing values as None, numpy scalars unboxed)."""
     obj = frame.astype(object)
-    return obj.where(frame.notna(), None).to_dict("records")
+    return cast(list[dict[str, Any]], obj.where(frame.notna(), None).to_dict("records"))
 
 
 def _db_rows(name: str, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
@@ -338,8 +338,8 @@ class Store:
             for table in FRAME_TABLES
         }  # before the transaction: a frame that cannot be stored fails without a lock held
 
-        key = f"{run.commit} {int(bool(run.dirty))} {_fingerprint_json(run.fingerprint)}"
-        key = key if replace else None
+        same_run = f"{run.commit} {int(bool(run.dirty))} {_fingerprint_json(run.fingerprint)}"
+        key = same_run if replace else None
 
         def write() -> SavedRun:
             with self._write("save a run", key=key):
@@ -445,7 +445,11 @@ class Store:
         df["dirty"] = df["dirty"].astype(bool)
         df["n_tests"] = df["n_tests"].astype(np.int64)
         df["run_id"] = df["run_id"].astype(np.int64)
-        df["fingerprint"] = [Fingerprint.from_dict(json.loads(s)) for s in df["fingerprint"]]
+        df["fingerprint"] = pd.Series(
+            [Fingerprint.from_dict(json.loads(s)) for s in df["fingerprint"]],
+            index=df.index,
+            dtype=object,
+        )
         order = ["run_id", "commit", "branch", "dirty", "time", *FINGERPRINT_COLUMNS]
         return df[[*order, "perfguard_version", "n_tests", "fingerprint"]]
 
@@ -491,7 +495,9 @@ class Store:
                 f"WHERE {self.db.ids_in('test_id')} ORDER BY test_id, rowid",
                 [ids],
             )
-            frames[table] = {int(k): g.drop(columns="test_id") for k, g in df.groupby("test_id")}
+            frames[table] = {
+                int(cast(int, k)): g.drop(columns="test_id") for k, g in df.groupby("test_id")
+            }
         out = {}
         for tid, nodeid, metric, meta in tests.itertuples(index=False):
             parts = {t: conform_frame(t, frames[t].get(int(tid))) for t in FRAME_TABLES}
@@ -548,7 +554,11 @@ class Store:
         )
         df["run_id"] = df["run_id"].astype(np.int64)
         df["dirty"] = df["dirty"].astype(bool)
-        df["fingerprint"] = [Fingerprint.from_dict(json.loads(s)) for s in df["fingerprint"]]
+        df["fingerprint"] = pd.Series(
+            [Fingerprint.from_dict(json.loads(s)) for s in df["fingerprint"]],
+            index=df.index,
+            dtype=object,
+        )
         return df
 
     def nodeids(self) -> list[str]:
@@ -757,7 +767,7 @@ class Store:
         def source() -> Iterator[tuple[RunInfo, list[TestRecord], str | None]]:
             versions = other.runs().set_index("run_id")["perfguard_version"]
             for run_id, version in versions.items():
-                info, records = other.load_run(int(run_id))
+                info, records = other.load_run(int(cast(int, run_id)))
                 yield info, list(records.values()), version
 
         added = [new for _, new in self._add_runs(source, other._acceptance_rows())]

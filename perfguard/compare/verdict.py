@@ -8,10 +8,12 @@ deterministic counters, :mod:`perfguard.compare.gates`), and its
 explanation is :mod:`perfguard.compare.explain`; ``judge.compare_records`` is
 the judge with one baseline record, for notebooks.
 
-Per op, the same statistics run on per-round (else per-iteration) samples;
-an op missing from an iteration counts as 0 there, and ops found on one side
-only are ``added`` or ``removed``. Per-op statuses are corrected for many
-comparisons (Benjamini-Hochberg).
+Per op (evidence, not the verdict): a Mann-Whitney U test with a Hodges-Lehmann
+interval (:func:`perfguard.compare.stats.compare_samples`) on per-round (else
+per-iteration) samples; an op missing from an iteration counts as 0 there, and
+ops found on one side only are ``added`` or ``removed``. Per-op statuses are
+corrected for many comparisons (Benjamini-Hochberg). The test's own verdict uses
+no rank test: it is the interval of the level's change in :mod:`perfguard.compare.timing`.
 
 ``TestComparison.to_dict()`` is one entry of ``results.json["tests"]``
 (:class:`perfguard.compare.results.TestEntry` reads it back): ``delta_pct`` is

@@ -71,6 +71,35 @@ KERNEL_COLUMNS: dict[str, str] = {
     "short_name": "Kernel Short Name",
 }
 
+#: summary report: :class:`~perfguard.analysis.RunSummary` field -> DLProf's metric name,
+#: in the report's order (every field; a test holds the two together).
+SUMMARY_ROWS: dict[str, str] = {
+    "profile_name": "Profile Name",
+    "capture_format": "Capture Format",
+    "gpu_names": "GPU Names",
+    "ranks": "Ranks",
+    "gpus_used": "GPUs Used",
+    "wall_time": "Wall Clock Time (ns)",
+    "iterations": "Iterations",
+    "iteration_range": "Iteration Range",
+    "iteration_time_avg": "Average Iteration Time (ns)",
+    "gpu_utilization": "GPU Utilization (%)",
+    "kernel_time": "Total Kernel Time (ns)",
+    "memop_time": "Total Memory Op Time (ns)",
+    "gpu_busy": "GPU Busy Time, flattened (ns)",
+    "kernel_busy": "Kernel Busy Time, flattened (ns)",
+    "memop_only_busy": "Memory-only Busy Time, flattened (ns)",
+    "kernels": "Kernels",
+    "memops": "Memory Ops",
+    "unique_kernels": "Unique Kernels",
+    "op_instances": "Op Instances",
+    "unique_ops": "Unique Ops",
+    "unassociated_activities": "Unassociated GPU Activities",
+    "unassociated_gpu_time": "Unassociated GPU Time (ns)",
+    "tc_utilization": "Tensor Core Kernel Utilization (%)",
+    "tc_kernel_time": "Tensor Core Kernel Time (ns)",
+}
+
 #: iteration report: internal column -> header.
 ITERATION_COLUMNS: dict[str, str] = {
     "iteration": "Iteration",
@@ -122,9 +151,14 @@ def iteration_table(analysis: Analysis) -> pd.DataFrame:
 
 
 def summary_table(analysis: Analysis) -> pd.DataFrame:
-    """The run summary as ``Metric, Value`` rows."""
+    """The run summary as ``Metric, Value`` rows, DLProf's names in :data:`SUMMARY_ROWS`."""
     s = analysis.summary
-    return pd.DataFrame({"Metric": s.index, "Value": s.to_numpy()})
+    return pd.DataFrame(
+        {
+            "Metric": list(SUMMARY_ROWS.values()),
+            "Value": pd.Series([getattr(s, f) for f in SUMMARY_ROWS], dtype=object),
+        }
+    )
 
 
 #: op_type report: one row per op type.
@@ -208,70 +242,27 @@ EXPERT_COLUMNS: dict[str, str] = {
 
 def tensor_table(analysis: Analysis) -> pd.DataFrame:
     """Per TC-eligible op: TC and non-TC kernel time and counts, with the kernel names."""
-    ops = analysis.ops
-    if "tc_eligible" not in ops.columns:
-        return _select(ops.iloc[0:0], TENSOR_COLUMNS)
-    ops = ops[ops["tc_eligible"].fillna(False).astype(bool)].copy()
-    k = analysis.kernels
-    flag = k["uses_tc"].astype("boolean")
-    tc, unknown = flag.fillna(False).astype(bool), flag.isna()
-    frame = pd.DataFrame(
-        {
-            "op_id": k["op_id"],
-            "tc_kernels": k["calls"].where(tc, 0),
-            "non_tc_kernels": k["calls"].where(~tc & ~unknown, 0),
-            "unknown_kernels": k["calls"].where(unknown, 0),
-        }
-    )
-    counts = frame.groupby("op_id").sum().astype("Int64")
-    names = pd.DataFrame(
-        {
-            "tc_names": k["short_name"].fillna(k["name"]).where(tc).groupby(k["op_id"]).agg(_names),
-            "non_tc_names": k["short_name"]
-            .fillna(k["name"])
-            .where(~tc)
-            .groupby(k["op_id"])
-            .agg(_names),
-        }
-    )
-    ops = ops.join(counts, on="op_id").join(names, on="op_id")
-    ops["non_tc_time"] = ops["kernel_time"] - ops["tc_kernel_time"]
-    return _select(ops, TENSOR_COLUMNS)
-
-
-def _names(s: pd.Series) -> str:
-    return "; ".join(sorted(set(s.dropna().astype(str))))
+    return _select(analysis.tensor_ops, TENSOR_COLUMNS)
 
 
 def op_type_table(analysis: Analysis) -> pd.DataFrame:
     """One row per op type (DLProf's op_type report)."""
-    from perfguard.analysis.ops import aggregate_op_types
-
-    return _select(aggregate_op_types(analysis.kept_instances, analysis.cpu_only), OP_TYPE_COLUMNS)
+    return _select(analysis.op_types, OP_TYPE_COLUMNS)
 
 
 def group_node_table(analysis: Analysis) -> pd.DataFrame:
     """Inclusive roll-ups: every op with everything below it in the op hierarchy."""
-    from perfguard.analysis.groups import aggregate_groups
-
-    groups = aggregate_groups(
-        analysis.trace, analysis.activities, analysis.kept_instances, analysis.cpu_only
-    )
-    return _select(groups, GROUP_COLUMNS)
+    return _select(analysis.group_nodes, GROUP_COLUMNS)
 
 
 def expert_table(analysis: Analysis) -> pd.DataFrame:
     """The expert systems' findings: problem, evidence, recommendation."""
-    from perfguard.analysis.expert import run_detectors
-
-    return _select(run_detectors(analysis), EXPERT_COLUMNS)
+    return _select(analysis.findings, EXPERT_COLUMNS)
 
 
 def rank_report(analysis: Analysis) -> pd.DataFrame:
     """One row per rank: GPU, communication, idle and iteration time, and the straggler."""
-    from perfguard.analysis.ranks import rank_table
-
-    return rank_report_of(rank_table(analysis))
+    return rank_report_of(analysis.ranks)
 
 
 def rank_report_of(ranks: pd.DataFrame) -> pd.DataFrame:

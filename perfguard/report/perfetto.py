@@ -39,7 +39,7 @@ import os
 from collections.abc import Iterator
 from functools import reduce
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -93,12 +93,13 @@ def render_perfetto(analysis: Analysis) -> bytes:
 CHUNK_ROWS = 200_000
 
 
-def _write(analysis: Analysis, fh: BinaryIO) -> None:
+def _write(analysis: Analysis, fh: BinaryIO | gzip.GzipFile) -> None:
     trace = analysis.trace
+    origin = _origin(trace.ranges, analysis.activities, analysis.window)
     other = {
         "source": str(trace.meta.get("path", "")),
         "format": str(trace.meta.get("format", "")),
-        "time_origin_ns": _origin(trace.ranges, analysis.activities, analysis.window),
+        "time_origin_ns": origin,
         "exporter": "perfguard",
     }
     fh.write(
@@ -109,7 +110,7 @@ def _write(analysis: Analysis, fh: BinaryIO) -> None:
         ).encode("utf-8")
     )
     sep = ""
-    for lines in _events(analysis, other["time_origin_ns"]):
+    for lines in _events(analysis, origin):
         if len(lines):
             fh.write((sep + ",\n".join(lines.tolist())).encode("utf-8"))
             sep = ",\n"
@@ -141,7 +142,8 @@ def _chunks(frame: pd.DataFrame) -> Iterator[pd.DataFrame]:
 
 def _cat(*parts: object) -> np.ndarray:
     """Concatenate string arrays and constants element-wise."""
-    return reduce(np.strings.add, (p if isinstance(p, str) else np.asarray(p, _S) for p in parts))
+    arrays: list[Any] = [p if isinstance(p, str) else np.asarray(p, _S) for p in parts]
+    return reduce(np.strings.add, arrays)
 
 
 def _int(values: object) -> np.ndarray:
@@ -343,6 +345,7 @@ def _per_distinct(fields: pd.DataFrame, text) -> np.ndarray:
     codes = np.zeros(len(fields), dtype=np.int64)
     for col in fields.columns:  # one code per column, combined and renumbered
         values = fields[col]
+        u: np.ndarray | pd.Index
         if values.dtype == object:
             c, u = factorize(values, use_na_sentinel=False)
         else:

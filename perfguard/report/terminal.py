@@ -2,45 +2,48 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from perfguard.analysis import Analysis
+from perfguard.report.labels import SUMMARY_LABELS, with_unit
 
-_SUMMARY_KEYS = [
-    "Capture Format", "GPU Names", "GPUs Used", "Wall Clock Time (ns)", "Iterations",
-    "Iteration Range", "Average Iteration Time (ns)", "GPU Utilization (%)",
-    "Total Kernel Time (ns)", "Total Memory Op Time (ns)", "Kernels", "Unique Ops",
-    "Unassociated GPU Time (ns)", "Tensor Core Kernel Utilization (%)",
+#: the run summary's fields the terminal shows, in order
+_SUMMARY_FIELDS = [
+    "capture_format", "gpu_names", "gpus_used", "wall_time", "iterations",
+    "iteration_range", "iteration_time_avg", "gpu_utilization", "kernel_time",
+    "memop_time", "kernels", "unique_ops", "unassociated_gpu_time", "tc_utilization",
 ]  # fmt: skip
 
-#: terminal labels for keys too long for the column
-_SHORT = {"Tensor Core Kernel Utilization (%)": "Tensor Core Utilization (%)"}
+#: terminal labels for fields whose label is too long for the column
+_SHORT = {"tc_utilization": "Tensor Core Utilization"}
 
 
-def _ms(ns: float) -> str:
+def _ms(ns: Any) -> str:
     return f"{ns / 1e6:,.3f}"
 
 
-def _clip(text: str, width: int) -> str:
+def _clip(text: object, width: int) -> str:
     text = str(text)
     return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 def format_summary(analysis: Analysis, top: int = 10, width: int = 60) -> str:
     """Run figures, then the top ops by GPU time, as plain text."""
-    s = analysis.summary
     lines = ["perfguard summary"]
-    for key in _SUMMARY_KEYS:
-        value = s.get(key)
+    for name in _SUMMARY_FIELDS:
+        value = getattr(analysis.summary, name)
         if value is None or value == "" or (not isinstance(value, str) and pd.isna(value)):
             continue
-        if key.endswith("(ns)"):
-            key, value = key.replace("(ns)", "(ms)"), _ms(float(value))
-        elif key.endswith("(%)"):
-            value = f"{float(value):.2f}"
-        key = _SHORT.get(key, key)
-        lines.append(f"  {key:<32} {value}")
-    ops = analysis.ops.head(top)
+        label, unit = SUMMARY_LABELS[name]
+        label = _SHORT.get(name, label)
+        if unit == "ns":
+            label, value = with_unit(label, "ms"), _ms(float(value))
+        elif unit == "%":
+            label, value = with_unit(label, unit), f"{float(value):.2f}"
+        lines.append(f"  {label:<32} {value}")
+    ops = analysis.top_ops.head(top)
     total_gpu = float(analysis.ops["gpu_time_total"].sum()) if len(analysis.ops) else 0.0
     lines.append("")
     by = "GPU time" if total_gpu else "CPU time (no GPU activity in the capture)"
@@ -50,9 +53,9 @@ def format_summary(analysis: Analysis, top: int = 10, width: int = 60) -> str:
     )
     lines.append(header)
     for row in ops.itertuples(index=False):  # at most `top` rows
-        share = 100.0 * row.gpu_time_total / total_gpu if total_gpu else 0.0
+        share: Any = row.gpu_share if total_gpu else 0.0
         lines.append(
-            f"  {_clip(row.op_name, width):<{width}} {row.direction:<5} {row.calls:>7}"
+            f"  {_clip(row.op_name, width):<{width}} {str(row.direction):<5} {row.calls:>7}"
             f" {_ms(row.gpu_time_total):>10} {share:>6.1f} {_ms(row.cpu_time_total):>10}"
         )
     return "\n".join(lines)

@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, cast
 
 import pandas as pd
 
@@ -152,7 +153,7 @@ def _render_as(report: str, table: pd.DataFrame, fmt: str) -> str:
 
 def _plain(v: object) -> object:
     """numpy/pandas scalars -> JSON-native values."""
-    if v is None or (not isinstance(v, str) and pd.isna(v)):  # type: ignore[arg-type]
+    if v is None or (not isinstance(v, str) and pd.isna(cast(Any, v))):
         return None
     return v.item() if hasattr(v, "item") else v
 

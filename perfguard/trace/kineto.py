@@ -39,6 +39,7 @@ from perfguard.trace.compiled import expand_compiled
 from perfguard.trace.kineto_sidecar import apply_sidecar
 from perfguard.trace.kineto_split import read_split, split_worthwhile
 from perfguard.trace.kineto_stream import (
+    ARG_KEYS,
     NA_INT,
     Args,
     Event,
@@ -64,11 +65,6 @@ LEGACY_CATEGORIES = {
 RANGE_CATEGORIES = ("cpu_op", "user_annotation")
 API_CATEGORIES = ("cuda_runtime", "cuda_driver")
 MEMOP_CATEGORIES = ("gpu_memcpy", "gpu_memset")
-_ARGS = [
-    "correlation", "device", "stream", "grid", "block",
-    "registers per thread", "shared memory", "bytes", "graph id", "Input Dims", "Input type",
-    "Sequence number", "Call stack", "Concrete Inputs",
-]  # fmt: skip
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
 
 
@@ -223,15 +219,18 @@ def _int_column(s: pd.Series, default: int) -> np.ndarray:
 
 
 def _args_frame(args: pd.Series) -> pd.DataFrame:
+    """The ``args`` the reader uses, one column per :class:`Args` field (:data:`ARG_KEYS`)."""
     records = [a if isinstance(a, dict) else {} for a in args]
-    return pd.DataFrame.from_records(records, columns=_ARGS, index=args.index)
+    frame = pd.DataFrame.from_records(records, columns=list(ARG_KEYS.values()), index=args.index)
+    frame.columns = list(ARG_KEYS)
+    return frame
 
 
 #: event fields the reader uses, in :class:`Event` and in the plain reader's records
 _FIELDS = ["ph", "cat", "name", "pid", "tid", "ts", "dur"]
 KNOWN_CATEGORIES = RANGE_CATEGORIES + API_CATEGORIES + ("kernel",) + MEMOP_CATEGORIES
 #: kernel columns read from a number in ``args``
-_KERNEL_NUMBERS = (("registers", "registers per thread"), ("shared_mem", "shared memory"))
+_KERNEL_NUMBERS = (("registers", "registers"), ("shared_mem", "shared_memory"))
 #: events per piece when the plain reader's dicts are turned into columns
 _PLAIN_PIECE = 200_000
 
@@ -466,22 +465,22 @@ class _Columns:
                     df[col] = pd.to_numeric(ga[arg], errors="coerce").to_numpy()
             else:
                 df["bytes"] = pd.to_numeric(ga["bytes"], errors="coerce").to_numpy()
-            df["graph_id"] = pd.to_numeric(ga["graph id"], errors="coerce").to_numpy()
+            df["graph_id"] = pd.to_numeric(ga["graph_id"], errors="coerce").to_numpy()
             self.parts[table].append(df)
         i = rows(RANGE_CATEGORIES)
         if len(i):
             ra = a.iloc[i]
-            stack = ra["Call stack"]
+            stack = ra["call_stack"]
             call_site = stack.where(stack.notna() & (stack != ""), None)
             if call_site.notna().any():
                 call_site = first_user_frame(call_site)
             self.parts["ranges"].append(pd.DataFrame(
                 {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
                  "name": name[i], "category": cat[i],
-                 "seq": pd.to_numeric(ra["Sequence number"], errors="coerce").to_numpy(),
-                 "input_shapes": _json_text(ra["Input Dims"]).to_numpy(),
-                 "dtypes": _json_text(ra["Input type"]).to_numpy(),
-                 "concrete_inputs": _json_text(ra["Concrete Inputs"]).to_numpy(),
+                 "seq": pd.to_numeric(ra["seq"], errors="coerce").to_numpy(),
+                 "input_shapes": _json_text(ra["input_dims"]).to_numpy(),
+                 "dtypes": _json_text(ra["input_type"]).to_numpy(),
+                 "concrete_inputs": _json_text(ra["concrete"]).to_numpy(),
                  "call_site": call_site.to_numpy(dtype=object)}
             ))  # fmt: skip
 

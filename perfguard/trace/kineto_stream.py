@@ -93,6 +93,11 @@ class Args(msgspec.Struct, gc=False, frozen=True):
 
 
 _NO_ARGS = Args()
+#: Kineto's ``args`` key of each :class:`Args` field: the one map of argument names, which
+#: the plain reader's columns (:mod:`perfguard.trace.kineto`) follow too
+ARG_KEYS: dict[str, str] = {
+    f.name: f.encode_name for f in msgspec.structs.fields(Args) if f.name != "name"
+}
 
 
 class Event(msgspec.Struct, gc=False):

@@ -214,7 +214,7 @@ def categorical(codes: np.ndarray, uniques: np.ndarray | list[Any]) -> pd.Catego
     new_code = np.where(same >= 0, rank[np.clip(same, 0, None)], -1) if len(same) else same
     if not (new_code == np.arange(len(new_code))).all():
         codes = np.append(new_code, -1)[codes]  # a missing value's -1 indexes the last entry
-    return pd.Categorical.from_codes(codes, categories=values[order])
+    return pd.Categorical.from_codes(codes, categories=pd.Index(values[order]))
 
 
 def concat_tables(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -283,7 +283,7 @@ def _narrowed(s: pd.Series, dtype: str, where: str) -> pd.Series:
         lo, hi = s.min(), s.max()
         if lo < -(2**31) or hi >= 2**31:
             raise OverflowError(f"{where} holds {lo if lo < -(2**31) else hi}, outside 32 bits")
-    return s.astype(dtype)
+    return s.astype(np.dtype(dtype))
 
 
 def checked_rank(path: str | Path, rank: int) -> int:

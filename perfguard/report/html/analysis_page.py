@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 
 from perfguard.report.html.render import fmt_ns, render, write_text
+from perfguard.report.labels import SUMMARY_LABELS, with_unit
 
 if TYPE_CHECKING:
-    from perfguard.analysis import Analysis
+    from perfguard.analysis import Analysis, RunSummary
 
 #: op columns the Tensor Core / FLOP part of the tables reads, with accepted spellings
 _OP_OPTIONAL = {
@@ -58,7 +59,7 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     if not len(df):
         return []
     return [
-        {k: _plain(v) for k, v in row.items()} for row in df.to_dict(orient="records")
+        {str(k): _plain(v) for k, v in row.items()} for row in df.to_dict(orient="records")
     ]  # at most the few hundred rows a page shows
 
 
@@ -72,25 +73,26 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _summary_rows(summary: pd.Series) -> list[tuple[str, str]]:
+def _summary_rows(summary: RunSummary) -> list[tuple[str, str]]:
+    """(label, text) per figure of the summary, in its order (a missing one: n/a)."""
     rows = []
-    for key, value in summary.items():
-        value = _plain(value)
-        if isinstance(value, str) and key == "Profile Name":
+    for name, (label, unit) in SUMMARY_LABELS.items():
+        value = _plain(getattr(summary, name))
+        if isinstance(value, str) and name == "profile_name":
             value = Path(value).name or value
         if value is None or value == "":
-            text = "n/a"
-        elif str(key).endswith("(ns)"):
-            key, text = str(key).replace(" (ns)", ""), fmt_ns(value)
-        elif str(key).endswith("(%)") and isinstance(value, int | float):
-            text = f"{value:.2f}"
+            label, text = with_unit(label, unit), "n/a"
+        elif unit == "ns":
+            text = fmt_ns(value)
+        elif unit == "%" and isinstance(value, int | float):
+            label, text = with_unit(label, unit), f"{value:.2f}"
         elif isinstance(value, float):
             text = f"{value:,.3f}"
         elif isinstance(value, int):
             text = f"{value:,}"
         else:
             text = str(value)
-        rows.append((str(key), text))
+        rows.append((label, text))
     return rows
 
 
@@ -113,29 +115,18 @@ def analysis_page(
     max_kernels: int = 200,
 ) -> AnalysisPage:
     """The page context for ``analysis``; runs the expert detectors unless given ``findings``."""
-    from perfguard.analysis.ranks import rank_table, straggler
     from perfguard.report.figures import iteration_bars
 
     if findings is None:
-        from perfguard.analysis.expert import run_detectors
-
-        findings = run_detectors(analysis)
-    ops, has_tc = _ops_view(analysis.ops)
-    ops = ops.sort_values("gpu_time_total", ascending=False, kind="stable")
+        findings = analysis.findings
+    ops, has_tc = _ops_view(analysis.top_ops)
     total_gpu = float(ops["gpu_time_total"].sum()) if len(ops) else 0.0
-    ops["gpu_share"] = 100.0 * ops["gpu_time_total"] / total_gpu if total_gpu else np.nan
-    if has_tc:
-        eligible = ops["tc_eligible"].astype("boolean").fillna(False).astype(bool)
-        using = ops["using_tc"].astype("boolean").fillna(False).astype(bool)
-        ran = (ops["gpu_time_total"] > 0).to_numpy()  # a group range's kernels count on its ops
-        tc_missing = _records(ops[eligible.to_numpy() & ~using.to_numpy() & ran])
-    else:
-        tc_missing = []
+    tc_missing = _records(_ops_view(analysis.tc_missed_ops)[0]) if has_tc else []
 
     it = analysis.iterations
     if len(it) and "rank" in it:
         it = it[it["rank"] == it["rank"].min()]
-    source = str(_plain(analysis.summary.get("Profile Name")) or "capture")
+    source = analysis.summary.profile_name or "capture"
     svg = iteration_bars(
         it["duration"].to_numpy(dtype=float),
         it["gpu_time"].to_numpy(dtype=float),
@@ -155,8 +146,7 @@ def analysis_page(
     if "uses_tc" not in shown:
         shown["uses_tc"] = None
 
-    ranks = rank_table(analysis)
-    found = straggler(ranks)
+    ranks, found = analysis.ranks, analysis.straggler
     return AnalysisPage(
         title=f"perfguard analysis: {Path(source).name}",
         source=source,
