@@ -10,9 +10,11 @@ in a fresh process and ``--repeat`` times, alternating:
 
 For each it prints wall and CPU seconds (the child's user + system time, from
 ``os.wait4``: it does not grow when the machine is busy the way wall time does), and from
-the session's ``results.json`` the seconds of each part: per test its warm-up and timed
-rounds (the test's own work, which plain pytest does once) and perfguard's parts beyond
-them (``profiled``: the capture's round with the trace written; ``analysis``; ``findings``;
+the session's ``results.json`` the seconds of each part: per test its warm-up and the kept
+timed rounds' steps (the test's own work, which plain pytest does once) and perfguard's
+parts beyond them (``round_checks``: the rest of the rounds' time, pauses, collections,
+speed checks, rounds run again; ``profiled``: the capture's round with the trace written;
+``analysis``; ``findings``;
 ``compare``; ``history``; ``timeline``), and the session's (``start``: the plugin's
 start-up and imports beyond pytest's; ``results``: results.json after each test;
 ``reports``: results.json, report.html and summary.md at the end; ``save``).
