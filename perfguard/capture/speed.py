@@ -10,8 +10,8 @@ is slow, so the round's fastest step is too: a whole round, or a whole short
 session, reads a third slower with tight rounds, which no statistic can tell
 from a regression. Timing a workload that never changes just before and just
 after each timing round shows it: the plugin re-runs a round whose
-reference ran :data:`SLOW_FACTOR` slower than the fastest reference of the
-test (:mod:`perfguard.plugin.iterate`), and store mode does not compare a
+reference ran :data:`SLOW_FACTOR` slower than the test's typical reference
+taken at the same point (:mod:`perfguard.plugin.iterate`), and store mode does not compare a
 session whose reference level differs from the baseline's
 (:mod:`perfguard.compare.timing`).
 
