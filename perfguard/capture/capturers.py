@@ -49,7 +49,8 @@ class Capturer(Protocol):
     test goes on uncaptured; the plugin reports it when the test ends.
     """
 
-    error: str | None
+    @property
+    def error(self) -> str | None: ...
 
     def start(self) -> None: ...
 
@@ -57,8 +58,10 @@ class Capturer(Protocol):
 
     def sync(self) -> None: ...
 
-    #: True: timing rounds run with the capture off (an in-process profiler on the CPU)
-    separate_timing: bool
+    @property
+    def separate_timing(self) -> bool:
+        """True: timing rounds run with the capture off (an in-process profiler on the CPU)."""
+        ...
 
     def iteration(self) -> AbstractContextManager[object]: ...
 

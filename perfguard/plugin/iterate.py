@@ -230,7 +230,8 @@ class GpuProfile:
 
         from perfguard.capture.speed import SLOW_FACTOR, reference_ns
 
-        befores, afters = [reference_ns()], []
+        befores: list[int] = [reference_ns()]
+        afters: list[int] = []
         retries = rounds
         step = 0
         for r in range(rounds):
