@@ -110,7 +110,9 @@ def test_scaled_op_is_a_regression_named_in_the_message(resnet: TestRecord) -> N
     name = resnet.ops.set_index("op_id").loc[op, "op_name"]
     why = c.explanation
     assert why.decided_by == "timing" and why.first.kind == "timing" and why.first.op == name
-    assert f"{name}: GPU time" in c.message and "(+50.0%; per-op times not judged)" in c.message
+    # the op is named with its call site in the user's script (the capture's stacks)
+    assert f"{name} at resnet50_profiler_api.py:46: GPU time" in c.message
+    assert "(+50.0%; per-op times not judged)" in c.message
     assert c.message.startswith("timing regressed: GPU time")
     assert "slower beyond the threshold" in c.message and "6/6 rounds" in c.message
     # the change is the ratio of the levels it is shown between

@@ -71,9 +71,10 @@ def test_an_added_kernel_is_named_by_the_gates(resnet, tmp_path) -> None:
     why = c.explanation
     assert c.outcome is Outcome.REGRESSED and why.decided_by == "gates"
     assert why.first.kind == "kernel_set" and why.first.op == _name(resnet, op)
-    assert why.lead == f"{_name(resnet, op)} launches a new kernel new_fused_kernel".replace(
-        "autograd::engine::evaluate_function: ", ""
-    )
+    named = _name(resnet, op).replace("autograd::engine::evaluate_function: ", "")
+    # with its call site: the backward op takes its forward op's line in the user's script
+    site = "resnet50_profiler_api.py:46"
+    assert why.lead == f"{named} at {site} launches a new kernel new_fused_kernel"
     assert c.message == f"gates: {why.lead}"
     for view, text in _views(c, tmp_path).items():
         assert why.lead in text, view
