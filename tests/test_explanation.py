@@ -167,6 +167,9 @@ def test_an_attention_path_change_is_one_grouped_line(repo: pytest.Pytester) -> 
     counters = next(x for x in why["lines"] if x.startswith("counters per iteration"))
     assert re.search(r"op calls \d[\d,]* → \d[\d,]*", counters)  # integers
     assert re.search(r"FLOPs [\d.]+ [kMG]?FLOP → [\d.]+ [kMG]?FLOP", counters)  # humanized
+    # the test's counters only, each once: an op's own counter move is its culprit's line
+    names = [part.split(" ")[0] for part in counters.split(": ", 1)[1].split("; ")]
+    assert len(names) == len(set(names)), counters
 
 
 def test_a_partial_save_never_hides_a_test(repo: pytest.Pytester) -> None:

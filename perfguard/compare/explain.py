@@ -455,8 +455,9 @@ def _counter_line(gates: GateVerdict | None) -> str:
         if f.gate not in _COUNTERS:
             continue
         b, c = _num(f.baseline), _num(f.current)
-        if not f.message.startswith(LABELS[f.gate]):
-            continue  # a per-op finding: its culprit says it
+        label = LABELS[f.gate]
+        if not f.message.startswith(label) or f.message.startswith(f"{label} per iteration of "):
+            continue  # a per-op finding ("bytes per iteration of aten::x"): its culprit says it
         pct = _pct(b, c)
         parts.append(
             f"{LABELS[f.gate].split(' (')[0]} {human(b, f.gate)} → {human(c, f.gate)}"
