@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from perfguard.plugin.phases import OWN_PHASES
+
 TESTS = """
 import pytest
 import torch
@@ -74,8 +76,6 @@ def test_conv(gpuprofile):
     for _ in gpuprofile.iterations():
         conv(x).relu().sum()
 """
-
-OWN = ("warmup", "timing")
 
 
 def _git(root: Path, *args: str) -> None:
@@ -153,10 +153,10 @@ def main() -> int:
     own_total = []
     for k in keys:
         values = [p.get(k, 0.0) for p, _ in parts]
-        tag = "  (the test's own)" if k in OWN else ""
+        tag = "  (the test's own)" if k in OWN_PHASES else ""
         print(f"  {k:<10} {statistics.median(values):6.3f}{tag}")
     for p, _ in parts:
-        own_total.append(sum(v for k, v in p.items() if k not in OWN))
+        own_total.append(sum(v for k, v in p.items() if k not in OWN_PHASES))
     print(f"  perfguard's parts per test: {statistics.median(own_total):.3f}")
     session_keys = sorted({k for _, s in parts for k in s})
     print("session, median over runs (s):")

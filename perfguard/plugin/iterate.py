@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.capture.capturers import Capturer
 from perfguard.plugin.marker import ProfileSpec
+from perfguard.plugin.phases import timed
 
 if TYPE_CHECKING:
     from perfguard.capture.load import LoadProbe
@@ -159,10 +160,9 @@ class GpuProfile:
     def _run(self) -> Generator[int, None, None]:
         cap = self.capturer
         assert cap is not None
-        t0 = time.perf_counter()
-        yield from range(-self.spec.warmup, 0)
-        cap.sync()
-        self.phase_s["warmup"] = time.perf_counter() - t0
+        with timed(self.phase_s, "warmup"):
+            yield from range(-self.spec.warmup, 0)
+            cap.sync()
         # what the test built so far (its model, torch's modules) is frozen out of the
         # collector: the collection before each round then scans only the objects made
         # since: under 1 ms instead of 0.5 s for torch and pandas (2-core VM, load 13)
@@ -196,20 +196,20 @@ class GpuProfile:
             self.phase_s["timing"] = steps
             self.phase_s["round_checks"] = max(spent - steps, 0.0)
             step += rounds * self.spec.iterations
-        t0 = time.perf_counter()
-        cap.start()
-        self.captured = True
-        try:
-            first = rounds if separate else 0
-            for r in range(first, first + (1 if separate else rounds)):
-                yield from self._round(r, step, probe, cap, profiled=True, timing=not separate)
-                step += self.spec.iterations
-            self.completed = True
-            if cuda is not None:
-                self.peak_memory = int(cuda.max_memory_allocated())
-        finally:
-            cap.stop()
-            self.phase_s["profiled"] = time.perf_counter() - t0
+        with timed(self.phase_s, "profiled"):
+            cap.start()
+            self.captured = True
+            try:
+                first = rounds if separate else 0
+                for r in range(first, first + (1 if separate else rounds)):
+                    yield from self._round(r, step, probe, cap, profiled=True,
+                                           timing=not separate)  # fmt: skip
+                    step += self.spec.iterations
+                self.completed = True
+                if cuda is not None:
+                    self.peak_memory = int(cuda.max_memory_allocated())
+            finally:
+                cap.stop()
 
     def _timing_rounds(
         self, rounds: int, probe: LoadProbe, cap: Capturer

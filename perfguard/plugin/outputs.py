@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import pickle
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from perfguard.baseline.record import TestRecord
 from perfguard.compare.results import SessionResults, TestEntry
 from perfguard.errors import PerfguardError
 from perfguard.plugin.context import SaveResult, SessionContext
+from perfguard.plugin.phases import timed
 
 RESULTS = "results.json"
 REPORTS = ("report.html", "summary.md")
@@ -59,13 +59,8 @@ class SessionOutputs:
             self.records[entry.nodeid] = record
         self._texts.pop(entry.nodeid, None)
         if self.context.worker_id is None and not self.context.round_child:
-            t0 = time.perf_counter()
-            self.partial()
-            self.phase("results", time.perf_counter() - t0)
-
-    def phase(self, name: str, seconds: float) -> None:
-        """Add ``seconds`` to the session's part ``name``."""
-        self.phase_s[name] = self.phase_s.get(name, 0.0) + seconds
+            with timed(self.phase_s, "results"):
+                self.partial()
 
     def worker_output(self) -> dict[str, Any]:
         """What an xdist worker hands its controller (``workeroutput`` is JSON-safe)."""
@@ -156,11 +151,8 @@ class SessionOutputs:
 
     def final(self) -> None:
         """The complete document, then the reports rendered from it."""
-        t0 = time.perf_counter()
-        try:
+        with timed(self.phase_s, "reports"):
             self._final()
-        finally:
-            self.phase("reports", time.perf_counter() - t0)
 
     def _final(self) -> None:
         try:

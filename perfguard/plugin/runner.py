@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,7 @@ from perfguard.plugin.context import ResolvedBackend, SessionContext
 from perfguard.plugin.instructions import METRIC, InstructionSession
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
+from perfguard.plugin.phases import timed
 
 #: how an item was captured: the capture's path and backend, and the nsys child's report
 #: or the whole-call capturer with its wall times
@@ -107,10 +107,13 @@ class CaptureRunner:
             return replace(spec, rounds=rounds)
         return spec
 
-    def _capture_path(self, item: pytest.Item) -> Path:
+    def _captures_folder(self) -> Path:
         folder = self.context.settings.output / "captures"
         folder.mkdir(parents=True, exist_ok=True)
-        return folder / (capture_name(item.nodeid) + TRACE_SUFFIX)
+        return folder
+
+    def _capture_path(self, item: pytest.Item) -> Path:
+        return self._captures_folder() / (capture_name(item.nodeid) + TRACE_SUFFIX)
 
     # ------------------------------------------------------------------ the test's life
     def profile_for(self, item: pytest.Item, spec: ProfileSpec) -> GpuProfile:
@@ -134,12 +137,10 @@ class CaptureRunner:
     def run_nsys(self, item: pytest.Item) -> None:
         """nsys: the test alone in a child pytest under nsys, at set-up;
         :class:`PerfguardError` when the child or the profiler fails."""
-        out = self.context.settings.output / "captures"
-        out.mkdir(parents=True, exist_ok=True)
         config = self.context.config
         path, child = run_nsys_child(
             item.nodeid, rootdir=config.rootpath, inifile=config.inipath,
-            output_dir=out, timeout=self.context.settings.timeout,
+            output_dir=self._captures_folder(), timeout=self.context.settings.timeout,
             xdist=config.pluginmanager.hasplugin("xdist"),
         )  # fmt: skip
         item.stash[_capture_key] = {"path": path, "backend": "nsys", "child": child}
@@ -226,13 +227,23 @@ class CaptureRunner:
         """Load and analyse the capture and build the test's record; notes on how it was
         measured are added to ``capture.notes``."""
         from perfguard.analysis import analyze
-        from perfguard.baseline.record import record_from_analysis
         from perfguard.trace import load_trace
+
+        with timed(capture.phase_s, "analysis"):
+            analysis = analyze(load_trace(capture.path), key_node=spec.key_node)
+            record = self._record(spec, capture, analysis, nodeid)
+        with timed(capture.phase_s, "findings"):
+            findings = _findings(analysis)
+        return Analysed(record, findings, analysis)
+
+    def _record(
+        self, spec: ProfileSpec, capture: CaptureResult, analysis: Any, nodeid: str
+    ) -> TestRecord:
+        """The test's record from its analysed capture (with its instruction counts)."""
+        from perfguard.baseline.record import record_from_analysis
 
         path, walls, notes = capture.path, capture.walls, capture.notes
         cpu_times, rounds, env = capture.cpu_times, capture.rounds, capture.env
-        t0 = time.perf_counter()
-        analysis = analyze(load_trace(path), key_node=spec.key_node)
         has_gpu = len(analysis.activities) > 0
         available = {"gpu_time": has_gpu, "wall_time": True, "cpu_time": bool(cpu_times)}
         # the first timing the marker names that this capture has; wall time otherwise
@@ -289,12 +300,7 @@ class CaptureRunner:
             extra_counters={"peak_memory": float(peak)} if peak else None,
             profiled=profiled if walls and int(profiled.sum()) == n_ranges else None,
         )
-        record = self._with_instructions(record, spec, notes)
-        t1 = time.perf_counter()
-        findings = _findings(analysis)
-        capture.phase_s["analysis"] = t1 - t0
-        capture.phase_s["findings"] = time.perf_counter() - t1
-        return Analysed(record, findings, analysis)
+        return self._with_instructions(record, spec, notes)
 
     def _with_instructions(
         self, record: TestRecord, spec: ProfileSpec, notes: list[str]

@@ -46,6 +46,7 @@ from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.options import Settings
 from perfguard.plugin.outputs import SessionOutputs
+from perfguard.plugin.phases import timed
 from perfguard.plugin.runner import CaptureRunner
 from perfguard.plugin.verdicts import Verdicts
 
@@ -74,7 +75,7 @@ class PerfguardSession:
             self.context.find_baseline()
         if self.context.worker_id is None:  # last: a usage error above leaves no lock behind
             self.context.claim_output()
-        self.outputs.phase("start", time.perf_counter() - t0)
+        self.outputs.phase_s["start"] = time.perf_counter() - t0  # the outputs began above
 
     def close(self) -> None:
         if self.coordinator is not None:
@@ -101,18 +102,17 @@ class PerfguardSession:
         if self.coordinator is None:
             return
         if self.coordinator.ab is None:
-            t0 = time.perf_counter()
             settings = self.context.settings
             counted = [i.nodeid for i in session.items
                        if profiled(i) and _wants_instructions(i, settings)]  # fmt: skip
-            self.instructions.measure(counted, self.config.rootpath, self.config.inipath)
-            self.context.notes.extend(self.instructions.notes)
             if counted:
-                self.outputs.phase("instructions", time.perf_counter() - t0)
+                with timed(self.outputs.phase_s, "instructions"):
+                    self.instructions.measure(counted, self.config.rootpath,
+                                              self.config.inipath)  # fmt: skip
+                self.context.notes.extend(self.instructions.notes)
             return
-        t0 = time.perf_counter()
-        self.coordinator.measure([i.nodeid for i in session.items if profiled(i)])
-        self.outputs.phase("ab_rounds", time.perf_counter() - t0)
+        with timed(self.outputs.phase_s, "ab_rounds"):
+            self.coordinator.measure([i.nodeid for i in session.items if profiled(i)])
 
     # ------------------------------------------------------------------ per test
     @pytest.hookimpl(trylast=True)
@@ -215,9 +215,8 @@ class PerfguardSession:
                 error="the session was interrupted: a partial run is never saved"
             )
         elif settings.save:
-            t0 = time.perf_counter()
-            outputs.saved = ctx.save(outputs.records)
-            outputs.phase("save", time.perf_counter() - t0)
+            with timed(outputs.phase_s, "save"):
+                outputs.saved = ctx.save(outputs.records)
         if outputs.saved.error and settings.save and not interrupted:
             # --perfguard-save exists to make baselines: not saving must not look green
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -16,6 +16,7 @@ from typing import Any
 
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
+from perfguard.plugin.phases import OWN_PHASES
 
 HEADER = ("test", "outcome", "change", "interval", "gates", "why")
 MAX_TEST = 60
@@ -85,11 +86,6 @@ def results_lines(results: SessionResults) -> list[str]:
     else:
         lines.append("no test was measured (mark benchmarks with @pytest.mark.gpuprofile)")
     return lines
-
-
-#: a test's own parts: the loop the test runs without perfguard too (its warm-up, its
-#: timed rounds); every other part is perfguard's cost
-OWN_PHASES = ("warmup", "timing")
 
 
 def cost_line(entries: list[TestEntry], session_s: dict[str, float]) -> str:

@@ -12,7 +12,6 @@ explanation's words; :meth:`Verdicts.error` records a test nothing could be judg
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,13 @@ import pytest
 
 from perfguard.baseline.record import TestRecord
 from perfguard.capture.capturers import capture_name
+from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import TestEntry
 from perfguard.errors import PerfguardError
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.outputs import SessionOutputs
+from perfguard.plugin.phases import timed
 from perfguard.plugin.runner import CaptureResult, CaptureRunner
 
 #: a capture failure, raised as the test's teardown error
@@ -52,23 +53,22 @@ class Verdicts:
         phases = capture.phase_s
         try:
             done = runner.analyse(spec, capture, item.nodeid)
-            t0 = time.perf_counter()
-            comparison = self.compare(done.record)
-            if done.analysis.ops.empty:  # nothing attributed or gated: never judged silently
-                from perfguard.capture.frameworks import empty_capture_reason
-                from perfguard.compare.verdict import with_empty_capture
+            with timed(phases, "compare"):
+                comparison = self.compare(done.record)
+                if done.analysis.ops.empty:  # nothing attributed or gated: never silently
+                    from perfguard.capture.frameworks import empty_capture_reason
+                    from perfguard.compare.verdict import with_empty_capture
 
-                why = empty_capture_reason(capture.framework)
-                comparison = with_empty_capture(comparison, why)
-            phases["compare"] = time.perf_counter() - t0
+                    why = empty_capture_reason(capture.framework)
+                    comparison = with_empty_capture(comparison, why)
         except (PerfguardError, ValueError, KeyError) as exc:
             msg = " ".join(str(exc).split()) or type(exc).__name__
             self.error(item, msg, capture.backend, capture.path)
             return
-        t0 = time.perf_counter()
-        timeline = self._timeline(comparison, done.analysis, capture.path, item.nodeid)
-        if timeline is not None:
-            phases["timeline"] = time.perf_counter() - t0
+        timeline = None
+        if comparison.outcome is Outcome.REGRESSED:
+            with timed(phases, "timeline"):
+                timeline = self._timeline(done.analysis, capture.path, item.nodeid)
         self.finish(item, done.record, comparison, done.findings, capture.path, capture.backend,
                     capture.notes, timeline, phases)  # fmt: skip
 
@@ -126,14 +126,10 @@ class Verdicts:
         except PerfguardError:
             return []
 
-    def _timeline(self, comparison: Any, analysis: Any, capture: Path, nodeid: str) -> str | None:
+    def _timeline(self, analysis: Any, capture: Path, nodeid: str) -> str | None:
         """A regressed test's capture as a Perfetto trace beside it (the report links it):
         the reviewer opens the evidence in ui.perfetto.dev, op to kernel. Named after the
         test (one file per test: a name cut from the capture's would be its module's)."""
-        from perfguard.compare.outcomes import Outcome
-
-        if comparison.outcome is not Outcome.REGRESSED:
-            return None
         from perfguard.report.perfetto import write_perfetto
 
         name = capture_name(nodeid) + ".perfetto.json.gz"
@@ -161,9 +157,8 @@ class Verdicts:
         the wall seconds of the measurement's parts so far; the history's and the
         results' own are added here."""
         phases = dict(phases or {})
-        t0 = time.perf_counter()
-        history = self._history(item.nodeid)
-        phases["history"] = time.perf_counter() - t0
+        with timed(phases, "history"):
+            history = self._history(item.nodeid)
         entry = comparison.to_dict()
         accepted = self.accepted.get(item.nodeid) if comparison.mode == "store" else None
         if accepted is not None:
