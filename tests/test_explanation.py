@@ -285,3 +285,21 @@ def test_dtype_change_names_the_input_that_changed() -> None:
     assert two == "fp32 → fp16 (input 1 of 2), fp32 → fp64 (input 2 of 2)"
     assert dtype_change("fp32", "fp64") == "fp32 → fp64"  # not lists: as they are
     assert dtype_change('["float"]', '["float","float"]') == '["float"] → ["float","float"]'
+
+
+def test_a_forward_dtype_change_ranks_before_the_backward_one() -> None:
+    """A dtype finding carries its op's direction, so the rule "a forward op's change before
+    the backward one that follows from it" holds for dtypes too, whatever the times (A/B
+    once led with ``SoftmaxBackward0`` because a finding had no direction)."""
+    from perfguard.compare.explain import _rank, _switch_culprit
+    from perfguard.compare.gates import GateFinding
+
+    def finding(op: str) -> GateFinding:
+        return GateFinding(gate="dtypes", op_name=op, kernel_name="", baseline='["float"]',
+                           current='["double"]', budget="", message="")  # fmt: skip
+
+    fwd, bwd = "attn/aten::softmax", "autograd::engine::evaluate_function: SoftmaxBackward0"
+    impact = {(fwd, "fprop"): 485.5, (bwd, "bprop"): 3099.5}
+    forward, backward = _switch_culprit(finding(fwd), impact), _switch_culprit(finding(bwd), impact)
+    assert (forward.direction, backward.direction) == ("fprop", "bprop")
+    assert sorted([backward, forward], key=lambda c: _rank(c, set())) == [forward, backward]

@@ -302,7 +302,11 @@ def dtype_change(before: Any, after: Any) -> str:
 
 def _switch_culprit(f: Any, impact: dict[tuple[str, str], float]) -> Culprit:
     name = str(f.op_name)
-    imp = next((v for (n, _), v in impact.items() if n == name), math.nan)
+    # the op's (name, direction) key: its change of time, and whether it is a backward op
+    # (the rank puts a forward op's change before the backward one that follows from it)
+    key = next((k for k in impact if k[0] == name), None)
+    imp = impact[key] if key is not None else math.nan
+    direction = _dir(key[1]) if key is not None else None
     if f.gate == "dtypes":
         text = f"{name}: input dtypes {dtype_change(f.baseline, f.current)}"
     elif f.gate == "tc_lost":
@@ -326,7 +330,8 @@ def _switch_culprit(f: Any, impact: dict[tuple[str, str], float]) -> Culprit:
         )
         name = ""
     return Culprit(kind=f.gate, op=name, text=text, baseline=f.baseline, current=f.current,
-                   budget=str(f.budget), gated=True, impact_ns=imp)  # fmt: skip
+                   budget=str(f.budget), gated=True, impact_ns=imp,
+                   direction=direction)  # fmt: skip
 
 
 def _timing_culprits(
