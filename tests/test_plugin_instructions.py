@@ -105,8 +105,10 @@ def _counts(repo: pytest.Pytester) -> dict[str, list[float]]:
 
 def test_the_session_option_and_a_bad_value(pytester: pytest.Pytester) -> None:
     """``--perfguard-metric instructions`` counts every measured test; a test that did not
-    change counts exactly the same after one that ran before it did (each test is forked
-    from the same state)."""
+    change counts the same after one that ran before it did (each test is forked from the
+    same state), within the spread measured between sessions (up to 0.195 %,
+    benchmarks/README.md: the environment's size and the module's own bytes move it),
+    well under the 0.5 % budget and the changed test's move."""
     repo = init_repo(pytester)
     repo.makepyfile(test_step=STEP.format(extra=0))
     commit(repo.path, "A")
@@ -123,4 +125,5 @@ def test_the_session_option_and_a_bad_value(pytester: pytest.Pytester) -> None:
     counts = _counts(repo)
     assert counts[STEP_ID][1] > 1.01 * counts[STEP_ID][0]
     same = counts["test_step.py::test_timed_only"]
-    assert abs(same[1] / same[0] - 1) < 1e-4, same
+    # a fresh clone measured 3.0e-4 here (the module's source changed around this test)
+    assert abs(same[1] / same[0] - 1) < 2e-3, same
