@@ -1,6 +1,7 @@
 """Timing change points: perfguard's detector beside the ones performance teams use.
 
     python benchmarks/change_points.py [--tcpd DIR] [--spa-python PY] [--only SUITE ...]
+    python benchmarks/change_points.py --calibrate
 
 Three suites, every detector on the same series, one at a time, in one run:
 
@@ -32,6 +33,12 @@ the BIC-style penalty of its documentation, ``log(n) * sigma^2``, sigma from
 the median absolute successive difference). A detector that is not
 installed is left out with a line saying so. The last table is the time per
 200-point series (CI-kit shapes, 200 runs long).
+
+Each suite is also split in two by series (a fixed random half, :data:`HALF_SEED`):
+perfguard's bars are chosen on the first ("tune") and F1 is printed for each half
+beside the whole, so what was not fitted shows. ``--calibrate`` prints the largest z
+that perfguard's level and spread searches find in pure normal noise, by length: the
+bars' false-alarm rates, and the line the spread bar is taken from.
 """
 
 from __future__ import annotations
@@ -282,41 +289,61 @@ def timed_cpu(
 # ------------------------------------------------------------------ tables
 
 
+#: seed of the split of each suite into halves: perfguard's bars were chosen on the first
+#: ("tune"), the second ("held out") is reported beside it to show they were not fitted to it
+HALF_SEED = 33
+
+
+def tune_half(n: int, seed: int = HALF_SEED) -> set[int]:
+    """Indices of the tuning half of a suite of ``n`` series (a fixed random half)."""
+    return set(np.random.default_rng(seed).permutation(n)[: n // 2].tolist())
+
+
 def run_points(name: str, suite: list[Series], dets: dict, margin: int) -> dict[str, dict]:
     print(f"\n## {name}: {len(suite)} series, {sum(len(t) for _, _, t, _ in suite)} changes, "
           f"margin {margin}")  # fmt: skip
-    print("| detector | precision | recall | F1 | regression-and-fix found | ms / series |")
-    print("|---|---|---|---|---|---|")
+    print("| detector | precision | recall | F1 | F1 tune half | F1 held-out half "
+          "| regression-and-fix found | ms / series |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     results = {}
+    tune = tune_half(len(suite))
     for det, fn in dets.items():
-        tp = n_found = n_true = 0
+        counts = {half: [0, 0, 0] for half in ("tune", "held out")}  # tp, found, true
         fix_total = fix_found = 0
         seconds = 0.0
-        for _, x, truth, fix in suite:
+        for i, (_, x, truth, fix) in enumerate(suite):
             found, s = timed(fn, x)
             seconds += s
-            hit = match(truth, found, margin)
-            tp, n_found, n_true = tp + hit, n_found + len(found), n_true + len(truth)
+            c = counts["tune" if i in tune else "held out"]
+            for k, v in enumerate((match(truth, found, margin), len(found), len(truth))):
+                c[k] += v
             if fix:
                 fix_total += 1
-                fix_found += match([(i, i) for i in fix], found, margin) == len(fix)
-        p, r, f = prf(tp, n_found, n_true)
-        fix = f"{fix_found}/{fix_total}" if fix_total else "-"
-        results[det] = {"precision": p, "recall": r, "f1": f, "fix": fix,
+                fix_found += match([(j, j) for j in fix], found, margin) == len(fix)
+        p, r, f = prf(*(a + b for a, b in zip(*counts.values(), strict=True)))
+        f_tune, f_held = (prf(*c)[2] for c in counts.values())
+        fixes = f"{fix_found}/{fix_total}" if fix_total else "-"
+        results[det] = {"precision": p, "recall": r, "f1": f, "f1_tune": f_tune,
+                        "f1_held_out": f_held, "fix": fixes,
                         "ms": 1000 * seconds / len(suite)}  # fmt: skip
-        print(
-            f"| {det} | {p:.3f} | {r:.3f} | {f:.3f} | {fix} | {1000 * seconds / len(suite):.1f} |"
-        )
+        print(f"| {det} | {p:.3f} | {r:.3f} | {f:.3f} | {f_tune:.3f} | {f_held:.3f} | {fixes} "
+              f"| {1000 * seconds / len(suite):.1f} |")  # fmt: skip
     return results
 
 
 def run_tcpd(suite: list, dets: dict) -> dict[str, float]:
     print(f"\n## TCPD: {len(suite)} univariate series, default F1 (margin 5, annotators combined)")
-    print("| detector | mean F1 | ms / series |")
-    print("|---|---|---|")
-    zero = np.mean([tcpd_f1(ann, []) for _, _, ann in suite])
-    print(f"| no change point (zero) | {zero:.3f} | - |")
-    results = {"zero": float(zero)}
+    print("| detector | mean F1 | F1 tune half | F1 held-out half | ms / series |")
+    print("|---|---|---|---|---|")
+    tune = np.array([i in tune_half(len(suite)) for i in range(len(suite))])
+
+    def line(name: str, scores: np.ndarray, ms: str) -> None:
+        print(f"| {name} | {scores.mean():.3f} | {scores[tune].mean():.3f} "
+              f"| {scores[~tune].mean():.3f} | {ms} |")  # fmt: skip
+
+    zero = np.array([tcpd_f1(ann, []) for _, _, ann in suite])
+    line("no change point (zero)", zero, "-")
+    results = {"zero": float(zero.mean())}
     for det, fn in dets.items():
         scores, seconds = [], 0.0
         for _, x, ann in suite:
@@ -324,7 +351,7 @@ def run_tcpd(suite: list, dets: dict) -> dict[str, float]:
             seconds += s
             scores.append(tcpd_f1(ann, found))
         results[det] = float(np.mean(scores))
-        print(f"| {det} | {np.mean(scores):.3f} | {1000 * seconds / len(suite):.1f} |")
+        line(det, np.array(scores), f"{1000 * seconds / len(suite):.1f}")
     return results
 
 
@@ -340,15 +367,51 @@ def run_speed(dets: dict, n_series: int = 35) -> None:
               f"{1000 * cpu.mean():.1f} |")  # fmt: skip
 
 
+def calibrate(n_series: int = 600, seed: int = 2) -> None:
+    """The largest level and spread z that perfguard's searches find in series of
+    independent normal values (no change at all): their 95th, 98th, 99th and 99.5th
+    percentiles by length, and the line ``a + b log(n / 50)`` through each (the spread's
+    from 50 runs on, where it has room for candidates), which the bars in
+    ``perfguard/compare/changepoint.py`` come from."""
+    rng = np.random.default_rng(seed)
+    lengths = (12, 20, 30, 50, 75, 100, 150, 200, 300, 500, 800)
+    qs = (0.95, 0.98, 0.99, 0.995)
+    level: dict[int, list[float]] = {}
+    spread: dict[int, list[float]] = {}
+    print(f"\n## largest z in pure normal noise ({n_series} series per length)")
+    print("| runs | level z q95 / q98 / q99 / q99.5 | spread z q95 / q98 / q99 / q99.5 |")
+    print("|---|---|---|")
+    for n in lengths:
+        level[n], spread[n] = [], []
+        for _ in range(n_series):
+            x = rng.standard_normal(n)
+            found = detect(x, step_z=1e9, variance_z=0.0)  # every spread candidate kept
+            spread[n].append(max((s.z for s in found if s.kind == "variance"), default=0.0))
+            found = detect(x, step_z=0.0, variance_z=1e9)
+            level[n].append(max((s.z for s in found if s.kind != "variance"), default=0.0))
+        cells = [" / ".join(f"{v:.2f}" for v in np.quantile(z[n], qs)) for z in (level, spread)]
+        print(f"| {n} | {cells[0]} | {cells[1]} |")
+    for name, z, lo in (("level", level, 20), ("spread", spread, 50)):
+        ns = [n for n in lengths if n >= lo]
+        for q in qs:
+            b, a = np.polyfit(np.log(np.array(ns) / 50), [np.quantile(z[n], q) for n in ns], 1)
+            print(f"{name} q{100 * q:g}: {a:.2f} + {b:.2f} log(n / 50)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tcpd", type=Path, help="a checkout of the Turing Change Point Dataset")
     ap.add_argument("--spa-python", help="interpreter with signal_processing_algorithms")
     ap.add_argument("--only", nargs="+", choices=("otava", "ci", "tcpd", "speed"))
+    ap.add_argument("--calibrate", action="store_true",
+                    help="the bars' null quantiles (pure normal noise), then exit")  # fmt: skip
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker)
+    if args.calibrate:
+        calibrate()
+        return 0
     only = set(args.only or ("otava", "ci", "tcpd", "speed"))
     dets = detectors(args.spa_python)
     if "otava" in only:
