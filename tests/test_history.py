@@ -20,7 +20,13 @@ import pytest
 from perfguard.analysis import analyze
 from perfguard.baseline import Fingerprint, RunInfo, record_from_analysis
 from perfguard.baseline.store import Store
-from perfguard.compare.changepoint import _best_interval, detect, noise_sigma, runs_needed
+from perfguard.compare.changepoint import (
+    _best_interval,
+    _period,
+    detect,
+    noise_sigma,
+    runs_needed,
+)
 from perfguard.compare.counter_steps import numeric_steps, set_steps
 from perfguard.compare.history import load_history, run_levels
 
@@ -85,6 +91,41 @@ def test_a_change_of_spread_alone_is_not_a_step():
     found = detect(x)
     assert [s.kind for s in found] == ["variance"]
     assert abs(found[0].index - 60) <= 3
+
+
+def test_a_change_of_spread_is_placed_again_once_its_neighbours_are_pruned():
+    """Sigma 2 then 10 from run 250 of 500: the first candidates split the stretch into
+    pieces; refined only among them the change sat at 242, refined again between the ones
+    kept it is at 247 (the likelihood's best split: 3 of runs 242-249 are already wide)."""
+    rng = np.random.default_rng(42)
+    x = np.r_[rng.normal(100, 2, 250), rng.normal(100, 10, 250)]
+    assert [(s.index, s.kind) for s in detect(x)] == [(247, "variance")]
+
+
+def test_the_spread_bar_rises_with_the_length():
+    """Pure noise of 500 runs: the old flat bar of 5 read a change of spread into 5 of
+    these 40 series (about 1 in 20 over many), the bar calibrated to 1 in 100 at every
+    length (VARIANCE_Z) into none."""
+    rng = np.random.default_rng(1)
+    series = [rng.standard_normal(500) for _ in range(40)]
+    assert sum(any(s.kind == "variance" for s in detect(x, variance_z=5.0)) for x in series) >= 3
+    assert not any(detect(x) for x in series)
+
+
+def test_a_cycle_is_not_a_step():
+    """A wave of period 10 (as a periodic job, or a cache that fills and empties, makes):
+    half-periods differ in level by far more than the noise, yet segments must span whole
+    cycles, so nothing is reported; a real step on top of it is still found."""
+    rng = np.random.default_rng(12)
+    t = np.arange(120)
+    wave = 100 + 10 * np.sin(2 * np.pi * t / 10) + rng.standard_normal(120)
+    assert _period(wave) == 10 and detect(wave) == []
+    wave[70:] += 30
+    assert [(s.index, s.kind) for s in detect(wave)] == [(70, "step")]
+    # evenly spaced steps repeat their differences too, but climb: not a cycle
+    stairs = np.repeat([100.0, 110, 120, 130], [12, 12, 12, 14]) + rng.standard_normal(50)
+    assert _period(stairs) == 0
+    assert [s.index for s in detect(stairs)] == [12, 24, 36]
 
 
 def test_a_drift_is_one_change_not_a_staircase():

@@ -36,12 +36,16 @@ by a busy neighbour, and only a few dozen values.
    levels found (winsorised, so two-valued banding keeps its band gap)
    replaces it when larger and the pruning runs again.
 
+A series that repeats a cycle (:func:`_period`) is split only into
+segments of at least one period, with the noise at least that of its
+differences one period apart: a cycle is not a staircase of steps.
 Segments that are ramps (a line tells them better than a flat level) make
 one ``drift`` change with the ramps next to them, at the first run of the
 ramp, not a staircase of steps. Then the residuals around the levels (or
 ramps) are searched the same way for a change of spread alone, scored by
-the log ratio of clipped RMS residuals: such a point is a ``variance``
-change, never a level step.
+the log ratio of clipped RMS residuals, refined and pruned twice as the
+levels are, against a bar calibrated on pure noise (:data:`VARIANCE_Z`):
+such a point is a ``variance`` change, never a level step.
 
 Everything is O(m^2) numpy per searched stretch, no permutations: a few
 ms for a 200-run history (benchmarks/change_points.py, benchmarks/README.md).
@@ -65,13 +69,28 @@ CANDIDATE_Z = 2.5
 #: a level change is kept when the medians of its two sides differ by this many standard
 #: errors (the candidates are the best of many intervals: a nominal 2-sided p of 1e-4)
 STEP_Z = 3.6
-#: the bar rises with the log of the series' length past 50 runs (more places to split)
+#: the bar rises with the log of the series' length past 50 runs (more places to split).
+#: In n independent normal values the largest level z passes it about 3 times in 100 at
+#: 50 runs and under 1 in 200 at 500 (``benchmarks/change_points.py --calibrate``); the
+#: 99th-percentile bars in its place did worse on the benchmark's tuning halves
 STEP_Z_PER_LOG = 0.6
 #: variance of the interquartile mean over n runs, in sigma^2 / n (normal noise: 1.15;
 #: rounded up for the few-run segments where it is a median of 3 or 4, pi / 2)
 LEVEL_VAR = 1.3
-#: a spread change, the same on absolute deviations
-VARIANCE_Z = 5.0
+#: a spread change: the log ratio of the two sides' RMS residuals over its standard error
+#: must reach ``VARIANCE_Z + VARIANCE_Z_PER_LOG * log(n / 50)`` (no lower below 50 runs):
+#: the 99th percentile of the largest such z in n independent normal values (fitted over
+#: n = 50 to 800, 600 series each: ``benchmarks/change_points.py --calibrate``), so pure
+#: noise reports a change of spread about once in 100 series at any length (a flat bar of
+#: 5 did so 0.5 times in 100 at 50 runs and 5 at 500). Chosen over the 98th and 95th
+#: percentiles on the tuning halves of the benchmark's suites; the 98th also read a
+#: 30-run real history's unfound -5 % step as a wider spread (tests/test_history.py)
+VARIANCE_Z = 4.59
+VARIANCE_Z_PER_LOG = 0.70
+#: a cycle (:func:`_period`): the differences' autocorrelation at its period, at least
+#: this and this many of its standard errors
+CYCLE_AC = 0.25
+CYCLE_Z = 5.0
 #: share of the largest squared successive differences dropped from the noise estimate
 TRIM = 0.3
 _NORMAL = NormalDist()  # the standard library's: no scipy.stats import in a pytest session
@@ -355,6 +374,38 @@ def _winsorized_sd(r: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.minimum(a, q) ** 2) / _WINSOR_FACTOR))
 
 
+def _robust_sd(d: np.ndarray) -> float:
+    """1.4826 times the median absolute deviation: a standard deviation robust to a few
+    wild values."""
+    return 1.4826 * float(np.median(np.abs(d - np.median(d))))
+
+
+def _period(x: np.ndarray) -> int:
+    """The period of a cycle that ``x`` repeats, or 0: the lag (2 to a quarter of the
+    length, so at least four cycles) at which its successive differences correlate most,
+    when that autocorrelation is at least :data:`CYCLE_AC` and :data:`CYCLE_Z` standard
+    errors (``1 / sqrt(n)`` under independent noise), and ``x`` comes back to where it was
+    one period earlier (the median difference at that lag within half their robust
+    spread: a staircase of evenly spaced steps also repeats its differences, but climbs).
+    The differences are winsorised at their 90th percentile first, as the noise is."""
+    d = np.diff(x)
+    d = d - np.median(d)
+    q = float(np.quantile(np.abs(d), 0.9)) if len(d) else 0.0
+    if q > 0:
+        d = np.clip(d, -q, q)
+    den = float(np.dot(d, d))
+    lags = np.arange(2, len(d) // 4 + 1)
+    if den == 0 or len(lags) == 0:
+        return 0
+    ac = np.array([np.dot(d[k:], d[:-k]) for k in lags]) / den
+    k = int(np.argmax(ac))
+    if ac[k] < CYCLE_AC or ac[k] * np.sqrt(len(d)) < CYCLE_Z:
+        return 0
+    period = int(lags[k])
+    back = x[period:] - x[:-period]
+    return period if abs(np.median(back)) <= 0.5 * _robust_sd(back) else 0
+
+
 def _ramp(seg: np.ndarray, sigma: float) -> float:
     """The rise of a line through ``seg`` when a line tells it better than a flat level
     (sum of absolute residuals at most 0.7 of the flat's) and it rises beyond the
@@ -414,8 +465,15 @@ def detect(
         return []
     if step_z is None:
         step_z = STEP_Z + STEP_Z_PER_LOG * max(0.0, float(np.log(len(x) / 50)))
-    variance_z = VARIANCE_Z if variance_z is None else variance_z
+    if variance_z is None:
+        variance_z = VARIANCE_Z + VARIANCE_Z_PER_LOG * max(0.0, float(np.log(len(x) / 50)))
     sigma = max(noise_sigma(x), float(noise))
+    period = _period(x)
+    if period:
+        # a cycle is not a step: segments span whole cycles, and the noise is at least the
+        # spread of the differences one period apart (what a cycle leaves unexplained)
+        min_size = max(min_size, period)
+        sigma = max(sigma, _robust_sd(x[period:] - x[:-period]) / np.sqrt(2))
     steps = _prune(x, _candidates(x, min_size), sigma, step_z)
     cuts = _refine(x, [i for i, _ in steps], min_size)
     steps = _prune(x, sorted(set(cuts)), sigma, step_z)
@@ -429,8 +487,11 @@ def detect(
     edges = [0, *(i for i, _ in steps), len(x)]
     resid = _residuals(x, edges[1:-1], sigma)
     if len(x) >= 6 * min_size:
-        dev = np.abs(resid)
-        cuts = _refine_spread(resid, _candidates(dev, 3 * min_size), 3 * min_size)
-        kept = _prune(_clip_residuals(resid), sorted(set(cuts)), 0.0, variance_z, spread=True)
+        clipped = _clip_residuals(resid)
+        cuts = _candidates(np.abs(resid), 3 * min_size)
+        for _ in range(2):  # as the levels: refined between neighbours, pruned, once more
+            cuts = _refine_spread(resid, cuts, 3 * min_size)
+            kept = _prune(clipped, sorted(set(cuts)), 0.0, variance_z, spread=True)
+            cuts = [i for i, _ in kept]
         out += [Split(i, "variance", z) for i, z in kept]
     return sorted(out, key=lambda s: s.index)
