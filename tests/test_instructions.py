@@ -243,3 +243,77 @@ def test_function_names_lose_their_argument_list_only():
     templated = "void c10::function_ref<void (char**, long)>::callback_fn<F>(long, char**, long)"
     assert _short(templated) == "void c10::function_ref<void (char**, long)>::callback_fn<F>"
     assert _short("_PyEval_EvalFrameDefault") == "_PyEval_EvalFrameDefault"
+
+
+def test_the_child_gets_the_configuring_environment_only():
+    """Paths, locale, framework and perfguard settings and the user's own patterns pass; a CI
+    run's ids and the shell's state do not (their bytes would move every later address)."""
+    from perfguard.capture.instructions import DETERMINISTIC_ENV, callgrind_env
+
+    base = {
+        "PATH": "/usr/bin", "HOME": "/root", "LC_ALL": "C.UTF-8", "TORCH_LOGS": "x",
+        "PYTORCH_CUDA_ALLOC_CONF": "y", "MYAPP_DATA": "/data", "GITHUB_RUN_ID": "123",
+        "PWD": "/tmp/x", "OLDPWD": "/", "PYTEST_ADDOPTS": "-x", "PYTHONHASHSEED": "random",
+        "TERM_SESSION_ID": "abc",
+    }  # fmt: skip
+    env = callgrind_env(base, keep=["MYAPP_*"])
+    assert set(env) == {
+        "PATH", "HOME", "LC_ALL", "TORCH_LOGS", "PYTORCH_CUDA_ALLOC_CONF", "MYAPP_DATA",
+        *DETERMINISTIC_ENV,
+    }  # fmt: skip
+    assert env["PYTHONHASHSEED"] == "0"  # pinned over the caller's
+    assert "MYAPP_DATA" not in callgrind_env(base)
+
+
+@needs_valgrind
+def test_a_ci_runs_own_variables_do_not_move_the_count(tmp_path):
+    """Two children that differ only in variables a CI run sets (an id, a temp path of
+    another length) count the same, to the instruction."""
+    import os
+
+    root = str(Path(__file__).resolve().parents[1])
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(root=root, iterations=5))
+    counts = []
+    for k, extra in enumerate(("1", "9" * 3000)):
+        env = {**os.environ, "GITHUB_RUN_ID": extra, "RUNNER_TEMP": f"/tmp/{extra}"}
+        run = run_callgrind([sys.executable, str(script)], tmp_path / f"r{k}", env=env)
+        counts.append(read_callgrind(run.dumps["more"]).totals["Ir"])
+    assert counts[0] == counts[1]
+
+
+@needs_valgrind
+def test_every_view_shows_the_count_beside_timing_and_gates(dumps, tmp_path):
+    """The host instructions and their change, from the one HostCount, in the terminal,
+    summary.md and report.html; and the gate's totals carry both sides' counts."""
+    import html
+
+    from perfguard.baseline.record import instruction_counts
+    from perfguard.compare.results import SessionResults, TestEntry
+    from perfguard.plugin.summary import results_lines
+    from perfguard.report.html import write_session_html
+    from perfguard.report.markdown import render_markdown
+
+    base = _record("t.py::test_step", dumps[0]["base"])
+    more = _record("t.py::test_step", dumps[0]["more"])
+    budgets = parse_gates({"instructions": "1%", "est_cycles": None})
+    verdict = judge_gates(more, base, budgets, pd.DataFrame(columns=["op_name", "kind"]))
+    b, c = _count(base), _count(more)
+    assert verdict.totals["instructions"] == [b, c]
+    entry = TestEntry(
+        "t.py::test_step", Outcome.NOISY, "machine busy", gates=verdict,
+        counted=instruction_counts(more),
+    )  # fmt: skip
+    plain = TestEntry("t.py::test_other", Outcome.UNCHANGED, "within tolerance")
+    doc = SessionResults(tests=[entry, plain], run={"commit": "c" * 40})
+    doc = SessionResults.from_dict(doc.to_dict())  # as every report reads it
+    host = doc.tests[0].host_count
+    assert host is not None and host.baseline == b and host.current == c
+    pct = f"{100 * (c / b - 1):+.2f}%"
+    terminal = "\n".join(results_lines(doc))
+    assert "instructions" in terminal.splitlines()[1] and pct in terminal
+    markdown = render_markdown(doc).replace("\\", "")
+    assert f"host instructions per iteration: {host.text().split(': ', 1)[1]}" in markdown
+    page = html.unescape(write_session_html(doc, tmp_path / "r.html").read_text("utf-8"))
+    assert "Host instructions" in page and pct in page
+    assert doc.tests[1].host_count is None  # the other test was not counted: "-"

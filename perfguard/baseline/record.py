@@ -286,6 +286,16 @@ def with_instructions(
     )
 
 
+def instruction_counts(record: TestRecord) -> dict[str, float]:
+    """The whole-test Callgrind figures of ``record`` (:data:`INSTRUCTION_COUNTERS` it has, per
+    iteration); empty when its loop was not counted."""
+    c = record.counters
+    if c is None or c.empty:
+        return {}
+    rows = c[c["counter"].isin(INSTRUCTION_COUNTERS) & (c["op_id"] == "")]
+    return {str(k): float(v) for k, v in rows.groupby("counter")["value"].sum().items()}
+
+
 def record_from_analysis(
     nodeid: str,
     analysis: Any,

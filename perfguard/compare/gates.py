@@ -161,6 +161,9 @@ class GateVerdict:
     unstable: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     message: str = ""
+    #: the whole-test counters both sides measured (:data:`WHOLE_TEST`: host instructions,
+    #: peak memory): ``[baseline, current]``, so a view can show them when they did not move
+    totals: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -170,6 +173,7 @@ class GateVerdict:
             "unstable": list(self.unstable),
             "checked": list(self.checked),
             "message": self.message,
+            "totals": {k: list(v) for k, v in self.totals.items()},
         }
 
     @classmethod
@@ -181,6 +185,11 @@ class GateVerdict:
             unstable=list(d.get("unstable") or []),
             checked=list(d.get("checked") or []),
             message=str(d.get("message") or ""),
+            totals={
+                str(k): [float(x) for x in v]
+                for k, v in (d.get("totals") or {}).items()
+                if isinstance(v, list) and len(v) == 2
+            },
         )
 
 
@@ -242,6 +251,7 @@ def judge_gates(
     better: list[GateFinding] = []
     unstable: set[str] = set()
     checked: list[str] = []
+    totals: dict[str, list[float]] = {}
     for counter in (*COUNTERS, *WHOLE_TEST):
         budget = budgets.get(counter)
         if not isinstance(budget, Budget) or budget.kind == "off":
@@ -269,6 +279,8 @@ def judge_gates(
         ids = vb.index.union(vc.index)
         vb, vc = vb.reindex(ids, fill_value=0.0), vc.reindex(ids, fill_value=0.0)
         tb, tc = float(vb.sum()), float(vc.sum())
+        if counter in WHOLE_TEST:
+            totals[counter] = [tb, tc]
         moved = (vc - vb).abs().sort_values(ascending=False)
         moved = moved[moved > 0]
         top = "; ".join(
@@ -327,7 +339,7 @@ def judge_gates(
         msg = f"gates unchanged ({', '.join(checked)})"
     if unstable:
         msg += f"; not gated, they vary between rounds: {', '.join(sorted(unstable)[:5])}"
-    return GateVerdict(outcome, worse, better, sorted(unstable), checked, msg)
+    return GateVerdict(outcome, worse, better, sorted(unstable), checked, msg, totals)
 
 
 def _switch_gates(

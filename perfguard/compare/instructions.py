@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from perfguard.baseline.record import TestRecord
+from perfguard.baseline.record import TestRecord, instruction_counts
 from perfguard.compare.units import human
 
 #: the moves a message names
@@ -95,9 +95,7 @@ def explain_move(baseline: TestRecord, current: TestRecord, counter: str) -> str
 
 
 def _total(record: TestRecord, counter: str) -> float:
-    c = record.counters
-    rows = c[(c["counter"] == counter) & (c["op_id"] == "")]
-    return float(rows["value"].sum()) if len(rows) else 0.0
+    return instruction_counts(record).get(counter, 0.0)
 
 
 def _signed(value: float, counter: str) -> str:

@@ -64,6 +64,40 @@ _FINGERPRINT_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "perfgu
                      "host", "python", "cpu")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class HostCount:
+    """A test's host instructions per iteration (Callgrind), against the baseline's when both
+    sides counted them: the one place every view takes the figure and its change from."""
+
+    current: float
+    baseline: float | None = None
+
+    @property
+    def delta_pct(self) -> float | None:
+        if self.baseline is None or self.baseline <= 0:
+            return None
+        return 100.0 * (self.current / self.baseline - 1.0)
+
+    def short(self) -> str:
+        """``3.585 M instr`` or ``3.585 M instr, +0.29%`` (for a table cell)."""
+        from perfguard.compare.units import human
+
+        d = self.delta_pct
+        return human(self.current, "instructions") + ("" if d is None else f", {d:+.2f}%")
+
+    def text(self) -> str:
+        """A sentence for a test's lines: what was counted, against what."""
+        from perfguard.compare.units import human
+
+        now = human(self.current, "instructions")
+        if self.baseline is None:
+            return f"host instructions per iteration: {now} (Callgrind; no baseline count)"
+        return (
+            f"host instructions per iteration: {human(self.baseline, 'instructions')} → {now} "
+            f"({self.delta_pct:+.2f}%, Callgrind)"
+        )
+
+
 @dataclass
 class TestEntry:
     """One test of a session: its outcome with the reason, and the evidence.
@@ -123,6 +157,9 @@ class TestEntry:
     #: wall seconds of the measurement's parts (warmup, timing, profiled, analysis,
     #: findings, compare, timeline, history): where a test's time under perfguard went
     phase_s: dict[str, float] = field(default_factory=dict)
+    #: this run's whole-test counts per iteration measured outside the trace (host
+    #: ``instructions`` and ``est_cycles`` under Callgrind), whether or not anything compared them
+    counted: dict[str, float] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -165,6 +202,15 @@ class TestEntry:
         """``accepted at <sha>: <reason>`` when judged under an acceptance, else ""."""
         a = self.accepted
         return f"accepted at {(a.get('commit') or '')[:12]}: {a.get('reason')}" if a else ""
+
+    @property
+    def host_count(self) -> HostCount | None:
+        """The host instructions of this run and the baseline's, when Callgrind counted them."""
+        current = self.counted.get("instructions")
+        if current is None:
+            return None
+        pair = self.gates.totals.get("instructions") if self.gates is not None else None
+        return HostCount(current, pair[0] if pair else None)
 
     @property
     def wait(self) -> float | None:
@@ -245,6 +291,7 @@ class TestEntry:
             vals[key] = _series(test.get(key), source, f"{where}.{key}")
         vals["notes"] = _notes(test.get("notes"), source, f"{where}.notes")
         vals["phase_s"] = _phases(test.get("phase_s"), source, f"{where}.phase_s")
+        vals["counted"] = _phases(test.get("counted"), source, f"{where}.counted", "a count")
         vals["timing"] = _timing(test.get("timing"), source, f"{where}.timing")
         vals["gates"] = _gates(test.get("gates"), source, f"{where}.gates")
         vals["accepted"] = _accepted(test.get("accepted"), source, f"{where}.accepted")
@@ -513,15 +560,15 @@ def _text(value: Any, source: str, where: str) -> str | None:
     return str(value)
 
 
-def _phases(value: Any, source: str, where: str) -> dict[str, float]:
-    """Seconds by part name: finite, not negative."""
+def _phases(value: Any, source: str, where: str, unit: str = "seconds") -> dict[str, float]:
+    """Amounts by name (seconds of a part, counts of a counter): finite, not negative."""
     if value is None:
         return {}
     _need(isinstance(value, dict), source, where, "an object", value)
     out = {}
     for key, seconds in value.items():
         n = _number(seconds, source, f"{where}.{key}")
-        _need(n is not None and n >= 0, source, f"{where}.{key}", "seconds (>= 0)", seconds)
+        _need(n is not None and n >= 0, source, f"{where}.{key}", f"{unit} (>= 0)", seconds)
         out[str(key)] = float(n)  # type: ignore[arg-type]
     return out
 
@@ -636,7 +683,24 @@ def _gates(d: Any, source: str, where: str) -> GateVerdict | None:
         unstable=_notes(d.get("unstable"), source, f"{where}.unstable"),
         checked=_notes(d.get("checked"), source, f"{where}.checked"),
         message=_text(d.get("message"), source, f"{where}.message") or "",
+        totals=_totals(d.get("totals"), source, f"{where}.totals"),
     )
+
+
+def _totals(value: Any, source: str, where: str) -> dict[str, list[float]]:
+    """A gate's whole-test counters: ``{counter: [baseline, current]}``, counts >= 0."""
+    if value is None:
+        return {}
+    _need(isinstance(value, dict), source, where, "an object", value)
+    out = {}
+    for key, pair in value.items():
+        ok = isinstance(pair, list) and len(pair) == 2
+        _need(ok, source, f"{where}.{key}", "[baseline, current]", pair)
+        nums = [_number(x, source, f"{where}.{key}") for x in pair]
+        _need(all(n is not None and n >= 0 for n in nums), source, f"{where}.{key}",
+              "two counts (>= 0)", pair)  # fmt: skip
+        out[str(key)] = [float(n) for n in nums if n is not None]
+    return out
 
 
 def _scalar(v: Any) -> Any:

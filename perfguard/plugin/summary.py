@@ -2,7 +2,9 @@
 
 Columns: test, outcome, change (the judge's change of the level: the ratio of
 the rounds' geometric means, A/B the paired estimate; never the ratio of two
-medians), its interval (``1 - alpha``), the gates half's outcome, and why:
+medians), its interval (``1 - alpha``), the gates half's outcome, the host
+instructions per iteration with their change when Callgrind counted any test
+(:class:`~perfguard.compare.results.HostCount`), and why:
 the judge's explanation (:class:`~perfguard.compare.explanation.Explanation`)
 in one line, its first culprit for a regression or improvement, the reason
 for every other outcome. The regressed tests' explanation lines follow the
@@ -49,24 +51,37 @@ def _clip(text: str, width: int, keep_end: bool = False) -> str:
     return "…" + text[-(width - 1) :] if keep_end else text[: width - 1] + "…"
 
 
+def _counted(entries: list[TestEntry]) -> bool:
+    """Whether any test's host instructions were counted (the column is shown then)."""
+    return any(e.host_count is not None for e in entries)
+
+
+def header(entries: list[TestEntry]) -> tuple[str, ...]:
+    return (*HEADER[:-1], "instructions", HEADER[-1]) if _counted(entries) else HEADER
+
+
 def table_rows(entries: list[TestEntry]) -> list[tuple[str, ...]]:
-    return [
-        (
+    counted = _counted(entries)
+    rows = []
+    for e in entries:
+        row = [
             _clip(e.nodeid, MAX_TEST, keep_end=True),
             e.outcome.value,
             _pct(e.delta_pct),
             _interval(e),
             e.gates.outcome.value if e.gates is not None else "-",
-            _clip(why(e), MAX_WHY),
-        )
-        for e in entries
-    ]
+        ]
+        if counted:
+            host = e.host_count
+            row.append(host.short() if host is not None else "-")
+        rows.append((*row, _clip(why(e), MAX_WHY)))
+    return rows
 
 
-def format_table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
+def format_table(rows: list[tuple[str, ...]], head: tuple[str, ...] = HEADER) -> list[str]:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [line.format(*HEADER).rstrip(), line.format(*("-" * w for w in widths)).rstrip()]
+    out = [line.format(*head).rstrip(), line.format(*("-" * w for w in widths)).rstrip()]
     out += [line.format(*r).rstrip() for r in rows]
     return out
 
@@ -76,7 +91,7 @@ def results_lines(results: SessionResults) -> list[str]:
     tests = results.sorted_tests()
     lines = [f"perfguard: {results.badge()} ({results.badge_reason()})"]
     if tests:
-        lines += format_table(table_rows(tests))
+        lines += format_table(table_rows(tests), header(tests))
         counts = results.counts
         lines.append(", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]))
         for e in tests:  # what changed, in the judge's words (the failure message's)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from perfguard.baseline.record import TestRecord
+from perfguard.baseline.record import TestRecord, instruction_counts
 from perfguard.capture.capturers import capture_name
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import TestEntry
@@ -175,6 +175,7 @@ class Verdicts:
             notes=notes,
             worker=self.context.worker_id,
             phase_s=phases,
+            counted=instruction_counts(record),
         )
         self.outputs.add(TestEntry.from_dict(entry, "results", item.nodeid), record)
         _add_properties(item, entry)

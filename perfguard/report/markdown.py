@@ -71,6 +71,9 @@ def _line(t: TestEntry) -> str:
     why = t.explained
     out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(why.headline, _MAX_REASON) or o}"]
     out += [f"  - {_text(line, _MAX_REASON)}" for line in why.lines]
+    host = t.host_count
+    if host is not None and not any("host instructions" in line for line in why.lines):
+        out.append(f"  - {_text(host.text(), _MAX_REASON)}")
     if t.accepted:
         out.append(f"  - {_text(t.accepted_text, _MAX_REASON)}")
     return "\n".join(out)
@@ -122,15 +125,19 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
     if rest:
         by = ", ".join(f"{o}: {n}" for o in OUTCOMES if (n := sum(t.outcome == o for t in rest)))
         out += [f"<details><summary>{len(rest)} other tests ({by})</summary>", ""]
+        counted = any(t.host_count is not None for t in rest)
+        host_head = " Host instructions per iteration |" if counted else ""
         out += [
-            "| Test | Outcome | Change | p | Level baseline → current | Reason |",
-            "|---|---|---|---|---|---|",
+            f"| Test | Outcome | Change | p | Level baseline → current |{host_head} Reason |",
+            "|---|---|---|---|---|" + ("---|" if counted else "") + "---|",
         ]
         for t in rest[:_MAX_ROWS]:
+            host = t.host_count
+            cell = (f" {_text(host.short()) if host else '-'} |") if counted else ""
             out.append(
                 f"| {_code(t.nodeid, table=True)} | {t.outcome.value} | {fmt_pct(t.delta_pct)} "
                 f"| {fmt_p(t.p_value)} | {fmt_ns(t.level_baseline_ns)} → "
-                f"{fmt_ns(_level_or_median(t))} | "
+                f"{fmt_ns(_level_or_median(t))} |{cell} "
                 f"{_text('; '.join(filter(None, [t.accepted_text, t.reason])), _MAX_REASON)} |"
             )
         if len(rest) > _MAX_ROWS:

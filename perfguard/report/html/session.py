@@ -84,6 +84,8 @@ class SessionPage:
     tests: list[TestView] = field(default_factory=list)
     perfguard_version: str | None = None
     notes: list[str] = field(default_factory=list)  # the plugin's session notes (baseline lookup)
+    #: whether any test's host instructions were counted (the table's column is shown then)
+    counted: bool = False
 
 
 def op_delta_ns(op: dict[str, Any]) -> float | None:
@@ -212,6 +214,7 @@ def session_page(results: SessionResults | dict[str, Any], *, max_ops: int = 50)
         notes=results.notes,
     )
     page.tests = [_view(i, t, figures, max_ops) for i, t in enumerate(results.sorted_tests())]
+    page.counted = any(t.host_count is not None for t in results.tests)
     return page
 
 
