@@ -13,10 +13,13 @@ candidate commit is judged against GOOD, the same way a pull request is:
   the verdict; each step keeps its ``report.html``.
 
 ``--oracle`` picks which half decides: the whole verdict, the deterministic
-gates only (exact on any machine: a perfect oracle on a CPU runner), or the
-timing only. A candidate is ``bad`` when a test regressed, ``good`` when
-every test was judged unchanged or improved, and ``skip`` (``git bisect
-skip``) when a test could not be judged (noisy, error, not-judged ...).
+gates only (exact on any machine: a perfect oracle on a CPU runner), the
+timing only, or the host instructions only (Callgrind's counts, gated like
+a counter: a pure-Python slowdown no other counter sees, bisected on a
+loaded runner; A/B steps then run with ``--perfguard-metric=instructions``).
+A candidate is ``bad`` when a test regressed, ``good`` when every test was
+judged unchanged or improved, and ``skip`` (``git bisect skip``) when a test
+could not be judged (noisy, error, not-judged ...).
 
 The bisection runs in a detached worktree in the repository's git folder
 (``perfguard-bisect/``): bisect state is per worktree, so the user's
@@ -48,7 +51,9 @@ from perfguard.errors import BaselineError, CompareError
 __all__ = ["BisectResult", "Settings", "Step", "TestVerdict", "bisect", "mark_of"]
 
 #: which half of the verdict decides a candidate
-ORACLES = ("verdict", "gates", "timing")
+ORACLES = ("verdict", "gates", "timing", "instructions")
+#: the gates the ``instructions`` oracle reads (perfguard.baseline.record.INSTRUCTION_COUNTERS)
+_INSTRUCTION_GATES = ("instructions", "est_cycles")
 #: how candidates are measured
 MODES = ("auto", "store", "ab")
 #: gate findings kept per test in the evidence
@@ -236,6 +241,8 @@ def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
         decided = gates.get("outcome") or "not-judged"
     elif oracle == "timing":
         decided = timing.get("outcome") or "not-judged"
+    elif oracle == "instructions":
+        decided = _instructions_outcome(gates)
     fired = [
         {k: f.get(k) for k in ("gate", "op_name", "kernel_name", "baseline", "current", "budget")}
         for f in (gates.get("regressions") or [])[:TOP_FINDINGS]
@@ -246,6 +253,17 @@ def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
         delta_pct=entry.get("delta_pct"), ci_low_pct=entry.get("ci_low_pct"),
         ci_high_pct=entry.get("ci_high_pct"), gates=fired,
     )  # fmt: skip
+
+
+def _instructions_outcome(gates: dict[str, Any]) -> str:
+    """The host instructions' own outcome in a gate verdict: regressed or improved when their
+    gate fired, unchanged when it was checked and did not, not-judged when nothing counted."""
+    for key, outcome in (("regressions", "regressed"), ("improvements", "improved")):
+        if any(f.get("gate") in _INSTRUCTION_GATES for f in gates.get(key) or []):
+            return outcome
+    if any(g in _INSTRUCTION_GATES for g in gates.get("checked") or []):
+        return "unchanged"
+    return "not-judged"
 
 
 class _StoreOracle:
@@ -320,6 +338,8 @@ def _ab_step(tree: Path, good: str, settings: Settings, out: Path) -> tuple[list
             "--perfguard-fail-on=never", "-p", "no:cacheprovider", "-q"]  # fmt: skip
     if settings.tolerance is not None:
         argv.append(f"--perfguard-tolerance={settings.tolerance}")
+    if settings.oracle == "instructions":
+        argv.append("--perfguard-metric=instructions")
     try:
         done = subprocess.run(argv, cwd=tree, capture_output=True, text=True,
                               timeout=settings.timeout, check=False)  # fmt: skip

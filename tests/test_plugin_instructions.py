@@ -127,3 +127,45 @@ def test_the_session_option_and_a_bad_value(pytester: pytest.Pytester) -> None:
     same = counts["test_step.py::test_timed_only"]
     # a fresh clone measured 3.0e-4 here (the module's source changed around this test)
     assert abs(same[1] / same[0] - 1) < 2e-3, same
+
+
+def test_ab_mode_counts_both_trees_and_gates_them(tmp_path) -> None:
+    """A/B with the metric: each tree's tests counted once under Callgrind, from that tree's
+    own code; 4 % more Python work in the head is a regression named by the interpreter, a
+    test that did not change counts the same in both trees (well inside the budget), and
+    every view shows the two counts."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from history_repo import git, init_project
+
+    init_project(tmp_path)
+    (tmp_path / "test_step.py").write_text(STEP.format(extra=0))
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-q", "-m", "A")
+    base = git(tmp_path, "rev-parse", "HEAD")
+    (tmp_path / "test_step.py").write_text(STEP.format(extra=1500))
+    git(tmp_path, "commit", "-qam", "B: a slower Python step")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "--perfguard", f"--perfguard-against={base}", "--perfguard-ab-pairs=2",
+         "--perfguard-ab-budget=0", "--perfguard-metric=instructions"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    doc = json.loads((tmp_path / ".perfguard" / "results.json").read_text())
+    assert any("in the base tree" in n and "counted under Callgrind" in n for n in doc["notes"]), (
+        doc["notes"]
+    )
+    step = entry(doc, STEP_ID)
+    assert step["mode"] == "ab" and step["outcome"] == "regressed", out[-3000:]
+    (finding,) = [f for f in step["gates"]["regressions"] if f["gate"] == "instructions"]
+    assert finding["current"] > 1.01 * finding["baseline"] and "libpython" in finding["message"]
+    other = entry(doc, "test_step.py::test_timed_only")
+    b, c = other["gates"]["totals"]["instructions"]
+    assert abs(c / b - 1) < 2e-3, (b, c)  # the same code in two trees (paths differ)
+    assert "instructions" in out and f"{100 * (c / b - 1):+.2f}%" in out  # the terminal column
+    summary = (tmp_path / ".perfguard" / "summary.md").read_text()
+    assert "host instructions" in summary

@@ -38,9 +38,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--mode", choices=("auto", "store", "ab"), default="auto",
                    help="auto (default): stored runs where both commits have them, else A/B; "
                         "store: stored runs only (others skipped); ab: always measure")  # fmt: skip
-    p.add_argument("--oracle", choices=("verdict", "gates", "timing"), default="verdict",
+    p.add_argument("--oracle", choices=("verdict", "gates", "timing", "instructions"),
+                   default="verdict",
                    help="what marks a commit bad: the whole verdict (default), the "
-                        "deterministic gates only (exact on a CPU), or timing only")  # fmt: skip
+                        "deterministic gates only (exact on a CPU), timing only, or host "
+                        "instructions only (Valgrind's counts; A/B steps count them)")  # fmt: skip
     p.add_argument("--tolerance", type=argtypes.tolerance, default=None, metavar="PCT",
                    help="slowdown allowed (default: the marker's, else 5%%)")  # fmt: skip
     p.add_argument("--store", default=DEFAULT_STORE, metavar="PATH_OR_URL",

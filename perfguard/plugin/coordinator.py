@@ -37,6 +37,7 @@ from perfguard.plugin.ab import (
 )
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.forkserver import preload_names
+from perfguard.plugin.instructions import InstructionSession
 from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS
 from perfguard.plugin.outputs import ALPHA, SessionOutputs
 from perfguard.plugin.verdicts import Verdicts
@@ -55,6 +56,9 @@ class Coordinator:
         #: --perfguard-isolate: each measured test runs in a child process of its own
         self.isolated: set[str] = set()
         self.isolator: ABRunner | None = None
+        #: A/B with the instructions metric: each tree's Callgrind counts
+        self.head_instructions: InstructionSession | None = None
+        self.base_instructions: InstructionSession | None = None
         settings, config = context.settings, context.config
         if settings.isolate and not settings.against:
             self.isolator = ABRunner(
@@ -120,6 +124,27 @@ class Coordinator:
             max_pairs=MAX_AB_PAIRS, unresolved=self._unresolved, status=self._status,
         )  # fmt: skip
         self.context.notes.extend(self.ab.notes)
+
+    def count_instructions(
+        self, nodeids: list[str], head: InstructionSession, inifile: Path | None
+    ) -> None:
+        """A/B with the ``instructions`` metric: each tree's tests counted once under Callgrind
+        (counts need no pairs: they do not vary by run), each child importing its own tree's
+        code first, as the round children do. The base tree's counts become the base
+        record's, so the gates compare them like any counter."""
+        assert self.ab is not None
+        self.base_instructions = InstructionSession(head.folder.parent, head.timeout, "base")
+        for side, session in (("B", head), ("A", self.base_instructions)):
+            root = self.ab.roots[side] / self.ab.head_rel
+            ini = None
+            if inifile is not None:
+                rel = inifile.resolve().relative_to(self.ab.roots["B"].resolve())
+                ini = self.ab.roots[side] / rel if (self.ab.roots[side] / rel).is_file() else None
+            present = [n for n in nodeids if (root / n.split("::", 1)[0]).is_file()]
+            lead = [str(root)] + ([str(root / "src")] if (root / "src").is_dir() else [])
+            session.measure(present, root, ini, pythonpath=lead)
+            self.context.notes.extend(session.notes)
+        self.head_instructions = head
 
     def say(self, line: str) -> None:
         """A line on the terminal now, past pytest's output capture (a progress line
@@ -212,7 +237,15 @@ class Coordinator:
             self.verdicts.error(item, why, backend, at_teardown=ab.head.failure is None)
             return
         head = merge_rounds(ab.head.records)
-        notes = []
+        notes: list[str] = []
+        base = merge_rounds(ab.base.records) if ab.base.records else None
+        if self.head_instructions is not None and self.base_instructions is not None:
+            from perfguard.plugin.items import spec_of
+
+            iterations = spec_of(item).iterations
+            head = self.head_instructions.counted(head, iterations, notes)
+            if base is not None:
+                base = self.base_instructions.counted(base, iterations, notes)
         if ab.head.missing or ab.base.missing:
             notes.append(f"rounds lost: head {ab.head.missing}, base {ab.base.missing}")
         reason = None
@@ -221,7 +254,7 @@ class Coordinator:
         if ab.base.failure is not None:
             notes.append(f"in the base tree: {ab.base.failure}")
         against = Against(
-            records=[merge_rounds(ab.base.records)] if ab.base.records else [],
+            records=[base] if base is not None else [],
             mode="ab", commit=self.ab_commit,
             run_found=True,  # the base tree was measured: a test it lacks is new
             incompatibility=reason,

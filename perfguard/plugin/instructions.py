@@ -27,11 +27,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from perfguard.capture.instructions import ENV_OUT, named_dumps, run_callgrind, valgrind_missing
 from perfguard.errors import PerfguardError
+
+if TYPE_CHECKING:  # the plugin loads light: pandas comes with the first record
+    from perfguard.baseline.record import TestRecord
 
 #: the metric's name, for the marker's ``metrics=`` and ``--perfguard-metric``
 METRIC = "instructions"
@@ -78,40 +82,79 @@ class ForkEachTest:
 
 
 class InstructionSession:
-    """The session's Callgrind child and the dumps it left, by node id."""
+    """The session's Callgrind child and the dumps it left, by node id. In A/B mode there is
+    one per tree (``tree``: "base" counts the base worktree's code, named in its notes)."""
 
-    def __init__(self, output: Path, timeout: float) -> None:
-        self.folder = output / "callgrind"
+    def __init__(self, output: Path, timeout: float, tree: str = "") -> None:
+        self.folder = output / ("callgrind" + (f"-{tree}" if tree else ""))
+        self.tree = tree
         self.timeout = timeout
         self.dumps: dict[str, Path] = {}
         self.notes: list[str] = []
 
-    def measure(self, nodeids: list[str], rootdir: Path, inifile: Path | None) -> None:
-        """Run ``nodeids`` in one child pytest under Callgrind; a failure is a note."""
+    def measure(
+        self,
+        nodeids: list[str],
+        rootdir: Path,
+        inifile: Path | None,
+        pythonpath: list[str] | None = None,
+    ) -> None:
+        """Run ``nodeids`` in one child pytest under Callgrind; a failure is a note.
+        ``pythonpath``: folders put first on the child's ``PYTHONPATH`` (A/B: the tree's
+        own root, so each tree's child imports its own code)."""
         if not nodeids:
             return
+        where = f" in the {self.tree} tree" if self.tree else ""
         missing = valgrind_missing()
         if missing:
-            self.notes.append(f"instructions not measured: {missing}")
+            self.notes.append(f"instructions not measured{where}: {missing}")
             return
+        self.folder.mkdir(parents=True, exist_ok=True)
         for old in self.folder.glob("callgrind.out.*"):
             old.unlink()
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                 "-p", "no:xdist", "--rootdir", str(rootdir)]  # fmt: skip
         if inifile is not None:
             argv += ["-c", str(inifile)]
+        env = dict(os.environ)
+        if pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [*pythonpath, *[p for p in [env.get("PYTHONPATH")] if p]]
+            )
         timeout = self.timeout * len(nodeids)  # the per-test limit, for the whole child
         try:
-            run = run_callgrind([*argv, *nodeids], self.folder, timeout=timeout, cwd=rootdir)
+            run = run_callgrind(
+                [*argv, *nodeids], self.folder, timeout=timeout, cwd=rootdir, env=env
+            )
         except PerfguardError as exc:
             self.dumps = named_dumps(self.folder)  # the tests that did finish
-            self.notes.append(f"instructions: the Callgrind child failed: {exc}")
+            self.notes.append(f"instructions{where}: the Callgrind child failed: {exc}")
             return
         self.dumps = run.dumps
         self.notes.append(
-            f"instructions of {len(self.dumps)} test(s) counted under Callgrind in one child "
-            f"({run.wall_time_s:.0f} s)"
+            f"instructions of {len(self.dumps)} test(s) counted under Callgrind in one "
+            f"child{where} ({run.wall_time_s:.0f} s)"
         )
 
     def dump_of(self, nodeid: str) -> Path | None:
         return self.dumps.get(nodeid)
+
+    def counted(self, record: TestRecord, iterations: int, notes: list[str]) -> TestRecord:
+        """``record`` with its loop's Callgrind counts when this session's child made them
+        (``iterations``: the test's recorded steps per round, of which the child counted
+        :func:`counted_steps`); the count goes into ``notes`` too."""
+        dump = self.dump_of(record.nodeid)
+        if dump is None:
+            return record
+        from perfguard.analysis.instructions import summarize
+        from perfguard.baseline.record import with_instructions
+        from perfguard.trace.callgrind import read_callgrind
+
+        steps = counted_steps(iterations)
+        figures, functions = summarize(read_callgrind(dump), steps)
+        where = f" in the {self.tree} tree" if self.tree else ""
+        notes.append(
+            f"host instructions per iteration{where}: {figures['instructions']:,.0f} "
+            f"({steps} step(s) counted under Callgrind)"
+        )
+        return with_instructions(record, figures, functions, steps)

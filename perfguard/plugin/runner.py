@@ -306,21 +306,9 @@ class CaptureRunner:
         self, record: TestRecord, spec: ProfileSpec, notes: list[str]
     ) -> TestRecord:
         """The record with its loop's Callgrind counts, when the session's child made them."""
-        dump = self.instructions.dump_of(record.nodeid) if self.instructions else None
-        if dump is None:
+        if self.instructions is None:
             return record
-        from perfguard.analysis.instructions import summarize
-        from perfguard.baseline.record import with_instructions
-        from perfguard.plugin.instructions import counted_steps
-        from perfguard.trace.callgrind import read_callgrind
-
-        steps = counted_steps(spec.iterations)
-        figures, functions = summarize(read_callgrind(dump), steps)
-        notes.append(
-            f"host instructions per iteration: {figures['instructions']:,.0f} "
-            f"({steps} step(s) counted under Callgrind)"
-        )
-        return with_instructions(record, figures, functions, steps)
+        return self.instructions.counted(record, spec.iterations, notes)
 
 
 def _autotuned() -> list[str]:

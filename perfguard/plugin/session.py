@@ -101,10 +101,10 @@ class PerfguardSession:
 
         if self.coordinator is None:
             return
+        settings = self.context.settings
+        counted = [i.nodeid for i in session.items
+                   if profiled(i) and _wants_instructions(i, settings)]  # fmt: skip
         if self.coordinator.ab is None:
-            settings = self.context.settings
-            counted = [i.nodeid for i in session.items
-                       if profiled(i) and _wants_instructions(i, settings)]  # fmt: skip
             if counted:
                 with timed(self.outputs.phase_s, "instructions"):
                     self.instructions.measure(counted, self.config.rootpath,
@@ -113,6 +113,10 @@ class PerfguardSession:
             return
         with timed(self.outputs.phase_s, "ab_rounds"):
             self.coordinator.measure([i.nodeid for i in session.items if profiled(i)])
+        if counted:
+            with timed(self.outputs.phase_s, "instructions"):
+                self.coordinator.count_instructions(counted, self.instructions,
+                                                    self.config.inipath)  # fmt: skip
 
     # ------------------------------------------------------------------ per test
     @pytest.hookimpl(trylast=True)
