@@ -122,6 +122,13 @@ FRESH = "test_bench.py::test_forward_fresh_input"
 NUMPY = "test_bench.py::test_normalise"
 
 
+@pytest.fixture(autouse=True)
+def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process runs are not xdist workers, even when this suite runs under ``-n``:
+    pytest-benchmark switches itself off where ``PYTEST_XDIST_WORKER`` is set."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+
+
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     """A git repository holding the library and its pytest-benchmark tests (commit A)."""
