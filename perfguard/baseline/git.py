@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from perfguard.baseline.record import Fingerprint
+from perfguard.baseline.record import IMPORTED_BACKENDS, Fingerprint
 from perfguard.errors import BaselineError
 
 if TYPE_CHECKING:
@@ -219,6 +219,9 @@ def match_runs(
         runs = runs[runs["run_id"] != exclude_run_id]
     if only is not None:
         runs = runs[runs["commit"].isin(list(only))]
+    if fingerprint.backend not in IMPORTED_BACKENDS:  # imported history is no baseline
+        own = runs["fingerprint"].map(lambda fp: fp.backend not in IMPORTED_BACKENDS)
+        runs = runs[own.astype(bool)]
     distance = {c: i for i, c in enumerate(walk)}
     runs = runs.assign(distance=runs["commit"].map(distance)).dropna(subset=["distance"])
     if runs.empty:

@@ -113,6 +113,12 @@ def timing_mask(
     return np.where(gpu, profiled, timing_rows)
 
 
+#: the backend of runs imported from another tool's saved results (pytest-benchmark's
+#: ``.benchmarks/``: :mod:`perfguard.baseline.import_benchmark`): history to read, measured
+#: another way, so never a perfguard session's baseline
+IMPORTED_BACKENDS = ("pytest-benchmark",)
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """The machine a run was measured on; results from different ones never compare."""

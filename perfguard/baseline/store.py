@@ -758,6 +758,17 @@ class Store:
             tests=sum(len(p[1]) for p, (_, new) in zip(parsed, done, strict=True) if new),
         )
 
+    def add_runs(self, runs: Sequence[tuple[RunInfo, list[TestRecord]]]) -> Imported:
+        """Add runs made outside a perfguard session (pytest-benchmark's saved files,
+        :mod:`perfguard.baseline.import_benchmark`) in one transaction, each unless a run
+        of the same commit, time and host is here already: importing twice adds nothing."""
+        done = self._add_runs(lambda: ((info, records, None) for info, records in runs))
+        return Imported(
+            run_ids=tuple(run_id for run_id, _ in done),
+            added=tuple(run_id for run_id, new in done if new),
+            tests=sum(len(r[1]) for r, (_, new) in zip(runs, done, strict=True) if new),
+        )
+
     def copy_from(self, other: Store) -> tuple[int, int]:
         """Copy every run of ``other`` into this store, losslessly (records, run info, the
         perfguard version that saved it), in one transaction; a run already here (same

@@ -208,6 +208,26 @@ def measured(name: str) -> Iterator[None]:
         client_request.start_instrumentation()
         _started = True
     gc.collect()  # every block starts from the same collector state
+    try:
+        with _toggled(on):
+            yield
+    finally:
+        if on:
+            client_request.dump_stats_at(name)
+
+
+@contextmanager
+def uncounted() -> Iterator[None]:
+    """Inside a :func:`measured` block: leave this part out of the count (a step's set-up,
+    such as pytest-benchmark's ``pedantic(setup=...)``). Outside Valgrind, nothing."""
+    with _toggled(client_request.running_on_valgrind()):
+        yield
+
+
+@contextmanager
+def _toggled(on: bool) -> Iterator[None]:
+    """Callgrind's collection switched for the block and back after it (``on``: under
+    Valgrind; else nothing)."""
     if on:
         client_request.toggle_collect()
     try:
@@ -215,7 +235,6 @@ def measured(name: str) -> Iterator[None]:
     finally:
         if on:
             client_request.toggle_collect()
-            client_request.dump_stats_at(name)
 
 
 def under_callgrind() -> bool:

@@ -55,8 +55,10 @@ def add_parser(subparsers: Any) -> None:
     p = sub.add_parser(
         "import",
         parents=[store_opt],
-        help="add the runs of exports (skips ones present)",
-        description="Add the runs of export files, each in one transaction. Says per file "
+        help="add the runs of exports or of pytest-benchmark's saves (skips ones present)",
+        description="Add the runs of export files, each in one transaction. A folder (such "
+        "as .benchmarks/) or a JSON file saved by pytest-benchmark (--benchmark-autosave) "
+        "adds one wall-time run per saved session, under its commit. Says per file "
         "what it added and what it skipped and why; exits 2 when no run could be added "
         "because files were bad (a run already present is not a failure).",
     )
@@ -237,16 +239,24 @@ def run_import(args: argparse.Namespace) -> int:
     nothing imported."""
     import sys
 
+    from perfguard.baseline.import_benchmark import is_benchmark_path
     from perfguard.baseline.store import open_store
     from perfguard.errors import BaselineError
 
     added = failed = 0
+    files, kinds = len(args.files), set()
     with open_store(args.store, create=True) as store:
         if store.read_only is not None:
             raise BaselineError(
                 f"{store.name}: cannot import: the store is read-only ({store.read_only})"
             )
         for name in args.files:
+            if is_benchmark_path(name):
+                new, bad, seen = _import_benchmarks(store, name, args.store)
+                added, failed, files = added + new, failed + bad, files + seen - 1
+                kinds.add("pytest-benchmark saves")
+                continue
+            kinds.add("exports")
             try:
                 done = store.import_file(name)
             except BaselineError as exc:  # one bad file does not stop the others
@@ -263,12 +273,43 @@ def run_import(args: argparse.Namespace) -> int:
             )
     if failed and not added:
         print(
-            f"perfguard: error: nothing imported: {failed} of {len(args.files)} file(s) "
-            "could not be read as exports",
+            f"perfguard: error: nothing imported: {failed} of {files} file(s) "
+            f"could not be read as {' or '.join(sorted(kinds))}",
             file=sys.stderr,
         )
         return 2
     return 0
+
+
+def _import_benchmarks(store: Any, name: str, label: str) -> tuple[int, int, int]:
+    """pytest-benchmark's saves at ``name``, a line per file: (runs added, files skipped,
+    files read)."""
+    import sys
+
+    from perfguard.baseline.import_benchmark import import_benchmarks
+
+    added = failed = 0
+    done = import_benchmarks(store, name)
+    if not done:
+        print(f"skipped {name}: no pytest-benchmark save (*.json) in it", file=sys.stderr)
+        return 0, 1, 1
+    for f in done:
+        if f.imported is None or f.run is None:
+            failed += 1
+            print(f"skipped {' '.join(str(f.error).split())}", file=sys.stderr)
+            continue
+        added += len(f.imported.added)
+        run, n = f.run, len(f.run.records)
+        commit, run_id = run.run.commit[:12], f.imported.run_ids[0]
+        if not f.imported.added:
+            print(f"{f.path}: already in {label} (run {run_id}, commit {commit}, {run.run.time})")
+            continue
+        kept = "as its median" if not run.with_data else "with its rounds"
+        if 0 < run.with_data < n:
+            kept = f"{run.with_data} with their rounds, the others as their median"
+        print(f"{f.path}: imported 1 pytest-benchmark run of commit {commit} ({n} test "
+              f"record(s), each {kept}) into {label}: run id {run_id}")  # fmt: skip
+    return added, failed, len(done)
 
 
 def run_prune(args: argparse.Namespace) -> int:

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perfguard.capture.capturers import CHILD_ENV
+from perfguard.plugin import benchmark_fixture
 from perfguard.plugin.instructions import ForkEachTest, callgrind_child
-from perfguard.plugin.items import FIXTURE, profile_key, profiled, spec_key, spec_of
+from perfguard.plugin.items import BENCHMARKS_ENV, FIXTURE, profile_key, profiled, spec_key, spec_of
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import MARKER, MARKER_HELP, ProfileSpec
 from perfguard.plugin.options import Settings, add_options, read_settings
@@ -39,6 +40,8 @@ __all__ = [
 ]  # fmt: skip
 
 settings_key: pytest.StashKey[Settings] = pytest.StashKey()
+#: the value ``PERFGUARD_BENCHMARKS`` had before this session set it for its children
+_benchmarks_env_key: pytest.StashKey[str | None] = pytest.StashKey()
 session_key: pytest.StashKey[PerfguardSession] = pytest.StashKey()
 child_key: pytest.StashKey[ChildPlugin] = pytest.StashKey()
 
@@ -57,19 +60,34 @@ def pytest_configure(config: pytest.Config) -> None:
         child = ChildPlugin(os.environ[CHILD_ENV])
         config.stash[child_key] = child
         config.pluginmanager.register(child, "perfguard-child")
+        benchmark_fixture.register(config, new_profile)
         return
     if callgrind_child():  # the session's Callgrind child only counts: plain loops, one fork each
         config.pluginmanager.register(ForkEachTest(), "perfguard-callgrind")
+        benchmark_fixture.register(config, new_profile)
         return
     if settings.enabled:
         from perfguard.plugin.session import PerfguardSession  # the heavy part
 
+        if settings.benchmarks:  # perfguard's child processes select the same tests
+            config.stash[_benchmarks_env_key] = os.environ.get(BENCHMARKS_ENV)
+            os.environ[BENCHMARKS_ENV] = "1"
         session = PerfguardSession(config, settings)
         config.stash[session_key] = session
         config.pluginmanager.register(session, "perfguard-session")
+        benchmark_fixture.register(config, new_profile)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _benchmarks_env_key in config.stash:
+        before = config.stash[_benchmarks_env_key]
+        if before is None:
+            os.environ.pop(BENCHMARKS_ENV, None)
+        else:
+            os.environ[BENCHMARKS_ENV] = before
+    override = config.pluginmanager.get_plugin(benchmark_fixture.PLUGIN_NAME)
+    if override is not None:
+        config.pluginmanager.unregister(override)
     keys: tuple[pytest.StashKey[Any], ...] = (session_key, child_key)
     for key in keys:
         plugin: Any = config.stash.get(key, None)
@@ -100,16 +118,21 @@ def gpuprofile(request: pytest.FixtureRequest) -> Iterator[GpuProfile]:
     captured and the test is compared with its baseline.
     """
     item = request.node
-    spec = spec_of(item)
-    config = request.config
-    session = config.stash.get(session_key, None)
-    child = config.stash.get(child_key, None)
-    if session is not None:
-        profile = session.profile_for(item, spec)
-    elif child is not None:
-        profile = child.profile_for(item, spec)
-    else:
-        profile = GpuProfile(spec)
+    profile = new_profile(item, spec_of(item))
     item.stash[profile_key] = profile
     yield profile
     profile.close()
+
+
+def new_profile(item: pytest.Item, spec: ProfileSpec) -> GpuProfile:
+    """The loop of a test: the session's (captured), the nsys child's, or a plain one; the
+    ``gpuprofile`` fixture's, and pytest-benchmark's ``benchmark`` where perfguard measures
+    it (:mod:`perfguard.plugin.benchmark_fixture`)."""
+    config = item.config
+    session = config.stash.get(session_key, None)
+    child = config.stash.get(child_key, None)
+    if session is not None:
+        return session.profile_for(item, spec)
+    if child is not None:
+        return child.profile_for(item, spec)
+    return GpuProfile(spec)

@@ -41,9 +41,9 @@ class ChildPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
-        from perfguard.plugin.items import profiled
+        from perfguard.plugin.items import profiled, uses_loop
 
-        if not profiled(item) or "gpuprofile" in getattr(item, "fixturenames", ()):
+        if not profiled(item) or uses_loop(item):
             return (yield)
         capturer = ChildCapturer()
         with whole_call(capturer) as walls:

@@ -35,7 +35,7 @@ import contextlib
 import gc
 import sys
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from perfguard.capture.capturers import Capturer
@@ -103,21 +103,40 @@ class GpuProfile:
         #: collections, speed checks, rounds run again), ``profiled`` (the capture's round,
         #: from the profiler's start to its stop, the trace written)
         self.phase_s: dict[str, float] = {}
+        #: what the test wrote to run the loop, for messages (``benchmark(...)`` when
+        #: pytest-benchmark's fixture drives it: :mod:`perfguard.plugin.benchmark_fixture`)
+        self.loop_call = "gpuprofile.iterations()"
+        #: how the loop was driven, for the record's note (the runner adds them)
+        self.notes: list[str] = []
         self._loops: list[Generator[int, None, None]] = []
+        self._setup: Callable[[], object] | None = None
+        self._teardown: Callable[[], object] | None = None
 
     @property
     def capturing(self) -> bool:
         """Whether this test is being captured (``--perfguard`` is on)."""
         return self.capturer is not None
 
-    def iterations(self) -> Iterator[int]:
-        """Warm-up steps (negative), then the recorded steps 0..iterations-1. Once per test."""
+    def iterations(
+        self,
+        *,
+        setup: Callable[[], object] | None = None,
+        teardown: Callable[[], object] | None = None,
+        scope: Iterable[object] | None = None,
+    ) -> Iterator[int]:
+        """Warm-up steps (negative), then the recorded steps 0..iterations-1. Once per test.
+
+        ``setup``/``teardown`` run before/after every step, outside its timing, its
+        iteration range and its instruction count (pytest-benchmark's ``pedantic``);
+        ``scope``: the values the framework is decided from, by default the caller's
+        local variables."""
         if self.started:
-            raise RuntimeError("gpuprofile.iterations() may be used once per test")
+            raise RuntimeError(f"{self.loop_call} may be used once per test")
         self.started = True
+        self._setup, self._teardown = setup, teardown
         decide = getattr(self.capturer, "decide", None)
         if decide is not None:  # the framework the test runs: what it holds by now
-            decide(sys._getframe(1).f_locals.values())
+            decide(sys._getframe(1).f_locals.values() if scope is None else scope)
         loop = self._run() if self.capturer is not None else self._plain()
         self._loops.append(loop)
         return loop
@@ -145,23 +164,39 @@ class GpuProfile:
         from perfguard.plugin.instructions import callgrind_child, counted_steps, current_test
 
         if not callgrind_child():
-            yield from range(-self.spec.warmup, self.spec.iterations)
+            yield from self._steps(range(-self.spec.warmup, self.spec.iterations))
             self.completed = True
             return
-        from perfguard.capture.instructions import measured
+        from perfguard.capture.instructions import measured, uncounted
 
         # the session's Callgrind child: only the recorded steps are counted, under the
         # test's node id (perfguard.plugin.instructions)
-        yield from range(-self.spec.warmup, 0)
+        yield from self._steps(range(-self.spec.warmup, 0))
         with measured(current_test()):
-            yield from range(counted_steps(self.spec.iterations))
+            yield from self._steps(range(counted_steps(self.spec.iterations)), uncounted)
         self.completed = True
+
+    def _steps(
+        self,
+        steps: range,
+        apart: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> Generator[int, None, None]:
+        """Untimed steps, each between the test's ``setup`` and ``teardown`` (run in
+        ``apart``: outside a Callgrind count)."""
+        for step in steps:
+            if self._setup is not None:
+                with apart():
+                    self._setup()
+            yield step
+            if self._teardown is not None:
+                with apart():
+                    self._teardown()
 
     def _run(self) -> Generator[int, None, None]:
         cap = self.capturer
         assert cap is not None
         with timed(self.phase_s, "warmup"):
-            yield from range(-self.spec.warmup, 0)
+            yield from self._steps(range(-self.spec.warmup, 0))
             cap.sync()
         # what the test built so far (its model, torch's modules) is frozen out of the
         # collector: the collection before each round then scans only the objects made
@@ -283,7 +318,10 @@ class GpuProfile:
             time.sleep(ROUND_GAP_S)
         clock, cpu = time.perf_counter_ns, time.thread_time_ns
         probe.start()
+        setup, teardown = self._setup, self._teardown
         for i in range(self.spec.iterations):
+            if setup is not None:
+                setup()  # before the sync: the set-up's GPU work is not the step's
             cap.sync()
             t0, c0 = clock(), cpu()
             with cap.iteration() if profiled else _NO_RANGE:
@@ -293,6 +331,8 @@ class GpuProfile:
             self.cpu_times_ns.append(cpu() - c0)
             self.round_of.append(r)
             self.profiled.append(profiled)
+            if teardown is not None:
+                teardown()
         waited = probe.waited()
         ticks = probe.stop()
         if timing and waited is not None:

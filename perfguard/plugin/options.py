@@ -89,6 +89,9 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      f"before it is stopped and reported as crashed; default {DEFAULT_CAPTURE_TIMEOUT:g}"),
     ("perfguard_require_baseline", "--perfguard-require-baseline", "bool",
      "fail the run when no test was compared with anything (no store, no baseline run)"),
+    ("perfguard_benchmarks", "--perfguard-benchmarks", "bool",
+     "also measure every test that uses pytest-benchmark's benchmark fixture (marked "
+     "gpuprofile or not): the benchmarked function is the loop's step"),
     ("perfguard_rounds", "--perfguard-rounds", "string",
      f"rounds of each test's iteration loop (the verdict's replicates; a marker's rounds= "
      f"wins); default {DEFAULT_ROUNDS}"),
@@ -168,6 +171,8 @@ class Settings:
     isolate: bool = False
     timeout: float = DEFAULT_CAPTURE_TIMEOUT
     require_baseline: bool = False
+    #: every test using pytest-benchmark's ``benchmark`` fixture is measured too
+    benchmarks: bool = False
     save_mode: str = "replace"
     children: str = "fork"
     metric: str | None = None  # "instructions": every measured test counts them too
@@ -305,6 +310,7 @@ def read_settings(config: pytest.Config) -> Settings:
         isolate=values["perfguard_isolate"],
         timeout=values["perfguard_timeout"],
         require_baseline=values["perfguard_require_baseline"],
+        benchmarks=values["perfguard_benchmarks"],
         save_mode=values["perfguard_save_mode"],
         children=values["perfguard_children"],
         metric=values["perfguard_metric"],

@@ -199,6 +199,7 @@ class CaptureRunner:
         out.cpu_times = list(profile.cpu_times_ns)
         out.rounds = list(profile.round_of)
         out.phase_s = dict(profile.phase_s)
+        out.notes.extend(profile.notes)
         out.env = {
             "load": profile.load,
             "wait": profile.wait,
@@ -209,8 +210,7 @@ class CaptureRunner:
         }
         if not profile.started:
             out.error = out.error or (
-                "the test requests the gpuprofile fixture but never runs "
-                "gpuprofile.iterations(): nothing was measured"
+                f"the test never runs {profile.loop_call}: nothing was measured"
             )
         elif not profile.captured:
             out.error = out.error or (

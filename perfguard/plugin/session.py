@@ -42,6 +42,7 @@ from perfguard.errors import PerfguardError
 from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.coordinator import Coordinator, RoundChild
 from perfguard.plugin.instructions import METRIC, InstructionSession
+from perfguard.plugin.items import uses_loop
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.options import Settings
@@ -168,8 +169,7 @@ class PerfguardSession:
                 result = yield
                 coordinator.judge(item)
                 return result
-            uses_fixture = "gpuprofile" in getattr(item, "fixturenames", ())
-            if what is None or what[1].label == "nsys" or uses_fixture:
+            if what is None or what[1].label == "nsys" or uses_loop(item):
                 result = yield
             else:
                 with self.runner.whole_call(item, what[1]):
