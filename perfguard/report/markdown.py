@@ -71,6 +71,8 @@ def _line(t: TestEntry) -> str:
     why = t.explained
     out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(why.headline, _MAX_REASON) or o}"]
     out += [f"  - {_text(line, _MAX_REASON)}" for line in why.lines]
+    if why.environment:
+        out.append(f"  - {_text(why.environment_line, _MAX_REASON)}")
     if t.accepted:
         out.append(f"  - {_text(t.accepted_text, _MAX_REASON)}")
     return "\n".join(out)
@@ -119,6 +121,15 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
         out.append("")
 
     rest = [t for t in tests if t.outcome.value not in _LISTED]
+    shared: dict[str, list[str]] = {}  # what changed anyway, said once for the tests sharing it
+    for t in rest:
+        if t.explained.environment:
+            shared.setdefault(t.explained.environment_line, []).append(t.nodeid)
+    for line, nodeids in shared.items():
+        who = _code(nodeids[0]) if len(nodeids) == 1 else f"{len(nodeids)} tests"
+        out.append(f"- {_text(line, _MAX_REASON)} ({who})")
+    if shared:
+        out.append("")
     if rest:
         by = ", ".join(f"{o}: {n}" for o in OUTCOMES if (n := sum(t.outcome == o for t in rest)))
         out += [f"<details><summary>{len(rest)} other tests ({by})</summary>", ""]
