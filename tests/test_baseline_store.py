@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -438,8 +439,9 @@ def _schema(location: Path | str) -> dict[str, list[str]]:
 def rewind_to_v1(location: Path | str) -> None:
     """What a v1 store looked like: no kernels table, fingerprint only as JSON, no
     per-iteration CPU time (v3), no rounds, dtypes or counters (v4), no profiled flag (v5),
-    no acceptances (v6), no Callgrind functions (v7)."""
+    no acceptances (v6), no Callgrind functions (v7), no environment (v8)."""
     statements = [
+        "ALTER TABLE runs DROP COLUMN environment",
         "DROP TABLE functions",
         "DROP TABLE acceptances",
         "ALTER TABLE samples DROP COLUMN profiled",
@@ -790,3 +792,29 @@ def test_migrate_copies_a_sqlite_store_to_a_server_losslessly(tmp_path, records,
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     listed = cli("list", "--store", url)
     assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 5
+
+
+def test_the_environment_is_kept_with_the_run_and_through_exports(new_store, records, tmp_path):
+    """A run's environment (real values: the H100 report of tests/data/nvidia_smi and the
+    Kineto H100 capture's libraries) comes back from load, runs(), an export and a copy;
+    a run saved without one reads as nothing known."""
+    from perfguard.environment import Environment
+
+    env = Environment(driver="535.161.08", power_limit="700 W", ecc="on", cudnn="9.1.0.70")
+    rec = [records["bert"]]
+    with Store(new_store()) as store:
+        with_env = store.save_run(replace(run("a" * 40, "2024-01-01T00:00:00Z"),
+                                          environment=env), rec)  # fmt: skip
+        without = store.save_run(run("b" * 40, "2024-01-02T00:00:00Z"), rec)
+        assert store.run_info(with_env).environment == env
+        assert store.load_run(without)[0].environment.empty
+        envs = store.runs().set_index("run_id")["environment"]
+        assert envs[with_env] == env and envs[without].empty
+        assert store.runs_with_test(rec[0].nodeid)["environment"].tolist() == [env, Environment()]
+        store.export_json(tmp_path / "export.json")
+    doc = json.loads((tmp_path / "export.json").read_text())
+    assert [r["run"].get("environment") for r in doc["runs"]] == [env.to_dict(), None]
+    with Store(tmp_path / "imported.db") as other:
+        other.import_json(tmp_path / "export.json")
+        first = int(other.runs()["run_id"].iloc[0])
+        assert other.run_info(first).environment == env

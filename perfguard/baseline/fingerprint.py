@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfguard.baseline.nvidia_smi import SmiReport
 from perfguard.baseline.record import Fingerprint
 
 __all__ = ["cpu_model", "machine_fingerprint"]
@@ -93,29 +94,42 @@ def _nvidia_smi() -> dict[str, Any]:
 
 
 def machine_fingerprint(
-    backend: str, *, devices: pd.DataFrame | None = None, workers: int = 1
+    backend: str,
+    *,
+    devices: pd.DataFrame | None = None,
+    workers: int = 1,
+    smi: SmiReport | None = None,
 ) -> Fingerprint:
     """This machine's :class:`Fingerprint` for a run measured with ``backend``.
 
     ``devices`` is a trace's devices table; when it lists GPUs they name
     the GPU model and count (they are what the measured program saw).
     ``workers``: test processes measuring at once (pytest-xdist's ``-n``).
+    ``smi``: the session's ``nvidia-smi -q`` report, when it has one (its GPUs and driver,
+    without asking ``nvidia-smi`` a second time).
     """
     from perfguard import __version__
 
     torch_info = _torch_info()
-    smi = _nvidia_smi()
+    smi_info: dict[str, Any] = {}
+    if smi is not None:
+        names = smi.gpu_names
+        if names or smi.driver:
+            smi_info = {"gpu_name": ", ".join(sorted(set(names))), "gpu_count": len(names),
+                        "driver": smi.driver}  # fmt: skip
+    else:
+        smi_info = _nvidia_smi()
     gpu_name, gpu_count = "", 0
     if devices is not None and len(devices):
         gpu_name, gpu_count = _gpus_from_devices(devices)
     elif torch_info.get("gpu_count"):
         gpu_name, gpu_count = torch_info["gpu_name"], torch_info["gpu_count"]
-    elif smi:
-        gpu_name, gpu_count = smi["gpu_name"], smi["gpu_count"]
+    elif smi_info.get("gpu_count"):
+        gpu_name, gpu_count = smi_info["gpu_name"], smi_info["gpu_count"]
     return Fingerprint(
         gpu_name=gpu_name,
         gpu_count=gpu_count,
-        driver=smi.get("driver", ""),
+        driver=smi_info.get("driver", ""),
         cuda=torch_info.get("cuda", ""),
         torch=torch_info.get("torch", ""),
         perfguard=__version__,

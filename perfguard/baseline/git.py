@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from perfguard.baseline.record import IMPORTED_BACKENDS, Fingerprint
+from perfguard.environment import Environment
+from perfguard.environment import incompatibility as env_incompatibility
 from perfguard.errors import BaselineError
 
 if TYPE_CHECKING:
@@ -188,18 +190,23 @@ def find_baseline(
     exclude_run_id: int | None = None,
     max_depth: int = 1000,
     only: Collection[str] | None = None,
+    environment: Environment | None = None,
+    across: Collection[str] = (),
 ) -> BaselineMatch:
     """The latest comparable run on the nearest first-parent ancestor of ``ref`` (ref included).
 
     Commits without runs, and runs from machines ``fingerprint`` cannot be
-    compared with, are skipped. ``exclude_run_id`` leaves out the run being
+    compared with, are skipped, and so are runs whose environment differs from
+    ``environment`` in a blocking field of a group not in ``across``
+    (:mod:`perfguard.environment`). ``exclude_run_id`` leaves out the run being
     measured now (it may already be saved under HEAD's commit). ``only``: runs of these
     commits alone count (an acceptance: :mod:`perfguard.baseline.accept`).
     """
     walk = first_parent_commits(repo_path, ref, max_depth=max_depth)
     match, _ = match_runs(
-        store.runs(), walk, ref, fingerprint, exclude_run_id=exclude_run_id, only=only
-    )
+        store.runs(), walk, ref, fingerprint, exclude_run_id=exclude_run_id, only=only,
+        environment=environment, across=across,
+    )  # fmt: skip
     return match
 
 
@@ -211,6 +218,8 @@ def match_runs(
     *,
     exclude_run_id: int | None = None,
     only: Collection[str] | None = None,
+    environment: Environment | None = None,
+    across: Collection[str] = (),
 ) -> tuple[BaselineMatch, pd.DataFrame]:
     """:func:`find_baseline`'s rule on given ``runs`` (``Store.runs`` or
     ``Store.runs_with_test`` rows) and a first-parent ``walk``, newest first: the match,
@@ -229,6 +238,11 @@ def match_runs(
     # nearest commit first; within a commit the latest run first
     runs = runs.sort_values(["distance", "time", "run_id"], ascending=[True, False, False])
     reasons = [fingerprint.incompatibility(fp) for fp in runs["fingerprint"]]
+    if environment is not None and "environment" in runs:
+        reasons = [
+            why or env_incompatibility(environment.changes_since(env, across))
+            for why, env in zip(reasons, runs["environment"], strict=True)
+        ]
     comparable = runs[[r is None for r in reasons]]
     if comparable.empty:
         first = runs.iloc[0]

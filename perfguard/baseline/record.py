@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.instructions import FUNCTION_COLUMNS
+from perfguard.environment import Environment
 
 #: columns of :attr:`TestRecord.samples`: one row per recorded iteration
 #: (``cpu_time_ns``: the harness thread's CPU time, NA when not measured)
@@ -173,17 +174,23 @@ class Fingerprint:
 
 @dataclass
 class RunInfo:
-    """One session of measurements: which commit, which machine, when."""
+    """One session of measurements: which commit, which machine, when, and the environment
+    it ran in (driver, clocks, library versions: :mod:`perfguard.environment`; empty for a
+    run saved before perfguard recorded it)."""
 
     commit: str
     branch: str | None
     dirty: bool
     time: str  # ISO 8601, UTC
     fingerprint: Fingerprint
+    environment: Environment = field(default_factory=Environment)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """JSON-safe; ``environment`` only when known, so an older run's export is unchanged."""
+        d = {k: v for k, v in asdict(self).items() if k != "environment"}
         d["fingerprint"] = self.fingerprint.to_dict()
+        if not self.environment.empty:
+            d["environment"] = self.environment.to_dict()
         return d
 
     @classmethod
@@ -194,6 +201,7 @@ class RunInfo:
             dirty=bool(data.get("dirty", False)),
             time=data["time"],
             fingerprint=Fingerprint.from_dict(data.get("fingerprint", {})),
+            environment=Environment.from_dict(data.get("environment")),
         )
 
 

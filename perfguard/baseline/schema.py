@@ -189,6 +189,13 @@ def _v7_functions(db: SchemaTarget) -> None:
     db.execute("CREATE INDEX functions_test ON functions(test_id)")
 
 
+def _v8_environment(db: SchemaTarget) -> None:
+    """v8: the environment each run was measured in (driver, clocks, power limit, library
+    versions, ...: :class:`perfguard.environment.Environment`) as JSON of its known fields;
+    NULL for older runs (nothing known, so nothing differs)."""
+    db.execute("ALTER TABLE runs ADD COLUMN environment TEXT")
+
+
 #: (version reached, migration), in order
 MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (1, _v1_initial),
@@ -198,5 +205,6 @@ MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (5, _v5_sample_profiled),
     (6, _v6_acceptances),
     (7, _v7_functions),
+    (8, _v8_environment),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -41,6 +41,7 @@ from perfguard.baseline.schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
 )
+from perfguard.environment import Environment
 from perfguard.errors import BaselineError
 
 __all__ = ["DEFAULT_STORE", "SCHEMA_VERSION", "Imported", "SavedRun", "Store", "open_store"]
@@ -106,6 +107,22 @@ def _dumps(obj: Any, level: int = 0) -> str:
 
 def _fingerprint_json(fp: Fingerprint) -> str:
     return json.dumps(fp.to_dict(), sort_keys=True)
+
+
+def _environment_json(env: Environment) -> str | None:
+    return json.dumps(env.to_dict(), sort_keys=True) if not env.empty else None
+
+
+def _environments(texts: pd.Series) -> pd.Series:
+    """The ``environment`` column as :class:`Environment` objects (NULL: nothing known)."""
+    return pd.Series(
+        [
+            Environment.from_dict(json.loads(t)) if isinstance(t, str) and t else Environment()
+            for t in texts
+        ],
+        index=texts.index,
+        dtype=object,
+    )
 
 
 def _meta_json(meta: dict[str, Any]) -> str:
@@ -393,6 +410,7 @@ class Store:
             "fingerprint": _fingerprint_json(fp),
             "perfguard_version": version or __version__,
             **{name: getattr(fp, name) for name in FINGERPRINT_COLUMNS},
+            "environment": _environment_json(run.environment),
         }
         cols = ", ".join(f'"{c}"' for c in row)
         marks = ", ".join("?" * len(row))
@@ -437,7 +455,7 @@ class Store:
         cols = ", ".join(f'r."{c}"' for c in FINGERPRINT_COLUMNS)
         df = self._query(
             f"""SELECT r.run_id, r."commit", r.branch, r.dirty, r.time, {cols},
-                       r.perfguard_version, r.fingerprint,
+                       r.perfguard_version, r.fingerprint, r.environment,
                        (SELECT count(*) FROM tests t WHERE t.run_id = r.run_id) AS n_tests
                 FROM runs r {where} ORDER BY r.time, r.run_id""",
             params,
@@ -450,20 +468,25 @@ class Store:
             index=df.index,
             dtype=object,
         )
+        df["environment"] = _environments(df["environment"])
         order = ["run_id", "commit", "branch", "dirty", "time", *FINGERPRINT_COLUMNS]
-        return df[[*order, "perfguard_version", "n_tests", "fingerprint"]]
+        return df[[*order, "perfguard_version", "n_tests", "fingerprint", "environment"]]
 
     def run_info(self, run_id: int) -> RunInfo:
         """The :class:`RunInfo` of one run; BaselineError if there is no such run."""
         with self.db.guard():
             row = self.db.execute(
-                'SELECT "commit", branch, dirty, time, fingerprint FROM runs WHERE run_id=?',
+                'SELECT "commit", branch, dirty, time, fingerprint, environment FROM runs '
+                "WHERE run_id=?",
                 (int(run_id),),
             ).fetchone()
         if row is None:
             raise BaselineError(f"{self.name}: no run {run_id}")
-        commit, branch, dirty, when, fp = row
-        return RunInfo(commit, branch, bool(dirty), when, Fingerprint.from_dict(json.loads(fp)))
+        commit, branch, dirty, when, fp, env = row
+        return RunInfo(
+            commit, branch, bool(dirty), when, Fingerprint.from_dict(json.loads(fp)),
+            Environment.from_dict(json.loads(env)) if env else Environment(),
+        )  # fmt: skip
 
     def load_run(self, run_id: int) -> tuple[RunInfo, dict[str, TestRecord]]:
         """A run and its records by nodeid (frames in the types of :mod:`.frames`)."""
@@ -544,10 +567,11 @@ class Store:
         return out
 
     def runs_with_test(self, nodeid: str) -> pd.DataFrame:
-        """The runs that recorded ``nodeid``: run_id, commit, dirty, time and ``fingerprint``
-        (a Fingerprint object), oldest first (a partial save holds only some tests)."""
+        """The runs that recorded ``nodeid``: run_id, commit, dirty, time, ``fingerprint`` (a
+        Fingerprint object) and ``environment`` (an Environment), oldest first (a partial save
+        holds only some tests)."""
         df = self._query(
-            """SELECT r.run_id, r."commit", r.dirty, r.time, r.fingerprint
+            """SELECT r.run_id, r."commit", r.dirty, r.time, r.fingerprint, r.environment
                FROM runs r JOIN tests t ON t.run_id = r.run_id WHERE t.nodeid = ?
                ORDER BY r.time, r.run_id""",
             [nodeid],
@@ -559,6 +583,7 @@ class Store:
             index=df.index,
             dtype=object,
         )
+        df["environment"] = _environments(df["environment"])
         return df
 
     def nodeids(self) -> list[str]:

@@ -17,7 +17,10 @@ arguments (which tests) come from ``--pytest-args``.
 Two runs are matched by nodeid. A test that is only in CURRENT is ``new``.
 A capture can be compared with a run that holds one test. Machines that
 differ give ``incomparable``: for runs, the stored fingerprints; for
-captures, the GPU names in the traces. The exit code is 1 when a test
+captures, the GPU names in the traces. So do environments that differ in a
+blocking field (a stored run's recorded environment, or what a capture says of
+its driver and clocks: :mod:`perfguard.environment`) unless ``--compare-across``
+names its group; every other difference is listed with each verdict. The exit code is 1 when a test
 regressed, 0 otherwise, and 2 on bad input (``perfguard.cli.main``).
 """
 
@@ -30,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.commands import argtypes
+from perfguard.environment import Environment, parse_across
+from perfguard.environment import incompatibility as env_incompatibility
 
 
 def add_parser(subparsers: Any) -> None:
@@ -72,6 +77,14 @@ def add_parser(subparsers: Any) -> None:
         type=argtypes.alpha,
         default=0.01,
         help="significance level of the change's interval (default: 0.01)",
+    )
+    p.add_argument(
+        "--compare-across",
+        action="append",
+        default=[],
+        metavar="GROUP[,GROUP]",
+        help="compare anyway when the environments differ in this group (driver, clocks, "
+        "power_limit, ecc, mig, cpu_quota, or all); the difference is listed with the verdict",
     )
     p.add_argument(
         "--key-node",
@@ -128,6 +141,7 @@ class _Side:
         self.commit: str | None = None
         self.fingerprint: Any = None
         self.gpus: tuple[str, ...] = ()
+        self.environment = Environment()
         stored = _store_spec(spec)
         if stored is None:
             self.records = {nodeid: self._capture(spec, key_node, nodeid)}
@@ -146,6 +160,7 @@ class _Side:
             info, self.records = store.load_run(int(run))
         self.commit = info.commit
         self.fingerprint = info.fingerprint
+        self.environment = info.environment
         self.is_run = True
 
     def _capture(self, spec: str, key_node: str | None, nodeid: str) -> Any:
@@ -159,6 +174,7 @@ class _Side:
             analysis = analyze(trace, key_node=key_node)
         except AnalysisError as exc:
             raise AnalysisError(f"{spec}: {exc}") from None
+        self.environment = trace.environment
         names = trace.devices["name"] if "name" in trace.devices else []
         self.gpus = tuple(sorted({str(n) for n in names if isinstance(n, str) and n}))
         return record_from_analysis(nodeid, analysis, meta={"capture": spec})
@@ -196,7 +212,12 @@ def run(args: argparse.Namespace) -> int:
         capture_side.records = {only: _renamed(capture_side.records[label], only)}
     if not current.records:
         raise CompareError(f"{current.spec}: no tests recorded")
-    reason = _incompatibility(current, baseline)
+    try:
+        across = parse_across(args.compare_across)
+    except ValueError as exc:
+        raise CompareError(f"--compare-across: {exc}") from None
+    changes = current.environment.changes_since(baseline.environment, across)
+    reason = _incompatibility(current, baseline) or env_incompatibility(changes)
     timing_reason = (
         current.fingerprint.timing_incompatibility(baseline.fingerprint)
         if current.fingerprint is not None and baseline.fingerprint is not None
@@ -210,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
             alpha=args.alpha, incompatibility=reason, baseline_commit=baseline.commit,
             baseline_run_exists=baseline.is_run,
             gates=(rec.meta.get("marker") or {}).get("gates"),
-            timing_incompatibility=timing_reason,
+            timing_incompatibility=timing_reason, environment=changes,
         ))  # fmt: skip
     gone = sorted(set(baseline.records) - set(current.records))
     print(_table(results))

@@ -16,6 +16,11 @@ so the same store, record and settings give the same outcome and figures.
   measuring at once (``-n``) changes timing only, so a baseline saved with
   another ``-n`` still gates the counters, and its timing is said to be not
   comparable, with how to fix it (:meth:`Fingerprint.timing_incompatibility`).
+* **The environment.** Runs whose environment differs in a blocking field (the driver's
+  branch, clocks, power limit, ECC, MIG, CPU quota) are skipped like other machines'
+  unless the session compares across that group; what differs between the chosen
+  baseline run and this one is handed to the judge, which lists it with the verdict
+  (:mod:`perfguard.environment`).
 * **Settings from the record.** The marker's tolerance and gates were stored
   with the record; an explicit tolerance (a CLI flag, the session's option
   when the marker has none) is the only override, and every default is
@@ -38,6 +43,7 @@ from perfguard.baseline.record import Fingerprint, TestRecord
 from perfguard.baseline.store import Store
 from perfguard.compare.gates import parse_gates
 from perfguard.compare.judge import ALPHA, TOLERANCE, Against, JudgeSettings
+from perfguard.environment import Environment, EnvironmentChange
 
 #: stored runs of a test read for its between-run noise (the judge's history)
 HISTORY_RUNS = 50
@@ -83,22 +89,26 @@ def against_from_store(
     *,
     exclude_run_id: int | None = None,
     only: Collection[str] | None = None,
+    environment: Environment | None = None,
+    across: Collection[str] = (),
 ) -> Against:
     """The judge's input for ``record`` (module docstring).
 
     ``exclude_run_id``: the run being judged, when it is stored already.
     ``only``: the commits an acceptance allows (runs before it no longer count).
+    ``environment``: this run's (None: not checked); ``across``: the blocking groups
+    compared across anyway (``--perfguard-compare-across``).
     """
     nodeid = record.nodeid
     match, pooled = match_runs(
         store.runs_with_test(nodeid), history.commits, history.ref, fingerprint,
-        exclude_run_id=exclude_run_id, only=only,
+        exclude_run_id=exclude_run_id, only=only, environment=environment, across=across,
     )  # fmt: skip
     if match.status == "no-runs":
         # some run on this history, just not of this test: the test is new there
         anyone, _ = match_runs(
             store.runs(), history.commits, history.ref, fingerprint,
-            exclude_run_id=exclude_run_id, only=only,
+            exclude_run_id=exclude_run_id, only=only, environment=environment, across=across,
         )  # fmt: skip
         return Against(run_found=anyone.found)
     if match.status == "incomparable":
@@ -123,6 +133,9 @@ def against_from_store(
         mine = record.meta.get("backend")
         if theirs and mine and theirs != mine:
             reason = f"backend differs: {theirs!r} (baseline) vs {mine!r}"
+    changes: tuple[EnvironmentChange, ...] = ()
+    if environment is not None and len(chosen):  # the run the verdict names: the latest
+        changes = environment.changes_since(chosen.iloc[0]["environment"], across)
     waits = [r.meta.get("wait") for r in records if r.meta.get("wait") is not None]
     speeds = [r.meta.get("speed_ns") for r in records if r.meta.get("speed_ns")]
     return Against(
@@ -130,7 +143,7 @@ def against_from_store(
         timing_incompatibility=timing_reason,
         history=history_levels(store, record, fingerprint, only, before_run_id=exclude_run_id),
         wait=float(np.median(waits)) if waits else math.nan,
-        speed_ns=float(np.median(speeds)) if speeds else math.nan,
+        speed_ns=float(np.median(speeds)) if speeds else math.nan, environment=changes,
     )  # fmt: skip
 
 

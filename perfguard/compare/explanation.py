@@ -15,15 +15,21 @@ An explanation holds:
   one-line ``text``;
 * ``lines``: the short list a reviewer reads under the headline: grouped
   structural changes ("ops changed under X: A removed; B ×2, C added"),
-  then the other culprits, then the counters and the timing in one line each.
+  then the other culprits, then the counters and the timing in one line each;
+* ``environment``: what changed in the environment since the baseline anyway (a
+  library version, a driver patch release, a setting compared across on purpose:
+  :mod:`perfguard.environment`), said by every view in one line
+  (:attr:`Explanation.environment_line`) after the others.
 
 Standard library only: ``results.json`` is read back without numpy.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from perfguard.environment import EnvironmentChange
 
 #: culprit kinds, most telling first: a qualitative change to an op the reviewer can
 #: act on (dtype, Tensor Cores, a new sync) before the ops that appeared or vanished,
@@ -101,6 +107,18 @@ class Explanation:
     #: the lines under the headline (the rest of the culprits, counters, timing)
     lines: tuple[str, ...] = field(default_factory=tuple)
     timing: str = ""  # the timing half in one line, as it bears on the outcome
+    #: the environment's changes since the baseline (before → after), in field order
+    environment: tuple[EnvironmentChange, ...] = field(default_factory=tuple)
+
+    @property
+    def environment_line(self) -> str:
+        """``environment since the baseline: cuDNN 9.1.0 → 9.3.0; ...``, or ""."""
+        if not self.environment:
+            return ""
+        return "environment since the baseline: " + "; ".join(c.text for c in self.environment)
+
+    def with_environment(self, changes: tuple[EnvironmentChange, ...]) -> Explanation:
+        return replace(self, environment=tuple(changes)) if changes else self
 
     @property
     def first(self) -> Culprit | None:
@@ -117,8 +135,10 @@ class Explanation:
         return self.lead + (f" (+{more} more)" if more > 0 else "")
 
     def text(self, indent: str = "  ") -> str:
-        """The headline and its lines, one per row (the failure message)."""
-        return "\n".join([self.headline, *(f"{indent}- {line}" for line in self.lines)])
+        """The headline and its lines, one per row, the environment's last (the failure
+        message)."""
+        lines = [*self.lines, self.environment_line] if self.environment else self.lines
+        return "\n".join([self.headline, *(f"{indent}- {line}" for line in lines)])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +149,7 @@ class Explanation:
             "lead": self.lead,
             "lines": list(self.lines),
             "timing": self.timing,
+            "environment": [c.to_dict() for c in self.environment],
         }
 
     @classmethod
@@ -141,6 +162,11 @@ class Explanation:
             lead=str(d.get("lead") or ""),
             lines=tuple(str(x) for x in d.get("lines") or []),
             timing=str(d.get("timing") or ""),
+            environment=tuple(
+                EnvironmentChange.from_dict(c)
+                for c in d.get("environment") or []
+                if isinstance(c, dict)
+            ),
         )
 
     @classmethod

@@ -35,6 +35,7 @@ from perfguard.compare.timing import (
     not_judged,
 )
 from perfguard.compare.verdict import TestComparison, compare_ops, format_ns, kernel_changes
+from perfguard.environment import EnvironmentChange
 from perfguard.errors import CompareError
 
 #: significance level of every interval and test (one place for the default)
@@ -53,6 +54,8 @@ class Against:
     exists at all (so an empty ``records`` means ``new``). ``history``: the
     test's run levels on this machine, oldest first (store mode).
     ``incompatibility``: why the machines cannot be compared, if they cannot.
+    ``environment``: what differs in the environment since the baseline (the blocking
+    fields are in ``incompatibility`` already); every view lists it with the verdict.
     """
 
     records: list[TestRecord] = field(default_factory=list)
@@ -65,6 +68,7 @@ class Against:
     history: np.ndarray = field(default_factory=lambda: np.zeros(0))
     wait: float = math.nan  # share of the baseline's round time spent waiting for a CPU
     speed_ns: float = math.nan  # the baseline's reference-workload time (capture/speed.py)
+    environment: tuple[EnvironmentChange, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,9 +144,10 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Tes
             load=load,
         )  # fmt: skip
         msg = f"{text}; {current.metric} median {format_ns(median)}, {len(cur_rounds)} round(s)"
+        plain = Explanation.plain(outcome.value, msg).with_environment(against.environment)
         return TestComparison(
-            outcome=outcome, message=msg, timing=timing, gates=None,
-            explanation=Explanation.plain(outcome.value, msg), **_figures(timing), **common,
+            outcome=outcome, message=msg, timing=timing, gates=None, explanation=plain,
+            **_figures(timing), **common,
         )  # fmt: skip
 
     metric = current.metric
@@ -185,6 +190,7 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Tes
         outcome = Outcome.INCOMPARABLE  # the timing could not be compared; the gates held
     ops = compare_ops(current, base_rec, tolerance=tol, alpha=alpha)
     why = explain(Evidence(outcome, timing, gates, ops, current, base_rec, settings.gates))
+    why = why.with_environment(against.environment)
     return TestComparison(
         outcome=outcome, message=why.headline, timing=timing, gates=gates, ops=ops,
         kernel_changes=changes, samples_baseline=_ints(base_rec.values()),
@@ -206,6 +212,7 @@ def compare_records(
     mode: str = "store",
     gates: dict[str, Any] | None = None,
     timing_incompatibility: str | None = None,
+    environment: tuple[EnvironmentChange, ...] = (),
 ) -> TestComparison:
     """Compare ``current`` with one ``baseline`` record: :func:`perfguard.compare.judge`
     with that record as the baseline (kept for notebooks and the CLI's two-capture case).
@@ -220,6 +227,7 @@ def compare_records(
         run_found=baseline_run_exists or baseline is not None,
         incompatibility=incompatibility,
         timing_incompatibility=timing_incompatibility,
+        environment=tuple(environment),
         history=np.zeros(0) if history is None else np.asarray(history, dtype=np.float64),
     )
     settings = JudgeSettings(tolerance=tolerance, alpha=alpha, gates=parse_gates(gates))

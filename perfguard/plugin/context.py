@@ -1,10 +1,11 @@
 """What a ``--perfguard`` session knows before its first test, and the store it talks to.
 
-Made once at ``pytest_configure``: the capture backend, the machine's fingerprint, the git
-state and the run it will be saved as, the baseline run looked up for the baseline ref,
-and the output folder claimed for this session alone. A bad backend, ref or store is a
-:class:`pytest.UsageError` here, before any test runs. At the end :meth:`SessionContext.save`
-writes the session's records as one run (one store transaction).
+Made once at ``pytest_configure``: the capture backend, the machine's fingerprint and
+environment (one ``nvidia-smi -q`` serves both; an A/B round child, which judges nothing,
+records no environment), the git state and the run it will be saved as, the baseline run
+looked up for the baseline ref, and the output folder claimed for this session alone. A bad
+backend, ref or store is a :class:`pytest.UsageError` here, before any test runs. At the end
+:meth:`SessionContext.save` writes the session's records as one run (one store transaction).
 
 The verdicts (:mod:`perfguard.plugin.verdicts`) read the store through :attr:`store`;
 nothing else in the plugin opens it.
@@ -20,6 +21,7 @@ from typing import IO, Any
 
 import pytest
 
+from perfguard.baseline import nvidia_smi
 from perfguard.baseline.fingerprint import machine_fingerprint
 from perfguard.baseline.git import (
     BaselineMatch,
@@ -29,10 +31,12 @@ from perfguard.baseline.git import (
     repo_state,
     resolve,
 )
+from perfguard.baseline.probe import machine_environment
 from perfguard.baseline.record import RunInfo, TestRecord
 from perfguard.baseline.store import Store, open_store
 from perfguard.capture.select import select_backend
 from perfguard.capture.torch_profiler import TorchBackend
+from perfguard.environment import Environment
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import AB_OUT_ENV
 from perfguard.plugin.options import Settings, project_root
@@ -103,7 +107,11 @@ class SessionContext:
             self.backend = self.backend_for(settings.backend)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-backend {settings.backend}: {exc}") from None
-        self.fingerprint = machine_fingerprint(self.backend.label, workers=_workers(config))
+        smi = None if self.round_child else nvidia_smi.query()
+        self.fingerprint = machine_fingerprint(
+            self.backend.label, workers=_workers(config), smi=smi
+        )
+        self.environment = Environment() if self.round_child else machine_environment(smi)
         self.git: GitState | None = None
         root, misplaced = project_root(config)
         if misplaced:
@@ -121,6 +129,7 @@ class SessionContext:
             dirty=self.git.dirty if self.git else False,
             time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             fingerprint=self.fingerprint,
+            environment=self.environment,
         )
 
     def backend_for(self, choice: str) -> ResolvedBackend:
@@ -155,7 +164,10 @@ class SessionContext:
             # a server store is made on first use; a lookup never leaves a new empty file
             server = isinstance(self.settings.store, str)
             self.store = open_store(self.settings.store, create=server)
-            self.match = find_baseline(self.store, root, ref, self.fingerprint)
+            self.match = find_baseline(
+                self.store, root, ref, self.fingerprint, environment=self.environment,
+                across=self.settings.compare_across,
+            )  # fmt: skip
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-store: {exc}") from None
 

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from perfguard.compare.tolerance import parse_tolerance
+from perfguard.environment import parse_across
 
 BACKEND_CHOICES = ("auto", "torch", "nsys", "cpu")
 FAIL_ON_CHOICES = ("regression", "never")
@@ -107,6 +108,10 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "instructions: also count each measured test's host instructions under Valgrind's "
      "Callgrind (one child for the session) and gate them (default budget 0.5%); "
      "set it as the ini key in pyproject.toml to opt a CPU-only runner in"),
+    ("perfguard_compare_across", "--perfguard-compare-across", "args",
+     "compare runs whose environment differs in this group anyway, the difference listed "
+     "with the verdict: driver, clocks, power_limit, ecc, mig, cpu_quota or all (repeat "
+     "the option or give a comma list)"),
     ("perfguard_children", "--perfguard-children", "string",
      "how A/B rounds and isolated tests start their child process: fork (default: from a "
      "warm server that imported the session's libraries once, never the trees' code) or "
@@ -129,6 +134,7 @@ _METAVARS = {
     "perfguard_ab_budget": "SECONDS",
     "perfguard_children": "{fork,spawn}",
     "perfguard_metric": "{instructions}",
+    "perfguard_compare_across": "GROUP[,GROUP]",
 }
 
 
@@ -139,6 +145,9 @@ def add_options(parser: pytest.Parser) -> None:
         cli_help = help_text.replace("%", "%%")  # argparse %-formats option help
         if ini_type == "bool":
             group.addoption(flag, action="store_true", dest=dest, default=None, help=cli_help)
+        elif ini_type == "args":  # repeatable
+            group.addoption(flag, action="append", dest=dest, default=None,
+                            metavar=_METAVARS[dest], help=cli_help)  # fmt: skip
         else:
             metavar = _METAVARS[dest]
             group.addoption(flag, dest=dest, default=None, metavar=metavar, help=cli_help)
@@ -176,6 +185,8 @@ class Settings:
     save_mode: str = "replace"
     children: str = "fork"
     metric: str | None = None  # "instructions": every measured test counts them too
+    #: environment groups compared across anyway (perfguard.environment.GROUPS, or "all")
+    compare_across: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -285,6 +296,8 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = DEFAULT_CAPTURE_TIMEOUT if value is None else _seconds(value)
                 if values[dest] <= 0:
                     raise ValueError("must be a positive number of seconds")
+            elif dest == "perfguard_compare_across":
+                values[dest] = tuple(sorted(parse_across(value or ())))
             elif dest == "perfguard_against":
                 ref = None if value is None else str(value).strip()
                 if ref is not None and (not ref or ref.startswith("-")):
@@ -314,6 +327,7 @@ def read_settings(config: pytest.Config) -> Settings:
         save_mode=values["perfguard_save_mode"],
         children=values["perfguard_children"],
         metric=values["perfguard_metric"],
+        compare_across=values["perfguard_compare_across"],
     )
 
 

@@ -94,10 +94,18 @@ def results_lines(results: SessionResults) -> list[str]:
         lines += format_table(table_rows(tests), header(tests))
         counts = results.counts
         lines.append(", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]))
+        others: dict[str, list[str]] = {}  # environment line -> the other tests saying it
         for e in tests:  # what changed, in the judge's words (the failure message's)
             if e.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and e.explanation is not None:
                 lines.append(f"{e.outcome.value} {e.nodeid}: {e.explanation.headline}")
                 lines += [f"  - {line}" for line in e.explanation.lines]
+                if e.explanation.environment:
+                    lines.append(f"  - {e.explanation.environment_line}")
+            elif e.explanation is not None and e.explanation.environment:
+                others.setdefault(e.explanation.environment_line, []).append(e.nodeid)
+        for line, nodeids in others.items():  # said once for the tests that share it
+            who = nodeids[0] if len(nodeids) == 1 else f"{len(nodeids)} tests"
+            lines.append(f"{line} ({who})")
     else:
         lines.append("no test was measured (mark benchmarks with @pytest.mark.gpuprofile)")
     return lines

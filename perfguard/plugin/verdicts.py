@@ -19,6 +19,7 @@ import pytest
 
 from perfguard.baseline.record import TestRecord, instruction_counts
 from perfguard.capture.capturers import capture_name
+from perfguard.compare.explanation import Explanation
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import TestEntry
 from perfguard.errors import PerfguardError
@@ -97,6 +98,7 @@ class Verdicts:
         return against_from_store(
             ctx.store, self._walk, record, ctx.fingerprint,
             only=accepted.commits if accepted is not None else None,
+            environment=ctx.environment, across=ctx.settings.compare_across,
         )  # fmt: skip
 
     def _acceptance(self, nodeid: str) -> Any:
@@ -230,3 +232,7 @@ def _add_properties(item: pytest.Item, entry: dict[str, Any]) -> None:
     item.user_properties.append(("perfguard_explanation", why.get("headline") or ""))
     for k, culprit in enumerate((why.get("culprits") or [])[:3], 1):
         item.user_properties.append((f"perfguard_culprit_{k}", culprit.get("text") or ""))
+    changes = why.get("environment") or []
+    if changes:  # the environment since the baseline, in the explanation's words
+        line = Explanation.from_dict({"environment": changes}).environment_line
+        item.user_properties.append(("perfguard_environment", line))

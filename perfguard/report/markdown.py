@@ -74,6 +74,8 @@ def _line(t: TestEntry) -> str:
     host = t.host_count
     if host is not None and not any("host instructions" in line for line in why.lines):
         out.append(f"  - {_text(host.text(), _MAX_REASON)}")
+    if why.environment:
+        out.append(f"  - {_text(why.environment_line, _MAX_REASON)}")
     if t.accepted:
         out.append(f"  - {_text(t.accepted_text, _MAX_REASON)}")
     return "\n".join(out)
@@ -122,6 +124,15 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
         out.append("")
 
     rest = [t for t in tests if t.outcome.value not in _LISTED]
+    shared: dict[str, list[str]] = {}  # what changed anyway, said once for the tests sharing it
+    for t in rest:
+        if t.explained.environment:
+            shared.setdefault(t.explained.environment_line, []).append(t.nodeid)
+    for line, nodeids in shared.items():
+        who = _code(nodeids[0]) if len(nodeids) == 1 else f"{len(nodeids)} tests"
+        out.append(f"- {_text(line, _MAX_REASON)} ({who})")
+    if shared:
+        out.append("")
     if rest:
         by = ", ".join(f"{o}: {n}" for o in OUTCOMES if (n := sum(t.outcome == o for t in rest)))
         out += [f"<details><summary>{len(rest)} other tests ({by})</summary>", ""]

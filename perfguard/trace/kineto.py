@@ -36,6 +36,7 @@ from perfguard.arrays import factorize
 from perfguard.errors import TraceError
 from perfguard.trace.call_sites import first_user_frame
 from perfguard.trace.compiled import expand_compiled
+from perfguard.trace.environments import from_kineto
 from perfguard.trace.kineto_sidecar import apply_sidecar
 from perfguard.trace.kineto_split import read_split, split_worthwhile
 from perfguard.trace.kineto_stream import (
@@ -47,7 +48,13 @@ from perfguard.trace.kineto_stream import (
     read_plain,
     stream_events,
 )
-from perfguard.trace.model import NO_CORRELATION, Trace, checked_rank, concat_tables
+from perfguard.trace.model import (
+    NO_CORRELATION,
+    Trace,
+    checked_rank,
+    concat_tables,
+    merged_environment,
+)
 from perfguard.trace.names import is_backward_name, is_iteration_name, op_type_of
 from perfguard.trace.ranges import finalize_ranges
 
@@ -159,7 +166,7 @@ def read_kineto_dir(path: str | Path) -> Trace:
     meta = dict(traces[0].meta)
     meta.update(path=str(path), ranks=sorted(ranks), files=[str(f) for f in files])
     notes = [f"{f.name}: {n}" for f, tr in zip(files, traces, strict=True) for n in tr.notes]
-    return Trace(meta=meta, notes=notes, **merged)
+    return Trace(meta=meta, notes=notes, environment=merged_environment(traces), **merged)
 
 
 #: |time| in µs above which ns overflow int64 (~292 years; epoch µs today are ~1.7e15)
@@ -654,6 +661,7 @@ def _read(path: Path, rank: int | None, rank_default: int = 0) -> tuple[Trace, i
         threads=_threads(cols.table("threads", ["pid", "tid", "name"]), rank),
         meta=_meta(path, data, set(cols.cats), cols.legacy),
         notes=notes,
+        environment=from_kineto(data),
     )
     return trace, rank
 

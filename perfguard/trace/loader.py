@@ -26,7 +26,13 @@ import numpy as np
 from perfguard.errors import TraceError
 from perfguard.trace.gpu_ranges import RangeFilter
 from perfguard.trace.kineto import read_kineto
-from perfguard.trace.model import SCHEMA, Trace, checked_rank, concat_tables
+from perfguard.trace.model import (
+    SCHEMA,
+    Trace,
+    checked_rank,
+    concat_tables,
+    merged_environment,
+)
 from perfguard.trace.nsys import is_sqlite, read_nsys
 from perfguard.trace.xplane import (
     find_xplanes,
@@ -388,4 +394,4 @@ def merge_ranks(path: Path, files: list[Path], traces: list[Trace]) -> Trace:
     meta = dict(traces[0].meta)
     meta.update(path=str(path), ranks=sorted(ranks), files=[str(f) for f in files])
     notes = [f"rank {r}: {n}" for tr, r in zip(traces, ranks, strict=True) for n in tr.notes]
-    return Trace(meta=meta, notes=notes, **merged)
+    return Trace(meta=meta, notes=notes, environment=merged_environment(traces), **merged)

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.arrays import factorize
+from perfguard.environment import Environment
 from perfguard.errors import TraceError
 
 #: ``ranges.kind``: a categorical, since every analysis step asks "is it an op?"
@@ -304,6 +305,8 @@ class Trace:
     reader repaired, dropped or clamped in the capture (a truncated tail, an
     unclosed range, a negative duration): the analysis and the reports
     show them, so a repaired capture is never silently taken at face value.
+    ``environment``: the driver, clocks and library versions the capture records
+    (:mod:`perfguard.trace.environments`); unknown fields are empty.
     """
 
     ranges: pd.DataFrame = field(default_factory=lambda: empty_table("ranges"))
@@ -314,6 +317,7 @@ class Trace:
     threads: pd.DataFrame = field(default_factory=lambda: empty_table("threads"))
     meta: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    environment: Environment = field(default_factory=Environment)
 
     def __post_init__(self) -> None:
         for table in SCHEMA:
@@ -322,3 +326,10 @@ class Trace:
     def __repr__(self) -> str:
         sizes = ", ".join(f"{t}={len(getattr(self, t))}" for t in SCHEMA)
         return f"Trace({self.meta.get('format', '?')} {self.meta.get('version', '?')}: {sizes})"
+
+
+def merged_environment(traces: Iterable[Trace]) -> Environment:
+    """The environment of traces merged into one (ranks): the first's, each field it does
+    not know taken from the next that does."""
+    envs = [t.environment for t in traces]
+    return envs[0].filled_from(*envs[1:]) if envs else Environment()

@@ -33,7 +33,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfguard.environment import Environment
 from perfguard.errors import TraceError
+from perfguard.trace.environments import from_nsys
 from perfguard.trace.gpu_ranges import Launches, RangeFilter, filter_finalized, keep_mask
 from perfguard.trace.model import (
     KERNEL_GEOMETRY,
@@ -386,6 +388,7 @@ def _read(db: _Db, range_filter: RangeFilter | None = None) -> Trace:
         threads=_threads(db, strings),
         meta=_meta(db, strings),
         notes=notes,
+        environment=_environment(db),
     )
 
 
@@ -924,6 +927,21 @@ def _meta(db: _Db, strings: _Strings) -> dict[str, Any]:
         if cap:
             meta["command"] = " ".join(str(v) for _, v in cap)
     return meta
+
+
+def _environment(db: _Db) -> Environment:
+    """The driver, its CUDA version, the CPU and the GPUs' max SM clock
+    (:func:`perfguard.trace.environments.from_nsys`); a table this export lacks is empty."""
+    system: dict[str, str] = {}
+    if db.has("TARGET_INFO_SYSTEM_ENV", "name", "value"):
+        wanted = "('NvDriverVersion', 'CudaDriverVersion', 'CpuDescription')"
+        system = {str(k): str(v) for k, v in db.rows(
+            f"SELECT name, value FROM TARGET_INFO_SYSTEM_ENV WHERE name IN {wanted}")}  # fmt: skip
+    clocks: list[Any] = []
+    if db.has("TARGET_INFO_GPU", "clockRate"):
+        id_col = "id" if db.has("TARGET_INFO_GPU", "id") else "rowid"
+        clocks = [c for (c,) in db.rows(f"SELECT clockRate FROM TARGET_INFO_GPU ORDER BY {id_col}")]
+    return from_nsys(system, clocks)
 
 
 def _infer_version(db: _Db) -> str | None:

@@ -53,10 +53,17 @@ import pandas as pd
 
 from perfguard.arrays import factorize, per_distinct
 from perfguard.errors import TraceError
+from perfguard.trace.environments import from_xspace
 from perfguard.trace.hlo_proto import range_costs, space_costs
 from perfguard.trace.kineto import _MALFORMED, _check_plain, _us_to_ns
 from perfguard.trace.kineto_stream import read_plain
-from perfguard.trace.model import NO_CORRELATION, Trace, coded_text, concat_tables
+from perfguard.trace.model import (
+    NO_CORRELATION,
+    Trace,
+    coded_text,
+    concat_tables,
+    merged_environment,
+)
 from perfguard.trace.names import ITERATION_NAMES
 from perfguard.trace.ranges import finalize_ranges
 from perfguard.trace.xevents import DOUBLE_KIND, REF_KIND, TEXT_KINDS, Events, decode_events
@@ -400,6 +407,7 @@ def _trace(events: pd.DataFrame, planes: dict[str, dict[str, Any]], meta: dict[s
         ),
         meta=meta,
         notes=notes,
+        environment=from_xspace(planes),
     )
 
 
@@ -636,4 +644,5 @@ def read_xplane_dir(path: str | Path) -> Trace:
     merged["ranges"]["range_id"] = np.arange(len(merged["ranges"]), dtype=np.int64)
     meta = dict(traces[0].meta)
     meta.update(path=str(path), ranks=list(range(len(files))), files=[str(f) for f in files])
-    return Trace(meta=meta, notes=[n for tr in traces for n in tr.notes], **merged)
+    notes = [n for tr in traces for n in tr.notes]
+    return Trace(meta=meta, notes=notes, environment=merged_environment(traces), **merged)
