@@ -230,8 +230,9 @@ class SessionContext:
     def baseline_status(self) -> str:
         """One line on which baseline this session compared with, or why none."""
         m = self.match
-        if m is None:
-            return "; ".join(self.notes) or "no baseline"
+        if m is None:  # the first note says why (no git, a store error) or names A/B's base;
+            # the later ones (instruction counts, the fork server, saves) are listed apart
+            return self.notes[0] if self.notes else "no baseline"
         if m.found:
             return (
                 f"run {m.run_id} at {(m.commit or '')[:12]} ({m.distance} first-parent "
