@@ -72,7 +72,7 @@ def test_instructions_are_counted_saved_and_gated(pytester: pytest.Pytester) -> 
     assert counts[STEP_ID] > 100_000 and functions > 5
     with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
         (meta,) = db.execute("SELECT meta FROM tests WHERE nodeid = ?", (STEP_ID,)).fetchone()
-    assert json.loads(meta)["instructions_steps"] == 5  # of 8 recorded: counts do not vary
+    assert json.loads(meta)["instructions_steps"] == 3  # of 8 recorded: counts do not vary
 
     # the same code again: the count is the same, nothing is flagged
     run(repo).assert_outcomes(passed=2)
@@ -134,6 +134,7 @@ def test_ab_mode_counts_both_trees_and_gates_them(tmp_path) -> None:
     own code; 4 % more Python work in the head is a regression named by the interpreter, a
     test that did not change counts the same in both trees (well inside the budget), and
     every view shows the two counts."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -148,13 +149,16 @@ def test_ab_mode_counts_both_trees_and_gates_them(tmp_path) -> None:
     base = git(tmp_path, "rev-parse", "HEAD")
     (tmp_path / "test_step.py").write_text(STEP.format(extra=1500))
     git(tmp_path, "commit", "-qam", "B: a slower Python step")
+    # a session of its own, not an xdist worker of this one
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "--perfguard", f"--perfguard-against={base}", "--perfguard-ab-pairs=2",
+         "--perfguard", f"--perfguard-against={base}", "--perfguard-ab-pairs=3",
          "--perfguard-ab-budget=0", "--perfguard-metric=instructions"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     out = done.stdout + done.stderr
+    assert (tmp_path / ".perfguard" / "results.json").is_file(), out[-3000:]
     doc = json.loads((tmp_path / ".perfguard" / "results.json").read_text())
     assert any("in the base tree" in n and "counted under Callgrind" in n for n in doc["notes"]), (
         doc["notes"]
@@ -169,3 +173,32 @@ def test_ab_mode_counts_both_trees_and_gates_them(tmp_path) -> None:
     assert "instructions" in out and f"{100 * (c / b - 1):+.2f}%" in out  # the terminal column
     summary = (tmp_path / ".perfguard" / "summary.md").read_text()
     assert "host instructions" in summary
+
+
+def test_the_child_passes_on_only_the_variables_asked_for(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that needs its own variable is counted once the option names it; without it
+    the Callgrind child does not see the variable (a CI run's own ones must not reach it)."""
+    repo = init_repo(pytester)
+    repo.makepyfile(test_env="""
+import os
+import pytest
+
+
+@pytest.mark.gpuprofile(iterations=2, rounds=2, warmup=1, metrics=("wall_time", "instructions"))
+def test_env(gpuprofile):
+    assert os.environ.get("MYAPP_FLAG") == "1"
+    for _ in gpuprofile.iterations():
+        sum(range(1000))
+""")  # fmt: skip
+    commit(repo.path, "A")
+    monkeypatch.setenv("MYAPP_FLAG", "1")
+    run(repo).assert_outcomes(passed=1)
+    assert "test_env.py::test_env" not in _counts_in(results(repo))
+    run(repo, "--perfguard-instructions-env", "MYAPP_*").assert_outcomes(passed=1)
+    assert "test_env.py::test_env" in _counts_in(results(repo))
+
+
+def _counts_in(doc: dict) -> set[str]:
+    return {t["nodeid"] for t in doc["tests"] if (t.get("counted") or {}).get("instructions")}

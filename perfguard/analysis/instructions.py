@@ -120,3 +120,29 @@ def summarize(profile: CallgrindProfile, iterations: int) -> tuple[dict[str, flo
     for col in ("ir", "ir_inclusive", "est_cycles"):
         table[col] = table[col] / iterations
     return totals, table[list(FUNCTION_COLUMNS)]
+
+
+def mean_of(
+    measurements: list[tuple[dict[str, float], pd.DataFrame]],
+) -> tuple[dict[str, float], pd.DataFrame]:
+    """One block counted in several heap layouts (:func:`summarize` of each) as their mean:
+    the figures averaged, and each function's costs averaged over the layouts (0 where a
+    layout's table does not have it)."""
+    if not measurements:
+        raise ValueError("no measurement to average")
+    if len(measurements) == 1:
+        return measurements[0]
+    n = len(measurements)
+    keys = set.intersection(*(set(f) for f, _ in measurements))
+    figures = {k: sum(f[k] for f, _ in measurements) / n for k in sorted(keys)}
+    both = pd.concat([t for _, t in measurements], ignore_index=True)
+    table = both.groupby(["function", "object"], sort=False, as_index=False).agg(
+        op=("op", "first"),
+        ir=("ir", "sum"),
+        ir_inclusive=("ir_inclusive", "sum"),
+        est_cycles=("est_cycles", lambda c: c.sum(min_count=1)),
+    )
+    for col in ("ir", "ir_inclusive", "est_cycles"):
+        table[col] = table[col] / n
+    order = table["ir"].to_numpy().argsort(kind="stable")[::-1]
+    return figures, table.iloc[order].reset_index(drop=True)[list(FUNCTION_COLUMNS)]

@@ -133,7 +133,9 @@ class Coordinator:
         code first, as the round children do. The base tree's counts become the base
         record's, so the gates compare them like any counter."""
         assert self.ab is not None
-        self.base_instructions = InstructionSession(head.folder.parent, head.timeout, "base")
+        self.base_instructions = InstructionSession(
+            head.folder.parent, head.timeout, "base", head.keep_env
+        )
         for side, session in (("B", head), ("A", self.base_instructions)):
             root = self.ab.roots[side] / self.ab.head_rel
             ini = None

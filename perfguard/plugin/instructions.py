@@ -39,15 +39,29 @@ if TYPE_CHECKING:  # the plugin loads light: pandas comes with the first record
 
 #: the metric's name, for the marker's ``metrics=`` and ``--perfguard-metric``
 METRIC = "instructions"
-#: recorded steps counted per test at most: the count per step does not vary between runs,
-#: so more steps add nothing but time (an instrumented step runs ~50x slower; the CNN
-#: example's 20 steps took 8 min under Callgrind on the loaded 2-core VM)
-MAX_COUNTED_STEPS = 5
+#: recorded steps counted per test and layout at most: the count per step does not vary
+#: between runs, so more steps add nothing but time (an instrumented step runs ~50x slower;
+#: the CNN example's 20 steps took 8 min under Callgrind on the loaded 2-core VM)
+MAX_COUNTED_STEPS = 3
+#: heap layouts each test is counted in, its count their mean
+#: (:func:`perfguard.capture.instructions.layout_shift`): any code change moves every
+#: later address, and with it a step's count by up to ~0.16 % (a small extra op is
+#: +0.3 %); the mean of 4 layouts moves about half as much (benchmarks/README.md)
+LAYOUTS = 4
+#: set in a test's fork in the Callgrind child: the layout it is counted in
+_layout = 0
 
 
 def counted_steps(iterations: int) -> int:
-    """How many of a test's ``iterations`` recorded steps the Callgrind child counts."""
+    """How many of a test's ``iterations`` recorded steps the Callgrind child counts (in
+    each of the :data:`LAYOUTS`)."""
     return max(1, min(iterations, MAX_COUNTED_STEPS))
+
+
+def block_name() -> str:
+    """The dump name of the test running now in the Callgrind child: its node id and the
+    layout (``<nodeid>#<layout>``)."""
+    return f"{current_test()}#{_layout}"
 
 
 def callgrind_child() -> bool:
@@ -61,23 +75,31 @@ def current_test() -> str:
 
 
 class ForkEachTest:
-    """The Callgrind child's plugin: each test's protocol (set-up, call, teardown) runs in a
-    process forked from the collected session, which only waits for it. Reports stay in the
-    fork: the child exists for its dumps, the parent session reports the tests."""
+    """The Callgrind child's plugin: each test's protocol (set-up, call, teardown) runs in
+    processes forked from the collected session, one per layout (:data:`LAYOUTS`), which
+    only waits for them. Reports stay in the forks: the child exists for its dumps, the
+    parent session reports the tests."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the fork's coverage is not collected
-            code = 1
-            try:
-                from _pytest.runner import runtestprotocol
+        global _layout
+        for layout in range(LAYOUTS):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the fork's coverage is not collected
+                code = 1
+                try:
+                    from _pytest.runner import runtestprotocol
 
-                runtestprotocol(item, nextitem=None, log=False)
-                code = 0
-            finally:
-                os._exit(code)
-        os.waitpid(pid, 0)
+                    from perfguard.capture.instructions import layout_shift
+
+                    _layout = layout
+                    kept = layout_shift(layout)
+                    runtestprotocol(item, nextitem=None, log=False)
+                    del kept
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.waitpid(pid, 0)
         return True
 
 
@@ -85,11 +107,16 @@ class InstructionSession:
     """The session's Callgrind child and the dumps it left, by node id. In A/B mode there is
     one per tree (``tree``: "base" counts the base worktree's code, named in its notes)."""
 
-    def __init__(self, output: Path, timeout: float, tree: str = "") -> None:
+    def __init__(
+        self, output: Path, timeout: float, tree: str = "", keep_env: tuple[str, ...] = ()
+    ) -> None:
         self.folder = output / ("callgrind" + (f"-{tree}" if tree else ""))
         self.tree = tree
         self.timeout = timeout
-        self.dumps: dict[str, Path] = {}
+        #: the user's own variables the child passes on (``--perfguard-instructions-env``)
+        self.keep_env = keep_env
+        #: each test's dumps, one per layout counted
+        self.dumps: dict[str, list[Path]] = {}
         self.notes: list[str] = []
 
     def measure(
@@ -124,37 +151,53 @@ class InstructionSession:
         timeout = self.timeout * len(nodeids)  # the per-test limit, for the whole child
         try:
             run = run_callgrind(
-                [*argv, *nodeids], self.folder, timeout=timeout, cwd=rootdir, env=env
+                [*argv, *nodeids],
+                self.folder,
+                timeout=timeout,
+                cwd=rootdir,
+                env=env,
+                keep_env=self.keep_env,
             )
         except PerfguardError as exc:
-            self.dumps = named_dumps(self.folder)  # the tests that did finish
+            self.dumps = _by_test(named_dumps(self.folder))  # the tests that did finish
             self.notes.append(f"instructions{where}: the Callgrind child failed: {exc}")
             return
-        self.dumps = run.dumps
+        self.dumps = _by_test(run.dumps)
         self.notes.append(
             f"instructions of {len(self.dumps)} test(s) counted under Callgrind in one "
             f"child{where} ({run.wall_time_s:.0f} s)"
         )
 
-    def dump_of(self, nodeid: str) -> Path | None:
-        return self.dumps.get(nodeid)
+    def dumps_of(self, nodeid: str) -> list[Path]:
+        return self.dumps.get(nodeid, [])
 
     def counted(self, record: TestRecord, iterations: int, notes: list[str]) -> TestRecord:
         """``record`` with its loop's Callgrind counts when this session's child made them
         (``iterations``: the test's recorded steps per round, of which the child counted
         :func:`counted_steps`); the count goes into ``notes`` too."""
-        dump = self.dump_of(record.nodeid)
-        if dump is None:
+        dumps = self.dumps_of(record.nodeid)
+        if not dumps:
             return record
-        from perfguard.analysis.instructions import summarize
+        from perfguard.analysis.instructions import mean_of, summarize
         from perfguard.baseline.record import with_instructions
         from perfguard.trace.callgrind import read_callgrind
 
         steps = counted_steps(iterations)
-        figures, functions = summarize(read_callgrind(dump), steps)
+        figures, functions = mean_of([summarize(read_callgrind(d), steps) for d in dumps])
         where = f" in the {self.tree} tree" if self.tree else ""
         notes.append(
             f"host instructions per iteration{where}: {figures['instructions']:,.0f} "
-            f"({steps} step(s) counted under Callgrind)"
+            f"({steps} step(s) in each of {len(dumps)} heap layout(s) counted under Callgrind)"
         )
         return with_instructions(record, figures, functions, steps)
+
+
+def _by_test(dumps: dict[str, Path]) -> dict[str, list[Path]]:
+    """Dumps named ``<nodeid>#<layout>`` (:func:`block_name`) grouped by node id, in layout
+    order."""
+    out: dict[str, list[tuple[int, Path]]] = {}
+    for name, path in dumps.items():
+        nodeid, _, layout = name.rpartition("#")
+        if nodeid and layout.isdigit():
+            out.setdefault(nodeid, []).append((int(layout), path))
+    return {k: [p for _, p in sorted(v)] for k, v in out.items()}

@@ -161,7 +161,7 @@ class GpuProfile:
 
     def _plain(self) -> Generator[int, None, None]:
         # an ordinary test run: one round (rounds are replicates for a verdict)
-        from perfguard.plugin.instructions import callgrind_child, counted_steps, current_test
+        from perfguard.plugin.instructions import block_name, callgrind_child, counted_steps
 
         if not callgrind_child():
             yield from self._steps(range(-self.spec.warmup, self.spec.iterations))
@@ -170,9 +170,9 @@ class GpuProfile:
         from perfguard.capture.instructions import measured, uncounted
 
         # the session's Callgrind child: only the recorded steps are counted, under the
-        # test's node id (perfguard.plugin.instructions)
+        # test's node id and heap layout (perfguard.plugin.instructions)
         yield from self._steps(range(-self.spec.warmup, 0))
-        with measured(current_test()):
+        with measured(block_name()):
             yield from self._steps(range(counted_steps(self.spec.iterations)), uncounted)
         self.completed = True
 

@@ -112,6 +112,10 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "compare runs whose environment differs in this group anyway, the difference listed "
      "with the verdict: driver, clocks, power_limit, ecc, mig, cpu_quota or all (repeat "
      "the option or give a comma list)"),
+    ("perfguard_instructions_env", "--perfguard-instructions-env", "string",
+     "instructions: more environment variables the Callgrind child passes on (names or "
+     "fnmatch patterns, comma- or space-separated, e.g. 'MYAPP_*'); it passes only paths, "
+     "locale and framework settings, so a CI run's own variables cannot move the counts"),
     ("perfguard_children", "--perfguard-children", "string",
      "how A/B rounds and isolated tests start their child process: fork (default: from a "
      "warm server that imported the session's libraries once, never the trees' code) or "
@@ -135,6 +139,7 @@ _METAVARS = {
     "perfguard_children": "{fork,spawn}",
     "perfguard_metric": "{instructions}",
     "perfguard_compare_across": "GROUP[,GROUP]",
+    "perfguard_instructions_env": "PATTERNS",
 }
 
 
@@ -187,6 +192,8 @@ class Settings:
     metric: str | None = None  # "instructions": every measured test counts them too
     #: environment groups compared across anyway (perfguard.environment.GROUPS, or "all")
     compare_across: tuple[str, ...] = ()
+    #: environment variables (fnmatch patterns) the Callgrind child passes on besides its own
+    instructions_env: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -271,6 +278,8 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = _choice(str(value or "replace"), SAVE_MODE_CHOICES, "save mode")
             elif dest == "perfguard_metric":
                 values[dest] = None if not value else _choice(str(value), METRIC_CHOICES, "metric")
+            elif dest == "perfguard_instructions_env":
+                values[dest] = tuple(str(value or "").replace(",", " ").split())
             elif dest == "perfguard_children":
                 values[dest] = _choice(str(value or "fork"), CHILDREN_CHOICES, "children")
             elif dest == "perfguard_fail_on":
@@ -328,6 +337,7 @@ def read_settings(config: pytest.Config) -> Settings:
         children=values["perfguard_children"],
         metric=values["perfguard_metric"],
         compare_across=values["perfguard_compare_across"],
+        instructions_env=values["perfguard_instructions_env"],
     )
 
 

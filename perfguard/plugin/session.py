@@ -65,7 +65,9 @@ class PerfguardSession:
         self.runner = CaptureRunner(self.context)
         self.verdicts = Verdicts(self.context, self.outputs)
         #: the session's one Callgrind child, when a test asks for instructions
-        self.instructions = InstructionSession(settings.output, settings.timeout)
+        self.instructions = InstructionSession(
+            settings.output, settings.timeout, keep_env=settings.instructions_env
+        )
         self.runner.instructions = self.instructions
         self.child = RoundChild(self.context.round_child) if self.context.round_child else None
         self.coordinator: Coordinator | None = None
