@@ -122,7 +122,8 @@ def chart(
     tf: Callable[[np.ndarray], np.ndarray] = np.log10 if log else (lambda a: a)
     lo, hi = float(tf(finite).min()), float(tf(finite).max())
     pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 1.0
-    top = 18 if marks else 8
+    rows = _label_rows(marks, (width - 82) / max(x_count, 1))
+    top = 8 + 12 * (max(rows, default=-1) + 1)
     legend_h = 16 * ((len(lines) + 2) // 3) if legend else 0
     f = Frame(70, width - 12, top, height - 22 - legend_h, -0.5, max(x_count - 0.5, 0.5),
               lo - pad, hi + pad)  # fmt: skip
@@ -140,13 +141,14 @@ def chart(
         px = f.x(x)
         body.append(f'<text x="{px:.1f}" y="{f.bottom + 13}" text-anchor="middle">'
                     f"{escape(text)}</text>")  # fmt: skip
-    for m in marks:
+    for m, row in zip(marks, rows, strict=True):
         px = f.x(m.x)
         dash = ' stroke-dasharray="4 3"' if m.dashed else ""
         tip = f"<title>{escape(m.title)}</title>" if m.title else ""
-        body.append(f'<g class="mark"><line x1="{px:.1f}" y1="{top - 2}" x2="{px:.1f}" '
+        ty = 8 + 12 * row
+        body.append(f'<g class="mark"><line x1="{px:.1f}" y1="{ty - 8}" x2="{px:.1f}" '
                     f'y2="{f.bottom}" stroke="{m.colour}" stroke-width="1.5"{dash}/>'
-                    f'<text x="{px + 2:.1f}" y="{top - 6}" fill="{m.colour}">'
+                    f'<text x="{px + 2:.1f}" y="{ty}" fill="{m.colour}">'
                     f"{escape(m.label)}</text>{tip}</g>")  # fmt: skip
     if points is not None:
         dot_x, dot_y = points
@@ -170,6 +172,21 @@ def chart(
                         f"{escape(_clip(name, 48))}</text>")  # fmt: skip
     return (f'<svg role="img" aria-label="{escape(label)}" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" {FONT}>' + "".join(body) + "</svg>")  # fmt: skip
+
+
+def _label_rows(marks: Sequence[Mark], px_per_x: float) -> list[int]:
+    """A text row for each mark's label, so labels of marks close together do not overlap
+    (about 6 px a character at the charts' 10 px font)."""
+    ends: list[float] = []  # right end of the last label in each row
+    rows = []
+    for m in marks:
+        x = m.x * px_per_x
+        row = next((r for r, end in enumerate(ends) if x > end + 4), len(ends))
+        if row == len(ends):
+            ends.append(0.0)
+        ends[row] = x + 6 * len(m.label)
+        rows.append(row)
+    return rows
 
 
 def _clip(text: str, most: int) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 
 from perfguard.compare.units import human
 from perfguard.publish.charts import COLOURS, Mark, chart, sparkline
-from perfguard.publish.series import Analysed, Series
+from perfguard.publish.series import Analysed, CounterStepView, Series
 
 __all__ = ["IndexRow", "front_page", "index_row", "machine_page", "test_page"]
 
@@ -224,14 +224,22 @@ def _marks(s: Series, a: Analysed, x0: int) -> list[Mark]:
         out.append(Mark(float(pos[cp.index]), what, "#d55e00",
                         f"{cp.commit[:12]}: {cp.kind} {cp.change_pct:+.1f} % "
                         f"({duration(cp.before_ns)} → {duration(cp.after_ns)})"))  # fmt: skip
-    for st in a.counter_steps:
-        out.append(Mark(float(pos[st.index]), st.counter, "#7c3aed",
-                        f"{st.commit[:12]}: {st.counter} {human(st.before, st.counter)} → "
-                        f"{human(st.after, st.counter)}", dashed=True))  # fmt: skip
+    at: dict[int, list[CounterStepView]] = {}
+    for st in a.counter_steps:  # one mark per run: its counters in one label
+        at.setdefault(st.index, []).append(st)
+    order = {name: i for i, name in enumerate(COUNTER_TITLES)}
+    for index, steps in at.items():
+        steps.sort(key=lambda st: order.get(st.counter, len(order)))
+        names = [st.counter for st in steps]
+        label = names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1}"
+        what = "; ".join(f"{st.counter} {human(st.before, st.counter)} → "
+                         f"{human(st.after, st.counter)}" for st in steps)  # fmt: skip
+        out.append(Mark(float(pos[index]), label, "#7c3aed",
+                        f"{steps[0].commit[:12]}: {what}", dashed=True))  # fmt: skip
     for p, commit, reason, _, _ in s.acceptances:
         out.append(Mark(float(p - x0), "accepted", "#15803d",
                         f"accepted at {commit[:12]}: {reason}", dashed=True))  # fmt: skip
-    return out
+    return sorted(out, key=lambda m: m.x)
 
 
 def _change_table(s: Series, a: Analysed, fmt: Format) -> str:
