@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
@@ -126,30 +127,50 @@ def perfguard(*args: str, cwd: Path) -> str:
     return done.stdout
 
 
+def start_postgres() -> Any:
+    """A throwaway PostgreSQL cluster (tests/pgserver.py), or exit saying why not."""
+    from pgserver import WHY_NOT, PgServer, find_binaries
+
+    bindir = find_binaries()
+    if bindir is None:
+        raise SystemExit(f"no PostgreSQL server: {'; '.join(WHY_NOT)}")
+    return PgServer(bindir).start()
+
+
+def copy_and_publish(store: str, out: Path) -> None:
+    """The store copied onto a new PostgreSQL server and published from there."""
+    server = start_postgres()
+    try:
+        url = server.new_database()
+        print(perfguard("baseline", "migrate", "--store", store, "--to", url, cwd=out))
+        print(perfguard("publish", url, str(out / "site-postgresql"), "--repo",
+                        str(out / "project"), cwd=out))  # fmt: skip
+    finally:
+        server.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path, help="folder: project/, site/ (and store.db)")
     ap.add_argument("--store", help="store URL or path (default: OUT/store.db)")
     ap.add_argument("--commits", type=int, default=30)
+    ap.add_argument("--copy-to-postgres", action="store_true",
+                    help="then copy the store onto a throwaway PostgreSQL server (baseline "
+                         "migrate) and publish that too, to OUT/site-postgresql")  # fmt: skip
     ap.add_argument("--postgres", action="store_true",
                     help="a throwaway PostgreSQL server (tests/pgserver.py) holds the "
                          "store")  # fmt: skip
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    server = None
-    if args.postgres:
-        from pgserver import WHY_NOT, PgServer, find_binaries
-
-        bindir = find_binaries()
-        if bindir is None:
-            raise SystemExit(f"no PostgreSQL server: {'; '.join(WHY_NOT)}")
-        server = PgServer(bindir).start()
+    server = start_postgres() if args.postgres else None
     try:
         store = server.new_database() if server else (args.store or str(out / "store.db"))
         build(out / "project", store, args.commits)
         print(perfguard("publish", store, str(out / "site"), "--repo", str(out / "project"),
                         cwd=out))  # fmt: skip
+        if args.copy_to_postgres:
+            copy_and_publish(store, out)
     finally:
         if server is not None:
             server.stop()

@@ -141,7 +141,7 @@ def write_store(
                     tests += [(int(i), next_run, nodeids[t], metric, "{}")
                               for t, i in enumerate(ids)]  # fmt: skip
                     lv = np.array([plan.level(t, c) for t in range(n_t)]) * (1 + 0.2 * m)
-                    run_lv = lv * np.exp(plan.noise * rng.standard_normal(n_t))
+                    run_lv = lv * np.exp(plan.noise[:n_t] * rng.standard_normal(n_t))
                     timed = metric != "gpu_time"
                     n_rounds = ROUNDS + (1 if timed else 0)
                     vals = run_lv[:, None] * np.exp(
@@ -163,7 +163,7 @@ def write_store(
                         prof.tolist(),
                         strict=True,
                     )
-                    extra = plan.has_added & (c >= plan.added)
+                    extra = (plan.has_added & (c >= plan.added))[:n_t]
                     for t, i in enumerate(ids):
                         n_ops = len(OPS) - (0 if extra[t] else 1)
                         share = run_lv[t] / n_ops

@@ -31,6 +31,8 @@ COUNTER_TITLES = {
     "peak_memory": "peak memory", "instructions": "host instructions / iteration",
     "est_cycles": "estimated cycles / iteration", "tc_ops": "ops on Tensor Cores",
 }  # fmt: skip
+#: regressed tests the front page lists (each a sparkline: the page stays small)
+FRONT_MOST = 100
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
        "img-src data:")  # fmt: skip
 CSS = """
@@ -177,6 +179,9 @@ def front_page(rows: Sequence[IndexRow], *, store: str, ordered_by: str, when: s
     bad = sorted((r for r in rows if r.outcome == "regressed"),
                  key=lambda r: (r.machine_label, r.nodeid))  # fmt: skip
     parts.append(f"<h2>Regressed at the latest run: {len(bad)}</h2>")
+    if len(bad) > FRONT_MOST:  # the machine pages list the rest, worst first
+        parts.append(f'<p class="meta">the first {FRONT_MOST}; each machine\'s page lists all</p>')
+        bad = bad[:FRONT_MOST]
     if bad:
         parts.append("<table><thead><tr><th>test</th><th>machine</th><th>change</th>"
                      "<th>why</th><th>trend</th></tr></thead><tbody>")  # fmt: skip
