@@ -67,30 +67,29 @@ def _polyline(xs: np.ndarray, ys: np.ndarray) -> str:
 
 
 def sparkline(values: np.ndarray, *, width: int = 140, height: int = 26,
-              marks: Sequence[int] = ()) -> str:  # fmt: skip
+              marks: Sequence[int] = (), counter_marks: Sequence[int] = ()) -> str:  # fmt: skip
     """A small trend line of ``values`` with the last point dotted; ``marks``: indices of
-    change points, drawn as ticks."""
+    timing change points, ``counter_marks`` of counter steps, drawn as ticks."""
     v = np.asarray(values, dtype=np.float64)
     keep = np.isfinite(v)
     v, where = v[keep], np.cumsum(keep) - 1
     if not len(v):
         return ""
+    ticks = [(i, "#d55e00") for i in marks] + [(i, "#7c3aed") for i in counter_marks]
+    ticks = [(int(where[i]), c) for i, c in ticks if 0 <= i < len(where)]
     if len(v) > SPARK_POINTS:  # a point per 2 px at most: bin medians (a step stays a step)
         bins = np.linspace(0, len(v), SPARK_POINTS + 1).astype(int)
-        marks = [int(np.searchsorted(bins, where[i], side="right")) - 1 for i in marks]
+        ticks = [(int(np.searchsorted(bins, i, side="right")) - 1, c) for i, c in ticks]
         v = np.array([np.median(v[a:b]) for a, b in zip(bins[:-1], bins[1:], strict=True)])
-    else:
-        marks = [int(where[i]) for i in marks if 0 <= i < len(where)]
     lo, hi = float(v.min()), float(v.max())
     pad = (hi - lo) * 0.1 or abs(hi) * 0.05 or 1.0
     f = Frame(2, width - 4, 3, height - 3, -0.5, max(len(v) - 0.5, 0.5), lo - pad, hi + pad)
     xs, ys = _sx(f, np.arange(len(v))), _sy(f, v)
     body = [f'<polyline points="{_polyline(xs, ys)}" fill="none" stroke="{COLOURS[0]}" '
             f'stroke-width="1"/>']  # fmt: skip
-    for i in marks:
-        if 0 <= i < len(v):
-            body.append(f'<line x1="{xs[i]:.1f}" y1="1" x2="{xs[i]:.1f}" y2="{height - 1}" '
-                        'stroke="#d55e00" stroke-width="1"/>')  # fmt: skip
+    for i, colour in ticks:
+        body.append(f'<line x1="{xs[i]:.1f}" y1="1" x2="{xs[i]:.1f}" y2="{height - 1}" '
+                    f'stroke="{colour}" stroke-width="1"/>')  # fmt: skip
     body.append(f'<circle cx="{xs[-1]:.1f}" cy="{ys[-1]:.1f}" r="2" fill="{COLOURS[1]}"/>')
     return (f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} '
             f'{height}" aria-hidden="true">' + "".join(body) + "</svg>")  # fmt: skip
@@ -165,11 +164,12 @@ def chart(
                         f'stroke="{colour}" stroke-width="1.4"><title>{escape(name)}</title>'
                         "</polyline>")  # fmt: skip
         if legend:
-            lx0 = f.left + (k % 3) * (f.right - f.left) / 3
+            column = (f.right - f.left) / 3
+            lx0 = f.left + (k % 3) * column
             ly0 = height - legend_h + 12 + 16 * (k // 3)
             body.append(f'<rect x="{lx0:.0f}" y="{ly0 - 8}" width="10" height="10" '
                         f'fill="{colour}"/><text x="{lx0 + 14:.0f}" y="{ly0 + 1}">'
-                        f"{escape(_clip(name, 48))}</text>")  # fmt: skip
+                        f"{escape(_clip(name, int(column / 6.2) - 3))}</text>")  # fmt: skip
     return (f'<svg role="img" aria-label="{escape(label)}" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" {FONT}>' + "".join(body) + "</svg>")  # fmt: skip
 

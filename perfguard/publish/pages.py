@@ -208,7 +208,8 @@ def index_row(s: Series, a: Analysed, href: str) -> IndexRow:
         runs=len(s.runs), latest=fmt(float(levels[-1])), outcome=a.outcome, reason=a.reason,
         change_pct=a.change_pct if math.isfinite(a.change_pct) else None,
         change_points=len(a.change_points), counter_steps=len(a.counter_steps),
-        last_change=max(last)[1] if last else "", spark=sparkline(levels, marks=marks),
+        last_change=max(last)[1] if last else "",
+        spark=sparkline(levels, marks=marks, counter_marks=[st.index for st in a.counter_steps]),
     )  # fmt: skip
 
 
@@ -236,7 +237,7 @@ def _marks(s: Series, a: Analysed, x0: int) -> list[Mark]:
     for index, steps in at.items():
         steps.sort(key=lambda st: order.get(st.counter, len(order)))
         names = [st.counter for st in steps]
-        label = names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1}"
+        label = ", ".join(names) if len(names) <= 3 else f"{names[0]} & {len(names) - 1} more"
         what = "; ".join(f"{st.counter} {human(st.before, st.counter)} → "
                          f"{human(st.after, st.counter)}" for st in steps)  # fmt: skip
         out.append(Mark(float(pos[index]), label, "#7c3aed",
