@@ -144,6 +144,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "perfguard.commands.report",
     "perfguard.commands.history",
     "perfguard.commands.bisect",
+    "perfguard.commands.publish",
 )
 
 

@@ -14,7 +14,7 @@ import perfguard
 ROOT = Path(perfguard.__file__).parent
 #: the packages the design orders, lowest first: each may import only those before it
 LAYERS = ("errors", "arrays", "environment", "trace", "capture", "analysis", "baseline",
-          "compare", "report", "plugin")  # fmt: skip
+          "compare", "report", "publish", "plugin")  # fmt: skip
 CHECKED = ("capture", "baseline", "compare", "plugin")
 
 

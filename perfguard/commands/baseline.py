@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from perfguard.commands import argtypes
+from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
 
 DEFAULT_STORE = "baselines/perfguard.db"
 
@@ -41,10 +42,12 @@ def add_parser(subparsers: Any) -> None:
 
     p = sub.add_parser("list", parents=[store_opt], help="print the runs in the store")
     p.add_argument("--commit", metavar="SHA", help="only runs of this (abbreviated) commit")
+    add_json_option(p, "the runs and acceptances (perfguard.baseline-list/1)")
     p.set_defaults(func=run_list)
 
     p = sub.add_parser("show", parents=[store_opt], help="print one run's tests and medians")
     p.add_argument("run_id", type=int, metavar="RUN_ID")
+    add_json_option(p, "the run and its tests (perfguard.baseline-show/1)")
     p.set_defaults(func=run_show)
 
     p = sub.add_parser("export", parents=[store_opt], help="write runs to one JSON file")
@@ -140,6 +143,12 @@ def run_list(args: argparse.Namespace) -> int:
         accepted = store.acceptances()
     if args.commit:
         accepted = accepted[accepted["commit"].str.startswith(args.commit)]
+    if args.json_out:
+        from perfguard.compare.documents import runs_document
+
+        write_json(runs_document(runs, accepted), args.json_out)
+        if to_stdout(args):
+            return 0
     if runs.empty:
         print(f"no runs in {args.store}" + (f" for commit {args.commit}" if args.commit else ""))
         return 0
@@ -201,6 +210,12 @@ def run_show(args: argparse.Namespace) -> int:
         info, records = store.load_run(args.run_id)
         row = store.runs(commit=info.commit)
     row = row[row["run_id"] == args.run_id].iloc[0]
+    if args.json_out:
+        from perfguard.compare.documents import run_document
+
+        write_json(run_document(args.run_id, info, records), args.json_out)
+        if to_stdout(args):
+            return 0
     print(f"run {args.run_id}: commit {info.commit}" + (" (dirty)" if info.dirty else ""))
     print(f"  branch  {info.branch or '(detached)'}")
     print(f"  time    {info.time}")

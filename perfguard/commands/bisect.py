@@ -16,6 +16,7 @@ from typing import Any
 
 from perfguard.commands import argtypes
 from perfguard.commands.baseline import DEFAULT_STORE
+from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
 
 
 def add_parser(subparsers: Any) -> None:
@@ -53,13 +54,16 @@ def add_parser(subparsers: Any) -> None:
                         "(default: .perfguard/bisect)")  # fmt: skip
     p.add_argument("--timeout", type=argtypes.integer(1), default=3600, metavar="S",
                    help="longest A/B session per commit (default: 3600)")  # fmt: skip
+    add_json_option(p, "the bisection (perfguard.bisect/1, as bisect.json)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import sys
 
     from perfguard.bisect import Settings, bisect, format_markdown, format_text
+    from perfguard.compare.documents import document
     from perfguard.errors import CompareError
 
     pytest_args = [*args.tests, *shlex.split(args.pytest_args)]
@@ -75,12 +79,16 @@ def run(args: argparse.Namespace) -> int:
         oracle=args.oracle, tolerance=args.tolerance, store=args.store,
         repo=Path(args.repo), output=output, timeout=args.timeout,
     )  # fmt: skip
-    result = bisect(settings, say=lambda line: print(f"perfguard bisect: {line}", flush=True))
-    print()
-    print(format_text(result))
+    text = sys.stderr if to_stdout(args) else sys.stdout  # stdout is the document's then
+    result = bisect(settings, say=lambda line: print(f"perfguard bisect: {line}", flush=True,
+                                                     file=text))  # fmt: skip
+    print(file=text)
+    print(format_text(result), file=text)
+    doc = document("bisect", result.to_dict())
     (output / "bisect.md").write_text(format_markdown(result), encoding="utf-8")
-    (output / "bisect.json").write_text(
-        json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8"
-    )
-    print(f"\nwritten: {output / 'bisect.md'}, {output / 'bisect.json'}")
+    (output / "bisect.json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n",
+                                        encoding="utf-8")  # fmt: skip
+    if args.json_out:
+        write_json(doc, args.json_out)
+    print(f"\nwritten: {output / 'bisect.md'}, {output / 'bisect.json'}", file=text)
     return 0 if result.first_bad else 1

@@ -27,12 +27,12 @@ regressed, 0 otherwise, and 2 on bad input (``perfguard.cli.main``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from perfguard.commands import argtypes
+from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
 from perfguard.environment import Environment, parse_across
 from perfguard.environment import incompatibility as env_incompatibility
 
@@ -100,12 +100,7 @@ def add_parser(subparsers: Any) -> None:
         help="A/B mode: where the run's results.json, report.html and summary.md are "
         "written and kept (default: .perfguard/compare)",
     )
-    p.add_argument(
-        "--json",
-        dest="json_out",
-        metavar="FILE",
-        help='write {"tests": [...]} (results.json entries) to FILE',
-    )
+    add_json_option(p, "the verdicts (perfguard.compare/1: results.json entries)")
     p.add_argument(
         "--ops",
         type=int,
@@ -234,26 +229,22 @@ def run(args: argparse.Namespace) -> int:
             timing_incompatibility=timing_reason, environment=changes,
         ))  # fmt: skip
     gone = sorted(set(baseline.records) - set(current.records))
-    print(_table(results))
-    for r in results:
-        print(f"\n{r.outcome.value.upper()} {r.nodeid}\n  {r.explanation.text('    ')}")
-        if r.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and args.ops > 0:
-            print(_ops_table(r.ops.head(args.ops)))
-    for nodeid in gone:
-        print(f"\nMISSING {nodeid}: in the baseline, not in the current run")
+    if not to_stdout(args):
+        print(_table(results))
+        for r in results:
+            print(f"\n{r.outcome.value.upper()} {r.nodeid}\n  {r.explanation.text('    ')}")
+            if r.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and args.ops > 0:
+                print(_ops_table(r.ops.head(args.ops)))
+        for nodeid in gone:
+            print(f"\nMISSING {nodeid}: in the baseline, not in the current run")
     if args.json_out:
-        out = Path(args.json_out)
-        payload = {
-            "current": args.current,
-            "baseline": args.baseline,
-            "tests": [r.to_dict() for r in results],
-            "missing": gone,
-        }
-        try:
-            out.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
-        except OSError as exc:
-            raise CompareError(f"{out}: cannot write: {exc.strerror or exc}") from None
-        print(f"\nJSON written: {out}")
+        from perfguard.compare.documents import document
+
+        payload = {"mode": "records", "current": args.current, "baseline": args.baseline,
+                   "tests": [r.to_dict() for r in results], "missing": gone}  # fmt: skip
+        write_json(document("compare", payload), args.json_out)
+        if not to_stdout(args):
+            print(f"\nJSON written: {args.json_out}")
     return 1 if any(r.outcome is Outcome.REGRESSED for r in results) else 0
 
 
@@ -301,11 +292,17 @@ def run_ab(args: argparse.Namespace) -> int:
         ) from None
     doc = results.to_dict()
     tests = doc.get("tests", [])
-    for t in results.sorted_tests():
-        print(f"\n{t.outcome.value.upper()} {t.nodeid}\n  {t.explained.text('    ')}")
-    print(f"\nreport: {out / 'report.html'} (summary.md beside it)")
+    if not to_stdout(args):
+        for t in results.sorted_tests():
+            print(f"\n{t.outcome.value.upper()} {t.nodeid}\n  {t.explained.text('    ')}")
+        print(f"\nreport: {out / 'report.html'} (summary.md beside it)")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(doc, indent=1) + "\n")
+        from perfguard.compare.documents import document
+
+        payload = {"mode": "ab", "current": args.head or "working tree",
+                   "baseline": args.against, "tests": tests, "missing": [],
+                   "results": str(out / "results.json")}  # fmt: skip
+        write_json(document("compare", payload), args.json_out)
     return 1 if any(t["outcome"] == "regressed" for t in tests) else 0
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from perfguard.commands import argtypes
 from perfguard.commands.baseline import _human, store_option
+from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
 
 #: counters shown as columns when the records carry them, in this order
 SHOWN_COUNTERS = ("calls", "kernels", "flops", "syncs", "bytes")
@@ -41,6 +42,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--limit", type=argtypes.integer(2), metavar="N", help="only the latest N runs")
     p.add_argument("--ops", type=argtypes.integer(0), default=3, metavar="N",
                    help="ops listed under each change point (default: 3)")  # fmt: skip
+    add_json_option(p, "the history (perfguard.history/1; without TEST perfguard.history-list/1)")
     p.set_defaults(func=run)
 
 
@@ -146,12 +148,16 @@ def _print_counter_steps(hist: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from perfguard.baseline.store import open_store
+    from perfguard.compare.documents import document, history_document, history_summary
     from perfguard.compare.history import load_history
     from perfguard.errors import BaselineError
 
+    quiet = to_stdout(args)
+    summaries = []
+
     with open_store(args.store, create=False) as store:
         tests = [args.test] if args.test else store.nodeids()
-        if not tests:
+        if not tests and not args.json_out:
             print(f"no runs in {store.name}")
             return 0
         for nodeid in tests:
@@ -165,7 +171,13 @@ def run(args: argparse.Namespace) -> int:
                 continue  # a test with no run on this history: not listed
             accepted = _accepted_on(store, nodeid, args.repo, args.ref)
             if args.test:
-                _print_history(hist, accepted)
+                if args.json_out:
+                    write_json(history_document(hist, accepted), args.json_out)
+                if not quiet:
+                    _print_history(hist, accepted)
+                continue
+            summaries.append(history_summary(hist, accepted))
+            if quiet:
                 continue
             last = hist.change_points[-1] if hist.change_points else None
             moved = f"; last change {last.commit[:10]} {last.change_pct:+.1f} %" if last else ""
@@ -178,4 +190,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{nodeid}: {len(hist.levels)} run(s), latest "
                   f"{_human(float(hist.levels['value'].iloc[-1]))}, "
                   f"{len(hist.change_points)} timing change point(s){moved}{shown}")  # fmt: skip
+    if args.json_out and not args.test:
+        write_json(document("history-list", {"store": store.name, "ref": args.ref,
+                                             "tests": summaries}), args.json_out)  # fmt: skip
     return 0

@@ -1,0 +1,298 @@
+"""One test on one machine across first-parent commits: the unit a published page shows.
+
+:func:`split_series` cuts the store's tables (:mod:`perfguard.publish.data`)
+into one :class:`Series` per (machine, test) with one stable sort per table
+(no query and no record object per test or run). :func:`analyse` then finds
+what a reader looks for, with the library's own detectors only (the same
+as ``perfguard history``): timing change points
+(:func:`perfguard.compare.history.find_change_points`, which calls
+:func:`perfguard.compare.changepoint.detect`, with the ops whose time per
+iteration moved), exact counter steps
+(:func:`perfguard.compare.counter_steps.numeric_steps` and ``set_steps``),
+and the latest run's outcome: its rounds judged against the runs of the
+commit before it by :func:`perfguard.compare.timing.judge_store` with the
+series as history (since the last acceptance, as store mode does), and a
+counter step at the latest run makes it a gate regression or improvement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfguard.compare.counter_steps import numeric_steps, set_steps
+from perfguard.compare.history import ChangePoint, find_change_points
+from perfguard.compare.timing import judge_store
+from perfguard.publish.data import StoreTables
+
+__all__ = ["Analysed", "CounterStepView", "Series", "analyse", "split_series"]
+
+#: op table column of each counter a step may name ops for
+OP_COUNTERS = {"calls": "calls", "kernels": "kernels", "flops": "flops", "bytes": "bytes"}
+#: counters whose increase is a gate regression (as the gates judge them)
+GATED_UP = ("calls", "kernels", "flops", "bytes", "memcpy", "memcpy_bytes", "syncs",
+            "host_reads", "peak_memory", "instructions", "est_cycles")  # fmt: skip
+#: ops charted per test (by time per iteration over the series)
+TOP_OPS = 5
+
+
+@dataclass
+class Series:
+    """A test's runs on one machine, oldest first, and their rounds, counters and ops."""
+
+    machine: str
+    machine_label: str
+    nodeid: str
+    metric: str
+    #: run_id, test_id, commit, time, position (first-parent index), level, n_rounds
+    runs: pd.DataFrame
+    #: run (row of ``runs``), value: every judged round
+    rounds: pd.DataFrame
+    #: run, counter, value, stable_value
+    counters: pd.DataFrame
+    #: run, op_id, op_name, time_ns, calls, kernels, flops, bytes, using_tc, dtypes
+    ops: pd.DataFrame
+    #: (position, commit, reason, time, author) of the test's acceptances on this line
+    acceptances: list[tuple[int, str, str, str, str]] = field(default_factory=list)
+
+    def digest(self, salt: str) -> str:
+        """A hash of everything the page shows: an unchanged series keeps its page."""
+        h = hashlib.sha256(salt.encode())
+        h.update(f"{self.machine}\0{self.machine_label}\0{self.nodeid}\0{self.metric}".encode())
+        for frame in (self.runs, self.rounds, self.counters, self.ops):
+            h.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+        h.update(repr(self.acceptances).encode())
+        return h.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class CounterStepView:
+    """An exact counter change at ``index`` (a row of the series' runs)."""
+
+    index: int
+    commit: str
+    counter: str
+    before: float
+    after: float
+    ops: tuple[tuple[str, float, float], ...]
+
+
+@dataclass
+class Analysed:
+    """What a page shows beyond the series itself."""
+
+    change_points: list[ChangePoint]
+    counter_steps: list[CounterStepView]
+    outcome: str  # the latest run's outcome (an Outcome value)
+    reason: str
+    change_pct: float  # latest run vs its baseline, % (NaN when not judged)
+    top_ops: list[str]
+
+
+def _positions(runs: pd.DataFrame, walk: list[str] | None) -> pd.Series:
+    """First-parent index of each run's commit (NaN off the line); by time without git."""
+    if walk is None:
+        order = runs["time"].rank(method="dense").astype(np.int64) - 1
+        return order.astype(np.float64)
+    index = {sha: i for i, sha in enumerate(walk)}
+    return runs["commit"].map(index).astype(np.float64)
+
+
+def _rows(frame: pd.DataFrame, at: np.ndarray, lo: int, hi: int) -> pd.DataFrame:
+    """The rows of ``frame`` (sorted by ``at``, a row of the tests table) of tests
+    ``lo..hi-1``, their ``run`` counted from ``lo``."""
+    a, b = np.searchsorted(at, [lo, hi])
+    sub = frame.iloc[a:b].drop(columns="test_id")
+    return sub.assign(row=sub["row"] - lo).rename(columns={"row": "run"}).reset_index(drop=True)
+
+
+def split_series(tables: StoreTables, walk: list[str] | None) -> list[Series]:
+    """One Series per (machine, test) with runs on ``walk`` (shas oldest first; None: every
+    run, ordered by time)."""
+    runs = tables.runs.assign(position=_positions(tables.runs, walk))
+    runs = runs.dropna(subset=["position"])
+    t = tables.tests.merge(runs[["run_id", "commit", "time", "position", "machine",
+                                 "machine_label"]], on="run_id")  # fmt: skip
+    t = t.dropna(subset=["level"])
+    t["position"] = t["position"].astype(np.int64)
+    t = t.sort_values(["machine", "nodeid", "position", "time", "run_id"], kind="stable")
+    t = t.reset_index(drop=True)
+    if t.empty:
+        return []
+    key = t["machine"].astype(str) + "\0" + t["nodeid"].astype(str)
+    code = pd.factorize(key, sort=False)[0]
+    bounds = np.flatnonzero(np.r_[True, code[1:] != code[:-1], True])
+    # row of each test_id in t (its series and run): lookups by array, not per record
+    row_of = pd.Series(np.arange(len(t)), index=t["test_id"].to_numpy())
+
+    def by_series(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+        row = frame["test_id"].map(row_of)
+        frame = frame.assign(row=row).dropna(subset=["row"])
+        frame["row"] = frame["row"].astype(np.int64)
+        frame = frame.sort_values("row", kind="stable").reset_index(drop=True)
+        return frame, frame["row"].to_numpy()
+
+    rounds, r_rows = by_series(tables.rounds)
+    counters, c_rows = by_series(tables.counters)
+    ops, o_rows = by_series(tables.ops)
+    acc = tables.acceptances
+    pos_of = {sha: i for i, sha in enumerate(walk)} if walk is not None else {}
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        part = t.iloc[lo:hi]
+        first = part.iloc[0]
+        nodeid = str(first["nodeid"])
+
+        mine = acc[acc["nodeid"] == nodeid] if len(acc) else acc
+        accepted = [
+            (int(pos_of[str(a.commit)]), str(a.commit), str(a.reason), str(a.time),
+             str(a.author or ""))
+            for a in mine.itertuples(index=False) if str(a.commit) in pos_of
+        ]  # fmt: skip
+        out.append(Series(
+            machine=str(first["machine"]), machine_label=str(first["machine_label"]),
+            nodeid=nodeid, metric=str(first["metric"]),
+            runs=part[["run_id", "test_id", "commit", "time", "position", "level",
+                       "n_rounds"]].reset_index(drop=True),
+            rounds=_rows(rounds, r_rows, lo, hi),
+            counters=_rows(counters, c_rows, lo, hi),
+            ops=_rows(ops, o_rows, lo, hi),
+            acceptances=accepted,
+        ))  # fmt: skip
+    return out
+
+
+def _op_levels(s: Series) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Index run_id, a column per op: its time per iteration (0 where a run lacks it)."""
+    if s.ops.empty:
+        return pd.DataFrame(index=s.runs["run_id"]), {}
+    wide = s.ops.pivot_table(index="run", columns="op_id", values="time_ns", aggfunc="sum",
+                             observed=True, fill_value=0.0)  # fmt: skip
+    wide = wide.reindex(range(len(s.runs)), fill_value=0.0)
+    wide.index = s.runs["run_id"].to_numpy()
+    names = s.ops.drop_duplicates("op_id").set_index("op_id")["op_name"]
+    return wide, {str(k): str(v) for k, v in names.items()}
+
+
+def _counter_steps(s: Series) -> list[CounterStepView]:
+    run_ids = s.runs["run_id"].to_numpy(np.int64)
+    found: list[tuple[int, str, float, float, tuple[tuple[str, float, float], ...]]] = []
+    if len(s.counters):
+        rows = pd.DataFrame({"run_id": run_ids[s.counters["run"].to_numpy()], "op_id": "",
+                             "op_name": "", "counter": s.counters["counter"].astype(str),
+                             "value": s.counters["stable_value"], "stable": True})  # fmt: skip
+        found += numeric_steps(rows, run_ids, top_ops=0)
+    if len(s.ops):
+        tc = s.ops[s.ops["using_tc"].fillna(0).astype(bool)]
+        typed = s.ops[s.ops["dtypes"].astype(str).isin(["", "nan", "None"]) == False]  # noqa: E712
+        members = pd.concat([
+            pd.DataFrame({"run_id": run_ids[tc["run"].to_numpy()], "counter": "tc_ops",
+                          "member": tc["op_name"].astype(str), "key": tc["op_name"].astype(str)}),
+            pd.DataFrame({"run_id": run_ids[typed["run"].to_numpy()], "counter": "dtypes",
+                          "member": typed["op_name"].astype(str) + "\x1f"
+                          + typed["dtypes"].astype(str), "key": typed["op_name"].astype(str)}),
+        ], ignore_index=True)  # fmt: skip
+        found += _set_steps(members, run_ids[np.sort(s.ops["run"].unique())], run_ids)
+    commits = s.runs["commit"].astype(str).to_numpy()
+    steps = []
+    for i, counter, before, after, named in sorted(found, key=lambda f: (f[0], f[1])):
+        if not named and counter in OP_COUNTERS:
+            named = _ops_moved(s, i, OP_COUNTERS[counter])
+        steps.append(CounterStepView(i, str(commits[i]), counter, before, after, named))
+    return steps
+
+
+def _set_steps(members: pd.DataFrame, observed: np.ndarray, run_ids: np.ndarray) -> list[Any]:
+    """:func:`set_steps` on the runs where a set changed only (and the run before each):
+    a set equal to the previous run's makes no step, and ``set_steps`` costs a groupby per
+    run. Signatures per run are one vectorised hash; positions map back to ``run_ids``."""
+    if members.empty:
+        return []
+    sig = members.assign(h=pd.util.hash_pandas_object(members[["counter", "member"]],
+                                                      index=False).to_numpy())  # fmt: skip
+    per_run = sig.groupby("run_id")["h"].sum().reindex(observed, fill_value=0).to_numpy()
+    moved = np.flatnonzero(per_run[1:] != per_run[:-1]) + 1
+    if not len(moved):
+        return []
+    keep = observed[np.unique(np.r_[moved, moved - 1])]
+    where = {int(r): i for i, r in enumerate(run_ids)}
+    found = set_steps(members[members["run_id"].isin(keep)], {int(r) for r in keep}, keep)
+    return [(where[int(keep[i])], *rest) for i, *rest in found]
+
+
+def _ops_moved(s: Series, i: int, column: str) -> tuple[tuple[str, float, float], ...]:
+    """The ops whose ``column`` moved most between run ``i - 1`` and run ``i``."""
+    run = s.ops["run"].to_numpy()
+    two = s.ops[(run == i - 1) | (run == i)]
+    names = two["op_name"].astype(str).to_numpy()
+    values = np.nan_to_num(two[column].to_numpy(np.float64))
+    before: dict[str, float] = {}
+    after: dict[str, float] = {}
+    for name, value, at in zip(names, values, two["run"].to_numpy(), strict=True):
+        side = after if at == i else before
+        side[name] = side.get(name, 0.0) + float(value)
+    moved = {n: abs(after.get(n, 0.0) - before.get(n, 0.0)) for n in {*before, *after}}
+    top = sorted((n for n in moved if moved[n] > 0), key=lambda n: (-moved[n], n))[:3]
+    return tuple((n, before.get(n, 0.0), after.get(n, 0.0)) for n in top)
+
+
+def _latest(s: Series, steps: list[CounterStepView], tolerance: float) -> tuple[str, str, float]:
+    """(outcome, reason, change %) of the latest run against the commit before it."""
+    runs = s.runs
+    last = len(runs) - 1
+    pos = runs["position"].to_numpy()
+    start = max((a[0] for a in s.acceptances if a[0] <= pos[last]), default=-1)
+    earlier = np.flatnonzero((pos < pos[last]) & (pos >= start))
+    if not len(earlier):
+        why = "no run since the acceptance" if start >= 0 else "first run on this machine"
+        return ("no-baseline" if start >= 0 else "new"), why, math.nan
+    base_pos = pos[earlier[-1]]
+    base_runs = np.flatnonzero(pos == base_pos)
+    rnd = s.rounds
+    current = rnd.loc[rnd["run"] == last, "value"].to_numpy()
+    baseline = rnd.loc[rnd["run"].isin(base_runs), "value"].to_numpy()
+    history = runs["level"].to_numpy()[earlier]
+    verdict = judge_store(current, baseline, history, metric=s.metric, tolerance=tolerance,
+                          alpha=0.01, baseline_runs=len(base_runs))  # fmt: skip
+    outcome, reason = verdict.outcome.value, verdict.message
+    at_last = [st for st in steps if st.index == last and st.counter in GATED_UP]
+    up = [st for st in at_last if st.after > st.before]
+    if up:
+        outcome = "regressed"
+        reason = "; ".join(f"{st.counter} {st.before:.4g} → {st.after:.4g}" for st in up)
+    elif at_last and outcome in ("unchanged", "noisy", "not-judged"):
+        outcome = "improved"
+        reason = "; ".join(f"{st.counter} {st.before:.4g} → {st.after:.4g}" for st in at_last)
+    return outcome, reason, float(verdict.delta_pct)
+
+
+def analyse(s: Series, *, tolerance: float = 0.05, top_ops: int = TOP_OPS) -> Analysed:
+    """Change points, counter steps, the latest outcome and the top ops of ``s``."""
+    op_levels, names = _op_levels(s)
+    levels = pd.DataFrame({"run_id": s.runs["run_id"], "commit": s.runs["commit"].astype(str),
+                           "value": s.runs["level"]})  # fmt: skip
+    points = find_change_points(levels, op_levels=op_levels, op_names=names)
+    steps = _counter_steps(s)
+    outcome, reason, change = _latest(s, steps, tolerance)
+    mean = op_levels.mean().sort_values(ascending=False, kind="stable")
+    top = [str(op) for op in mean.index[:top_ops] if mean[op] > 0]
+    return Analysed(points, steps, outcome, reason, change, top)
+
+
+def op_names(s: Series) -> dict[str, str]:
+    """op_id -> op name of the series' ops."""
+    return _op_levels(s)[1]
+
+
+def plain(value: Any) -> Any:
+    """A JSON-safe copy of ``value`` (numpy scalars unboxed, NaN as None)."""
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(float(value)) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value

@@ -1,0 +1,205 @@
+"""``perfguard publish``: a static site of a store, rebuilt incrementally and in parallel.
+
+The steps: read the store's tables once (:mod:`.data`), cut them into one
+series per machine and test on the first-parent line of ``ref``
+(:mod:`.series`), then for each series hash what its page would show. The
+manifest (``manifest.json`` in the site) keeps each page's hash and its
+index row: a page whose hash is unchanged is neither analysed nor written
+again, a page no series produces any more is removed, and the index is
+rewritten only when a row changed. The pages to build are shared among
+worker processes forked after the tables are read (each series is
+independent; the change-point search dominates), so the work scales with
+the cores and with what changed, not with the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from perfguard.errors import BaselineError, PerfguardError
+from perfguard.publish.data import load_tables
+from perfguard.publish.pages import IndexRow, front_page, index_row, machine_page, test_page
+from perfguard.publish.series import Series, analyse, op_names, split_series
+
+__all__ = ["MANIFEST", "PAGE_VERSION", "Published", "publish"]
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "perfguard.publish-manifest/1"
+
+
+def _code_version() -> str:
+    """A hash of this package's source: a page written by other code (another layout,
+    another detector in compare/) is rebuilt once, with no version to remember to bump."""
+    import perfguard.compare.changepoint as changepoint
+    import perfguard.compare.counter_steps as counter_steps
+
+    h = hashlib.sha256()
+    files = sorted(Path(__file__).parent.glob("*.py"))
+    for path in [*files, Path(changepoint.__file__), Path(counter_steps.__file__)]:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+#: what every page's hash starts from (see _code_version)
+PAGE_VERSION = _code_version()
+#: the largest page the site should have (issue 30): reported when exceeded
+PAGE_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a publish did."""
+
+    out_dir: Path
+    series: int
+    rebuilt: int
+    kept: int
+    removed: int
+    largest_page: int  # bytes
+    ordered_by: str
+    seconds: float
+
+    def describe(self) -> str:
+        over = " (over 1 MB)" if self.largest_page > PAGE_LIMIT else ""
+        return (f"published {self.series} test series to {self.out_dir / 'index.html'}: "
+                f"{self.rebuilt} page(s) rebuilt, {self.kept} unchanged, {self.removed} "
+                f"removed; largest page {self.largest_page / 1024:.0f} KB{over}; runs "
+                f"{self.ordered_by}; {self.seconds:.1f} s")  # fmt: skip
+
+
+def _slug(text: str, most: int = 60) -> str:
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[-most:] or "x"
+    return f"{clean}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
+def _walk(repo: str | os.PathLike[str] | None, ref: str) -> tuple[list[str] | None, str]:
+    """First-parent shas of ``ref`` oldest first, and how the site orders runs."""
+    if repo is None:
+        return None, "ordered by time (no git repository given)"
+    from perfguard.baseline.git import first_parent_commits
+
+    try:
+        walk = first_parent_commits(repo, ref, max_depth=1_000_000)[::-1]
+    except PerfguardError as exc:
+        return None, f"ordered by time ({' '.join(str(exc).split())})"
+    return walk, f"on the first-parent history of {ref}"
+
+
+# the state a forked worker reads (set before the pool starts; fork shares it)
+_WORK: dict[str, Any] = {}
+
+
+def _build(i: int) -> tuple[str, str, dict[str, Any], int]:
+    """Analyse series ``i`` of the work list, write its page; (path, hash, row, bytes)."""
+    s: Series = _WORK["series"][i]
+    rel, digest = _WORK["paths"][i], _WORK["digests"][i]
+    a = analyse(s, tolerance=_WORK["tolerance"])
+    html = test_page(s, a, op_names(s), index_href="index.html",
+                     report_url=_WORK["report_url"], machine_slug=rel.split("/")[0])  # fmt: skip
+    path = _WORK["out"] / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = html.encode("utf-8")
+    path.write_bytes(data)
+    return rel, digest, asdict(index_row(s, a, rel)), len(data)
+
+
+def _read_manifest(out: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        return {}
+    pages = doc.get("pages")
+    return pages if isinstance(pages, dict) else {}
+
+
+def publish(
+    store_location: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    repo: str | os.PathLike[str] | None = ".",
+    ref: str = "HEAD",
+    report_url: str | None = None,
+    tolerance: float = 0.05,
+    jobs: int | None = None,
+) -> Published:
+    """Publish the store at ``store_location`` as a static site in ``out_dir``.
+
+    ``repo``/``ref``: the git history whose first-parent line orders the runs
+    (None: order by run time). ``report_url``: a link to each run's report,
+    ``{commit}``, ``{run_id}`` and ``{machine}`` filled in (e.g. a CI artifact
+    URL); the store itself keeps no report. ``jobs``: worker processes
+    (default: one per core, at most 8).
+    """
+    from perfguard.baseline.store import open_store
+
+    started = time.perf_counter()
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BaselineError(f"{out}: cannot write the site there ({exc.strerror or exc})") from None
+    jobs = jobs or min(os.cpu_count() or 1, 8)
+    with open_store(store_location, create=False) as store:
+        name = store.name
+    tables = load_tables(store_location, jobs=jobs)
+    walk, ordered_by = _walk(repo, ref)
+    series = split_series(tables, walk)
+    if walk is not None and not series and len(tables.tests):
+        walk, ordered_by = None, f"ordered by time (no stored commit is on {ref})"
+        series = split_series(tables, None)
+    salt = json.dumps([PAGE_VERSION, report_url, tolerance])
+    old = _read_manifest(out)
+    paths = [f"{_slug(s.machine_label, 40)}/{_slug(s.nodeid)}.html" for s in series]
+    digests = [s.digest(salt) for s in series]
+    todo = [i for i, (rel, d) in enumerate(zip(paths, digests, strict=True))
+            if old.get(rel, {}).get("hash") != d or not (out / rel).exists()]  # fmt: skip
+    _WORK.update(series=series, paths=paths, digests=digests, out=out, tolerance=tolerance,
+                 report_url=report_url)  # fmt: skip
+    try:
+        if jobs > 1 and len(todo) > 4:
+            ctx = multiprocessing.get_context("fork")
+            with ctx.Pool(min(jobs, len(todo))) as pool:
+                built = pool.map(_build, todo, chunksize=max(1, len(todo) // (jobs * 8)))
+        else:
+            built = [_build(i) for i in todo]
+    finally:
+        _WORK.clear()
+    pages = {rel: old[rel] for rel in paths if rel in old}
+    for rel, digest, row, size in built:
+        pages[rel] = {"hash": digest, "row": row, "bytes": size}
+    removed = 0
+    for rel in set(old) - set(paths):
+        stale = out / rel
+        if stale.is_file() and stale.resolve().is_relative_to(out.resolve()):
+            stale.unlink()
+            removed += 1
+    rows = [IndexRow(**pages[rel]["row"]) for rel in paths]
+    latest = str(tables.runs["time"].max()) if len(tables.runs) else "never"
+    common = {"store": name, "ordered_by": ordered_by, "when": f"latest run {latest}"}
+    indexes = {"index.html": front_page(rows, **common)}
+    by_folder: dict[str, list[IndexRow]] = {}
+    for rel, index_entry in zip(paths, rows, strict=True):
+        by_folder.setdefault(rel.split("/", 1)[0], []).append(index_entry)
+    for folder, mine in by_folder.items():
+        page = machine_page(mine, label=mine[0].machine_label, **common)
+        indexes[f"{folder}/index.html"] = page
+    for rel, text in indexes.items():  # cheap to render; written only when they changed
+        target = out / rel
+        if not target.exists() or target.read_text(encoding="utf-8") != text:
+            target.write_text(text, encoding="utf-8")
+    sizes = [int(p.get("bytes", 0)) for p in pages.values()]
+    sizes += [len(text.encode()) for text in indexes.values()]
+    (out / MANIFEST).write_text(json.dumps({"format": MANIFEST_FORMAT, "pages": pages},
+                                           sort_keys=True) + "\n", encoding="utf-8")  # fmt: skip
+    return Published(out, len(series), len(built), len(series) - len(built), removed,
+                     max(sizes), ordered_by, time.perf_counter() - started)  # fmt: skip

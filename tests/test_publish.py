@@ -1,0 +1,138 @@
+"""``perfguard publish``: the store read in bulk gives what ``perfguard history`` gives per
+test, the pages show the real history's change points and counter steps, an unchanged
+series is never rebuilt, and the site makes no request outside itself.
+
+The store is real: ``tests/data/history_steps.json`` (30 real ``pytest --perfguard
+--perfguard-save`` sessions, a +10 % step with an op added and a -5 % one) replayed onto
+a real git repository (:func:`test_history.replay`), in SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_history import RECORDED, replay, store_location  # noqa: F401 - a fixture
+
+from perfguard.baseline.store import Store
+from perfguard.cli import main
+from perfguard.compare.history import load_history, run_levels
+from perfguard.publish import publish
+from perfguard.publish.data import load_tables
+from perfguard.publish.series import analyse, split_series
+from perfguard.publish.site import MANIFEST
+
+REPO = Path(__file__).resolve().parents[1]
+NODEID = "test_bench.py::test_step"
+
+
+@pytest.fixture
+def replayed(tmp_path, store_location):  # noqa: F811 - the imported fixture
+    return replay(RECORDED, tmp_path, store_location)
+
+
+def _pages(site: Path) -> list[Path]:
+    return sorted(p for p in site.rglob("*.html"))
+
+
+def test_bulk_levels_equal_history_per_test(replayed):
+    """One scan of the samples gives each run the level ``run_levels`` computes per test
+    (CPU time: the fastest iteration of each unprofiled round, the median of rounds)."""
+    location, repo, shas, _ = replayed
+    tables = load_tables(location)
+    with Store(location) as store:
+        want = run_levels(store, NODEID)
+    got = tables.tests.set_index("run_id").loc[want["run_id"], "level"].to_numpy()
+    assert np.array_equal(got, want["value"].to_numpy())
+    assert (tables.tests["n_rounds"] == want["n_rounds"].iloc[0]).all()
+    assert {"calls", "flops", "bytes"} <= set(tables.counters["counter"].astype(str))
+
+
+def test_synthetic_gpu_and_cpu_levels_equal_history(tmp_path, monkeypatch):
+    """The scale benchmark's store (GPU time: median of profiled rounds; CPU time with a
+    profiled round apart) read in bulk equals ``run_levels`` for every test and machine."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import publish_scale
+
+    shas = publish_scale.make_repo(tmp_path / "repo", 14)
+    publish_scale.write_store(tmp_path / "s.db", shas, publish_scale.Plan(4, 14))
+    monkeypatch.setattr("perfguard.publish.data.PARALLEL_RECORDS", 0)  # read by 3 workers
+    tables = load_tables(tmp_path / "s.db", jobs=3)
+    with Store(tmp_path / "s.db") as store:
+        for nodeid in store.nodeids():
+            want = run_levels(store, nodeid)
+            got = tables.tests[tables.tests["nodeid"] == nodeid].set_index("run_id")
+            assert np.allclose(got.loc[want["run_id"], "level"], want["value"], rtol=0, atol=0)
+    assert len(tables.tests) == 14 * 3 * 4
+
+
+def test_series_analysis_finds_the_real_steps(replayed):
+    """The change points and counter steps a page shows are ``perfguard history``'s."""
+    location, repo, shas, steps = replayed
+    tables = load_tables(location)
+    with Store(location) as store:
+        hist = load_history(store, NODEID, repo=repo)
+    (series,) = split_series(tables, shas)
+    assert series.runs["commit"].tolist() == shas
+    a = analyse(series)
+    assert [cp.commit for cp in a.change_points] == [cp.commit for cp in hist.change_points]
+    assert a.change_points[0].commit == shas[steps["up"]]
+    assert a.change_points[0].ops[0].op_name == "extra_work"
+    got = {(s.commit, s.counter) for s in a.counter_steps}
+    assert got == {(s.commit, s.counter) for s in hist.counter_steps}
+    calls = next(s for s in a.counter_steps if s.counter == "calls")
+    assert calls.ops and calls.ops[0][1] < calls.ops[0][2]  # the op whose calls went up
+    # this recording kept one round per run: too few to judge, as store mode would say
+    assert a.outcome == "not-judged" and "round" in a.reason
+
+
+def test_publish_writes_the_site_and_rebuilds_only_what_changed(replayed, tmp_path):
+    location, repo, shas, steps = replayed
+    site = tmp_path / "site"
+    first = publish(location, site, repo=repo, report_url="https://ci.example/{commit}/r.html")
+    assert (first.series, first.rebuilt, first.kept, first.removed) == (1, 1, 0, 0)
+    (page,) = [p for p in _pages(site) if p.name != "index.html"]
+    html = page.read_text()
+    assert shas[steps["up"]][:10] in html and "extra_work" in html  # the step, its op
+    assert "Counter change points" in html and "calls" in html
+    assert f"https://ci.example/{shas[0]}/r.html" in html  # each run's report
+    assert html.count("<svg") >= 4  # level, counters, top ops
+    assert first.largest_page < 1 << 20
+    for p in _pages(site):  # nothing the browser would fetch
+        text = p.read_text()
+        assert not re.search(r'(src|href)="(https?:)?//', text.replace("https://ci.example", ""))
+        assert "Content-Security-Policy" in text
+    manifest = json.loads((site / MANIFEST).read_text())
+    assert manifest["format"] == "perfguard.publish-manifest/1"
+    before = {p: p.stat().st_mtime_ns for p in _pages(site)}
+
+    again = publish(location, site, repo=repo, report_url="https://ci.example/{commit}/r.html")
+    assert (again.rebuilt, again.kept) == (0, 1)
+    assert {p: p.stat().st_mtime_ns for p in _pages(site)} == before  # not even rewritten
+
+    with Store(location) as store:  # an acceptance changes what the page shows
+        store.accept(NODEID, shas[steps["up"]], "intended", time="2030-01-01T00:00:00Z")
+    third = publish(location, site, repo=repo, report_url="https://ci.example/{commit}/r.html")
+    assert (third.rebuilt, third.kept) == (1, 0)
+    assert "accepted at" in page.read_text() and "intended" in page.read_text()
+
+    with Store(location) as store:  # the test's runs go: its page goes
+        store.prune(commits=shas)
+    gone = publish(location, site, repo=repo)
+    assert (gone.series, gone.removed) == (0, 1) and not page.exists()
+
+
+def test_publish_without_git_orders_by_time_and_the_cli_says_what_it_did(replayed, tmp_path,
+                                                                          capsys):  # fmt: skip
+    location, repo, shas, steps = replayed
+    assert main(["publish", str(location), str(tmp_path / "site"), "--by-time"]) == 0
+    out = capsys.readouterr().out
+    assert "published 1 test series" in out and "ordered by time" in out
+    assert main(["publish", str(location), str(tmp_path / "site"), "--by-time"]) == 0
+    assert "0 page(s) rebuilt, 1 unchanged" in capsys.readouterr().out
+    assert main(["publish", str(tmp_path / "nothing.db"), str(tmp_path / "s2")]) == 2
+    assert "nothing.db" in capsys.readouterr().err
