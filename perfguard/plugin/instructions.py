@@ -82,25 +82,38 @@ class ForkEachTest:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
-        global _layout
-        for layout in range(LAYOUTS):
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the fork's coverage is not collected
-                code = 1
-                try:
-                    from _pytest.runner import runtestprotocol
-
-                    from perfguard.capture.instructions import layout_shift
-
-                    _layout = layout
-                    kept = layout_shift(layout)
-                    runtestprotocol(item, nextitem=None, log=False)
-                    del kept
-                    code = 0
-                finally:
-                    os._exit(code)
-            os.waitpid(pid, 0)
+        # the layouts' forks run side by side, one per CPU: each is one thread with its own
+        # count (a count does not depend on the load), and Valgrind's re-instrumentation of
+        # each fork is most of a small test's time under it
+        width = max(1, min(LAYOUTS, os.cpu_count() or 1))
+        for first in range(0, LAYOUTS, width):
+            pids = [_fork_test(item, layout) for layout in range(first, min(first + width,
+                                                                           LAYOUTS))]  # fmt: skip
+            for pid in pids:
+                os.waitpid(pid, 0)
         return True
+
+
+def _fork_test(item: pytest.Item, layout: int) -> int:
+    """A process forked from the collected session running ``item``'s protocol in heap layout
+    ``layout`` (its pid; the fork never returns)."""
+    global _layout
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the fork's coverage is not collected
+        code = 1
+        try:
+            from _pytest.runner import runtestprotocol
+
+            from perfguard.capture.instructions import layout_shift
+
+            _layout = layout
+            kept = layout_shift(layout)
+            runtestprotocol(item, nextitem=None, log=False)
+            del kept
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
 
 
 class InstructionSession:
