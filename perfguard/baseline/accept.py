@@ -74,6 +74,7 @@ def applicable(
         if commits is None:
             continue
         if best is None or len(commits) <= len(best.commits):
+            author = row.author if isinstance(row.author, str) else None
             best = Acceptance(str(row.nodeid), str(row.commit), str(row.reason),
-                              str(row.time), row.author, commits)  # fmt: skip
+                              str(row.time), author, commits)  # fmt: skip
     return best

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,7 @@ class _Side:
             analysis = analyze(trace, key_node=key_node)
         except AnalysisError as exc:
             raise AnalysisError(f"{spec}: {exc}") from None
-        names = trace.devices["name"] if "name" in trace.devices else []
+        names: Iterable[object] = trace.devices["name"] if "name" in trace.devices else []
         self.gpus = tuple(sorted({str(n) for n in names if isinstance(n, str) and n}))
         return record_from_analysis(nodeid, analysis, meta={"capture": spec})
 
@@ -341,7 +342,7 @@ def _ops_table(ops: Any) -> str:
     return _format(rows)
 
 
-def _format(rows: list[tuple[str, ...]]) -> str:
+def _format(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows

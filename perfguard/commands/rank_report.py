@@ -59,11 +59,12 @@ def format_ranks(table: pd.DataFrame) -> str:
     lines = ["perfguard ranks",
              f"  {'Rank':>5} {'GPUs':>4} {'Iter.':>6} {'Iter. avg ms':>13} {'Wall ms':>12} "
              f"{'GPU ms':>12} {'Comm. ms':>12} {'Idle %':>7}"]  # fmt: skip
-    for row in table.itertuples(index=False):  # one per rank
-        avg = "" if pd.isna(row.iteration_time_avg) else f"{row.iteration_time_avg / 1e6:,.3f}"
+    for row in table.to_dict("records"):  # one per rank
+        avg_ns = row["iteration_time_avg"]
+        avg = "" if pd.isna(avg_ns) else f"{avg_ns / 1e6:,.3f}"
         lines.append(
-            f"  {row.rank:>5} {row.gpus:>4} {row.iterations:>6} {avg:>13} "
-            f"{row.wall_time / 1e6:>12,.3f} {row.gpu_time / 1e6:>12,.3f} "
-            f"{row.comm_time / 1e6:>12,.3f} {row.idle_pct:>7.2f}"
+            f"  {row['rank']:>5} {row['gpus']:>4} {row['iterations']:>6} {avg:>13} "
+            f"{row['wall_time'] / 1e6:>12,.3f} {row['gpu_time'] / 1e6:>12,.3f} "
+            f"{row['comm_time'] / 1e6:>12,.3f} {row['idle_pct']:>7.2f}"
         )
     return "\n".join(lines)
