@@ -2,7 +2,7 @@
 
 Prints one line per rank (the rank report's figures) and the straggler,
 and writes the chosen table reports with every rank's rows
-(:mod:`perfguard.commands.rank_workers`).
+(:mod:`perfguard.report.rank_workers`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _EVENT_FORMATS = ("html", "perfetto")
 def analyze_per_rank(args: argparse.Namespace) -> int:
     """Run ``analyze --per-rank``; returns the exit code."""
     from perfguard.commands.progress import Progress
-    from perfguard.commands.rank_workers import AnalysisOptions, analyze_ranks
+    from perfguard.report.rank_workers import AnalysisOptions, analyze_ranks
     from perfguard.report.writer import check_output, write_tables
 
     formats = [f for f in args.formats if f not in _EVENT_FORMATS]
