@@ -81,7 +81,7 @@ PACK_RESERVE = 10.0
 #: perfguard's [project] dependencies and the module each is imported as
 DEPENDENCIES = {
     "pandas": "pandas", "numpy": "numpy", "nvtx": "nvtx", "sqlite-utils": "sqlite_utils",
-    "jinja2": "jinja2", "GitPython": "git", "matplotlib": "matplotlib", "pytest": "pytest",
+    "jinja2": "jinja2", "matplotlib": "matplotlib", "pytest": "pytest",
     "scipy": "scipy", "msgspec": "msgspec", "protobuf": "google.protobuf",
 }  # fmt: skip
 #: expected seconds of each step on one H100/H200 (see the module docstring); a step is

@@ -340,7 +340,7 @@ def mark():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 import perfguard
 from perfguard.report import format_summary, write_reports
-from perfguard.commands.memory import reuse_freed_memory
+from perfguard.memory import reuse_freed_memory
 reuse_freed_memory()  # as the command does
 rss = {"import": mark()}
 from perfguard.trace.gpu_ranges import RangeFilter

@@ -17,7 +17,7 @@ does not see them) is sampled every 0.1 s from ``/proc/<pid>/status``
 enough); the command's own children (the fork server, the resource tracker)
 are reported apart from the workers (the fork server's children). The workers' ``ru_maxrss``
 reported by the workers themselves (``RankResult.peak_rss``) is printed
-by a last child that calls :func:`perfguard.commands.rank_workers.analyze_ranks`.
+by a last child that calls :func:`perfguard.report.rank_workers.analyze_ranks`.
 
 Check: every rank holds the same events, so each column of the per-rank
 run's rank report must equal N times the single rank's (and the merged
@@ -55,7 +55,7 @@ _SUMS = ("gpu_time", "kernel_time", "comm_time", "compute_time", "memop_time", "
          "idle_time", "iterations")  # fmt: skip
 _WORKERS_CHILD = r"""
 import json, sys
-from perfguard.commands.rank_workers import AnalysisOptions, analyze_ranks
+from perfguard.report.rank_workers import AnalysisOptions, analyze_ranks
 run = analyze_ranks(sys.argv[1], AnalysisOptions(reports=("summary", "kernel", "rank")))
 print(json.dumps({str(r.rank): r.peak_rss for r in run.ranks}))
 """

@@ -15,6 +15,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+#: ``None`` as a 0-d object array: numpy takes a bare ``None`` as the object it is
+#: (``np.where(c, x, None)``), but its type stubs accept no ``None`` where values are meant
+NONE = np.array(None, dtype=object)
+
+
+def not_none(values: np.ndarray) -> np.ndarray:
+    """``v is not None`` per element of an object array (NaN is a value here)."""
+    return np.not_equal(values, NONE)
+
 
 def unique_sorted(values: np.ndarray) -> np.ndarray:
     """The distinct values of ``values``, ascending (``np.unique`` by sorting)."""
@@ -214,9 +223,12 @@ def _factorize_coded(cat: pd.Categorical, use_na_sentinel: bool) -> tuple[np.nda
     """:func:`factorize` of coded text from its codes (small integers, hashed fast),
     in order of first appearance: no Python object per row."""
     codes = cat.codes
+    order: np.ndarray
+    present: np.ndarray | pd.api.extensions.ExtensionArray
     if use_na_sentinel:  # a missing value (-1) stays -1
-        codes = pd.arrays.IntegerArray(codes.astype(np.int64), codes < 0)
-    order, present = pd.factorize(codes)  # without the sentinel -1 is a value like any other
+        order, present = pd.arrays.IntegerArray(codes.astype(np.int64), codes < 0).factorize()
+    else:
+        order, present = pd.factorize(codes)  # without the sentinel -1 is a value like any other
     categories = np.append(np.asarray(cat.categories, dtype=object), np.nan)  # -1: missing
     return order.astype(np.int64), categories[np.asarray(present, dtype=np.int64)]
 

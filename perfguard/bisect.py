@@ -44,9 +44,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from perfguard.baseline import git
 from perfguard.errors import BaselineError, CompareError
+
+if TYPE_CHECKING:
+    from perfguard.baseline.fingerprint import Fingerprint
 
 __all__ = ["BisectResult", "Settings", "Step", "TestVerdict", "bisect", "mark_of"]
 
@@ -137,34 +141,20 @@ def _finite(obj: Any) -> Any:
 # --------------------------------------------------------------------------- git
 
 
-def _git(root: Path, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
-    )
-    if done.returncode not in ok:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["git failed"]
-        raise BaselineError(f"{root}: git {args[0]}: {tail[0]}")
-    return done
-
-
 def _resolve(root: Path, ref: str, what: str) -> str:
     if not ref or ref.startswith("-"):
         raise BaselineError(f"{root}: {what} {ref!r} is not a git ref")
-    done = _git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", ok=(0, 1))
-    if done.returncode != 0 or not done.stdout.strip():
+    sha = git.try_resolve(root, ref)
+    if sha is None:
         raise BaselineError(f"{root}: {what} {ref!r}: git cannot resolve it to a commit")
-    return done.stdout.strip()
-
-
-def _subject(root: Path, sha: str) -> str:
-    return _git(root, "log", "-1", "--format=%s", sha).stdout.strip()
+    return sha
 
 
 def _check_range(root: Path, good: str, bad: str, names: tuple[str, str]) -> None:
     if good == bad:
         raise BaselineError(f"{root}: GOOD {names[0]} and BAD {names[1]} are the same commit")
-    if _git(root, "merge-base", "--is-ancestor", good, bad, ok=(0, 1)).returncode != 0:
-        swapped = _git(root, "merge-base", "--is-ancestor", bad, good, ok=(0, 1)).returncode == 0
+    if not git.is_ancestor(root, good, bad):
+        swapped = git.is_ancestor(root, bad, good)
         hint = " (it is a descendant: are GOOD and BAD swapped?)" if swapped else ""
         raise BaselineError(f"{root}: GOOD {names[0]} is not an ancestor of BAD {names[1]}{hint}")
 
@@ -191,24 +181,21 @@ def _interruptible() -> Iterator[None]:
 def _bisect_worktree(root: Path, good: str, bad: str) -> Iterator[Path]:
     """A detached worktree at BAD in the git folder; reset and removed on the way out,
     with GOOD's A/B worktree (``perfguard-ab/``) when the bisection made it."""
-    common = (root / _git(root, "rev-parse", "--git-common-dir").stdout.strip()).resolve()
+    common = git.common_dir(root)
     folder = common / "perfguard-bisect"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"run-{os.getpid()}-{int(time.time())}"
     base = common / "perfguard-ab" / f"base-{good[:12]}"  # where A/B mode checks GOOD out
     made = [path] + ([] if base.exists() else [base])
-    _git(root, "worktree", "add", "--detach", "--force", str(path), bad)
+    git.run(root, "worktree", "add", "--detach", "--force", str(path), bad)
     try:
         yield path
     finally:
-        subprocess.run(["git", "-C", str(path), "bisect", "reset"], capture_output=True,
-                       check=False)  # fmt: skip
+        git.run(path, "bisect", "reset", ok=None)
         for tree in made:
             if tree.exists():
-                subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force",
-                                str(tree)], capture_output=True, check=False)  # fmt: skip
-        subprocess.run(["git", "-C", str(root), "worktree", "prune"], capture_output=True,
-                       check=False)  # fmt: skip
+                git.run(root, "worktree", "remove", "--force", str(tree), ok=None)
+        git.run(root, "worktree", "prune", ok=None)
 
 
 # --------------------------------------------------------------------------- the oracle
@@ -279,8 +266,8 @@ class _StoreOracle:
         self.runs = runs
         self.good_runs = self._runs_with_tests(good, None)
         #: the machine the bisection compares on: GOOD's latest run with every test
-        self.fingerprint = (
-            runs.set_index("run_id").at[self.good_runs[0], "fingerprint"]
+        self.fingerprint: Fingerprint | None = (
+            runs.set_index("run_id")["fingerprint"][self.good_runs[0]]
             if self.good_runs else None
         )  # fmt: skip
         if self.fingerprint is not None:
@@ -289,19 +276,19 @@ class _StoreOracle:
     def close(self) -> None:
         self.store.close()
 
-    def _runs_with_tests(self, commit: str, fingerprint: Any) -> list[int]:
+    def _runs_with_tests(self, commit: str, fingerprint: Fingerprint | None) -> list[int]:
         """Runs of ``commit`` holding every selected test (on ``fingerprint``'s machines),
         latest first."""
         runs = self.runs[self.runs["commit"] == commit].sort_values(
             ["time", "run_id"], ascending=False
         )
         out = []
-        for row in runs.itertuples(index=False):
-            if fingerprint is not None and fingerprint.incompatibility(row.fingerprint):
+        for run_id, theirs in zip(runs["run_id"], runs["fingerprint"], strict=True):
+            if fingerprint is not None and fingerprint.incompatibility(theirs):
                 continue
-            have = set(self.store.load_run(int(row.run_id))[1]) if self.nodeids else set()
+            have = set(self.store.load_run(int(run_id))[1]) if self.nodeids else set()
             if set(self.nodeids) <= have:
-                out.append(int(row.run_id))
+                out.append(int(run_id))
         return out
 
     def judge(self, sha: str, settings: Settings) -> list[TestVerdict] | None:
@@ -385,7 +372,7 @@ def bisect(settings: Settings, say: Callable[[str], None] = lambda line: None) -
     if settings.oracle not in ORACLES:
         raise CompareError(f"unknown oracle {settings.oracle!r}: choose from {', '.join(ORACLES)}")
     repo = Path(settings.repo).resolve()
-    top = _git(repo, "rev-parse", "--show-toplevel").stdout.strip()
+    top = git.output(repo, "rev-parse", "--show-toplevel")
     if not top:
         raise BaselineError(f"{repo}: not inside a git work tree")
     root = Path(top)
@@ -419,7 +406,7 @@ def bisect(settings: Settings, say: Callable[[str], None] = lambda line: None) -
                 if sha in steps:
                     return steps[sha]
                 t0 = time.monotonic()
-                step = Step(commit=sha, subject=_subject(root, sha), mark="skip", mode="store")
+                step = Step(commit=sha, subject=git.subject(root, sha), mark="skip", mode="store")
                 tests = store.judge(sha, settings) if store is not None else None
                 if tests is None and settings.mode == "store":
                     step.note = "no stored run of every selected test at this commit"
@@ -441,21 +428,21 @@ def bisect(settings: Settings, say: Callable[[str], None] = lambda line: None) -
             first = judge(bad)
             if first.mark != "bad":
                 raise CompareError(_not_regressed(first, settings))
-            started = _git(wt, "bisect", "start", bad, good).stdout
+            started = git.run(wt, "bisect", "start", bad, good).stdout
             text = started
             while not _FIRST_BAD.search(text):
                 if "only 'skip'ped commits left" in text:
                     result.candidates = re.findall(r"^([0-9a-f]{40})$", text, re.M)
                     break
-                sha = _git(wt, "rev-parse", "HEAD").stdout.strip()
+                sha = git.output(wt, "rev-parse", "HEAD")
                 step = judge(sha)
-                done = _git(wt, "bisect", step.mark, ok=(0, 1, 2))
+                done = git.run(wt, "bisect", step.mark, ok=(0, 1, 2))
                 text = done.stdout + done.stderr
             found = _FIRST_BAD.search(text)
             if found:
                 result.first_bad = found.group(1)
-                result.subject = _subject(root, result.first_bad)
-            result.log = _git(wt, "bisect", "log", ok=(0, 1)).stdout
+                result.subject = git.subject(root, result.first_bad)
+            result.log = git.run(wt, "bisect", "log", ok=(0, 1)).stdout
         finally:
             if store is not None:
                 store.close()

@@ -20,10 +20,17 @@ import pytest
 
 from perfguard.baseline import Fingerprint, RunInfo
 from perfguard.baseline.git import (
+    GitError,
+    ancestry_path,
+    common_dir,
     default_baseline_ref,
     find_baseline,
+    first_parent_commits,
+    is_ancestor,
+    prepare_worktree,
     repo_state,
     resolve,
+    run,
 )
 from perfguard.baseline.store import Store
 from perfguard.errors import BaselineError
@@ -57,7 +64,7 @@ def commit(repo: Path, name: str) -> str:
 
 @pytest.fixture(autouse=True)
 def isolated_git_config(monkeypatch):
-    """GitPython's own git calls must not see the user's config either."""
+    """perfguard's own git calls must not see the user's config either."""
     for key in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM"):
         monkeypatch.setenv(key, ENV[key])
 
@@ -237,3 +244,39 @@ def test_find_baseline_reports_incomparable_with_the_nearest_reason(repo, tmp_pa
         assert find_baseline(store, root, "main", H100, max_depth=2).status == "no-runs"
         with pytest.raises(BaselineError, match="cannot resolve ref 'nope'"):
             find_baseline(store, root, "nope", H100)
+
+
+# ------------------------------------------------------------------ the one git module
+
+
+def test_git_commands_fail_in_one_line_naming_the_repository(repo):
+    root, _ = repo
+    with pytest.raises(GitError) as err:
+        run(root, "rev-parse", "--verify", "no-such-ref^{commit}")
+    assert str(err.value).startswith(f"{root}: git rev-parse: ") and "\n" not in str(err.value)
+    assert isinstance(err.value, BaselineError)
+    assert run(root, "rev-parse", "no-such-ref", ok=None).returncode != 0  # clean-up: any status
+
+
+def test_ancestry_first_parents_and_the_common_git_folder(repo):
+    root, shas = repo
+    assert first_parent_commits(root, "main") == [shas[n] for n in ("M", "D", "C", "B", "A")]
+    assert is_ancestor(root, shas["F1"], "main") and not is_ancestor(root, shas["C"], "feature")
+    assert set(ancestry_path(root, shas["F1"], "main")) == {shas["F2"], shas["M"]}
+    assert common_dir(root) == (root / ".git").resolve()
+
+
+def test_prepare_worktree_checks_out_and_reuses_only_a_clean_tree(repo, tmp_path):
+    root, shas = repo
+    folder = tmp_path / "ab"
+    path, sha = prepare_worktree(root, "HEAD~1", folder)
+    assert sha == shas["D"] and git(path, "rev-parse", "HEAD") == sha
+    assert common_dir(path) == common_dir(root)  # a worktree of the same repository
+    made = (path / "file.txt").stat().st_mtime_ns
+    assert prepare_worktree(root, shas["D"], folder) == (path, sha)  # clean: reused
+    assert (path / "file.txt").stat().st_mtime_ns == made
+    (path / "file.txt").write_text("edited\n")  # not clean: checked out again
+    assert prepare_worktree(root, shas["D"], folder) == (path, sha)
+    assert (path / "file.txt").read_text() == "D\n"
+    with pytest.raises(GitError, match="git rev-parse"):
+        prepare_worktree(root, "no-such-ref", folder)

@@ -1,4 +1,4 @@
-"""The command's process-wide settings (perfguard.commands.memory, and exiting without
+"""The command's process-wide settings (perfguard.memory, and exiting without
 interpreter teardown): the command line takes them, a library caller of ``main([...])``
 does not."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from numpy._core import multiarray
 
+from perfguard import memory
 from perfguard.cli import build_parser, main
-from perfguard.commands import memory
 from perfguard.report.dlprof import ALL_REPORTS
 
 EXAMPLE = (
@@ -85,7 +85,7 @@ def _free_and_release(keep_mib: int, drop_mib: int) -> tuple[int, int, bool]:
     whether the libc reports its free heap)."""
     code = (
         "import numpy as np\n"
-        "from perfguard.commands import memory\n"
+        "from perfguard import memory\n"
         "assert memory.reuse_freed_memory()\n"
         "def rss():\n"
         "    return int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20\n"

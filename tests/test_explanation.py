@@ -220,7 +220,7 @@ def test_the_four_entry_points_agree(repo: pytest.Pytester, capsys) -> None:
     from perfguard.bisect import Settings as BisectSettings
     from perfguard.bisect import _StoreOracle
     from perfguard.cli import main
-    from perfguard.commands.report import results_from_store
+    from perfguard.compare.stored import results_from_store
 
     model(repo)
     a = commit(repo.path, "A")

@@ -13,8 +13,8 @@ import perfguard
 
 ROOT = Path(perfguard.__file__).parent
 #: the packages the design orders, lowest first: each may import only those before it
-LAYERS = ("errors", "arrays", "environment", "trace", "capture", "analysis", "baseline",
-          "compare", "report", "publish", "plugin")  # fmt: skip
+LAYERS = ("errors", "arrays", "environment", "memory", "trace", "capture", "analysis",
+          "baseline", "compare", "report", "publish", "plugin")  # fmt: skip
 CHECKED = ("capture", "baseline", "compare", "plugin")
 
 

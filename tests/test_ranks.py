@@ -255,7 +255,7 @@ def test_events_in_an_nsys_export(nsys_file: Path) -> None:
 
 @pytest.fixture(scope="module")
 def dlrm_per_rank(dlrm_dir: Path):
-    from perfguard.commands.rank_workers import AnalysisOptions, analyze_ranks
+    from perfguard.report.rank_workers import AnalysisOptions, analyze_ranks
 
     options = AnalysisOptions(reports=("summary", "detail", "iteration", "kernel", "rank"))
     return analyze_ranks(dlrm_dir, options, jobs=2)
@@ -312,7 +312,7 @@ def test_per_rank_report_equals_merged_run(dlrm_per_rank, dlrm: perfguard.Analys
 
 
 def test_per_rank_in_process_equals_workers(dlrm_per_rank, dlrm_dir: Path) -> None:
-    from perfguard.commands.rank_workers import AnalysisOptions, analyze_ranks
+    from perfguard.report.rank_workers import AnalysisOptions, analyze_ranks
 
     options = AnalysisOptions(reports=("iteration", "kernel"))
     serial = analyze_ranks(dlrm_dir, options, jobs=1)
@@ -344,7 +344,7 @@ def test_worker_count_bounded_by_memory(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_per_rank_nsys_directory_and_bad_rank(tmp_path: Path, fixture_file) -> None:
-    from perfguard.commands.rank_workers import AnalysisOptions, analyze_ranks
+    from perfguard.report.rank_workers import AnalysisOptions, analyze_ranks
 
     src = fixture_file("nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite")
     shutil.copy(src, tmp_path / "run.rank3.sqlite")

@@ -39,7 +39,7 @@ GRAPH_REPLAY_PREFIX = "graph_replay_"
 #: launching calls that replay a CUDA graph (runtime and driver API, any version suffix)
 _GRAPH_LAUNCH = r"^(?:cudaGraphLaunch|cuGraphLaunch)(?:_v\d+|_ptsz)*$"
 #: the values of the activities' ``activity`` column (a categorical)
-ACTIVITY_KINDS = ("kernel", "memop")
+ACTIVITY_KINDS = pd.CategoricalDtype(["kernel", "memop"])
 
 
 def gpu_activities(trace: Trace) -> pd.DataFrame:
@@ -61,7 +61,8 @@ def gpu_activities(trace: Trace) -> pd.DataFrame:
     # a categorical: every step asks "is it a kernel?", a code compare instead of
     # a million string compares each time
     is_memop = np.repeat(np.array([0, 1], dtype=np.int8), [len(k), len(m)])
-    out.insert(len(k.columns), "activity", pd.Categorical.from_codes(is_memop, ACTIVITY_KINDS))
+    kind = pd.Series(pd.Categorical.from_codes(is_memop, dtype=ACTIVITY_KINDS), index=out.index)
+    out.insert(len(k.columns), "activity", kind)
     return out
 
 

@@ -14,6 +14,7 @@ only when a consumer asks for every instance
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,7 +262,7 @@ class Parts:
         """``frame``'s rows per merged group (one per kept group); a group with no
         kept row gets what a group of folded instances alone has: False, 0, NA."""
         idx = self.at_kept
-        out = {}
+        out: dict[Hashable, Any] = {}
         for col in frame.columns:
             values = frame[col]
             plain = isinstance(values.dtype, np.dtype)  # numpy, not nullable

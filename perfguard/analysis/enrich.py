@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from pandas.api.extensions import ExtensionArray
 
 from perfguard.analysis.flops import count_once, op_flops
 from perfguard.analysis.metrics import gpu_time
@@ -28,7 +29,7 @@ from perfguard.analysis.tensor_cores import (
     op_tc_eligible,
     resolve_unknown,
 )
-from perfguard.arrays import unique_first
+from perfguard.arrays import NONE, unique_first
 from perfguard.trace.model import Trace, coded_text, with_category
 from perfguard.trace.nesting import group_codes
 
@@ -61,7 +62,7 @@ def add_tensor_cores(trace: Trace, acts: pd.DataFrame, inst: pd.DataFrame) -> No
     leaf_eligible = op_tc_eligible(with_category(inst["name"], "").fillna("")).to_numpy(bool)
     op_eligible = pd.Series(np.where(has_op, leaf_eligible[at], False), index=acts.index)
     dtypes = inst["dtypes"].to_numpy(dtype=object)
-    op_dtypes = pd.Series(np.where(has_op, dtypes[at], None), index=acts.index, dtype="object")
+    op_dtypes = pd.Series(np.where(has_op, dtypes[at], NONE), index=acts.index, dtype="object")
     cc = _device_column(trace, acts, "compute_capability")
     unknown = uses.isna()
     resolved = resolve_unknown(uses, op_dtypes, cc, eligible=op_eligible)
@@ -157,7 +158,7 @@ def _with_xla_flops(r: pd.DataFrame, by_range: pd.DataFrame | None) -> pd.DataFr
     has = ~np.isnan(xla)
     flops = out["flops"].to_numpy(np.float64, na_value=np.nan).copy()
     flops[has] = xla[has]
-    out["flops"] = pd.array(np.where(np.isnan(flops), None, flops), dtype="Float64")
+    out["flops"] = pd.array(np.where(np.isnan(flops), NONE, flops), dtype="Float64")
     formula = out["flop_formula"].astype(object).to_numpy().copy()
     formula[has] = "xla_hlo"
     out["flop_formula"] = coded_text(formula)
@@ -194,7 +195,11 @@ def add_flops(
     inst["gpu"] = coded_text(_first_kernel_gpu(acts, inst, devices))
     none = np.ones(len(inst), dtype=bool)
     peak = pd.Series(pd.arrays.FloatingArray(np.zeros(len(inst)), none), index=inst.index)
-    tc = inst["uses_tc"].fillna(False).astype(bool) if "uses_tc" in inst else False
+    tc = (
+        inst["uses_tc"].fillna(False).astype(bool)
+        if "uses_tc" in inst
+        else pd.Series(False, index=inst.index)
+    )
     for key in inst["gpu"].dropna().unique():
         rows = inst["gpu"] == key
         sub = peak_flops_series(key, inst.loc[rows, "compute_dtype"], tc[rows])
@@ -203,7 +208,7 @@ def add_flops(
     return notes
 
 
-def _no_flops(n: int) -> dict[str, object]:
+def _no_flops(n: int) -> dict[str, ExtensionArray]:
     """The FLOP columns of ``n`` rows with nothing known (all NA)."""
     return {
         "flops": pd.arrays.FloatingArray(np.zeros(n), np.ones(n, dtype=bool)),

@@ -22,8 +22,10 @@ thousands of functions of a few instructions each.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from importlib.resources import files
+from typing import Any, overload
 
 import numpy as np
 import pandas as pd
@@ -44,9 +46,16 @@ _OP_ENTRY = re.compile(r"^at::_ops::(\w+)::call\(")
 _RECURSION = re.compile(r"'\d+$")
 
 
-def estimated_cycles(costs: pd.DataFrame | dict[str, object]) -> np.ndarray | float:
-    """L1 hits + 5 x LL hits + 30 x RAM hits from the cache simulator's events."""
-    get = costs.__getitem__
+@overload
+def estimated_cycles(costs: pd.DataFrame) -> pd.Series: ...
+@overload
+def estimated_cycles(costs: Mapping[str, int]) -> int: ...
+
+
+def estimated_cycles(costs: pd.DataFrame | Mapping[str, int]) -> pd.Series | int:
+    """L1 hits + 5 x LL hits + 30 x RAM hits from the cache simulator's events: per
+    function of a functions table, or of one set of totals."""
+    get: Callable[[str], Any] = costs.__getitem__
     ram = get("ILmr") + get("DLmr") + get("DLmw")
     ll_hits = get("I1mr") + get("D1mr") + get("D1mw") - ram
     l1_hits = get("Ir") + get("Dr") + get("Dw") - ll_hits - ram

@@ -47,12 +47,11 @@ def _span_per_rank(table: pd.DataFrame) -> pd.DataFrame:
     rank = table["rank"]
     lo, hi = rank.min(), rank.max()
     if lo == hi:
-        index = pd.Index(np.array([lo], dtype=rank.dtype), name="rank")
+        index = pd.Index([lo], dtype=rank.dtype, name="rank")
         start, end = table["start"], table["end"]
         return pd.DataFrame(
-            {"t0": pd.array([start.min()], dtype=start.dtype),
-             "t1": pd.array([end.max()], dtype=end.dtype)},
-            index=index,
+            {"t0": pd.Series([start.min()], index=index, dtype=start.dtype),
+             "t1": pd.Series([end.max()], index=index, dtype=end.dtype)},
         )  # fmt: skip
     cols = table[["rank", "start", "end"]]
     return cols.groupby("rank").agg(t0=("start", "min"), t1=("end", "max"))
@@ -94,7 +93,7 @@ def _key_node_intervals(trace: Trace, key_node: str) -> pd.DataFrame:
     parts = []
     for rank, h in hits.groupby("rank"):
         ends = np.sort(h["end"].to_numpy(np.int64))
-        t0, t1 = int(spans.at[rank, "t0"]), int(spans.at[rank, "t1"])
+        t0, t1 = int(spans["t0"][rank]), int(spans["t1"][rank])
         starts = np.concatenate([[t0], ends])
         stops = np.concatenate([ends, [max(t1, int(ends[-1]))]])
         parts.append(

@@ -95,9 +95,9 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     n = len(ranges)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
-    name_code, names = factorize(with_category(ranges["name"], "").fillna(""))
+    name_code, distinct = factorize(with_category(ranges["name"], "").fillna(""))
     # a reader may hand over a name that is not text (a number in a damaged capture)
-    texts = [v if isinstance(v, str) else str(v) for v in names]
+    texts = [v if isinstance(v, str) else str(v) for v in distinct]
     names = pd.Index([*texts, PATH_CUT], dtype=object)
     cut_code = len(names) - 1
     depth = ranges["depth"].to_numpy()
@@ -111,7 +111,7 @@ def op_path_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     transparent = (ranges["kind"] == "iteration").to_numpy()
     # perfguard.instrument names ranges by their full module path ("/model/fc/linear"):
     # such a name is already hierarchical and is not prefixed again
-    absolute = np.asarray(names.str.startswith("/"), dtype=bool)[name_code]
+    absolute = np.asarray(names.str.startswith("/"), dtype=np.bool_)[name_code]
     path_id = np.full(n, -1, dtype=np.int64)
     base = np.full(n, -1, dtype=np.int64)  # the path a range's children hang under
     table_parent: list[np.ndarray] = []
@@ -175,8 +175,8 @@ def op_id(op_name: pd.Series, direction: pd.Series) -> pd.Series:
     dir_code, dirs = pd.factorize(with_category(direction, "").fillna(""))
     width = max(len(dirs), 1)
     codes, pairs = pd.factorize(name_code.astype(np.int64) * width + dir_code)
-    names = np.asarray([v if isinstance(v, str) else str(v) for v in names], dtype=object)
-    keys = names[pairs // width] + "\x1f" + np.asarray(dirs, dtype=object)[pairs % width]
+    name_text = np.asarray([v if isinstance(v, str) else str(v) for v in names], dtype=object)
+    keys = name_text[pairs // width] + "\x1f" + np.asarray(dirs, dtype=object)[pairs % width]
     ids = np.array(
         [
             hashlib.blake2b(u.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
@@ -488,6 +488,7 @@ def aggregate_ops(inst: pd.DataFrame, cpu_only: CpuOnly | None = None) -> pd.Dat
     if cpu_only is not None and len(cpu_only):
         out = _fold_into_ops(inst, cpu_only, metrics)
     else:
+        codes: np.ndarray
         if "op_key" in inst.columns:  # one code per op, as analyze() leaves it
             codes, _ = pd.factorize(inst["op_key"].to_numpy(np.int64))
         else:  # groupby drops NA keys: so do these codes

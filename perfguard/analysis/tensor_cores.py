@@ -727,8 +727,8 @@ def tc_utilization(acts: pd.DataFrame, by: str = "op_key") -> tuple[pd.DataFrame
     kernel time). Unknown kernels count in the denominator only, so the
     figure is a lower bound. Returns ``(per_group, run_level_percent)``.
     """
-    dur = acts["dur"]
-    dur = dur.to_numpy() if isinstance(dur.dtype, np.dtype) else dur.astype(float).to_numpy()
+    col = acts["dur"]
+    dur = col.to_numpy() if isinstance(col.dtype, np.dtype) else col.astype(float).to_numpy()
     eligible = acts["eligible"].astype("boolean").fillna(False).to_numpy(bool)
     flag = acts["uses_tc"].astype("boolean")
     tc = flag.fillna(False).to_numpy(bool) & eligible

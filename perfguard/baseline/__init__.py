@@ -1,9 +1,8 @@
 """The store of results keyed by git commit and machine (see DESIGN.md, Baselines).
 
 ``Store`` / ``open_store`` (a SQLite file or a PostgreSQL URL), git lookups
-(``repo_state``, ``default_baseline_ref``, ``find_baseline``) and
-``machine_fingerprint``. The git helpers import
-GitPython only when called.
+(``repo_state``, ``default_baseline_ref``, ``find_baseline``; every git command
+perfguard runs is in :mod:`perfguard.baseline.git`) and ``machine_fingerprint``.
 """
 
 from perfguard.baseline.fingerprint import machine_fingerprint

@@ -16,10 +16,10 @@ of the others'; same commit: the latest).
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from perfguard.baseline.git import ancestry_path, is_ancestor, try_resolve
 
 if TYPE_CHECKING:
     from perfguard.baseline.store import Store
@@ -51,16 +51,9 @@ class Acceptance:
 def since(repo: str | os.PathLike[str], commit: str, ref: str) -> frozenset[str] | None:
     """``commit`` and the commits between it and ``ref`` that descend from it (``ref``
     included), or None when ``commit`` is not an ancestor of ``ref`` (or unknown here)."""
-    git = ["git", "-C", str(Path(repo))]
-    is_ancestor = subprocess.run([*git, "merge-base", "--is-ancestor", commit, ref],
-                                 capture_output=True, check=False)  # fmt: skip
-    if is_ancestor.returncode != 0:
+    if not is_ancestor(repo, commit, ref):
         return None
-    path = subprocess.run([*git, "rev-list", "--ancestry-path", f"{commit}..{ref}"],
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    full = subprocess.run([*git, "rev-parse", "--verify", f"{commit}^{{commit}}"],
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    return frozenset([full.stdout.strip(), *path.stdout.split()])
+    return frozenset([try_resolve(repo, commit) or "", *ancestry_path(repo, commit, ref)])
 
 
 def applicable(
@@ -74,6 +67,7 @@ def applicable(
         if commits is None:
             continue
         if best is None or len(commits) <= len(best.commits):
+            author = row.author if isinstance(row.author, str) else None
             best = Acceptance(str(row.nodeid), str(row.commit), str(row.reason),
-                              str(row.time), row.author, commits)  # fmt: skip
+                              str(row.time), author, commits)  # fmt: skip
     return best

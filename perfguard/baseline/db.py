@@ -243,7 +243,7 @@ class SQLiteDatabase(Database):
 
     @property
     def conn(self) -> sqlite3.Connection:
-        return super().conn  # type: ignore[no-any-return]
+        return super().conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.conn.execute(sql, tuple(params))

@@ -13,7 +13,7 @@ for ``r``.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -150,8 +150,7 @@ def conform_frame(name: str, frame: pd.DataFrame | None) -> pd.DataFrame:
 
 def conform_record(record: TestRecord) -> TestRecord:
     """A copy of ``record`` with every frame in the fixed column types (:func:`conform_frame`)."""
-    return replace(
-        record,
-        **{name: conform_frame(name, getattr(record, name)) for name in FRAME_TYPES},
-        meta=dict(record.meta),
-    )
+    frames: dict[str, Any] = {
+        name: conform_frame(name, getattr(record, name)) for name in FRAME_TYPES
+    }
+    return replace(record, **frames, meta=dict(record.meta))

@@ -1,22 +1,28 @@
-"""Git lookups for baselines: the state of the work tree, and which commit to compare with.
+"""The one git module: every git command perfguard runs goes through here.
+
+Git is driven as the ``git`` program (``git -C ROOT ...``), never through a
+library: the store's baseline lookups (the state of the work tree, which commit
+to compare with), acceptances (:mod:`perfguard.baseline.accept`), A/B mode's
+worktree of the base commit, ``perfguard compare``'s A/B run and ``perfguard
+bisect`` call the typed functions below. A git command that fails is a
+:class:`GitError` (a :class:`~perfguard.errors.BaselineError`), one line:
+``<root>: git <command>: <git's last line>``, or the lookup's own wording.
 
 A baseline is the nearest first-parent ancestor of a ref that has a run on
 a comparable machine (DESIGN.md, Baselines). First parents only, because
 that is the history of the branch itself: on ``main`` it is the sequence of
 merged states, not the commits of every merged feature branch.
-
-GitPython is imported inside the functions: it needs the ``git`` program at
-import time, and a machine without git should still load perfguard and
-fail only here, with a one-line :class:`~perfguard.errors.BaselineError`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from perfguard.baseline.record import IMPORTED_BACKENDS, Fingerprint
 from perfguard.environment import Environment
@@ -30,17 +36,33 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BaselineMatch",
+    "GitError",
     "GitState",
+    "ancestry_path",
+    "common_dir",
     "default_baseline_ref",
     "find_baseline",
     "first_parent_commits",
+    "is_ancestor",
     "match_runs",
+    "output",
+    "prepare_worktree",
     "repo_state",
     "resolve",
+    "run",
+    "subject",
+    "toplevel",
+    "try_resolve",
 ]
 
 #: where the default branch is looked for, in order
 DEFAULT_BRANCH_REFS = ("origin/HEAD", "main", "master", "origin/main", "origin/master")
+
+Where = str | os.PathLike[str]
+
+
+class GitError(BaselineError):
+    """A git command failed, or git cannot be run: one line naming the repository."""
 
 
 @dataclass(frozen=True)
@@ -77,69 +99,91 @@ class BaselineMatch:
         return self.status == "found"
 
 
-def _open(path: str | os.PathLike[str]) -> Any:
+# --------------------------------------------------------------------------- commands
+
+
+def run(
+    root: Where, *args: str, ok: Collection[int] | None = (0,)
+) -> subprocess.CompletedProcess[str]:
+    """``git -C root args``, text out; a :class:`GitError` with git's last line unless the
+    exit status is one of ``ok`` (``None``: any status, as clean-up code wants)."""
     try:
-        import git
-    except ImportError as exc:  # GitPython raises ImportError when git is not installed
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "git not found"
-        raise BaselineError(f"{path}: cannot use git: {first}") from None
-    try:
-        return git.Repo(path, search_parent_directories=True)
-    except git.NoSuchPathError:
-        raise BaselineError(f"{path}: no such directory") from None
-    except git.InvalidGitRepositoryError:
-        raise BaselineError(f"{path}: not inside a git repository") from None
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
+        )
+    except OSError as exc:  # no git program
+        raise GitError(f"{root}: cannot use git: {exc.strerror or exc}") from None
+    if ok is not None and done.returncode not in ok:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["git failed"]
+        raise GitError(f"{root}: git {args[0]}: {tail[0]}")
+    return done
 
 
-def _head(repo: Any, path: str | os.PathLike[str]) -> Any:
-    try:
-        return repo.head.commit
-    except ValueError:
-        raise BaselineError(f"{path}: git repository has no commits yet") from None
+def output(root: Where, *args: str) -> str:
+    """What ``git -C root args`` prints, stripped (:func:`run`'s errors)."""
+    return run(root, *args).stdout.strip()
 
 
-def repo_state(path: str | os.PathLike[str] = ".") -> GitState:
-    """Commit, branch and dirty flag of the repository containing ``path``."""
-    repo = _open(path)
-    try:
-        head = _head(repo, path)
-        branch = None if repo.head.is_detached else repo.active_branch.name
-        dirty = repo.is_dirty(index=True, working_tree=True, untracked_files=False)
-        return GitState(Path(repo.working_tree_dir or path), head.hexsha, branch, dirty)
-    finally:
-        repo.close()
+def toplevel(path: Where) -> Path:
+    """The work tree holding ``path``; one-line errors for no folder, no repository."""
+    if not Path(path).is_dir():
+        raise GitError(f"{path}: no such directory")
+    done = run(path, "rev-parse", "--show-toplevel", ok=None)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise GitError(f"{path}: not inside a git repository")
+    return Path(done.stdout.strip())
 
 
-def resolve(repo_path: str | os.PathLike[str], ref: str) -> str:
-    """The full sha of ``ref`` (branch, tag, sha, ``HEAD~2`` ...); BaselineError if git cannot."""
-    repo = _open(repo_path)
-    try:
-        return _resolve(repo, repo_path, ref)
-    finally:
-        repo.close()
+def common_dir(root: Where) -> Path:
+    """The repository's common git folder (``.git`` of the main worktree), where A/B
+    mode and bisect keep their worktrees."""
+    return (Path(root) / output(root, "rev-parse", "--git-common-dir")).resolve()
 
 
-def _try_resolve(repo: Any, ref: str) -> str | None:
-    """The commit sha ``ref`` names, or None (asks git itself: GitPython trusts any sha)."""
-    import git
-
+def try_resolve(root: Where, ref: str) -> str | None:
+    """The full sha of the commit ``ref`` names (branch, tag, sha, ``HEAD~2``...), or None."""
     if not ref or ref.startswith("-"):  # never let a ref read as an option
         return None
-    try:
-        out = repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}")
-    except git.GitCommandError:
-        return None
-    return str(out).strip() or None
+    done = run(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", ok=None)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
-def _resolve(repo: Any, repo_path: str | os.PathLike[str], ref: str) -> str:
-    sha = _try_resolve(repo, ref)
+def resolve(repo_path: Where, ref: str) -> str:
+    """The full sha of ``ref``; :class:`GitError` if git cannot resolve it."""
+    sha = try_resolve(repo_path, ref)
     if sha is None:
-        raise BaselineError(f"{repo_path}: git cannot resolve ref {ref!r} to a commit")
+        raise GitError(f"{repo_path}: git cannot resolve ref {ref!r} to a commit")
     return sha
 
 
-def default_baseline_ref(repo_path: str | os.PathLike[str] = ".") -> str | None:
+def is_ancestor(root: Where, ancestor: str, ref: str) -> bool:
+    """Whether ``ancestor`` is ``ref`` or an ancestor of it, through any parent."""
+    return run(root, "merge-base", "--is-ancestor", ancestor, ref, ok=None).returncode == 0
+
+
+def ancestry_path(root: Where, commit: str, ref: str) -> list[str]:
+    """The commits after ``commit`` up to ``ref`` that descend from it (``ref`` included)."""
+    return run(root, "rev-list", "--ancestry-path", f"{commit}..{ref}", ok=None).stdout.split()
+
+
+def subject(root: Where, sha: str) -> str:
+    """The first line of ``sha``'s commit message."""
+    return output(root, "log", "-1", "--format=%s", sha)
+
+
+def repo_state(path: Where = ".") -> GitState:
+    """Commit, branch and dirty flag of the repository containing ``path``."""
+    root = toplevel(path)
+    head = try_resolve(root, "HEAD")
+    if head is None:
+        raise GitError(f"{path}: git repository has no commits yet")
+    branch = run(root, "symbolic-ref", "--quiet", "--short", "HEAD", ok=(0, 1)).stdout.strip()
+    # tracked files modified or staged; untracked ones (captures, stores) do not count
+    status = output(root, "--no-optional-locks", "status", "--porcelain", "--untracked-files=no")
+    return GitState(root, head, branch or None, bool(status))
+
+
+def default_baseline_ref(repo_path: Where = ".") -> str | None:
     """The commit a change on HEAD should be compared with, as a sha.
 
     On a feature branch (or a pull request's merge commit): the merge base
@@ -153,32 +197,45 @@ def default_baseline_ref(repo_path: str | os.PathLike[str] = ".") -> str | None:
     parent's. The issue's "HEAD's first parent" fallback would skip HEAD's
     own baseline when judging uncommitted changes, so it is not used.
     """
-    repo = _open(repo_path)
-    try:
-        head = _head(repo, repo_path)
-        for name in DEFAULT_BRANCH_REFS:
-            default = _try_resolve(repo, name)
-            if default is None:
-                continue
-            bases = repo.merge_base(head, default)
-            if bases and bases[0].hexsha != head.hexsha:
-                return str(bases[0].hexsha)
-            break  # HEAD is on (or behind) the default branch, or unrelated to it
-        return str(head.hexsha)
-    finally:
-        repo.close()
+    root = toplevel(repo_path)
+    head = try_resolve(root, "HEAD")
+    if head is None:
+        raise GitError(f"{repo_path}: git repository has no commits yet")
+    for name in DEFAULT_BRANCH_REFS:
+        default = try_resolve(root, name)
+        if default is None:
+            continue
+        base = run(root, "merge-base", head, default, ok=(0, 1)).stdout.strip()
+        if base and base != head:
+            return base
+        break  # HEAD is on (or behind) the default branch, or unrelated to it
+    return head
 
 
-def first_parent_commits(
-    repo_path: str | os.PathLike[str], ref: str, *, max_depth: int = 1000
-) -> list[str]:
+def first_parent_commits(repo_path: Where, ref: str, *, max_depth: int = 1000) -> list[str]:
     """Shas of ``ref`` and its first-parent ancestors, newest first (at most ``max_depth``)."""
-    repo = _open(repo_path)
-    try:
-        sha = _resolve(repo, repo_path, ref)
-        return [c.hexsha for c in repo.iter_commits(sha, first_parent=True, max_count=max_depth)]
-    finally:
-        repo.close()
+    sha = resolve(repo_path, ref)
+    return output(repo_path, "rev-list", "--first-parent", f"--max-count={max_depth}", sha).split()
+
+
+def prepare_worktree(head_root: Path, ref: str, folder: Path) -> tuple[Path, str]:
+    """A detached worktree of ``ref`` under ``folder`` (reused when already at ``ref``
+    and clean): its path and the commit. A/B mode's base tree."""
+    sha = output(head_root, "rev-parse", "--verify", f"{ref}^{{commit}}")
+    path = folder / f"base-{sha[:12]}"
+    if path.is_dir():
+        try:
+            if output(path, "rev-parse", "HEAD") == sha and not output(
+                path, "status", "--porcelain"
+            ):
+                return path, sha
+        except GitError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+        run(head_root, "worktree", "prune")
+    folder.mkdir(parents=True, exist_ok=True)
+    run(head_root, "worktree", "add", "--detach", "--force", str(path), sha)
+    return path, sha
 
 
 def find_baseline(

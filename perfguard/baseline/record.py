@@ -550,9 +550,9 @@ def merge_rounds(records: list[TestRecord]) -> TestRecord:
         kernels = kfirst.reset_index()[list(first.kernels.columns)]
     counters = _merge_counters([r.counters for r in records])
     meta = dict(first.meta)
-    for key in ("load", "wait"):
-        seen = [r.meta.get(key) for r in records if r.meta.get(key) is not None]
-        meta[key] = float(np.mean(seen)) if seen else None
+    for share in ("load", "wait"):
+        seen = [float(v) for r in records if (v := r.meta.get(share)) is not None]
+        meta[share] = float(np.mean(seen)) if seen else None
     speeds = [r.meta["speed_ns"] for r in records if r.meta.get("speed_ns")]
     meta["speed_ns"] = float(np.median(speeds)) if speeds else None
     meta["slow_rounds"] = int(sum(r.meta.get("slow_rounds") or 0 for r in records))

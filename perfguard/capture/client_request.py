@@ -25,6 +25,7 @@ import ctypes
 import mmap
 import platform
 import sys
+from collections.abc import Callable
 from functools import lru_cache
 
 #: ``VG_USERREQ__RUNNING_ON_VALGRIND`` (valgrind.h)
@@ -61,7 +62,7 @@ def supported() -> str | None:
 
 
 @lru_cache(maxsize=1)
-def _request_function() -> tuple[mmap.mmap, ctypes._CFuncPtr]:
+def _request_function() -> tuple[mmap.mmap, Callable[[int, int], int]]:
     reason = supported()
     if reason:
         raise OSError(reason)

@@ -51,7 +51,7 @@ __all__ = ["NvtxCallback"]
 def _keras_callback_base() -> type:
     for module in ("keras.callbacks", "tensorflow.keras.callbacks"):
         try:
-            return importlib.import_module(module).Callback  # type: ignore[no-any-return]
+            return importlib.import_module(module).Callback
         except Exception:  # noqa: BLE001 - absent or broken installs both mean "no Keras"
             continue
     return _CallbackStandIn
@@ -89,7 +89,7 @@ class _CallbackStandIn:
 _Base: Any = _keras_callback_base()
 
 
-class NvtxCallback(_Base):  # type: ignore[misc, valid-type]
+class NvtxCallback(_Base):
     """NVTX ranges (and torch-profiler mirrors) around Keras phases, epochs and batches.
 
     Range names: ``keras.train``/``keras.test``/``keras.predict`` around a whole

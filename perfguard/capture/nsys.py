@@ -40,11 +40,12 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from perfguard.capture.base import Backend, CaptureResult, command_list, output_base
-from perfguard.capture.process import describe_status, format_command, run_command
+from perfguard.capture.base import Backend, CaptureResult, RunOptions, RunPlan
+from perfguard.capture.process import Completed, describe_status, run_command
 from perfguard.errors import CaptureError
 
 ENV_VAR = "PERFGUARD_NSYS"
@@ -154,6 +155,7 @@ class NsysBackend(Backend):
     """Profile any command (Python or not) with Nsight Systems; returns the SQLite export."""
 
     name = "nsys"
+    takes = frozenset({"delay", "duration", "capture range"})
 
     def __init__(
         self, nsys: str | None = None, *, export_mode: ExportMode = "inline", why: str = ""
@@ -172,93 +174,58 @@ class NsysBackend(Backend):
             return False, str(exc)
         return found is not None, (f"nsys at {how}" if found else how)
 
-    def capture(
-        self,
-        command: Sequence[str],
-        *,
-        output_dir: str | Path,
-        name: str = "capture",
-        delay: float | None = None,
-        duration: float | None = None,
-        capture_range: str | None = None,
-        timeout: float | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> CaptureResult:
-        """Run ``command`` under ``nsys profile``; return the ``.sqlite`` export."""
-        command = command_list(command)
+    @property
+    def profiler(self) -> str:
+        return "nsys"
+
+    def plan(
+        self, command: list[str], out: Path, options: RunOptions, env: Mapping[str, str] | None
+    ) -> RunPlan:
+        """``nsys profile`` of any ``command``, exporting ``.sqlite`` (inline mode)."""
         nsys, how = find_nsys(self.nsys)
         if nsys is None:
             raise CaptureError(how)
-        outbase = _outbase(output_dir, name)
+        if "%" in str(out):
+            # nsys expands %q{VAR}, %h, %p in -o: the file would not be where we look.
+            raise CaptureError(f"output path {out} contains '%', which nsys would expand")
         argv = nsys_profile_argv(
-            nsys, command, outbase, export_mode=self.export_mode,
-            delay=delay, duration=duration, capture_range=capture_range,
+            nsys, command, out, export_mode=self.export_mode, delay=options.delay,
+            duration=options.duration, capture_range=options.capture_range,
         )  # fmt: skip
         child_env = dict(os.environ if env is None else env)
-        rng = parse_capture_range(capture_range)
+        rng = parse_capture_range(options.capture_range)
         if rng is not None and rng[0] == "nvtx":
             child_env.setdefault("NSYS_NVTX_PROFILER_REGISTER_ONLY", "0")
+        reports = tuple(out.with_name(out.name + s) for s in REPORT_SUFFIXES)
+        return RunPlan(
+            argv=argv, env=child_env, path=out.with_name(out.name + ".sqlite"),
+            what="SQLite export", stale=reports, reports=reports,
+        )  # fmt: skip
 
-        sqlite = outbase.with_name(outbase.name + ".sqlite")
-        for stale in [sqlite, *(outbase.with_name(outbase.name + s) for s in REPORT_SUFFIXES)]:
-            stale.unlink(missing_ok=True)
+    def accepts_exit(self, done: Completed, plan: RunPlan, options: RunOptions) -> bool:
+        """nsys ends the program at ``duration``: its export is the capture."""
+        return options.duration is not None and plan.path.is_file()
 
-        done = run_command(argv, timeout=timeout, env=child_env)
-        report = _find_report(outbase)
-        wall, log = done.wall_time_s, done.stderr_tail
-
-        def result(rc: int) -> CaptureResult:
-            return CaptureResult(
-                path=sqlite, backend=self.name, command=command, returncode=rc,
-                wall_time_s=wall, log=log, why=self.why, argv=done.argv, report=report,
-            )  # fmt: skip
-
-        if done.returncode != 0 and not (duration is not None and sqlite.is_file()):
-            last = done.last_stderr_line
+    def finish(self, result: CaptureResult, plan: RunPlan, timeout: float | None) -> CaptureResult:
+        """Export mode ``separate``: ``nsys export`` of the report to ``.sqlite``."""
+        if self.export_mode != "separate":
+            return result
+        if result.report is None:
+            expected = " or ".join(str(r) for r in plan.reports)
+            raise CaptureError(f"nsys profile finished but wrote no report: expected {expected}")
+        nsys = plan.argv[0]
+        exported = run_command(nsys_export_argv(nsys, result.report, plan.path), timeout=timeout)
+        if exported.returncode != 0:
+            last = exported.last_stderr_line
             raise CaptureError(
-                f"`{format_command(command)}` under nsys ended with "
-                f"{describe_status(done.returncode)}" + (f": {last}" if last else ""),
-                result=result(done.returncode) if sqlite.is_file() else None,
+                f"`nsys export` of {result.report} ended with "
+                f"{describe_status(exported.returncode)}" + (f": {last}" if last else "")
             )
-
-        if self.export_mode == "separate":
-            if report is None:
-                expected = " or ".join(str(outbase) + s for s in REPORT_SUFFIXES)
-                raise CaptureError(
-                    f"nsys profile finished but wrote no report: expected {expected}"
-                )
-            exported = run_command(nsys_export_argv(nsys, report, sqlite), timeout=timeout)
-            wall += exported.wall_time_s
-            log = "\n".join(t for t in (log, exported.stderr_tail) if t)
-            if exported.returncode != 0:
-                last = exported.last_stderr_line
-                raise CaptureError(
-                    f"`nsys export` of {report} ended with {describe_status(exported.returncode)}"
-                    + (f": {last}" if last else "")
-                )
-
-        if not sqlite.is_file():
-            raise CaptureError(
-                f"nsys finished but wrote no SQLite export: expected {sqlite}"
-                + (f" (report: {report})" if report else "")
-            )
-        return result(done.returncode)
-
-
-def _outbase(output_dir: str | Path, name: str) -> Path:
-    outbase = output_base(output_dir, name)
-    if "%" in str(outbase):
-        # nsys expands %q{VAR}, %h, %p in -o: the file would not be where we look.
-        raise CaptureError(f"output path {outbase} contains '%', which nsys would expand")
-    return outbase
-
-
-def _find_report(outbase: Path) -> Path | None:
-    for suffix in REPORT_SUFFIXES:
-        path = outbase.with_name(outbase.name + suffix)
-        if path.is_file():
-            return path
-    return None
+        return replace(
+            result,
+            wall_time_s=result.wall_time_s + exported.wall_time_s,
+            log="\n".join(t for t in (result.log, exported.stderr_tail) if t),
+        )
 
 
 def usable_nsys(

@@ -43,7 +43,6 @@ import gzip
 import importlib.metadata
 import importlib.util
 import os
-import re
 import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,8 +51,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from perfguard.capture.base import Backend, CaptureResult, command_list, output_base
-from perfguard.capture.process import describe_status, format_command, run_command
+from perfguard.capture.base import (
+    Backend,
+    RunOptions,
+    RunPlan,
+    python_runner_env,
+    python_target,
+)
 from perfguard.errors import CaptureError
 
 Device = Literal["auto", "cuda", "cpu"]
@@ -63,7 +67,6 @@ INSTALL_HINT = "install it with `pip install perfguard[torch]` (or install torch
 CAPTURE_ENV = "PERFGUARD_CAPTURE"
 TRACE_SUFFIX = ".pt.trace.json.gz"
 RUNNER_MODULE = "perfguard.capture.torch_runner"
-_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?[tw]?(\.exe)?$", re.IGNORECASE)
 
 
 def torch_available() -> tuple[bool, str]:
@@ -361,42 +364,6 @@ def _write_sidecar(prof: Any, out: Path) -> None:
               f"{type(exc).__name__}: {exc}", file=sys.stderr)  # fmt: skip
 
 
-def python_target(command: Sequence[str]) -> list[str]:
-    """The part of a Python ``command`` the runner takes after ``--``.
-
-    ``python script.py a`` → ``[script.py, a]``; ``python -m mod a`` →
-    ``[-m, mod, a]``; ``python -c CODE`` → ``[-c, CODE]``; ``script.py a`` →
-    ``[script.py, a]``. Anything else is a :class:`CaptureError`.
-    """
-    command = command_list(command)
-    first = command[0]
-    if first.endswith(".py"):
-        return command
-    if _PYTHON.match(Path(first).name) or _same_file(first, sys.executable):
-        rest = command[1:]
-        if rest and rest[0] in ("-m", "-c") and len(rest) >= 2:
-            return rest
-        if rest and not rest[0].startswith("-"):
-            return rest
-        shown = " ".join(rest[:1]) or "nothing"
-        raise CaptureError(
-            f"the torch backend runs `python SCRIPT`, `python -m MODULE` or `python -c CODE`, "
-            f"but `{format_command(command)}` gives the interpreter {shown}; "
-            "drop interpreter options or use the nsys backend"
-        )
-    raise CaptureError(
-        f"the torch backend profiles Python programs only (python script.py, python -m module, "
-        f"or a .py file), not `{format_command(command)}`: use the nsys backend for other programs"
-    )
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def torch_runner_argv(
     output: str | Path,
     target: Sequence[str],
@@ -448,76 +415,18 @@ class TorchBackend(Backend):
         """Whether torch is importable (checked without importing it)."""
         return torch_available()
 
-    def capture(
-        self,
-        command: Sequence[str],
-        *,
-        output_dir: str | Path,
-        name: str = "capture",
-        delay: float | None = None,
-        duration: float | None = None,
-        capture_range: str | None = None,
-        timeout: float | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> CaptureResult:
-        """Run the Python ``command`` under the torch runner; return its ``.pt.trace.json.gz``."""
-        command = command_list(command)
-        nsys_only = [
-            flag
-            for flag, value in (
-                ("delay", delay), ("duration", duration), ("capture range", capture_range)
-            )
-            if value is not None
-        ]  # fmt: skip
-        if nsys_only:
-            raise CaptureError(
-                f"{' and '.join(nsys_only)} need the nsys backend; this capture uses torch "
-                f"({self.why})"
-            )
-        target = python_target(command)
+    def plan(
+        self, command: list[str], out: Path, options: RunOptions, env: Mapping[str, str] | None
+    ) -> RunPlan:
+        """The torch runner over the Python ``command``, writing ``.pt.trace.json.gz``."""
+        target = python_target(command, self.name)
         ok, reason = torch_available()
         if not ok:
             raise CaptureError(reason)
-        out = output_base(output_dir, name)
         out = out.with_name(out.name + TRACE_SUFFIX)
-        out.unlink(missing_ok=True)
         argv = torch_runner_argv(
             out, target, device=self.device, record_shapes=self.record_shapes,
             with_stack=self.with_stack, with_flops=self.with_flops,
             profile_memory=self.profile_memory,
         )  # fmt: skip
-        done = run_command(argv, timeout=timeout, env=_runner_env(env))
-        result = CaptureResult(
-            path=out, backend=self.name, command=command, returncode=done.returncode,
-            wall_time_s=done.wall_time_s, log=done.stderr_tail, why=self.why, argv=done.argv,
-        )  # fmt: skip
-        if done.returncode != 0:
-            last = done.last_stderr_line
-            kept = out.is_file()
-            raise CaptureError(
-                f"`{format_command(command)}` under the torch profiler ended with "
-                f"{describe_status(done.returncode)}"
-                + (f": {last}" if last else "")
-                + (f" (its trace up to that point is in {out})" if kept else ""),
-                result=result if kept else None,
-            )
-        if not out.is_file():
-            raise CaptureError(f"the torch profiler wrote no trace: expected {out}")
-        return result
-
-
-def _runner_env(env: Mapping[str, str] | None) -> dict[str, str]:
-    """The runner's environment: perfguard must be importable there.
-
-    An installed perfguard (regular or editable) is; one used from a source
-    tree on ``sys.path`` gets that tree appended to ``PYTHONPATH``.
-    """
-    child = dict(os.environ if env is None else env)
-    try:
-        importlib.metadata.distribution("perfguard")
-    except importlib.metadata.PackageNotFoundError:
-        tree = str(Path(__file__).resolve().parents[2])
-        parts = [p for p in child.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if tree not in parts:
-            child["PYTHONPATH"] = os.pathsep.join([*parts, tree])
-    return child
+        return RunPlan(argv=argv, env=python_runner_env(env), path=out, what="trace")

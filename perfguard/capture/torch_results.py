@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import not_none
 from perfguard.trace.call_sites import innermost_sites, user_sites
 from perfguard.trace.kineto_sidecar import SIDECAR_SUFFIX
 
@@ -88,16 +89,16 @@ def write_sidecar(prof: Any, trace: Path) -> Path | None:
     if python.any():
         frame = python.copy()
         frame_site = user_sites(names[frame])
-        mine = np.flatnonzero(frame)[np.not_equal(frame_site, None)]
+        mine = np.flatnonzero(frame)[not_none(frame_site)]
         if len(mine):
             sites[op] = innermost_sites(
                 start[op], end[op], tid[op], start[mine], end[mine], tid[mine],
-                frame_site[np.not_equal(frame_site, None)],
+                frame_site[not_none(frame_site)],
             )  # fmt: skip
     codes, uniques = pd.factorize(pd.Series(names, dtype=object))
     bad = ~pd.Series(uniques, dtype=object).str.match(_SAFE.pattern).fillna(True).to_numpy(bool)
     damaged = (codes >= 0) & bad[np.maximum(codes, 0)] if len(uniques) else codes < -1
-    keep = op & (damaged | np.not_equal(sites, None))
+    keep = op & (damaged | not_none(sites))
     if not keep.any():
         return None
     base = _base_ns(trace)

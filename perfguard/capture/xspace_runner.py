@@ -19,7 +19,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from perfguard.capture.base import Backend, CaptureResult, command_list, output_base
+from perfguard.capture.base import (
+    Backend,
+    RunOptions,
+    RunPlan,
+    python_runner_env,
+    python_target,
+)
+from perfguard.capture.process import Completed
 from perfguard.capture.xspace_capture import XPLANE_SUFFIX
 from perfguard.errors import CaptureError
 
@@ -66,7 +73,7 @@ class XSpaceBackend(Backend):
         if framework not in _NEEDS:
             raise CaptureError(f"framework must be one of {', '.join(_NEEDS)}, got {framework!r}")
         self.framework = framework
-        self.name = framework  # type: ignore[misc]
+        self.name = framework
         super().__init__(why=why)
 
     def available(self) -> tuple[bool, str]:
@@ -77,49 +84,25 @@ class XSpaceBackend(Backend):
             return False, f"{module} is not installed: {hint}"
         return True, f"{module} is installed"
 
-    def capture(
-        self,
-        command: Sequence[str],
-        *,
-        output_dir: str | Path,
-        name: str = "capture",
-        delay: float | None = None,
-        duration: float | None = None,
-        capture_range: str | None = None,
-        timeout: float | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> CaptureResult:
-        """Run the Python ``command`` under the runner; return its ``.xplane.pb``."""
-        from perfguard.capture.process import describe_status, format_command, run_command
-        from perfguard.capture.torch_profiler import _runner_env, python_target
+    @property
+    def profiler(self) -> str:
+        return f"the {self.framework} profiler"
 
-        command = command_list(command)
-        if delay is not None or duration is not None or capture_range is not None:
-            raise CaptureError(
-                f"delay, duration and capture range need the nsys backend, not {self.framework}"
-            )
+    def plan(
+        self, command: list[str], out: Path, options: RunOptions, env: Mapping[str, str] | None
+    ) -> RunPlan:
+        """The runner over the Python ``command``, writing ``.xplane.pb``."""
         ok, reason = self.available()
         if not ok:
             raise CaptureError(reason)
-        out = output_base(output_dir, name)
         out = out.with_name(out.name + XPLANE_SUFFIX)
-        out.unlink(missing_ok=True)
         argv = [sys.executable, "-m", RUNNER_MODULE, "--framework", self.framework,
-                "--output", str(out), "--", *python_target(command)]  # fmt: skip
-        done = run_command(argv, timeout=timeout, env=_runner_env(env))
-        result = CaptureResult(
-            path=out, backend=self.framework, command=command, returncode=done.returncode,
-            wall_time_s=done.wall_time_s, log=done.stderr_tail, why=self.why, argv=done.argv,
-        )  # fmt: skip
-        if done.returncode != 0 and not out.is_file():
-            last = done.last_stderr_line
-            raise CaptureError(
-                f"`{format_command(command)}` under the {self.framework} profiler ended with "
-                f"{describe_status(done.returncode)}" + (f": {last}" if last else "")
-            )
-        if not out.is_file():
-            raise CaptureError(f"the {self.framework} profiler wrote no profile: expected {out}")
-        return result
+                "--output", str(out), "--", *python_target(command, self.framework)]  # fmt: skip
+        return RunPlan(argv=argv, env=python_runner_env(env), path=out, what="profile")
+
+    def accepts_exit(self, done: Completed, plan: RunPlan, options: RunOptions) -> bool:
+        """A program that failed after its profile was written still gave a profile."""
+        return plan.path.is_file()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +171,7 @@ class _Side:
         except AnalysisError as exc:
             raise AnalysisError(f"{spec}: {exc}") from None
         self.environment = trace.environment
-        names = trace.devices["name"] if "name" in trace.devices else []
+        names: Iterable[object] = trace.devices["name"] if "name" in trace.devices else []
         self.gpus = tuple(sorted({str(n) for n in names if isinstance(n, str) and n}))
         return record_from_analysis(nodeid, analysis, meta={"capture": spec})
 
@@ -254,28 +255,21 @@ def run_ab(args: argparse.Namespace) -> int:
     import subprocess
     import sys
 
+    from perfguard.baseline.git import GitError, common_dir, prepare_worktree, toplevel
     from perfguard.compare.results import load_results
     from perfguard.errors import CompareError, ReportError
-    from perfguard.plugin.ab import prepare_worktree
 
     repo = Path(args.repo).resolve()
     try:
-        top = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--show-toplevel"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        common = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--git-common-dir"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (subprocess.CalledProcessError, FileNotFoundError):
+        root = toplevel(repo)
+        common = common_dir(root)
+    except GitError:
         raise CompareError(f"{repo}: not a git repository (A/B mode needs one)") from None
-    root = Path(top)
     tree = root
     if args.head:
         try:
-            tree, _ = prepare_worktree(root, args.head, (root / common).resolve() / "perfguard-ab")
-        except RuntimeError as exc:
+            tree, _ = prepare_worktree(root, args.head, common / "perfguard-ab")
+        except GitError as exc:
             raise CompareError(f"--head {args.head}: cannot check it out: {exc}") from None
     out = Path(args.output).resolve()  # kept: the report it names must still be there
     argv = [sys.executable, "-m", "pytest", *shlex.split(args.pytest_args), "--perfguard",
@@ -359,7 +353,7 @@ def _ops_table(ops: Any) -> str:
     return _format(rows)
 
 
-def _format(rows: list[tuple[str, ...]]) -> str:
+def _format(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows

@@ -11,7 +11,7 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from perfguard.cli import add_analyze_options
+    from perfguard.commands.analyze import add_analyze_options
 
     p = sub.add_parser(
         "profile",
@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from perfguard.capture import profile_command
-    from perfguard.cli import analyze_and_report
+    from perfguard.commands.analyze import analyze_and_report
     from perfguard.errors import CaptureError
     from perfguard.report.writer import check_output
 

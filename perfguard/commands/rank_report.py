@@ -2,7 +2,7 @@
 
 Prints one line per rank (the rank report's figures) and the straggler,
 and writes the chosen table reports with every rank's rows
-(:mod:`perfguard.commands.rank_workers`).
+(:mod:`perfguard.report.rank_workers`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _EVENT_FORMATS = ("html", "perfetto")
 def analyze_per_rank(args: argparse.Namespace) -> int:
     """Run ``analyze --per-rank``; returns the exit code."""
     from perfguard.commands.progress import Progress
-    from perfguard.commands.rank_workers import AnalysisOptions, analyze_ranks
+    from perfguard.report.rank_workers import AnalysisOptions, analyze_ranks
     from perfguard.report.writer import check_output, write_tables
 
     formats = [f for f in args.formats if f not in _EVENT_FORMATS]
@@ -59,11 +59,12 @@ def format_ranks(table: pd.DataFrame) -> str:
     lines = ["perfguard ranks",
              f"  {'Rank':>5} {'GPUs':>4} {'Iter.':>6} {'Iter. avg ms':>13} {'Wall ms':>12} "
              f"{'GPU ms':>12} {'Comm. ms':>12} {'Idle %':>7}"]  # fmt: skip
-    for row in table.itertuples(index=False):  # one per rank
-        avg = "" if pd.isna(row.iteration_time_avg) else f"{row.iteration_time_avg / 1e6:,.3f}"
+    for row in table.to_dict("records"):  # one per rank
+        avg_ns = row["iteration_time_avg"]
+        avg = "" if pd.isna(avg_ns) else f"{avg_ns / 1e6:,.3f}"
         lines.append(
-            f"  {row.rank:>5} {row.gpus:>4} {row.iterations:>6} {avg:>13} "
-            f"{row.wall_time / 1e6:>12,.3f} {row.gpu_time / 1e6:>12,.3f} "
-            f"{row.comm_time / 1e6:>12,.3f} {row.idle_pct:>7.2f}"
+            f"  {row['rank']:>5} {row['gpus']:>4} {row['iterations']:>6} {avg:>13} "
+            f"{row['wall_time'] / 1e6:>12,.3f} {row['gpu_time'] / 1e6:>12,.3f} "
+            f"{row['comm_time'] / 1e6:>12,.3f} {row['idle_pct']:>7.2f}"
         )
     return "\n".join(lines)

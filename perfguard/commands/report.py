@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.commands import argtypes
-from perfguard.compare.results import SessionResults, TestEntry
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -69,86 +68,9 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
-def results_from_store(
-    store_path: str | Path,
-    run_id: int,
-    *,
-    baseline_run: int | None = None,
-    baseline_ref: str | None = None,
-    repo: str | Path = ".",
-    tolerance: float | None = None,
-    alpha: float = 0.01,
-) -> SessionResults:
-    """The session document of stored run ``run_id``, judged as the plugin judges it.
-
-    With ``baseline_ref``, each test against the nearest run at or before the ref that
-    measured it (:func:`perfguard.compare.against.against_from_store`, the plugin's own
-    path); with ``baseline_run``, against that one run; else ``no-baseline``.
-    ``tolerance``: overrides the default, never a marker's own (``settings_for``).
-    """
-    from perfguard import __version__
-    from perfguard.baseline.store import open_store
-    from perfguard.compare.against import (
-        History,
-        against_from_store,
-        history_levels,
-        history_rows,
-        settings_for,
-    )
-    from perfguard.compare.judge import Against, judge
-
-    with open_store(store_path, create=False) as store:
-        info, records = store.load_run(run_id)
-        fp = info.fingerprint
-        baseline: dict[str, Any] | None = None
-        walk = History.of(repo, baseline_ref) if baseline_ref is not None else None
-        base_records: dict[str, Any] = {}
-        base_reason = base_timing = None
-        if baseline_run is not None:
-            base_info, base_records = store.load_run(baseline_run)
-            base_reason = fp.incompatibility(base_info.fingerprint)
-            base_timing = fp.timing_incompatibility(base_info.fingerprint)
-            baseline = {"ref": None, "commit": base_info.commit, "run_id": str(baseline_run)}
-        tests = []
-        for nodeid, record in records.items():
-            if walk is not None:
-                against = against_from_store(store, walk, record, fp, exclude_run_id=run_id)
-                if baseline is None and against.commit:
-                    baseline = {"ref": baseline_ref, "commit": against.commit, "run_id": None}
-            elif baseline_run is not None:
-                base = base_records.get(nodeid)
-                against = Against(
-                    records=[base] if base is not None else [], commit=baseline["commit"],
-                    run_found=True, incompatibility=base_reason,
-                    timing_incompatibility=base_timing,
-                    history=history_levels(store, record, fp, None, before_run_id=run_id),
-                )  # fmt: skip
-            else:
-                against = Against()
-            c = judge(record, against, settings_for(record, tolerance, alpha))
-            tests.append(TestEntry.from_comparison(
-                c,
-                history=history_rows(store, nodeid, fp),
-                backend=fp.backend,
-                capture=record.meta.get("capture"),
-                load=record.meta.get("load"),
-            ))  # fmt: skip
-    return SessionResults(
-        tests=tests,
-        perfguard_version=__version__,
-        run=info.to_dict(),
-        baseline=baseline,
-        settings={
-            "tolerance": tolerance,
-            "alpha": alpha,
-            "fail_on": None,
-            "backend": fp.backend,
-        },  # fmt: skip
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     from perfguard.baseline.db import is_url
+    from perfguard.compare.stored import results_from_store
     from perfguard.errors import ReportError
     from perfguard.report.html import load_results, write_session_html
     from perfguard.report.markdown import write_markdown
@@ -191,4 +113,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_parser", "results_from_store", "run"]
+__all__ = ["add_parser", "run"]

@@ -136,8 +136,8 @@ def against_from_store(
     changes: tuple[EnvironmentChange, ...] = ()
     if environment is not None and len(chosen):  # the run the verdict names: the latest
         changes = environment.changes_since(chosen.iloc[0]["environment"], across)
-    waits = [r.meta.get("wait") for r in records if r.meta.get("wait") is not None]
-    speeds = [r.meta.get("speed_ns") for r in records if r.meta.get("speed_ns")]
+    waits = [float(w) for r in records if (w := r.meta.get("wait")) is not None]
+    speeds = [float(s) for r in records if (s := r.meta.get("speed_ns"))]
     return Against(
         records=records, commit=commit, run_found=True, incompatibility=reason,
         timing_incompatibility=timing_reason,
@@ -179,7 +179,8 @@ def history_rows(store: Store, nodeid: str, fingerprint: Fingerprint) -> list[di
                            "value": rows["median_ns"].astype(np.float64)})  # fmt: skip
     marks = change_marks(store, nodeid, levels)
     return [
-        {"commit": str(h.commit), "time": str(h.time), "median_ns": float(h.median_ns),
-         "change": mark}
-        for h, mark in zip(rows.itertuples(index=False), marks, strict=True)
-    ]  # fmt: skip
+        {"commit": str(commit), "time": str(time), "median_ns": float(median), "change": mark}
+        for commit, time, median, mark in zip(
+            rows["commit"], rows["time"], rows["median_ns"], marks, strict=True
+        )
+    ]

@@ -42,6 +42,9 @@ SAME = 1e-9
 TOP_OPS = 3
 #: set-valued facts: name -> what a member is
 SET_COUNTERS = ("kernel_set", "tc_ops", "dtypes")
+#: one step of a counter between consecutive runs: (position, counter, before, after,
+#: the ops that moved it as (op, before, after))
+Step = tuple[int, str, float, float, tuple[tuple[str, float, float], ...]]
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,7 @@ class CounterStep:
         return 100.0 * (self.after - self.before) / self.before if self.before else float("inf")
 
 
-def numeric_steps(
-    rows: pd.DataFrame, run_ids: np.ndarray, *, top_ops: int = TOP_OPS
-) -> list[tuple[int, str, float, float, tuple[tuple[str, float, float], ...]]]:
+def numeric_steps(rows: pd.DataFrame, run_ids: np.ndarray, *, top_ops: int = TOP_OPS) -> list[Step]:
     """Steps of the numeric counters in ``rows`` (run_id, op_id, op_name, counter, value,
     stable: the store's ``counters`` table) along ``run_ids``: (position, counter, before,
     after, ops). Each pair of consecutive runs that have counters is compared on the ops
@@ -77,7 +78,7 @@ def numeric_steps(
     order = {int(r): i for i, r in enumerate(run_ids)}
     rows = rows[rows["run_id"].isin(order)]
     have = sorted(order[int(r)] for r in rows["run_id"].unique())
-    out = []
+    out: list[Step] = []
     if len(have) < 2:
         return out
     pos = rows["run_id"].map(order).to_numpy()
@@ -111,9 +112,7 @@ def numeric_steps(
     return out
 
 
-def set_steps(
-    members: pd.DataFrame, observed: set[int], run_ids: np.ndarray
-) -> list[tuple[int, str, float, float, tuple[tuple[str, float, float], ...]]]:
+def set_steps(members: pd.DataFrame, observed: set[int], run_ids: np.ndarray) -> list[Step]:
     """Steps of set-valued facts: ``members`` has run_id, counter, member, key (one row per
     member of the run's set); a run in ``observed`` without rows has the empty set,
     other runs are skipped. Only members whose key is in both runs' sets count (an op
@@ -121,11 +120,11 @@ def set_steps(
     order = {int(r): i for i, r in enumerate(run_ids)}
     members = members[members["run_id"].isin(order)]
     seen = [r for r in map(int, run_ids) if r in observed]
-    out = []
+    out: list[Step] = []
     for counter in members["counter"].unique():
         sub = members[members["counter"] == counter]
         pairs = sub.groupby("run_id")[["member", "key"]].agg(lambda s: frozenset(map(str, s)))
-        empty = (frozenset(), frozenset())
+        empty: tuple[frozenset[str], ...] = (frozenset(), frozenset())
         pos = [(order[r], tuple(pairs.loc[r]) if r in pairs.index else empty) for r in seen]
         for (_, (a, ka)), (i, (b, kb)) in zip(pos, pos[1:], strict=False):
             both = ka & kb if counter == "dtypes" else ka | kb

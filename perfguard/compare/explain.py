@@ -202,7 +202,7 @@ def _culprits(e: Evidence) -> list[Culprit]:
         calls = row.calls_current if added else row.calls_baseline
         t = _num(row.current_ns if added else row.baseline_ns)
         found.append(Culprit(
-            kind=row.status, op=name, direction=_dir(row.direction),
+            kind=str(row.status), op=name, direction=_dir(row.direction),
             text=f"{name}{times(calls)} {row.status} ({format_ns(t)} per iteration)",
             baseline=None if added else _num(calls), current=_num(calls) if added else None,
             gated=struct_gated, impact_ns=impact.get((name, direction), math.nan),
@@ -212,7 +212,7 @@ def _culprits(e: Evidence) -> list[Culprit]:
     moves = _minimal_moves(all_moves)
     for row in moves.itertuples(index=False):
         name, counter = str(row.op_name), str(row.counter)
-        b, c = float(row.baseline), float(row.current)
+        b, c = _num(row.baseline), _num(row.current)
         budget = e.budgets.get(counter)
         gated = (
             isinstance(budget, Budget)
@@ -352,7 +352,7 @@ def _timing_culprits(
         name = str(row.op_name)
         if (name, "timing") in named:
             continue
-        b, c = float(row.baseline_ns), float(row.current_ns)
+        b, c = _num(row.baseline_ns), _num(row.current_ns)
         note = "" if judged else "; per-op times not judged"
         out.append(Culprit(
             kind="timing", op=name, direction=_dir(row.direction),

@@ -76,7 +76,7 @@ class Culprit:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Culprit:
-        known = {k: d.get(k) for k in cls.__dataclass_fields__ if k in d}
+        known: dict[str, Any] = {k: d.get(k) for k in cls.__dataclass_fields__ if k in d}
         known["kind"] = str(known.get("kind") or "")
         known["op"] = str(known.get("op") or "")
         known["text"] = str(known.get("text") or "")

@@ -268,8 +268,8 @@ def judge_gates(
             unstable.update(f"{counter} of {_short(tuned[i])} (autotuned)" for i in tuned_here)
             b, c = b[~b["op_id"].isin(tuned_here)], c[~c["op_id"].isin(tuned_here)]
         if drop:
-            shaky = pd.concat([b, c])
-            shaky = shaky[shaky["op_id"].isin(drop)]["op_name"]
+            rows = pd.concat([b, c])
+            shaky = rows[rows["op_id"].isin(drop)]["op_name"]
             unstable.update(f"{counter} of {_short(str(n))}" for n in set(shaky))
             b, c = b[~b["op_id"].isin(drop)], c[~c["op_id"].isin(drop)]
         vb = b.groupby("op_id")["value"].sum()
@@ -355,10 +355,10 @@ def _switch_gates(
     if budgets.get("tc_lost"):
         checked.append("tc_lost")
         for row in changes[changes["kind"] == "tc_lost"].itertuples():
+            kernel = str(row.kernel_name or "")
             worse.append(GateFinding(
-                "tc_lost", str(row.op_name), str(row.kernel_name or ""), True, False, "on",
-                f"{_short(str(row.op_name))} lost Tensor Cores "
-                f"(was: {row.kernel_name or 'a TC kernel'})",
+                "tc_lost", str(row.op_name), kernel, True, False, "on",
+                f"{_short(str(row.op_name))} lost Tensor Cores (was: {kernel or 'a TC kernel'})",
             ))  # fmt: skip
         for row in changes[changes["kind"] == "tc_gained"].itertuples():
             better.append(GateFinding(

@@ -238,7 +238,8 @@ def _op_levels(store: Store, nodeid: str, levels: pd.DataFrame) -> pd.DataFrame:
         ops.assign(v=value)
         .groupby(["run_id", "iteration", "op_id"])["v"]
         .sum()
-        .unstack("op_id", fill_value=0.0)
+        # pandas-stubs: fill_value is typed int | str | dict, pandas takes any scalar
+        .unstack("op_id", fill_value=0.0)  # type: ignore[arg-type]
     )
     samples = store.test_rows(nodeid, "samples", ids)
     full = pd.MultiIndex.from_frame(samples[profiled_mask(samples)][["run_id", "iteration"]])

@@ -75,9 +75,10 @@ def explain_move(baseline: TestRecord, current: TestRecord, counter: str) -> str
     moves = function_moves(baseline, current, column)
     moves = moves if up else moves.iloc[::-1]
     moves = moves[(moves["delta"] > 0) if up else (moves["delta"] < 0)]
+    top = moves.head(TOP)
     parts = [
-        f"{_short(r.function)} ({r.object}) {_signed(r.delta, counter)}"
-        for r in moves.head(TOP).itertuples()
+        f"{_short(str(function))} ({obj}) {_signed(delta, counter)}"
+        for function, obj, delta in zip(top["function"], top["object"], top["delta"], strict=True)
     ]
     ops = function_moves(baseline, current, "ir_inclusive")
     ops = ops[ops["op"] != ""]
@@ -87,8 +88,8 @@ def explain_move(baseline: TestRecord, current: TestRecord, counter: str) -> str
     text = "functions: " + "; ".join(parts) if parts else ""
     if len(ops):
         named = "; ".join(
-            f"{r.op} {_signed(r.delta, 'instructions')}" + (" (new)" if r.baseline == 0 else "")
-            for r in ops.itertuples()
+            f"{op} {_signed(delta, 'instructions')}" + (" (new)" if base == 0 else "")
+            for op, delta, base in zip(ops["op"], ops["delta"], ops["baseline"], strict=True)
         )
         text += ("; " if text else "") + f"under ops: {named}"
     return text

@@ -226,8 +226,8 @@ def _interval_rank(m: int, n: int, alpha: float, ties: np.ndarray) -> np.ndarray
         z = normal_ppf(1.0 - alpha / 2.0)
         big_n = m + n
         var = pairs / 12.0 * ((big_n + 1) - ties / (big_n * (big_n - 1)))
-        c = np.ceil(pairs / 2.0 - 0.5 - z * np.sqrt(np.maximum(var, 0.0))).astype(np.int64)
-        k[~exact_ok] = c[~exact_ok]
+        ks = np.ceil(pairs / 2.0 - 0.5 - z * np.sqrt(np.maximum(var, 0.0))).astype(np.int64)
+        k[~exact_ok] = ks[~exact_ok]
     return np.minimum(k, (pairs + 1) // 2)
 
 
@@ -290,7 +290,7 @@ def compare_samples(x: np.ndarray, y: np.ndarray, alpha: float = 0.01) -> ShiftR
         )
     _, p, exact = mann_whitney(y2, x2)
 
-    positive = (x2 > 0).all(axis=1) & (y2 > 0).all(axis=1)
+    positive = np.asarray((x2 > 0).all(axis=1) & (y2 > 0).all(axis=1))
     with np.errstate(divide="ignore", invalid="ignore"):
         lx = np.where(positive[:, None], np.log(np.where(x2 > 0, x2, 1.0)), x2)
         ly = np.where(positive[:, None], np.log(np.where(y2 > 0, y2, 1.0)), y2)

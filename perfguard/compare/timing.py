@@ -111,7 +111,9 @@ class TimingVerdict:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TimingVerdict:
         nan = math.nan
-        vals = {k: (nan if d.get(k) is None and k in _FLOATS else d.get(k)) for k in _FIELDS}
+        vals: dict[str, Any] = {
+            k: (nan if d.get(k) is None and k in _FLOATS else d.get(k)) for k in _FIELDS
+        }
         vals["outcome"] = Outcome(d["outcome"])
         for k in ("n_current", "n_baseline", "history_runs"):
             vals[k] = int(vals[k] or 0)
@@ -127,7 +129,7 @@ _FLOATS = {k for k, f in TimingVerdict.__dataclass_fields__.items() if f.type ==
 def not_judged(metric: str, reason: str, tolerance: float, **figures: Any) -> TimingVerdict:
     """A timing that could not be judged (too few rounds, no baseline figures)."""
     nan = math.nan
-    base = dict(
+    base: dict[str, Any] = dict(
         outcome=Outcome.NOT_JUDGED, mode="none", metric=metric, n_current=0, n_baseline=0,
         median_current_ns=nan, median_baseline_ns=nan, level_baseline_ns=nan,
         level_current_ns=nan, delta_pct=nan, ci_low_pct=nan,
@@ -251,7 +253,7 @@ def judge_store(
     base = np.log(np.asarray(baseline, dtype=np.float64))
     cur, base = cur[np.isfinite(cur)], base[np.isfinite(base)]
     sp = spread(np.exp(cur)) if len(cur) else math.nan
-    common = dict(
+    common: dict[str, Any] = dict(
         n_current=len(cur), n_baseline=len(base), load=load, wait=wait, spread_pct=100 * sp,
         median_current_ns=float(np.exp(np.median(cur))) if len(cur) else math.nan,
         median_baseline_ns=float(np.exp(np.median(base))) if len(base) else math.nan,
@@ -359,7 +361,7 @@ def judge_ab(
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
     d = b - a
-    common = dict(
+    common: dict[str, Any] = dict(
         n_current=len(b), n_baseline=len(a), load=load, wait=wait,
         median_current_ns=float(np.exp(np.median(b))) if len(b) else math.nan,
         median_baseline_ns=float(np.exp(np.median(a))) if len(a) else math.nan,

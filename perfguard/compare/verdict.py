@@ -291,8 +291,11 @@ def compare_ops(
     out["flop_eff_current"] = ic["flop_efficiency"].reindex(ids).astype("Float64")
     # the user's line behind each op (record meta: this run's, the baseline's for a gone op)
     sites = {**(baseline.meta.get("call_sites") or {}), **(current.meta.get("call_sites") or {})}
-    site = out["op_name"].map(lambda n: sites.get(str(n))) if sites else None
-    out["call_site"] = site.astype(object).where(site.notna(), None) if sites else None
+    if sites:
+        site = out["op_name"].map(lambda n: sites.get(str(n)))
+        out["call_site"] = site.astype(object).where(site.notna(), None)
+    else:
+        out["call_site"] = None
     gap = (out["current_ns"].fillna(0.0) - out["baseline_ns"].fillna(0.0)).abs()
     size = out[["current_ns", "baseline_ns"]].max(axis=1).fillna(0.0)
     out = out.assign(_gap=gap, _size=size).reset_index()

@@ -118,35 +118,6 @@ def write_round_output(path: str, output: RoundOutput) -> None:
     os.replace(tmp, path)
 
 
-def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError((done.stderr or done.stdout).strip().splitlines()[-1:] or ["git failed"])
-    return done.stdout.strip()
-
-
-def prepare_worktree(head_root: Path, ref: str, folder: Path) -> tuple[Path, str]:
-    """A detached worktree of ``ref`` under ``folder`` (reused when already at ``ref``).
-
-    Returns its path and the commit. Raises :class:`RuntimeError` with git's message.
-    """
-    sha = _git(head_root, "rev-parse", "--verify", f"{ref}^{{commit}}")
-    path = folder / f"base-{sha[:12]}"
-    if path.is_dir():
-        try:
-            if _git(path, "rev-parse", "HEAD") == sha and not _git(path, "status", "--porcelain"):
-                return path, sha
-        except RuntimeError:
-            pass
-        shutil.rmtree(path, ignore_errors=True)
-        _git(head_root, "worktree", "prune")
-    folder.mkdir(parents=True, exist_ok=True)
-    _git(head_root, "worktree", "add", "--detach", "--force", str(path), sha)
-    return path, sha
-
-
 def abba(pairs: int, start: int = 0) -> list[str]:
     """``A B B A A B ...`` for pairs ``start .. start+pairs-1``."""
     order: list[str] = []

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from perfguard.baseline.git import common_dir, prepare_worktree
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import (
     AB_FOREIGN_ENV,
@@ -32,7 +32,6 @@ from perfguard.plugin.ab import (
     RoundOutput,
     TestAB,
     foreign_modules,
-    prepare_worktree,
     write_round_output,
 )
 from perfguard.plugin.context import SessionContext
@@ -84,9 +83,9 @@ class Coordinator:
             raise pytest.UsageError(f"{flag} needs a git repository")
         try:
             base_root, self.ab_commit = prepare_worktree(
-                ctx.git.root, str(settings.against), _git_dir(ctx.git.root) / "perfguard-ab"
+                ctx.git.root, str(settings.against), common_dir(ctx.git.root) / "perfguard-ab"
             )
-        except (RuntimeError, OSError) as exc:
+        except (PerfguardError, OSError) as exc:
             raise pytest.UsageError(f"{flag}: cannot check it out: {exc}") from None
         rootdir = ctx.config.rootpath.resolve()
         if not rootdir.is_relative_to(ctx.git.root.resolve()):
@@ -319,12 +318,3 @@ class RoundChild:
             foreign=foreign_modules(foreign, own) if foreign and own else [],
             modules=preload_names(trees),
         ))  # fmt: skip
-
-
-def _git_dir(root: Path) -> Path:
-    """The repository's common git folder (``.git`` of the main worktree)."""
-    out = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "--git-common-dir"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    return (root / out).resolve()

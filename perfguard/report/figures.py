@@ -19,11 +19,14 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-_RC = {
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, never at start-up
+    from matplotlib.typing import RcKeyType
+
+_RC: dict[RcKeyType, Any] = {
     "svg.fonttype": "none",  # text as <text>, not paths: smaller, selectable
     "svg.hashsalt": "perfguard",  # stable ids between runs
     "font.size": 8,

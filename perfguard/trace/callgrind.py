@@ -20,6 +20,7 @@ the calls it makes, as ``callgrind_annotate --inclusive=yes`` sums them
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,7 +59,7 @@ def read_callgrind(path: str | os.PathLike[str]) -> CallgrindProfile:
         raise TraceError(name, f"cannot read the callgrind dump: {exc.strerror}") from None
 
 
-def _parse(name: str, lines: object) -> CallgrindProfile:  # noqa: C901 - one state machine
+def _parse(name: str, lines: Iterable[str]) -> CallgrindProfile:  # noqa: C901 - one state machine
     names: dict[str, dict[str, str]] = {"ob": {}, "fl": {}, "fn": {}}
     events: list[str] = []
     n_pos = 1
@@ -89,7 +90,7 @@ def _parse(name: str, lines: object) -> CallgrindProfile:  # noqa: C901 - one st
             return space[key]
         return text
 
-    for lineno, raw in enumerate(lines, 1):  # type: ignore[call-overload]
+    for lineno, raw in enumerate(lines, 1):
         line = raw.rstrip("\n")
         if not line or line[0] == "#":
             continue
@@ -104,9 +105,9 @@ def _parse(name: str, lines: object) -> CallgrindProfile:  # noqa: C901 - one st
                 raise TraceError(name, f"line {lineno}: bad cost line {line[:60]!r}") from None
             target = incl_cost[fn]
             if not in_call:
-                own = self_cost[fn]
+                self_target = self_cost[fn]
                 for i, v in enumerate(values):
-                    own[i] += v
+                    self_target[i] += v
             for i, v in enumerate(values):
                 target[i] += v
             in_call = False

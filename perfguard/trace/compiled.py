@@ -146,7 +146,7 @@ def expand_compiled(ranges: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     names[child] = flat[offset[codes[src[child]]] + slot[child]]
     out["name"] = names
     out.loc[child, "start"] = out.loc[child, "end"]
-    fill = {"kind": "op", "source": SOURCE, "bprop": False}
+    fill: dict[str, str | bool] = {"kind": "op", "source": SOURCE, "bprop": False}
     for col, value in fill.items():
         if col in out:
             out.loc[child, col] = value

@@ -176,8 +176,9 @@ def instruction_costs(blob: bytes) -> tuple[str, dict[str, tuple[float, str | No
         return None
 
     out: dict[str, tuple[float, str | None]] = {}
-    for ins in entry.instructions if entry is not None else ():
-        out[ins.name] = (own_flops(ins, local[entry.id], 0), site_of(ins))
+    if entry is not None:
+        for ins in entry.instructions:
+            out[ins.name] = (own_flops(ins, local[entry.id], 0), site_of(ins))
     return module.name, out
 
 

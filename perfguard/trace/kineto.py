@@ -24,13 +24,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, eq
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
+from pandas.api.extensions import ExtensionArray
 
 from perfguard.arrays import factorize
 from perfguard.errors import TraceError
@@ -142,7 +145,8 @@ def read_kineto_dir(path: str | Path) -> Trace:
         raise TraceError(path, f"cannot list directory ({exc.strerror or exc})") from None
     if not files:
         raise TraceError(path, "directory holds no .json or .json.gz trace files")
-    traces, ranks = [], []
+    traces: list[Trace] = []
+    ranks: list[int] = []
     for i, f in enumerate(files):
         m = _RANK_IN_NAME.search(f.name)
         tr, r = _read_checked(f, None, int(m.group(1)) if m else i)
@@ -158,8 +162,8 @@ def read_kineto_dir(path: str | Path) -> Trace:
     offset = np.cumsum([0] + [len(tr.ranges) for tr in traces[:-1]])
     parts = []
     for tr, off in zip(traces, offset, strict=True):
-        r = tr.ranges
-        parts.append(np.where(r["parent_id"] >= 0, r["parent_id"] + off, r["parent_id"]))
+        parent = tr.ranges["parent_id"]
+        parts.append(np.where(parent >= 0, parent + off, parent))
     merged["ranges"]["range_id"] = np.arange(len(merged["ranges"]), dtype=np.int64)
     if parts:
         merged["ranges"]["parent_id"] = np.concatenate(parts)
@@ -236,8 +240,108 @@ def _args_frame(args: pd.Series) -> pd.DataFrame:
 #: event fields the reader uses, in :class:`Event` and in the plain reader's records
 _FIELDS = ["ph", "cat", "name", "pid", "tid", "ts", "dur"]
 KNOWN_CATEGORIES = RANGE_CATEGORIES + API_CATEGORIES + ("kernel",) + MEMOP_CATEGORIES
-#: kernel columns read from a number in ``args``
-_KERNEL_NUMBERS = (("registers", "registers"), ("shared_mem", "shared_memory"))
+#: the tables' columns read from an event's ``args``, in each table's column order, after
+#: the event's own (times, ids, name): ``(table, column, Args field, kind)``. Kinds: ``int``
+#: (nullable Int64), ``xyz`` (``[x, y, z]``: three nullable columns ``column_x/_y/_z``),
+#: ``json`` (compact JSON text), ``site`` (the call stack's innermost user frame). Both
+#: readers' events go through this one table (:meth:`_Columns._build`).
+_ARG_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
+    ("kernels", "grid", "grid", "xyz"),
+    ("kernels", "block", "block", "xyz"),
+    ("kernels", "registers", "registers", "int"),
+    ("kernels", "shared_mem", "shared_memory", "int"),
+    ("kernels", "graph_id", "graph_id", "int"),
+    ("memops", "bytes", "bytes", "int"),
+    ("memops", "graph_id", "graph_id", "int"),
+    ("ranges", "seq", "seq", "int"),
+    ("ranges", "input_shapes", "input_dims", "json"),
+    ("ranges", "dtypes", "input_type", "json"),
+    ("ranges", "concrete_inputs", "concrete", "json"),
+    ("ranges", "call_site", "call_stack", "site"),
+)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """One piece's kept events, each field a column: ``code`` is the table each goes to
+    (:data:`_TABLE_OF_CATEGORY`), times in ns, ids as int64, names one object each."""
+
+    code: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    name: np.ndarray
+    correlation_id: np.ndarray
+
+
+class _ArgColumns(Protocol):
+    """The ``args`` of one piece's kept events, a field at a time (:data:`_ARG_COLUMNS`)."""
+
+    def subset(self, mask: np.ndarray) -> _ArgColumns:
+        """The events where ``mask`` is true."""
+        ...
+
+    def column(self, field: str, kind: str, absent: int = NA_INT) -> np.ndarray:
+        """Field ``field`` (an :class:`Args` field) of every event as ``kind`` says: int64
+        with ``absent`` for a missing value, (n, 3) int64, JSON text or None, the user's
+        line or None."""
+        ...
+
+
+class _StructArgs:
+    """``args`` as decoded :class:`Args` structs (the streaming reader): typed already,
+    each field read in one C-level pass."""
+
+    def __init__(self, args: list[Args]) -> None:
+        self.args = args
+
+    def subset(self, mask: np.ndarray) -> _StructArgs:
+        return _StructArgs(list(compress(self.args, mask)))
+
+    def column(self, field: str, kind: str, absent: int = NA_INT) -> np.ndarray:
+        get = attrgetter(field)
+        if kind == "int":
+            return _int_field(get, self.args, absent)
+        values = list(map(get, self.args))
+        if kind == "xyz":
+            return _triples(values)
+        if kind == "json":
+            return _raw_json_text(values)
+        if not any(values):  # no call stack (with_stack=False): skip the parsing
+            return np.full(len(values), None, dtype=object)
+        return _call_sites(pd.Series(values, dtype=object))
+
+
+class _FrameArgs:
+    """``args`` as a frame of any JSON values (the plain reader: one column per
+    :class:`Args` field, :func:`_args_frame`), turned into the same columns."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+
+    def subset(self, mask: np.ndarray) -> _FrameArgs:
+        return _FrameArgs(self.frame[mask])
+
+    def column(self, field: str, kind: str, absent: int = NA_INT) -> np.ndarray:
+        s = self.frame[field]
+        if kind == "int":
+            return _int_column(s, absent)
+        if kind == "xyz":
+            return np.stack([_triple(s, i) for i in range(3)], axis=1)
+        if kind == "json":
+            return _json_text(s).to_numpy()
+        return _call_sites(s)
+
+
+def _call_sites(stacks: pd.Series) -> np.ndarray:
+    """Each call stack's innermost frame in the user's code; None without a stack."""
+    stack = stacks.where(stacks.notna() & (stacks != ""), None)
+    if stack.notna().any():  # with_stack=True
+        stack = first_user_frame(stack)
+    return stack.to_numpy(dtype=object)
+
+
 #: events per piece when the plain reader's dicts are turned into columns
 _PLAIN_PIECE = 200_000
 
@@ -318,62 +422,47 @@ class _Columns:
         start = _float_us_to_ns(ts)
         end = start + _float_us_to_ns(np.nan_to_num(dur, nan=0.0))
         del ts, dur
-        pid = _int_pass(_PID, ev, -1)
-        tid = _int_pass(_TID, ev, -1)
         names = self.names
-        name = np.fromiter(map(names.setdefault, map(_NAME, ev), map(_NAME, ev)), object, k)
-        args = list(map(_ARGS_OF, ev))
-        corr = _int_field(_CORR, args, NO_CORRELATION)
+        args = _StructArgs(list(map(_ARGS_OF, ev)))
+        kept = _Kept(
+            code=code, start=start, end=end, pid=_int_pass(_PID, ev, -1),
+            tid=_int_pass(_TID, ev, -1),
+            name=np.fromiter(map(names.setdefault, map(_NAME, ev), map(_NAME, ev)), object, k),
+            correlation_id=args.column("correlation", "int", NO_CORRELATION),
+        )  # fmt: skip
+        self._build(kept, args)
 
-        def rows(mask: np.ndarray) -> tuple[np.ndarray, list[Args]]:
-            return np.flatnonzero(mask), list(compress(args, mask))
-
-        i = np.flatnonzero(code == _API)
-        if len(i):
-            self.parts["api"].append(pd.DataFrame(
-                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
-                 "correlation_id": corr[i], "name": name[i]}
-            ))  # fmt: skip
-        for table, which in (("kernels", _KERNEL), ("memops", _MEMOP)):
-            i, ga = rows(code == which)
+    def _build(self, ev: _Kept, args: _ArgColumns) -> None:
+        """The one table builder: each kept event's row in its table (``ev.code``), the
+        event's own fields and, per :data:`_ARG_COLUMNS`, the fields of its ``args``."""
+        for table, which in _TABLE_CODES:
+            mask = (ev.code >= _CPU_OP) if table == "ranges" else (ev.code == which)
+            i = np.flatnonzero(mask)
             if not len(i):
                 continue
-            dev = _int_field(_DEVICE, ga)
-            stream = _int_field(_STREAM, ga)
-            df = pd.DataFrame(
-                {"start": start[i], "end": end[i], "correlation_id": corr[i],
-                 "device_id": np.where(dev != NA_INT, dev, pid[i]),
-                 "stream_id": np.where(stream != NA_INT, stream, tid[i]), "name": name[i]}
-            )  # fmt: skip
-            if table == "kernels":
-                for field, get in (("grid", _GRID), ("block", _BLOCK)):
-                    xyz = _triples(list(map(get, ga)))
+            a = args.subset(mask)
+            cols: dict[str, np.ndarray | ExtensionArray] = {"start": ev.start[i], "end": ev.end[i]}
+            if table in ("api", "ranges"):
+                cols.update(pid=ev.pid[i], tid=ev.tid[i])
+            if table != "ranges":
+                cols["correlation_id"] = ev.correlation_id[i]
+            if table in ("kernels", "memops"):  # its device and stream, else its pid and tid
+                dev, stream = a.column("device", "int"), a.column("stream", "int")
+                cols["device_id"] = np.where(dev != NA_INT, dev, ev.pid[i])
+                cols["stream_id"] = np.where(stream != NA_INT, stream, ev.tid[i])
+            cols["name"] = ev.name[i]
+            if table == "ranges":
+                cols["category"] = np.asarray(_TABLE_CATEGORY, dtype=object)[ev.code[i]]
+            for t, column, field, kind in _ARG_COLUMNS:
+                if t != table:
+                    continue
+                values = a.column(field, kind)
+                if kind == "xyz":
                     for col, axis in enumerate("xyz"):
-                        df[f"{field}_{axis}"] = _nullable(xyz[:, col])
-                df["registers"] = _nullable(_int_field(_REGS, ga))
-                df["shared_mem"] = _nullable(_int_field(_SHMEM, ga))
-            else:
-                df["bytes"] = _nullable(_int_field(_BYTES, ga))
-            df["graph_id"] = _nullable(_int_field(_GRAPH, ga))
-            self.parts[table].append(df)
-        i, ra = rows(code >= _CPU_OP)
-        if len(i):
-            stacks = list(map(_STACK, ra))
-            call_site = np.full(len(ra), None, dtype=object)
-            if any(stacks):  # with_stack=True: the innermost frame
-                stack = pd.Series(stacks, dtype=object)
-                stack = stack.where(stack.notna() & (stack != ""), None)
-                call_site = first_user_frame(stack).to_numpy(dtype=object)
-            self.parts["ranges"].append(pd.DataFrame(
-                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
-                 "name": name[i],
-                 "category": np.asarray(_TABLE_CATEGORY, dtype=object)[code[i]],
-                 "seq": _nullable(_int_field(_SEQ, ra)),
-                 "input_shapes": _raw_json_text(list(map(_DIMS, ra))),
-                 "dtypes": _raw_json_text(list(map(_TYPES, ra))),
-                 "concrete_inputs": _raw_json_text(list(map(_CONCRETE, ra))),
-                 "call_site": call_site}
-            ))  # fmt: skip
+                        cols[f"{column}_{axis}"] = _nullable(values[:, col])
+                else:
+                    cols[column] = _nullable(values) if kind == "int" else values
+            self.parts[table].append(pd.DataFrame(cols))
 
     def add_dicts(self, events: list[dict[str, Any]]) -> None:
         """Events parsed by the plain reader (the fallback), a piece at a time."""
@@ -381,9 +470,8 @@ class _Columns:
             piece = events[lo : lo + _PLAIN_PIECE]
             ev = pd.DataFrame.from_records(piece, columns=_FIELDS + ["args"])
             ev.index += self.n
-            keep, threads, cat = self._select(
-                ev["ph"].to_numpy(object), ev["cat"], lambda m, e=ev: e["name"].to_numpy(object)[m]
-            )
+            names_of = partial(_names_at, ev)
+            keep, threads, cat = self._select(ev["ph"].to_numpy(object), ev["cat"], names_of)
             x = ev[keep].drop(columns=["ph"]).assign(cat=cat[keep])
             m = ev[threads]
             names = pd.DataFrame.from_records(
@@ -391,7 +479,7 @@ class _Columns:
             )
             th = pd.DataFrame(
                 {"pid": m["pid"].to_numpy(object), "tid": m["tid"].to_numpy(object),
-                 "name": names["name"].to_numpy(object)}
+                 "name": names["name"].to_numpy(object)}, dtype=object
             )  # fmt: skip
             self._add(x.drop(columns=["args"]), _args_frame(x["args"]), th)
             self.n += len(ev)
@@ -401,8 +489,8 @@ class _Columns:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(kept X events, thread_name events, categories renamed), noting categories seen."""
         # categories repeat: renamed once per distinct value, not per event
-        codes, distinct = pd.factorize(np.asarray(cat, dtype=object), use_na_sentinel=False)
-        distinct = pd.Series(distinct, dtype=object)
+        codes, uniques = pd.factorize(np.asarray(cat, dtype=object), use_na_sentinel=False)
+        distinct = pd.Series(uniques, dtype=object)
         self.legacy |= bool(distinct.isin(list(LEGACY_CATEGORIES)).any())
         renamed = distinct.replace(LEGACY_CATEGORIES)
         self.cats.update(dict.fromkeys(renamed))
@@ -436,60 +524,14 @@ class _Columns:
             return
         _check_times(self.path, x)
         start = _us_to_ns(x["ts"])
-        end = start + _us_to_ns(x["dur"].fillna(0))
-        pid = _int_column(x["pid"], -1)
-        tid = _int_column(x["tid"], -1)
-        corr = _int_column(a["correlation"], NO_CORRELATION)
-        name = self._shared_names(x["name"])
-        cat = x["cat"].to_numpy(dtype=object)
-
-        def rows(cats: tuple[str, ...]) -> np.ndarray:
-            return np.flatnonzero(np.isin(cat, list(cats)))
-
-        i = rows(API_CATEGORIES)
-        if len(i):
-            self.parts["api"].append(pd.DataFrame(
-                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
-                 "correlation_id": corr[i], "name": name[i]}
-            ))  # fmt: skip
-        for table, cats in (("kernels", ("kernel",)), ("memops", MEMOP_CATEGORIES)):
-            i = rows(cats)
-            if not len(i):
-                continue
-            ga = a.iloc[i]
-            dev, stream = ga["device"], ga["stream"]
-            df = pd.DataFrame(
-                {"start": start[i], "end": end[i], "correlation_id": corr[i],
-                 "device_id": np.where(dev.notna(), _int_column(dev, -1), pid[i]),
-                 "stream_id": np.where(stream.notna(), _int_column(stream, -1), tid[i]),
-                 "name": name[i]}
-            )  # fmt: skip
-            if table == "kernels":
-                for axis, col in (("x", 0), ("y", 1), ("z", 2)):
-                    df[f"grid_{axis}"] = _triple(ga["grid"], col).to_numpy()
-                    df[f"block_{axis}"] = _triple(ga["block"], col).to_numpy()
-                for col, arg in _KERNEL_NUMBERS:
-                    df[col] = pd.to_numeric(ga[arg], errors="coerce").to_numpy()
-            else:
-                df["bytes"] = pd.to_numeric(ga["bytes"], errors="coerce").to_numpy()
-            df["graph_id"] = pd.to_numeric(ga["graph_id"], errors="coerce").to_numpy()
-            self.parts[table].append(df)
-        i = rows(RANGE_CATEGORIES)
-        if len(i):
-            ra = a.iloc[i]
-            stack = ra["call_stack"]
-            call_site = stack.where(stack.notna() & (stack != ""), None)
-            if call_site.notna().any():
-                call_site = first_user_frame(call_site)
-            self.parts["ranges"].append(pd.DataFrame(
-                {"start": start[i], "end": end[i], "pid": pid[i], "tid": tid[i],
-                 "name": name[i], "category": cat[i],
-                 "seq": pd.to_numeric(ra["seq"], errors="coerce").to_numpy(),
-                 "input_shapes": _json_text(ra["input_dims"]).to_numpy(),
-                 "dtypes": _json_text(ra["input_type"]).to_numpy(),
-                 "concrete_inputs": _json_text(ra["concrete"]).to_numpy(),
-                 "call_site": call_site.to_numpy(dtype=object)}
-            ))  # fmt: skip
+        args = _FrameArgs(a)
+        kept = _Kept(
+            code=x["cat"].map(_TABLE_OF_CATEGORY).to_numpy(np.int8), start=start,
+            end=start + _us_to_ns(x["dur"].fillna(0)), pid=_int_column(x["pid"], -1),
+            tid=_int_column(x["tid"], -1), name=self._shared_names(x["name"]),
+            correlation_id=args.column("correlation", "int", NO_CORRELATION),
+        )  # fmt: skip
+        self._build(kept, args)
 
     # -- two processes (:mod:`perfguard.trace.kineto_split`)
 
@@ -527,22 +569,23 @@ class _Columns:
 
 
 _PH, _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS_OF = map(attrgetter, _FIELDS + ["args"])
-_CORR, _DEVICE, _STREAM, _GRID, _BLOCK = map(
-    attrgetter, ["correlation", "device", "stream", "grid", "block"]
-)
-_REGS, _SHMEM, _BYTES, _SEQ, _STACK, _GRAPH = map(
-    attrgetter, ["registers", "shared_memory", "bytes", "seq", "call_stack", "graph_id"]
-)
-_DIMS, _TYPES, _CONCRETE = map(attrgetter, ["input_dims", "input_type", "concrete"])
 #: the table an event goes to, by (modern) category; its ``category`` column by code
 _TABLE_CATEGORY = ("api", "kernel", "memop", *RANGE_CATEGORIES)
 _API, _KERNEL, _MEMOP, _CPU_OP = 0, 1, 2, 3
+#: the tables in the order :meth:`_Columns._build` fills them, with their code (ranges:
+#: every code from ``_CPU_OP`` on)
+_TABLE_CODES = (("api", _API), ("kernels", _KERNEL), ("memops", _MEMOP), ("ranges", _CPU_OP))
 _TABLE_OF_CATEGORY = {
     **dict.fromkeys(API_CATEGORIES, _API),
     "kernel": _KERNEL,
     **dict.fromkeys(MEMOP_CATEGORIES, _MEMOP),
     **{c: _CPU_OP + i for i, c in enumerate(RANGE_CATEGORIES)},
 }
+
+
+def _names_at(ev: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """The ``name`` of the events at ``rows`` of a piece of the plain reader's events."""
+    return ev["name"].to_numpy(object)[rows]
 
 
 def _float_us_to_ns(f: np.ndarray) -> np.ndarray:
@@ -671,11 +714,12 @@ def _launching_pid(g: pd.DataFrame, launcher: pd.Series) -> np.ndarray:
     return g["correlation_id"].map(launcher).fillna(-1).astype(np.int64).to_numpy()
 
 
-def _triple(s: pd.Series, i: int) -> pd.Series:
-    """Element ``i`` of ``[x, y, z]`` lists (grid, block); NA where absent."""
+def _triple(s: pd.Series, i: int) -> np.ndarray:
+    """Element ``i`` of ``[x, y, z]`` lists (grid, block) as int64; :data:`NA_INT` where
+    absent."""
     if s.dtype != object or not len(s):
-        return pd.Series(pd.NA, index=s.index, dtype="Int64")
-    return pd.to_numeric(s.str[i], errors="coerce").astype("Int64")
+        return np.full(len(s), NA_INT, dtype=np.int64)
+    return _int_column(pd.to_numeric(s.str[i], errors="coerce"), NA_INT)
 
 
 def _short_names(names: pd.Series) -> pd.Series:

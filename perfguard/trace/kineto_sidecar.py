@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfguard.arrays import not_none
+
 SIDECAR_SUFFIX = ".perfguard"
 #: ns: the JSON's µs with three decimals, read through float64, may be off by one
 _TOLERANCE = 1
@@ -49,7 +51,7 @@ def apply_sidecar(path: Path, ranges: pd.DataFrame, notes: list[str]) -> pd.Data
         notes.append(f"{side.name}: no op matched the trace (a sidecar of another capture?)")
         return ranges
     out = ranges.copy()
-    named = hit & np.not_equal(names, None)
+    named = hit & not_none(names)
     if named.any():
         name = out["name"].to_numpy(dtype=object).copy()
         name[row[named]] = names[named]

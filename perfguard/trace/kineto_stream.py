@@ -299,14 +299,15 @@ class EventStream:
                 events = self.decode(r.framed(cut))
             self._consumed(on_events, events, cut)
             del events  # the piece's structs go before the next one is decoded
-        stopped = stop is not None and r.at_limit
+        stopped = r.at_limit
         r.lift()
-        if not stopped:
+        if stop is None or not stopped:
             return False
         cut = _last_between(r.buf)
         if cut is None or r.offset + len(r.buf) != stop + 1 or not r.buf.endswith(b"{"):
             return False
-        if _GAP.match(r.buf, cut).end() != len(r.buf) - 1:
+        gap = _GAP.match(r.buf, cut)
+        if gap is None or gap.end() != len(r.buf) - 1:
             return False
         fixes = self.fixes.copy()
         try:
@@ -323,7 +324,8 @@ class EventStream:
         self.seen += len(events)
         on_events(events)
         self.r.skip(cut)
-        self.r.skip(_GAP.match(self.r.buf).end())  # up to the next '{'
+        gap = _GAP.match(self.r.buf)  # an event's cut is always followed by its gap
+        self.r.skip(gap.end() if gap else 0)  # up to the next '{'
 
     def finish(self, on_events: Callable[[list[Event]], None]) -> tuple[dict[str, Any], list[str]]:
         """The last events and the object's tail, after :meth:`run` read to the end:

@@ -82,7 +82,7 @@ def parse_range_names(names: pd.Series) -> pd.DataFrame:
     marker = pyprof["marker"].notna()
     if marker.any():  # PyProf/DLProf markers: their own fields, no autograd suffix
         base = base.where(~marker, pyprof["name"])
-        seq = seq.where(~marker, pd.NA)
+        seq = seq.mask(marker)  # NA (Int64)
         bprop = bprop & ~marker
         shapes = shapes.where(~marker, pyprof["input_shapes"])
         dtypes = dtypes.where(~marker, pyprof["dtypes"])

@@ -25,7 +25,7 @@ import re
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -98,8 +98,7 @@ class _Db:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         try:
-            rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            rows = rows.fetchall()
+            rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
         except sqlite3.DatabaseError:
             self.close()
             raise
@@ -130,7 +129,7 @@ class _Db:
     def _fetch_one(self, sql: str) -> tuple[Any, ...]:
         return self.conn.execute(sql).fetchone()
 
-    def _prefetch(self, queries: list[str]) -> Iterator[tuple[Any, ...]]:
+    def _prefetch(self, queries: list[str]) -> Generator[tuple[Any, ...], None, None]:
         """Results of single-row ``queries`` in order, at most two running ahead."""
         if self._pool is None:
             with self._lock:
@@ -229,17 +228,18 @@ class _Db:
         queries = [f"SELECT count(*), {', '.join(aggs)} FROM {table} {c}" for c in chunks or []]
         results = self._prefetch(queries)
         for n, *values in results:
-            cols = [_parse_ints(v, int(n)) for v in values[: len(ints)]]
-            if any(c is None for c in cols):
+            parsed = [_parse_ints(v, int(n)) for v in values[: len(ints)]]
+            cols = [c for c in parsed if c is not None]
+            if len(cols) < len(parsed):
                 results.close()
                 chunks = None
                 break
             for part, col in zip(int_parts, cols, strict=True):
                 part.append(col)
-            for part, text in zip(text_parts, values[len(ints) :], strict=True):
+            for coded, text in zip(text_parts, values[len(ints) :], strict=True):
                 if text is not None:
                     text = str(text)
-                    part.add((text_filter(text) if text_filter else text).split("\0"))
+                    coded.add((text_filter(text) if text_filter else text).split("\0"))
         if chunks is None:
             cond = f" WHERE {where}" if where else ""
             a = self.ints(f"SELECT {', '.join(ints)} FROM {table}{cond}", len(ints))
@@ -565,8 +565,8 @@ def _kernels(db: _Db, strings: _Strings) -> pd.DataFrame:
         cols = dict(zip(head, a[: len(head)], strict=True))
         for pack, packed in zip(_KERNEL_PACKS, a[len(head) :], strict=True):
             shift = 0
-            for name, bits in pack:
-                cols[name] = (packed >> shift) & ((1 << bits) - 1)
+            for field, bits in pack:
+                cols[field] = (packed >> shift) & ((1 << bits) - 1)
                 shift += bits
     else:  # a value beyond its bits (or NULL): read the columns one by one
         a = db.int_columns(t, head + list(plain.values()))
@@ -728,15 +728,15 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
         domain = None
     kind = np.where(cross_thread, 1, 0)
     kind[iteration & ~cross_thread] = 2
-    cols = {"pid": pid, "tid": tid, "start": start, "end": end_v, "is_op": kind == 0,
+    seen = {"pid": pid, "tid": tid, "start": start, "end": end_v, "is_op": kind == 0,
             "open": (flag & 256) != 0}  # fmt: skip
-    keep = select(cols, parsed["name"], codes) if select is not None else None
+    keep = select(seen, parsed["name"], codes) if select is not None else None
     if keep is not None and not keep.all():  # only the kept rows are built
-        rows = np.flatnonzero(keep)
+        kept = np.flatnonzero(keep)
         start, end_v, pid, tid, flag, etype, codes, kind = (
-            c[rows] for c in (start, end_v, pid, tid, flag, etype, codes, kind)
+            c[kept] for c in (start, end_v, pid, tid, flag, etype, codes, kind)
         )
-        domain = domain[rows] if domain is not None else None
+        domain = domain[kept] if domain is not None else None
     # typed as object now (the frame would scan every row to type it: 0.4 s at 5M);
     # the columns nothing fills share it
     missing = _all_nan(len(codes))
@@ -750,7 +750,7 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
             "tid": tid,
             "name": _take(parsed["name"], codes),
             "domain": domain if domain is not None else missing,
-            "category": pd.Categorical.from_codes(np.zeros(len(codes), np.int8), ["nvtx"]),
+            "category": pd.Categorical.from_codes(np.zeros(len(codes), np.int8), dtype=_NVTX),
             "kind": pd.Categorical.from_codes(kind, dtype=RANGE_KIND),  # op, async, iteration
             "source": pd.Categorical.from_codes(start_end, dtype=_SOURCES),
             "op_type": _take(op_type_of(parsed["name"]), codes),
@@ -767,6 +767,7 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
 
 #: ``source`` of an NVTX range, by its event type (lexical order, as text sorts)
 _SOURCES = pd.CategoricalDtype(["nvtx:push_pop", "nvtx:start_end"])
+_NVTX = pd.CategoricalDtype(["nvtx"])
 
 
 def _all_nan(n: int) -> pd.Categorical:
@@ -841,7 +842,7 @@ def _name_codes(
     """
     ref_codes, refs = pd.factorize(ref[~has_text])
     names = pd.Series(np.concatenate([text_names, strings(refs)]), dtype="object")
-    is_str = names.map(type).eq(str).to_numpy()
+    is_str = names.map(type).to_numpy() == str  # noqa: E721 - elementwise, an object array
     short = names.to_numpy(dtype=object).copy()
     short[is_str] = [_OP_ID_SUFFIX.sub("", v, count=1) for v in short[is_str]]
     collapse, distinct = pd.factorize(short, use_na_sentinel=False)

@@ -140,7 +140,7 @@ def parse_markers(names: pd.Series) -> pd.DataFrame:
     out = {c: np.full(len(u), None, dtype=object) for c in cols}
     candidates = np.flatnonzero(u.fillna("").str.contains(_LOOKS_LIKE).to_numpy(bool))
     for i in candidates:  # one parse per distinct marker text, never per range
-        parsed = _parse_one(u.iat[i])
+        parsed = _parse_one(str(u.iat[int(i)]))
         if parsed is not None:
             for c, v in zip(cols, parsed, strict=True):
                 out[c][i] = v

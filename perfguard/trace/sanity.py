@@ -16,6 +16,8 @@ of the analysis (spans, packed sort keys) and gives nonsense silently. So:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -52,7 +54,7 @@ def clamp_inverted(df: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str | Non
     return df, f"{n:,} {what} ended before they started: clamped to zero duration"
 
 
-def check_time_span(tables: dict[str, pd.DataFrame], path: object) -> None:
+def check_time_span(tables: dict[str, pd.DataFrame], path: str | Path) -> None:
     """Raise :class:`TraceError` naming ``path`` when the timestamps of ``tables``
     (frames with ``start``/``end``) are beyond what int64 arithmetic can hold."""
     lo, hi = None, None
@@ -81,8 +83,9 @@ def check_time_span(tables: dict[str, pd.DataFrame], path: object) -> None:
         )  # fmt: skip
 
 
-def repair_times(tables: dict[str, pd.DataFrame], path: object) -> tuple[dict[str, pd.DataFrame],
-                                                                         list[str]]:  # fmt: skip
+def repair_times(
+    tables: dict[str, pd.DataFrame], path: str | Path
+) -> tuple[dict[str, pd.DataFrame], list[str]]:
     """:func:`check_time_span`, then :func:`clamp_inverted` on each of ``tables``
     (keyed as :data:`TIMED_TABLES`): the repaired tables and the notes."""
     check_time_span(tables, path)

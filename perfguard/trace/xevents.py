@@ -21,6 +21,7 @@ runtime instead.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,9 +85,9 @@ def varints(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return value, length
 
 
-def decode_events(blobs: list[bytes] | object) -> Events:
+def decode_events(events: Iterable[bytes]) -> Events:
     """Decode serialized XEvents (an iterable of bytes, one per event)."""
-    blobs = list(blobs)  # type: ignore[call-overload]
+    blobs = list(events)
     n = len(blobs)
     lens = np.fromiter(map(len, blobs), np.int64, n)
     ends = np.cumsum(lens)

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfguard.arrays import factorize, per_distinct
+from perfguard.arrays import NONE, factorize, not_none, per_distinct
 from perfguard.errors import TraceError
 from perfguard.trace.environments import from_xspace
 from perfguard.trace.hlo_proto import range_costs, space_costs
@@ -124,9 +124,9 @@ def _with_xla_costs(trace: Trace, costs: dict[str, Any]) -> Trace:
     if hlo.any():
         f, site = range_costs(r["name"].astype(object).to_numpy()[hlo], costs)
         flops[hlo] = f
-        if "call_site" in r and np.not_equal(site, None).any():
+        if "call_site" in r and not_none(site).any():
             cs = r["call_site"].astype(object).to_numpy().copy()
-            cs[hlo] = np.where(np.not_equal(site, None), site, cs[hlo])
+            cs[hlo] = np.where(not_none(site), site, cs[hlo])
             r["call_site"] = coded_text(cs)
     r["xla_flops"] = flops
     return trace
@@ -218,12 +218,12 @@ def _plane_events(plane: Any, lines: list[Any], stat_names: dict[int, str]) -> p
             hit = np.isin(md_of, keys)
             col[hit] = pd.Series(md_of[hit]).map(defaults).to_numpy(object)
         ids = [k for k, v in wanted.items() if v == name]
-        rows = np.flatnonzero(np.isin(ev.stats.metadata_id, ids)) if ids else []
+        rows = np.flatnonzero(np.isin(ev.stats.metadata_id, ids)) if ids else np.zeros(0, int)
         if len(rows):
             col[ev.stats.event[rows]] = _stat_values(ev, rows, stat_names)
-        for i, found in repaired.items():
-            if name in found:
-                col[i] = found[name]
+        for i, own in repaired.items():
+            if name in own:
+                col[i] = own[name]
         df[name] = _text(col)
     return df
 
@@ -351,7 +351,7 @@ def read_xprof_json(path: str | Path) -> Trace:
             "end": start + _us_to_ns(x["dur"].fillna(0)),
         }
     ).join(args)
-    planes = {name: {} for name in plane_of.values()}
+    planes: dict[str, dict[str, Any]] = {name: {} for name in plane_of.values()}
     meta = {"format": "xprof-json", "version": "chrome-trace", "path": str(path)}
     return _checked(path, events, planes, meta)
 
@@ -451,7 +451,7 @@ def _ranges(host: pd.DataFrame, pid: int) -> pd.DataFrame:
             tf_type[keep].to_numpy(object),
             np.full(len(h), "tf.function", object),
         ],
-        default=None,
+        default=NONE,
     )
     category = np.select(
         [k_step.to_numpy(), k_hlo.to_numpy(), k_tf.to_numpy(), is_fn[keep].to_numpy()],
@@ -465,7 +465,7 @@ def _ranges(host: pd.DataFrame, pid: int) -> pd.DataFrame:
             "name": out_name, "category": category,
             "kind": np.where(is_iter, "iteration", "op").astype(object),
             "source": "xplane", "op_type": op_type,
-            "domain": np.where(k_step.to_numpy(), h["name"].to_numpy(object), None),
+            "domain": np.where(k_step.to_numpy(), h["name"].to_numpy(object), NONE),
             "bprop": _is_backward(out_name),
         }, index=h.index, copy=False
     )  # fmt: skip
