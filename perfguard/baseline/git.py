@@ -1,8 +1,9 @@
 """The one git module: every git command perfguard runs goes through here.
 
-Git is driven as the ``git`` program (``git -C ROOT ...``), never through a
-library: the store's baseline lookups (the state of the work tree, which commit
-to compare with), acceptances (:mod:`perfguard.baseline.accept`), A/B mode's
+Git is driven as the ``git`` program (``git -C ROOT ...``), except the state of
+the work tree (:func:`repo_state`: HEAD, branch, dirty), which GitPython reads
+from the repository's files: the store's baseline lookups (which commit to
+compare with), acceptances (:mod:`perfguard.baseline.accept`), A/B mode's
 worktree of the base commit, ``perfguard compare``'s A/B run and ``perfguard
 bisect`` call the typed functions below. A git command that fails is a
 :class:`GitError` (a :class:`~perfguard.errors.BaselineError`), one line:
@@ -172,15 +173,28 @@ def subject(root: Where, sha: str) -> str:
 
 
 def repo_state(path: Where = ".") -> GitState:
-    """Commit, branch and dirty flag of the repository containing ``path``."""
+    """Commit, branch and dirty flag of the repository containing ``path``.
+
+    Read with GitPython (the design's git library): HEAD and its branch come from the
+    repository's files, with no process started; the dirty flag is git's own diff."""
+    import git as gitpython
+
     root = toplevel(path)
-    head = try_resolve(root, "HEAD")
-    if head is None:
-        raise GitError(f"{path}: git repository has no commits yet")
-    branch = run(root, "symbolic-ref", "--quiet", "--short", "HEAD", ok=(0, 1)).stdout.strip()
-    # tracked files modified or staged; untracked ones (captures, stores) do not count
-    status = output(root, "--no-optional-locks", "status", "--porcelain", "--untracked-files=no")
-    return GitState(root, head, branch or None, bool(status))
+    try:
+        repo = gitpython.Repo(root)
+    except (gitpython.InvalidGitRepositoryError, gitpython.NoSuchPathError) as exc:
+        raise GitError(f"{path}: not inside a git repository ({type(exc).__name__})") from None
+    try:
+        try:
+            head = repo.head.commit.hexsha
+        except ValueError:
+            raise GitError(f"{path}: git repository has no commits yet") from None
+        branch = None if repo.head.is_detached else repo.active_branch.name
+        # tracked files modified or staged; untracked ones (captures, stores) do not count
+        dirty = repo.is_dirty(index=True, working_tree=True, untracked_files=False)
+        return GitState(root, head, branch, dirty)
+    finally:
+        repo.close()
 
 
 def default_baseline_ref(repo_path: Where = ".") -> str | None:
