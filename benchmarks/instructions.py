@@ -12,8 +12,20 @@ The variants:
 * ``py2``/``py5``: a pure-Python loop added to the step, sized (by timing, in
   this process before the sessions) to +2 % and +5 % of the step's time;
 * ``extra_op``: one more small op per step (``abs`` of the 32x64 input);
-* ``slow_kernel``: the first layer's weight stored transposed (same values,
-  same ops, column-major strides), so its GEMMs take another BLAS path.
+* ``slow_kernel``: the input batch stored transposed (same values, same ops,
+  same calls, FLOPs and bytes: no gate counter moves), so the step's input
+  normalisation runs TensorIterator's strided loops instead of its contiguous,
+  vectorised ones: a slower CPU kernel path;
+* ``blas_layout``: the first layer's weight stored transposed, so its GEMMs
+  take another BLAS path (fewer instructions, not measurably slower: the
+  method's blind spot, kept to show it).
+
+Each counted variant runs in a fork that first moves the heap by a seeded
+random amount (:func:`_shift_heap`): a real code change moves where every
+later object lands, and with it the type cache's and pointer-keyed tables'
+collisions and glibc's copy paths (a few hundred bytes of environment moved
+this step's count by up to 0.09 %), so the variants' counts carry that noise
+as a changed commit's would, and A/A pairs do too.
 
 A/A: session k's ``base`` against session k-1's ``base`` (two processes, as
 store mode compares runs). Detection: session k's variant against session
@@ -39,8 +51,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-VARIANTS = ("base", "py2", "py5", "extra_op", "slow_kernel")
-ITERATIONS = 10
+VARIANTS = ("base", "py2", "py5", "extra_op", "slow_kernel", "blas_layout")
+ITERATIONS = 3  # counted steps per layout, as the plugin (MAX_COUNTED_STEPS)
 WARMUP = 3
 ROUNDS, ROUND_ITERS = 5, 20
 
@@ -53,11 +65,13 @@ def _model(variant: str):  # noqa: ANN202 - torch is imported in the child only
         torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
         torch.nn.Linear(256, 10),
     )  # fmt: skip
-    if variant == "slow_kernel":
+    if variant == "blas_layout":
         w = model[0].weight.detach()
         model[0].weight = torch.nn.Parameter(w.t().contiguous().t())  # same values, F-order
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(32, 64)
+    if variant == "slow_kernel":
+        x = x.t().contiguous().t()  # same values, column-major: strided elementwise loops
     y = torch.randint(0, 10, (32,))
     return torch, model, opt, x, y
 
@@ -68,7 +82,8 @@ def make_step(variant: str, spins: dict[str, int]):  # noqa: ANN201
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        h = (x - x.mean(0)) * x.std(0).reciprocal()  # the input normalised per feature
+        loss = torch.nn.functional.cross_entropy(model(h), y)
         if variant == "extra_op":
             x.abs()
         loss.backward()
@@ -79,32 +94,53 @@ def make_step(variant: str, spins: dict[str, int]):  # noqa: ANN201
     return step
 
 
-def child_count(spins: dict[str, int]) -> None:
-    """Each variant in a process forked from the same warm parent (torch imported): a block's
-    count does not then depend on the blocks measured before it (the type cache, allocator
-    and free lists they warmed: the same loop measured first and second in one process
-    counted 10.40 M and 10.17 M instructions)."""
+def _shift_heap(seed: int) -> list[object]:
+    """Objects of seeded random number and sizes, kept alive: what a code change does to where
+    everything allocated after it lands."""
+    import random
+
+    rng = random.Random(seed)
+    return [bytearray(rng.randrange(1, 4096)) for _ in range(rng.randrange(1, 64))]
+
+
+def child_count(
+    spins: dict[str, int], sessions: list[int], layouts: int = 1, variants: tuple = VARIANTS
+) -> None:
+    """Each variant of each session in a process forked from the same warm parent (torch
+    imported): a block's count does not then depend on the blocks measured before it (the
+    type cache, allocator and free lists they warmed: the same loop measured first and
+    second in one process counted 10.40 M and 10.17 M instructions). A session's own heap
+    shift stands for its code change (module docstring); ``layouts`` more fixed shifts on
+    top are the plugin's (:data:`perfguard.plugin.instructions.LAYOUTS`). Many sessions
+    share one child: the count does not depend on the process (the plugin's sessions of
+    unchanged code count the same to the instruction), and the start-up under Valgrind is
+    paid once."""
     import torch  # noqa: F401 - imported once, before the forks
 
-    from perfguard.capture.instructions import measured
+    from perfguard.capture.instructions import layout_shift, measured
 
-    for variant in VARIANTS:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                step = make_step(variant, spins)
-                for _ in range(WARMUP):
-                    step()
-                with measured(variant):
-                    for _ in range(ITERATIONS):
-                        step()
-                code = 0
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        if status:
-            raise SystemExit(f"the {variant} child failed ({status})")
+    for session in sessions:
+        for variant in variants:
+            for layout in range(layouts):
+                pid = os.fork()
+                if pid == 0:
+                    code = 1
+                    try:
+                        shifted = _shift_heap(hash((session, variant)) & 0xFFFFFFFF)
+                        shifted += layout_shift(layout)
+                        step = make_step(variant, spins)
+                        for _ in range(WARMUP):
+                            step()
+                        with measured(f"{variant}#{layout}@{session}"):
+                            for _ in range(ITERATIONS):
+                                step()
+                        del shifted
+                        code = 0
+                    finally:
+                        os._exit(code)
+                _, status = os.waitpid(pid, 0)
+                if status:
+                    raise SystemExit(f"the {variant} child failed ({status})")
 
 
 def child_time(spins: dict[str, int]) -> dict[str, float]:
@@ -149,26 +185,42 @@ def _timed(fn) -> float:  # noqa: ANN001
     return time.perf_counter_ns() - t0
 
 
-def session(k: int, spins: dict[str, int], cache_sim: bool) -> dict:
-    from perfguard.analysis.instructions import summarize
+def sessions_in_one_child(
+    ks: list[int], spins: dict[str, int], cache_sim: bool, layouts: int, variants: tuple
+) -> list[dict]:
+    """Sessions ``ks``: each timed in a fresh plain child, all counted in one Callgrind
+    child (:func:`child_count`)."""
+    from perfguard.analysis.instructions import mean_of, summarize
     from perfguard.capture.instructions import DETERMINISTIC_ENV, run_callgrind
     from perfguard.trace.callgrind import read_callgrind
 
     me = [sys.executable, os.path.abspath(__file__)]
     spec = json.dumps(spins)
     env = {**os.environ, **DETERMINISTIC_ENV}
-    timed = subprocess.run([*me, "--child-time", spec], env=env, capture_output=True,
-                           text=True, check=True)  # fmt: skip
+    walls, loads = {}, {}
+    for k in ks:
+        timed = subprocess.run([*me, "--child-time", spec], env=env, capture_output=True,
+                               text=True, check=True)  # fmt: skip
+        walls[k], loads[k] = json.loads(timed.stdout), os.getloadavg()[0]
+    out_doc = []
     with tempfile.TemporaryDirectory(prefix="pg-cg-") as out:
-        run = run_callgrind([*me, "--child-count", spec], out, cache_sim=cache_sim, timeout=1800)
-        counts, tops = {}, {}
-        for variant in VARIANTS:
-            figures, functions = summarize(read_callgrind(run.dumps[variant]), ITERATIONS)
-            counts[variant] = figures
-            tops[variant] = functions.to_dict("list")
-    return {"session": k, "wall_ns": json.loads(timed.stdout), "counts": counts,
-            "callgrind_s": run.wall_time_s, "functions": tops,
-            "load": os.getloadavg()[0]}  # fmt: skip
+        arg = json.dumps({"sessions": ks, "layouts": layouts, "variants": list(variants)})
+        run = run_callgrind([*me, "--child-count", spec, arg], out, cache_sim=cache_sim,
+                            timeout=4 * 3600)  # fmt: skip
+        for k in ks:
+            counts, tops = {}, {}
+            for variant in variants:
+                each = [
+                    summarize(read_callgrind(run.dumps[f"{variant}#{j}@{k}"]), ITERATIONS)
+                    for j in range(layouts)
+                ]
+                figures, table = mean_of(each)
+                counts[variant] = {**figures, "per_layout": [f["instructions"] for f, _ in each]}
+                tops[variant] = table.head(40).to_dict("list")
+            out_doc.append({"session": k, "wall_ns": walls[k], "counts": counts,
+                            "callgrind_s": run.wall_time_s / len(ks), "functions": tops,
+                            "load": loads[k]})  # fmt: skip
+    return out_doc
 
 
 def main() -> None:
@@ -178,7 +230,15 @@ def main() -> None:
     ap.add_argument("--busy", action="store_true")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--cache-sim", action="store_true")
+    ap.add_argument(
+        "--layouts",
+        type=int,
+        default=1,
+        help="heap layouts averaged per count (the plugin: perfguard.plugin.instructions.LAYOUTS)",
+    )
     ap.add_argument("--spins", help="loop counts as JSON (default: calibrate here)")
+    ap.add_argument("--variants", help="comma list (default: all)")
+    ap.add_argument("--first", type=int, default=0, help="first session's number (its seed)")
     args = ap.parse_args()
     spins = json.loads(args.spins) if args.spins else calibrate()
     print(f"spins {spins}", file=sys.stderr)
@@ -186,28 +246,44 @@ def main() -> None:
     if args.busy:
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(os.cpu_count() or 1)]  # fmt: skip
+    variants = tuple(args.variants.split(",")) if args.variants else VARIANTS
+    ids = list(range(args.first, args.first + args.sessions))
+    chunks = [ids[j :: args.jobs] for j in range(args.jobs)]
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
-            results = list(
-                pool.map(lambda k: session(k, spins, args.cache_sim), range(args.sessions))
-            )
+            parts = pool.map(
+                lambda ks: sessions_in_one_child(ks, spins, args.cache_sim, args.layouts,
+                                                 variants),
+                [c for c in chunks if c],
+            )  # fmt: skip
+            results = sorted((r for part in parts for r in part), key=lambda r: r["session"])
     finally:
         for h in hogs:
             h.terminate()
             h.wait()
-    doc = {"spins": spins, "busy": args.busy, "cache_sim": args.cache_sim, "sessions": results}
+    doc = {"spins": spins, "busy": args.busy, "cache_sim": args.cache_sim,
+           "layouts": args.layouts, "variants": list(variants), "sessions": results}  # fmt: skip
     Path(args.out).write_text(json.dumps(doc))
     print(json.dumps(table(doc), indent=1))
 
 
 def table(doc: dict) -> dict:
-    """False alarms, detections and spread of instructions and wall time."""
+    """False alarms, detections and spread of instructions and wall time, over every ordered
+    pair of sessions (A/A: ``base`` of one against ``base`` of another; a variant of one
+    against ``base`` of another). ``instructions_1_layout`` is each count's first layout
+    alone: what the plugin measured before it averaged layouts."""
     s = doc["sessions"]
-    out: dict[str, object] = {"sessions": len(s), "busy": doc["busy"]}
+    variants = doc.get("variants") or list(VARIANTS)
+    out: dict[str, object] = {"sessions": len(s), "busy": doc["busy"],
+                              "layouts": doc.get("layouts", 1),
+                              "load_median": sorted(r["load"] for r in s)[len(s) // 2]}  # fmt: skip
     metrics = {"instructions": lambda r, v: r["counts"][v]["instructions"],
                "wall": lambda r, v: r["wall_ns"][v]}  # fmt: skip
+    if doc.get("layouts", 1) > 1:
+        metrics["instructions_1_layout"] = lambda r, v: r["counts"][v]["per_layout"][0]
     if doc.get("cache_sim"):
         metrics["est_cycles"] = lambda r, v: r["counts"][v]["est_cycles"]
+    pairs = [(a, b) for a in s for b in s if a is not b]
     for name, get in metrics.items():
         base = [get(r, "base") for r in s]
         mean = sum(base) / len(base)
@@ -215,19 +291,15 @@ def table(doc: dict) -> dict:
         out[f"{name}_base_mean"] = mean
         out[f"{name}_base_cv_pct"] = 100 * sd / mean
         out[f"{name}_base_range_pct"] = 100 * (max(base) - min(base)) / mean
-        for gate in (1.0, 5.0) if name == "wall" else (0.2, 1.0):
+        for gate in (1.0, 5.0) if name == "wall" else (0.15, 0.2, 0.5, 1.0):
             row = {}
-            pairs = list(zip(s[:-1], s[1:], strict=True))
-            for v in VARIANTS:
-                deltas = [100 * (get(b, v) / get(a, "base") - 1) for a, b in pairs]
-                hits = (
-                    sum(d > gate for d in deltas)
-                    if v != "base"
-                    else sum(abs(d) > gate for d in deltas)
-                )
+            for v in variants:
+                deltas = sorted(100 * (get(b, v) / get(a, "base") - 1) for a, b in pairs)
+                hits = sum(abs(d) > gate if v == "base" else d > gate for d in deltas)
                 row[v] = {
                     "alarms" if v == "base" else "detected": f"{hits}/{len(pairs)}",
-                    "median_delta_pct": sorted(deltas)[len(deltas) // 2] if deltas else None,
+                    "median_delta_pct": round(deltas[len(deltas) // 2], 4) if deltas else None,
+                    "range_pct": [round(deltas[0], 4), round(deltas[-1], 4)] if deltas else None,
                 }
             out[f"{name}@{gate:g}%"] = row
     return out
@@ -236,8 +308,10 @@ def table(doc: dict) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--table":
         print(json.dumps(table(json.loads(Path(sys.argv[2]).read_text())), indent=1))
-    elif len(sys.argv) == 3 and sys.argv[1] == "--child-count":
-        child_count(json.loads(sys.argv[2]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--child-count":
+        what = json.loads(sys.argv[3])
+        child_count(json.loads(sys.argv[2]), what["sessions"], what["layouts"],
+                    tuple(what["variants"]))  # fmt: skip
     elif len(sys.argv) == 3 and sys.argv[1] == "--child-time":
         print(json.dumps(child_time(json.loads(sys.argv[2]))))
     else:

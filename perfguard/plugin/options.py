@@ -106,7 +106,7 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "is unresolved (its interval wider than the tolerance); default 0: no auto-sampling"),
     ("perfguard_metric", "--perfguard-metric", "string",
      "instructions: also count each measured test's host instructions under Valgrind's "
-     "Callgrind (one child for the session) and gate them (default budget 0.5%); "
+     "Callgrind (one child for the session) and gate them (default budget 0.15%); "
      "set it as the ini key in pyproject.toml to opt a CPU-only runner in"),
     ("perfguard_compare_across", "--perfguard-compare-across", "args",
      "compare runs whose environment differs in this group anyway, the difference listed "
