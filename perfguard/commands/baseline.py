@@ -175,18 +175,15 @@ def accepted_table(accepted: Any) -> str:
 
 
 def run_accept(args: argparse.Namespace) -> int:
-    import subprocess
-
     from perfguard.baseline.git import resolve
+    from perfguard.baseline.git import run as git
     from perfguard.baseline.store import open_store
     from perfguard.errors import BaselineError
 
     commit = resolve(args.repo, args.at)
     author = args.author
-    if author is None:
-        done = subprocess.run(["git", "-C", str(args.repo), "config", "user.email"],
-                              capture_output=True, text=True, check=False)  # fmt: skip
-        author = done.stdout.strip() or None
+    if author is None:  # git exits 1 when no email is set: no author, not an error
+        author = git(args.repo, "config", "user.email", ok=None).stdout.strip() or None
     with open_store(args.store, create=False) as store:
         if args.test not in store.nodeids():
             raise BaselineError(
