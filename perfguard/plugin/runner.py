@@ -209,8 +209,10 @@ class CaptureRunner:
             "slow_rounds": profile.slow_rounds,
         }
         if not profile.started:
+            fixture = profile.loop_call.split(".", 1)[0].split("(", 1)[0]  # gpuprofile, benchmark
             out.error = out.error or (
-                f"the test never runs {profile.loop_call}: nothing was measured"
+                f"the test requests the {fixture} fixture but never runs {profile.loop_call}: "
+                "nothing was measured"
             )
         elif not profile.captured:
             out.error = out.error or (
