@@ -60,10 +60,10 @@ DEFAULT_GATES: dict[str, Any] = {
     "host_reads": 0,
     "peak_memory": "10%",
     # host instructions under Callgrind, the mean of 4 heap layouts (benchmarks/README.md,
-    # instructions.py): between 12 sessions each with its own heap shift (what a code change
-    # does to an unchanged step), an MLP step's count differed by at most 0.104 % (0 of 132
-    # pairs beyond 0.15 %); one extra small op read +0.23 to +0.42 %, a strided kernel path
-    # +0.22 to +0.42 %, +2 % of Python +3.4 % (all 132 beyond 0.15 %)
+    # instructions.py): between 20 sessions each with its own heap shift (what a code change
+    # does to an unchanged step), an MLP step's count differed by at most 0.122 % (0 of 380
+    # pairs beyond 0.15 %); one extra small op read +0.21 to +0.44 %, a strided kernel path
+    # +0.19 to +0.43 %, +2 % of Python +3.4 % (all 380 beyond 0.15 %)
     "instructions": "0.15%",
     "est_cycles": "1%",
     "kernel_set": True,
