@@ -20,7 +20,6 @@ An interrupted build is continued after its last commit.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from history_repo import git, init_project  # noqa: E402
+from history_repo import git, resume_project  # noqa: E402
 
 ADD_OP, BIGGER = 10, 20
 
@@ -87,14 +86,7 @@ def test_inference(gpuprofile):
 
 def build(root: Path, store: str, n_commits: int) -> list[str]:
     """Commit and measure the project's versions; shas oldest first."""
-    root.mkdir(parents=True, exist_ok=True)
-    shas: list[str] = []
-    if (root / ".git").exists():
-        shas = git(root, "rev-list", "--reverse", "HEAD").split()
-    else:
-        init_project(root)
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    env.pop("PYTEST_XDIST_WORKER", None)
+    shas, env = resume_project(root)
     for i in range(len(shas), n_commits):
         text = MODEL.format(gate=i >= ADD_OP, batch=96 if i >= BIGGER else 64,
                             add_op=ADD_OP, bigger=BIGGER)  # fmt: skip

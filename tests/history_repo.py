@@ -122,16 +122,24 @@ def build(root: Path, n_commits: int, up: int, down: int, *, nice: int = 10) -> 
     return build_plan(root, plan, nice=nice)
 
 
-def build_plan(root: Path, plan: list[Version], *, nice: int = 10) -> list[str]:
-    """:func:`build` for any sequence of versions, one commit and session each."""
+def resume_project(root: Path) -> tuple[list[str], dict[str, str]]:
+    """A project folder to add commits to: the shas it already has (oldest first; a new
+    repository when it has none) and the environment its sessions run with (no .pyc files
+    written, not an xdist worker of the caller's session)."""
     root.mkdir(parents=True, exist_ok=True)
-    shas = []
+    shas: list[str] = []
     if (root / ".git").exists():
         shas = git(root, "rev-list", "--reverse", "HEAD").split()
     else:
         init_project(root)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
+    return shas, env
+
+
+def build_plan(root: Path, plan: list[Version], *, nice: int = 10) -> list[str]:
+    """:func:`build` for any sequence of versions, one commit and session each."""
+    shas, env = resume_project(root)
     for i in range(len(shas), len(plan)):
         v = plan[i]
         text = TEST.format(extra=v.extra, tiny=v.tiny, spin=v.spin, i=i, base=BASE)
