@@ -21,7 +21,8 @@ The variants:
   method's blind spot, kept to show it).
 
 Each counted variant runs in a fork that first moves the heap by a seeded
-random amount (:func:`_shift_heap`): a real code change moves where every
+random amount (:func:`perfguard.capture.instructions.layout_shift` with a per-session
+seed): a real code change moves where every
 later object lands, and with it the type cache's and pointer-keyed tables'
 collisions and glibc's copy paths (a few hundred bytes of environment moved
 this step's count by up to 0.09 %), so the variants' counts carry that noise
@@ -94,15 +95,6 @@ def make_step(variant: str, spins: dict[str, int]):  # noqa: ANN201
     return step
 
 
-def _shift_heap(seed: int) -> list[object]:
-    """Objects of seeded random number and sizes, kept alive: what a code change does to where
-    everything allocated after it lands."""
-    import random
-
-    rng = random.Random(seed)
-    return [bytearray(rng.randrange(1, 4096)) for _ in range(rng.randrange(1, 64))]
-
-
 def child_count(
     spins: dict[str, int], sessions: list[int], layouts: int = 1, variants: tuple = VARIANTS
 ) -> None:
@@ -126,7 +118,8 @@ def child_count(
                 if pid == 0:
                     code = 1
                     try:
-                        shifted = _shift_heap(hash((session, variant)) & 0xFFFFFFFF)
+                        # the session's own shift, its 'code change' (the same draws as layouts)
+                        shifted = layout_shift(hash((session, variant)) & 0xFFFFFFFF)
                         shifted += layout_shift(layout)
                         step = make_step(variant, spins)
                         for _ in range(WARMUP):
