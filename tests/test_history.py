@@ -20,6 +20,7 @@ import pytest
 from perfguard.analysis import analyze
 from perfguard.baseline import Fingerprint, RunInfo, record_from_analysis
 from perfguard.baseline.store import Store
+from perfguard.compare import changepoint
 from perfguard.compare.changepoint import (
     _best_interval,
     _period,
@@ -148,6 +149,33 @@ def test_a_short_cycle_is_not_a_staircase_and_its_change_of_phase_is_found():
     # step bar about 3 times in 100 at 50 runs (benchmarks/README.md); a step at every
     # half-period would be 4 or 5 a series
     assert others <= 2
+
+
+def test_a_wandering_series_gives_fewer_false_steps():
+    """AR(1) noise (each run 0.7 of the one before plus new noise) wanders: a step test that
+    takes its runs as independent reads steps into the wander. The levels' standard errors
+    grow by the AR(1) factor of the residuals' lag-1 autocorrelation; a real step is still
+    found."""
+
+    def wander(rng: np.random.Generator, n: int = 100) -> np.ndarray:
+        e, z = rng.standard_normal(n), np.zeros(n)
+        for i in range(n):
+            z[i] = 0.7 * z[i - 1] + e[i] if i else e[i]
+        return 100 + z
+
+    def false_steps() -> int:
+        rng = np.random.default_rng(3)
+        return sum(any(s.kind == "step" for s in detect(wander(rng))) for _ in range(50))
+
+    assert false_steps() <= 20
+    with pytest.MonkeyPatch.context() as mp:  # the runs taken as independent
+        mp.setattr(changepoint, "AR_Z", float("inf"))
+        assert false_steps() >= 30
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        x = wander(rng)
+        x[60:] += 10
+        assert any(abs(s.index - 60) <= 2 for s in detect(x))
 
 
 def test_a_drift_is_one_change_not_a_staircase():

@@ -34,7 +34,11 @@ by a busy neighbour, and only a few dozen values.
    moves one or two differences, which the trim drops) and the two
    segments' pooled robust spread; once pruned, the spread left around the
    levels found (winsorised, so two-valued banding keeps its band gap)
-   replaces it when larger and the pruning runs again.
+   replaces it when larger and the pruning runs again. Last, runs that wander
+   (the residuals around the levels autocorrelated at lag 1, by at least
+   :data:`AR_Z` standard errors) carry less information than independent
+   ones: ``sigma`` grows by the AR(1) factor ``sqrt((1 + rho) / (1 - rho))``
+   and the pruning runs once more.
 
 A series that repeats a cycle (:func:`_period`) is split only into
 segments of at least one period, with the noise at least that of its
@@ -113,6 +117,11 @@ CYCLE_BREAK = 4.0
 #: what the period costs in the cycle's BIC, in log n: one parameter, and the best of
 #: about n / 2 periods tried (the largest of m chi-square(2) gains is about 2 log m)
 CYCLE_PERIOD = 3
+#: a wandering series (:func:`_lag1`): its residuals' lag-1 autocorrelation is counted less
+#: this many of its standard errors (chosen on the benchmark's tuning halves, over 0.5-2:
+#: 0.75-1 best, 1.25 and up as without it), and at most AR_CAP
+AR_Z = 1.0
+AR_CAP = 0.9
 _NORMAL = NormalDist()  # the standard library's: no scipy.stats import in a pytest session
 _Q = _NORMAL.inv_cdf(1 - TRIM / 2)
 #: E[z^2 | z^2 below its (1 - TRIM) quantile] for a standard normal z: makes the trimmed
@@ -393,6 +402,19 @@ def _winsorized_sd(r: np.ndarray) -> float:
     a = np.abs(r)
     q = float(np.quantile(a, 0.9))
     return float(np.sqrt(np.mean(np.minimum(a, q) ** 2) / _WINSOR_FACTOR))
+
+
+def _lag1(r: np.ndarray) -> float:
+    """Lag-1 autocorrelation of residuals ``r`` (winsorised at the 90th percentile of their
+    sizes, as the noise is), less :data:`AR_Z` of its standard errors (``1 / sqrt(n)``
+    when the runs are independent): the least autocorrelation the residuals show."""
+    a = np.abs(r)
+    q = float(np.quantile(a, 0.9)) if len(a) else 0.0
+    r = np.clip(r, -q, q)
+    den = float(r @ r)
+    if den == 0:
+        return 0.0
+    return min(float(r[1:] @ r[:-1]) / den - AR_Z / np.sqrt(len(r)), AR_CAP)
 
 
 def _robust_sd(d: np.ndarray) -> float:
@@ -682,6 +704,12 @@ def _changes(
     if left > 1.1 * sigma:
         sigma = left
         steps = _prune(x, [i for i, _ in steps], sigma, step_z)
+    # runs that wander around the levels found (each run like the one before it) carry
+    # less information than independent ones: the standard errors of levels grow by the
+    # AR(1) factor sqrt((1 + rho) / (1 - rho)) of the residuals' lag-1 autocorrelation
+    rho = _lag1(_residuals(x, [i for i, _ in steps], sigma))
+    if rho > 0:
+        steps = _prune(x, [i for i, _ in steps], sigma * np.sqrt((1 + rho) / (1 - rho)), step_z)
     out = _drifts(x, steps, sigma)
     edges = [0, *(i for i, _ in steps), len(x)]
     resid = _residuals(x, edges[1:-1], sigma)
