@@ -129,6 +129,25 @@ def test_a_cycle_is_not_a_step():
     assert [s.index for s in detect(stairs)] == [12, 24, 36]
 
 
+def test_the_cycle_fits_match_least_squares():
+    """The batched normal equations of the cycle model against numpy's least squares, one
+    period and one break at a time."""
+    rng = np.random.default_rng(8)
+    y = rng.normal(size=40) + np.sin(np.arange(40) / 3)
+    periods = np.arange(4, 21, dtype=np.float64)
+
+    def rss(a: np.ndarray, v: np.ndarray) -> float:
+        r = v - a @ np.linalg.lstsq(a, v, rcond=None)[0]
+        return float(r @ r)
+
+    brute = [rss(changepoint._cycle_design(40, p), y) for p in periods]
+    assert changepoint._harmonic_rss(y, periods) == pytest.approx(brute, rel=1e-6)
+    a = changepoint._cycle_design(40, 7.0)
+    split = {t: rss(a[:t], y[:t]) + rss(a[t:], y[t:]) for t in range(7, 34)}
+    t, best = changepoint._split_rss(a, y, 7)
+    assert t == min(split, key=split.get) and best == pytest.approx(split[t], rel=1e-6)
+
+
 def test_a_short_cycle_is_not_a_staircase_and_its_change_of_phase_is_found():
     """2.5 cycles of period 20 in 50 runs: too few for the autocorrelation rule (four), and
     half-periods differ by far more than the noise, so steps alone read one at each
