@@ -20,6 +20,7 @@ import pytest
 from perfguard.analysis import analyze
 from perfguard.baseline import Fingerprint, RunInfo, record_from_analysis
 from perfguard.baseline.store import Store
+from perfguard.compare import changepoint
 from perfguard.compare.changepoint import (
     _best_interval,
     _period,
@@ -126,6 +127,74 @@ def test_a_cycle_is_not_a_step():
     stairs = np.repeat([100.0, 110, 120, 130], [12, 12, 12, 14]) + rng.standard_normal(50)
     assert _period(stairs) == 0
     assert [s.index for s in detect(stairs)] == [12, 24, 36]
+
+
+def test_the_cycle_fits_match_least_squares():
+    """The batched normal equations of the cycle model against numpy's least squares, one
+    period and one break at a time."""
+    rng = np.random.default_rng(8)
+    y = rng.normal(size=40) + np.sin(np.arange(40) / 3)
+    periods = np.arange(4, 21, dtype=np.float64)
+
+    def rss(a: np.ndarray, v: np.ndarray) -> float:
+        r = v - a @ np.linalg.lstsq(a, v, rcond=None)[0]
+        return float(r @ r)
+
+    brute = [rss(changepoint._cycle_design(40, p), y) for p in periods]
+    assert changepoint._harmonic_rss(y, periods) == pytest.approx(brute, rel=1e-6)
+    a = changepoint._cycle_design(40, 7.0)
+    split = {t: rss(a[:t], y[:t]) + rss(a[t:], y[t:]) for t in range(7, 34)}
+    t, best = changepoint._split_rss(a, y, 7)
+    assert t == min(split, key=split.get) and best == pytest.approx(split[t], rel=1e-6)
+
+
+def test_a_short_cycle_is_not_a_staircase_and_its_change_of_phase_is_found():
+    """2.5 cycles of period 20 in 50 runs: too few for the autocorrelation rule (four), and
+    half-periods differ by far more than the noise, so steps alone read one at each
+    half-period. A level and a sinusoid with one break beat those steps (by the BIC): the
+    one change is where the phase moved (cos to sin at run 25), a ``cycle`` change, and the
+    same wave without the shift has none."""
+    t = np.arange(50)
+    others = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        plain = detect(100 + 10 * np.cos(2 * np.pi * t / 20) + rng.standard_normal(50))
+        shifted = 100 + 10 * np.cos(2 * np.pi * t / 20 + np.pi / 2 * (t >= 25))
+        found = detect(shifted + rng.standard_normal(50))
+        assert [(s.index, s.kind) for s in found if s.kind == "cycle"] == [(25, "cycle")]
+        assert not any(s.kind == "cycle" for s in plain)
+        others += len(plain) + len(found) - 1
+    # the series less its wave is searched for steps as any other: noise alone passes the
+    # step bar about 3 times in 100 at 50 runs (benchmarks/README.md); a step at every
+    # half-period would be 4 or 5 a series
+    assert others <= 2
+
+
+def test_a_wandering_series_gives_fewer_false_steps():
+    """AR(1) noise (each run 0.7 of the one before plus new noise) wanders: a step test that
+    takes its runs as independent reads steps into the wander. The levels' standard errors
+    grow by the AR(1) factor of the residuals' lag-1 autocorrelation; a real step is still
+    found."""
+
+    def wander(rng: np.random.Generator, n: int = 100) -> np.ndarray:
+        e, z = rng.standard_normal(n), np.zeros(n)
+        for i in range(n):
+            z[i] = 0.7 * z[i - 1] + e[i] if i else e[i]
+        return 100 + z
+
+    def false_steps() -> int:
+        rng = np.random.default_rng(3)
+        return sum(any(s.kind == "step" for s in detect(wander(rng))) for _ in range(50))
+
+    assert false_steps() <= 20
+    with pytest.MonkeyPatch.context() as mp:  # the runs taken as independent
+        mp.setattr(changepoint, "AR_Z", float("inf"))
+        assert false_steps() >= 30
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        x = wander(rng)
+        x[60:] += 10
+        assert any(abs(s.index - 60) <= 2 for s in detect(x))
 
 
 def test_a_drift_is_one_change_not_a_staircase():

@@ -34,11 +34,26 @@ by a busy neighbour, and only a few dozen values.
    moves one or two differences, which the trim drops) and the two
    segments' pooled robust spread; once pruned, the spread left around the
    levels found (winsorised, so two-valued banding keeps its band gap)
-   replaces it when larger and the pruning runs again.
+   replaces it when larger and the pruning runs again. Last, runs that wander
+   (the residuals around the levels autocorrelated at lag 1, by at least
+   :data:`AR_Z` standard errors) carry less information than independent
+   ones: ``sigma`` grows by the AR(1) factor ``sqrt((1 + rho) / (1 - rho))``
+   and the pruning runs once more.
 
 A series that repeats a cycle (:func:`_period`) is split only into
 segments of at least one period, with the noise at least that of its
-differences one period apart: a cycle is not a staircase of steps.
+differences one period apart: a cycle is not a staircase of steps. A cycle
+too long for that rule (fewer than four in the series) or too noisy for it
+is found as a model that beats the steps (:func:`_cycle`): a level and a
+sinusoid, with at most one break of level, amplitude and phase, fitted by
+least squares at every period from 4 runs to half the series, beats the
+step model found when its BIC is lower (each stretch of one spread its own
+variance; the period costs :data:`CYCLE_PERIOD` log n, as the best of about
+n / 2 tried). Then the steps are those of the series less its wave, and a
+break that changes the wave itself (beyond what a level step alone explains,
+by the BIC) is a ``cycle`` change: a periodic job that shifted phase. A
+cycle the autocorrelation rule found is fitted the same way (at its period
+and the two next to it) for that break only; its steps stay as found.
 Segments that are ramps (a line tells them better than a flat level) make
 one ``drift`` change with the ramps next to them, at the first run of the
 ramp, not a staircase of steps. Then the residuals around the levels (or
@@ -47,8 +62,9 @@ the log ratio of clipped RMS residuals, refined and pruned twice as the
 levels are, against a bar calibrated on pure noise (:data:`VARIANCE_Z`):
 such a point is a ``variance`` change, never a level step.
 
-Everything is O(m^2) numpy per searched stretch, no permutations: a few
-ms for a 200-run history (benchmarks/change_points.py, benchmarks/README.md).
+Everything is O(m^2) numpy per searched stretch (the cycle model too, once),
+no permutations: a few ms for a 200-run history (benchmarks/change_points.py,
+benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -93,6 +109,19 @@ CYCLE_AC = 0.25
 CYCLE_Z = 5.0
 #: share of the largest squared successive differences dropped from the noise estimate
 TRIM = 0.3
+#: periods (the best-fitting without a break) at which a cycle's break is searched
+CYCLE_TRIES = 8
+#: a cycle's break is kept when it beats the cycle without one by the BIC of its four
+#: more parameters (a level, an amplitude, a phase and the place): this many log n
+CYCLE_BREAK = 4.0
+#: what the period costs in the cycle's BIC, in log n: one parameter, and the best of
+#: about n / 2 periods tried (the largest of m chi-square(2) gains is about 2 log m)
+CYCLE_PERIOD = 3
+#: a wandering series (:func:`_lag1`): its residuals' lag-1 autocorrelation is counted less
+#: this many of its standard errors (chosen on the benchmark's tuning halves, over 0.5-2:
+#: 0.75-1 best, 1.25 and up as without it), and at most AR_CAP
+AR_Z = 1.0
+AR_CAP = 0.9
 _NORMAL = NormalDist()  # the standard library's: no scipy.stats import in a pytest session
 _Q = _NORMAL.inv_cdf(1 - TRIM / 2)
 #: E[z^2 | z^2 below its (1 - TRIM) quantile] for a standard normal z: makes the trimmed
@@ -102,9 +131,10 @@ _TRIM_FACTOR = 1 - 2 * _Q * _NORMAL.pdf(_Q) / (1 - TRIM)
 
 @dataclass(frozen=True)
 class Split:
-    """A change at ``index`` (the first value after it): ``kind`` "step", "drift" or
-    "variance"; ``z`` the difference over its standard error; ``p_value`` its nominal
-    two-sided normal p."""
+    """A change at ``index`` (the first value after it): ``kind`` "step", "drift",
+    "variance" or "cycle" (a repeating wave changed phase or amplitude); ``z`` the
+    difference over its standard error (a cycle's: the root of its likelihood ratio);
+    ``p_value`` its nominal two-sided normal p."""
 
     index: int
     kind: str
@@ -374,6 +404,19 @@ def _winsorized_sd(r: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.minimum(a, q) ** 2) / _WINSOR_FACTOR))
 
 
+def _lag1(r: np.ndarray) -> float:
+    """Lag-1 autocorrelation of residuals ``r`` (winsorised at the 90th percentile of their
+    sizes, as the noise is), less :data:`AR_Z` of its standard errors (``1 / sqrt(n)``
+    when the runs are independent): the least autocorrelation the residuals show."""
+    a = np.abs(r)
+    q = float(np.quantile(a, 0.9)) if len(a) else 0.0
+    r = np.clip(r, -q, q)
+    den = float(r @ r)
+    if den == 0:
+        return 0.0
+    return min(float(r[1:] @ r[:-1]) / den - AR_Z / np.sqrt(len(r)), AR_CAP)
+
+
 def _robust_sd(d: np.ndarray) -> float:
     """1.4826 times the median absolute deviation: a standard deviation robust to a few
     wild values."""
@@ -448,6 +491,147 @@ def _drifts(x: np.ndarray, steps: list[tuple[int, float]], sigma: float) -> list
     return sorted(out, key=lambda s: s.index)
 
 
+def _harmonic_rss(y: np.ndarray, periods: np.ndarray) -> np.ndarray:
+    """Residual sum of squares of ``y`` around its least-squares fit by a level and one
+    sinusoid of each period in ``periods`` (normal equations, all periods at once)."""
+    n = len(y)
+    w = 2 * np.pi * np.outer(1.0 / periods, np.arange(n))
+    c, s = np.cos(w), np.sin(w)
+    g = np.empty((len(periods), 3, 3))
+    g[:, 0, 0] = n
+    g[:, 0, 1] = g[:, 1, 0] = c.sum(1)
+    g[:, 0, 2] = g[:, 2, 0] = s.sum(1)
+    g[:, 1, 1] = (c * c).sum(1)
+    g[:, 1, 2] = g[:, 2, 1] = (c * s).sum(1)
+    g[:, 2, 2] = (s * s).sum(1)
+    h = np.stack([np.full(len(periods), y.sum()), c @ y, s @ y], axis=1)
+    g += 1e-9 * n * np.eye(3)
+    fit = np.linalg.solve(g, h[..., None])[..., 0]
+    return np.maximum(float(y @ y) - np.einsum("ij,ij->i", h, fit), 0.0)
+
+
+def _cycle_design(n: int, period: float) -> np.ndarray:
+    w = 2 * np.pi * np.arange(n) / period
+    return np.column_stack([np.ones(n), np.cos(w), np.sin(w)])
+
+
+def _split_rss(a: np.ndarray, y: np.ndarray, min_side: int) -> tuple[int, float]:
+    """The break ``t`` (each side at least ``min_side`` runs) at which fitting the columns
+    of ``a`` to each side on its own leaves the least residual sum of squares: (t, rss),
+    from prefix sums of the normal equations (one batched solve for every t)."""
+    n, k = a.shape
+    t = np.arange(min_side, n - min_side + 1)
+    if len(t) == 0:
+        return 0, float("inf")
+    g = np.cumsum(a[:, :, None] * a[:, None, :], axis=0)
+    h = np.cumsum(a * y[:, None], axis=0)
+    s = np.cumsum(y * y)
+    ridge = 1e-9 * n * np.eye(k)
+    total = np.zeros(len(t))
+    for gg, hh, ss in (
+        (g[t - 1], h[t - 1], s[t - 1]),
+        (g[-1] - g[t - 1], h[-1] - h[t - 1], s[-1] - s[t - 1]),
+    ):
+        fit = np.linalg.solve(gg + ridge, hh[..., None])[..., 0]
+        total += np.maximum(ss - np.einsum("ij,ij->i", hh, fit), 0.0)
+    best = int(np.argmin(total))
+    return int(t[best]), float(total[best])
+
+
+def _lstsq(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    coef = np.linalg.lstsq(a, y, rcond=None)[0]
+    r = y - a @ coef
+    return coef, float(r @ r)
+
+
+@dataclass(frozen=True)
+class _Cycle:
+    resid: np.ndarray  # around a level and the sinusoid, no break
+    change: int  # the best break of level, amplitude and phase together
+    resid_change: np.ndarray  # ... around that break's two fits
+    rss_level: float  # sum of squares around the same break with the level alone changing
+    wave: np.ndarray  # the sinusoid fitted without a break (no level)
+    waves: np.ndarray  # the two sinusoids fitted on either side of the break (no level)
+
+
+def _cycle(x: np.ndarray, period: int, min_size: int) -> _Cycle | None:
+    """The sinusoid that ``x`` repeats best, fitted with and without one break, or None
+    (fewer than two cycles of 4 runs). ``period``: the one :func:`_period` found (refined
+    to the best of it and its neighbours), else every period from 4 runs to half the
+    series is tried. Least squares on ``x`` clipped to its quartiles +- 3 IQR (a slow
+    run must not make a wave). A change of phase blurs the best single period: the break
+    is fitted at the :data:`CYCLE_TRIES` periods that fit best without one (each side at
+    least a period), and the best of those kept."""
+    n = len(x)
+    y = _clip_tails(x) - np.median(x)
+    if period:
+        periods = np.arange(max(period - 1, 4), period + 2, dtype=np.float64)
+    else:
+        periods = np.arange(4, n // 2 + 1, dtype=np.float64)
+    if len(periods) == 0:
+        return None
+    order = np.argsort(_harmonic_rss(y, periods), kind="stable")[:CYCLE_TRIES]
+    fits = []
+    for p in periods[order].tolist():
+        a = _cycle_design(n, p)
+        fits.append((*_split_rss(a, y, max(min_size, int(np.ceil(p)))), a))
+    t, _, a = min(fits, key=lambda f: f[1])
+    if t == 0:
+        return None
+    _, rss_level = _lstsq(np.column_stack([a, np.arange(n) >= t]), y)
+    waves, resid = np.zeros(n), np.zeros(n)
+    for lo, hi in ((0, t), (t, n)):
+        c, _ = _lstsq(a[lo:hi], y[lo:hi])
+        waves[lo:hi] = a[lo:hi, 1:] @ c[1:]
+        resid[lo:hi] = y[lo:hi] - a[lo:hi] @ c
+    a = fits[0][2]  # the best period without a break
+    coef, _ = _lstsq(a, y)
+    return _Cycle(y - a @ coef, t, resid, rss_level, a[:, 1:] @ coef[1:], waves)
+
+
+def _clip_tails(x: np.ndarray) -> np.ndarray:
+    """``x`` clipped to its quartiles +- 3 IQR: the models compared by their least squares
+    see a slow run as a large value, not an unbounded one."""
+    q1, q3 = np.quantile(x, [0.25, 0.75])
+    return np.clip(x, q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1))
+
+
+def _floor(x: np.ndarray) -> float:
+    """The least residual sum of squares a model of ``x`` is credited with (a noiseless
+    series fits exactly; the log of 0 would make every exact fit equally good)."""
+    return max(len(x) * (1e-9 * float(np.ptp(x))) ** 2, 1e-300) if len(x) else 1e-300
+
+
+def _fit(r: np.ndarray, spread: list[int], params: int, floor: float) -> float:
+    """The BIC of residuals ``r`` of a model of ``params`` parameters: normal, with one
+    variance between each two of ``spread`` (the changes of spread found, so a wide stretch
+    of noise counts as noise, not as something a wave could explain)."""
+    n = len(r)
+    edges = np.array([0, *spread, n])
+    sizes = np.diff(edges)
+    sums = np.add.reduceat(r * r, edges[:-1])
+    return float(np.sum(sizes * np.log(np.maximum(sums, floor * sizes / n) / sizes))) + (
+        params * float(np.log(n))
+    )
+
+
+def _step_residuals(x: np.ndarray, cuts: list[int], sigma: float) -> tuple[np.ndarray, int]:
+    """Residuals of the step model, least-squares levels (a line on a ramp) between
+    ``cuts``, and its parameters: a level and a place per step, one more per ramp."""
+    edges = [0, *cuts, len(x)]
+    r = np.empty(len(x))
+    params = 2 * len(cuts) + 1
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        seg = x[lo:hi]
+        if sigma and _ramp(seg, sigma):
+            t = np.arange(hi - lo, dtype=np.float64)
+            r[lo:hi] = seg - np.polyval(np.polyfit(t, seg, 1), t)
+            params += 1
+        else:
+            r[lo:hi] = seg - seg.mean()
+    return r, params
+
+
 def detect(
     values: np.ndarray,
     *,
@@ -467,8 +651,45 @@ def detect(
         step_z = STEP_Z + STEP_Z_PER_LOG * max(0.0, float(np.log(len(x) / 50)))
     if variance_z is None:
         variance_z = VARIANCE_Z + VARIANCE_Z_PER_LOG * max(0.0, float(np.log(len(x) / 50)))
-    sigma = max(noise_sigma(x), float(noise))
     period = _period(x)
+    out, steps, sigma = _changes(x, noise, min_size, step_z, variance_z, period)
+    if len(x) < 8:
+        return out
+    cycle = _cycle(x, period, min_size)
+    if cycle is None:
+        return out
+    n, floor = len(x), _floor(x)
+    # a cycle: a level and a sinusoid (with a break or not) beat the steps found, by the
+    # BIC (the period one more parameter), each stretch of one spread its own variance
+    spread = [s.index for s in out if s.kind == "variance"]
+    resid, params = _step_residuals(_clip_tails(x), [i for i, _ in steps], sigma)
+    margin = _fit(resid, spread, params, floor) - min(
+        _fit(cycle.resid, spread, 3 + CYCLE_PERIOD, floor),
+        _fit(cycle.resid_change, spread, 7 + CYCLE_PERIOD, floor),
+    )
+    if margin <= 0:
+        return out
+    rss_change = max(float(cycle.resid_change @ cycle.resid_change), floor)
+    gain = n * np.log(max(float(cycle.resid @ cycle.resid), floor) / rss_change)
+    shape = n * np.log(max(cycle.rss_level, floor) / rss_change)
+    changed = gain > CYCLE_BREAK * np.log(n) and shape > 2 * np.log(n)
+    if not period:
+        # steps and spread of the series less its wave
+        wave = cycle.waves if changed else cycle.wave
+        out, _, _ = _changes(x - wave, noise, min_size, step_z, variance_z, 0)
+    if changed and all(abs(s.index - cycle.change) >= min_size for s in out):
+        out.append(Split(cycle.change, "cycle", float(np.sqrt(gain))))
+    return sorted(out, key=lambda s: s.index)
+
+
+def _changes(
+    x: np.ndarray, noise: float, min_size: int, step_z: float, variance_z: float, period: int
+) -> tuple[list[Split], list[tuple[int, float]], float]:
+    """The steps, drifts and spread changes of ``x`` (module docstring), the level steps
+    as (index, z) and the noise they were judged against."""
+    if np.ptp(x) <= 1e-12 * np.max(np.abs(x)):  # constant, to rounding (a wave taken off)
+        return [], [], 0.0
+    sigma = max(noise_sigma(x), float(noise))
     if period:
         # a cycle is not a step: segments span whole cycles, and the noise is at least the
         # spread of the differences one period apart (what a cycle leaves unexplained)
@@ -483,6 +704,12 @@ def detect(
     if left > 1.1 * sigma:
         sigma = left
         steps = _prune(x, [i for i, _ in steps], sigma, step_z)
+    # runs that wander around the levels found (each run like the one before it) carry
+    # less information than independent ones: the standard errors of levels grow by the
+    # AR(1) factor sqrt((1 + rho) / (1 - rho)) of the residuals' lag-1 autocorrelation
+    rho = _lag1(_residuals(x, [i for i, _ in steps], sigma))
+    if rho > 0:
+        steps = _prune(x, [i for i, _ in steps], sigma * np.sqrt((1 + rho) / (1 - rho)), step_z)
     out = _drifts(x, steps, sigma)
     edges = [0, *(i for i, _ in steps), len(x)]
     resid = _residuals(x, edges[1:-1], sigma)
@@ -494,4 +721,4 @@ def detect(
             kept = _prune(clipped, sorted(set(cuts)), 0.0, variance_z, spread=True)
             cuts = [i for i, _ in kept]
         out += [Split(i, "variance", z) for i, z in kept]
-    return sorted(out, key=lambda s: s.index)
+    return sorted(out, key=lambda s: s.index), steps, sigma

@@ -9,7 +9,7 @@ branch on one machine fingerprint, and the commits where its level moved
 Timing change points come from :func:`perfguard.compare.changepoint.detect`
 (candidates by a rank-based, two-ended binary segmentation, kept when the
 levels on their two sides differ by more than the history's run-to-run
-noise allows; each a ``step``, ``drift`` or ``variance`` change), given the
+noise allows; each a ``step``, ``drift``, ``variance`` or ``cycle`` change), given the
 noise estimate the verdicts use (:func:`perfguard.compare.timing.between_run_sd`).
 Counter change points are exact (:mod:`perfguard.compare.counter_steps`):
 counters have no noise, so any change between two stored runs is one.
@@ -90,7 +90,9 @@ class ChangePoint:
     before_ns: float  # median run level from the previous change point (or start) to here
     after_ns: float  # median run level from here to the next change point (or end)
     z: float  # the change over its standard error (changepoint.Split.z)
-    kind: str = "step"  # "step", "drift" (the level crept) or "variance" (the spread moved)
+    # "step", "drift" (the level crept), "variance" (the spread moved) or "cycle" (a
+    # repeating wave changed its phase or amplitude)
+    kind: str = "step"
     ops: tuple[OpMove, ...] = ()
 
     @property
@@ -310,7 +312,10 @@ def change_marks(store: Store, nodeid: str, levels: pd.DataFrame) -> list[str]:
     reports' history tables show beside each run."""
     marks: list[list[str]] = [[] for _ in range(len(levels))]
     for cp in find_change_points(levels):
-        what = "spread changed" if cp.kind == "variance" else f"{cp.kind} {cp.change_pct:+.1f} %"
+        if cp.kind in ("variance", "cycle"):
+            what = "spread changed" if cp.kind == "variance" else "cycle changed"
+        else:
+            what = f"{cp.kind} {cp.change_pct:+.1f} %"
         marks[cp.index].append(what)
     for step in counter_steps(store, nodeid, levels, top_ops=0):
         if step.counter in ("kernel_set", "tc_ops", "dtypes"):
