@@ -175,8 +175,8 @@ def write_store(
                                          (int(i), f"op{k}", op, "kernels", calls, 1),
                                          (int(i), f"op{k}", op, "flops", flops, 1),
                                          (int(i), f"op{k}", op, "bytes", flops / 8, 1)]  # fmt: skip
-                            ops.append((int(i), f"op{k}", op, "fprop", "x", calls * ITERS,
-                                        calls * ITERS, int(share * ITERS), int(share * ITERS),
+                            ops.append((int(i), f"op{k}", op, "fprop", "x", int(calls * ITERS),
+                                        int(calls * ITERS), int(share * ITERS), int(share * ITERS),
                                         1, int(k == 0), flops * ITERS, int(flops / 8 * ITERS),
                                         "float32"))  # fmt: skip
                         counters.append((int(i), "", "", "peak_memory", 1e8 * (1 + t % 5), 1))

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from test_history import RECORDED, replay, store_location  # noqa: F401 - a fixture
 
@@ -22,7 +23,7 @@ from perfguard.baseline.store import Store
 from perfguard.cli import main
 from perfguard.compare.history import load_history, run_levels
 from perfguard.publish import publish
-from perfguard.publish.data import load_tables
+from perfguard.publish.data import load_index, load_records, load_tables
 from perfguard.publish.series import analyse, split_series
 from perfguard.publish.site import MANIFEST
 
@@ -107,7 +108,7 @@ def test_publish_writes_the_site_and_rebuilds_only_what_changed(replayed, tmp_pa
         assert not re.search(r'(src|href)="(https?:)?//', text.replace("https://ci.example", ""))
         assert "Content-Security-Policy" in text
     manifest = json.loads((site / MANIFEST).read_text())
-    assert manifest["format"] == "perfguard.publish-manifest/1"
+    assert manifest["format"] == "perfguard.publish-manifest/2"
     before = {p: p.stat().st_mtime_ns for p in _pages(site)}
 
     again = publish(location, site, repo=repo, report_url="https://ci.example/{commit}/r.html")
@@ -124,6 +125,110 @@ def test_publish_writes_the_site_and_rebuilds_only_what_changed(replayed, tmp_pa
         store.prune(commits=shas)
     gone = publish(location, site, repo=repo)
     assert (gone.series, gone.removed) == (0, 1) and not page.exists()
+
+
+def _synthetic(tmp_path: Path, location, commits: int = 14, tests: int = 4):
+    """The scale benchmark's store (three machines) at ``location``: (repo, shas, plan)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import publish_scale
+
+    shas = publish_scale.make_repo(tmp_path / "repo", commits + 1)
+    plan = publish_scale.Plan(tests, commits + 1)
+    publish_scale.write_store(location, shas[:-1], plan)
+    return publish_scale, shas, plan
+
+
+def test_a_partial_run_reads_and_rebuilds_its_series_only(
+    tmp_path,
+    store_location,  # noqa: F811 - the imported fixture
+    monkeypatch,
+):
+    """After a run of 2 tests on one machine, only those 2 series' records are read (by id)
+    and their pages rebuilt, and the site is byte for byte the one a publish from scratch
+    makes; with nothing new, no record is read at all."""
+    bench, shas, plan = _synthetic(tmp_path, store_location)
+    site, repo = tmp_path / "site", tmp_path / "repo"
+    first = publish(store_location, site, repo=repo)
+    assert (first.series, first.rebuilt) == (12, 12)
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("an unchanged store's records were read")
+
+    with monkeypatch.context() as m:
+        m.setattr("perfguard.publish.site.load_records", no_read)
+        again = publish(store_location, site, repo=repo)
+    assert (again.rebuilt, again.kept) == (0, 12)
+
+    bench.write_store(store_location, shas, plan, start=len(shas) - 1, partial=2)
+    read: list[np.ndarray] = []
+
+    def spy(location, index, ids=None, **kwargs):
+        read.append(np.asarray(ids))
+        return load_records(location, index, ids, **kwargs)
+
+    monkeypatch.setattr("perfguard.publish.site.load_records", spy)
+    monkeypatch.setattr("perfguard.publish.data.PARALLEL_RECORDS", 0)  # by 2 readers
+    third = publish(store_location, site, repo=repo, jobs=2)
+    assert (third.rebuilt, third.kept) == (2, 10)
+    index = load_index(store_location)
+    machine0 = index.runs.loc[index.runs["host"] == "gpu-a", "run_id"]
+    last_two = index.tests["nodeid"].iloc[-2:]
+    changed = index.tests[
+        index.tests["run_id"].isin(machine0) & index.tests["nodeid"].isin(last_two)
+    ]
+    assert sorted(read[0].tolist()) == sorted(changed["test_id"].tolist())  # 2 x 15 records
+
+    fresh = publish(store_location, tmp_path / "fresh", repo=repo)  # every record, by ranges
+    assert fresh.rebuilt == 12
+    for page in _pages(tmp_path / "fresh"):
+        assert page.read_bytes() == (site / page.relative_to(tmp_path / "fresh")).read_bytes()
+
+
+def test_records_read_by_id_equal_those_read_by_ranges(tmp_path):
+    """The two ways of reading records give the same rounds, levels, counters and ops."""
+    _synthetic(tmp_path, tmp_path / "s.db", commits=14, tests=3)
+    index = load_index(tmp_path / "s.db")
+    ids = index.tests["test_id"].to_numpy()[1::3]
+    by_range = load_records(tmp_path / "s.db", index, ids)
+    by_id = load_records(tmp_path / "s.db", index, ids[:4])  # under BY_ID_SHARE: by id
+    got = by_id.tests.dropna(subset=["level"])
+    assert got["test_id"].tolist() == ids[:4].tolist()
+    want = by_range.tests.set_index("test_id").loc[got["test_id"]]
+    assert np.array_equal(
+        got[["level", "n_rounds"]].to_numpy(), want[["level", "n_rounds"]].to_numpy()
+    )
+    for name in ("rounds", "counters", "ops"):
+        a = getattr(by_id, name)
+        b = getattr(by_range, name)
+        b = b[b["test_id"].isin(ids[:4])].reset_index(drop=True)
+        pd.testing.assert_frame_equal(a.astype(str), b.astype(str))
+
+
+def test_a_page_rebuilt_for_an_acceptance_reuses_its_change_points(replayed, tmp_path,
+                                                                   monkeypatch):  # fmt: skip
+    """An acceptance changes the page, not the levels: the change points kept in the
+    manifest (keyed by the levels, the ops and the compare code) are not searched again."""
+    location, repo, shas, steps = replayed
+    site = tmp_path / "site"
+    publish(location, site, repo=repo)
+    (page,) = [p for p in _pages(site) if p.name != "index.html"]
+    before = page.read_text()
+    with Store(location) as store:
+        store.accept(NODEID, shas[-1], "fine", time="2030-01-01T00:00:00Z")
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the change points were searched again")
+
+    monkeypatch.setattr("perfguard.publish.series.find_change_points", no_search)
+    again = publish(location, site, repo=repo)
+    assert again.rebuilt == 1
+    after = page.read_text()
+    assert after != before and "fine" in after
+    assert after.count("timing change points") == before.count("timing change points")
+    assert (
+        re.findall(r'class="sha" title="(\w+)"', after)[:2]
+        == re.findall(r'class="sha" title="(\w+)"', before)[:2]
+    )  # the same change points listed
 
 
 def test_publish_without_git_orders_by_time_and_the_cli_says_what_it_did(replayed, tmp_path,

@@ -41,7 +41,15 @@ from perfguard.baseline.record import INSTRUCTION_COUNTERS, METRICS, round_stati
 if TYPE_CHECKING:
     from perfguard.baseline.store import Store
 
-__all__ = ["COUNTER_NAMES", "StoreTables", "load_tables", "machine_key"]
+__all__ = [
+    "COUNTER_NAMES",
+    "StoreIndex",
+    "StoreTables",
+    "load_index",
+    "load_records",
+    "load_tables",
+    "machine_key",
+]
 
 #: the gate counters a publish charts, in this order (codes 0..n-1 in the counters query)
 COUNTER_NAMES: tuple[str, ...] = (*COUNTERS, "peak_memory", *INSTRUCTION_COUNTERS)
@@ -126,20 +134,23 @@ def _group_median(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.
     return k[starts], (v[lo] + v[hi]) / 2
 
 
+#: a WHERE clause on test_id and its parameters
+Where = tuple[str, tuple[Any, ...]]
 #: rounds per record the packed sample key leaves room for
 MAX_ROUNDS = 4096
 
 
 def _levels(
-    store: Store, tests: pd.DataFrame, span: tuple[int, int]
+    store: Store, tests: pd.DataFrame, where: Where
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
     """Each record's rounds, level (module docstring) and profiled iterations, from one scan
-    of ``samples`` (its key packed into one number in SQL: a third fewer values to move)."""
+    of ``samples`` (its key packed into one number in SQL: a third fewer values to move).
+    ``tests``: every record the ``where`` clause selects, sorted by test_id."""
     with store.db.guard():
         cur = _query(store, f"SELECT (test_id * {MAX_ROUNDS} + round) * 2 + profiled, "
                             f"coalesce(gpu_time_ns, {MISSING}), coalesce(wall_time_ns, "
                             f"{MISSING}), coalesce(cpu_time_ns, {MISSING}) FROM samples "
-                            f"WHERE {IN_SPAN}", span)  # fmt: skip
+                            f"WHERE {where[0]}", where[1])  # fmt: skip
         s = _stream(cur, 4)
     packed = s[:, 0].astype(np.int64)
     key, profiled = packed // 2, (packed % 2) == 1
@@ -148,9 +159,8 @@ def _levels(
     pos = np.minimum(pos, max(len(tests) - 1, 0))
     metric = tests["metric_code"].to_numpy()[pos] if len(tests) else pos
     value = s[np.arange(len(s)), 1 + metric]
-    ids = tests["test_id"].to_numpy()
-    iters = pd.Series(np.bincount(pos[profiled], minlength=len(tests)), index=ids)
-    iters = iters[(ids >= span[0]) & (ids < span[1])]
+    iters = pd.Series(np.bincount(pos[profiled], minlength=len(tests)),
+                      index=tests["test_id"].to_numpy())  # fmt: skip
     # timing_mask: GPU time on profiled rows; wall/CPU time on the unprofiled rows of a
     # record that has them (timing rounds with the profiler off), else on every row
     has_timed = np.bincount(pos[~profiled], minlength=len(tests)) > 0
@@ -178,13 +188,13 @@ def _levels(
     return rounds, levels, iters
 
 
-def _counters(store: Store, span: tuple[int, int]) -> pd.DataFrame:
+def _counters(store: Store, where: Where) -> pd.DataFrame:
     """Per record and counter: the sum over ops, and over the ops stable in that run."""
     codes = " ".join(f"WHEN '{name}' THEN {i}" for i, name in enumerate(COUNTER_NAMES))
     with store.db.guard():
         cur = _query(store, f"SELECT test_id * 64 + CASE counter {codes} ELSE 63 END, "
                             "coalesce(value, 0), coalesce(stable, 0) FROM counters "
-                            f"WHERE {IN_SPAN}", span)  # fmt: skip
+                            f"WHERE {where[0]}", where[1])  # fmt: skip
         c = _stream(cur, 3)
     key = c[:, 0].astype(np.int64)
     keys, inverse = np.unique(key, return_inverse=True)
@@ -204,7 +214,7 @@ def _counters(store: Store, span: tuple[int, int]) -> pd.DataFrame:
 SEP = "\x1f"
 
 
-def _ops(store: Store, span: tuple[int, int]) -> pd.DataFrame:
+def _ops(store: Store, where: Where) -> pd.DataFrame:
     """Per record and op: its totals (divided per iteration by :func:`_per_iteration`).
     One scan; the three texts are joined into one string a row in SQL and factorised
     (a few hundred distinct ones in a million rows)."""
@@ -214,7 +224,7 @@ def _ops(store: Store, span: tuple[int, int]) -> pd.DataFrame:
                             f"coalesce(kernel_count, 0), coalesce(flops, {MISSING}), "
                             f"coalesce(bytes, {MISSING}), coalesce(using_tc, 0), "
                             "op_id || ? || op_name || ? || coalesce(dtypes, '') FROM ops "
-                            f"WHERE {IN_SPAN}", (SEP, SEP, *span))  # fmt: skip
+                            f"WHERE {where[0]}", (SEP, SEP, *where[1]))  # fmt: skip
         rows = cur.fetchall()
     columns = list(zip(*rows, strict=True)) if rows else [()] * 9
     codes, texts = pd.factorize(pd.Series(columns[8], dtype=object))
@@ -254,20 +264,73 @@ def _per_iteration(ops: pd.DataFrame, tests: pd.DataFrame, iters: pd.Series) -> 
 
 #: records from which reading in parallel pays for the forks
 PARALLEL_RECORDS = 20_000
-#: the test ids a worker reads (every record table has an index on test_id)
+#: the test ids a span reader reads (every record table has an index on test_id)
 IN_SPAN = "test_id >= ? AND test_id < ?"
-# what a forked reader needs: set by load_tables before the pool starts
+#: below this share of the store's records, the records wanted are read by id (an index
+#: lookup each) rather than by scanning ranges of ids (which reads the records between)
+BY_ID_SHARE = 0.25
+#: ids per query of a read by id (one parameter: a JSON array in SQLite, an array in
+#: PostgreSQL)
+IDS_PER_QUERY = 50_000
+# what a forked reader needs: set by load_records before the pool starts
 _READ: dict[str, Any] = {}
 
 
-def _read_span(span: tuple[int, int]) -> tuple[pd.DataFrame, ...]:
-    """One worker's share: the records with ids in ``span``, reduced."""
+@dataclass
+class StoreIndex:
+    """What a publish reads of every record: small, and enough to say which pages changed
+    (the record tables are read after, for the series whose pages are rebuilt only)."""
+
+    #: run_id, commit, dirty, time, host, machine (key), machine_label
+    runs: pd.DataFrame
+    #: test_id, run_id, nodeid, metric, metric_code; sorted by test_id
+    tests: pd.DataFrame
+    #: acceptance_id, nodeid, commit, reason, time, author
+    acceptances: pd.DataFrame
+    #: the store's name (its path, or its URL without the password)
+    name: str
+
+
+def load_index(location: str | os.PathLike[str]) -> StoreIndex:
+    """The store's runs, records (ids, runs, tests, metrics: no sample) and acceptances,
+    from one snapshot."""
     from perfguard.baseline.store import open_store
 
+    with open_store(location, create=False) as store, store.db.read():
+        runs = _runs(store)
+        with store.db.guard():
+            cur = _query(store, "SELECT test_id, run_id, nodeid, metric FROM tests "
+                                "ORDER BY test_id")  # fmt: skip
+            tests = pd.DataFrame.from_records(
+                cur.fetchall(), columns=["test_id", "run_id", "nodeid", "metric"]
+            )
+        acceptances = store.acceptances()
+        name = store.name
+    tests["test_id"] = tests["test_id"].astype(np.int64)
+    tests["run_id"] = tests["run_id"].astype(np.int64)
+    tests["metric_code"] = tests["metric"].map(METRIC_CODES).fillna(0).astype(np.int64)
+    return StoreIndex(runs, tests, acceptances, name)
+
+
+def _read(task: tuple[str, Any]) -> tuple[pd.DataFrame, ...]:
+    """One worker's share, reduced: the records with ids in a span (``("span", (lo, hi))``)
+    or in a list (``("ids", sorted array)``)."""
+    from perfguard.baseline.store import open_store
+
+    kind, what = task
+    tests: pd.DataFrame = _READ["tests"]
+    all_ids = tests["test_id"].to_numpy()
     with open_store(_READ["location"], create=False) as store, store.db.read():
-        rounds, levels, iters = _levels(store, _READ["tests"], span)
-        counters = _counters(store, span)
-        ops = _ops(store, span)
+        if kind == "span":
+            where: Where = (IN_SPAN, tuple(what))
+            a, b = np.searchsorted(all_ids, what)
+            mine = tests.iloc[a:b]
+        else:
+            where = (store.db.ids_in("test_id"), (store.db.ids_param(what),))
+            mine = tests.iloc[np.searchsorted(all_ids, what)]
+        rounds, levels, iters = _levels(store, mine, where)
+        counters = _counters(store, where)
+        ops = _ops(store, where)
     return rounds, levels, iters.to_frame("iters"), counters, ops
 
 
@@ -280,33 +343,41 @@ def _spans(ids: np.ndarray, parts: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:], strict=True))
 
 
-def load_tables(location: str | os.PathLike[str], *, jobs: int = 1) -> StoreTables:
-    """The store's runs, acceptances and records. The record tables are read by ``jobs``
-    forked processes, each a range of test ids (the Python driver's cost per row, not the
-    database, is what a read of millions of rows spends its time on)."""
-    from perfguard.baseline.store import open_store
+def _tasks(all_ids: np.ndarray, ids: np.ndarray, jobs: int) -> list[tuple[str, Any]]:
+    """How to read the records ``ids`` (sorted) of a store whose records are ``all_ids``:
+    ranges of ids scanned when they are most of the store, else lists of ids, split among
+    ``jobs`` readers when there are enough of them."""
+    parts = max(1, jobs) if len(ids) > PARALLEL_RECORDS else 1
+    if len(ids) >= BY_ID_SHARE * len(all_ids):
+        a, b = np.searchsorted(all_ids, [ids[0], ids[-1] + 1]) if len(ids) else (0, 0)
+        return [("span", span) for span in _spans(all_ids[a:b], parts)]
+    parts = max(parts, -(-len(ids) // IDS_PER_QUERY))
+    return [("ids", chunk) for chunk in np.array_split(ids, parts) if len(chunk)]
 
-    with open_store(location, create=False) as store, store.db.read():
-        runs = _runs(store)
-        with store.db.guard():
-            cur = _query(store, "SELECT test_id, run_id, nodeid, metric FROM tests "
-                                "ORDER BY test_id")  # fmt: skip
-            tests = pd.DataFrame.from_records(
-                cur.fetchall(), columns=["test_id", "run_id", "nodeid", "metric"]
-            )
-        acceptances = store.acceptances()
-    tests["test_id"] = tests["test_id"].astype(np.int64)
-    tests["run_id"] = tests["run_id"].astype(np.int64)
-    tests["metric_code"] = tests["metric"].map(METRIC_CODES).fillna(0).astype(np.int64)
-    parallel = len(tests) > PARALLEL_RECORDS
-    spans = _spans(tests["test_id"].to_numpy(), max(1, jobs) if parallel else 1)
+
+def load_records(
+    location: str | os.PathLike[str],
+    index: StoreIndex,
+    ids: np.ndarray | None = None,
+    *,
+    jobs: int = 1,
+) -> StoreTables:
+    """The index's tables with the records ``ids`` (default: all) read and reduced: levels,
+    rounds, counters, ops. Read by ``jobs`` forked processes when there are many records
+    (the Python driver's cost per row, not the database, is what a read of millions of rows
+    spends its time on); a record the scan of a range passes that is not in ``ids`` may
+    be read too. A record without a sample has no level (NaN)."""
+    tests = index.tests.copy()
+    all_ids = tests["test_id"].to_numpy()
+    want = all_ids if ids is None else np.unique(np.asarray(ids, dtype=np.int64))
+    tasks = _tasks(all_ids, want, jobs)
     _READ.update(location=location, tests=tests)
     try:
-        if len(spans) > 1:
-            with multiprocessing.get_context("fork").Pool(len(spans)) as pool:
-                parts = pool.map(_read_span, spans, chunksize=1)
+        if len(tasks) > 1:
+            with multiprocessing.get_context("fork").Pool(min(len(tasks), max(1, jobs))) as pool:
+                parts = pool.map(_read, tasks, chunksize=1)
         else:
-            parts = [_read_span(span) for span in spans]
+            parts = [_read(task) for task in tasks]
     finally:
         _READ.clear()
     if not parts:  # a store without records
@@ -317,8 +388,14 @@ def load_tables(location: str | os.PathLike[str], *, jobs: int = 1) -> StoreTabl
     tests["n_rounds"] = tests["test_id"].map(levels["n_rounds"]).fillna(0).astype(np.int64)
     ops = _per_iteration(ops.reset_index(drop=True), tests, iters["iters"])
     tests["nodeid"] = tests["nodeid"].astype("category")
-    return StoreTables(runs, tests.drop(columns="metric_code"), rounds, counters, ops,
-                       acceptances)  # fmt: skip
+    return StoreTables(index.runs, tests.drop(columns="metric_code"), rounds, counters, ops,
+                       index.acceptances)  # fmt: skip
+
+
+def load_tables(location: str | os.PathLike[str], *, jobs: int = 1) -> StoreTables:
+    """The whole store's runs, acceptances and records (:func:`load_index`, then
+    :func:`load_records` of every record)."""
+    return load_records(location, load_index(location), jobs=jobs)
 
 
 def _empty() -> tuple[pd.DataFrame, ...]:

@@ -19,18 +19,29 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from perfguard.compare.counter_steps import numeric_steps, set_steps
-from perfguard.compare.history import ChangePoint, find_change_points
+from perfguard.compare.history import ChangePoint, OpMove, find_change_points
 from perfguard.compare.timing import judge_store
 from perfguard.publish.data import StoreTables
 
-__all__ = ["Analysed", "CounterStepView", "Series", "analyse", "split_series"]
+__all__ = [
+    "Analysed",
+    "CounterStepView",
+    "Series",
+    "SeriesPlan",
+    "analyse",
+    "cut_series",
+    "plan_series",
+    "split_series",
+]
 
 #: op table column of each counter a step may name ops for
 OP_COUNTERS = {"calls": "calls", "kernels": "kernels", "flops": "flops", "bytes": "bytes"}
@@ -39,6 +50,18 @@ GATED_UP = ("calls", "kernels", "flops", "bytes", "memcpy", "memcpy_bytes", "syn
             "host_reads", "peak_memory", "instructions", "est_cycles")  # fmt: skip
 #: ops charted per test (by time per iteration over the series)
 TOP_OPS = 5
+
+
+def _compare_version() -> str:
+    """A hash of the compare layer's source (the change-point search, the noise estimate)."""
+    h = hashlib.sha256()
+    for path in sorted((Path(__file__).parents[1] / "compare").glob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+#: what a cached change point was found with (see :func:`analyse`)
+COMPARE_VERSION = _compare_version()
 
 
 @dataclass
@@ -59,15 +82,6 @@ class Series:
     ops: pd.DataFrame
     #: (position, commit, reason, time, author) of the test's acceptances on this line
     acceptances: list[tuple[int, str, str, str, str]] = field(default_factory=list)
-
-    def digest(self, salt: str) -> str:
-        """A hash of everything the page shows: an unchanged series keeps its page."""
-        h = hashlib.sha256(salt.encode())
-        h.update(f"{self.machine}\0{self.machine_label}\0{self.nodeid}\0{self.metric}".encode())
-        for frame in (self.runs, self.rounds, self.counters, self.ops):
-            h.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
-        h.update(repr(self.acceptances).encode())
-        return h.hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,10 @@ class Analysed:
     reason: str
     change_pct: float  # latest run vs its baseline, % (NaN when not judged)
     top_ops: list[str]
+    #: op_id -> op name
+    op_names: dict[str, str] = field(default_factory=dict)
+    #: what the change points were found from (see :func:`analyse`'s ``known``)
+    points_key: str = ""
 
 
 def _positions(runs: pd.DataFrame, walk: list[str] | None) -> pd.Series:
@@ -111,21 +129,114 @@ def _rows(frame: pd.DataFrame, at: np.ndarray, lo: int, hi: int) -> pd.DataFrame
     return sub.assign(row=sub["row"] - lo).rename(columns={"row": "run"}).reset_index(drop=True)
 
 
-def split_series(tables: StoreTables, walk: list[str] | None) -> list[Series]:
-    """One Series per (machine, test) with runs on ``walk`` (shas oldest first; None: every
-    run, ordered by time)."""
-    runs = tables.runs.assign(position=_positions(tables.runs, walk))
-    runs = runs.dropna(subset=["position"])
-    t = tables.tests.merge(runs[["run_id", "commit", "time", "position", "machine",
-                                 "machine_label"]], on="run_id")  # fmt: skip
-    t = t.dropna(subset=["level"])
+Accepted = list[tuple[int, str, str, str, str]]
+
+
+@dataclass
+class SeriesPlan:
+    """Which records make which series, from the store's index alone (no sample read)."""
+
+    #: test_id, run_id, commit, time, position, machine, machine_label, nodeid, metric,
+    #: series (its number): the records on the line, sorted by machine, test, position,
+    #: time and run
+    records: pd.DataFrame
+    #: series i is ``records[bounds[i]:bounds[i + 1]]``
+    bounds: np.ndarray
+    #: each series' acceptances on the line
+    accepted: list[Accepted]
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def key(self, i: int) -> tuple[str, str, str]:
+        """(machine, machine_label, nodeid) of series ``i``."""
+        first = self.records.iloc[int(self.bounds[i])]
+        return str(first["machine"]), str(first["machine_label"]), str(first["nodeid"])
+
+    def ids(self, which: Sequence[int]) -> np.ndarray:
+        """The test ids of the records of series ``which``."""
+        ids = self.records["test_id"].to_numpy()
+        return np.concatenate([ids[self.bounds[i] : self.bounds[i + 1]] for i in which] or
+                              [ids[:0]])  # fmt: skip
+
+    def fingerprints(self, salt: str) -> list[str]:
+        """A hash per series of what its page is made of, from the index alone: each
+        record's id, run (id, commit, time, machine), first-parent position and metric, and
+        the acceptances. A stored record never changes (a run saved again gets new test
+        ids), so the same records make the same page; the run's commit and time are in
+        the hash so that ids reused after a store was rolled back do not pass for the
+        records they replaced."""
+        r = self.records
+        run_hash = pd.util.hash_pandas_object(
+            r[["run_id", "commit", "time", "machine", "machine_label"]].astype(str),
+            index=False,
+        ).to_numpy()
+        metric = pd.util.hash_pandas_object(r["metric"].astype(str), index=False).to_numpy()
+        table = np.column_stack(
+            [
+                r["test_id"].to_numpy(np.int64).view(np.uint64),
+                run_hash,
+                r["position"].to_numpy(np.int64).view(np.uint64),
+                metric,
+            ]
+        )
+        out = []
+        for i in range(len(self)):
+            h = hashlib.sha256(salt.encode())
+            machine, label, nodeid = self.key(i)
+            h.update(f"{machine}\0{label}\0{nodeid}\0".encode())
+            h.update(np.ascontiguousarray(table[self.bounds[i] : self.bounds[i + 1]]).tobytes())
+            h.update(repr(self.accepted[i]).encode())
+            out.append(h.hexdigest()[:32])
+        return out
+
+
+def plan_series(
+    runs: pd.DataFrame, tests: pd.DataFrame, acceptances: pd.DataFrame, walk: list[str] | None
+) -> SeriesPlan:
+    """The series (machine, test) of the records ``tests`` of ``runs`` on ``walk`` (shas
+    oldest first; None: every run, ordered by time), with one stable sort."""
+    runs = runs.assign(position=_positions(runs, walk)).dropna(subset=["position"])
+    t = tests[["test_id", "run_id", "nodeid", "metric"]].merge(
+        runs[["run_id", "commit", "time", "position", "machine", "machine_label"]], on="run_id"
+    )
     t["position"] = t["position"].astype(np.int64)
+    t["nodeid"] = t["nodeid"].astype(str)
     t = t.sort_values(["machine", "nodeid", "position", "time", "run_id"], kind="stable")
     t = t.reset_index(drop=True)
     if t.empty:
-        return []
-    key = t["machine"].astype(str) + "\0" + t["nodeid"].astype(str)
+        return SeriesPlan(t.assign(series=np.zeros(0, np.int64)), np.zeros(1, np.int64), [])
+    key = t["machine"].astype(str) + "\0" + t["nodeid"]
     code = pd.factorize(key, sort=False)[0]
+    bounds = np.flatnonzero(np.r_[True, code[1:] != code[:-1], True])
+    t["series"] = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    pos_of = {sha: i for i, sha in enumerate(walk)} if walk is not None else {}
+    by_test: dict[str, Accepted] = {}
+    for a in acceptances.itertuples(index=False):
+        if str(a.commit) in pos_of:
+            by_test.setdefault(str(a.nodeid), []).append(
+                (int(pos_of[str(a.commit)]), str(a.commit), str(a.reason), str(a.time),
+                 str(a.author or ""))
+            )  # fmt: skip
+    nodeids = t["nodeid"].to_numpy()[bounds[:-1]]
+    return SeriesPlan(t, bounds, [by_test.get(str(n), []) for n in nodeids])
+
+
+def cut_series(tables: StoreTables, plan: SeriesPlan, which: Sequence[int]) -> dict[int, Series]:
+    """Series ``which`` of ``plan`` with their records' rounds, counters and ops from
+    ``tables`` (read for those records at least); a record without a level (no sample) is
+    left out, and a series left without a run too."""
+    rows = np.concatenate([np.arange(plan.bounds[i], plan.bounds[i + 1]) for i in which] or
+                          [np.zeros(0, np.int64)])  # fmt: skip
+    t = plan.records.iloc[rows]
+    by_id = tables.tests.set_index("test_id")
+    t = t.assign(level=t["test_id"].map(by_id["level"]).astype(np.float64),
+                 n_rounds=t["test_id"].map(by_id["n_rounds"]))  # fmt: skip
+    t = t.dropna(subset=["level"]).reset_index(drop=True)
+    if t.empty:
+        return {}
+    t["n_rounds"] = t["n_rounds"].astype(np.int64)
+    code = t["series"].to_numpy()
     bounds = np.flatnonzero(np.r_[True, code[1:] != code[:-1], True])
     # row of each test_id in t (its series and run): lookups by array, not per record
     row_of = pd.Series(np.arange(len(t)), index=t["test_id"].to_numpy())
@@ -140,43 +251,46 @@ def split_series(tables: StoreTables, walk: list[str] | None) -> list[Series]:
     rounds, r_rows = by_series(tables.rounds)
     counters, c_rows = by_series(tables.counters)
     ops, o_rows = by_series(tables.ops)
-    acc = tables.acceptances
-    pos_of = {sha: i for i, sha in enumerate(walk)} if walk is not None else {}
-    out = []
+    out = {}
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         part = t.iloc[lo:hi]
         first = part.iloc[0]
-        nodeid = str(first["nodeid"])
-
-        mine = acc[acc["nodeid"] == nodeid] if len(acc) else acc
-        accepted = [
-            (int(pos_of[str(a.commit)]), str(a.commit), str(a.reason), str(a.time),
-             str(a.author or ""))
-            for a in mine.itertuples(index=False) if str(a.commit) in pos_of
-        ]  # fmt: skip
-        out.append(Series(
+        i = int(first["series"])
+        out[i] = Series(
             machine=str(first["machine"]), machine_label=str(first["machine_label"]),
-            nodeid=nodeid, metric=str(first["metric"]),
+            nodeid=str(first["nodeid"]), metric=str(first["metric"]),
             runs=part[["run_id", "test_id", "commit", "time", "position", "level",
                        "n_rounds"]].reset_index(drop=True),
             rounds=_rows(rounds, r_rows, lo, hi),
             counters=_rows(counters, c_rows, lo, hi),
             ops=_rows(ops, o_rows, lo, hi),
-            acceptances=accepted,
-        ))  # fmt: skip
+            acceptances=plan.accepted[i],
+        )  # fmt: skip
     return out
 
 
+def split_series(tables: StoreTables, walk: list[str] | None) -> list[Series]:
+    """One Series per (machine, test) with runs on ``walk`` (shas oldest first; None: every
+    run, ordered by time)."""
+    plan = plan_series(tables.runs, tables.tests, tables.acceptances, walk)
+    cut = cut_series(tables, plan, range(len(plan)))
+    return [cut[i] for i in sorted(cut)]
+
+
 def _op_levels(s: Series) -> tuple[pd.DataFrame, dict[str, str]]:
-    """Index run_id, a column per op: its time per iteration (0 where a run lacks it)."""
+    """Index run_id, a column per op (sorted by op_id): its time per iteration, summed over
+    the op's rows of a run (0 where a run lacks it); and op_id -> op name."""
+    run_ids = s.runs["run_id"].to_numpy()
     if s.ops.empty:
-        return pd.DataFrame(index=s.runs["run_id"]), {}
-    wide = s.ops.pivot_table(index="run", columns="op_id", values="time_ns", aggfunc="sum",
-                             observed=True, fill_value=0.0)  # fmt: skip
-    wide = wide.reindex(range(len(s.runs)), fill_value=0.0)
-    wide.index = s.runs["run_id"].to_numpy()
-    names = s.ops.drop_duplicates("op_id").set_index("op_id")["op_name"]
-    return wide, {str(k): str(v) for k, v in names.items()}
+        return pd.DataFrame(index=run_ids), {}
+    codes, ops = pd.factorize(s.ops["op_id"].astype(str), sort=True)
+    wide = np.zeros((len(run_ids), len(ops)))
+    time = np.nan_to_num(s.ops["time_ns"].to_numpy(np.float64))  # a sum skips NaN
+    np.add.at(wide, (s.ops["run"].to_numpy(), codes), time)
+    frame = pd.DataFrame(wide, index=run_ids, columns=pd.Index(ops, name="op_id"))
+    first = np.unique(codes, return_index=True)[1]
+    names = s.ops["op_name"].astype(str).to_numpy()[first]
+    return frame, dict(zip(map(str, ops), names.tolist(), strict=True))
 
 
 def _counter_steps(s: Series) -> list[CounterStepView]:
@@ -186,7 +300,7 @@ def _counter_steps(s: Series) -> list[CounterStepView]:
         rows = pd.DataFrame({"run_id": run_ids[s.counters["run"].to_numpy()], "op_id": "",
                              "op_name": "", "counter": s.counters["counter"].astype(str),
                              "value": s.counters["stable_value"], "stable": True})  # fmt: skip
-        found += numeric_steps(rows, run_ids, top_ops=0)
+        found += numeric_steps(_changed(rows), run_ids, top_ops=0)
     if len(s.ops):
         tc = s.ops[s.ops["using_tc"].fillna(0).astype(bool)]
         typed = s.ops[s.ops["dtypes"].astype(str).isin(["", "nan", "None"]) == False]  # noqa: E712
@@ -205,6 +319,23 @@ def _counter_steps(s: Series) -> list[CounterStepView]:
             named = _ops_moved(s, i, OP_COUNTERS[counter])
         steps.append(CounterStepView(i, str(commits[i]), counter, before, after, named))
     return steps
+
+
+def _changed(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` (one total per run and counter) of the runs whose totals differ from the
+    previous run's that has counters, and of that previous run: what :func:`numeric_steps`
+    compares (consecutive runs with counters) gives no step between two runs with the same
+    totals, so the runs between are left out, and a series without a change costs nothing."""
+    runs, at = np.unique(rows["run_id"].to_numpy(), return_inverse=True)
+    if len(runs) < 2:
+        return rows
+    codes, _ = pd.factorize(rows["counter"])
+    table = np.zeros((len(runs), codes.max() + 1))
+    table[at, codes] = rows["value"].to_numpy(np.float64)
+    moved = np.flatnonzero(np.any(table[1:] != table[:-1], axis=1)) + 1
+    keep = np.zeros(len(runs), dtype=bool)
+    keep[moved] = keep[moved - 1] = True
+    return rows[keep[at]]
 
 
 def _set_steps(members: pd.DataFrame, observed: np.ndarray, run_ids: np.ndarray) -> list[Any]:
@@ -271,17 +402,52 @@ def _latest(s: Series, steps: list[CounterStepView], tolerance: float) -> tuple[
     return outcome, reason, float(verdict.delta_pct)
 
 
-def analyse(s: Series, *, tolerance: float = 0.05, top_ops: int = TOP_OPS) -> Analysed:
-    """Change points, counter steps, the latest outcome and the top ops of ``s``."""
+def _points_key(levels: pd.DataFrame, op_levels: pd.DataFrame, names: dict[str, str]) -> str:
+    """A hash of everything :func:`find_change_points` reads, and of the compare layer's
+    source: the same key, the same change points."""
+    h = hashlib.sha256(COMPARE_VERSION.encode())
+    h.update(levels["run_id"].to_numpy(np.int64).tobytes())
+    h.update("\0".join(levels["commit"]).encode())
+    h.update(levels["value"].to_numpy(np.float64).tobytes())
+    h.update(repr([list(map(str, op_levels.columns)), names]).encode())
+    h.update(np.ascontiguousarray(op_levels.to_numpy(np.float64)).tobytes())
+    return h.hexdigest()[:32]
+
+
+def points_to_json(points: list[ChangePoint]) -> list[dict[str, Any]]:
+    """Change points as JSON (a float's repr reads back the same float)."""
+    return [asdict(cp) for cp in points]
+
+
+def points_from_json(found: list[dict[str, Any]]) -> list[ChangePoint]:
+    return [ChangePoint(**{**cp, "ops": tuple(OpMove(**op) for op in cp["ops"])})
+            for cp in found]  # fmt: skip
+
+
+def analyse(
+    s: Series,
+    *,
+    tolerance: float = 0.05,
+    top_ops: int = TOP_OPS,
+    known: dict[str, Any] | None = None,
+) -> Analysed:
+    """Change points, counter steps, the latest outcome and the top ops of ``s``.
+    ``known``: change points found before (``Analysed.points_key``, ``points`` as
+    :func:`points_to_json` writes them), reused when the key is the same (the change-point
+    search is most of the time a page costs)."""
     op_levels, names = _op_levels(s)
     levels = pd.DataFrame({"run_id": s.runs["run_id"], "commit": s.runs["commit"].astype(str),
                            "value": s.runs["level"]})  # fmt: skip
-    points = find_change_points(levels, op_levels=op_levels, op_names=names)
+    key = _points_key(levels, op_levels, names)
+    if known is not None and known.get("key") == key:
+        points = points_from_json(known["points"])
+    else:
+        points = find_change_points(levels, op_levels=op_levels, op_names=names)
     steps = _counter_steps(s)
     outcome, reason, change = _latest(s, steps, tolerance)
     mean = op_levels.mean().sort_values(ascending=False, kind="stable")
     top = [str(op) for op in mean.index[:top_ops] if mean[op] > 0]
-    return Analysed(points, steps, outcome, reason, change, top)
+    return Analysed(points, steps, outcome, reason, change, top, names, key)
 
 
 def op_names(s: Series) -> dict[str, str]:

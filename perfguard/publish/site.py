@@ -25,25 +25,27 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.errors import BaselineError, PerfguardError
-from perfguard.publish.data import load_tables
+from perfguard.publish.data import load_index, load_records
 from perfguard.publish.pages import IndexRow, front_page, index_row, machine_page, test_page
-from perfguard.publish.series import Series, analyse, op_names, split_series
+from perfguard.publish.series import Series, analyse, cut_series, plan_series, points_to_json
 
 __all__ = ["MANIFEST", "PAGE_VERSION", "Published", "publish"]
 
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "perfguard.publish-manifest/1"
+MANIFEST_FORMAT = "perfguard.publish-manifest/2"
 
 
 def _code_version() -> str:
-    """A hash of this package's source: a page written by other code (another layout,
-    another detector in compare/) is rebuilt once, with no version to remember to bump."""
-    import perfguard.compare.changepoint as changepoint
-    import perfguard.compare.counter_steps as counter_steps
-
+    """A hash of the source a page is made by (this package, the compare layer's detectors
+    and verdicts, the report's SVG primitives): a page written by other code (another
+    layout, another detector) is rebuilt once, with no version to remember to bump."""
+    package = Path(__file__).parents[1]
     h = hashlib.sha256()
-    files = sorted(Path(__file__).parent.glob("*.py"))
-    for path in [*files, Path(changepoint.__file__), Path(counter_steps.__file__)]:
+    for path in [
+        *sorted(Path(__file__).parent.glob("*.py")),
+        *sorted((package / "compare").glob("*.py")),
+        package / "report" / "svg.py",
+    ]:
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -97,18 +99,21 @@ def _walk(repo: str | os.PathLike[str] | None, ref: str) -> tuple[list[str] | No
 _WORK: dict[str, Any] = {}
 
 
-def _build(i: int) -> tuple[str, str, dict[str, Any], int]:
-    """Analyse series ``i`` of the work list, write its page; (path, hash, row, bytes)."""
+def _build(i: int) -> tuple[str, dict[str, Any]]:
+    """Analyse series ``i`` of the plan, write its page; (path, manifest entry)."""
     s: Series = _WORK["series"][i]
-    rel, digest = _WORK["paths"][i], _WORK["digests"][i]
-    a = analyse(s, tolerance=_WORK["tolerance"])
-    html = test_page(s, a, op_names(s), index_href="index.html",
+    rel = _WORK["paths"][i]
+    known = _WORK["old"].get(rel, {}).get("points")
+    a = analyse(s, tolerance=_WORK["tolerance"], known=known)
+    html = test_page(s, a, a.op_names, index_href="index.html",
                      report_url=_WORK["report_url"], machine_slug=rel.split("/")[0])  # fmt: skip
     path = _WORK["out"] / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     data = html.encode("utf-8")
     path.write_bytes(data)
-    return rel, digest, asdict(index_row(s, a, rel)), len(data)
+    points = {"key": a.points_key, "points": points_to_json(a.change_points)}
+    return rel, {"hash": _WORK["digests"][i], "row": asdict(index_row(s, a, rel)),
+                 "bytes": len(data), "points": points}  # fmt: skip
 
 
 def _read_manifest(out: Path) -> dict[str, Any]:
@@ -140,8 +145,6 @@ def publish(
     URL); the store itself keeps no report. ``jobs``: worker processes
     (default: one per core, at most 8).
     """
-    from perfguard.baseline.store import open_store
-
     started = time.perf_counter()
     out = Path(out_dir)
     try:
@@ -149,46 +152,58 @@ def publish(
     except OSError as exc:
         raise BaselineError(f"{out}: cannot write the site there ({exc.strerror or exc})") from None
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    with open_store(store_location, create=False) as store:
-        name = store.name
-    tables = load_tables(store_location, jobs=jobs)
+    index = load_index(store_location)
     walk, ordered_by = _walk(repo, ref)
-    series = split_series(tables, walk)
-    if walk is not None and not series and len(tables.tests):
+    plan = plan_series(index.runs, index.tests, index.acceptances, walk)
+    if walk is not None and not len(plan) and len(index.tests):
         walk, ordered_by = None, f"ordered by time (no stored commit is on {ref})"
-        series = split_series(tables, None)
+        plan = plan_series(index.runs, index.tests, index.acceptances, None)
     salt = json.dumps([PAGE_VERSION, report_url, tolerance])
     old = _read_manifest(out)
-    paths = [f"{_slug(s.machine_label, 40)}/{_slug(s.nodeid)}.html" for s in series]
-    digests = [s.digest(salt) for s in series]
+    paths = []
+    for i in range(len(plan)):
+        machine, label, nodeid = plan.key(i)
+        paths.append(f"{_slug(label, 40)}/{_slug(nodeid)}.html")
+    digests = plan.fingerprints(salt)
+    # unchanged: the same records, acceptances and code made the page there (or found it
+    # had no run with a level: no page)
     todo = [i for i, (rel, d) in enumerate(zip(paths, digests, strict=True))
-            if old.get(rel, {}).get("hash") != d or not (out / rel).exists()]  # fmt: skip
+            if old.get(rel, {}).get("hash") != d
+            or not (old[rel].get("empty") or (out / rel).exists())]  # fmt: skip
+    tables = load_records(store_location, index, plan.ids(todo), jobs=jobs) if todo else None
+    series = cut_series(tables, plan, todo) if tables is not None else {}
+    pages = {rel: old[rel] for rel, d in zip(paths, digests, strict=True)
+             if old.get(rel, {}).get("hash") == d}  # fmt: skip
+    for i in todo:  # no run with a level: no page, and nothing to read again next time
+        if i not in series:
+            pages[paths[i]] = {"hash": digests[i], "empty": True}
+    build = sorted(series)
     _WORK.update(series=series, paths=paths, digests=digests, out=out, tolerance=tolerance,
-                 report_url=report_url)  # fmt: skip
+                 report_url=report_url, old=old)  # fmt: skip
     try:
-        if jobs > 1 and len(todo) > 4:
+        if jobs > 1 and len(build) > 4:
             ctx = multiprocessing.get_context("fork")
-            with ctx.Pool(min(jobs, len(todo))) as pool:
-                built = pool.map(_build, todo, chunksize=max(1, len(todo) // (jobs * 8)))
+            with ctx.Pool(min(jobs, len(build))) as pool:
+                built = pool.map(_build, build, chunksize=max(1, len(build) // (jobs * 8)))
         else:
-            built = [_build(i) for i in todo]
+            built = [_build(i) for i in build]
     finally:
         _WORK.clear()
-    pages = {rel: old[rel] for rel in paths if rel in old}
-    for rel, digest, row, size in built:
-        pages[rel] = {"hash": digest, "row": row, "bytes": size}
+    for rel, entry in built:
+        pages[rel] = entry
     removed = 0
-    for rel in set(old) - set(paths):
+    for rel in set(old) - {rel for rel in pages if not pages[rel].get("empty")}:
         stale = out / rel
         if stale.is_file() and stale.resolve().is_relative_to(out.resolve()):
             stale.unlink()
             removed += 1
-    rows = [IndexRow(**pages[rel]["row"]) for rel in paths]
-    latest = str(tables.runs["time"].max()) if len(tables.runs) else "never"
-    common = {"store": name, "ordered_by": ordered_by, "when": f"latest run {latest}"}
+    shown = [rel for rel in paths if not pages[rel].get("empty")]
+    rows = [IndexRow(**pages[rel]["row"]) for rel in shown]
+    latest = str(index.runs["time"].max()) if len(index.runs) else "never"
+    common = {"store": index.name, "ordered_by": ordered_by, "when": f"latest run {latest}"}
     indexes = {"index.html": front_page(rows, **common)}
     by_folder: dict[str, list[IndexRow]] = {}
-    for rel, index_entry in zip(paths, rows, strict=True):
+    for rel, index_entry in zip(shown, rows, strict=True):
         by_folder.setdefault(rel.split("/", 1)[0], []).append(index_entry)
     for folder, mine in by_folder.items():
         page = machine_page(mine, label=mine[0].machine_label, **common)
@@ -201,5 +216,5 @@ def publish(
     sizes += [len(text.encode()) for text in indexes.values()]
     (out / MANIFEST).write_text(json.dumps({"format": MANIFEST_FORMAT, "pages": pages},
                                            sort_keys=True) + "\n", encoding="utf-8")  # fmt: skip
-    return Published(out, len(series), len(built), len(series) - len(built), removed,
+    return Published(out, len(shown), len(built), len(shown) - len(built), removed,
                      max(sizes), ordered_by, time.perf_counter() - started)  # fmt: skip
