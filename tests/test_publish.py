@@ -167,8 +167,7 @@ def test_a_partial_run_reads_and_rebuilds_its_series_only(
         return load_records(location, index, ids, **kwargs)
 
     monkeypatch.setattr("perfguard.publish.site.load_records", spy)
-    monkeypatch.setattr("perfguard.publish.data.PARALLEL_RECORDS", 0)  # by 2 readers
-    third = publish(store_location, site, repo=repo, jobs=2)
+    third = publish(store_location, site, repo=repo)
     assert (third.rebuilt, third.kept) == (2, 10)
     index = load_index(store_location)
     machine0 = index.runs.loc[index.runs["host"] == "gpu-a", "run_id"]

@@ -365,13 +365,15 @@ def load_records(
     """The index's tables with the records ``ids`` (default: all) read and reduced: levels,
     rounds, counters, ops. Read by ``jobs`` forked processes when there are many records
     (the Python driver's cost per row, not the database, is what a read of millions of rows
-    spends its time on); a record the scan of a range passes that is not in ``ids`` may
-    be read too. A record without a sample has no level (NaN)."""
-    tests = index.tests.copy()
-    all_ids = tests["test_id"].to_numpy()
+    spends its time on). The tables hold the records ``ids`` (a scan of a range may read
+    the records between too; they are left out). A record without a sample has no level
+    (NaN)."""
+    all_ids = index.tests["test_id"].to_numpy()
     want = all_ids if ids is None else np.unique(np.asarray(ids, dtype=np.int64))
     tasks = _tasks(all_ids, want, jobs)
-    _READ.update(location=location, tests=tests)
+    tests = index.tests if ids is None else index.tests[np.isin(all_ids, want)]
+    tests = tests.reset_index(drop=True)
+    _READ.update(location=location, tests=index.tests)
     try:
         if len(tasks) > 1:
             with multiprocessing.get_context("fork").Pool(min(len(tasks), max(1, jobs))) as pool:
@@ -383,6 +385,8 @@ def load_records(
     if not parts:  # a store without records
         parts = [_empty()]
     rounds, levels, iters, counters, ops = (pd.concat([p[k] for p in parts]) for k in range(5))
+    if ids is not None and any(kind == "span" for kind, _ in tasks):
+        rounds, counters, ops = (f[f["test_id"].isin(want)] for f in (rounds, counters, ops))
     rounds, counters = rounds.reset_index(drop=True), counters.reset_index(drop=True)
     tests["level"] = tests["test_id"].map(levels["level"]).astype(np.float64)
     tests["n_rounds"] = tests["test_id"].map(levels["n_rounds"]).fillna(0).astype(np.int64)

@@ -167,11 +167,11 @@ class SeriesPlan:
         the hash so that ids reused after a store was rolled back do not pass for the
         records they replaced."""
         r = self.records
+        # texts are hashed once per distinct value (categorize), not once per record
         run_hash = pd.util.hash_pandas_object(
-            r[["run_id", "commit", "time", "machine", "machine_label"]].astype(str),
-            index=False,
+            r[["run_id", "commit", "time", "machine", "machine_label"]], index=False
         ).to_numpy()
-        metric = pd.util.hash_pandas_object(r["metric"].astype(str), index=False).to_numpy()
+        metric = pd.util.hash_pandas_object(r["metric"], index=False).to_numpy()
         table = np.column_stack(
             [
                 r["test_id"].to_numpy(np.int64).view(np.uint64),

@@ -24,10 +24,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from perfguard.errors import BaselineError, PerfguardError
 from perfguard.publish.data import load_index, load_records
 from perfguard.publish.pages import IndexRow, front_page, index_row, machine_page, test_page
-from perfguard.publish.series import Series, analyse, cut_series, plan_series, points_to_json
+from perfguard.publish.series import (
+    Series,
+    SeriesPlan,
+    analyse,
+    cut_series,
+    plan_series,
+    points_to_json,
+)
 
 __all__ = ["MANIFEST", "PAGE_VERSION", "Published", "publish"]
 
@@ -52,6 +61,9 @@ def _code_version() -> str:
 
 #: what every page's hash starts from (see _code_version)
 PAGE_VERSION = _code_version()
+#: shares of the pages to build per worker (a few: a share that takes longer is balanced by
+#: the others; each share reads its records with a query per table)
+SHARES_PER_JOB = 4
 #: the largest page the site should have (issue 30): reported when exceeded
 PAGE_LIMIT = 1 << 20
 
@@ -99,9 +111,8 @@ def _walk(repo: str | os.PathLike[str] | None, ref: str) -> tuple[list[str] | No
 _WORK: dict[str, Any] = {}
 
 
-def _build(i: int) -> tuple[str, dict[str, Any]]:
+def _build(i: int, s: Series) -> tuple[str, dict[str, Any]]:
     """Analyse series ``i`` of the plan, write its page; (path, manifest entry)."""
-    s: Series = _WORK["series"][i]
     rel = _WORK["paths"][i]
     known = _WORK["old"].get(rel, {}).get("points")
     a = analyse(s, tolerance=_WORK["tolerance"], known=known)
@@ -114,6 +125,29 @@ def _build(i: int) -> tuple[str, dict[str, Any]]:
     points = {"key": a.points_key, "points": points_to_json(a.change_points)}
     return rel, {"hash": _WORK["digests"][i], "row": asdict(index_row(s, a, rel)),
                  "bytes": len(data), "points": points}  # fmt: skip
+
+
+def _build_share(which: list[int]) -> list[tuple[str, dict[str, Any]]]:
+    """Read the records of series ``which`` (by id, in this process), then build their
+    pages; a series without a run with a level gets an entry without a page."""
+    plan: SeriesPlan = _WORK["plan"]
+    tables = load_records(_WORK["location"], _WORK["index"], plan.ids(which))
+    series = cut_series(tables, plan, which)
+    del tables
+    out = []
+    for i in which:
+        if i in series:
+            out.append(_build(i, series.pop(i)))
+        else:
+            out.append((_WORK["paths"][i], {"hash": _WORK["digests"][i], "empty": True}))
+    return out
+
+
+def _shares(plan: SeriesPlan, todo: list[int], parts: int) -> list[list[int]]:
+    """``todo`` in ``parts`` shares of about as many records each, series in order."""
+    sizes = np.diff(plan.bounds)[todo]
+    edges = np.searchsorted(np.cumsum(sizes), np.linspace(0, sizes.sum(), parts + 1)[1:-1])
+    return [share.tolist() for share in np.split(np.asarray(todo), edges) if len(share)]
 
 
 def _read_manifest(out: Path) -> dict[str, Any]:
@@ -170,27 +204,26 @@ def publish(
     todo = [i for i, (rel, d) in enumerate(zip(paths, digests, strict=True))
             if old.get(rel, {}).get("hash") != d
             or not (old[rel].get("empty") or (out / rel).exists())]  # fmt: skip
-    tables = load_records(store_location, index, plan.ids(todo), jobs=jobs) if todo else None
-    series = cut_series(tables, plan, todo) if tables is not None else {}
     pages = {rel: old[rel] for rel, d in zip(paths, digests, strict=True)
              if old.get(rel, {}).get("hash") == d}  # fmt: skip
-    for i in todo:  # no run with a level: no page, and nothing to read again next time
-        if i not in series:
-            pages[paths[i]] = {"hash": digests[i], "empty": True}
-    build = sorted(series)
-    _WORK.update(series=series, paths=paths, digests=digests, out=out, tolerance=tolerance,
-                 report_url=report_url, old=old)  # fmt: skip
+    # each worker reads the records of its share of the series and builds their pages: no
+    # table goes back to this process, and both phases use every core
+    _WORK.update(location=store_location, index=index, plan=plan, paths=paths,
+                 digests=digests, out=out, tolerance=tolerance, report_url=report_url,
+                 old=old)  # fmt: skip
     try:
-        if jobs > 1 and len(build) > 4:
-            ctx = multiprocessing.get_context("fork")
-            with ctx.Pool(min(jobs, len(build))) as pool:
-                built = pool.map(_build, build, chunksize=max(1, len(build) // (jobs * 8)))
+        parallel = jobs > 1 and len(todo) > 4
+        shares = _shares(plan, todo, jobs * SHARES_PER_JOB if parallel else 1)
+        if parallel:
+            with multiprocessing.get_context("fork").Pool(min(jobs, len(shares))) as pool:
+                built = [e for part in pool.imap(_build_share, shares) for e in part]
         else:
-            built = [_build(i) for i in build]
+            built = [e for share in shares for e in _build_share(share)]
     finally:
         _WORK.clear()
     for rel, entry in built:
         pages[rel] = entry
+    built = [(rel, entry) for rel, entry in built if not entry.get("empty")]
     removed = 0
     for rel in set(old) - {rel for rel in pages if not pages[rel].get("empty")}:
         stale = out / rel
