@@ -183,24 +183,25 @@ def test_a_partial_run_reads_and_rebuilds_its_series_only(
         assert page.read_bytes() == (site / page.relative_to(tmp_path / "fresh")).read_bytes()
 
 
-def test_records_read_by_id_equal_those_read_by_ranges(tmp_path):
-    """The two ways of reading records give the same rounds, levels, counters and ops."""
+def test_records_read_in_shares_equal_those_read_at_once(tmp_path, monkeypatch):
+    """Reading some records, by 3 workers in 5 queries per table, gives the same rounds,
+    levels, counters and ops as reading every record in one process."""
     _synthetic(tmp_path, tmp_path / "s.db", commits=14, tests=3)
     index = load_index(tmp_path / "s.db")
+    whole = load_records(tmp_path / "s.db", index)
     ids = index.tests["test_id"].to_numpy()[1::3]
-    by_range = load_records(tmp_path / "s.db", index, ids)
-    by_id = load_records(tmp_path / "s.db", index, ids[:4])  # under BY_ID_SHARE: by id
-    got = by_id.tests.dropna(subset=["level"])
-    assert got["test_id"].tolist() == ids[:4].tolist()
-    want = by_range.tests.set_index("test_id").loc[got["test_id"]]
-    assert np.array_equal(
-        got[["level", "n_rounds"]].to_numpy(), want[["level", "n_rounds"]].to_numpy()
-    )
+    monkeypatch.setattr("perfguard.publish.data.PARALLEL_RECORDS", 0)
+    monkeypatch.setattr("perfguard.publish.data.IDS_PER_QUERY", len(ids) // 5 + 1)
+    some = load_records(tmp_path / "s.db", index, ids, jobs=3)
+    assert some.tests["test_id"].tolist() == ids.tolist()
+    want = whole.tests.set_index("test_id").loc[ids]
+    assert np.array_equal(some.tests[["level", "n_rounds"]], want[["level", "n_rounds"]])
     for name in ("rounds", "counters", "ops"):
-        a = getattr(by_id, name)
-        b = getattr(by_range, name)
-        b = b[b["test_id"].isin(ids[:4])].reset_index(drop=True)
-        pd.testing.assert_frame_equal(a.astype(str), b.astype(str))
+        got = getattr(some, name).sort_values(["test_id"], kind="stable").reset_index(drop=True)
+        all_rows = getattr(whole, name)
+        expected = all_rows[all_rows["test_id"].isin(ids)].sort_values(["test_id"], kind="stable")
+        expected = expected.reset_index(drop=True)
+        pd.testing.assert_frame_equal(got.astype(str), expected.astype(str))
 
 
 def test_a_page_rebuilt_for_an_acceptance_reuses_its_change_points(replayed, tmp_path,

@@ -141,44 +141,45 @@ MAX_ROUNDS = 4096
 
 
 def _levels(
-    store: Store, tests: pd.DataFrame, where: Where
+    store: Store, tests: pd.DataFrame, where: Where, code: int
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
     """Each record's rounds, level (module docstring) and profiled iterations, from one scan
-    of ``samples`` (its key packed into one number in SQL: a third fewer values to move).
-    ``tests``: every record the ``where`` clause selects, sorted by test_id."""
+    of ``samples``. ``tests``: every record the ``where`` clause selects, sorted by test_id,
+    all of metric ``code``: only that metric's column is read, and the key is packed into
+    one number in SQL (the driver's cost grows with the values a row holds)."""
+    column = list(METRICS.values())[code]
     with store.db.guard():
         cur = _query(store, f"SELECT (test_id * {MAX_ROUNDS} + round) * 2 + profiled, "
-                            f"coalesce(gpu_time_ns, {MISSING}), coalesce(wall_time_ns, "
-                            f"{MISSING}), coalesce(cpu_time_ns, {MISSING}) FROM samples "
-                            f"WHERE {where[0]}", where[1])  # fmt: skip
-        s = _stream(cur, 4)
+                            f"coalesce({column}, {MISSING}) FROM samples WHERE {where[0]}",
+                     where[1])  # fmt: skip
+        s = _stream(cur, 2)
     packed = s[:, 0].astype(np.int64)
     key, profiled = packed // 2, (packed % 2) == 1
-    test_id = key // MAX_ROUNDS
-    pos = np.searchsorted(tests["test_id"].to_numpy(), test_id)
+    pos = np.searchsorted(tests["test_id"].to_numpy(), key // MAX_ROUNDS)
     pos = np.minimum(pos, max(len(tests) - 1, 0))
-    metric = tests["metric_code"].to_numpy()[pos] if len(tests) else pos
-    value = s[np.arange(len(s)), 1 + metric]
+    value = s[:, 1]
     iters = pd.Series(np.bincount(pos[profiled], minlength=len(tests)),
                       index=tests["test_id"].to_numpy())  # fmt: skip
     # timing_mask: GPU time on profiled rows; wall/CPU time on the unprofiled rows of a
     # record that has them (timing rounds with the profiler off), else on every row
-    has_timed = np.bincount(pos[~profiled], minlength=len(tests)) > 0
-    gpu = metric == METRIC_CODES["gpu_time"]
-    keep = np.where(gpu, profiled, np.where(has_timed[pos], ~profiled, True)) & (value >= 0)
-    key, value, gpu = key[keep], value[keep], gpu[keep]
+    gpu = code == METRIC_CODES["gpu_time"]
+    if gpu:
+        keep = profiled & (value >= 0)
+    else:
+        has_timed = np.bincount(pos[~profiled], minlength=len(tests)) > 0
+        keep = np.where(has_timed[pos], ~profiled, True) & (value >= 0)
+    key, value = key[keep], value[keep]
     if len(key) and np.any(key[1:] < key[:-1]):  # stored in order already, as a rule
         order = np.argsort(key, kind="stable")
-        key, value, gpu = key[order], value[order], gpu[order]
+        key, value = key[order], value[order]
     starts = _starts(key)
-    per_round = np.minimum.reduceat(value, starts) if len(key) else value
     # GPU time: a round's median, not its fastest iteration (record.ROUND_STATISTIC)
     median_metrics = [METRIC_CODES[m] for m in METRICS if round_statistic(m) != "min"]
     assert median_metrics == [METRIC_CODES["gpu_time"]]
-    if gpu.any():
-        k, med = _group_median(key[gpu], value[gpu])
-        at = np.searchsorted(key[starts], k)
-        per_round[at] = med
+    if gpu:
+        per_round = _group_median(key, value)[1]
+    else:
+        per_round = np.minimum.reduceat(value, starts) if len(key) else value
     rk = key[starts]
     rounds = pd.DataFrame({"test_id": rk // MAX_ROUNDS, "round": rk % MAX_ROUNDS,
                            "value": per_round})  # fmt: skip
@@ -192,14 +193,15 @@ def _counters(store: Store, where: Where) -> pd.DataFrame:
     """Per record and counter: the sum over ops, and over the ops stable in that run."""
     codes = " ".join(f"WHEN '{name}' THEN {i}" for i, name in enumerate(COUNTER_NAMES))
     with store.db.guard():
-        cur = _query(store, f"SELECT test_id * 64 + CASE counter {codes} ELSE 63 END, "
-                            "coalesce(value, 0), coalesce(stable, 0) FROM counters "
+        cur = _query(store, f"SELECT (test_id * 64 + CASE counter {codes} ELSE 63 END) * 2 "
+                            "+ CASE WHEN coalesce(stable, 0) != 0 THEN 1 ELSE 0 END, "
+                            "coalesce(value, 0) FROM counters "
                             f"WHERE {where[0]}", where[1])  # fmt: skip
-        c = _stream(cur, 3)
-    key = c[:, 0].astype(np.int64)
-    keys, inverse = np.unique(key, return_inverse=True)
+        c = _stream(cur, 2)
+    packed = c[:, 0].astype(np.int64)
+    keys, inverse = np.unique(packed // 2, return_inverse=True)
     value = np.bincount(inverse, weights=c[:, 1])
-    stable = np.bincount(inverse, weights=c[:, 1] * (c[:, 2] != 0))
+    stable = np.bincount(inverse, weights=c[:, 1] * (packed % 2))
     known = keys % 64 < len(COUNTER_NAMES)
     keys, value, stable = keys[known], value[known], stable[known]
     return pd.DataFrame({
@@ -214,23 +216,25 @@ def _counters(store: Store, where: Where) -> pd.DataFrame:
 SEP = "\x1f"
 
 
-def _ops(store: Store, where: Where) -> pd.DataFrame:
-    """Per record and op: its totals (divided per iteration by :func:`_per_iteration`).
-    One scan; the three texts are joined into one string a row in SQL and factorised
-    (a few hundred distinct ones in a million rows)."""
+def _ops(store: Store, where: Where, time_column: str) -> pd.DataFrame:
+    """Per record and op: its totals (divided per iteration by :func:`_per_iteration`),
+    ``time_column`` as its time. One scan; the three texts are joined into one string a
+    row in SQL and factorised (a few hundred distinct ones in a million rows)."""
     with store.db.guard():
-        cur = _query(store, "SELECT test_id, coalesce(gpu_time_total, 0), "
-                            "coalesce(cpu_time_total, 0), coalesce(calls, 0), "
+        cur = _query(store, "SELECT test_id * 2 + CASE WHEN coalesce(using_tc, 0) != 0 "
+                            "THEN 1 ELSE 0 END, "
+                            f"coalesce({time_column}, 0), coalesce(calls, 0), "
                             f"coalesce(kernel_count, 0), coalesce(flops, {MISSING}), "
-                            f"coalesce(bytes, {MISSING}), coalesce(using_tc, 0), "
+                            f"coalesce(bytes, {MISSING}), "
                             "op_id || ? || op_name || ? || coalesce(dtypes, '') FROM ops "
                             f"WHERE {where[0]}", (SEP, SEP, *where[1]))  # fmt: skip
         rows = cur.fetchall()
-    columns = list(zip(*rows, strict=True)) if rows else [()] * 9
-    codes, texts = pd.factorize(pd.Series(columns[8], dtype=object))
+    columns = list(zip(*rows, strict=True)) if rows else [()] * 7
+    codes, texts = pd.factorize(pd.Series(columns[6], dtype=object))
     parts = [str(t).split(SEP) for t in texts]
-    out: dict[str, Any] = {"test_id": np.array(columns[0], dtype=np.int64)}
-    for i, name in enumerate(("gpu", "cpu", "calls", "kernels", "flops", "bytes", "using_tc")):
+    packed = np.array(columns[0], dtype=np.int64)
+    out: dict[str, Any] = {"test_id": packed // 2, "using_tc": packed % 2}
+    for i, name in enumerate(("time", "calls", "kernels", "flops", "bytes")):
         out[name] = np.array(columns[1 + i], dtype=np.float64)
     for i, name in enumerate(("op_id", "op_name", "dtypes")):
         out[name] = pd.Categorical([p[i] for p in parts])[codes]
@@ -248,7 +252,7 @@ def _per_iteration(ops: pd.DataFrame, tests: pd.DataFrame, iters: pd.Series) -> 
     by_test = tests.set_index("test_id")
     gpu = test_id.map(by_test["metric"]).eq("gpu_time").to_numpy()
     per = test_id.map(iters).fillna(1).clip(lower=1).to_numpy(np.float64)
-    time = np.where(gpu, ops["gpu"], ops["cpu"]).astype(np.float64)
+    time = ops["time"].to_numpy(np.float64)  # GPU time for a GPU-time test, else CPU time
     outer = ~ops["op_name"].astype(str).str.contains("/", regex=False).to_numpy()
     whole = pd.Series(np.where(gpu | outer, time, 0.0)).groupby(test_id.to_numpy()).transform("sum")
     level = test_id.map(by_test["level"]).to_numpy(np.float64)
@@ -264,13 +268,7 @@ def _per_iteration(ops: pd.DataFrame, tests: pd.DataFrame, iters: pd.Series) -> 
 
 #: records from which reading in parallel pays for the forks
 PARALLEL_RECORDS = 20_000
-#: the test ids a span reader reads (every record table has an index on test_id)
-IN_SPAN = "test_id >= ? AND test_id < ?"
-#: below this share of the store's records, the records wanted are read by id (an index
-#: lookup each) rather than by scanning ranges of ids (which reads the records between)
-BY_ID_SHARE = 0.25
-#: ids per query of a read by id (one parameter: a JSON array in SQLite, an array in
-#: PostgreSQL)
+#: ids per query (one parameter: a JSON array in SQLite, an array in PostgreSQL)
 IDS_PER_QUERY = 50_000
 # what a forked reader needs: set by load_records before the pool starts
 _READ: dict[str, Any] = {}
@@ -312,47 +310,34 @@ def load_index(location: str | os.PathLike[str]) -> StoreIndex:
     return StoreIndex(runs, tests, acceptances, name)
 
 
-def _read(task: tuple[str, Any]) -> tuple[pd.DataFrame, ...]:
-    """One worker's share, reduced: the records with ids in a span (``("span", (lo, hi))``)
-    or in a list (``("ids", sorted array)``)."""
+def _read(ids: np.ndarray) -> tuple[pd.DataFrame, ...]:
+    """The records ``ids`` (sorted), reduced. Read by id (an index lookup each, about what a
+    scan costs per record, and a share of the series is spread over the whole store), one
+    query per table and metric (a query reads that metric's time column only)."""
     from perfguard.baseline.store import open_store
 
-    kind, what = task
     tests: pd.DataFrame = _READ["tests"]
-    all_ids = tests["test_id"].to_numpy()
+    mine = tests.iloc[np.searchsorted(tests["test_id"].to_numpy(), ids)]
     with open_store(_READ["location"], create=False) as store, store.db.read():
-        if kind == "span":
-            where: Where = (IN_SPAN, tuple(what))
-            a, b = np.searchsorted(all_ids, what)
-            mine = tests.iloc[a:b]
-        else:
-            where = (store.db.ids_in("test_id"), (store.db.ids_param(what),))
-            mine = tests.iloc[np.searchsorted(all_ids, what)]
-        rounds, levels, iters = _levels(store, mine, where)
-        counters = _counters(store, where)
-        ops = _ops(store, where)
-    return rounds, levels, iters.to_frame("iters"), counters, ops
+        db = store.db
 
+        def where(some: pd.Series) -> Where:
+            return db.ids_in("test_id"), (db.ids_param(some.tolist()),)
 
-def _spans(ids: np.ndarray, parts: int) -> list[tuple[int, int]]:
-    """``parts`` ranges of test ids with about as many records each."""
-    if not len(ids):
-        return []
-    cuts = np.unique(ids[np.linspace(0, len(ids), parts + 1).astype(int)[:-1]])
-    edges = [*map(int, cuts), int(ids[-1]) + 1]
-    return list(zip(edges[:-1], edges[1:], strict=True))
-
-
-def _tasks(all_ids: np.ndarray, ids: np.ndarray, jobs: int) -> list[tuple[str, Any]]:
-    """How to read the records ``ids`` (sorted) of a store whose records are ``all_ids``:
-    ranges of ids scanned when they are most of the store, else lists of ids, split among
-    ``jobs`` readers when there are enough of them."""
-    parts = max(1, jobs) if len(ids) > PARALLEL_RECORDS else 1
-    if len(ids) >= BY_ID_SHARE * len(all_ids):
-        a, b = np.searchsorted(all_ids, [ids[0], ids[-1] + 1]) if len(ids) else (0, 0)
-        return [("span", span) for span in _spans(all_ids[a:b], parts)]
-    parts = max(parts, -(-len(ids) // IDS_PER_QUERY))
-    return [("ids", chunk) for chunk in np.array_split(ids, parts) if len(chunk)]
+        codes = mine["metric_code"].to_numpy()
+        levels = []
+        for code in np.unique(codes):
+            group = mine[codes == code]
+            levels.append(_levels(store, group, where(group["test_id"]), int(code)))
+        counters = _counters(store, where(mine["test_id"]))
+        gpu = mine["metric"].eq("gpu_time").to_numpy()
+        ops = [_ops(store, where(mine["test_id"][gpu == on]), column)
+               for on, column in ((True, "gpu_time_total"), (False, "cpu_time_total"))
+               if (gpu == on).any()]  # fmt: skip
+    rounds = pd.concat([part[0] for part in levels])
+    level = pd.concat([part[1] for part in levels])
+    iters = pd.concat([part[2] for part in levels])
+    return rounds, level, iters.to_frame("iters"), counters, pd.concat(ops, ignore_index=True)
 
 
 def load_records(
@@ -365,28 +350,26 @@ def load_records(
     """The index's tables with the records ``ids`` (default: all) read and reduced: levels,
     rounds, counters, ops. Read by ``jobs`` forked processes when there are many records
     (the Python driver's cost per row, not the database, is what a read of millions of rows
-    spends its time on). The tables hold the records ``ids`` (a scan of a range may read
-    the records between too; they are left out). A record without a sample has no level
-    (NaN)."""
+    spends its time on). A record without a sample has no level (NaN)."""
     all_ids = index.tests["test_id"].to_numpy()
     want = all_ids if ids is None else np.unique(np.asarray(ids, dtype=np.int64))
-    tasks = _tasks(all_ids, want, jobs)
+    parts_wanted = max(max(1, jobs) if len(want) > PARALLEL_RECORDS else 1,
+                       -(-len(want) // IDS_PER_QUERY))  # fmt: skip
+    chunks = [chunk for chunk in np.array_split(want, parts_wanted) if len(chunk)]
     tests = index.tests if ids is None else index.tests[np.isin(all_ids, want)]
     tests = tests.reset_index(drop=True)
     _READ.update(location=location, tests=index.tests)
     try:
-        if len(tasks) > 1:
-            with multiprocessing.get_context("fork").Pool(min(len(tasks), max(1, jobs))) as pool:
-                parts = pool.map(_read, tasks, chunksize=1)
+        if len(chunks) > 1 and jobs > 1:
+            with multiprocessing.get_context("fork").Pool(min(len(chunks), jobs)) as pool:
+                parts = pool.map(_read, chunks, chunksize=1)
         else:
-            parts = [_read(task) for task in tasks]
+            parts = [_read(chunk) for chunk in chunks]
     finally:
         _READ.clear()
     if not parts:  # a store without records
         parts = [_empty()]
     rounds, levels, iters, counters, ops = (pd.concat([p[k] for p in parts]) for k in range(5))
-    if ids is not None and any(kind == "span" for kind, _ in tasks):
-        rounds, counters, ops = (f[f["test_id"].isin(want)] for f in (rounds, counters, ops))
     rounds, counters = rounds.reset_index(drop=True), counters.reset_index(drop=True)
     tests["level"] = tests["test_id"].map(levels["level"]).astype(np.float64)
     tests["n_rounds"] = tests["test_id"].map(levels["n_rounds"]).fillna(0).astype(np.int64)
@@ -411,7 +394,7 @@ def _empty() -> tuple[pd.DataFrame, ...]:
     counters = pd.DataFrame({"test_id": np.array([], np.int64),
                              "counter": pd.Categorical([], pd.Index(COUNTER_NAMES)), "value": [],
                              "stable_value": []})  # fmt: skip
-    names = ("test_id", "gpu", "cpu", "calls", "kernels", "flops", "bytes", "using_tc",
-             "op_id", "op_name", "dtypes")  # fmt: skip
+    names = ("test_id", "using_tc", "time", "calls", "kernels", "flops", "bytes", "op_id",
+             "op_name", "dtypes")  # fmt: skip
     ops = pd.DataFrame({c: [] for c in names})
     return rounds, levels, iters, counters, ops

@@ -64,6 +64,9 @@ PAGE_VERSION = _code_version()
 #: shares of the pages to build per worker (a few: a share that takes longer is balanced by
 #: the others; each share reads its records with a query per table)
 SHARES_PER_JOB = 4
+#: records a share has at least, beyond one share per worker (a share costs a few queries
+#: and the store opened once more)
+SHARE_RECORDS = 5_000
 #: the largest page the site should have (issue 30): reported when exceeded
 PAGE_LIMIT = 1 << 20
 
@@ -213,7 +216,9 @@ def publish(
                  old=old)  # fmt: skip
     try:
         parallel = jobs > 1 and len(todo) > 4
-        shares = _shares(plan, todo, jobs * SHARES_PER_JOB if parallel else 1)
+        records = int(np.diff(plan.bounds)[todo].sum())
+        parts = max(jobs, min(jobs * SHARES_PER_JOB, records // SHARE_RECORDS))
+        shares = _shares(plan, todo, parts if parallel else 1)
         if parallel:
             with multiprocessing.get_context("fork").Pool(min(jobs, len(shares))) as pool:
                 built = [e for part in pool.imap(_build_share, shares) for e in part]
