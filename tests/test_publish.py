@@ -231,6 +231,97 @@ def test_a_page_rebuilt_for_an_acceptance_reuses_its_change_points(replayed, tmp
     )  # the same change points listed
 
 
+def test_counter_steps_on_the_changed_runs_equal_those_on_every_run():
+    """The shortcut (numeric_steps and set_steps on the runs that differ from the run
+    before only) finds what the compare layer finds given every run: random series of 60
+    runs whose counters, Tensor Core ops and dtypes change now and then, some runs
+    without ops or counters."""
+    from perfguard.compare.counter_steps import numeric_steps, set_steps
+    from perfguard.publish.series import Series, _counter_steps
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n = 60
+        runs = pd.DataFrame(
+            {"run_id": np.arange(100, 100 + n), "commit": [f"c{i}" for i in range(n)]}
+        )
+        ops, counters = [], []
+        names, tc, dtypes, calls = ["mm", "add", "gelu"], {"mm"}, {"mm": "f32", "add": "f32"}, 3.0
+        for i in range(n):
+            if rng.random() < 0.08:
+                tc ^= {str(rng.choice(names))}
+            if rng.random() < 0.08:
+                dtypes[str(rng.choice(names))] = str(rng.choice(["f32", "bf16", ""]))
+            if rng.random() < 0.08:
+                calls += 1
+            if rng.random() < 0.05:
+                continue  # a run without ops or counters
+            for name in names:
+                ops.append(
+                    {
+                        "run": i,
+                        "op_id": name,
+                        "op_name": name,
+                        "dtypes": dtypes.get(name, ""),  # as read: coalesced
+                        "using_tc": name in tc,
+                        "calls": calls,
+                        "time_ns": 1.0,
+                    }
+                )
+            counters.append({"run": i, "counter": "calls", "value": calls, "stable_value": calls})
+        series = Series(
+            "m",
+            "m",
+            "t",
+            "gpu_time",
+            runs,
+            pd.DataFrame(),
+            pd.DataFrame(counters),
+            pd.DataFrame(ops),
+        )
+        got = {(st.index, st.counter, st.before, st.after) for st in _counter_steps(series)}
+        ids = runs["run_id"].to_numpy()
+        c = series.counters
+        rows = pd.DataFrame(
+            {
+                "run_id": ids[c["run"]],
+                "op_id": "",
+                "op_name": "",
+                "counter": c["counter"],
+                "value": c["stable_value"],
+                "stable": True,
+            }
+        )
+        o = series.ops
+        typed = o[o["dtypes"].astype(str).isin(["", "nan", "None"]) == False]  # noqa: E712
+        t = o[o["using_tc"]]
+        members = pd.concat(
+            [
+                pd.DataFrame(
+                    {
+                        "run_id": ids[t["run"]],
+                        "counter": "tc_ops",
+                        "member": t["op_name"],
+                        "key": t["op_name"],
+                    }
+                ),
+                pd.DataFrame(
+                    {
+                        "run_id": ids[typed["run"]],
+                        "counter": "dtypes",
+                        "member": typed["op_name"] + "\x1f" + typed["dtypes"],
+                        "key": typed["op_name"],
+                    }
+                ),
+            ],
+            ignore_index=True,
+        )
+        want = numeric_steps(rows, ids, top_ops=0)
+        want += set_steps(members, set(ids[o["run"].unique()].tolist()), ids)
+        assert got == {(i, counter, before, after) for i, counter, before, after, _ in want}
+        assert any(st[1] in ("tc_ops", "dtypes") for st in want)
+
+
 def test_publish_without_git_orders_by_time_and_the_cli_says_what_it_did(replayed, tmp_path,
                                                                           capsys):  # fmt: skip
     location, repo, shas, steps = replayed

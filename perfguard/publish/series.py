@@ -294,24 +294,26 @@ def _op_levels(s: Series) -> tuple[pd.DataFrame, dict[str, str]]:
 
 
 def _counter_steps(s: Series) -> list[CounterStepView]:
+    """The exact counter steps of ``s``: :func:`numeric_steps` and :func:`set_steps` on the
+    runs where something changed only (and the run before each): two runs with the same
+    totals or sets make no step, and both cost a pandas pass per counter or run."""
     run_ids = s.runs["run_id"].to_numpy(np.int64)
     found: list[tuple[int, str, float, float, tuple[tuple[str, float, float], ...]]] = []
     if len(s.counters):
-        rows = pd.DataFrame({"run_id": run_ids[s.counters["run"].to_numpy()], "op_id": "",
-                             "op_name": "", "counter": s.counters["counter"].astype(str),
-                             "value": s.counters["stable_value"], "stable": True})  # fmt: skip
-        found += numeric_steps(_changed(rows), run_ids, top_ops=0)
+        c = s.counters
+        code = pd.factorize(c["counter"])[0]
+        table = np.zeros((len(run_ids), code.max() + 1))
+        run = c["run"].to_numpy()
+        table[run, code] = c["stable_value"].to_numpy(np.float64)
+        keep = _moved(np.unique(run), table)
+        if len(keep):
+            c = c[np.isin(run, keep)]
+            rows = pd.DataFrame({"run_id": run_ids[c["run"].to_numpy()], "op_id": "",
+                                 "op_name": "", "counter": c["counter"].astype(str),
+                                 "value": c["stable_value"], "stable": True})  # fmt: skip
+            found += numeric_steps(rows, run_ids, top_ops=0)
     if len(s.ops):
-        tc = s.ops[s.ops["using_tc"].fillna(0).astype(bool)]
-        typed = s.ops[s.ops["dtypes"].astype(str).isin(["", "nan", "None"]) == False]  # noqa: E712
-        members = pd.concat([
-            pd.DataFrame({"run_id": run_ids[tc["run"].to_numpy()], "counter": "tc_ops",
-                          "member": tc["op_name"].astype(str), "key": tc["op_name"].astype(str)}),
-            pd.DataFrame({"run_id": run_ids[typed["run"].to_numpy()], "counter": "dtypes",
-                          "member": typed["op_name"].astype(str) + "\x1f"
-                          + typed["dtypes"].astype(str), "key": typed["op_name"].astype(str)}),
-        ], ignore_index=True)  # fmt: skip
-        found += _set_steps(members, run_ids[np.sort(s.ops["run"].unique())], run_ids)
+        found += _set_steps(s, run_ids)
     commits = s.runs["commit"].astype(str).to_numpy()
     steps = []
     for i, counter, before, after, named in sorted(found, key=lambda f: (f[0], f[1])):
@@ -321,39 +323,60 @@ def _counter_steps(s: Series) -> list[CounterStepView]:
     return steps
 
 
-def _changed(rows: pd.DataFrame) -> pd.DataFrame:
-    """``rows`` (one total per run and counter) of the runs whose totals differ from the
-    previous run's that has counters, and of that previous run: what :func:`numeric_steps`
-    compares (consecutive runs with counters) gives no step between two runs with the same
-    totals, so the runs between are left out, and a series without a change costs nothing."""
-    runs, at = np.unique(rows["run_id"].to_numpy(), return_inverse=True)
-    if len(runs) < 2:
-        return rows
-    codes, _ = pd.factorize(rows["counter"])
-    table = np.zeros((len(runs), codes.max() + 1))
-    table[at, codes] = rows["value"].to_numpy(np.float64)
-    moved = np.flatnonzero(np.any(table[1:] != table[:-1], axis=1)) + 1
-    keep = np.zeros(len(runs), dtype=bool)
-    keep[moved] = keep[moved - 1] = True
-    return rows[keep[at]]
+def _moved(observed: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """The runs of ``observed`` (sorted rows of ``table``, one row per run) whose row differs
+    from the previous observed run's, and those previous runs."""
+    rows = table[observed]
+    moved = np.flatnonzero(np.any(rows[1:] != rows[:-1], axis=tuple(range(1, rows.ndim)))) + 1
+    return observed[np.unique(np.r_[moved, moved - 1])]
 
 
-def _set_steps(members: pd.DataFrame, observed: np.ndarray, run_ids: np.ndarray) -> list[Any]:
-    """:func:`set_steps` on the runs where a set changed only (and the run before each):
-    a set equal to the previous run's makes no step, and ``set_steps`` costs a groupby per
-    run. Signatures per run are one vectorised hash; positions map back to ``run_ids``."""
+def _mix(*codes: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row of integer ``codes`` (a set's hash is the sum of its
+    members': equal sets, equal sums)."""
+    x = np.zeros(len(codes[0]), dtype=np.uint64)
+    for k, c in zip((0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB), codes,
+                    strict=False):  # fmt: skip
+        x += np.asarray(c, dtype=np.int64).view(np.uint64) * np.uint64(k)
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0xD6E8FEB86659FD93)
+    return x ^ (x >> np.uint64(32))
+
+
+def _set_steps(s: Series, run_ids: np.ndarray) -> list[Any]:
+    """:func:`set_steps` of the Tensor Core ops and the ops' dtypes on the runs where a set
+    changed only (and the run before each). A run's sets are compared by a hash of the
+    members' codes (factorised once per series); the members' text is built for the
+    runs kept only. Positions map back to ``run_ids``."""
+    ops = s.ops
+    run = ops["run"].to_numpy()
+    name = pd.factorize(ops["op_name"])[0]
+    dtypes, dtype_values = pd.factorize(ops["dtypes"])
+    blank = pd.Index(dtype_values).astype(str).isin(["", "nan", "None"])
+    typed = (dtypes >= 0) & ~blank[np.maximum(dtypes, 0)]
+    tc = ops["using_tc"].fillna(0).astype(bool).to_numpy()
+    sig = np.zeros(len(run_ids), dtype=np.uint64)
+    np.add.at(sig, run[tc], _mix(np.ones(int(tc.sum()), np.int64), name[tc]))
+    np.add.at(sig, run[typed], _mix(np.full(int(typed.sum()), 2), name[typed], dtypes[typed]))
+    keep = _moved(np.unique(run), sig)
+    if not len(keep):
+        return []
+    at = np.isin(run, keep)
+    sub_tc, sub_typed = ops[tc & at], ops[typed & at]
+    members = pd.concat([
+        pd.DataFrame({"run_id": run_ids[sub_tc["run"].to_numpy()], "counter": "tc_ops",
+                      "member": sub_tc["op_name"].astype(str),
+                      "key": sub_tc["op_name"].astype(str)}),
+        pd.DataFrame({"run_id": run_ids[sub_typed["run"].to_numpy()], "counter": "dtypes",
+                      "member": sub_typed["op_name"].astype(str) + "\x1f"
+                      + sub_typed["dtypes"].astype(str),
+                      "key": sub_typed["op_name"].astype(str)}),
+    ], ignore_index=True)  # fmt: skip
     if members.empty:
         return []
-    sig = members.assign(h=pd.util.hash_pandas_object(members[["counter", "member"]],
-                                                      index=False).to_numpy())  # fmt: skip
-    per_run = sig.groupby("run_id")["h"].sum().reindex(observed, fill_value=0).to_numpy()
-    moved = np.flatnonzero(per_run[1:] != per_run[:-1]) + 1
-    if not len(moved):
-        return []
-    keep = observed[np.unique(np.r_[moved, moved - 1])]
-    where = {int(r): i for i, r in enumerate(run_ids)}
-    found = set_steps(members[members["run_id"].isin(keep)], {int(r) for r in keep}, keep)
-    return [(where[int(keep[i])], *rest) for i, *rest in found]
+    ids = run_ids[keep]
+    found = set_steps(members, {int(r) for r in ids}, ids)
+    return [(int(keep[i]), *rest) for i, *rest in found]
 
 
 def _ops_moved(s: Series, i: int, column: str) -> tuple[tuple[str, float, float], ...]:
