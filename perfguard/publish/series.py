@@ -195,19 +195,22 @@ def plan_series(
     runs: pd.DataFrame, tests: pd.DataFrame, acceptances: pd.DataFrame, walk: list[str] | None
 ) -> SeriesPlan:
     """The series (machine, test) of the records ``tests`` of ``runs`` on ``walk`` (shas
-    oldest first; None: every run, ordered by time), with one stable sort."""
+    oldest first; None: every run, ordered by time), with one sort of integer codes."""
     runs = runs.assign(position=_positions(runs, walk)).dropna(subset=["position"])
     t = tests[["test_id", "run_id", "nodeid", "metric"]].merge(
         runs[["run_id", "commit", "time", "position", "machine", "machine_label"]], on="run_id"
     )
     t["position"] = t["position"].astype(np.int64)
     t["nodeid"] = t["nodeid"].astype(str)
-    t = t.sort_values(["machine", "nodeid", "position", "time", "run_id"], kind="stable")
-    t = t.reset_index(drop=True)
     if t.empty:
         return SeriesPlan(t.assign(series=np.zeros(0, np.int64)), np.zeros(1, np.int64), [])
-    key = t["machine"].astype(str) + "\0" + t["nodeid"]
-    code = pd.factorize(key, sort=False)[0]
+    # sorted by machine, test, position, time and run: on codes that sort as the texts do
+    machine = pd.factorize(t["machine"], sort=True)[0]
+    nodeid = pd.factorize(t["nodeid"], sort=True)[0]
+    when = pd.factorize(t["time"], sort=True)[0]
+    order = np.lexsort((t["run_id"].to_numpy(), when, t["position"].to_numpy(), nodeid, machine))
+    t = t.iloc[order].reset_index(drop=True)
+    code = (machine * (nodeid.max() + 1) + nodeid)[order]
     bounds = np.flatnonzero(np.r_[True, code[1:] != code[:-1], True])
     t["series"] = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
     pos_of = {sha: i for i, sha in enumerate(walk)} if walk is not None else {}
