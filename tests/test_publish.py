@@ -322,6 +322,19 @@ def test_counter_steps_on_the_changed_runs_equal_those_on_every_run():
         assert any(st[1] in ("tc_ops", "dtypes") for st in want)
 
 
+def test_a_site_of_the_previous_manifest_format_is_rebuilt_and_its_stale_pages_removed(
+    replayed, tmp_path
+):
+    location, repo, shas, steps = replayed
+    site = tmp_path / "site"
+    (site / "gone").mkdir(parents=True)
+    (site / "gone" / "old.html").write_text("<html></html>")
+    old = {"format": "perfguard.publish-manifest/1", "pages": {"gone/old.html": {"hash": "x"}}}
+    (site / MANIFEST).write_text(json.dumps(old))
+    done = publish(location, site, repo=repo)
+    assert (done.rebuilt, done.removed) == (1, 1) and not (site / "gone" / "old.html").exists()
+
+
 def test_publish_without_git_orders_by_time_and_the_cli_says_what_it_did(replayed, tmp_path,
                                                                           capsys):  # fmt: skip
     location, repo, shas, steps = replayed

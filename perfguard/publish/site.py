@@ -42,6 +42,8 @@ __all__ = ["MANIFEST", "PAGE_VERSION", "Published", "publish"]
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "perfguard.publish-manifest/2"
+#: the format before (pages hashed from their data; no change points kept)
+OLD_FORMAT = "perfguard.publish-manifest/1"
 
 
 def _code_version() -> str:
@@ -154,14 +156,18 @@ def _shares(plan: SeriesPlan, todo: list[int], parts: int) -> list[list[int]]:
 
 
 def _read_manifest(out: Path) -> dict[str, Any]:
+    """The pages the site has (path -> entry). A manifest of the previous format gives
+    its paths without their hashes: every page is rebuilt, and those no series makes any
+    more are still removed."""
     try:
         doc = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+    if not isinstance(doc, dict) or not isinstance(doc.get("pages"), dict):
         return {}
-    pages = doc.get("pages")
-    return pages if isinstance(pages, dict) else {}
+    if doc.get("format") == OLD_FORMAT:
+        return {rel: {} for rel in doc["pages"]}
+    return doc["pages"] if doc.get("format") == MANIFEST_FORMAT else {}
 
 
 def publish(
