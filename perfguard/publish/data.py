@@ -1,11 +1,16 @@
-"""A whole store as a few numpy-backed tables, read with one query per table.
+"""A store as a few numpy-backed tables: its index, then the records asked for, in bulk.
 
 ``perfguard publish`` draws every test on every machine, so it cannot afford
 what ``perfguard history`` does per test (a query per table per test, a
 record object per run): at 1,000 commits x 200 tests x 3 machines that is
-600,000 records. Here each table is read once, its numeric columns streamed
-straight into numpy arrays (``np.fromiter`` over the cursor, no DataFrame of
-Python objects per sample), and every per-run figure is a vectorised group-by:
+600,000 records. :func:`load_index` reads what says which pages changed (runs,
+every record's id, run, test and metric, acceptances: no sample);
+:func:`load_records` reads the records of the pages to rebuild by id, one
+query per table and metric (only that metric's time column; flags packed into
+the key in SQL: the driver's cost grows with the values a row holds), numeric
+columns streamed straight into numpy arrays (``np.fromiter`` over the cursor,
+no DataFrame of Python objects per sample), and every per-run figure is a
+vectorised group-by:
 
 * ``levels``: per test record, the value of each round (the fastest
   iteration for wall/CPU time, the median for GPU time:

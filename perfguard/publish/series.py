@@ -1,8 +1,9 @@
 """One test on one machine across first-parent commits: the unit a published page shows.
 
-:func:`split_series` cuts the store's tables (:mod:`perfguard.publish.data`)
-into one :class:`Series` per (machine, test) with one stable sort per table
-(no query and no record object per test or run). :func:`analyse` then finds
+:func:`plan_series` cuts the store's index (:mod:`perfguard.publish.data`)
+into series per (machine, test) and fingerprints each; :func:`cut_series`
+makes a :class:`Series` of each from the records read (one stable sort per
+table, no query and no record object per test or run). :func:`analyse` then finds
 what a reader looks for, with the library's own detectors only (the same
 as ``perfguard history``): timing change points
 (:func:`perfguard.compare.history.find_change_points`, which calls

@@ -1,15 +1,17 @@
 """``perfguard publish``: a static site of a store, rebuilt incrementally and in parallel.
 
-The steps: read the store's tables once (:mod:`.data`), cut them into one
-series per machine and test on the first-parent line of ``ref``
-(:mod:`.series`), then for each series hash what its page would show. The
-manifest (``manifest.json`` in the site) keeps each page's hash and its
-index row: a page whose hash is unchanged is neither analysed nor written
-again, a page no series produces any more is removed, and the index is
-rewritten only when a row changed. The pages to build are shared among
-worker processes forked after the tables are read (each series is
-independent; the change-point search dominates), so the work scales with
-the cores and with what changed, not with the store.
+The steps: read the store's index (:func:`.data.load_index`: runs, record
+ids, tests, acceptances; no sample), plan one series per machine and test on
+the first-parent line of ``ref`` and fingerprint each from the index alone
+(:func:`.series.plan_series`: a stored record never changes). The manifest
+(``manifest.json`` in the site) keeps each page's fingerprint, its index row
+and its change points: a page whose fingerprint is unchanged is neither
+read, analysed nor written again, a page no series produces any more is
+removed, and the index is rewritten only when a row changed. The series to
+rebuild are split into shares of about as many records among forked workers;
+each reads its share's records by id, analyses them and writes the pages
+(each series is independent; the change-point search dominates), so the
+work scales with the cores and with what changed, not with the store.
 """
 
 from __future__ import annotations
