@@ -138,8 +138,8 @@ class SeriesPlan:
     """Which records make which series, from the store's index alone (no sample read)."""
 
     #: test_id, run_id, commit, time, position, machine, machine_label, nodeid, metric,
-    #: series (its number): the records on the line, sorted by machine, test, position,
-    #: time and run
+    #: run_hash (of the run's id, commit, time and machine), series (its number): the
+    #: records on the line, sorted by machine, test, position, time and run
     records: pd.DataFrame
     #: series i is ``records[bounds[i]:bounds[i + 1]]``
     bounds: np.ndarray
@@ -168,10 +168,7 @@ class SeriesPlan:
         the hash so that ids reused after a store was rolled back do not pass for the
         records they replaced."""
         r = self.records
-        # texts are hashed once per distinct value (categorize), not once per record
-        run_hash = pd.util.hash_pandas_object(
-            r[["run_id", "commit", "time", "machine", "machine_label"]], index=False
-        ).to_numpy()
+        run_hash = r["run_hash"].to_numpy(np.uint64)  # hashed once per run, not per record
         metric = pd.util.hash_pandas_object(r["metric"], index=False).to_numpy()
         table = np.column_stack(
             [
@@ -198,8 +195,14 @@ def plan_series(
     """The series (machine, test) of the records ``tests`` of ``runs`` on ``walk`` (shas
     oldest first; None: every run, ordered by time), with one sort of integer codes."""
     runs = runs.assign(position=_positions(runs, walk)).dropna(subset=["position"])
+    runs = runs.assign(
+        run_hash=pd.util.hash_pandas_object(
+            runs[["run_id", "commit", "time", "machine", "machine_label"]], index=False
+        ).to_numpy()
+    )
     t = tests[["test_id", "run_id", "nodeid", "metric"]].merge(
-        runs[["run_id", "commit", "time", "position", "machine", "machine_label"]], on="run_id"
+        runs[["run_id", "commit", "time", "position", "machine", "machine_label", "run_hash"]],
+        on="run_id",
     )
     t["position"] = t["position"].astype(np.int64)
     t["nodeid"] = t["nodeid"].astype(str)
