@@ -195,23 +195,26 @@ def plan_series(
     """The series (machine, test) of the records ``tests`` of ``runs`` on ``walk`` (shas
     oldest first; None: every run, ordered by time), with one sort of integer codes."""
     runs = runs.assign(position=_positions(runs, walk)).dropna(subset=["position"])
+    # a run's hash and its machine's and time's sort codes: once per run, not per record
     runs = runs.assign(
         run_hash=pd.util.hash_pandas_object(
             runs[["run_id", "commit", "time", "machine", "machine_label"]], index=False
-        ).to_numpy()
+        ).to_numpy(),
+        machine_code=pd.factorize(runs["machine"], sort=True)[0],
+        time_code=pd.factorize(runs["time"], sort=True)[0],
     )
     t = tests[["test_id", "run_id", "nodeid", "metric"]].merge(
-        runs[["run_id", "commit", "time", "position", "machine", "machine_label", "run_hash"]],
+        runs[["run_id", "commit", "time", "position", "machine", "machine_label", "run_hash",
+              "machine_code", "time_code"]],
         on="run_id",
-    )
+    )  # fmt: skip
     t["position"] = t["position"].astype(np.int64)
-    t["nodeid"] = t["nodeid"].astype(str)
     if t.empty:
         return SeriesPlan(t.assign(series=np.zeros(0, np.int64)), np.zeros(1, np.int64), [])
     # sorted by machine, test, position, time and run: on codes that sort as the texts do
-    machine = pd.factorize(t["machine"], sort=True)[0]
+    machine = t.pop("machine_code").to_numpy()
+    when = t.pop("time_code").to_numpy()
     nodeid = pd.factorize(t["nodeid"], sort=True)[0]
-    when = pd.factorize(t["time"], sort=True)[0]
     order = np.lexsort((t["run_id"].to_numpy(), when, t["position"].to_numpy(), nodeid, machine))
     t = t.iloc[order].reset_index(drop=True)
     code = (machine * (nodeid.max() + 1) + nodeid)[order]
