@@ -15,7 +15,11 @@ more after one more commit's partial run (20 tests on one machine: only their
 pages are rebuilt), printing wall and CPU time, the machine's load (``uptime``), the
 page count and the largest page. Numbers: ``benchmarks/README.md``.
 
-    python benchmarks/publish_scale.py [--commits 1000 --tests 200] [--keep DIR]
+    python benchmarks/publish_scale.py [--commits 1000 --tests 200] [--keep DIR [--build-only]]
+
+``--keep DIR`` keeps the store, repository and site there; a later run reuses the store
+(the partial run an earlier one added is pruned first, so each run measures the same
+three steps), and ``--build-only`` only builds it.
 """
 
 from __future__ import annotations
@@ -175,8 +179,8 @@ def write_store(
                                          (int(i), f"op{k}", op, "kernels", calls, 1),
                                          (int(i), f"op{k}", op, "flops", flops, 1),
                                          (int(i), f"op{k}", op, "bytes", flops / 8, 1)]  # fmt: skip
-                            ops.append((int(i), f"op{k}", op, "fprop", "x", calls * ITERS,
-                                        calls * ITERS, int(share * ITERS), int(share * ITERS),
+                            ops.append((int(i), f"op{k}", op, "fprop", "x", int(calls * ITERS),
+                                        int(calls * ITERS), int(share * ITERS), int(share * ITERS),
                                         1, int(k == 0), flops * ITERS, int(flops / 8 * ITERS),
                                         "float32"))  # fmt: skip
                         counters.append((int(i), "", "", "peak_memory", 1e8 * (1 + t % 5), 1))
@@ -224,7 +228,11 @@ def main() -> None:
     ap.add_argument("--commits", type=int, default=1000)
     ap.add_argument("--tests", type=int, default=200)
     ap.add_argument("--keep", type=Path, help="build (or reuse) the store and repo here")
+    ap.add_argument("--build-only", action="store_true",
+                    help="build the store and repo (--keep) and publish nothing")  # fmt: skip
     args = ap.parse_args()
+    if args.build_only and args.keep is None:
+        ap.error("--build-only needs --keep DIR")
     root = args.keep or Path(tempfile.mkdtemp(prefix="perfguard-publish-"))
     root.mkdir(parents=True, exist_ok=True)
     repo, store, out = root / "repo", root / "store.db", root / "site"
@@ -233,8 +241,13 @@ def main() -> None:
         shas = make_repo(repo, args.commits + 1)  # the last commit is the "one more" below
         secs = write_store(store, shas[:-1], plan)
         print(f"store: {store.stat().st_size / 1e9:.2f} GB written in {secs:.0f} s")
+    if args.build_only:
+        return
     shas = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "main"],
                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    with open_store(store) as s:  # a kept store is measured as built: without "one more"
+        if s.prune(commits=[shas[-1]]):
+            print("removed the partial run an earlier measurement added")
     shutil.rmtree(out, ignore_errors=True)
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     for what in ("full", "unchanged"):
@@ -243,11 +256,12 @@ def main() -> None:
             f"{what}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, load {r['load']:.2f}, "
             f"{r['pages']} pages, largest {r['largest_kb']:.0f} KB; {r['summary']}"
         )
-    write_store(store, shas, plan, start=args.commits, partial=20)
+    partial = min(20, args.tests)
+    write_store(store, shas, plan, start=args.commits, partial=partial)
     r = publish(store, out, repo)
     print(
-        f"one more commit, 20 tests: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, load "
-        f"{r['load']:.2f}; {r['summary']}"
+        f"one more commit, {partial} tests: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, load "
+        f"{r['load']:.2f}, largest {r['largest_kb']:.0f} KB; {r['summary']}"
     )
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     if args.keep is None:

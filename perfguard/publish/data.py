@@ -1,11 +1,16 @@
-"""A whole store as a few numpy-backed tables, read with one query per table.
+"""A store as a few numpy-backed tables: its index, then the records asked for, in bulk.
 
 ``perfguard publish`` draws every test on every machine, so it cannot afford
 what ``perfguard history`` does per test (a query per table per test, a
 record object per run): at 1,000 commits x 200 tests x 3 machines that is
-600,000 records. Here each table is read once, its numeric columns streamed
-straight into numpy arrays (``np.fromiter`` over the cursor, no DataFrame of
-Python objects per sample), and every per-run figure is a vectorised group-by:
+600,000 records. :func:`load_index` reads what says which pages changed (runs,
+every record's id, run, test and metric, acceptances: no sample);
+:func:`load_records` reads the records of the pages to rebuild by id, one
+query per table and metric (only that metric's time column; flags packed into
+the key in SQL: the driver's cost grows with the values a row holds), numeric
+columns streamed straight into numpy arrays (``np.fromiter`` over the cursor,
+no DataFrame of Python objects per sample), and every per-run figure is a
+vectorised group-by:
 
 * ``levels``: per test record, the value of each round (the fastest
   iteration for wall/CPU time, the median for GPU time:
@@ -41,7 +46,15 @@ from perfguard.baseline.record import INSTRUCTION_COUNTERS, METRICS, round_stati
 if TYPE_CHECKING:
     from perfguard.baseline.store import Store
 
-__all__ = ["COUNTER_NAMES", "StoreTables", "load_tables", "machine_key"]
+__all__ = [
+    "COUNTER_NAMES",
+    "StoreIndex",
+    "StoreTables",
+    "load_index",
+    "load_records",
+    "load_tables",
+    "machine_key",
+]
 
 #: the gate counters a publish charts, in this order (codes 0..n-1 in the counters query)
 COUNTER_NAMES: tuple[str, ...] = (*COUNTERS, "peak_memory", *INSTRUCTION_COUNTERS)
@@ -116,7 +129,14 @@ def _starts(keys: np.ndarray) -> np.ndarray:
 
 
 def _group_median(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(unique keys, median of ``values`` per key), vectorised: one lexsort, no loop."""
+    """(unique keys, median of ``values`` per key), vectorised: one lexsort, no loop; with
+    ``keys`` sorted and every group of one size (rounds of as many iterations, records of
+    as many rounds: the rule), a sort of each row of a (groups x size) table instead."""
+    starts = _starts(keys)
+    counts = np.diff(np.r_[starts, len(keys)])
+    if len(keys) and np.all(keys[1:] >= keys[:-1]) and np.all(counts == counts[0]):
+        table = np.sort(values.reshape(-1, counts[0]), axis=1)
+        return keys[starts], (table[:, (counts[0] - 1) // 2] + table[:, counts[0] // 2]) / 2
     order = np.lexsort((values, keys))
     k, v = keys[order], values[order]
     starts = _starts(k)
@@ -126,49 +146,52 @@ def _group_median(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.
     return k[starts], (v[lo] + v[hi]) / 2
 
 
+#: a WHERE clause on test_id and its parameters
+Where = tuple[str, tuple[Any, ...]]
 #: rounds per record the packed sample key leaves room for
 MAX_ROUNDS = 4096
 
 
 def _levels(
-    store: Store, tests: pd.DataFrame, span: tuple[int, int]
+    store: Store, tests: pd.DataFrame, where: Where, code: int
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
     """Each record's rounds, level (module docstring) and profiled iterations, from one scan
-    of ``samples`` (its key packed into one number in SQL: a third fewer values to move)."""
+    of ``samples``. ``tests``: every record the ``where`` clause selects, sorted by test_id,
+    all of metric ``code``: only that metric's column is read, and the key is packed into
+    one number in SQL (the driver's cost grows with the values a row holds)."""
+    column = list(METRICS.values())[code]
     with store.db.guard():
         cur = _query(store, f"SELECT (test_id * {MAX_ROUNDS} + round) * 2 + profiled, "
-                            f"coalesce(gpu_time_ns, {MISSING}), coalesce(wall_time_ns, "
-                            f"{MISSING}), coalesce(cpu_time_ns, {MISSING}) FROM samples "
-                            f"WHERE {IN_SPAN}", span)  # fmt: skip
-        s = _stream(cur, 4)
+                            f"coalesce({column}, {MISSING}) FROM samples WHERE {where[0]}",
+                     where[1])  # fmt: skip
+        s = _stream(cur, 2)
     packed = s[:, 0].astype(np.int64)
     key, profiled = packed // 2, (packed % 2) == 1
-    test_id = key // MAX_ROUNDS
-    pos = np.searchsorted(tests["test_id"].to_numpy(), test_id)
+    pos = np.searchsorted(tests["test_id"].to_numpy(), key // MAX_ROUNDS)
     pos = np.minimum(pos, max(len(tests) - 1, 0))
-    metric = tests["metric_code"].to_numpy()[pos] if len(tests) else pos
-    value = s[np.arange(len(s)), 1 + metric]
-    ids = tests["test_id"].to_numpy()
-    iters = pd.Series(np.bincount(pos[profiled], minlength=len(tests)), index=ids)
-    iters = iters[(ids >= span[0]) & (ids < span[1])]
+    value = s[:, 1]
+    iters = pd.Series(np.bincount(pos[profiled], minlength=len(tests)),
+                      index=tests["test_id"].to_numpy())  # fmt: skip
     # timing_mask: GPU time on profiled rows; wall/CPU time on the unprofiled rows of a
     # record that has them (timing rounds with the profiler off), else on every row
-    has_timed = np.bincount(pos[~profiled], minlength=len(tests)) > 0
-    gpu = metric == METRIC_CODES["gpu_time"]
-    keep = np.where(gpu, profiled, np.where(has_timed[pos], ~profiled, True)) & (value >= 0)
-    key, value, gpu = key[keep], value[keep], gpu[keep]
+    gpu = code == METRIC_CODES["gpu_time"]
+    if gpu:
+        keep = profiled & (value >= 0)
+    else:
+        has_timed = np.bincount(pos[~profiled], minlength=len(tests)) > 0
+        keep = np.where(has_timed[pos], ~profiled, True) & (value >= 0)
+    key, value = key[keep], value[keep]
     if len(key) and np.any(key[1:] < key[:-1]):  # stored in order already, as a rule
         order = np.argsort(key, kind="stable")
-        key, value, gpu = key[order], value[order], gpu[order]
+        key, value = key[order], value[order]
     starts = _starts(key)
-    per_round = np.minimum.reduceat(value, starts) if len(key) else value
     # GPU time: a round's median, not its fastest iteration (record.ROUND_STATISTIC)
     median_metrics = [METRIC_CODES[m] for m in METRICS if round_statistic(m) != "min"]
     assert median_metrics == [METRIC_CODES["gpu_time"]]
-    if gpu.any():
-        k, med = _group_median(key[gpu], value[gpu])
-        at = np.searchsorted(key[starts], k)
-        per_round[at] = med
+    if gpu:
+        per_round = _group_median(key, value)[1]
+    else:
+        per_round = np.minimum.reduceat(value, starts) if len(key) else value
     rk = key[starts]
     rounds = pd.DataFrame({"test_id": rk // MAX_ROUNDS, "round": rk % MAX_ROUNDS,
                            "value": per_round})  # fmt: skip
@@ -178,18 +201,19 @@ def _levels(
     return rounds, levels, iters
 
 
-def _counters(store: Store, span: tuple[int, int]) -> pd.DataFrame:
+def _counters(store: Store, where: Where) -> pd.DataFrame:
     """Per record and counter: the sum over ops, and over the ops stable in that run."""
     codes = " ".join(f"WHEN '{name}' THEN {i}" for i, name in enumerate(COUNTER_NAMES))
     with store.db.guard():
-        cur = _query(store, f"SELECT test_id * 64 + CASE counter {codes} ELSE 63 END, "
-                            "coalesce(value, 0), coalesce(stable, 0) FROM counters "
-                            f"WHERE {IN_SPAN}", span)  # fmt: skip
-        c = _stream(cur, 3)
-    key = c[:, 0].astype(np.int64)
-    keys, inverse = np.unique(key, return_inverse=True)
+        cur = _query(store, f"SELECT (test_id * 64 + CASE counter {codes} ELSE 63 END) * 2 "
+                            "+ CASE WHEN coalesce(stable, 0) != 0 THEN 1 ELSE 0 END, "
+                            "coalesce(value, 0) FROM counters "
+                            f"WHERE {where[0]}", where[1])  # fmt: skip
+        c = _stream(cur, 2)
+    packed = c[:, 0].astype(np.int64)
+    keys, inverse = np.unique(packed // 2, return_inverse=True)
     value = np.bincount(inverse, weights=c[:, 1])
-    stable = np.bincount(inverse, weights=c[:, 1] * (c[:, 2] != 0))
+    stable = np.bincount(inverse, weights=c[:, 1] * (packed % 2))
     known = keys % 64 < len(COUNTER_NAMES)
     keys, value, stable = keys[known], value[known], stable[known]
     return pd.DataFrame({
@@ -204,23 +228,25 @@ def _counters(store: Store, span: tuple[int, int]) -> pd.DataFrame:
 SEP = "\x1f"
 
 
-def _ops(store: Store, span: tuple[int, int]) -> pd.DataFrame:
-    """Per record and op: its totals (divided per iteration by :func:`_per_iteration`).
-    One scan; the three texts are joined into one string a row in SQL and factorised
-    (a few hundred distinct ones in a million rows)."""
+def _ops(store: Store, where: Where, time_column: str) -> pd.DataFrame:
+    """Per record and op: its totals (divided per iteration by :func:`_per_iteration`),
+    ``time_column`` as its time. One scan; the three texts are joined into one string a
+    row in SQL and factorised (a few hundred distinct ones in a million rows)."""
     with store.db.guard():
-        cur = _query(store, "SELECT test_id, coalesce(gpu_time_total, 0), "
-                            "coalesce(cpu_time_total, 0), coalesce(calls, 0), "
+        cur = _query(store, "SELECT test_id * 2 + CASE WHEN coalesce(using_tc, 0) != 0 "
+                            "THEN 1 ELSE 0 END, "
+                            f"coalesce({time_column}, 0), coalesce(calls, 0), "
                             f"coalesce(kernel_count, 0), coalesce(flops, {MISSING}), "
-                            f"coalesce(bytes, {MISSING}), coalesce(using_tc, 0), "
+                            f"coalesce(bytes, {MISSING}), "
                             "op_id || ? || op_name || ? || coalesce(dtypes, '') FROM ops "
-                            f"WHERE {IN_SPAN}", (SEP, SEP, *span))  # fmt: skip
+                            f"WHERE {where[0]}", (SEP, SEP, *where[1]))  # fmt: skip
         rows = cur.fetchall()
-    columns = list(zip(*rows, strict=True)) if rows else [()] * 9
-    codes, texts = pd.factorize(pd.Series(columns[8], dtype=object))
+    columns = list(zip(*rows, strict=True)) if rows else [()] * 7
+    codes, texts = pd.factorize(pd.Series(columns[6], dtype=object))
     parts = [str(t).split(SEP) for t in texts]
-    out: dict[str, Any] = {"test_id": np.array(columns[0], dtype=np.int64)}
-    for i, name in enumerate(("gpu", "cpu", "calls", "kernels", "flops", "bytes", "using_tc")):
+    packed = np.array(columns[0], dtype=np.int64)
+    out: dict[str, Any] = {"test_id": packed // 2, "using_tc": packed % 2}
+    for i, name in enumerate(("time", "calls", "kernels", "flops", "bytes")):
         out[name] = np.array(columns[1 + i], dtype=np.float64)
     for i, name in enumerate(("op_id", "op_name", "dtypes")):
         out[name] = pd.Categorical([p[i] for p in parts])[codes]
@@ -238,7 +264,7 @@ def _per_iteration(ops: pd.DataFrame, tests: pd.DataFrame, iters: pd.Series) -> 
     by_test = tests.set_index("test_id")
     gpu = test_id.map(by_test["metric"]).eq("gpu_time").to_numpy()
     per = test_id.map(iters).fillna(1).clip(lower=1).to_numpy(np.float64)
-    time = np.where(gpu, ops["gpu"], ops["cpu"]).astype(np.float64)
+    time = ops["time"].to_numpy(np.float64)  # GPU time for a GPU-time test, else CPU time
     outer = ~ops["op_name"].astype(str).str.contains("/", regex=False).to_numpy()
     whole = pd.Series(np.where(gpu | outer, time, 0.0)).groupby(test_id.to_numpy()).transform("sum")
     level = test_id.map(by_test["level"]).to_numpy(np.float64)
@@ -254,36 +280,30 @@ def _per_iteration(ops: pd.DataFrame, tests: pd.DataFrame, iters: pd.Series) -> 
 
 #: records from which reading in parallel pays for the forks
 PARALLEL_RECORDS = 20_000
-#: the test ids a worker reads (every record table has an index on test_id)
-IN_SPAN = "test_id >= ? AND test_id < ?"
-# what a forked reader needs: set by load_tables before the pool starts
+#: ids per query (one parameter: a JSON array in SQLite, an array in PostgreSQL)
+IDS_PER_QUERY = 50_000
+# what a forked reader needs: set by load_records before the pool starts
 _READ: dict[str, Any] = {}
 
 
-def _read_span(span: tuple[int, int]) -> tuple[pd.DataFrame, ...]:
-    """One worker's share: the records with ids in ``span``, reduced."""
-    from perfguard.baseline.store import open_store
+@dataclass
+class StoreIndex:
+    """What a publish reads of every record: small, and enough to say which pages changed
+    (the record tables are read after, for the series whose pages are rebuilt only)."""
 
-    with open_store(_READ["location"], create=False) as store, store.db.read():
-        rounds, levels, iters = _levels(store, _READ["tests"], span)
-        counters = _counters(store, span)
-        ops = _ops(store, span)
-    return rounds, levels, iters.to_frame("iters"), counters, ops
-
-
-def _spans(ids: np.ndarray, parts: int) -> list[tuple[int, int]]:
-    """``parts`` ranges of test ids with about as many records each."""
-    if not len(ids):
-        return []
-    cuts = np.unique(ids[np.linspace(0, len(ids), parts + 1).astype(int)[:-1]])
-    edges = [*map(int, cuts), int(ids[-1]) + 1]
-    return list(zip(edges[:-1], edges[1:], strict=True))
+    #: run_id, commit, dirty, time, host, machine (key), machine_label
+    runs: pd.DataFrame
+    #: test_id, run_id, nodeid, metric, metric_code; sorted by test_id
+    tests: pd.DataFrame
+    #: acceptance_id, nodeid, commit, reason, time, author
+    acceptances: pd.DataFrame
+    #: the store's name (its path, or its URL without the password)
+    name: str
 
 
-def load_tables(location: str | os.PathLike[str], *, jobs: int = 1) -> StoreTables:
-    """The store's runs, acceptances and records. The record tables are read by ``jobs``
-    forked processes, each a range of test ids (the Python driver's cost per row, not the
-    database, is what a read of millions of rows spends its time on)."""
+def load_index(location: str | os.PathLike[str]) -> StoreIndex:
+    """The store's runs, records (ids, runs, tests, metrics: no sample) and acceptances,
+    from one snapshot."""
     from perfguard.baseline.store import open_store
 
     with open_store(location, create=False) as store, store.db.read():
@@ -295,18 +315,68 @@ def load_tables(location: str | os.PathLike[str], *, jobs: int = 1) -> StoreTabl
                 cur.fetchall(), columns=["test_id", "run_id", "nodeid", "metric"]
             )
         acceptances = store.acceptances()
+        name = store.name
     tests["test_id"] = tests["test_id"].astype(np.int64)
     tests["run_id"] = tests["run_id"].astype(np.int64)
     tests["metric_code"] = tests["metric"].map(METRIC_CODES).fillna(0).astype(np.int64)
-    parallel = len(tests) > PARALLEL_RECORDS
-    spans = _spans(tests["test_id"].to_numpy(), max(1, jobs) if parallel else 1)
-    _READ.update(location=location, tests=tests)
+    return StoreIndex(runs, tests, acceptances, name)
+
+
+def _read(ids: np.ndarray) -> tuple[pd.DataFrame, ...]:
+    """The records ``ids`` (sorted), reduced. Read by id (an index lookup each, about what a
+    scan costs per record, and a share of the series is spread over the whole store), one
+    query per table and metric (a query reads that metric's time column only)."""
+    from perfguard.baseline.store import open_store
+
+    tests: pd.DataFrame = _READ["tests"]
+    mine = tests.iloc[np.searchsorted(tests["test_id"].to_numpy(), ids)]
+    with open_store(_READ["location"], create=False) as store, store.db.read():
+        db = store.db
+
+        def where(some: pd.Series) -> Where:
+            return db.ids_in("test_id"), (db.ids_param(some.tolist()),)
+
+        codes = mine["metric_code"].to_numpy()
+        levels = []
+        for code in np.unique(codes):
+            group = mine[codes == code]
+            levels.append(_levels(store, group, where(group["test_id"]), int(code)))
+        counters = _counters(store, where(mine["test_id"]))
+        gpu = mine["metric"].eq("gpu_time").to_numpy()
+        ops = [_ops(store, where(mine["test_id"][gpu == on]), column)
+               for on, column in ((True, "gpu_time_total"), (False, "cpu_time_total"))
+               if (gpu == on).any()]  # fmt: skip
+    rounds = pd.concat([part[0] for part in levels])
+    level = pd.concat([part[1] for part in levels])
+    iters = pd.concat([part[2] for part in levels])
+    return rounds, level, iters.to_frame("iters"), counters, pd.concat(ops, ignore_index=True)
+
+
+def load_records(
+    location: str | os.PathLike[str],
+    index: StoreIndex,
+    ids: np.ndarray | None = None,
+    *,
+    jobs: int = 1,
+) -> StoreTables:
+    """The index's tables with the records ``ids`` (default: all) read and reduced: levels,
+    rounds, counters, ops. Read by ``jobs`` forked processes when there are many records
+    (the Python driver's cost per row, not the database, is what a read of millions of rows
+    spends its time on). A record without a sample has no level (NaN)."""
+    all_ids = index.tests["test_id"].to_numpy()
+    want = all_ids if ids is None else np.unique(np.asarray(ids, dtype=np.int64))
+    parts_wanted = max(max(1, jobs) if len(want) > PARALLEL_RECORDS else 1,
+                       -(-len(want) // IDS_PER_QUERY))  # fmt: skip
+    chunks = [chunk for chunk in np.array_split(want, parts_wanted) if len(chunk)]
+    tests = index.tests if ids is None else index.tests[np.isin(all_ids, want)]
+    tests = tests.reset_index(drop=True)
+    _READ.update(location=location, tests=index.tests)
     try:
-        if len(spans) > 1:
-            with multiprocessing.get_context("fork").Pool(len(spans)) as pool:
-                parts = pool.map(_read_span, spans, chunksize=1)
+        if len(chunks) > 1 and jobs > 1:
+            with multiprocessing.get_context("fork").Pool(min(len(chunks), jobs)) as pool:
+                parts = pool.map(_read, chunks, chunksize=1)
         else:
-            parts = [_read_span(span) for span in spans]
+            parts = [_read(chunk) for chunk in chunks]
     finally:
         _READ.clear()
     if not parts:  # a store without records
@@ -317,8 +387,14 @@ def load_tables(location: str | os.PathLike[str], *, jobs: int = 1) -> StoreTabl
     tests["n_rounds"] = tests["test_id"].map(levels["n_rounds"]).fillna(0).astype(np.int64)
     ops = _per_iteration(ops.reset_index(drop=True), tests, iters["iters"])
     tests["nodeid"] = tests["nodeid"].astype("category")
-    return StoreTables(runs, tests.drop(columns="metric_code"), rounds, counters, ops,
-                       acceptances)  # fmt: skip
+    return StoreTables(index.runs, tests.drop(columns="metric_code"), rounds, counters, ops,
+                       index.acceptances)  # fmt: skip
+
+
+def load_tables(location: str | os.PathLike[str], *, jobs: int = 1) -> StoreTables:
+    """The whole store's runs, acceptances and records (:func:`load_index`, then
+    :func:`load_records` of every record)."""
+    return load_records(location, load_index(location), jobs=jobs)
 
 
 def _empty() -> tuple[pd.DataFrame, ...]:
@@ -330,7 +406,7 @@ def _empty() -> tuple[pd.DataFrame, ...]:
     counters = pd.DataFrame({"test_id": np.array([], np.int64),
                              "counter": pd.Categorical([], pd.Index(COUNTER_NAMES)), "value": [],
                              "stable_value": []})  # fmt: skip
-    names = ("test_id", "gpu", "cpu", "calls", "kernels", "flops", "bytes", "using_tc",
-             "op_id", "op_name", "dtypes")  # fmt: skip
+    names = ("test_id", "using_tc", "time", "calls", "kernels", "flops", "bytes", "op_id",
+             "op_name", "dtypes")  # fmt: skip
     ops = pd.DataFrame({c: [] for c in names})
     return rounds, levels, iters, counters, ops

@@ -289,13 +289,14 @@ def _counter_charts(s: Series, x: np.ndarray, span: int) -> str:
     if s.counters.empty:
         return '<p class="empty">no counters stored</p>'
     out = []
-    groups = {str(k): g for k, g in s.counters.groupby("counter", observed=True)}
+    names = s.counters["counter"].astype(str).to_numpy()
+    run, value = s.counters["run"].to_numpy(), s.counters["value"].to_numpy(np.float64)
     for counter, title in COUNTER_TITLES.items():
-        sub = groups.get(counter)
-        if sub is None or not np.any(sub["value"].to_numpy() != 0):
+        mine = names == counter
+        if not np.any(value[mine] != 0):
             continue
         y = np.full(len(s.runs), np.nan)
-        y[sub["run"].to_numpy()] = sub["value"].to_numpy(np.float64)
+        y[run[mine]] = value[mine]
         out.append(chart(label=title, x_count=span, lines=[(title, x, y)], width=470,
                          height=140, y_format=_counted(counter),
                          x_labels=()))  # fmt: skip
@@ -307,11 +308,12 @@ def _op_chart(s: Series, a: Analysed, x: np.ndarray, span: int, names: dict[str,
     if not a.top_ops:
         return '<p class="empty">no ops stored</p>'
     lines = []
-    groups = {str(k): g for k, g in s.ops.groupby("op_id", observed=True)}
+    ops = s.ops["op_id"].astype(str).to_numpy()
+    run, time = s.ops["run"].to_numpy(), s.ops["time_ns"].to_numpy(np.float64)
     for op in a.top_ops:
-        sub = groups[op]
+        mine = ops == op
         y = np.full(len(s.runs), np.nan)
-        y[sub["run"].to_numpy()] = sub["time_ns"].to_numpy(np.float64)
+        y[run[mine]] = time[mine]
         lines.append((names.get(op, op), x, y))
     return chart(label="time per iteration of the top ops", x_count=span, lines=lines,
                  y_format=duration, legend=True, log=True, height=280)  # fmt: skip
