@@ -175,6 +175,24 @@ def test_ab_pairs_cancel_a_shared_drift() -> None:
     assert few.outcome is Outcome.NOT_JUDGED and "too few A/B pairs" in few.message
 
 
+def test_ab_pairs_in_one_process_say_so_and_a_noisy_one_names_the_pairs_spread() -> None:
+    """A pair child's verdict: the sides' levels may differ a lot from pair to pair (each
+    process its own offset) while the pairs agree: 'noisy' cites the pairs' SD, the unit
+    the interval is built on, and the smallest change the run could see."""
+    levels = 1e6 * np.exp(0.3 * RNG.standard_normal(8))  # 30 % between processes
+    d = np.array([0.03, -0.02, 0.025, -0.03, 0.02, -0.025, 0.03, -0.02])
+    v = judge_ab(levels, levels * np.exp(d), metric="wall_time", tolerance=0.02, alpha=0.01,
+                 in_turn=True)  # fmt: skip
+    assert "each one process stepping both trees in turn" in v.replicated
+    assert v.outcome is Outcome.NOISY, v.message
+    x = np.sort(d)
+    w = np.concatenate([[x[1]], x[1:-1], [x[-2]]])
+    assert v.noise_pct == pytest.approx(100 * math.expm1(w.std(ddof=1)))
+    assert f"its A/B pairs differ by {v.noise_pct:.1f}% (SD)" in v.message
+    assert f"smallest change this run can see {v.threshold_pct:.1f}%" in v.message
+    assert "rounds spread" not in v.message
+
+
 @pytest.mark.parametrize(
     "spec, key, budget",
     [

@@ -263,7 +263,8 @@ def test_compare_against_keeps_its_report(repo: pytest.Pytester, tmp_path: Path)
     out = tmp_path / "ab"
     r = subprocess.run(
         [sys.executable, "-m", "perfguard.cli", "compare", "--against", "HEAD~1",
-         "--pytest-args", "-k attention --perfguard-ab-pairs=3", "--output", str(out)],
+         "--pytest-args", "-k attention --perfguard-ab-pairs=3 --perfguard-ab-budget=0",
+         "--output", str(out)],
         cwd=repo.path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]

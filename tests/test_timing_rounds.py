@@ -126,6 +126,50 @@ def test_cpu_loop_times_rounds_unprofiled_then_profiles_one(
     assert timing_mask(rec.samples, "gpu_time").tolist() == prof.tolist()
 
 
+def test_a_timing_only_loop_merges_with_the_first_pair_childs_profiled_one(
+    tmp_path: Path, steady_machine: list[int]
+) -> None:
+    """A/B pair children after the first skip the profiled round: their records hold
+    timing rows only, and merged after the first child's the test keeps that child's ops
+    and counters, every child's timing rounds, and (as the record says) median steps."""
+    from perfguard.baseline.record import merge_rounds, record_from_timings
+
+    spec = ProfileSpec(iterations=4, warmup=1, rounds=3)
+    a = torch.randn(32, 32)
+    first = GpuProfile(spec, TorchCapturer(tmp_path / "first.pt.trace.json", "cpu"))
+    _run(first, a)
+    later = GpuProfile(spec, TorchCapturer(tmp_path / "later.pt.trace.json", "cpu"))
+    later.timing_only = True
+    steps = _run(later, a)
+    assert steps == list(range(-1, 12))  # warm-up and 3 timing rounds: no profiled round
+    assert later.completed and not later.captured
+    assert not (tmp_path / "later.pt.trace.json").exists()
+
+    full = record_from_analysis(
+        "t::x", analyze(load_trace(tmp_path / "first.pt.trace.json")),
+        wall_times_ns=np.asarray(first.wall_times_ns), rounds=np.asarray(first.round_of),
+        profiled=np.asarray(first.profiled), meta={"round_statistic": "median"},
+    )  # fmt: skip
+    timing = record_from_timings(
+        "t::x", wall_times_ns=np.asarray(later.wall_times_ns),
+        cpu_times_ns=np.asarray(later.cpu_times_ns), rounds=np.asarray(later.round_of),
+        metric="wall_time", meta={"round_statistic": "median"},
+    )  # fmt: skip
+    assert timing.ops.empty and timing.counters.empty and timing.timed_apart
+    merged = merge_rounds([full, timing])
+    # each child one round of the merged record, its value the median of its timed steps
+    walls = [first.wall_times_ns[:12], later.wall_times_ns]
+    assert merged.round_values().tolist() == [float(np.median(w)) for w in walls]
+    # ops and counters are the profiled child's alone (not halved by the timing child)
+    pd_testing = pytest.importorskip("pandas.testing")
+    pd_testing.assert_frame_equal(
+        merged.counters.reset_index(drop=True),
+        full.counters.reset_index(drop=True),
+        check_dtype=False,
+    )
+    assert merged.ops["calls"].tolist() == full.ops["calls"].tolist()
+
+
 def test_a_baseline_timed_under_the_profiler_is_not_compared_on_cpu_time(tmp_path: Path) -> None:
     """A store saved before timing rounds ran unprofiled holds slower, noisier CPU timings:
     judging today's rounds against them would read ``improved``; the gates still run."""

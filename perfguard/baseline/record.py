@@ -70,18 +70,30 @@ METRICS = {"gpu_time": "gpu_time_ns", "wall_time": "wall_time_ns", "cpu_time": "
 ROUND_STATISTIC = {"gpu_time": "median", "wall_time": "min", "cpu_time": "min"}
 
 
-def round_statistic(metric: str) -> str:
-    """``"min"`` or ``"median"``: how a round of ``metric`` is reduced (:data:`ROUND_STATISTIC`)."""
+#: an A/B pair child's steps (:mod:`perfguard.plugin.interleave`: both trees stepping in
+#: turn in one process) take their median: the two sides share every slow spell, so the
+#: median's lower noise is no longer bought with the machine's state. Measured on the
+#: 2-core VM (benchmarks/README.md, "A/B children"), two copies of a model stepping in
+#: turn differed by 0.7-3.9 % (SD of the log ratio) by their medians, 1.8-7.9 % by their
+#: fastest steps. Kept in the record's meta (``round_statistic``).
+PAIR_STATISTIC = "median"
+
+
+def round_statistic(metric: str, override: str | None = None) -> str:
+    """``"min"`` or ``"median"``: how a round of ``metric`` is reduced (:data:`ROUND_STATISTIC`,
+    unless a record says otherwise: ``override``, its ``meta["round_statistic"]``)."""
+    if override in ("min", "median"):
+        return override
     return ROUND_STATISTIC.get(metric, "median")
 
 
-def round_value(values: np.ndarray, metric: str) -> float:
+def round_value(values: np.ndarray, metric: str, statistic: str | None = None) -> float:
     """One round's value from its iterations' ``metric`` (ns), NaN when empty."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if not len(v):
         return float("nan")
-    return float(v.min() if round_statistic(metric) == "min" else np.median(v))
+    return float(v.min() if round_statistic(metric, statistic) == "min" else np.median(v))
 
 
 def profiled_mask(samples: pd.DataFrame) -> np.ndarray:
@@ -259,7 +271,8 @@ class TestRecord:
         values, rounds = self.values(metric), self.rounds(metric)
         if not len(values):
             return np.zeros(0)
-        return np.array([round_value(values[rounds == r], metric) for r in np.unique(rounds)])
+        how = self.meta.get("round_statistic")
+        return np.array([round_value(values[rounds == r], metric, how) for r in np.unique(rounds)])
 
     def op_values(self, op_id: str, metric: str | None = None) -> np.ndarray:
         """Per-iteration values of one op (GPU time, or CPU time for a wall/CPU-time record)."""
@@ -412,6 +425,27 @@ def call_sites_of(ops: pd.DataFrame) -> dict[str, str]:
     have = ops[ops["call_site"].notna()]
     pairs = zip(have["op_name"], have["call_site"], strict=True)
     return {str(n): str(s) for n, s in pairs if str(s)}
+
+
+def record_from_timings(
+    nodeid: str,
+    *,
+    wall_times_ns: np.ndarray,
+    cpu_times_ns: np.ndarray | None,
+    rounds: np.ndarray | None,
+    metric: str,
+    meta: dict[str, Any],
+) -> TestRecord:
+    """A record of timing rounds only (no profiled round: no ops, kernels or counters), as
+    an A/B pair child after the first makes (:mod:`perfguard.plugin.interleave`): the
+    first child's profiled round gave the test's ops and gates, which do not vary."""
+    walls = np.asarray(wall_times_ns, dtype=np.int64)
+    samples = _timing_rows(np.zeros(len(walls), dtype=bool), walls, cpu_times_ns, rounds)
+    return TestRecord(
+        nodeid=nodeid, metric=metric, samples=samples[list(SAMPLE_COLUMNS)],
+        op_samples=empty_frame(OP_SAMPLE_COLUMNS), ops=empty_frame(OP_COLUMNS),
+        kernels=empty_frame(KERNEL_COLUMNS), meta=meta,
+    )  # fmt: skip
 
 
 def _timing_rows(

@@ -175,6 +175,7 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Tes
         timing = judge_ab(
             base_rounds[:n], cur_rounds[:n], metric=metric, tolerance=tol, alpha=alpha,
             load=load, wait=wait, iterations=_iterations(current),
+            in_turn=current.meta.get("ab_children") == "pair",
         )  # fmt: skip
     else:
         timing = judge_store(

@@ -354,8 +354,10 @@ def judge_ab(
     load: float = math.nan,
     wait: float = math.nan,
     iterations: int = 0,
+    in_turn: bool = False,
 ) -> TimingVerdict:
-    """Judge paired rounds: ``base[i]`` and ``head[i]`` ran next to each other (ABBA)."""
+    """Judge paired rounds: ``base[i]`` and ``head[i]`` ran next to each other (ABBA), or
+    in one process stepping in turn (``in_turn``: an A/B pair child)."""
     a = np.log(np.asarray(base, dtype=np.float64))
     b = np.log(np.asarray(head, dtype=np.float64))
     ok = np.isfinite(a) & np.isfinite(b)
@@ -394,7 +396,11 @@ def judge_ab(
         threshold_pct=100 * max(tolerance, math.expm1(half)) if math.isfinite(half) else math.nan,
         noise_pct=100 * math.expm1(sd),
         replicated=(
-            f"{len(d)} A/B pairs of rounds{per}, alternating ABBA on this machine"
+            (
+                f"{len(d)} A/B pairs{per}, each one process stepping both trees in turn"
+                if in_turn
+                else f"{len(d)} A/B pairs of rounds{per}, alternating ABBA on this machine"
+            )
             + (f"; {AB_TRIM:.0%} trimmed mean ({g} pair(s) set aside each side)" if g else "")
         ),
         message="", **common,
@@ -440,6 +446,14 @@ def _with_message(
             f"machine busy: the test waited for a CPU {v.wait:.0%} of its rounds' time "
             f"(baseline {base}), which can explain a change up to the threshold "
             f"{v.threshold_pct:.1f}%; use A/B mode or rely on the gates here"
+        )
+    elif o is Outcome.NOISY and v.mode == "ab":
+        # the pairs' differences are the A/B unit: the two sides' levels may spread
+        # widely across pairs while each pair agrees closely
+        why = (
+            f"too noisy to resolve a {v.tolerance_pct:g}% change: its A/B pairs differ by "
+            f"{v.noise_pct:.1f}% (SD), smallest change this run can see "
+            f"{v.threshold_pct:.1f}%"
         )
     elif o is Outcome.NOISY:
         why = (

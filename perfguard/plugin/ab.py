@@ -32,6 +32,7 @@ comparison a lie, so such a test is ``incomparable``.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfguard.baseline.record import PAIR_STATISTIC
 from perfguard.plugin.forkserver import FORK_UNSAFE, ForkServer, preload_names
 from perfguard.plugin.options import AB_CHILD_ROUNDS
 
@@ -54,6 +56,10 @@ AB_SELECT_ENV = "PERFGUARD_AB_SELECT"
 AB_FOREIGN_ENV = "PERFGUARD_AB_FOREIGN"
 #: the child's own tree root (the trees may nest)
 AB_OWN_ENV = "PERFGUARD_AB_OWN"
+#: "1": the child times its tests without a profiled round (A/B pair children after the
+#: first: the first one's profiled round gave the ops and gates; an analysis costs more
+#: than the timing rounds of a small test)
+AB_TIMING_ONLY_ENV = "PERFGUARD_AB_TIMING_ONLY"
 #: a fork server restarts to preload what its children imported at most this often,
 #: and only for at least this many new modules (one restart costs an import of them)
 MAX_SERVER_RESTARTS = 2
@@ -142,6 +148,7 @@ class ABRunner:
         say: Callable[[str], None] = lambda line: None,
         rounds: int | None = AB_CHILD_ROUNDS,
         children: str = "fork",
+        interleave: bool = True,
     ) -> None:
         self.roots = {"A": base_root, "B": head_root}
         self.head_rel = head_rel  # the pytest rootdir relative to the git root
@@ -157,6 +164,9 @@ class ABRunner:
         self.notes: list[str] = []
         self.rounds_run = 0
         self.children = children  # "fork" (from a ForkServer) or "spawn"
+        #: A/B pairs in one child each, both trees stepping in turn (perfguard.plugin.
+        #: interleave); False: a child per side per pair (ABBA)
+        self.interleave = interleave
         self.server: ForkServer | None = None
         self._learnt: list[str] = []  # modules children loaded that the server had not
         self._restarts = 0
@@ -221,7 +231,7 @@ class ABRunner:
         server = self._fork_server()
         if server is not None:
             root = self.roots[side] / self.head_rel
-            lead = [str(root)] + ([str(root / "src")] if (root / "src").is_dir() else [])
+            lead = _lead(root)
             try:
                 return server.run(
                     cwd=root, args=argv[3:], env=env, lead=lead, log=log, timeout=self.timeout
@@ -246,7 +256,7 @@ class ABRunner:
     def _env(self, side: str, out_file: Path, select: Path) -> dict[str, str]:
         env = dict(os.environ)
         root = self.roots[side] / self.head_rel
-        lead = [str(root)] + ([str(root / "src")] if (root / "src").is_dir() else [])
+        lead = _lead(root)
         env["PYTHONPATH"] = os.pathsep.join(lead + [p for p in [env.get("PYTHONPATH")] if p])
         env[AB_OUT_ENV] = str(out_file)
         env[AB_SELECT_ENV] = str(select)
@@ -255,14 +265,15 @@ class ABRunner:
         env[AB_OWN_ENV] = str(self.roots[side])
         return env
 
-    def run_round(self, side: str, nodeids: list[str], index: int) -> None:
-        """One child in tree ``side`` ("A" base, "B" head), one round of each test."""
+    def _prepare(self, side: str, nodeids: list[str], index: int) -> _Round | None:
+        """A round's folder, selection and command in tree ``side``; None when the tree has
+        none of the tests (each is then marked so)."""
         root = self.roots[side] / self.head_rel
         present = [n for n in nodeids if (root / n.split("::", 1)[0]).is_file()]
         for n in set(nodeids) - set(present):
             self._side(n, side).failure = "the test's file is not in this tree"
         if not present:
-            return
+            return None
         files = sorted({n.split("::", 1)[0] for n in present})
         work = self.output / "ab" / f"round-{index:03d}-{side}"
         shutil.rmtree(work, ignore_errors=True)
@@ -270,17 +281,99 @@ class ABRunner:
         select = work / "select.txt"
         select.write_text("\n".join(present) + "\n", encoding="utf-8")
         out_file = work / "round.pkl"
+        argv = self._argv(side, files, work / "output")
+        return _Round(side, present, work, out_file, argv, self._env(side, out_file, select))
+
+    def run_round(self, side: str, nodeids: list[str], index: int) -> None:
+        """One child in tree ``side`` ("A" base, "B" head), one round of each test."""
+        prep = self._prepare(side, nodeids, index)
+        if prep is None:
+            return
         t0 = time.monotonic()
-        log = work / "child.log"
-        code = self._start_child(
-            side, self._argv(side, files, work / "output"), self._env(side, out_file, select), log
-        )
+        code = self._start_child(side, prep.argv, prep.env, prep.work / "child.log")
         self.rounds_run += 1
-        name = "base" if side == "A" else "head"
         self.round_seconds.append(time.monotonic() - t0)
-        output = _read_output(out_file)
+        self._collect(prep, _read_output(prep.out_file), code, index)
+
+    def run_pair(self, nodeids: list[str], index: int, first: str) -> None:
+        """One pair child: both trees' sessions in one process, their timed steps in turn
+        (:mod:`perfguard.plugin.interleave`), ``first`` stepping first. A test reported by
+        one side only loses the pair's round on both, so the sides' rounds stay paired."""
+        preps = {side: self._prepare(side, nodeids, index) for side in ("A", "B")}
+        if preps["A"] is None or preps["B"] is None:
+            for side, prep in preps.items():
+                if prep is not None:
+                    self.run_round(side, prep.present, index)
+            return
+        order = [first, "B" if first == "A" else "A"]
+        pair = []
+        for side in order:
+            prep = preps[side]
+            assert prep is not None
+            root = self.roots[side] / self.head_rel
+            keys = (AB_OUT_ENV, AB_SELECT_ENV, AB_FOREIGN_ENV, AB_OWN_ENV)
+            side_env = {k: prep.env[k] for k in keys}
+            if index > 0:  # the first pair child's profiled round gave the ops and gates
+                side_env[AB_TIMING_ONLY_ENV] = "1"
+            pair.append({"name": side, "root": str(self.roots[side]), "cwd": str(root),
+                         "args": prep.argv[3:], "env": side_env,
+                         "lead": _lead(root)})  # fmt: skip
+        log = self.output / "ab" / f"round-{index:03d}-pair.log"
+        env = {k: v for k, v in os.environ.items() if k not in (AB_OUT_ENV, AB_SELECT_ENV)}
+        t0 = time.monotonic()
+        code = self._start_pair(pair, env, log)
+        self.rounds_run += 2
+        half = (time.monotonic() - t0) / 2
+        self.round_seconds += [half, half]
+        outputs = {side: _read_output(prep.out_file) for side, prep in preps.items() if prep}
+        for side, prep in preps.items():
+            assert prep is not None
+            name = "B" if side == "A" else "A"
+            other, asked = outputs[name], set(preps[name].present)  # type: ignore[union-attr]
+            only = None
+            if other is not None:  # tests of both trees that the other did not time
+                only = {n for n in prep.present if n in asked and n not in other.records}
+            self._collect(prep, outputs[side], code, index, drop=only, statistic=PAIR_STATISTIC)
+
+    def _start_pair(self, pair: list[dict[str, Any]], env: dict[str, str], log: Path) -> int | str:
+        """A pair child, forked from the warm server when there is one, else spawned."""
+        cwd = Path(pair[0]["cwd"])
+        server = self._fork_server()
+        if server is not None:
+            try:
+                return server.run(cwd=cwd, args=[], env=env, lead=pair[0]["lead"], log=log,
+                                  timeout=self.timeout, pair=pair)  # fmt: skip
+            except OSError as exc:
+                self.notes.append(f"the fork server stopped ({exc}); children spawn from here on")
+                server.close()
+                self.children = "spawn"
+        request = log.with_suffix(".json")
+        request.write_text(json.dumps({"pair": pair}), encoding="utf-8")
+        code = "from perfguard.plugin.interleave import main; main()"
+        return self._spawn(pair[0]["name"], [sys.executable, "-c", code, str(request)], env, log)
+
+    def _collect(
+        self,
+        prep: _Round,
+        output: RoundOutput | None,
+        code: int | str,
+        index: int,
+        drop: set[str] | None = None,
+        statistic: str | None = None,
+    ) -> None:
+        """A round child's output into each test's side (``drop``: tests whose round is
+        lost; ``statistic``: how the records' steps reduce, kept in their meta)."""
+        side, present = prep.side, prep.present
+        name = "base" if side == "A" else "head"
         if output is not None and self.children == "fork":
             self._learn(output.modules)
+        if output is not None and drop:
+            for n in drop:
+                output.records.pop(n, None)
+        if output is not None and statistic is not None:
+            for rec in output.records.values():
+                rec.meta["round_statistic"] = statistic
+                rec.meta["ab_children"] = "pair"
         if output is None:
             why = _exit_reason(code)
             self.notes.append(f"round {index + 1} ({name}) reported nothing: {why}")
@@ -303,6 +396,17 @@ class ABRunner:
                 s.failure = f"capture failed: {output.errors[n]}"
             if output.foreign:
                 self.results[n].foreign = output.foreign
+
+    def _one_pair(self, nodeids: list[str], k: int, index: int) -> int:
+        """Pair ``k``: one pair child (its first stepper alternating A, B, ...) or, with
+        separate children, two rounds in ABBA order; the next round index."""
+        if self.interleave:
+            self.run_pair(nodeids, index, "A" if k % 2 == 0 else "B")
+            return index + 1
+        for side in abba(1, k):
+            self.run_round(side, nodeids, index)
+            index += 1
+        return index
 
     def _progress(
         self,
@@ -349,25 +453,40 @@ class ABRunner:
         for n in nodeids:
             self.results.setdefault(n, TestAB())
         index = 0
-        for k, side in enumerate(abba(pairs)):
-            self.run_round(side, nodeids, index)
-            index += 1
-            self._progress(index, 2 * pairs, nodeids, status, pair_done=k % 2 == 1)
+        for k in range(pairs):
+            index = self._one_pair(nodeids, k, index)
+            self._progress(2 * (k + 1), 2 * pairs, nodeids, status, pair_done=True)
         deadline = time.monotonic() + budget
         done = pairs
         while budget > 0 and done < max_pairs and time.monotonic() < deadline:
             todo = [n for n in nodeids if unresolved(n, self.results[n])]
             if not todo:
                 break
-            for k, side in enumerate(abba(1, done)):
-                self.run_round(side, todo, index)
-                index += 1
-                left = min(max_pairs - done, max(deadline - time.monotonic(), 0) / 2)
-                self._progress(index, index + int(2 * left) - k, todo, status, k == 1)
+            index = self._one_pair(todo, done, index)
+            left = min(max_pairs - done - 1, max(deadline - time.monotonic(), 0) / 2)
+            rounds = 2 * (done + 1)
+            self._progress(rounds, rounds + 2 * max(int(left), 0), todo, status, True)
             done += 1
         if budget > 0 and done > pairs:
             self.notes.append(f"A/B auto-sampling: {done} pairs for the unresolved test(s)")
         return self.results
+
+
+@dataclass
+class _Round:
+    """One side's round, prepared: its tests, folder, output file and command."""
+
+    side: str
+    present: list[str]
+    work: Path
+    out_file: Path
+    argv: list[str]
+    env: dict[str, str]
+
+
+def _lead(root: Path) -> list[str]:
+    """What leads ``sys.path`` in a tree's child: its root, and its ``src/`` if any."""
+    return [str(root)] + ([str(root / "src")] if (root / "src").is_dir() else [])
 
 
 def _read_output(path: Path) -> RoundOutput | None:

@@ -39,6 +39,7 @@ from perfguard.capture.torch_profiler import TorchBackend
 from perfguard.environment import Environment
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import AB_OUT_ENV
+from perfguard.plugin.interleave import ab_env
 from perfguard.plugin.options import Settings, project_root
 
 
@@ -95,7 +96,7 @@ class SessionContext:
         self.worker_id: str | None = workerinput["workerid"] if workerinput else None
         #: round-child mode (A/B): this process runs one round for a parent session and
         #: writes its records to this file
-        self.round_child: str | None = os.environ.get(AB_OUT_ENV)
+        self.round_child: str | None = ab_env(AB_OUT_ENV)
         self.notes: list[str] = []
         self.store: Store | None = None
         self.baseline_ref: str | None = None

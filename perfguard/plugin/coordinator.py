@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import math
-import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from perfguard.plugin.ab import (
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.forkserver import preload_names
 from perfguard.plugin.instructions import InstructionSession
+from perfguard.plugin.interleave import ab_env
 from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS
 from perfguard.plugin.outputs import ALPHA, SessionOutputs
 from perfguard.plugin.verdicts import Verdicts
@@ -99,13 +99,21 @@ class Coordinator:
             output=settings.output, backend=settings.backend,
             xdist=ctx.config.pluginmanager.hasplugin("xdist"),
             timeout=settings.timeout, children=settings.children,
-            say=self.say,
+            say=self.say, interleave=settings.ab_children == "pair",
         )  # fmt: skip
-        ctx.notes.append(
-            f"A/B mode: {settings.ab_pairs} ABBA pairs of rounds against "
-            f"{settings.against} ({self.ab_commit[:12]}), each a fresh child process "
-            f"({settings.children}) timing {AB_CHILD_ROUNDS} rounds (its fastest step)"
-        )
+        if settings.ab_children == "pair":
+            ctx.notes.append(
+                f"A/B mode: {settings.ab_pairs} pairs against {settings.against} "
+                f"({self.ab_commit[:12]}), each one child process ({settings.children}) "
+                f"running both trees' tests, their timed steps in turn, {AB_CHILD_ROUNDS} "
+                "rounds (each side's median step)"
+            )
+        else:
+            ctx.notes.append(
+                f"A/B mode: {settings.ab_pairs} ABBA pairs of rounds against "
+                f"{settings.against} ({self.ab_commit[:12]}), each a fresh child process "
+                f"({settings.children}) timing {AB_CHILD_ROUNDS} rounds (its fastest step)"
+            )
 
     def close(self) -> None:
         for runner in (self.ab, self.isolator):
@@ -167,9 +175,13 @@ class Coordinator:
         if ab.base.failure or ab.head.failure or not ab.base.records or not ab.head.records:
             return None
         metric = ab.head.records[0].metric
+
         # a child's value: its timing iterations reduced as merge_rounds makes a round of them
-        a = np.array([round_value(r.values(metric), metric) for r in ab.base.records])
-        b = np.array([round_value(r.values(metric), metric) for r in ab.head.records])
+        def value(r: Any) -> float:
+            return round_value(r.values(metric), metric, r.meta.get("round_statistic"))
+
+        a = np.array([value(r) for r in ab.base.records])
+        b = np.array([value(r) for r in ab.head.records])
         n = min(len(a), len(b))
         return judge_ab(a[:n], b[:n], metric=metric, tolerance=self.context.settings.tolerance,
                         alpha=ALPHA)  # fmt: skip
@@ -291,7 +303,7 @@ class RoundChild:
     @staticmethod
     def select(config: pytest.Config, items: list[pytest.Item]) -> None:
         """Only the tests the parent selected."""
-        select = os.environ.get(AB_SELECT_ENV)
+        select = ab_env(AB_SELECT_ENV)
         if not select:
             return
         wanted = set(Path(select).read_text(encoding="utf-8").split("\n"))
@@ -311,7 +323,7 @@ class RoundChild:
 
     def write(self, outputs: SessionOutputs) -> None:
         errors = {k: str(e.error) for k, e in outputs.entries.items() if e.error}
-        foreign, own = os.environ.get(AB_FOREIGN_ENV), os.environ.get(AB_OWN_ENV)
+        foreign, own = ab_env(AB_FOREIGN_ENV), ab_env(AB_OWN_ENV)
         trees = [Path(p) for p in (foreign, own) if p]
         write_round_output(self.path, RoundOutput(
             records=outputs.records, outcomes=self.outcomes, errors=errors,

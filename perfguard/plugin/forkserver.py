@@ -147,11 +147,16 @@ def _child(req: dict[str, Any], start_path: list[str], proto: tuple[int, int]) -
         rest = [p for p in start_path[1:] if p not in req["lead"]]
         sys.path[:] = [req["cwd"], *req["lead"], *rest]
         sys.argv = ["pytest", *req["args"]]
-        import pytest
+        if "pair" in req:  # both trees' sessions, their steps interleaved
+            from perfguard.plugin.interleave import run_pair
 
-        # plugins preloaded by the server cannot be assertion-rewritten (pytest warns)
-        args = [*req["args"], "-W", "ignore::pytest.PytestAssertRewriteWarning"]
-        code = int(pytest.main(args))
+            code = run_pair(req)
+        else:
+            import pytest
+
+            # plugins preloaded by the server cannot be assertion-rewritten (pytest warns)
+            args = [*req["args"], "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+            code = int(pytest.main(args))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - report it in the child's log, exit non-zero
@@ -226,10 +231,17 @@ class ForkServer:
         lead: list[str],
         log: Path,
         timeout: float,
+        pair: list[dict[str, Any]] | None = None,
     ) -> int | str:
         """One child: its return code (minus the signal that killed it), or why it was
-        stopped (``"timed out after ... s"``). Raises :class:`OSError` when the server died."""
-        self._send({"cwd": str(cwd), "args": args, "env": env, "lead": lead, "log": str(log)})
+        stopped (``"timed out after ... s"``). Raises :class:`OSError` when the server died.
+        With ``pair``, the child runs both trees' sessions interleaved
+        (:mod:`perfguard.plugin.interleave`)."""
+        req: dict[str, Any] = {"cwd": str(cwd), "args": args, "env": env, "lead": lead,
+                               "log": str(log)}  # fmt: skip
+        if pair is not None:
+            req["pair"] = pair
+        self._send(req)
         started = self._receive(60.0)
         if started is None or "pid" not in started:
             raise OSError("the fork server stopped answering")

@@ -39,6 +39,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from perfguard.capture.capturers import Capturer
+from perfguard.plugin.interleave import handoff, in_pair
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.phases import timed
 
@@ -95,6 +96,9 @@ class GpuProfile:
         #: timing rounds run again because the machine ran slow during them
         self.slow_rounds = 0
         self.started = False
+        #: time the rounds, skip the profiled round (an A/B pair child after the first;
+        #: only where timing rounds run apart from the profiler)
+        self.timing_only = False
         #: the capture was started (with separate timing rounds: after all of them)
         self.captured = False
         self.completed = False
@@ -206,7 +210,11 @@ class GpuProfile:
         try:
             yield from self._measured(cap)
         finally:
-            gc.unfreeze()
+            # the collector is the process's: in a pair child the other side may still be
+            # timing, and unfreezing would put both sides' objects back in its scans for
+            # that side alone (the process ends with the pair)
+            if not in_pair():
+                gc.unfreeze()
 
     def _measured(self, cap: Capturer) -> Generator[int, None, None]:
         """The timing rounds (with the profiler off, where the capturer asks for it) and
@@ -231,6 +239,9 @@ class GpuProfile:
             self.phase_s["timing"] = steps
             self.phase_s["round_checks"] = max(spent - steps, 0.0)
             step += rounds * self.spec.iterations
+            if self.timing_only:  # an A/B pair child after the first (perfguard.plugin.ab)
+                self.completed = True
+                return
         with timed(self.phase_s, "profiled"):
             cap.start()
             self.captured = True
@@ -265,6 +276,12 @@ class GpuProfile:
 
         from perfguard.capture.speed import SLOW_FACTOR, reference_ns
 
+        if in_pair():
+            # an A/B pair child: both sides step in turn through the same spells; a side
+            # that ran a round again alone would pair its steps with other moments
+            for r in range(rounds):
+                yield from self._round(r, r * self.spec.iterations, probe, cap, profiled=False)
+            return
         befores: list[int] = [reference_ns()]
         afters: list[int] = []
         retries = rounds
@@ -319,7 +336,12 @@ class GpuProfile:
         clock, cpu = time.perf_counter_ns, time.thread_time_ns
         probe.start()
         setup, teardown = self._setup, self._teardown
+        # an A/B pair child: the other tree takes a step before each of this one's timed
+        # steps (perfguard.plugin.interleave); never inside a profiled round
+        turn = None if profiled else handoff
         for i in range(self.spec.iterations):
+            if turn is not None:
+                turn()
             if setup is not None:
                 setup()  # before the sync: the set-up's GPU work is not the step's
             cap.sync()

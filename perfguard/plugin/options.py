@@ -35,6 +35,7 @@ SAVE_MODE_CHOICES = ("replace", "append")
 #: how A/B and isolation children start: fork (from a warm server, plugin/forkserver.py)
 #: or spawn (a fresh interpreter each)
 CHILDREN_CHOICES = ("fork", "spawn")
+AB_CHILDREN_CHOICES = ("pair", "separate")
 #: metrics a whole session can add to every measured test (the marker's ``metrics=`` per test)
 METRIC_CHOICES = ("instructions",)
 DEFAULT_STORE = "baselines/perfguard.db"
@@ -49,6 +50,10 @@ DEFAULT_ROUNDS = 5
 DEFAULT_AB_PAIRS = 8
 #: A/B mode: at most this many pairs when sampling on until the change is resolved
 MAX_AB_PAIRS = 20
+#: A/B mode: seconds of more pairs while a test's change is unresolved (its interval wider
+#: than the tolerance): by default, since how many pairs a test needs depends on the test
+#: (benchmarks/README.md, "A/B sensitivity per test")
+DEFAULT_AB_BUDGET = 60.0
 #: A/B mode: timing rounds each child process runs; a child's value is their median. Its
 #: start (python, torch, pytest: seconds) dwarfs a round, so extra rounds are nearly free
 #: and cut the within-process noise of the value the pair is judged on
@@ -103,7 +108,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      f"A/B mode: pairs of rounds measured first (default {DEFAULT_AB_PAIRS})"),
     ("perfguard_ab_budget", "--perfguard-ab-budget", "string",
      f"A/B mode: seconds to keep adding pairs (up to {MAX_AB_PAIRS}) while a test's change "
-     "is unresolved (its interval wider than the tolerance); default 0: no auto-sampling"),
+     f"is unresolved (its interval wider than the tolerance); default {DEFAULT_AB_BUDGET:g}, "
+     "0: no auto-sampling"),
     ("perfguard_metric", "--perfguard-metric", "string",
      "instructions: also count each measured test's host instructions under Valgrind's "
      "Callgrind (one child for the session) and gate them (default budget 0.15%); "
@@ -116,6 +122,10 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "instructions: more environment variables the Callgrind child passes on (names or "
      "fnmatch patterns, comma- or space-separated, e.g. 'MYAPP_*'); it passes only paths, "
      "locale and framework settings, so a CI run's own variables cannot move the counts"),
+    ("perfguard_ab_children", "--perfguard-ab-children", "string",
+     "A/B mode: pair (default: each pair is one child process running both trees' tests, "
+     "their timed steps in turn, so the two share the process and every slow spell) or "
+     "separate (a child per tree per pair, in ABBA order)"),
     ("perfguard_children", "--perfguard-children", "string",
      "how A/B rounds and isolated tests start their child process: fork (default: from a "
      "warm server that imported the session's libraries once, never the trees' code) or "
@@ -137,6 +147,7 @@ _METAVARS = {
     "perfguard_ab_pairs": "N",
     "perfguard_ab_budget": "SECONDS",
     "perfguard_children": "{fork,spawn}",
+    "perfguard_ab_children": "{pair,separate}",
     "perfguard_metric": "{instructions}",
     "perfguard_compare_across": "GROUP[,GROUP]",
     "perfguard_instructions_env": "PATTERNS",
@@ -181,7 +192,7 @@ class Settings:
     rounds: int | None = None  # None: the marker's, else DEFAULT_ROUNDS
     against: str | None = None
     ab_pairs: int = DEFAULT_AB_PAIRS
-    ab_budget: float = 0.0
+    ab_budget: float = DEFAULT_AB_BUDGET
     isolate: bool = False
     timeout: float = DEFAULT_CAPTURE_TIMEOUT
     require_baseline: bool = False
@@ -189,6 +200,7 @@ class Settings:
     benchmarks: bool = False
     save_mode: str = "replace"
     children: str = "fork"
+    ab_children: str = "pair"  # A/B: one child per pair (both trees in turn) or per side
     metric: str | None = None  # "instructions": every measured test counts them too
     #: environment groups compared across anyway (perfguard.environment.GROUPS, or "all")
     compare_across: tuple[str, ...] = ()
@@ -280,6 +292,8 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = None if not value else _choice(str(value), METRIC_CHOICES, "metric")
             elif dest == "perfguard_instructions_env":
                 values[dest] = tuple(str(value or "").replace(",", " ").split())
+            elif dest == "perfguard_ab_children":
+                values[dest] = _choice(str(value or "pair"), AB_CHILDREN_CHOICES, "A/B children")
             elif dest == "perfguard_children":
                 values[dest] = _choice(str(value or "fork"), CHILDREN_CHOICES, "children")
             elif dest == "perfguard_fail_on":
@@ -300,7 +314,7 @@ def read_settings(config: pytest.Config) -> Settings:
             elif dest in ("perfguard_rounds", "perfguard_ab_pairs"):
                 values[dest] = None if value is None else _count(value, 3 if "ab" in dest else 1)
             elif dest == "perfguard_ab_budget":
-                values[dest] = 0.0 if value is None else _seconds(value)
+                values[dest] = DEFAULT_AB_BUDGET if value is None else _seconds(value)
             elif dest == "perfguard_timeout":
                 values[dest] = DEFAULT_CAPTURE_TIMEOUT if value is None else _seconds(value)
                 if values[dest] <= 0:
@@ -335,6 +349,7 @@ def read_settings(config: pytest.Config) -> Settings:
         benchmarks=values["perfguard_benchmarks"],
         save_mode=values["perfguard_save_mode"],
         children=values["perfguard_children"],
+        ab_children=values["perfguard_ab_children"],
         metric=values["perfguard_metric"],
         compare_across=values["perfguard_compare_across"],
         instructions_env=values["perfguard_instructions_env"],

@@ -27,8 +27,10 @@ from perfguard.baseline.record import TestRecord
 from perfguard.capture.capturers import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.capture.torch_profiler import TRACE_SUFFIX
 from perfguard.errors import PerfguardError
+from perfguard.plugin.ab import AB_TIMING_ONLY_ENV
 from perfguard.plugin.context import ResolvedBackend, SessionContext
 from perfguard.plugin.instructions import METRIC, InstructionSession
+from perfguard.plugin.interleave import ab_env
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.phases import timed
@@ -61,6 +63,8 @@ class CaptureResult:
     #: whose profiler captured it ("torch", "tf", "jax"; None: nsys), decided when the loop
     #: started (:class:`perfguard.capture.frameworks.DeferredCapturer`)
     framework: str | None = None
+    #: the loop timed its rounds and skipped the profiled round (an A/B pair child)
+    timing_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,10 @@ class CaptureRunner:
         capturer = DeferredCapturer(spec.framework, getattr(item, "module", None), where,
                                     what[1].device or "cpu", TRACE_SUFFIX)  # fmt: skip
         item.stash[_capture_key] = {"path": where, "backend": what[1].label}
-        return GpuProfile(what[0], capturer)
+        profile = GpuProfile(what[0], capturer)
+        if self.context.round_child and ab_env(AB_TIMING_ONLY_ENV) == "1":
+            profile.timing_only = True
+        return profile
 
     def run_nsys(self, item: pytest.Item) -> None:
         """nsys: the test alone in a child pytest under nsys, at set-up;
@@ -214,6 +221,8 @@ class CaptureRunner:
                 f"the test requests the {fixture} fixture but never runs {profile.loop_call}: "
                 "nothing was measured"
             )
+        elif not profile.captured and profile.timing_only and profile.completed:
+            out.timing_only = True
         elif not profile.captured:
             out.error = out.error or (
                 f"the iteration loop ended after {len(walls)} timed iterations, before "
@@ -275,21 +284,7 @@ class CaptureRunner:
                 f"{len(walls)} timed iterations but {n_ranges} in the capture: "
                 "iteration durations from the capture are used"
             )
-        load, wait = env.get("load"), env.get("wait")
-        settings = self.context.settings
-        meta = {
-            "marker": spec.to_dict(),
-            "tolerance": settings.tolerance if spec.tolerance is None else spec.tolerance,
-            "capture": str(path),
-            "backend": capture.backend,
-            "note": "; ".join(notes) or None,
-            "cpu_times_ns": cpu_times or None,
-            "load": load if load is not None and np.isfinite(load) else None,
-            "wait": wait if wait is not None and np.isfinite(wait) else None,
-            "speed_ns": env.get("speed_ns"),
-            "slow_rounds": env.get("slow_rounds") or 0,
-            "autotuned": _autotuned(),
-        }
+        meta = self._meta(spec, capture)
         peak = env.get("peak_memory")
         record = record_from_analysis(
             nodeid,
@@ -303,6 +298,39 @@ class CaptureRunner:
             profiled=profiled if walls and int(profiled.sum()) == n_ranges else None,
         )
         return self._with_instructions(record, spec, notes)
+
+    def _meta(self, spec: ProfileSpec, capture: CaptureResult) -> dict[str, Any]:
+        """A record's ``meta``: the marker's settings and how the loop ran."""
+        env = capture.env
+        load, wait = env.get("load"), env.get("wait")
+        settings = self.context.settings
+        return {
+            "marker": spec.to_dict(),
+            "tolerance": settings.tolerance if spec.tolerance is None else spec.tolerance,
+            "capture": str(capture.path),
+            "backend": capture.backend,
+            "note": "; ".join(capture.notes) or None,
+            "cpu_times_ns": capture.cpu_times or None,
+            "load": load if load is not None and np.isfinite(load) else None,
+            "wait": wait if wait is not None and np.isfinite(wait) else None,
+            "speed_ns": env.get("speed_ns"),
+            "slow_rounds": env.get("slow_rounds") or 0,
+            "autotuned": _autotuned(),
+        }
+
+    def timing_record(self, spec: ProfileSpec, capture: CaptureResult, nodeid: str) -> TestRecord:
+        """The record of a loop that only timed its rounds (``capture.timing_only``)."""
+        from perfguard.baseline.record import record_from_timings
+
+        return record_from_timings(
+            nodeid, wall_times_ns=np.asarray(capture.walls, dtype=np.int64),
+            cpu_times_ns=np.asarray(capture.cpu_times, dtype=np.int64)
+            if capture.cpu_times else None,
+            rounds=np.asarray(capture.rounds, dtype=np.int64) if capture.rounds else None,
+            metric=next((m for m in spec.metrics if m == "wall_time"
+                          or (m == "cpu_time" and capture.cpu_times)), "wall_time"),
+            meta=self._meta(spec, capture),
+        )  # fmt: skip
 
     def _with_instructions(
         self, record: TestRecord, spec: ProfileSpec, notes: list[str]
