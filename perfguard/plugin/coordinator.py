@@ -183,14 +183,21 @@ class Coordinator:
         a = np.array([value(r) for r in ab.base.records])
         b = np.array([value(r) for r in ab.head.records])
         n = min(len(a), len(b))
-        return judge_ab(a[:n], b[:n], metric=metric, tolerance=self.context.settings.tolerance,
+        return judge_ab(a[:n], b[:n], metric=metric, tolerance=self._tolerance(ab),
                         alpha=ALPHA)  # fmt: skip
+
+    def _tolerance(self, ab: TestAB) -> float:
+        """The test's own tolerance (its marker's, else the session's), as the final judge
+        takes it: auto-sampling must resolve the change that verdict will be asked about."""
+        from perfguard.compare.against import settings_for
+
+        return settings_for(ab.head.records[0], self.context.settings.tolerance).tolerance
 
     def _unresolved(self, nodeid: str, ab: TestAB) -> bool:
         from perfguard.compare.timing import ab_resolved
 
         verdict = self._verdict(ab)
-        return verdict is not None and not ab_resolved(verdict, self.context.settings.tolerance)
+        return verdict is not None and not ab_resolved(verdict, self._tolerance(ab))
 
     def _status(self, nodeid: str, ab: TestAB) -> str:
         """A test's change so far, for the progress line."""
