@@ -44,9 +44,10 @@ DEFAULT_TOLERANCE = 0.05
 #: rounds of a test's loop per session (store mode): enough for a spread and a
 #: t interval, few enough that a CI run stays practical
 DEFAULT_ROUNDS = 5
-#: A/B mode: pairs of rounds (base, head) measured before any auto-sampling: with the
-#: trimmed-mean judge, 8 pairs caught +5 % in 8 of 8 idle calibration sessions where 6
-#: caught 7 of 8 (benchmarks/README.md, round 4); forked children make a pair ~3 s
+#: A/B mode: pairs (base, head) measured before any auto-sampling: with pair children
+#: and the trimmed-mean judge, 8 pairs caught +5 % in 49 of 50 idle model-sessions of five
+#: small models (benchmarks/README.md, "A/B sensitivity per test"); after the first (which
+#: profiles), a pair child of a small test takes a few seconds
 DEFAULT_AB_PAIRS = 8
 #: A/B mode: at most this many pairs when sampling on until the change is resolved
 MAX_AB_PAIRS = 20
