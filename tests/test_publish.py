@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -345,3 +346,24 @@ def test_publish_without_git_orders_by_time_and_the_cli_says_what_it_did(replaye
     assert "0 page(s) rebuilt, 1 unchanged" in capsys.readouterr().out
     assert main(["publish", str(tmp_path / "nothing.db"), str(tmp_path / "s2")]) == 2
     assert "nothing.db" in capsys.readouterr().err
+
+
+def test_a_process_that_loaded_jax_publishes_without_forking(tmp_path: Path) -> None:
+    """A fork of a process whose JAX ran copies one of its threads (JAX warns it will likely
+    deadlock): publish then reads and builds in its own process, with the same pages."""
+    pytest.importorskip("jax")
+    code = (
+        "import sys, warnings\n"
+        "warnings.simplefilter('error')\n"
+        "import jax.numpy as jnp\n"
+        "jnp.ones(3).sum().block_until_ready()\n"
+        "from perfguard.publish.data import can_fork\n"
+        "assert not can_fork()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    plain = "from perfguard.publish.data import can_fork\nassert can_fork()\n"
+    done = subprocess.run([sys.executable, "-c", plain], capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]  # the CLI's process forks its workers

@@ -33,6 +33,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -278,6 +279,18 @@ def _per_iteration(ops: pd.DataFrame, tests: pd.DataFrame, iters: pd.Series) -> 
     return out
 
 
+#: runtimes whose thread pools a fork cannot copy (JAX warns that a fork "will likely lead
+#: to a deadlock"; TensorFlow's pools likewise): a process that loaded one never forks
+FORK_UNSAFE = ("jax", "jaxlib", "tensorflow")
+
+
+def can_fork() -> bool:
+    """Whether worker processes may be forked from this one: not after a runtime of
+    :data:`FORK_UNSAFE` was imported (a library caller's process); the work then runs
+    here, with the same results (the CLI never loads one)."""
+    return not any(name in sys.modules for name in FORK_UNSAFE)
+
+
 #: records from which reading in parallel pays for the forks
 PARALLEL_RECORDS = 20_000
 #: ids per query (one parameter: a JSON array in SQLite, an array in PostgreSQL)
@@ -372,7 +385,7 @@ def load_records(
     tests = tests.reset_index(drop=True)
     _READ.update(location=location, tests=index.tests)
     try:
-        if len(chunks) > 1 and jobs > 1:
+        if len(chunks) > 1 and jobs > 1 and can_fork():
             with multiprocessing.get_context("fork").Pool(min(len(chunks), jobs)) as pool:
                 parts = pool.map(_read, chunks, chunksize=1)
         else:

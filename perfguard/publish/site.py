@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from perfguard.errors import BaselineError, PerfguardError
-from perfguard.publish.data import load_index, load_records
+from perfguard.publish.data import can_fork, load_index, load_records
 from perfguard.publish.pages import IndexRow, front_page, index_row, machine_page, test_page
 from perfguard.publish.series import (
     Series,
@@ -223,7 +223,7 @@ def publish(
                  digests=digests, out=out, tolerance=tolerance, report_url=report_url,
                  old=old)  # fmt: skip
     try:
-        parallel = jobs > 1 and len(todo) > 4
+        parallel = jobs > 1 and len(todo) > 4 and can_fork()
         records = int(np.diff(plan.bounds)[todo].sum())
         parts = max(jobs, min(jobs * SHARES_PER_JOB, records // SHARE_RECORDS))
         shares = _shares(plan, todo, parts if parallel else 1)
