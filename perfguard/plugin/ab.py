@@ -231,7 +231,7 @@ class ABRunner:
         server = self._fork_server()
         if server is not None:
             root = self.roots[side] / self.head_rel
-            lead = _lead(root)
+            lead = tree_lead(root)
             try:
                 return server.run(
                     cwd=root, args=argv[3:], env=env, lead=lead, log=log, timeout=self.timeout
@@ -256,7 +256,7 @@ class ABRunner:
     def _env(self, side: str, out_file: Path, select: Path) -> dict[str, str]:
         env = dict(os.environ)
         root = self.roots[side] / self.head_rel
-        lead = _lead(root)
+        lead = tree_lead(root)
         env["PYTHONPATH"] = os.pathsep.join(lead + [p for p in [env.get("PYTHONPATH")] if p])
         env[AB_OUT_ENV] = str(out_file)
         env[AB_SELECT_ENV] = str(select)
@@ -317,7 +317,7 @@ class ABRunner:
                 side_env[AB_TIMING_ONLY_ENV] = "1"
             pair.append({"name": side, "root": str(self.roots[side]), "cwd": str(root),
                          "args": prep.argv[3:], "env": side_env,
-                         "lead": _lead(root)})  # fmt: skip
+                         "lead": tree_lead(root)})  # fmt: skip
         log = self.output / "ab" / f"round-{index:03d}-pair.log"
         env = {k: v for k, v in os.environ.items() if k not in (AB_OUT_ENV, AB_SELECT_ENV)}
         t0 = time.monotonic()
@@ -484,7 +484,7 @@ class _Round:
     env: dict[str, str]
 
 
-def _lead(root: Path) -> list[str]:
+def tree_lead(root: Path) -> list[str]:
     """What leads ``sys.path`` in a tree's child: its root, and its ``src/`` if any."""
     return [str(root)] + ([str(root / "src")] if (root / "src").is_dir() else [])
 

@@ -31,6 +31,7 @@ from perfguard.plugin.ab import (
     RoundOutput,
     TestAB,
     foreign_modules,
+    tree_lead,
     write_round_output,
 )
 from perfguard.plugin.context import SessionContext
@@ -150,7 +151,7 @@ class Coordinator:
                 rel = inifile.resolve().relative_to(self.ab.roots["B"].resolve())
                 ini = self.ab.roots[side] / rel if (self.ab.roots[side] / rel).is_file() else None
             present = [n for n in nodeids if (root / n.split("::", 1)[0]).is_file()]
-            lead = [str(root)] + ([str(root / "src")] if (root / "src").is_dir() else [])
+            lead = tree_lead(root)
             session.measure(present, root, ini, pythonpath=lead)
             self.context.notes.extend(session.notes)
         self.head_instructions = head
