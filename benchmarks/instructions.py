@@ -295,7 +295,34 @@ def table(doc: dict) -> dict:
                     "range_pct": [round(deltas[0], 4), round(deltas[-1], 4)] if deltas else None,
                 }
             out[f"{name}@{gate:g}%"] = row
+    if doc.get("layouts", 1) > 1:
+        out["instructions@layout_floor"] = _floor_rule(s, variants, pairs)
     return out
+
+
+def _floor_rule(s: list, variants: list, pairs: list) -> dict:
+    """The plugin's rule: 0.15 % widened to ``LAYOUT_SE`` standard errors of the difference of
+    the two sides' layout means (``compare.instructions.layout_floor`` on records carrying each
+    session's per-layout counts), with the largest budget it came to."""
+    from perfguard.baseline.record import LAYOUTS_META, TestRecord
+    from perfguard.compare.instructions import layout_floor
+
+    def rec(r: dict, v: str) -> TestRecord:
+        meta = {LAYOUTS_META: r["counts"][v]["per_layout"]}
+        return TestRecord("t", "wall_time", *([None] * 4), meta=meta)  # type: ignore[arg-type]
+
+    row = {}
+    for v in variants:
+        hits, widest = 0, 0.0015
+        for a, b in pairs:
+            floor = layout_floor(rec(a, "base"), rec(b, v))
+            budget = max(0.0015, floor[0] if floor else 0.0)
+            widest = max(widest, budget)
+            d = b["counts"][v]["instructions"] / a["counts"]["base"]["instructions"] - 1
+            hits += abs(d) > budget if v == "base" else d > budget
+        key = "alarms" if v == "base" else "detected"
+        row[v] = {key: f"{hits}/{len(pairs)}", "largest_budget_pct": round(100 * widest, 3)}
+    return row
 
 
 if __name__ == "__main__":

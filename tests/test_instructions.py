@@ -13,6 +13,7 @@ reason, only where Valgrind cannot run.
 
 from __future__ import annotations
 
+import math
 import sys
 import textwrap
 from pathlib import Path
@@ -33,6 +34,8 @@ from perfguard.baseline.record import (
     SAMPLE_COLUMNS,
     TestRecord,
     empty_frame,
+    instruction_counts,
+    instruction_layouts,
     with_instructions,
 )
 from perfguard.baseline.store import Store
@@ -338,3 +341,49 @@ def test_layouts_average_to_one_measurement(dumps):
     assert list(table.columns) == list(FUNCTION_COLUMNS)
     assert table["ir"].is_monotonic_decreasing
     assert mean_of([a]) is a
+
+
+def _layouts(center: float, rel_sd: float) -> list[float]:
+    """Four layout counts around ``center`` whose sample SD is ``rel_sd`` of it."""
+    # +-a, +-a: the sample SD of (a, -a, a, -a) is a * sqrt(4/3)
+    a = rel_sd * center / math.sqrt(4 / 3)
+    return [center + a, center - a, center + a, center - a]
+
+
+@needs_valgrind
+def test_a_step_spread_between_layouts_widens_its_budget(dumps):
+    """The instructions budget widens to 4 standard errors of the difference of the two
+    layouts' means: a step whose count spreads 0.3 % between heap layouts is not called
+    regressed for 0.4 % more (what a code change's layout alone moves it by), but is for 2 %;
+    a step spreading 0.01 % is held to the 0.15 % default. A baseline saved before the layouts
+    were kept borrows the current side's spread."""
+    base = _record("t", dumps[0]["base"])
+    figures = instruction_counts(base)
+    count = figures["instructions"]
+    budgets = parse_gates({"est_cycles": None})  # the default 0.15 % on instructions
+    none = pd.DataFrame(columns=["op_name", "kind"])
+
+    def side(scale: float, rel_sd: float | None) -> TestRecord:
+        moved = {k: v * scale for k, v in figures.items()}
+        layouts = None if rel_sd is None else _layouts(count * scale, rel_sd)
+        return with_instructions(base, moved, base.functions, ITERATIONS, layouts)
+
+    assert instruction_layouts(side(1.0, 0.003)) == pytest.approx(_layouts(count, 0.003))
+    tight = judge_gates(side(1.004, 0.0001), side(1.0, 0.0001), budgets, none)
+    assert tight.outcome is Outcome.REGRESSED
+    assert "(budget 0.15%)" in tight.regressions[0].message
+
+    floor = 4 * math.sqrt(0.003**2 / 4 + 0.003**2 / 4)  # by hand: 0.85 %
+    wide = judge_gates(side(1.004, 0.003), side(1.0, 0.003), budgets, none)
+    assert wide.outcome is Outcome.UNCHANGED
+    worse = judge_gates(side(1.02, 0.003), side(1.0, 0.003), budgets, none)
+    assert worse.outcome is Outcome.REGRESSED
+    (finding,) = worse.regressions
+    assert f"widened to {100 * floor:.2f}%" in finding.message
+    assert "moves 0.30% between heap layouts" in finding.message
+    assert finding.budget == f"{100 * floor:g}%"
+    # an older baseline without layouts: the current side's spread stands for both
+    older = side(1.0, None)
+    assert instruction_layouts(older) == []
+    assert judge_gates(side(1.004, 0.003), older, budgets, none).outcome is Outcome.UNCHANGED
+    assert judge_gates(side(1.004, None), older, budgets, none).outcome is Outcome.REGRESSED

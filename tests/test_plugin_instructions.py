@@ -73,8 +73,13 @@ def test_instructions_are_counted_saved_and_gated(pytester: pytest.Pytester) -> 
     with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
         (meta,) = db.execute("SELECT meta FROM tests WHERE nodeid = ?", (STEP_ID,)).fetchone()
     assert json.loads(meta)["instructions_steps"] == 3  # of 8 recorded: counts do not vary
+    layouts = json.loads(meta)["instructions_layouts"]  # each heap layout's count, kept
+    assert len(layouts) == 4 and sum(layouts) / 4 == pytest.approx(counts[STEP_ID])
 
-    # the same code again: the count is the same, nothing is flagged
+    # the same code again, now with the store's folder beside it (pytest's collection lists
+    # the root folder, which moves the heap): this step grows lists, whose realloc copies or
+    # extends by the heap's holes, so its layouts spread ~0.3 % and the budget widens to
+    # that; CI measured +0.18 % here against the plain 0.15 %
     run(repo).assert_outcomes(passed=2)
     same = entry(results(repo), STEP_ID)
     assert "instructions" in same["gates"]["checked"]

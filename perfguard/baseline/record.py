@@ -286,11 +286,17 @@ def empty_frame(columns: tuple[str, ...]) -> pd.DataFrame:
 
 
 def with_instructions(
-    record: TestRecord, figures: dict[str, float], functions: pd.DataFrame, steps: int
+    record: TestRecord,
+    figures: dict[str, float],
+    functions: pd.DataFrame,
+    steps: int,
+    layouts: list[float] | None = None,
 ) -> TestRecord:
     """``record`` with a Callgrind measurement of ``steps`` steps of its loop: the whole-test
     figures (:data:`INSTRUCTION_COUNTERS`, per iteration) as stable counters, replacing any it
-    had, and the per-function table. One round is enough: the count does not vary by run."""
+    had, and the per-function table. One round is enough: the count does not vary by run.
+    ``layouts``: the instructions per iteration in each heap layout counted (their spread is
+    how far a code change's new layout alone can move the mean: the gate's floor)."""
     unknown = set(figures) - set(INSTRUCTION_COUNTERS)
     if unknown:
         raise ValueError(f"{record.nodeid}: not instruction counters: {sorted(unknown)}")
@@ -309,8 +315,23 @@ def with_instructions(
         record,
         counters=counters[list(COUNTER_COLUMNS)],
         functions=functions.reindex(columns=list(FUNCTION_COLUMNS)).reset_index(drop=True),
-        meta={**record.meta, "instructions_steps": int(steps)},
+        meta={
+            **record.meta,
+            "instructions_steps": int(steps),
+            **({LAYOUTS_META: [float(v) for v in layouts]} if layouts else {}),
+        },
     )
+
+
+#: the record's meta key for its instructions per iteration in each heap layout counted
+LAYOUTS_META = "instructions_layouts"
+
+
+def instruction_layouts(record: TestRecord) -> list[float]:
+    """The instructions per iteration of ``record`` in each heap layout counted (empty when
+    not counted, or saved before perfguard kept them)."""
+    values = record.meta.get(LAYOUTS_META) or []
+    return [float(v) for v in values if isinstance(v, int | float)]
 
 
 def instruction_counts(record: TestRecord) -> dict[str, float]:

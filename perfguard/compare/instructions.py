@@ -12,13 +12,41 @@ the costliest) counts 0 on the other.
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import pandas as pd
 
-from perfguard.baseline.record import TestRecord, instruction_counts
+from perfguard.baseline.record import TestRecord, instruction_counts, instruction_layouts
 from perfguard.compare.units import human
 
 #: the moves a message names
 TOP = 3
+#: standard errors of the difference of two layouts' means the instructions budget widens to:
+#: on round 12's 20 sessions (benchmarks/data/instructions_layouts4.json) the floor stays
+#: under 0.15 % for every pair but one, keeping 0/380 A/A and 380/380 of each small change;
+#: a pure-Python step growing lists (glibc's realloc copies or extends by the heap's holes)
+#: spread 0.27 % between layouts and its two sessions 0.2 % apart (benchmarks/README.md)
+LAYOUT_SE = 4.0
+
+
+def layout_floor(baseline: TestRecord, current: TestRecord) -> tuple[float, float] | None:
+    """How far the mean of a test's heap layouts moves with no code change, from the spread
+    of the layouts each side counted: ``(floor, spread)``, both relative. ``floor`` is
+    :data:`LAYOUT_SE` standard errors of the difference of the two means, ``spread`` the
+    layouts' larger relative SD. A side saved before perfguard kept its layouts borrows the
+    other's spread; ``None`` when neither side has two layouts."""
+    spreads = []
+    for record in (baseline, current):
+        values = instruction_layouts(record)
+        if len(values) >= 2 and statistics.fmean(values) > 0:
+            spreads.append((statistics.stdev(values) / statistics.fmean(values), len(values)))
+    if not spreads:
+        return None
+    if len(spreads) == 1:
+        spreads *= 2
+    se = math.sqrt(sum(sd**2 / n for sd, n in spreads))
+    return LAYOUT_SE * se, max(sd for sd, _ in spreads)
 
 
 def _frame(record: TestRecord) -> pd.DataFrame:

@@ -71,6 +71,9 @@ class HostCount:
 
     current: float
     baseline: float | None = None
+    #: the gate's budget where it widened it to the test's heap-layout spread
+    #: (:attr:`perfguard.compare.gates.GateVerdict.widened`), else ""
+    budget: str = ""
 
     @property
     def delta_pct(self) -> float | None:
@@ -92,9 +95,10 @@ class HostCount:
         now = human(self.current, "instructions")
         if self.baseline is None:
             return f"host instructions per iteration: {now} (Callgrind; no baseline count)"
+        budget = f"; budget {self.budget}" if self.budget else ""
         return (
             f"host instructions per iteration: {human(self.baseline, 'instructions')} → {now} "
-            f"({self.delta_pct:+.2f}%, Callgrind)"
+            f"({self.delta_pct:+.2f}%, Callgrind{budget})"
         )
 
 
@@ -210,7 +214,8 @@ class TestEntry:
         if current is None:
             return None
         pair = self.gates.totals.get("instructions") if self.gates is not None else None
-        return HostCount(current, pair[0] if pair else None)
+        widened = self.gates.widened.get("instructions", "") if self.gates is not None else ""
+        return HostCount(current, pair[0] if pair else None, widened)
 
     @property
     def wait(self) -> float | None:
@@ -684,7 +689,18 @@ def _gates(d: Any, source: str, where: str) -> GateVerdict | None:
         checked=_notes(d.get("checked"), source, f"{where}.checked"),
         message=_text(d.get("message"), source, f"{where}.message") or "",
         totals=_totals(d.get("totals"), source, f"{where}.totals"),
+        widened=_widened(d.get("widened"), source, f"{where}.widened"),
     )
+
+
+def _widened(value: Any, source: str, where: str) -> dict[str, str]:
+    """A gate's widened budgets: ``{counter: text}``."""
+    if value is None:
+        return {}
+    _need(isinstance(value, dict), source, where, "an object", value)
+    for k, v in value.items():
+        _need(isinstance(v, str), source, f"{where}.{k}", "a string", v)
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def _totals(value: Any, source: str, where: str) -> dict[str, list[float]]:

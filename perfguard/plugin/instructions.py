@@ -196,13 +196,15 @@ class InstructionSession:
         from perfguard.trace.callgrind import read_callgrind
 
         steps = counted_steps(iterations)
-        figures, functions = mean_of([summarize(read_callgrind(d), steps) for d in dumps])
+        each = [summarize(read_callgrind(d), steps) for d in dumps]
+        figures, functions = mean_of(each)
+        layouts = [f["instructions"] for f, _ in each if "instructions" in f]
         where = f" in the {self.tree} tree" if self.tree else ""
         notes.append(
             f"host instructions per iteration{where}: {figures['instructions']:,.0f} "
             f"({steps} step(s) in each of {len(dumps)} heap layout(s) counted under Callgrind)"
         )
-        return with_instructions(record, figures, functions, steps)
+        return with_instructions(record, figures, functions, steps, layouts)
 
 
 def _by_test(dumps: dict[str, Path]) -> dict[str, list[Path]]:
