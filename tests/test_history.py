@@ -141,7 +141,7 @@ def test_the_cycle_fits_match_least_squares():
         return float(r @ r)
 
     brute = [rss(changepoint._cycle_design(40, p), y) for p in periods]
-    assert changepoint._harmonic_rss(y, periods) == pytest.approx(brute, rel=1e-6)
+    assert changepoint._harmonic_rss(y, 4, 20) == pytest.approx(brute, rel=1e-6)
     a = changepoint._cycle_design(40, 7.0)
     split = {t: rss(a[:t], y[:t]) + rss(a[t:], y[t:]) for t in range(7, 34)}
     t, best = changepoint._split_rss(a, y, 7)
@@ -472,3 +472,28 @@ def test_set_steps_name_what_appeared_and_what_went():
         # gone at run 5, is not a dtype change; mm's bf16 -> float at run 4 is
         (3, "dtypes", (("mm: bf16", 1.0, 0.0), ("mm: float", 0.0, 1.0))),
     ]
+
+
+def test_the_interval_search_matches_a_loop_over_every_interval():
+    """The vectorised search (a Toeplitz view of the length weights, the short end pieces
+    zeroed in its table) against a plain loop over every interval [a, b) it may split off."""
+    from scipy.stats import rankdata
+
+    rng = np.random.default_rng(3)
+    for m, min_size in ((6, 3), (17, 3), (40, 5), (64, 3)):
+        seg = rng.normal(size=m) + (np.arange(m) > m // 3)
+        seg[rng.integers(0, m, 2)] = seg[0]  # ties share their ranks
+        c = rankdata(seg) - (m + 1) / 2
+        s = np.concatenate(([0.0], np.cumsum(c)))
+        best = (0.0, 0, 0)
+        for a in range(m + 1):
+            for b in range(a + 1, m + 1):
+                length = b - a
+                pieces = [p for p in (a, m - b) if p > 0]
+                if min(length, m - length) < min_size or any(p < min_size for p in pieces):
+                    continue
+                z = abs(s[b] - s[a]) / np.sqrt(length * (m - length))
+                best = max(best, (z, -a, -b))
+        a, b, z = changepoint._best_interval(seg, min_size)
+        scale = np.sqrt((m - 1) / np.mean(c * c))
+        assert (a, b) == (-best[1], -best[2]) and z == pytest.approx(best[0] * scale)

@@ -181,26 +181,17 @@ def _length_weights(m: int, min_size: int) -> np.ndarray:
     return w
 
 
-_lengths = np.zeros((0, 0), dtype=np.intp)
-
-
-def _interval_lengths(m: int) -> np.ndarray:
-    """(m + 1) x (m + 1) view of b - a, clipped at 0 (one table, grown as needed)."""
-    global _lengths
-    if len(_lengths) < m + 1:
-        idx = np.arange(max(m + 1, 2 * len(_lengths)))
-        _lengths = np.maximum(idx[None, :] - idx[:, None], 0)
-    return _lengths[: m + 1, : m + 1]
-
-
 def _interval_weights(m: int, min_size: int) -> np.ndarray:
-    """1 / sqrt(L (m - L)) for each interval [a, b) of L = b - a runs that may be split off
-    (each resulting piece at least ``min_size`` runs), 0 elsewhere: (m + 1) x (m + 1)."""
-    w = _length_weights(m, min_size)[_interval_lengths(m)]
-    edge = np.arange(m + 1)
-    w[(edge > 0) & (edge < min_size), :] = 0.0  # a piece of fewer than min_size before a
-    w[:, (edge < m) & (m - edge < min_size)] = 0.0  # ... or after b
-    return w
+    """1 / sqrt(L (m - L)) at [a, b] for L = b - a (0 where b <= a or no split of L runs
+    is allowed): an (m + 1) x (m + 1) read-only Toeplitz *view* of one vector, so a search
+    builds no table (gathering one from the lengths was 40 % of a series' search). The
+    pieces of fewer than ``min_size`` runs before a or after b are not masked here: a
+    view's cells are shared; :func:`_best_interval` zeroes them in its own table."""
+    v = np.concatenate((np.zeros(m), _length_weights(m, min_size)))  # v[m + L]: L's weight
+    step = v.strides[0]
+    return np.lib.stride_tricks.as_strided(
+        v[m:], shape=(m + 1, m + 1), strides=(-step, step), writeable=False
+    )
 
 
 def _best_interval(seg: np.ndarray, min_size: int) -> tuple[int, int, float]:
@@ -212,8 +203,11 @@ def _best_interval(seg: np.ndarray, min_size: int) -> tuple[int, int, float]:
     if var_c == 0:
         return 0, m, 0.0
     s = np.concatenate(([0.0], np.cumsum(c)))
-    z = np.abs(s[None, :] - s[:, None])
+    z = np.subtract.outer(s, s)  # |s[b] - s[a]| at [a, b], in one table
+    np.abs(z, out=z)
     z *= _interval_weights(m, min_size)
+    z[1:min_size, :] = 0.0  # a piece of fewer than min_size runs before a
+    z[:, max(m - min_size + 1, 0) : m] = 0.0  # ... or after b
     k = int(np.argmax(z))
     return k // (m + 1), k % (m + 1), float(z.flat[k]) * np.sqrt((m - 1) / var_c)
 
@@ -491,10 +485,12 @@ def _drifts(x: np.ndarray, steps: list[tuple[int, float]], sigma: float) -> list
     return sorted(out, key=lambda s: s.index)
 
 
-def _harmonic_rss(y: np.ndarray, periods: np.ndarray) -> np.ndarray:
-    """Residual sum of squares of ``y`` around its least-squares fit by a level and one
-    sinusoid of each period in ``periods`` (normal equations, all periods at once)."""
-    n = len(y)
+@lru_cache(maxsize=4)
+def _harmonic_basis(n: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """cos and sin of each period ``lo..hi`` over ``n`` runs, and their normal equations'
+    matrices (with the level), read only: they depend on the length alone, and computing
+    them was most of the cycle model's cost (8 MB at 1,000 runs, every period to 500)."""
+    periods = np.arange(lo, hi + 1, dtype=np.float64)
     w = 2 * np.pi * np.outer(1.0 / periods, np.arange(n))
     c, s = np.cos(w), np.sin(w)
     g = np.empty((len(periods), 3, 3))
@@ -504,8 +500,17 @@ def _harmonic_rss(y: np.ndarray, periods: np.ndarray) -> np.ndarray:
     g[:, 1, 1] = (c * c).sum(1)
     g[:, 1, 2] = g[:, 2, 1] = (c * s).sum(1)
     g[:, 2, 2] = (s * s).sum(1)
-    h = np.stack([np.full(len(periods), y.sum()), c @ y, s @ y], axis=1)
     g += 1e-9 * n * np.eye(3)
+    for a in (c, s, g):
+        a.flags.writeable = False
+    return c, s, g
+
+
+def _harmonic_rss(y: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Residual sum of squares of ``y`` around its least-squares fit by a level and one
+    sinusoid of each whole period ``lo..hi`` (normal equations, all periods at once)."""
+    c, s, g = _harmonic_basis(len(y), lo, hi)
+    h = np.stack([np.full(len(g), y.sum()), c @ y, s @ y], axis=1)
     fit = np.linalg.solve(g, h[..., None])[..., 0]
     return np.maximum(float(y @ y) - np.einsum("ij,ij->i", h, fit), 0.0)
 
@@ -570,7 +575,8 @@ def _cycle(x: np.ndarray, period: int, min_size: int) -> _Cycle | None:
         periods = np.arange(4, n // 2 + 1, dtype=np.float64)
     if len(periods) == 0:
         return None
-    order = np.argsort(_harmonic_rss(y, periods), kind="stable")[:CYCLE_TRIES]
+    rss = _harmonic_rss(y, int(periods[0]), int(periods[-1]))
+    order = np.argsort(rss, kind="stable")[:CYCLE_TRIES]
     fits = []
     for p in periods[order].tolist():
         a = _cycle_design(n, p)

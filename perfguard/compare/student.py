@@ -13,6 +13,7 @@ on that tail, to the last bit of a double. ``tests/test_student.py`` checks both
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 __all__ = ["t_ppf", "t_sf"]
 
@@ -68,8 +69,10 @@ def t_sf(t: float, df: float) -> float:
     return tail if t > 0 else 1.0 - tail
 
 
+@lru_cache(maxsize=1024)
 def t_ppf(q: float, df: float) -> float:
-    """The ``q`` quantile of Student's t with ``df`` > 0 degrees of freedom."""
+    """The ``q`` quantile of Student's t with ``df`` > 0 degrees of freedom (kept: a
+    bisection of ~55 tails, asked again for the same level and degrees by every test)."""
     if math.isnan(q) or not df > 0 or not 0.0 <= q <= 1.0:
         return math.nan
     if q in (0.0, 1.0):
