@@ -68,7 +68,8 @@ def test_without_the_sidecar_the_json_name_is_what_torch_wrote(profiled, tmp_pat
 
 def test_each_op_has_the_user_function_it_ran_in(profiled) -> None:
     ops = analyze(perfguard.load_trace(profiled)).ops.set_index("op_name")
-    here = f"test_call_sites.py:{_line_of(_user_step)}"  # torch records the def line
+    # torch's Python function events record the def line: the site names the function
+    here = f"_user_step() at test_call_sites.py:{_line_of(_user_step)}"
     assert ops.loc[f"{EXOTIC}/aten::softmax", "call_site"] == here
     assert ops.loc[f"{EXOTIC}/aten::linear/aten::addmm", "call_site"] == here
     table = detail_table(analyze(perfguard.load_trace(profiled)))
@@ -83,6 +84,8 @@ def test_library_frames_are_never_the_call_site() -> None:
     assert not is_library_file("model.py")
     assert frame_site("torch/nn/modules/module.py(1782): _call_impl") is None
     assert frame_site("model.py(63): forward") == "model.py:63"
+    assert frame_site("model.py(15): forward", entry=True) == "forward() at model.py:15"
+    assert frame_site("torch/nn/functional.py(9): relu", entry=True) is None
     stacks = first_user_frame(
         __import__("pandas").Series(
             [

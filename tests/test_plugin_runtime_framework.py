@@ -134,7 +134,8 @@ def test_a_pure_python_test_reads_captured_no_ops_never_unchanged(tmp_path: Path
 
 
 def test_a_float64_culprit_is_named_with_its_line_and_exact_names_survive(tmp_path: Path) -> None:
-    """The culprit reads ``<op> at test_step.py:N: input dtypes fp32 → fp64`` in summary.md;
+    """The culprit reads ``<op> in forward() at test_step.py:N: input dtypes fp32 → fp64`` in
+    summary.md (torch's Python events give the function's def line, so the function is named);
     the ``record_function`` name torch's JSON writer loses is exact in results.json, the
     HTML report and the store."""
     _needs("torch")
@@ -143,13 +144,14 @@ def test_a_float64_culprit_is_named_with_its_line_and_exact_names_survive(tmp_pa
     line = TORCH_TEST.splitlines().index("def forward(x):") + 1
     summary = (tmp_path / ".perfguard" / "summary.md").read_text().replace("\\_", "_")
     summary = html.unescape(summary)  # Markdown with HTML entities for <, & and "
-    culprit = f"{EXOTIC}/aten::softmax at test_step.py:{line}: input dtypes fp32 → fp64"
+    site = f"forward() at test_step.py:{line}"
+    culprit = f"{EXOTIC}/aten::softmax in {site}: input dtypes fp32 → fp64"
     assert culprit in summary, summary
     assert f"{EXOTIC}/aten::softmax" in _op_names(second)
     page = html.unescape((tmp_path / ".perfguard" / "report.html").read_text("utf-8"))
     assert f"{EXOTIC}/aten::softmax" in page
-    assert f"<code>test_step.py:{line}</code>" in page  # the op table's Call site column
-    assert any(op.get("call_site") == f"test_step.py:{line}" for op in second["ops"])
+    assert f"<code>{site}</code>" in page  # the op table's Call site column
+    assert any(op.get("call_site") == site for op in second["ops"])
     from perfguard.baseline.store import Store
 
     with Store(tmp_path / "baselines" / "perfguard.db", create=False) as store:

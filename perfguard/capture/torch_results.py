@@ -88,7 +88,7 @@ def write_sidecar(prof: Any, trace: Path) -> Path | None:
     sites = np.full(len(events), None, dtype=object)
     if python.any():
         frame = python.copy()
-        frame_site = user_sites(names[frame])
+        frame_site = user_sites(names[frame], entry=True)  # each function's def line
         mine = np.flatnonzero(frame)[not_none(frame_site)]
         if len(mine):
             sites[op] = innermost_sites(

@@ -249,7 +249,8 @@ def _culprits(e: Evidence) -> list[Culprit]:
 
 def _at_call_sites(found: list[Culprit], e: Evidence) -> list[Culprit]:
     """Each culprit's text names the user's line behind its op where the capture had it
-    (``aten::softmax at model.py:63: input dtypes ...``): this run's call sites, the
+    (``aten::softmax at model.py:63: input dtypes ...``; ``... in forward() at model.py:15``
+    where the capture had only the function's first line): this run's call sites, the
     baseline's for an op that is gone. The op's top call site only."""
     sites = {**(e.baseline.meta.get("call_sites") or {}),
              **(e.current.meta.get("call_sites") or {})}  # fmt: skip
@@ -260,7 +261,8 @@ def _at_call_sites(found: list[Culprit], e: Evidence) -> list[Culprit]:
         site = str(sites.get(c.op) or "").split(";")[0].split(" (")[0].strip()
         if site and c.text.startswith(c.op):
             rest = c.text.removeprefix(c.op)
-            c = replace(c, text=f"{c.op} at {site}{rest}")
+            where = "in" if "() at " in site else "at"  # a function, or the line itself
+            c = replace(c, text=f"{c.op} {where} {site}{rest}")
         out.append(c)
     return out
 

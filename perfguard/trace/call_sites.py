@@ -5,7 +5,9 @@ One rule for every source of call sites (the PyTorch profiler's Python frames an
 not in torch, perfguard, the standard library or an installed package
 (site-packages), nor a frame Python made up (``<frozen ...>``, ``<string>``,
 built-ins). A call site reads ``file:line`` with the file as the profiler wrote it
-(torch writes paths relative to their ``sys.path`` entry: ``model.py:63``).
+(torch writes paths relative to their ``sys.path`` entry: ``model.py:63``). A Python
+function event of torch's profiler carries the line its function starts on, not the
+line that ran the op: such a site names the function, ``forward() at model.py:15``.
 
 Frames are judged once per distinct file: a capture repeats a few hundred files
 millions of times.
@@ -71,19 +73,27 @@ def site_text(file: str, line: int | str) -> str:
     return f"{file}:{line}"
 
 
-def frame_site(frame: str) -> str | None:
-    """``file:line`` of a ``file(line): function`` frame in the user's code, else None."""
-    m = _FRAME.match(frame.strip())
+def frame_site(frame: str, *, entry: bool = False) -> str | None:
+    """``file:line`` of a ``file(line): function`` frame in the user's code, else None.
+    ``entry``: the frame is a Python function event, whose line is where the function
+    starts (its ``def``), not the line that ran the op: the site then names the function,
+    ``forward() at model.py:15``, so no reader looks for the op on that line."""
+    frame = frame.strip()
+    m = _FRAME.match(frame)
     if m is None or is_library_file(m.group("file")):
         return None
-    return site_text(m.group("file"), m.group("line"))
+    site = site_text(m.group("file"), m.group("line"))
+    function = frame[m.end() :].strip() if entry else ""
+    return f"{function}() at {site}" if function else site
 
 
-def user_sites(frames: np.ndarray) -> np.ndarray:
+def user_sites(frames: np.ndarray, *, entry: bool = False) -> np.ndarray:
     """:func:`frame_site` of each frame name (object array; None where not the user's),
     computed once per distinct name."""
     codes, uniques = pd.factorize(pd.Series(frames, dtype=object))
-    sites = np.array([frame_site(u) if isinstance(u, str) else None for u in uniques], object)
+    sites = np.array(
+        [frame_site(u, entry=entry) if isinstance(u, str) else None for u in uniques], object
+    )
     out = np.full(len(codes), None, dtype=object)
     ok = codes >= 0
     out[ok] = sites[codes[ok]]
