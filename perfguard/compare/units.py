@@ -15,6 +15,24 @@ _UNITS = {"flops": "FLOP", "bytes": "B", "memcpy_bytes": "B", "peak_memory": "B"
 _FINE = {"instructions": "instr", "est_cycles": "cycles"}
 
 
+def _scaled(v: float, scales: tuple[tuple[float, str], ...], digits: int) -> tuple[str, str]:
+    """``v`` in the largest of ``scales`` (descending; ``(1.0, "")`` implied) it reaches,
+    to ``digits`` significant digits: (number, prefix). A value that rounds up to 1,000 of
+    one scale is written in the next (``1 MB``, never ``1e+03 kB``); past the largest, whole
+    (``1,500 s``)."""
+    bigger: tuple[float, str] | None = None
+    for scale, prefix in (*scales, (1.0, "")):
+        if abs(v) >= scale or scale == 1.0:
+            text = f"{v / scale:.{digits}g}"
+            if abs(float(text)) >= 1000:  # rounded up to the next scale, or past the last
+                if bigger is None:
+                    return f"{v / scale:,.0f}", prefix
+                return f"{v / bigger[0]:.{digits}g}", bigger[1]
+            return text, prefix
+        bigger = (scale, prefix)
+    raise AssertionError("unreachable")
+
+
 def human(value: Any, counter: str = "") -> str:
     """A counter's value as a reader wants it: integers as integers, FLOPs and bytes with
     SI prefixes (``757 MFLOP``, ``6.11 MB``)."""
@@ -24,16 +42,12 @@ def human(value: Any, counter: str = "") -> str:
         return str(value)
     v = float(value)
     if counter in _FINE:
-        for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-            if abs(v) >= scale:
-                return f"{v / scale:.4g} {prefix} {_FINE[counter]}"
-        return f"{v:.4g} {_FINE[counter]}"
+        num, prefix = _scaled(v, ((1e9, "G"), (1e6, "M"), (1e3, "k")), 4)
+        return f"{num} {prefix} {_FINE[counter]}" if prefix else f"{num} {_FINE[counter]}"
     unit = _UNITS.get(counter, "")
     if unit:
-        for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-            if abs(v) >= scale:
-                return f"{v / scale:.3g} {prefix}{unit}"
-        return f"{v:.3g} {unit}"
+        num, prefix = _scaled(v, ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")), 3)
+        return f"{num} {prefix}{unit}"
     if v == int(v):
         return f"{int(v):,}"
     return f"{v:.3g}"
@@ -42,8 +56,5 @@ def human(value: Any, counter: str = "") -> str:
 def format_ns(v: Any) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "n/a"
-    a = abs(float(v))
-    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
-        if a >= scale:
-            return f"{v / scale:.3g} {unit}"
-    return f"{v:.3g} ns"
+    num, unit = _scaled(float(v), ((1e9, "s"), (1e6, "ms"), (1e3, "us")), 3)
+    return f"{num} {unit or 'ns'}"

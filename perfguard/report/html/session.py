@@ -21,6 +21,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+from perfguard.compare.explain import dtype_change
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.compare.units import human
 from perfguard.report.html.render import render, write_text
@@ -43,6 +44,16 @@ class GateRow:
     current: Any
     budget: str
     message: str
+
+    @property
+    def change(self) -> str:
+        """The "baseline → current" cell: input dtypes as the culprit says them (``fp32 →
+        fp64``), not torch's per-input type lists."""
+        if self.gate == "dtypes":
+            return dtype_change(self.baseline, self.current)
+        b = "n/a" if self.baseline is None else self.baseline
+        c = "n/a" if self.current is None else self.current
+        return f"{b} → {c}"
 
 
 @dataclass
