@@ -212,6 +212,10 @@ def test_gates_hold_across_worker_counts(repo: pytest.Pytester) -> None:
         assert "workers differs: 1 (baseline) vs 2 (current)" in t["timing"]["message"]
         assert "run with the baseline's -n" in t["timing"]["message"]
         assert t["explanation"]["culprits"][0]["kind"] == "dtypes"
+    # the regressed test's lines say why its timing was not judged, not only that
+    summary = (repo.path / ".perfguard" / "summary.md").read_text()
+    assert "timing not judged: workers differs: 1 (baseline) vs 2 (current)" in summary
+    assert "timing not judged: workers differs: 1 (baseline) vs 2 (current)" in r.stdout
 
 
 def test_the_four_entry_points_agree(repo: pytest.Pytester, capsys) -> None:

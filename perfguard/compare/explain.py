@@ -477,8 +477,9 @@ def _counter_line(gates: GateVerdict | None) -> str:
 def timing_clause(timing: TimingVerdict) -> str:
     """The timing half in one clause: its outcome, the change with its interval, the
     levels it is the change between, the replicates and the threshold, and why."""
-    if timing.mode == "none":
-        return f"timing not judged: {timing.message.split(':')[0]}"
+    if timing.mode == "none":  # why, in its first two parts ("workers differs: 1 vs 2")
+        why = timing.message.removeprefix("timing not compared: ").split(";")[0]
+        return f"timing not judged: {':'.join(why.split(':')[:2]).strip()}"
     label = _METRIC_LABEL.get(timing.metric, timing.metric)
     ci = (
         f" [{timing.ci_low_pct:+.1f}%, {timing.ci_high_pct:+.1f}%]"
