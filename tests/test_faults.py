@@ -148,6 +148,36 @@ def test_in_process_exit_keeps_what_was_measured_before(project: Path) -> None:
     assert runs(project) == 0
 
 
+def test_an_xdist_worker_that_dies_loses_only_its_running_test(project: Path) -> None:
+    """Under xdist without isolation an os._exit kills the worker it ran on: the tests that
+    worker finished before keep their entries (spooled as they were made), the one it died
+    in is ``crashed`` with the worker named, and the controller still saves the rest. One
+    worker (``-n 1``), so the dead one ran the two tests before the crash, in order."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1",
+         "--perfguard-save", "-k", "a_fine or b_raises or c_exits or f_fine_too"],
+        cwd=project, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-3000:]
+    doc = results(project)
+    # every test has its row, whichever worker ran it before or after the crash
+    by = {t["nodeid"].split("::")[1]: t for t in doc["tests"]}
+    assert sorted(by) == ["test_a_fine", "test_b_raises", "test_c_exits", "test_f_fine_too"]
+    assert by["test_a_fine"]["outcome"] == by["test_f_fine_too"]["outcome"] == "no-baseline"
+    assert by["test_b_raises"]["outcome"] == "error"
+    crashed = by["test_c_exits"]
+    assert crashed["outcome"] == "crashed", crashed
+    assert by["test_a_fine"]["worker"] == by["test_b_raises"]["worker"] == crashed["worker"]
+    assert by["test_f_fine_too"]["worker"] != crashed["worker"]  # its replacement's
+    assert f"worker {crashed['worker']} died while running it" in crashed["message"]
+    assert "--perfguard-isolate" in crashed["message"]
+    assert "crashed" in (project / ".perfguard" / "summary.md").read_text()
+    assert not (project / ".perfguard" / ".workers").exists()
+    with sqlite3.connect(project / "baselines" / "perfguard.db") as conn:
+        saved = sorted(r[0] for r in conn.execute("SELECT nodeid FROM tests"))
+    assert saved == ["test_faults.py::test_a_fine", "test_faults.py::test_f_fine_too"]
+
+
 def _ctrl_c_reaches_it() -> None:
     """In the child before exec: SIGINT handled as in a terminal's foreground job. A
     suite started as a shell's background job (``pytest ... &``) ignores SIGINT, and

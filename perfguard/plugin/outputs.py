@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.phases import timed
 
 RESULTS = "results.json"
+#: where each xdist worker spools its entries as it makes them (one file per worker), so a
+#: worker that dies (a test calling os._exit, a signal, the OOM killer) loses nothing but
+#: the test it was running, which the controller then reports ``crashed``
+SPOOL = ".workers"
 REPORTS = ("report.html", "summary.md")
 #: the two-sided level of every interval and test the session reports
 ALPHA = 0.01
@@ -50,14 +55,17 @@ class SessionOutputs:
         self._texts: dict[str, str] = {}  # nodeid -> the entry's JSON, made once
         #: wall seconds of the session's own parts (:attr:`SessionResults.phase_s`)
         self.phase_s: dict[str, float] = {}
+        self.clear_spool()  # an earlier session's
 
     # ------------------------------------------------------------------ the ledger
     def add(self, entry: TestEntry, record: TestRecord | None = None) -> None:
-        """Keep a test's entry (and record), then write the partial document."""
+        """Keep a test's entry (and record), then write the partial document (on an xdist
+        worker: spool them for the controller)."""
         self.entries[entry.nodeid] = entry
         if record is not None:
             self.records[entry.nodeid] = record
         self._texts.pop(entry.nodeid, None)
+        self._spool(("entry", entry.to_dict(), record))
         if self.context.worker_id is None and not self.context.round_child:
             with timed(self.phase_s, "results"):
                 self.partial()
@@ -70,6 +78,62 @@ class SessionOutputs:
                 base64.b64encode(pickle.dumps(r)).decode("ascii") for r in self.records.values()
             ],
         }
+
+    def started(self, nodeid: str) -> None:
+        """A measured test begins on this xdist worker: spooled, so that if the worker dies
+        in it the controller can say which test it was."""
+        self._spool(("started", nodeid, None))
+
+    def clear_spool(self) -> None:
+        """The controller's: remove the workers' spools (at the start, and once merged)."""
+        if self.context.worker_id is None and not self.context.round_child:
+            shutil.rmtree(self.folder / SPOOL, ignore_errors=True)
+
+    def _spool_file(self, worker: str) -> Path:
+        return self.folder / SPOOL / f"{worker}.spool"
+
+    def _spool(self, item: tuple[str, Any, Any]) -> None:
+        worker = self.context.worker_id
+        if worker is None or self.context.round_child:
+            return
+        path = self._spool_file(worker)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as f:
+            pickle.dump(item, f)
+
+    def merge_lost_worker(self, worker: str, error: Any) -> None:
+        """A worker that went down without handing over its output: its spooled entries and
+        records, and a ``crashed`` entry for the measured test it had begun and not ended."""
+        path = self._spool_file(worker)
+        running: str | None = None
+        try:
+            with path.open("rb") as f:
+                while True:
+                    try:
+                        kind, data, record = pickle.load(f)
+                    except EOFError:
+                        break
+                    if kind == "started":
+                        running = data
+                        continue
+                    entry = TestEntry.from_dict(data, "results", str(data.get("nodeid")))
+                    self.entries[entry.nodeid] = entry
+                    self._texts.pop(entry.nodeid, None)
+                    if record is not None:
+                        self.records[entry.nodeid] = record
+                    running = None if entry.nodeid == running else running
+        except (OSError, pickle.UnpicklingError, ValueError) as exc:
+            self.notes.append(f"the output of worker {worker} is lost: {path}: {exc}")
+        if running is not None and running not in self.entries:
+            why = " ".join(str(error or "").split()) or "no message"
+            self.entries[running] = TestEntry.not_judged(
+                running, "crashed",
+                f"its pytest-xdist worker {worker} died while running it ({why[:200]}); "
+                "--perfguard-isolate runs each measured test in a process of its own",
+                worker=worker,
+            )  # fmt: skip
+            self._texts.pop(running, None)
+        path.unlink(missing_ok=True)
 
     def merge_worker(self, data: dict[str, Any]) -> None:
         """A worker's entries and records, checked once as they arrive."""

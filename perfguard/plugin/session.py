@@ -27,7 +27,8 @@ pytest-xdist: every worker captures and judges its own tests (it looks the basel
 itself; SQLite reads are concurrent) and hands its records and results to the controller
 through ``workeroutput``; the controller merges them in ``pytest_testnodedown`` and alone
 saves (one run, one transaction) and writes ``results.json`` and the terminal summary.
-Records of a worker that crashed are lost with it; the others are kept.
+A worker spools each entry and record as it makes them (``outputs.SPOOL``): one that dies
+(a test calling ``os._exit``) loses only the test it was running, reported ``crashed``.
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ class PerfguardSession:
         except (ValueError, PerfguardError):
             what = None
         coordinator = self.coordinator
+        if what is not None:
+            self.outputs.started(item.nodeid)
         try:
             if what is not None and coordinator is not None and coordinator.ran(item.nodeid):
                 result = yield
@@ -205,6 +208,10 @@ class PerfguardSession:
         data = getattr(node, "workeroutput", {}).get(OUTPUT_KEY)
         if data:
             self.outputs.merge_worker(data)
+            return
+        worker = getattr(node, "workerinput", {}).get("workerid")
+        if worker:  # it died before handing over: what it spooled, and the test it was in
+            self.outputs.merge_lost_worker(str(worker), error)
 
     # ------------------------------------------------------------------ the end
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -215,6 +222,7 @@ class PerfguardSession:
         if ctx.worker_id is not None:
             self.config.workeroutput[OUTPUT_KEY] = outputs.worker_output()  # type: ignore[attr-defined]
             return
+        outputs.clear_spool()  # every worker's output is merged by now
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
         if settings.save and interrupted:
             outputs.saved = SaveResult(
