@@ -205,8 +205,9 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert (why["culprits"][0]["op"], why["culprits"][0]["kind"]) == ("extra_sync", "added")
     assert train["message"] == why["headline"] and why["headline"].startswith("gates: ")
     text = "\n".join([why["headline"], *why["lines"]])
-    # the culprit names the user's line it ran at (the profiled round's Python frames)
-    assert "extra_sync at test_bench.py:" in why["headline"], why["headline"]
+    # the culprit names the user's function it ran in and where that starts (the profiled
+    # round's Python frames carry a function's first line)
+    assert "extra_sync in step() at test_bench.py:" in why["headline"], why["headline"]
     for part in ("added (", "wall time", "rounds", "counters per iteration: op calls"):
         assert part in text, text
     failure = "\n".join(r.outlines)
