@@ -308,3 +308,38 @@ def test_a_forward_dtype_change_ranks_before_the_backward_one() -> None:
     forward, backward = _switch_culprit(finding(fwd), impact), _switch_culprit(finding(bwd), impact)
     assert (forward.direction, backward.direction) == ("fprop", "bprop")
     assert sorted([backward, forward], key=lambda c: _rank(c, set())) == [forward, backward]
+
+
+def test_an_op_whose_calls_changed_gets_no_dtype_finding(tmp_path: Path) -> None:
+    """An op's dtypes are its first call's. Real captures: a reshape of int64 labels, then
+    the same plus two fp32 reshapes that copy (a tiny GPT's explicit attention): the op's
+    calls grew and the calls gate says so, but no input changed type, so no
+    "input dtypes int64 → fp32" finding (read on that GPT's report)."""
+    import torch as t
+
+    import perfguard
+    from perfguard.analysis import analyze
+    from perfguard.baseline.record import record_from_analysis
+    from perfguard.capture.torch_profiler import profile_torch
+    from perfguard.compare.gates import judge_gates, parse_gates
+    from perfguard.compare.verdict import kernel_changes
+
+    labels = t.randint(0, 9, (4, 8))
+    x = t.randn(2, 3, 4, 5)
+
+    def record(extra: bool, name: str):
+        path = tmp_path / f"{name}.pt.trace.json.gz"
+        with profile_torch(path, device="cpu"):
+            for _ in range(3):
+                with t.profiler.record_function("perfguard.iteration"):
+                    if extra:
+                        for _ in range(2):
+                            x.transpose(1, 2).reshape(2, -1)  # not contiguous: a clone
+                    labels[:, 1:].reshape(-1)  # a clone of int64 values
+        return record_from_analysis("t", analyze(perfguard.load_trace(path)))
+
+    base, more = record(False, "base"), record(True, "more")
+    found = judge_gates(more, base, parse_gates({}), kernel_changes(more, base))
+    gates = {(f.gate, f.op_name.rsplit("/", 1)[-1]) for f in found.regressions}
+    assert any(g == "calls" for g, _ in gates), gates  # the new calls: gated, named
+    assert not [f for f in found.regressions if f.gate == "dtypes"], found.regressions
