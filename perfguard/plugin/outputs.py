@@ -24,7 +24,7 @@ from typing import Any
 
 from perfguard.baseline.record import TestRecord
 from perfguard.compare.results import SessionResults, TestEntry
-from perfguard.errors import PerfguardError
+from perfguard.errors import PerfguardError, ReportError
 from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.phases import timed
 
@@ -61,14 +61,19 @@ class SessionOutputs:
     def add(self, entry: TestEntry, record: TestRecord | None = None) -> None:
         """Keep a test's entry (and record), then write the partial document (on an xdist
         worker: spool them for the controller)."""
-        self.entries[entry.nodeid] = entry
-        if record is not None:
-            self.records[entry.nodeid] = record
-        self._texts.pop(entry.nodeid, None)
+        self._keep(entry, record)
         self._spool(("entry", entry.to_dict(), record))
         if self.context.worker_id is None and not self.context.round_child:
             with timed(self.phase_s, "results"):
                 self.partial()
+
+    def _keep(self, entry: TestEntry, record: TestRecord | None) -> None:
+        """The one place an entry (and its record) joins the ledger: this process's, a
+        worker's handed over, or a dead worker's spooled."""
+        self.entries[entry.nodeid] = entry
+        if record is not None:
+            self.records[entry.nodeid] = record
+        self._texts.pop(entry.nodeid, None)
 
     def worker_output(self) -> dict[str, Any]:
         """What an xdist worker hands its controller (``workeroutput`` is JSON-safe)."""
@@ -117,29 +122,24 @@ class SessionOutputs:
                         running = data
                         continue
                     entry = TestEntry.from_dict(data, "results", str(data.get("nodeid")))
-                    self.entries[entry.nodeid] = entry
-                    self._texts.pop(entry.nodeid, None)
-                    if record is not None:
-                        self.records[entry.nodeid] = record
+                    self._keep(entry, record)
                     running = None if entry.nodeid == running else running
-        except (OSError, pickle.UnpicklingError, ValueError) as exc:
+        except (OSError, pickle.UnpicklingError, ValueError, ReportError) as exc:
             self.notes.append(f"the output of worker {worker} is lost: {path}: {exc}")
         if running is not None and running not in self.entries:
             why = " ".join(str(error or "").split()) or "no message"
-            self.entries[running] = TestEntry.not_judged(
+            self._keep(TestEntry.not_judged(
                 running, "crashed",
                 f"its pytest-xdist worker {worker} died while running it ({why[:200]}); "
                 "--perfguard-isolate runs each measured test in a process of its own",
                 worker=worker,
-            )  # fmt: skip
-            self._texts.pop(running, None)
+            ), None)  # fmt: skip
         path.unlink(missing_ok=True)
 
     def merge_worker(self, data: dict[str, Any]) -> None:
         """A worker's entries and records, checked once as they arrive."""
         for nodeid, entry in data["entries"].items():
-            self.entries[nodeid] = TestEntry.from_dict(entry, "results", nodeid)
-            self._texts.pop(nodeid, None)
+            self._keep(TestEntry.from_dict(entry, "results", nodeid), None)
         for blob in data["records"]:
             record = pickle.loads(base64.b64decode(blob))
             self.records[record.nodeid] = record
