@@ -302,20 +302,15 @@ def table(doc: dict) -> dict:
 
 def _floor_rule(s: list, variants: list, pairs: list) -> dict:
     """The plugin's rule: 0.15 % widened to ``LAYOUT_SE`` standard errors of the difference of
-    the two sides' layout means (``compare.instructions.layout_floor`` on records carrying each
-    session's per-layout counts), with the largest budget it came to."""
-    from perfguard.baseline.record import LAYOUTS_META, TestRecord
-    from perfguard.compare.instructions import layout_floor
-
-    def rec(r: dict, v: str) -> TestRecord:
-        meta = {LAYOUTS_META: r["counts"][v]["per_layout"]}
-        return TestRecord("t", "wall_time", *([None] * 4), meta=meta)  # type: ignore[arg-type]
+    the two sides' layout means (``compare.instructions.floor_of`` each session's per-layout
+    counts), with the largest budget it came to."""
+    from perfguard.compare.instructions import floor_of
 
     row = {}
     for v in variants:
         hits, widest = 0, 0.0015
         for a, b in pairs:
-            floor = layout_floor(rec(a, "base"), rec(b, v))
+            floor = floor_of(a["counts"]["base"]["per_layout"], b["counts"][v]["per_layout"])
             budget = max(0.0015, floor[0] if floor else 0.0)
             widest = max(widest, budget)
             d = b["counts"][v]["instructions"] / a["counts"]["base"]["instructions"] - 1

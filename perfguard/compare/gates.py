@@ -199,11 +199,10 @@ class GateVerdict:
         )
 
 
-def _per_op(record: TestRecord, counter: str) -> dict[Any, float]:
+def _per_op(record: TestRecord, counter: str) -> pd.Series:
     """``counter`` per op id of ``record`` (summed over its rows)."""
     c = _counter_table(record)
-    rows = c[c["counter"] == counter]
-    return {k: float(v) for k, v in rows.groupby("op_id")["value"].sum().items()}
+    return c[c["counter"] == counter].groupby("op_id")["value"].sum()
 
 
 def _short(op_name: str) -> str:
@@ -245,11 +244,12 @@ def _layout_budget(
     budget: Budget, baseline: TestRecord, current: TestRecord, counter: str
 ) -> tuple[Budget, str]:
     """The instructions budget widened to what the heap layouts alone move the count by
-    (:func:`perfguard.compare.instructions.layout_floor`), and how a message shows it: a
-    step whose count spreads widely between layouts cannot be judged finer than that."""
+    (:func:`perfguard.compare.instructions.layout_floor`), and how a message shows it ("" when
+    not widened): a step whose count spreads widely between layouts cannot be judged finer
+    than that."""
     floor = layout_floor(baseline, current) if counter == "instructions" else None
     if budget.kind != "rel" or floor is None or floor[0] <= budget.value:
-        return budget, str(budget)
+        return budget, ""
     wide = Budget("rel", floor[0])
     return wide, (
         f"{budget}, widened to {100 * floor[0]:.2f}%: this step's count moves "
@@ -318,12 +318,12 @@ def judge_gates(
             f"{human(float(vb[i]), counter)} → {human(float(vc[i]), counter)}"
             for i in moved.index[:3]
         )
-        shown = str(budget)
         if counter in INSTRUCTION_COUNTERS:
             top = explain_move(baseline, current, counter)
-            budget, shown = _layout_budget(budget, baseline, current, counter)
-            if shown != str(budget):
-                widened[counter] = shown
+            budget, wide = _layout_budget(budget, baseline, current, counter)
+            if wide:
+                widened[counter] = wide
+        shown = widened.get(counter) or str(budget)
         label = LABELS[counter]
         per = "" if counter == "peak_memory" else " per iteration"
         if budget.exceeded(tb, tc) or budget.exceeded(tc, tb):
@@ -420,9 +420,9 @@ def _switch_gates(
             # displace them with no input changing type (a tiny GPT's reshape-clone of int64
             # labels read "int64 → fp32" when two fp32 clones were added); the calls gate
             # names that op
-            calls = [_per_op(r, "calls") for r in (baseline, current)]
-            moved = {i for i in both if calls[0].get(i) != calls[1].get(i)}
-            differ &= ~pd.Series(both.isin(list(moved)), index=both)
+            calls_b, calls_c = (_per_op(r, "calls").reindex(both).fillna(-1.0)
+                                for r in (baseline, current))  # fmt: skip
+            differ &= calls_b.eq(calls_c)
             for op_id in both[differ.to_numpy()]:
                 name = str(oc.at[op_id, "op_name"])
                 worse.append(GateFinding(

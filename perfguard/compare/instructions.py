@@ -31,16 +31,21 @@ LAYOUT_SE = 4.0
 
 
 def layout_floor(baseline: TestRecord, current: TestRecord) -> tuple[float, float] | None:
+    """:func:`floor_of` the two records' layouts (:func:`instruction_layouts`)."""
+    return floor_of(instruction_layouts(baseline), instruction_layouts(current))
+
+
+def floor_of(baseline: list[float], current: list[float]) -> tuple[float, float] | None:
     """How far the mean of a test's heap layouts moves with no code change, from the spread
-    of the layouts each side counted: ``(floor, spread)``, both relative. ``floor`` is
+    of the layouts' counts each side has: ``(floor, spread)``, both relative. ``floor`` is
     :data:`LAYOUT_SE` standard errors of the difference of the two means, ``spread`` the
     layouts' larger relative SD. A side saved before perfguard kept its layouts borrows the
     other's spread; ``None`` when neither side has two layouts."""
     spreads = []
-    for record in (baseline, current):
-        values = instruction_layouts(record)
-        if len(values) >= 2 and statistics.fmean(values) > 0:
-            spreads.append((statistics.stdev(values) / statistics.fmean(values), len(values)))
+    for values in (baseline, current):
+        mean = statistics.fmean(values) if len(values) >= 2 else 0.0
+        if mean > 0:
+            spreads.append((statistics.stdev(values) / mean, len(values)))
     if not spreads:
         return None
     if len(spreads) == 1:
