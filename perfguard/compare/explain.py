@@ -42,6 +42,7 @@ from perfguard.compare.gates import LABELS, Budget, GateVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.timing import TimingVerdict
 from perfguard.compare.units import format_ns, human
+from perfguard.trace.call_sites import names_function
 
 #: counters a culprit can name, in the gates' words; peak memory is the test's alone
 _COUNTERS = ("syncs", "host_reads", "calls", "flops", "bytes", "kernels", "memcpy",
@@ -261,7 +262,7 @@ def _at_call_sites(found: list[Culprit], e: Evidence) -> list[Culprit]:
         site = str(sites.get(c.op) or "").split(";")[0].split(" (")[0].strip()
         if site and c.text.startswith(c.op):
             rest = c.text.removeprefix(c.op)
-            where = "in" if "() at " in site else "at"  # a function, or the line itself
+            where = "in" if names_function(site) else "at"  # a function, or the line itself
             c = replace(c, text=f"{c.op} {where} {site}{rest}")
         out.append(c)
     return out

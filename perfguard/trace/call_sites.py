@@ -73,6 +73,16 @@ def site_text(file: str, line: int | str) -> str:
     return f"{file}:{line}"
 
 
+#: between a function's name and where it starts, in a site that names the function
+_FUNCTION_AT = "() at "
+
+
+def names_function(site: str) -> bool:
+    """Whether ``site`` names the function an op ran in (``forward() at model.py:15``: a
+    place to read "in"), not the line that ran it (``model.py:63``: "at")."""
+    return _FUNCTION_AT in site
+
+
 def frame_site(frame: str, *, entry: bool = False) -> str | None:
     """``file:line`` of a ``file(line): function`` frame in the user's code, else None.
     ``entry``: the frame is a Python function event, whose line is where the function
@@ -84,7 +94,7 @@ def frame_site(frame: str, *, entry: bool = False) -> str | None:
         return None
     site = site_text(m.group("file"), m.group("line"))
     function = frame[m.end() :].strip() if entry else ""
-    return f"{function}() at {site}" if function else site
+    return f"{function}{_FUNCTION_AT}{site}" if function else site
 
 
 def user_sites(frames: np.ndarray, *, entry: bool = False) -> np.ndarray:
