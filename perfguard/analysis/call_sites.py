@@ -10,6 +10,8 @@ their CPU time, as in every other per-op figure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -57,6 +59,55 @@ def range_site_codes(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return codes, texts
 
 
+@dataclass(frozen=True)
+class _Pairs:
+    """Instances grouped by (op key, site code): one entry per pair that has a site."""
+
+    key: np.ndarray
+    site: np.ndarray
+    texts: np.ndarray
+    calls: np.ndarray
+    gpu: np.ndarray
+    cpu: np.ndarray
+
+
+def _pairs(
+    ranges: pd.DataFrame, inst: pd.DataFrame, cpu_only: CpuOnly | None, iterations: bool
+) -> _Pairs | None:
+    """Kept and folded instances (only those inside an iteration with ``iterations``)
+    grouped on integer codes (op key, site code): no object per instance. None when no
+    instance has a site."""
+    codes, texts = range_site_codes(ranges)
+    row = inst["instance"].to_numpy(np.int64)
+    ok = (row >= 0) & (row < len(codes))
+    if iterations:
+        ok &= inst["iteration"].notna().to_numpy(bool)
+    keys = [inst["op_key"].to_numpy(np.int64)[ok]]
+    sites = [codes[row[ok]]]
+    gpu = [inst["gpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
+    cpu = [inst["cpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
+    if cpu_only is not None and len(cpu_only):
+        fold = cpu_only.iteration >= 0 if iterations else np.ones(len(cpu_only), bool)
+        keys.append(cpu_only.op_key.astype(np.int64)[fold])
+        sites.append(codes[cpu_only.range_row[fold]])
+        gpu.append(np.zeros(int(fold.sum())))
+        cpu.append(cpu_only.cpu_time.astype(np.float64)[fold])
+    key, code = np.concatenate(keys), np.concatenate(sites)
+    g_all, c_all = np.concatenate(gpu), np.concatenate(cpu)
+    has = code >= 0
+    if not has.any():
+        return None
+    key, code, g_all, c_all = key[has], code[has], g_all[has], c_all[has]
+    width = len(texts) + 1
+    pair, first = np.unique(key * width + code, return_inverse=True)
+    return _Pairs(
+        key=pair // width, site=pair % width, texts=texts,
+        calls=np.bincount(first, minlength=len(pair)).astype(np.int64),
+        gpu=np.bincount(first, weights=g_all, minlength=len(pair)),
+        cpu=np.bincount(first, weights=c_all, minlength=len(pair)),
+    )  # fmt: skip
+
+
 def op_call_sites(
     ranges: pd.DataFrame, inst: pd.DataFrame, cpu_only: CpuOnly | None
 ) -> pd.DataFrame:
@@ -64,45 +115,44 @@ def op_call_sites(
 
     ``inst``: the kept instances (``instance`` is the range's row, ``op_key``,
     ``op_name``, ``direction``, ``gpu_time``, ``cpu_time``); ``cpu_only``: the folded ones.
-    Grouped on integer codes (op key, site code): no object per instance.
     """
-    codes, texts = range_site_codes(ranges)
-    row = inst["instance"].to_numpy(np.int64)
-    ok = (row >= 0) & (row < len(codes))
-    keys = [inst["op_key"].to_numpy(np.int64)[ok]]
-    sites = [codes[row[ok]]]
-    gpu = [inst["gpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
-    cpu = [inst["cpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
-    if cpu_only is not None and len(cpu_only):
-        keys.append(cpu_only.op_key.astype(np.int64))
-        sites.append(codes[cpu_only.range_row])
-        gpu.append(np.zeros(len(cpu_only)))
-        cpu.append(cpu_only.cpu_time.astype(np.float64))
-    key, code = np.concatenate(keys), np.concatenate(sites)
-    g_all, c_all = np.concatenate(gpu), np.concatenate(cpu)
-    has = code >= 0
-    if not has.any():
+    p = _pairs(ranges, inst, cpu_only, iterations=False)
+    if p is None:
         empty = pd.Series(dtype=object)
         return pd.DataFrame({"op_id": empty, "call_site": empty.copy()})
-    key, code, g_all, c_all = key[has], code[has], g_all[has], c_all[has]
-    pair, first = np.unique(key * (len(texts) + 1) + code, return_inverse=True)
-    pair_key, pair_site = pair // (len(texts) + 1), pair % (len(texts) + 1)
-    g = np.bincount(first, weights=g_all, minlength=len(pair))
-    c = np.bincount(first, weights=c_all, minlength=len(pair))
-    op_codes, op_of_pair = np.unique(pair_key, return_inverse=True)
-    on_gpu = np.bincount(op_of_pair, weights=g, minlength=len(op_codes)) > 0
-    time = np.where(on_gpu[op_of_pair], g, c)
-    order = np.lexsort((texts[pair_site], -time, op_of_pair))
+    op_codes, op_of_pair = np.unique(p.key, return_inverse=True)
+    on_gpu = np.bincount(op_of_pair, weights=p.gpu, minlength=len(op_codes)) > 0
+    time = np.where(on_gpu[op_of_pair], p.gpu, p.cpu)
+    order = np.lexsort((p.texts[p.site], -time, op_of_pair))
     rows = []
     bounds = np.searchsorted(op_of_pair[order], np.arange(len(op_codes) + 1))
     for k in range(len(op_codes)):  # one entry per op (hundreds), not per instance
         at = order[bounds[k] : bounds[k + 1]]
-        listed = list(zip(texts[pair_site[at]].astype(str), time[at].astype(float), strict=True))
+        listed = list(zip(p.texts[p.site[at]].astype(str), time[at].astype(float), strict=True))
         rows.append(top_sites_text(listed, TOP_SITES))
     names, direction = _op_text(op_codes, inst, cpu_only)
     out = pd.DataFrame({"op_name": names, "direction": direction, "call_site": rows})
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
     return out[["op_id", "call_site"]]
+
+
+#: columns of :func:`op_sites`
+OP_SITE_COLUMNS = ("op_id", "op_name", "direction", "call_site", "calls", "gpu_time", "cpu_time")
+
+
+def op_sites(ranges: pd.DataFrame, inst: pd.DataFrame, cpu_only: CpuOnly | None) -> pd.DataFrame:
+    """One row per (op, call site) over the iterations: its calls, GPU and CPU time (the
+    per-site comparison of :mod:`perfguard.compare.sites` divides by the iterations)."""
+    p = _pairs(ranges, inst, cpu_only, iterations=True)
+    if p is None:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in OP_SITE_COLUMNS})
+    names, direction = _op_text(p.key, inst, cpu_only)
+    out = pd.DataFrame({
+        "op_name": names, "direction": direction, "call_site": p.texts[p.site].astype(object),
+        "calls": p.calls, "gpu_time": p.gpu, "cpu_time": p.cpu,
+    })  # fmt: skip
+    out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
+    return out[list(OP_SITE_COLUMNS)]
 
 
 def _op_text(

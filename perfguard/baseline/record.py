@@ -435,6 +435,7 @@ def record_from_analysis(
     sites = call_sites_of(analysis.ops)
     if sites:  # the user's line behind each op: explanations name it (kept with the run)
         meta["call_sites"] = sites
+        meta.update(site_meta(analysis, int(samples["profiled"].sum()) or 1))
     return TestRecord(nodeid, metric, samples, op_samples, ops, kernels, meta, counters)
 
 
@@ -446,6 +447,31 @@ def call_sites_of(ops: pd.DataFrame) -> dict[str, str]:
     have = ops[ops["call_site"].notna()]
     pairs = zip(have["op_name"], have["call_site"], strict=True)
     return {str(n): str(s) for n, s in pairs if str(s)}
+
+
+def site_meta(analysis: Any, iterations: int) -> dict[str, Any]:
+    """The per-(op, call site) table a comparison places its culprits with
+    (:mod:`perfguard.compare.sites`): ``op_sites``, columns of calls and GPU/CPU time
+    per iteration; and ``site_details``, each site's function, source text and stack
+    (from the call-site pass, where it ran)."""
+    from perfguard.analysis.call_sites import op_sites
+
+    table = op_sites(analysis.trace.ranges, analysis.kept_instances, analysis.cpu_only)
+    out: dict[str, Any] = {}
+    if len(table):
+        out["op_sites"] = {
+            "op": table["op_name"].astype(str).tolist(),
+            "direction": table["direction"].astype(str).tolist(),
+            "site": table["call_site"].astype(str).tolist(),
+            "calls": (table["calls"].to_numpy(np.float64) / iterations).round(6).tolist(),
+            "gpu_ns": (table["gpu_time"].to_numpy(np.float64) / iterations).round(1).tolist(),
+            "cpu_ns": (table["cpu_time"].to_numpy(np.float64) / iterations).round(1).tolist(),
+        }
+    details = analysis.trace.meta.get("site_details")
+    if details:
+        used = set(out["op_sites"]["site"]) if out else set()
+        out["site_details"] = {k: v for k, v in details.items() if k in used}
+    return out
 
 
 def record_from_timings(

@@ -100,6 +100,8 @@ class TorchCapturer(_Syncing):
         self.error: str | None = None
         self.started = False
         self._stack = ExitStack()
+        #: the call-site pass of this capture, once run (its ``error`` is a note)
+        self.site_run: Any = None
 
     @property
     def separate_timing(self) -> bool:
@@ -112,16 +114,29 @@ class TorchCapturer(_Syncing):
 
         try:
             self.path.unlink(missing_ok=True)
-            # stacks (the user's line behind each op) only where no timing is taken under
-            # the profiler: the CPU's one profiled round; on a GPU every round is profiled
-            # and the Python tracer's cost per call would stretch the host side of a step
-            stacks = self.separate_timing
+            # no Python tracer: the user's line behind each op comes from the call-site
+            # pass (site_pass), one step before the profiled rounds, not from a trace of
+            # every Python call of every profiled step
             self._stack.enter_context(
-                profile_torch(self.path, device=self.device, with_stack=stacks)  # type: ignore[arg-type]
+                profile_torch(self.path, device=self.device, with_stack=False)  # type: ignore[arg-type]
             )
             self.started = True
         except (CaptureError, RuntimeError, OSError) as exc:
             self.error = f"the torch profiler did not start: {_one_line(exc)}"
+
+    def site_pass(self) -> AbstractContextManager[object]:
+        """The call-site pass over one step (:mod:`perfguard.capture.sites`), its file
+        beside the capture; nothing where Dynamo compiled code (the mode would make it
+        recompile)."""
+        from perfguard.capture.sites import SitePassRun, compiled_anything
+        from perfguard.trace.site_pass import sites_path
+
+        sites_path(self.path).unlink(missing_ok=True)  # an earlier capture's must not outlive it
+        if compiled_anything():
+            return contextlib.nullcontext()
+        run = SitePassRun(self.path)
+        self.site_run = run
+        return run
 
     def iteration(self) -> AbstractContextManager[object]:
         if not self.started:

@@ -188,6 +188,15 @@ class DeferredCapturer:
     def separate_timing(self) -> bool:
         return bool(getattr(self._decided(), "separate_timing", False))
 
+    @property
+    def site_pass(self) -> Any:
+        """The framework capturer's call-site pass (torch's), else None."""
+        return getattr(self._decided(), "site_pass", None)
+
+    @property
+    def site_run(self) -> Any:
+        return getattr(self.inner, "site_run", None)
+
     def _decided(self) -> Any:
         if self.inner is None:
             self.decide()

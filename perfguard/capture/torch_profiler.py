@@ -182,7 +182,7 @@ def profile_torch(
     guard = _StepAside(torch, prof, out)
     handle.notes = guard.notes
     with guard:
-        with _inductor_left_unloaded(torch):
+        with inductor_left_unloaded(torch):
             prof.start()
         guard.active = True
         try:
@@ -197,7 +197,7 @@ def profile_torch(
 
 
 @contextmanager
-def _inductor_left_unloaded(torch: Any) -> Iterator[None]:
+def inductor_left_unloaded(torch: Any) -> Iterator[None]:
     """``torch.profiler.profile.start`` asks ``hasattr(torch, "_inductor")`` to read one
     Inductor setting (CUDA graphs); torch's lazy module attribute then imports Inductor,
     1.4 s of CPU on this project's VM, in a session that never compiles. While the profiler

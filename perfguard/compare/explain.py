@@ -40,6 +40,7 @@ from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
 from perfguard.compare.explanation import KIND_ORDER, RANKED_AS, SHOWN, Culprit, Explanation
 from perfguard.compare.gates import LABELS, Budget, GateVerdict
 from perfguard.compare.outcomes import Outcome
+from perfguard.compare.sites import SiteTable, parameter_change, place_of
 from perfguard.compare.timing import TimingVerdict
 from perfguard.compare.units import format_ns, human
 from perfguard.trace.call_sites import names_function
@@ -196,17 +197,25 @@ def _culprits(e: Evidence) -> list[Culprit]:
         {f.gate for f in [*gates.regressions, *gates.improvements]} if gates is not None else set()
     )
 
+    where = _Placer(e)
     struct_gated = "calls" in fired  # an op added or removed moves the calls it had
+    syncing = _syncing_ops(e.current, e.baseline)
     for row in _structural(ops).itertuples(index=False):
         name, direction = str(row.op_name), str(row.direction)
         added = row.status == "added"
         calls = row.calls_current if added else row.calls_baseline
         t = _num(row.current_ns if added else row.baseline_ns)
+        site = where(str(row.status), name, _dir(row.direction))
+        at = f" {site}" if site else ""
+        kind, text = str(row.status), f"{name}{times(calls)} {row.status}{at}"
+        if name in syncing:  # a host sync said as one: what a reviewer looks for first
+            kind = "syncs"
+            text = f"host sync {row.status}{at}: {_display(name)}{times(calls)}"
         found.append(Culprit(
-            kind=str(row.status), op=name, direction=_dir(row.direction),
-            text=f"{name}{times(calls)} {row.status} ({format_ns(t)} per iteration)",
+            kind=kind, op=name, direction=_dir(row.direction),
+            text=f"{text} ({format_ns(t)} per iteration)",
             baseline=None if added else _num(calls), current=_num(calls) if added else None,
-            gated=struct_gated, impact_ns=impact.get((name, direction), math.nan),
+            gated=struct_gated, impact_ns=impact.get((name, direction), math.nan), site=site,
         ))  # fmt: skip
 
     all_moves = counter_moves(e.current, e.baseline)
@@ -221,12 +230,19 @@ def _culprits(e: Evidence) -> list[Culprit]:
             and (budget.exceeded(b, c) or budget.exceeded(c, b))
         )
         detail = ", ".join(x for x in (_pct(b, c), f"budget {budget}" if gated else "") if x)
+        site = where(counter, name, _dir(row.direction))
+        at = f" {site}" if site else ""
+        label = LABELS[counter].split(" (")[0]
+        figures = f"{label} {human(b, counter)} → {human(c, counter)} per iteration"
+        figures += f" ({detail})" if detail else ""
+        text = f"{name}{at}: {figures}"
+        if counter in ("syncs", "host_reads") and c > b:
+            text = f"host sync added{at}: {_display(name)} ({figures})"
         found.append(Culprit(
-            kind=counter, op=name, direction=_dir(row.direction),
-            text=f"{name}: {LABELS[counter].split(' (')[0]} {human(b, counter)} → "
-                 f"{human(c, counter)} per iteration" + (f" ({detail})" if detail else ""),
+            kind=counter, op=name, direction=_dir(row.direction), text=text,
             baseline=b, current=c, budget=str(budget) if isinstance(budget, Budget) else "",
             gated=bool(gated), impact_ns=impact.get((name, str(row.direction)), math.nan),
+            site=site,
         ))  # fmt: skip
 
     if gates is not None:
@@ -236,36 +252,93 @@ def _culprits(e: Evidence) -> list[Culprit]:
                 continue
             if f.gate == "tc_lost" and f not in findings:
                 continue  # Tensor Cores gained is an improvement's culprit only
-            found.append(_switch_culprit(f, impact))
+            found.append(_switch_culprit(f, impact, where))
 
     # a finding on an op whose parent op has the same finding is the parent's (the dtype of
     # aten::softmax and of the aten::_softmax it calls changed together: one culprit)
     same = {(c.kind, c.op) for c in found}
     found = [c for c in found if not ("/" in c.op and (c.kind, _parent(c.op)) in same)]
     if timing.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and not ops.empty:
-        found += _timing_culprits(timing, ops, {(c.op, c.kind) for c in found})
+        found += _timing_culprits(timing, ops, {(c.op, c.kind) for c in found}, where)
+    found += _parameter_culprits(e, found)
     called = set(all_moves.loc[all_moves["counter"] == "calls", "op_name"].astype(str))
-    return sorted(_at_call_sites(found, e), key=lambda c: _rank(c, called))
+    return sorted(found, key=lambda c: _rank(c, called))
 
 
-def _at_call_sites(found: list[Culprit], e: Evidence) -> list[Culprit]:
-    """Each culprit's text names the user's line behind its op where the capture had it
-    (``aten::softmax at model.py:63: input dtypes ...``; ``... in forward() at model.py:15``
-    where the capture had only the function's first line): this run's call sites, the
-    baseline's for an op that is gone. The op's top call site only."""
-    sites = {**(e.baseline.meta.get("call_sites") or {}),
-             **(e.current.meta.get("call_sites") or {})}  # fmt: skip
-    if not sites:
-        return found
-    out = []
-    for c in found:
-        site = str(sites.get(c.op) or "").split(";")[0].split(" (")[0].strip()
-        if site and c.text.startswith(c.op):
-            rest = c.text.removeprefix(c.op)
-            where = "in" if names_function(site) else "at"  # a function, or the line itself
-            c = replace(c, text=f"{c.op} {where} {site}{rest}")
-        out.append(c)
+class _Placer:
+    """Where each culprit's change happened (:func:`perfguard.compare.sites.place_of`:
+    per call site, matched across the commits by statement), ``""`` where neither
+    record knows its op's sites; records of the capture alone (no per-site table) fall
+    back to the op's top site, which may only name its function (``in forward() at
+    model.py:15``)."""
+
+    def __init__(self, e: Evidence) -> None:
+        self.base = SiteTable(e.baseline.meta)
+        self.head = SiteTable(e.current.meta)
+        self.tops = {**(e.baseline.meta.get("call_sites") or {}),
+                     **(e.current.meta.get("call_sites") or {})}  # fmt: skip
+
+    def __call__(self, kind: str, op: str, direction: str | None) -> str:
+        if not op:
+            return ""
+        place = place_of(kind, op, direction, self.base, self.head)
+        if place is not None:
+            return place.text
+        top = str(self.tops.get(op) or "").split(";")[0]
+        top = _SHARE.sub("", top).strip()
+        if not top:
+            return ""
+        return f"in {top}" if names_function(top) else f"at {top}"
+
+
+#: a site's share of its op's time in a top-sites text: `` (72%)``
+_SHARE = re.compile(r"\s\(\d+%\)$")
+
+
+def _syncing_ops(current: TestRecord, baseline: TestRecord) -> set[str]:
+    """Ops that read a device value on the host (``.item()``, ``.cpu()``, a ``nonzero``:
+    the host-reads and syncs counters), themselves or an op inside them, on either side."""
+    out: set[str] = set()
+    for r in (current, baseline):
+        c = r.counters
+        if c is None or c.empty:
+            continue
+        rows = c[c["counter"].isin(("syncs", "host_reads")) & (c["value"] > 0)]
+        for name in rows["op_name"].dropna().astype(str):
+            parts = name.split("/")
+            out.update("/".join(parts[: i + 1]) for i in range(len(parts)))
     return out
+
+
+#: op path components of the work an optimizer (or autograd's gradient accumulation) does
+#: once per parameter tensor: it grows with the model's parameter tensors
+_PER_TENSOR = re.compile(
+    r"^Optimizer\.|AccumulateGrad|^autograd::engine::evaluate_function: "
+    r"torch::autograd::AccumulateGrad"
+)
+
+
+def _per_tensor(op: str) -> bool:
+    return any(_PER_TENSOR.search(part) for part in op.split("/"))
+
+
+def _parameter_culprits(e: Evidence, found: list[Culprit]) -> list[Culprit]:
+    """When the test's models hold another number of parameter tensors, that change (a
+    cause the reviewer can see in the model's code), and the per-tensor work of the
+    optimizer marked as following from it (ranked after its cause, :func:`_rank`)."""
+    change = parameter_change(e.baseline.meta, e.current.meta)
+    if change is None:
+        return []
+    a, b = change
+    for i, c in enumerate(found):
+        if _per_tensor(c.op):
+            why = f"follows from parameter tensors {a} → {b}"
+            found[i] = replace(c, consequence=True, text=f"{c.text} ({why})")
+    # as decisive as the gated work it explains
+    gated = any(c.gated for c in found if c.consequence)
+    return [Culprit(kind="params", op="", text=f"parameter tensors {a} → {b} "
+                    "(the model's parameters changed: the optimizer's per-tensor work follows)",
+                    baseline=a, current=b, gated=gated)]  # fmt: skip
 
 
 #: gate findings that become culprits as they are (no per-op counter row behind them)
@@ -303,26 +376,28 @@ def dtype_change(before: Any, after: Any) -> str:
                      for i in changed)  # fmt: skip
 
 
-def _switch_culprit(f: Any, impact: dict[tuple[str, str], float]) -> Culprit:
+def _switch_culprit(f: Any, impact: dict[tuple[str, str], float], where: Any = None) -> Culprit:
     name = str(f.op_name)
     # the op's (name, direction) key: its change of time, and whether it is a backward op
     # (the rank puts a forward op's change before the backward one that follows from it)
     key = next((k for k in impact if k[0] == name), None)
     imp = impact[key] if key is not None else math.nan
     direction = _dir(key[1]) if key is not None else None
+    site = where(f.gate, name, direction) if where is not None and name else ""
+    at = f" {site}" if site else ""
     if f.gate == "dtypes":
-        text = f"{name}: input dtypes {dtype_change(f.baseline, f.current)}"
+        text = f"{name}{at}: input dtypes {dtype_change(f.baseline, f.current)}"
     elif f.gate == "tc_lost":
         lost = f.baseline is True or f.baseline == "True"
         text = (
-            f"{name} lost Tensor Cores (was {f.kernel_name or 'a Tensor Core kernel'})"
+            f"{name}{at} lost Tensor Cores (was {f.kernel_name or 'a Tensor Core kernel'})"
             if lost
-            else f"{name} now uses Tensor Cores"
+            else f"{name}{at} now uses Tensor Cores"
         )
     elif f.gate == "kernel_set":
         new = f.current is not None and not (isinstance(f.current, float) and math.isnan(f.current))
         verb = "launches a new kernel" if new else "no longer launches"
-        text = f"{name} {verb} {f.kernel_name}"
+        text = f"{name}{at} {verb} {f.kernel_name}"
     elif f.gate in INSTRUCTION_COUNTERS:  # the gate's message names the functions and ops
         text, name = f.message, ""
     else:  # peak_memory
@@ -334,11 +409,11 @@ def _switch_culprit(f: Any, impact: dict[tuple[str, str], float]) -> Culprit:
         name = ""
     return Culprit(kind=f.gate, op=name, text=text, baseline=f.baseline, current=f.current,
                    budget=str(f.budget), gated=True, impact_ns=imp,
-                   direction=direction)  # fmt: skip
+                   direction=direction, site=site if name else "")  # fmt: skip
 
 
 def _timing_culprits(
-    timing: TimingVerdict, ops: pd.DataFrame, named: set[tuple[str, str]]
+    timing: TimingVerdict, ops: pd.DataFrame, named: set[tuple[str, str]], where: Any
 ) -> list[Culprit]:
     """The ops whose time moved the outcome's way: significant ones, else the largest
     mover, said to be unjudged. Up to three, outermost first where they nest."""
@@ -357,11 +432,13 @@ def _timing_culprits(
             continue
         b, c = _num(row.baseline_ns), _num(row.current_ns)
         note = "" if judged else "; per-op times not judged"
+        site = where("timing", name, _dir(row.direction))
+        at = f" {site}" if site else ""
         out.append(Culprit(
             kind="timing", op=name, direction=_dir(row.direction),
-            text=f"{name}: {label} {format_ns(b)} → {format_ns(c)} per iteration "
+            text=f"{name}{at}: {label} {format_ns(b)} → {format_ns(c)} per iteration "
                  f"({_pct(b, c)}{note})",
-            baseline=b, current=c, gated=False, impact_ns=c - b,
+            baseline=b, current=c, gated=False, impact_ns=c - b, site=site,
         ))  # fmt: skip
     return out
 
@@ -379,12 +456,13 @@ def _internal(op: str) -> bool:
 
 
 def _rank(c: Culprit, called: set[str]) -> tuple[Any, ...]:
-    """Gated first, then by kind; within a kind, ops added or removed at the user's level
-    before those inside an unchanged op, then the largest: FLOPs, bytes and launches by
-    how much the counter moved (deterministic: a leaf op holds them, whatever its
-    parent), calls and the rest by the op's change of time; a forward op's change before
-    a backward one's, which follows from it. A dtype change on an op whose calls changed
-    too is new call sites, not a changed call: it ranks as calls."""
+    """Causes before consequences (the optimizer's per-tensor work after the parameter
+    change that made it), gated first, the forward's changes before the backward's (which
+    follow from them), then by kind; within a kind, ops added or removed at the user's
+    level before those inside an unchanged op, then the largest: FLOPs, bytes and launches
+    by how much the counter moved (deterministic: a leaf op holds them, whatever its
+    parent), calls and the rest by the op's change of time. A dtype change on an op whose
+    calls changed too is new call sites, not a changed call: it ranks as calls."""
     k = RANKED_AS.get(c.kind, c.kind)
     if k == "dtypes" and c.op in called:
         k = "calls"
@@ -397,7 +475,7 @@ def _rank(c: Culprit, called: set[str]) -> tuple[Any, ...]:
     inside = c.kind in ("added", "removed") and _internal(c.op)
     # the backward follows from the forward the user wrote: its changes come second
     backward = c.direction == "bprop"
-    return (not c.gated, kind, inside, backward, -size, c.op)
+    return (c.consequence, not c.gated, backward, kind, inside, -size, c.op)
 
 
 # ---------------------------------------------------------------------------- lines
@@ -412,21 +490,50 @@ def _display(name: str) -> str:
     return name.replace(_AUTOGRAD, "")
 
 
+_BASE = " (base)"
+
+
+#: a place as :class:`perfguard.compare.sites.Place` writes it
+_PLACE = re.compile(r"^at (?P<file>.+):(?P<line>\d+) in (?P<function>.+?)(?: \(base\))?$")
+
+
+def _group_key(c: Culprit) -> tuple[str, str | None, str]:
+    """Structural culprits read as one line when they share a parent op, a direction and
+    a function (an edit of a few lines of one function is one change: the statements
+    that were rewritten, a removed op's base line beside an added op's head line)."""
+    m = _PLACE.match(c.site)
+    where = f"{m['file']} in {m['function']}" if m else c.site.removesuffix(_BASE)
+    return (_parent(c.op), c.direction, where)
+
+
+def _group_place(members: list[Culprit]) -> str:
+    """``at model.py:15-18 in attend``: the lines the members name in one function, the
+    head's where any member was added (the base's, marked, where all were removed)."""
+    found = [(m, _PLACE.match(m.site)) for m in members]
+    if not all(p for _, p in found):
+        return members[0].site
+    head = [int(p["line"]) for m, p in found if p and not m.site.endswith(_BASE)]
+    lines = head or [int(p["line"]) for _, p in found if p]
+    first = next(p for _, p in found if p)
+    span = f"{min(lines)}" if min(lines) == max(lines) else f"{min(lines)}-{max(lines)}"
+    return f"at {first['file']}:{span} in {first['function']}" + ("" if head else _BASE)
+
+
 def _group_lines(culprits: list[Culprit]) -> tuple[list[str], list[Culprit], int]:
     """The reader's lines, structural culprits under one parent grouped, in rank order;
     and the culprits in the order the lines name them (those past :data:`SHOWN` lines
     last, in rank order), and how many of them the lines name."""
-    groups: dict[tuple[str, str | None], list[Culprit]] = {}
+    groups: dict[tuple[str, str | None, str], list[Culprit]] = {}
     for c in culprits:
         if c.kind in ("added", "removed"):
-            groups.setdefault((_parent(c.op), c.direction), []).append(c)
+            groups.setdefault(_group_key(c), []).append(c)
     lines: list[str] = []
     order: list[Culprit] = []
-    done: set[tuple[str, str | None]] = set()
+    done: set[tuple[str, str | None, str]] = set()
     for c in culprits:
         if len(lines) >= SHOWN:
             break
-        key = (_parent(c.op), c.direction)
+        key = _group_key(c)
         if c.kind in ("added", "removed") and len(groups[key]) > 1:
             if key in done:
                 continue
@@ -444,7 +551,9 @@ def _group_lines(culprits: list[Culprit]) -> tuple[list[str], list[Culprit], int
                     shown = ", ".join(names[:_GROUP_NAMES])
                     more = len(names) - _GROUP_NAMES
                     parts.append(f"{shown}{f' and {more} more' if more > 0 else ''} {kind}")
-            where = f"under {_display(key[0])}" if key[0] else "in the step"
+            where = f"under {_display(key[0])}" if key[0] else ("" if key[2] else "in the step")
+            if key[2]:
+                where = " ".join(w for w in (where, _group_place(groups[key])) if w)
             dirn = f" ({key[1]})" if key[1] and key[1] not in ("fprop", "None") else ""
             lines.append(f"ops changed {where}{dirn}: {'; '.join(parts)}")
         else:

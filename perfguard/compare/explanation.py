@@ -35,7 +35,7 @@ from perfguard.environment import EnvironmentChange
 #: act on (dtype, Tensor Cores, a new sync) before the ops that appeared or vanished,
 #: before counters that moved on an op that stayed, before time alone
 KIND_ORDER = (
-    "dtypes", "tc_lost", "syncs", "host_reads", "structure", "calls", "flops",
+    "dtypes", "tc_lost", "syncs", "host_reads", "structure", "params", "calls", "flops",
     "bytes", "kernels", "memcpy", "memcpy_bytes", "kernel_set", "peak_memory", "instructions",
     "est_cycles", "timing",
 )  # fmt: skip
@@ -64,6 +64,12 @@ class Culprit:
     gated: bool = False
     impact_ns: float | None = None
     direction: str | None = None
+    #: where in the user's code the change happened (``at model.py:21 in
+    #: Attention.forward``; ``(base)`` after a line of the base tree), "" when unknown
+    site: str = ""
+    #: follows from another culprit (the optimizer's per-tensor work after the model's
+    #: parameter tensors changed): ranked after every cause
+    consequence: bool = False
 
     @property
     def leaf(self) -> str:
@@ -82,6 +88,8 @@ class Culprit:
         known["text"] = str(known.get("text") or "")
         known["budget"] = str(known.get("budget") or "")
         known["gated"] = bool(known.get("gated"))
+        known["site"] = str(known.get("site") or "")
+        known["consequence"] = bool(known.get("consequence"))
         return cls(**known)
 
 

@@ -68,6 +68,24 @@ def _cuda() -> Any:
 _NO_RANGE = contextlib.nullcontext()
 
 
+def parameter_tensors(values: Iterable[object]) -> int | None:
+    """Distinct parameter tensors of the ``torch.nn.Module`` and ``torch.optim.Optimizer``
+    objects among ``values``; None where torch is not loaded or none is there."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    seen: set[int] = set()
+    found = False
+    for v in values:
+        if isinstance(v, torch.nn.Module):
+            found = True
+            seen.update(id(p) for p in v.parameters())
+        elif isinstance(v, torch.optim.Optimizer):
+            found = True
+            seen.update(id(p) for g in v.param_groups for p in g["params"])
+    return len(seen) if found else None
+
+
 class GpuProfile:
     """The ``gpuprofile`` fixture's value: the marker's settings and the iteration loop."""
 
@@ -112,6 +130,10 @@ class GpuProfile:
         self.loop_call = "gpuprofile.iterations()"
         #: how the loop was driven, for the record's note (the runner adds them)
         self.notes: list[str] = []
+        #: the distinct parameter tensors of the models and optimizers the test holds when
+        #: its loop starts (None: no torch model): an optimizer's per-tensor work grows
+        #: with them, which the explanation says (:mod:`perfguard.compare.sites`)
+        self.parameter_tensors: int | None = None
         self._loops: list[Generator[int, None, None]] = []
         self._setup: Callable[[], object] | None = None
         self._teardown: Callable[[], object] | None = None
@@ -139,8 +161,11 @@ class GpuProfile:
         self.started = True
         self._setup, self._teardown = setup, teardown
         decide = getattr(self.capturer, "decide", None)
-        if decide is not None:  # the framework the test runs: what it holds by now
-            decide(sys._getframe(1).f_locals.values() if scope is None else scope)
+        if self.capturer is not None:
+            values = list(sys._getframe(1).f_locals.values() if scope is None else scope)
+            if decide is not None:  # the framework the test runs: what it holds by now
+                decide(values)
+            self.parameter_tensors = parameter_tensors(values)
         loop = self._run() if self.capturer is not None else self._plain()
         self._loops.append(loop)
         return loop
@@ -242,6 +267,7 @@ class GpuProfile:
             if self.timing_only:  # an A/B pair child after the first (perfguard.plugin.ab)
                 self.completed = True
                 return
+        yield from self._site_pass(cap)
         with timed(self.phase_s, "profiled"):
             cap.start()
             self.captured = True
@@ -256,6 +282,23 @@ class GpuProfile:
                     self.peak_memory = int(cuda.max_memory_allocated())
             finally:
                 cap.stop()
+
+    def _site_pass(self, cap: Capturer) -> Generator[int, None, None]:
+        """One step under the capturer's call-site pass (where it has one: torch), before
+        the profiled round, outside every timing and range; its step number is the last
+        warm-up's (-1), as it is recorded nowhere."""
+        site_pass = getattr(cap, "site_pass", None)
+        if site_pass is None:
+            return
+        with timed(self.phase_s, "sites"):
+            if self._setup is not None:
+                self._setup()
+            cap.sync()
+            with site_pass():
+                yield -1
+                cap.sync()
+            if self._teardown is not None:
+                self._teardown()
 
     def _timing_rounds(
         self, rounds: int, probe: LoadProbe, cap: Capturer

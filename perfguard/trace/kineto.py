@@ -60,6 +60,7 @@ from perfguard.trace.model import (
 )
 from perfguard.trace.names import is_backward_name, is_iteration_name, op_type_of
 from perfguard.trace.ranges import finalize_ranges
+from perfguard.trace.site_pass import apply_sites, read_sites, site_details
 
 #: Legacy (2021) category names -> modern ones.
 LEGACY_CATEGORIES = {
@@ -681,7 +682,11 @@ def _read(path: Path, rank: int | None, rank_default: int = 0) -> tuple[Trace, i
     memops = cols.table("memops", gpu_cols)
     memops["pid"] = _launching_pid(memops, launcher)
     memops["kind"] = memops["name"].str.replace(r"\s*\(.*\)$", "", regex=True)
-    ranges = _ranges(apply_sidecar(path, cols.table("ranges", _RANGE_COLUMNS), notes))
+    ranges = apply_sidecar(path, cols.table("ranges", _RANGE_COLUMNS), notes)
+    site_pass = read_sites(path, notes)  # the call-site pass's exact lines, where it ran
+    if site_pass is not None:
+        ranges = apply_sites(ranges, site_pass, notes)
+    ranges = _ranges(ranges)
     for df in (api_calls, kernels, memops, ranges):
         df["rank"] = rank
     ranges, compiled_notes = expand_compiled(ranges)
@@ -702,7 +707,8 @@ def _read(path: Path, rank: int | None, rank_default: int = 0) -> tuple[Trace, i
         memops=memops,
         devices=_devices(data, rank),
         threads=_threads(cols.table("threads", ["pid", "tid", "name"]), rank),
-        meta=_meta(path, data, set(cols.cats), cols.legacy),
+        meta=_meta(path, data, set(cols.cats), cols.legacy)
+        | ({"site_details": site_details(site_pass)} if site_pass is not None else {}),
         notes=notes,
         environment=from_kineto(data),
     )

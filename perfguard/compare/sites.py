@@ -1,0 +1,198 @@
+"""Where an op's change happened: its calls and time compared per call site.
+
+An op's call sites come with each record (``meta["op_sites"]``: calls and time per
+iteration for each (op, site); ``meta["site_details"]``: each site's function and
+source text, from the call-site pass, :mod:`perfguard.trace.site_pass`). A culprit is
+placed at the site whose calls or time changed, not the site where the op spends the
+most time: three new ``aten::linear`` calls in ``Attention.forward`` are placed there,
+not at the MLP's linear that did not change.
+
+Two records are years of edits apart in line numbers: a line added above a call
+moves it without changing it. So a site is matched across the two sides by *what* it
+is (its function and its statement's text), and a site whose line alone moved is the
+same site. A statement found on one side only, whose twin (same text, same calls) is
+on the other side in another function or file, is code that moved: a *move*, not an
+add and a remove. Removed work cites the base tree's line, added work the head's,
+and :class:`Place` says which.
+
+Standard library only: the tables are a few hundred rows a record.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+#: site identities on one side: key -> (label, calls, gpu ns, cpu ns)
+_Side = dict[tuple[str, str], tuple[str, float, float, float]]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a culprit's change happened: a site's label (``model.py:21 in
+    Attention.forward``) in the head tree, or in the base tree (``base``: the line is
+    gone from the head, or the work there shrank and the head has no such site)."""
+
+    label: str
+    base: bool = False
+    #: ``a.py:10 → b.py:5`` for calls that moved between sites with the change
+    moved: str = ""
+
+    @property
+    def text(self) -> str:
+        """``at model.py:21 in Attention.forward`` (``(base)`` after a base-tree line)."""
+        return f"at {self.label}" + (" (base)" if self.base else "")
+
+
+class SiteTable:
+    """One record's (op, site) rows, keyed for matching across commits."""
+
+    def __init__(self, meta: dict[str, Any] | None) -> None:
+        meta = meta or {}
+        table = meta.get("op_sites") or {}
+        details = meta.get("site_details") or {}
+        self.by_op: dict[str, _Side] = {}
+        self.iterations_known = bool(table)
+        cols = ("op", "direction", "site", "calls", "gpu_ns", "cpu_ns")
+        try:
+            rows = zip(*(table[c] for c in cols), strict=True) if table else iter(())
+            for op, direction, site, calls, gpu, cpu in rows:
+                d = details.get(site) or {}
+                key = _key(str(site), d)
+                side = self.by_op.setdefault(f"{op}|{direction}", {})
+                old = side.get(key)
+                if old is not None:  # one statement reached two ways: one site
+                    calls, gpu, cpu = calls + old[1], gpu + old[2], cpu + old[3]
+                side[key] = (str(site), float(calls), float(gpu), float(cpu))
+        except (KeyError, TypeError, ValueError):
+            self.by_op = {}
+        #: op name (any direction) -> op ids, for culprits that carry a name only
+        self.ids: dict[str, list[str]] = {}
+        for op_id in self.by_op:
+            self.ids.setdefault(op_id.rsplit("|", 1)[0], []).append(op_id)
+
+    def side(self, op: str, direction: str | None) -> _Side:
+        """The op's sites (both directions' summed when ``direction`` is unknown)."""
+        if direction:
+            found = self.by_op.get(f"{op}|{direction}")
+            if found is not None:
+                return found
+        merged: _Side = {}
+        for op_id in self.ids.get(op, []):
+            for key, (label, c, g, p) in self.by_op[op_id].items():
+                old = merged.get(key)
+                merged[key] = (label, c, g, p) if old is None else (
+                    label, c + old[1], g + old[2], p + old[3])  # fmt: skip
+        return merged
+
+
+def _key(label: str, details: dict[str, Any]) -> tuple[str, str]:
+    """A site's identity across commits: its function and statement text where the pass
+    gave them, else its label (a site of the capture alone: no text to match by)."""
+    code = str(details.get("code") or "")
+    function = str(details.get("function") or "")
+    return (function, code) if code else (label, "")
+
+
+def _time(row: tuple[str, float, float, float], gpu: bool) -> float:
+    return row[2] if gpu else row[3]
+
+
+def place_of(
+    kind: str,
+    op: str,
+    direction: str | None,
+    base: SiteTable,
+    head: SiteTable,
+) -> Place | None:
+    """Where culprit ``kind`` on ``op`` happened (module docstring), or None when
+    neither record knows the op's sites.
+
+    ``added``: the head site with the most calls; ``removed``: the base site with the
+    most; ``calls`` and counters: the site whose calls changed the most the culprit's
+    way (the head's line where the head still has that statement); ``timing``,
+    ``dtypes`` and the rest: the site whose time changed the most, else the head's
+    busiest site."""
+    b, h = base.side(op, direction), head.side(op, direction)
+    if not b and not h:
+        return None
+    gpu = any(r[2] > 0 for r in (*b.values(), *h.values()))
+    moved = _moves(b, h)
+    b_rest = {k: v for k, v in b.items() if k not in moved}
+    h_rest = {k: v for k, v in h.items() if k not in moved.values()}
+    move_text = "; ".join(f"{b[k][0]} → {h[v][0]}" for k, v in moved.items())
+    if kind == "added" or (not b and h):
+        pick = _largest(h_rest or h, lambda r: (r[1], _time(r, gpu)))
+        return Place(h[pick][0] if pick in h else (h_rest or h)[pick][0], moved=move_text)
+    if kind == "removed" or (b and not h):
+        pick = _largest(b_rest or b, lambda r: (r[1], _time(r, gpu)))
+        return Place((b_rest or b)[pick][0], base=True, moved=move_text)
+    keys = set(b_rest) | set(h_rest)
+
+    def delta(k: tuple[str, str], what: int) -> float:
+        now, then = h_rest.get(k), b_rest.get(k)
+        return (float(now[what]) if now else 0.0) - (float(then[what]) if then else 0.0)
+
+    def line(k: tuple[str, str]) -> int:  # ties go to the first line (the edit's top)
+        row = h_rest.get(k) or b_rest.get(k)
+        return -_line(row[0]) if row else 0
+
+    if kind in ("timing", "dtypes", "tc_lost", "kernel_set"):
+        what = 2 if gpu else 3
+        changed = [k for k in keys if abs(delta(k, what)) > 0]
+        if kind == "timing" and changed:
+            pick = max(changed, key=lambda k: (abs(delta(k, what)), line(k)))
+            return _at(pick, b_rest, h_rest, move_text)
+        if kind != "timing":  # the statement that runs the op now, the busiest first
+            pick = _largest(h, lambda r: (_time(r, gpu), r[1]))
+            return Place(h[pick][0], moved=move_text)
+        return None
+    changed = [k for k in keys if abs(delta(k, 1)) > 1e-9]
+    if not changed:
+        return Place(move_text.split(" → ")[-1], moved=move_text) if move_text else None
+    total = sum(delta(k, 1) for k in changed)
+    up = total >= 0
+    pick = max(changed, key=lambda k: ((delta(k, 1) if up else -delta(k, 1)), line(k)))
+    return _at(pick, b_rest, h_rest, move_text)
+
+
+def _at(key: tuple[str, str], b: _Side, h: _Side, moved: str) -> Place:
+    """The head's line of a statement the head has, else the base's."""
+    if key in h:
+        return Place(h[key][0], moved=moved)
+    return Place(b[key][0], base=True, moved=moved)
+
+
+def _line(label: str) -> int:
+    """The line number of ``model.py:21 in f`` (0 when it has none)."""
+    head = label.split(" in ", 1)[0]
+    tail = head.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _largest(side: _Side, by: Any) -> tuple[str, str]:
+    return max(side, key=lambda k: (by(side[k]), k))
+
+
+def _moves(b: _Side, h: _Side) -> dict[tuple[str, str], tuple[str, str]]:
+    """Base keys whose statement (same text, same calls) is in the head under another
+    function or file only: code that moved (base key -> head key)."""
+    gone = [k for k in b if k not in h and k[1]]
+    new = [k for k in h if k not in b and k[1]]
+    out: dict[tuple[str, str], tuple[str, str]] = {}
+    for k in gone:
+        twin = next((n for n in new if n[1] == k[1] and n not in out.values()
+                     and math.isclose(h[n][1], b[k][1])), None)  # fmt: skip
+        if twin is not None:
+            out[k] = twin
+    return out
+
+
+def parameter_change(base: dict[str, Any], head: dict[str, Any]) -> tuple[int, int] | None:
+    """(base, head) parameter tensors of the test's models and optimizers when they
+    differ, else None."""
+    a, c = base.get("parameter_tensors"), head.get("parameter_tensors")
+    if isinstance(a, int) and isinstance(c, int) and a != c:
+        return a, c
+    return None
