@@ -4,7 +4,8 @@ Kept apart from the driver so the models read as a project's code: each regressi
 ``culprits.py`` is a textual edit of these files (an exact ``old`` -> ``new``
 replacement), the diff a pull request would make.
 
-Six tests, each on its own model, all on the CPU with one thread and tiny sizes so a
+A module of helpers the models and tests share (so code can move between modules). Six
+tests, each on its own model, all on the CPU with one thread and tiny sizes so a
 session is seconds: causal self-attention (SDPA), an MLP block (LayerNorm, GELU), an
 attention-pooling classifier (explicit softmax, a padding mask, bmm), a small conv net,
 an MLP classifier's training step, and a 2-layer GPT's training step.
@@ -17,6 +18,8 @@ MODELS = '''"""Small models: the code under benchmark."""
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+import helpers
 
 torch.set_num_threads(1)
 
@@ -55,7 +58,7 @@ class MLPBlock(nn.Module):
     def forward(self, x):
         h = self.norm(x)
         h = self.up(h)
-        h = F.gelu(h, approximate="tanh")
+        h = helpers.gelu(h)
         return x + self.down(h)
 
 
@@ -146,12 +149,32 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(x))
 '''
 
+HELPERS = '''"""Helpers the models and the benchmarks share."""
+
+from torch.nn import functional as F
+
+#: the latest value of each metric (a dashboard reads it)
+METRICS = {}
+
+
+def log_metric(name, value):
+    """Keep the latest value of a metric, still on its device."""
+    METRICS[name] = value.detach()
+    return value
+
+
+def gelu(h):
+    """The models' activation."""
+    return F.gelu(h, approximate="tanh")
+'''
+
 TESTS = '''"""Benchmark tests: one per model, each a loop of real steps."""
 
 import pytest
 import torch
 from torch.nn import functional as F
 
+import helpers
 import models
 
 ROUNDS = dict(iterations={iterations}, rounds={rounds}, warmup={warmup})
@@ -220,6 +243,7 @@ def test_classifier_train_step(gpuprofile):
         loss = F.cross_entropy(logits, y)
         loss.backward()
         opt.step()
+        helpers.log_metric("loss", loss)
     assert torch.isfinite(loss)
 
 
@@ -241,12 +265,14 @@ def test_gpt_train_step(gpuprofile):
 
 TESTS_FILE = "test_bench.py"
 MODELS_FILE = "models.py"
+HELPERS_FILE = "helpers.py"
 
 
 def files(iterations: int, rounds: int, warmup: int) -> dict[str, str]:
     """The base commit's files (the marker's sizes are the driver's to pick)."""
     return {
         MODELS_FILE: MODELS,
+        HELPERS_FILE: HELPERS,
         TESTS_FILE: TESTS.format(iterations=iterations, rounds=rounds, warmup=warmup),
         "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n",
         ".gitignore": ".perfguard/\n__pycache__/\nbaselines/\n",

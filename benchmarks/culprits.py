@@ -103,6 +103,10 @@ def _t(old: str, new: str) -> Edit:
     return Edit(project.TESTS_FILE, old, new)
 
 
+def _h(old: str, new: str) -> Edit:
+    return Edit(project.HELPERS_FILE, old, new)
+
+
 _SDPA_LINE = "        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
 _POOL_LINE = "        pooled = torch.bmm(weights.unsqueeze(1), x).squeeze(1)\n"
 _CLS_LAYERS = "            nn.ReLU(),\n            nn.Linear(hidden, classes),\n"
@@ -408,9 +412,13 @@ CASES: tuple[Case, ...] = (
         "test_mlp_block",
         "GELU written out as the tanh formula instead of F.gelu",
         (
-            _m(
-                '        h = F.gelu(h, approximate="tanh")\n',
-                "        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * h**3)))\n",
+            _h(
+                '    return F.gelu(h, approximate="tanh")\n',
+                "    return 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * h**3)))\n",
+            ),
+            _h(
+                "from torch.nn import functional as F\n",
+                "import torch\nfrom torch.nn import functional as F\n",
             ),
         ),
         ("aten::gelu", "aten::tanh", "aten::pow", "aten::mul", "aten::add"),
@@ -514,6 +522,251 @@ CASES: tuple[Case, ...] = (
         ("aten::arange", "aten::lt", "aten::unsqueeze", "aten::slice"),
     ),
 )
+#: refactors and moved code (issue 40): each is a change a contributor makes while
+#: restructuring, with a regression inside it; the first line must name the op *and* the
+#: changed line (``lines``), written down before any result was seen
+REFACTORS: tuple[Case, ...] = (
+    Case(
+        "qkv_split",
+        "refactor: fused layer split",
+        "test_attention",
+        "the fused q/k/v projection split into three Linear layers",
+        (
+            _m(
+                "        self.qkv = nn.Linear(d, 3 * d)\n",
+                "        self.q = nn.Linear(d, d)\n        self.k = nn.Linear(d, d)\n"
+                "        self.v = nn.Linear(d, d)\n",
+            ),
+            _m(
+                "        q, k, v = self.qkv(x).split(d, dim=-1)\n",
+                "        q, k, v = self.q(x), self.k(x), self.v(x)\n",
+            ),
+        ),
+        (*LINEAR, "aten::split", "aten::narrow", "aten::slice"),
+    ),
+    Case(
+        "mlp_up_split",
+        "refactor: fused layer split",
+        "test_mlp_block",
+        "the MLP's up projection split in two halves, then concatenated",
+        (
+            _m(
+                "        self.up = nn.Linear(d, hidden)\n",
+                "        self.up_a = nn.Linear(d, hidden // 2)\n"
+                "        self.up_b = nn.Linear(d, hidden // 2)\n",
+            ),
+            _m(
+                "        h = self.up(h)\n",
+                "        h = torch.cat([self.up_a(h), self.up_b(h)], dim=-1)\n",
+            ),
+        ),
+        (*LINEAR, "aten::cat"),
+    ),
+    Case(
+        "split_heads_moved",
+        "moved code",
+        "test_attention",
+        "the head split moved into helpers.py, with a .contiguous() on the way",
+        (
+            _m(
+                "        q = q.view(b, t, self.heads, d // self.heads).transpose(1, 2)\n"
+                "        k = k.view(b, t, self.heads, d // self.heads).transpose(1, 2)\n"
+                "        v = v.view(b, t, self.heads, d // self.heads).transpose(1, 2)\n",
+                "        q, k, v = (helpers.split_heads(z, self.heads) for z in (q, k, v))\n",
+            ),
+            _h(
+                "def gelu(h):\n",
+                "def split_heads(x, heads):\n"
+                '    """(b, t, d) -> (b, heads, t, d // heads), contiguous for the kernels."""\n'
+                "    b, t, d = x.shape\n"
+                "    return x.view(b, t, heads, d // heads).transpose(1, 2).contiguous()\n\n\n"
+                "def gelu(h):\n",
+            ),
+        ),
+        ("aten::contiguous", "aten::clone", "aten::copy_", "aten::empty_like"),
+    ),
+    Case(
+        "mask_moved_per_call",
+        "moved code",
+        "test_attention_pool",
+        "the padding mask built inside the model from the lengths, by a helper moved to helpers.py",
+        (
+            _h(
+                "def gelu(h):\n",
+                "def padding_mask(lengths, t):\n"
+                '    """True where a token is real."""\n'
+                "    return torch.arange(t)[None, :] < lengths[:, None]\n\n\n"
+                "def gelu(h):\n",
+            ),
+            _h(
+                "from torch.nn import functional as F\n",
+                "import torch\nfrom torch.nn import functional as F\n",
+            ),
+            _m(
+                '        scores = scores.masked_fill(~mask, float("-inf"))\n',
+                "        mask = helpers.padding_mask(mask.sum(1), x.shape[1])\n"
+                '        scores = scores.masked_fill(~mask, float("-inf"))\n',
+            ),
+        ),
+        ("aten::arange", "aten::lt", "aten::sum", "aten::unsqueeze", "aten::slice"),
+    ),
+    Case(
+        "clamp_in_layer_loop",
+        "op in a loop over layers",
+        "test_gpt_train_step",
+        "activations clamped after every block, inside the loop over layers",
+        (
+            _m(
+                "        for block in self.blocks:\n            x = block(x)\n",
+                "        for block in self.blocks:\n            x = block(x).clamp(-30.0, 30.0)\n",
+            ),
+        ),
+        (
+            "aten::clamp",
+            "ClampBackward1",
+            "aten::clamp_backward",
+            "aten::where",
+            "aten::ge",
+            "aten::le",
+            "aten::logical_and",
+            "aten::mul",
+        ),
+    ),
+    Case(
+        "finite_check_in_layer_loop",
+        "op in a loop over layers",
+        "test_gpt_train_step",
+        "a finiteness check after every block (a host sync per layer)",
+        (
+            _m(
+                "        for block in self.blocks:\n            x = block(x)\n",
+                "        for block in self.blocks:\n            x = block(x)\n"
+                '            assert torch.isfinite(x).all(), "non-finite activations"\n',
+            ),
+        ),
+        (
+            "aten::isfinite",
+            "aten::all",
+            "aten::is_nonzero",
+            "aten::item",
+            "aten::_local_scalar_dense",
+            "aten::abs",
+            "aten::ne",
+            "aten::eq",
+            "aten::mul",
+        ),
+    ),
+    Case(
+        "optimizer_momentum",
+        "optimizer change",
+        "test_gpt_train_step",
+        "SGD with momentum (a buffer per parameter, updated every step)",
+        (
+            _t(
+                "    model = models.TinyGPT()\n    opt = torch.optim.SGD(model.parameters(), "
+                "lr=1e-2)\n",
+                "    model = models.TinyGPT()\n    opt = torch.optim.SGD(model.parameters(), "
+                "lr=1e-2, momentum=0.9)\n",
+            ),
+        ),
+        (
+            "Optimizer.step#SGD.step",
+            "aten::mul_",
+            "aten::add_",
+            "aten::_foreach_mul_",
+            "aten::_foreach_add_",
+            "aten::clone",
+            "aten::detach",
+        ),
+    ),
+    Case(
+        "grad_clip",
+        "optimizer change",
+        "test_classifier_train_step",
+        "gradient clipping before each optimizer step",
+        (
+            _t(
+                "        loss.backward()\n        opt.step()\n        helpers.log_metric",
+                "        loss.backward()\n"
+                "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+                "        opt.step()\n        helpers.log_metric",
+            ),
+        ),
+        (
+            "aten::linalg_vector_norm",
+            "aten::_foreach_norm",
+            "aten::stack",
+            "aten::clamp",
+            "aten::_foreach_mul_",
+            "aten::mul",
+            "aten::add",
+            "aten::reciprocal",
+            "aten::div",
+            "aten::clamp_max",
+            "aten::norm",
+        ),
+    ),
+    Case(
+        "causal_buffer_per_call",
+        "buffer built per call",
+        "test_attention",
+        "a causal mask buffer built on every call instead of SDPA's is_causal",
+        (
+            _m(
+                _SDPA_LINE,
+                "        mask = torch.ones(t, t, dtype=torch.bool).tril()\n"
+                "        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n",
+            ),
+        ),
+        ("aten::ones", "aten::tril", "aten::empty", "aten::fill_"),
+    ),
+    Case(
+        "log_metric_item",
+        "logging .item()",
+        "test_classifier_train_step",
+        "the metric logger turned into a float with .item() (a host sync every step)",
+        (
+            _h(
+                "    METRICS[name] = value.detach()\n",
+                "    METRICS[name] = value.detach().item()\n",
+            ),
+        ),
+        ("aten::item", "aten::_local_scalar_dense"),
+    ),
+    Case(
+        "softmax_f64_helper",
+        "dtype cast in a helper",
+        "test_attention_pool",
+        "the pooling softmax moved into a helper that computes it in float64",
+        (
+            _h(
+                "def gelu(h):\n",
+                "def stable_softmax(scores, dim):\n"
+                '    """Softmax in float64: no overflow for large scores."""\n'
+                "    return F.softmax(scores.double(), dim=dim).float()\n\n\n"
+                "def gelu(h):\n",
+            ),
+            _m(
+                "        weights = F.softmax(scores, dim=1)\n",
+                "        weights = helpers.stable_softmax(scores, dim=1)\n",
+            ),
+        ),
+        ("aten::softmax", "aten::_softmax", "aten::to", "aten::_to_copy"),
+    ),
+    Case(
+        "gelu_f64_helper",
+        "dtype cast in a helper",
+        "test_mlp_block",
+        "the shared activation helper computing in float64",
+        (
+            _h(
+                '    return F.gelu(h, approximate="tanh")\n',
+                '    return F.gelu(h.double(), approximate="tanh").to(h.dtype)\n',
+            ),
+        ),
+        ("aten::gelu", "aten::to", "aten::_to_copy"),
+    ),
+)
 TESTS = ("test_attention", "test_mlp_block", "test_attention_pool", "test_convnet",
          "test_classifier_train_step", "test_gpt_train_step")  # fmt: skip
 
@@ -564,6 +817,39 @@ def check_import(cwd: Path) -> str:
     return path
 
 
+def changed_lines(base: str, head: str) -> dict[str, list[int]]:
+    """1-based lines a change replaced or added in the head and replaced or removed in the
+    base (difflib's opcodes), the lines a reviewer should be sent to."""
+    import difflib
+
+    out: dict[str, list[int]] = {"head": [], "base": []}
+    ops = difflib.SequenceMatcher(a=base.splitlines(), b=head.splitlines(), autojunk=False)
+    for tag, i1, i2, j1, j2 in ops.get_opcodes():
+        if tag == "equal":
+            continue
+        out["base"] += range(i1 + 1, max(i2, i1 + 1) + 1) if tag != "insert" else [i1 + 1]
+        out["head"] += range(j1 + 1, max(j2, j1 + 1) + 1) if tag != "delete" else [j1 + 1]
+    return out
+
+
+#: a place in a culprit's line: ``models.py:21`` or ``models.py:15-18``
+_PLACE = re.compile(r"([\w./-]+\.py):(\d+)(?:-(\d+))?")
+
+
+def line_right(text: str, lines: dict[str, dict[str, list[int]]]) -> bool:
+    """Whether ``text`` (the test's first line) names a changed line, ±1: any place in it
+    in a changed file whose lines come within one of a line the change touched."""
+    for m in _PLACE.finditer(text):
+        file, lo = Path(m.group(1)).name, int(m.group(2))
+        hi = int(m.group(3) or lo)
+        touched = lines.get(file)
+        if not touched:
+            continue
+        if any(lo - 1 <= n <= hi + 1 for n in (*touched["head"], *touched["base"])):
+            return True
+    return False
+
+
 def apply(repo: Path, edits: tuple[Edit, ...]) -> None:
     for e in edits:
         path = repo / e.file
@@ -588,10 +874,15 @@ class Project:
         git(self.dir, "commit", "-q", "-m", "base: six small models and their benchmarks")
         self.base = git(self.dir, "rev-parse", "HEAD")
         self.commits: dict[str, str] = {}
+        #: per case, per file: the lines the change touched in the head and in the base
+        self.lines: dict[str, dict[str, dict[str, list[int]]]] = {}
 
     def commit(self, name: str, message: str, edits: tuple[Edit, ...]) -> str:
         git(self.dir, "checkout", "-q", "--detach", self.base)
+        before = {e.file: (self.dir / e.file).read_text() for e in edits}
         apply(self.dir, edits)
+        self.lines[name] = {f: changed_lines(text, (self.dir / f).read_text())
+                            for f, text in before.items()}  # fmt: skip
         git(self.dir, "commit", "-q", "-am", f"{name}: {message}")
         self.commits[name] = git(self.dir, "rev-parse", "HEAD")
         return self.commits[name]
@@ -653,7 +944,12 @@ def summary_text(md: str) -> str:
     return html.unescape(re.sub(r"\\(.)", r"\1", md))
 
 
-def judge_case(case: Case | None, test: str, session: dict[str, Any]) -> dict[str, Any]:
+def judge_case(
+    case: Case | None,
+    test: str,
+    session: dict[str, Any],
+    lines: dict[str, dict[str, list[int]]] | None = None,
+) -> dict[str, Any]:
     """One test of one session: outcome, first culprit, right or not, views agreeing."""
     row: dict[str, Any] = {"test": test, "outcome": "missing", "returncode":
                            session["returncode"], "wall_s": session["wall_s"]}  # fmt: skip
@@ -695,6 +991,11 @@ def judge_case(case: Case | None, test: str, session: dict[str, Any]) -> dict[st
         rows = [x for x in session["stdout"].splitlines() if f"::{test} " in x]
         row["terminal_has_lead"] = any(lead[:40] in x for x in rows)
         row["views_agree"] = row["failure_has_lead"] and row["summary_has_lead"]
+        row["summary_line"] = md_line
+        if lines is not None:
+            # the line a reviewer reads first: the test's line in summary.md
+            row["line_right"] = line_right(md_line, lines)
+            row["op_and_line_right"] = bool(row.get("right")) and row["line_right"]
     return row
 
 
@@ -726,6 +1027,11 @@ def tally(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "first_culprit_right_of_detected": rate(found, "right"),
             "leaf_right_of_detected": rate(found, "leaf_right"),
             "views_agree_of_detected": rate(found, "views_agree"),
+            "line_right_of_detected": rate(found, "line_right"),
+            "op_and_line_right": rate(cases, "op_and_line_right"),
+            "refactors_op_and_line_right": rate(
+                [r for r in cases if r.get("refactor")], "op_and_line_right"
+            ),
             "views_name_first_op_of_detected": rate(found, "views_name_first_op"),
             "terminal_has_lead_of_detected": rate(found, "terminal_has_lead"),
             "aa_false_alarms": rate(aa, "false_alarm"),
@@ -765,26 +1071,31 @@ def markdown(rows: list[dict[str, Any]], rates: dict[str, Any], meta: dict[str, 
                 cells.append("")
                 continue
             mark = "" if r.get("right_and_detected") else " **wrong**"
+            if r.get("right_and_detected") and not r.get("line_right"):
+                mark = " **line wrong**"
             agree = "" if r.get("views_agree") or not r.get("detected") else " (views differ)"
             op = f" {r.get('first_kind', '')} `{_cell(r.get('first_op'), 60)}`" if r.get(
                 "first_op") else ""  # fmt: skip
             cells.append(f"{r['outcome']}:{op}{mark}{agree}")
         out.append(f"| {name} | {any_row['category']} | {any_row['test']} | "
                    + " | ".join(cells) + " |")  # fmt: skip
-    out += ["", "| mode | cases | detected | first culprit right | of detected | views agree "
-            "(of detected) | A/A false alarms |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    out += ["", "| mode | cases | detected | first culprit right | of detected | op and line "
+            "right | refactors: op and line right | views agree (of detected) | A/A false "
+            "alarms |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for mode, t in rates.items():
         out.append(f"| {mode} | {t['cases']} | {t['detected']} | {t['first_culprit_right']} | "
-                   f"{t['first_culprit_right_of_detected']} | {t['views_agree_of_detected']} | "
+                   f"{t['first_culprit_right_of_detected']} | {t.get('op_and_line_right')} | "
+                   f"{t.get('refactors_op_and_line_right')} | {t['views_agree_of_detected']} | "
                    f"{t['aa_false_alarms']} |")  # fmt: skip
     out += ["", f"Load: before `{meta['uptime_before']}`; after `{meta['uptime_after']}`; "
             f"duration {meta['duration_s']:.0f} s."]  # fmt: skip
-    wrong = [r for r in rows if r["kind"] == "case" and not r.get("right_and_detected")]
+    wrong = [r for r in rows if r["kind"] == "case" and not r.get("op_and_line_right")]
     if wrong:
-        out += ["", "Wrong or missing first culprits (the explanation's lead):", ""]
+        out += ["", "Wrong or missing first culprits or lines (the test's line in summary.md):",
+                ""]  # fmt: skip
         for r in wrong:
-            out.append(f"- {r['case']} ({r['mode']}, {r['outcome']}): "
-                       f"{_cell(r.get('lead') or r.get('headline'), 400)}")  # fmt: skip
+            said = r.get("summary_line") or r.get("lead") or r.get("headline")
+            out.append(f"- {r['case']} ({r['mode']}, {r['outcome']}): {_cell(said, 400)}")
     return "\n".join(out) + "\n"
 
 
@@ -814,7 +1125,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cases",
         default="all",
-        help=f"comma-separated case names, or all: {', '.join(c.name for c in CASES)}",
+        help="comma-separated case names, all, or refactors: "
+        f"{', '.join(c.name for c in (*CASES, *REFACTORS))}",
     )
     p.add_argument("--modes", default="store,ab", help="store, ab or both (default store,ab)")
     p.add_argument(
@@ -832,8 +1144,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.retally:
         return retally(a.out.resolve())
 
-    chosen = list(CASES) if a.cases == "all" else [c for c in CASES if c.name in a.cases.split(",")]
-    unknown = set(a.cases.split(",")) - {c.name for c in CASES} - {"all"}
+    every = (*CASES, *REFACTORS)
+    named = a.cases.split(",")
+    chosen = (
+        list(every)
+        if a.cases == "all"
+        else (list(REFACTORS) if a.cases == "refactors" else [c for c in every if c.name in named])
+    )
+    unknown = set(named) - {c.name for c in every} - {"all", "refactors"}
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     modes = [m for m in a.modes.split(",") if m]
@@ -891,7 +1209,9 @@ def main(argv: list[str] | None = None) -> int:
                        "what": case.what if case else "a comment",
                        "expected": list(case.expected) if case else [],
                        "load": session["load"], "first_of_session": j == 0,
-                       **judge_case(case, test, session)}  # fmt: skip
+                       "refactor": case in REFACTORS if case else False,
+                       **judge_case(case, test, session,
+                                    proj.lines.get(case.name) if case else None)}  # fmt: skip
                 rows.append(row)
                 with log.open("a") as f:
                     f.write(json.dumps(row) + "\n")

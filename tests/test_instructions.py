@@ -195,6 +195,18 @@ def test_gate_fires_beyond_the_budget_and_names_the_interpreter(dumps):
     assert "instructions" not in judge_gates(plain, base, budgets, none).checked
 
 
+def test_unresolved_addresses_stay_out_of_the_text():
+    """Callgrind's ``0x00000000295bc000 (???)`` (JIT code, a stripped library) names
+    nothing a reviewer can open: never one of the functions a message lists."""
+    from perfguard.compare.instructions import unresolved
+
+    moves = pd.DataFrame({
+        "function": ["0x00000000295bc000", "_PyEval_EvalFrameDefault", "memcpy", "f"],
+        "object": ["???", "libpython3.11.so.1.0", "libc.so.6", "???"],
+    })  # fmt: skip
+    assert unresolved(moves).tolist() == [True, False, False, True]
+
+
 @needs_valgrind
 def test_store_keeps_counts_and_functions(dumps, tmp_path):
     from test_baseline_store import run

@@ -108,6 +108,7 @@ def explain_move(baseline: TestRecord, current: TestRecord, counter: str) -> str
     moves = function_moves(baseline, current, column)
     moves = moves if up else moves.iloc[::-1]
     moves = moves[(moves["delta"] > 0) if up else (moves["delta"] < 0)]
+    moves = moves[~unresolved(moves)]  # an address names nothing a reviewer can open
     top = moves.head(TOP)
     parts = [
         f"{_short(str(function))} ({obj}) {_signed(delta, counter)}"
@@ -126,6 +127,16 @@ def explain_move(baseline: TestRecord, current: TestRecord, counter: str) -> str
         )
         text += ("; " if text else "") + f"under ops: {named}"
     return text
+
+
+#: a function Callgrind could not name: a bare address, or an object it could not map
+_ADDRESS = r"^(?:0x[0-9a-fA-F]+|\?\?\?)$"
+
+
+def unresolved(moves: pd.DataFrame) -> pd.Series:
+    """Rows whose function is a bare address or whose object is unknown (``???``: JIT code,
+    a stripped library): left out of the text a reviewer reads."""
+    return moves["function"].str.match(_ADDRESS) | moves["object"].str.match(_ADDRESS)
 
 
 def _total(record: TestRecord, counter: str) -> float:
