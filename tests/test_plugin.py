@@ -205,10 +205,18 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert (why["culprits"][0]["op"], why["culprits"][0]["kind"]) == ("extra_sync", "added")
     assert train["message"] == why["headline"] and why["headline"].startswith("gates: ")
     text = "\n".join([why["headline"], *why["lines"]])
-    # the culprit names the user's function it ran in and where that starts (the profiled
-    # round's Python frames carry a function's first line)
-    assert "extra_sync in step() at test_bench.py:" in why["headline"], why["headline"]
-    for part in ("added (", "wall time", "rounds", "counters per iteration: op calls"):
+    # the culprit names the statement that opened the range, its exact line (the call-site
+    # pass), and the function it is in
+    line = next(i for i, text in enumerate(BENCH.strip("\n").splitlines(), 1)
+                if 'record_function("extra_sync")' in text)  # fmt: skip
+    assert f"extra_sync added at test_bench.py:{line} in step" in why["headline"], why["headline"]
+    for part in (
+        "added at test_bench.py:",
+        "ms per iteration)",
+        "wall time",
+        "rounds",
+        "counters per iteration: op calls",
+    ):
         assert part in text, text
     failure = "\n".join(r.outlines)
     assert f"perfguard: {TRAIN} regressed against the baseline at {sha_b[:12]}" in failure

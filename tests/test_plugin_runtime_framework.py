@@ -134,18 +134,19 @@ def test_a_pure_python_test_reads_captured_no_ops_never_unchanged(tmp_path: Path
 
 
 def test_a_float64_culprit_is_named_with_its_line_and_exact_names_survive(tmp_path: Path) -> None:
-    """The culprit reads ``<op> in forward() at test_step.py:N: input dtypes fp32 → fp64`` in
-    summary.md (torch's Python events give the function's def line, so the function is named);
+    """The culprit reads ``<op> at test_step.py:N in forward: input dtypes fp32 → fp64`` in
+    summary.md, N the line of the softmax (the call-site pass), not the ``def`` line;
     the ``record_function`` name torch's JSON writer loses is exact in results.json, the
     HTML report and the store."""
     _needs("torch")
     _, second, _ = sessions(tmp_path, TORCH_TEST, "", ".double()")
     assert second["outcome"] == "regressed", second["message"]
-    line = TORCH_TEST.splitlines().index("def forward(x):") + 1
+    line = next(i for i, text in enumerate(TORCH_TEST.splitlines(), 1)
+                if "torch.softmax" in text)  # fmt: skip
     summary = (tmp_path / ".perfguard" / "summary.md").read_text().replace("\\_", "_")
     summary = html.unescape(summary)  # Markdown with HTML entities for <, & and "
-    site = f"forward() at test_step.py:{line}"
-    culprit = f"{EXOTIC}/aten::softmax in {site}: input dtypes fp32 → fp64"
+    site = f"test_step.py:{line} in forward"
+    culprit = f"{EXOTIC}/aten::softmax at {site}: input dtypes fp32 → fp64"
     assert culprit in summary, summary
     assert f"{EXOTIC}/aten::softmax" in _op_names(second)
     page = html.unescape((tmp_path / ".perfguard" / "report.html").read_text("utf-8"))

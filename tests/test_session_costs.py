@@ -38,8 +38,8 @@ def test_second(gpuprofile):
         (A + 1).relu()
 """
 
-PARTS = {"warmup", "timing", "round_checks", "profiled", "analysis", "findings", "compare",
-         "history"}  # fmt: skip
+PARTS = {"warmup", "timing", "round_checks", "sites", "profiled", "analysis", "findings",
+         "compare", "history"}  # fmt: skip
 
 
 def test_parts_in_results_and_terminal(pytester: pytest.Pytester) -> None:

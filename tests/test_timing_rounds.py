@@ -26,6 +26,7 @@ from perfguard.plugin import iterate  # noqa: E402
 from perfguard.plugin.iterate import GpuProfile  # noqa: E402
 from perfguard.plugin.marker import ProfileSpec  # noqa: E402
 from perfguard.trace import load_trace  # noqa: E402
+from perfguard.trace.site_pass import sites_path  # noqa: E402
 
 
 def _step(a: torch.Tensor) -> None:
@@ -64,8 +65,9 @@ def test_a_round_run_while_the_machine_was_slow_is_run_again(
     steady_machine += [1_000_000, 1_000_000, 1_010_000, 1_000_000, 1_300_000]
     steps = _run(profile, torch.randn(16, 16))
     assert profile.slow_rounds == 1
-    # warm-up, round 0, round 1 (dropped), round 1 again, round 2, the profiled round
-    assert steps == [-1, 0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    # warm-up, round 0, round 1 (dropped), round 1 again, round 2, the call-site pass's step
+    # (numbered as the last warm-up's: it is recorded nowhere), the profiled round
+    assert steps == [-1, 0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8, -1, 9, 10, 11]
     assert profile.round_of == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
     assert len(profile.wall_times_ns) == len(profile.cpu_times_ns) == 12
     assert profile.profiled == [False] * 9 + [True] * 3
@@ -91,7 +93,9 @@ def test_cpu_loop_times_rounds_unprofiled_then_profiles_one(
     path = tmp_path / "t.pt.trace.json"
     profile = GpuProfile(spec, TorchCapturer(path, "cpu"))
     steps = _run(profile, torch.randn(32, 32))
-    assert steps == list(range(-1, 16))  # warm-up, 3 timing rounds, 1 profiled round
+    # warm-up, 3 timing rounds, the call-site pass's step, 1 profiled round
+    assert steps == [*range(-1, 12), -1, *range(12, 16)]
+    assert profile.phase_s["sites"] > 0 and sites_path(path).is_file()
     assert profile.completed and profile.captured
     assert profile.round_of == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
     assert profile.profiled == [False] * 12 + [True] * 4
