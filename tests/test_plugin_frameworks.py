@@ -93,3 +93,8 @@ def test_tf_function_is_captured_and_a_changed_step_regresses(tmp_path: Path) ->
     assert first["outcome"] == "no-baseline" and first["capture"].endswith(".xplane.pb")
     assert second["outcome"] == "regressed", second["message"]
     assert {f["gate"] for f in second["gates"]["regressions"]} & {"calls", "flops"}
+    # the graph ops' creation tracebacks: the line inside the tf.function that made them
+    line = next(i for i, text in enumerate(TF_TEST.splitlines(), 1) if "return {body}" in text)
+    where = f"at test_step.py:{line} in step"
+    first_culprit = second["explanation"]["culprits"][0]
+    assert first_culprit["site"] == where, first_culprit

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.capture.xspace_capture import ITERATION_RANGE, XSpaceCapturer
+from perfguard.trace.call_sites import is_library_file, site_text
+from perfguard.trace.site_pass import Site, SitePass, write_sites
 
 
 class TensorFlowCapturer(XSpaceCapturer):
@@ -39,6 +41,13 @@ class TensorFlowCapturer(XSpaceCapturer):
         import tensorflow as tf
 
         tf.profiler.experimental.stop()
+        try:  # the line that made each graph op: a note's worth, never the test's failure
+            found = graph_sites()
+            if found.named:
+                write_sites(self.path, found)
+        except Exception as exc:  # noqa: BLE001 - TensorFlow's internals moved
+            print(f"perfguard: note: no TensorFlow call sites: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)  # fmt: skip
 
     def _step(self, number: int) -> AbstractContextManager[Any]:
         import tensorflow as tf
@@ -53,3 +62,52 @@ class TensorFlowCapturer(XSpaceCapturer):
             self._gpus = bool(tf is not None and tf.config.list_logical_devices("GPU"))
         if self._gpus:
             sys.modules["tensorflow"].test.experimental.sync_devices()
+
+
+def graph_sites() -> SitePass:
+    """Each op of the ``tf.function`` graphs this process traced, by node name, with the
+    innermost frame of the user's code in its creation traceback (TensorFlow keeps one
+    per graph op; eager ops have none). The profiler names a graph op's event by its
+    node name, so the XSpace reader ties them by name
+    (:func:`perfguard.trace.site_pass.apply_sites`). The functions are found among the
+    live objects (a Keras model's ``train_function`` too); the traces already made are
+    read from their caches, so nothing is traced again."""
+    import gc
+    import linecache
+
+    from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
+
+    sites: list[Site] = []
+    index: dict[tuple[str, int], int] = {}
+    named: dict[str, int] = {}
+    # the loop froze what the test built (plugin.iterate): frozen objects are listed by no
+    # gc call, so they are thawed for the listing and frozen again as they were
+    frozen = gc.get_freeze_count()
+    if frozen:
+        gc.unfreeze()
+    try:
+        functions = [o for o in gc.get_objects() if isinstance(o, Function)]
+    finally:
+        if frozen:
+            gc.freeze()
+    for fn in functions:
+        for config in (fn._variable_creation_config, fn._no_variable_creation_config):
+            cache = getattr(config, "function_cache", None)
+            for concrete in cache.values() if cache is not None else ():
+                for op in concrete.graph.get_operations():
+                    frames = [f for f in reversed(op.traceback)
+                              if not is_library_file(f.filename)]  # fmt: skip
+                    if not frames:
+                        continue
+                    key = (frames[0].filename, frames[0].lineno)
+                    if key not in index:
+                        index[key] = len(sites)
+                        sites.append(Site(
+                            where=site_text(frames[0].filename, frames[0].lineno),
+                            function=frames[0].name,
+                            code=linecache.getline(frames[0].filename, frames[0].lineno).strip(),
+                            stack=tuple(f"{site_text(f.filename, f.lineno)} in {f.name}"
+                                        for f in frames[1:8]),
+                        ))  # fmt: skip
+                    named.setdefault(op.name, index[key])
+    return SitePass(tuple(sites), {}, named, "TensorFlow graph ops' creation tracebacks")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,17 +76,22 @@ class Site:
 
 @dataclass(frozen=True)
 class SitePass:
-    """What one pass found: its sites, and per op name the site index of each call."""
+    """What one pass found: its sites, and per op name the site index of each call
+    (``calls``, matched by order: torch), or of every op of that name (``named``: graph
+    ops, whose node names are unique in their graph, as TensorFlow's are)."""
 
     sites: tuple[Site, ...]
     calls: dict[str, list[int]]
+    named: dict[str, int] = field(default_factory=dict)
+    source: str = "perfguard call-site pass (a TorchFunctionMode over one step)"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": SITES_VERSION,
-            "source": "perfguard call-site pass (a TorchFunctionMode over one step)",
+            "source": self.source,
             "sites": [s.to_dict() for s in self.sites],
             "ops": self.calls,
+            "named": self.named,
         }
 
 
@@ -115,12 +120,13 @@ def read_sites(capture: Path, notes: list[str]) -> SitePass | None:
             raise ValueError(f"version {doc.get('version')} is newer than this perfguard's")
         sites = tuple(Site.from_dict(d) for d in doc["sites"])
         calls = {str(k): [int(i) for i in v] for k, v in doc["ops"].items()}
-        if any(i < -1 or i >= len(sites) for v in calls.values() for i in v):
+        named = {str(k): int(v) for k, v in (doc.get("named") or {}).items()}
+        if any(i < -1 or i >= len(sites) for v in (*calls.values(), named.values()) for i in v):
             raise ValueError("a call names a site the file does not have")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         notes.append(f"{path.name}: not read ({type(exc).__name__}: {exc}); no exact call sites")
         return None
-    return SitePass(sites, calls)
+    return SitePass(sites, calls, named, str(doc.get("source") or ""))
 
 
 def event_sites(
@@ -186,6 +192,8 @@ def apply_sites(ranges: pd.DataFrame, found: SitePass, notes: list[str]) -> pd.D
 
     Vectorised over the ranges: one pass per distinct op name the pass saw (hundreds),
     none per range."""
+    if not ranges.empty and found.named:
+        ranges = _apply_named(ranges, found)
     if ranges.empty or not found.calls:
         return ranges
     name = ranges["name"].astype(object).to_numpy()
@@ -229,6 +237,18 @@ def apply_sites(ranges: pd.DataFrame, found: SitePass, notes: list[str]) -> pd.D
     have = out_site >= 0
     site[have] = labels[out_site[have]]
     out["call_site"] = site
+    return out
+
+
+def _apply_named(ranges: pd.DataFrame, found: SitePass) -> pd.DataFrame:
+    """Graph ops by node name (one lookup per distinct name)."""
+    labels = pd.Series({k: found.sites[i].label for k, i in found.named.items() if i >= 0})
+    site = ranges["name"].astype(object).map(labels)
+    if not site.notna().any():
+        return ranges
+    out = ranges.copy()
+    old = out["call_site"].astype(object) if "call_site" in out else pd.Series(None, out.index)
+    out["call_site"] = site.where(site.notna(), old).astype(object)
     return out
 
 

@@ -66,6 +66,7 @@ from perfguard.trace.model import (
 )
 from perfguard.trace.names import ITERATION_NAMES
 from perfguard.trace.ranges import finalize_ranges
+from perfguard.trace.site_pass import apply_sites, read_sites, site_details
 from perfguard.trace.xevents import DOUBLE_KIND, REF_KIND, TEXT_KINDS, Events, decode_events
 from perfguard.trace.xspace_proto import message_class, xspace_class
 
@@ -100,7 +101,19 @@ def read_xplane(path: str | Path) -> Trace:
     if space.errors:
         meta["profiler_errors"] = list(space.errors)[:20]
     costs = space_costs(space, _programs_run(events))
-    return _with_xla_costs(_checked(path, events, planes, meta), costs)
+    return _with_graph_sites(path, _with_xla_costs(_checked(path, events, planes, meta), costs))
+
+
+def _with_graph_sites(path: Path, trace: Trace) -> Trace:
+    """TensorFlow graph ops with the line that created them, where the capture wrote them
+    beside it (:func:`perfguard.capture.tensorflow.graph_sites`)."""
+    found = read_sites(path, trace.notes)
+    if found is None:
+        return trace
+    trace.ranges = apply_sites(trace.ranges, found, trace.notes)
+    trace.ranges["call_site"] = coded_text(trace.ranges["call_site"].astype(object).to_numpy())
+    trace.meta["site_details"] = site_details(found)
+    return trace
 
 
 def _programs_run(events: pd.DataFrame) -> set[tuple[str, int]]:
