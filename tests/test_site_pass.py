@@ -191,12 +191,26 @@ def test_train(gpuprofile):
 
 
 @pytest.mark.gpuprofile(iterations=3, rounds=3, warmup=1)
+def test_sgd(gpuprofile):
+    net = Pool()
+    w = torch.nn.Parameter(torch.ones(16))
+    opt = torch.optim.SGD([w], lr=0.1)
+    for _ in gpuprofile.iterations():
+        loss = (net(X) * w).sum()
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.gpuprofile(iterations=3, rounds=3, warmup=1)
 def test_pool(gpuprofile):
     pool = Pool()
     for _ in gpuprofile.iterations():
         y = pool(X)
 """
 TESTS_B = TESTS.replace(
+    "    opt = torch.optim.SGD([w], lr=0.1)\n",
+    "    opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)\n",
+).replace(
     "        y = pool(X)\n",
     "        y = pool(X)\n        if torch.isnan(y).any():\n            raise FloatingPointError\n",
 )
@@ -213,11 +227,11 @@ def test_culprits_are_placed_where_the_code_changed(pytester: pytest.Pytester) -
     init_repo(pytester)
     pytester.makepyfile(model=MODEL, helpers=HELPERS, test_bench=TESTS)
     commit(pytester.path, "A")
-    run(pytester, "--perfguard-save").assert_outcomes(passed=2)
+    run(pytester, "--perfguard-save").assert_outcomes(passed=3)
     (pytester.path / "helpers.py").unlink()
     pytester.makepyfile(model=MODEL_B, layers=HELPERS, test_bench=TESTS_B)
     commit(pytester.path, "B: q/k/v split; layer norm dropped; act moved; a NaN check")
-    run(pytester).assert_outcomes(failed=2)
+    run(pytester).assert_outcomes(failed=3)
     doc = results(pytester)
     model_a, model_b = MODEL.strip("\n"), (pytester.path / "model.py").read_text()
     tests_b = (pytester.path / "test_bench.py").read_text()
@@ -255,5 +269,13 @@ def test_culprits_are_placed_where_the_code_changed(pytester: pytest.Pytester) -
     assert removed["site"] == f"at model.py:{_line(model_a, 'F.layer_norm')} in Pool.forward (base)"
     # act() moved from helpers.py to layers.py unchanged: its tanh is no culprit
     assert "aten::tanh" not in by_op, sorted(by_op)
+    # an optimizer built with momentum: its work changes at opt.step(), the line that
+    # changed is where it is built
+    sgd = entry(doc, "test_bench.py::test_sgd")["explanation"]
+    built = _line(tests_b, "momentum=0.9")
+    assert sgd["culprits"][0]["kind"] == "optimizer", sgd["culprits"][0]
+    assert sgd["lead"] == (
+        f"optimizer opt (SGD): momentum 0 → 0.9 at test_bench.py:{built} in test_sgd"
+    ), sgd["lead"]
     line = _summary_line(pytester.path, "test_pool")
     assert f"test_bench.py:{nan_at}" in line, line

@@ -40,7 +40,7 @@ from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
 from perfguard.compare.explanation import KIND_ORDER, RANKED_AS, SHOWN, Culprit, Explanation
 from perfguard.compare.gates import LABELS, Budget, GateVerdict
 from perfguard.compare.outcomes import Outcome
-from perfguard.compare.sites import SiteTable, parameter_change, place_of
+from perfguard.compare.sites import SiteTable, optimizer_changes, parameter_change, place_of
 from perfguard.compare.timing import TimingVerdict
 from perfguard.compare.units import format_ns, human
 from perfguard.trace.call_sites import names_function
@@ -323,22 +323,33 @@ def _per_tensor(op: str) -> bool:
 
 
 def _parameter_culprits(e: Evidence, found: list[Culprit]) -> list[Culprit]:
-    """When the test's models hold another number of parameter tensors, that change (a
-    cause the reviewer can see in the model's code), and the per-tensor work of the
-    optimizer marked as following from it (ranked after its cause, :func:`_rank`)."""
+    """When the test's models hold another number of parameter tensors, or an optimizer
+    was built with another class or settings, that change (a cause the reviewer can see
+    in the code), and the per-tensor work of the optimizer marked as following from it
+    (ranked after its cause, :func:`_rank`)."""
+    causes: list[Culprit] = []
+    reasons: list[str] = []
     change = parameter_change(e.baseline.meta, e.current.meta)
-    if change is None:
+    if change is not None:
+        a, b = change
+        reasons.append(f"parameter tensors {a} → {b}")
+        causes.append(Culprit(kind="params", op="", text=f"parameter tensors {a} → {b} "
+                              "(the model's parameters changed: the optimizer's per-tensor "
+                              "work follows)", baseline=a, current=b))  # fmt: skip
+    for what, where in optimizer_changes(e.baseline.meta, e.current.meta):
+        at = f" at {where}" if where else ""
+        reasons.append(what.split(":", 1)[0] + " changed")
+        causes.insert(0, Culprit(kind="optimizer", op="", text=f"{what}{at}",
+                                 site=at.strip()))  # fmt: skip
+    if not causes:
         return []
-    a, b = change
     for i, c in enumerate(found):
         if _per_tensor(c.op):
-            why = f"follows from parameter tensors {a} → {b}"
+            why = f"follows from {' and '.join(reasons)}"
             found[i] = replace(c, consequence=True, text=f"{c.text} ({why})")
     # as decisive as the gated work it explains
     gated = any(c.gated for c in found if c.consequence)
-    return [Culprit(kind="params", op="", text=f"parameter tensors {a} → {b} "
-                    "(the model's parameters changed: the optimizer's per-tensor work follows)",
-                    baseline=a, current=b, gated=gated)]  # fmt: skip
+    return [replace(c, gated=gated) for c in causes]
 
 
 #: gate findings that become culprits as they are (no per-op counter row behind them)

@@ -35,7 +35,8 @@ from perfguard.environment import EnvironmentChange
 #: act on (dtype, Tensor Cores, a new sync) before the ops that appeared or vanished,
 #: before counters that moved on an op that stayed, before time alone
 KIND_ORDER = (
-    "dtypes", "tc_lost", "syncs", "host_reads", "structure", "params", "calls", "flops",
+    "dtypes", "tc_lost", "syncs", "host_reads", "optimizer", "structure", "calls", "params",
+    "flops",
     "bytes", "kernels", "memcpy", "memcpy_bytes", "kernel_set", "peak_memory", "instructions",
     "est_cycles", "timing",
 )  # fmt: skip

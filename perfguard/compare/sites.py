@@ -189,6 +189,32 @@ def _moves(b: _Side, h: _Side) -> dict[tuple[str, str], tuple[str, str]]:
     return out
 
 
+def optimizer_changes(base: dict[str, Any], head: dict[str, Any]) -> list[tuple[str, str]]:
+    """Per optimizer whose class or settings differ between the two records' model facts
+    (:mod:`perfguard.capture.model_facts`), matched by variable name (else by position):
+    ``(what changed, where the head builds it)``, e.g. ``("SGD: momentum 0 → 0.9",
+    "test_bench.py:88 in test_step")``."""
+    a = base.get("optimizers") or []
+    b = head.get("optimizers") or []
+    out: list[tuple[str, str]] = []
+    for i, now in enumerate(b):
+        then = next((o for o in a if o.get("name") and o.get("name") == now.get("name")),
+                    a[i] if i < len(a) else None)  # fmt: skip
+        if not isinstance(then, dict) or not isinstance(now, dict):
+            continue
+        parts = []
+        if then.get("class") != now.get("class"):
+            parts.append(f"{then.get('class')} → {now.get('class')}")
+        s0, s1 = then.get("settings") or {}, now.get("settings") or {}
+        parts += [f"{k} {s0.get(k)} → {s1.get(k)}" for k in sorted(set(s0) | set(s1))
+                  if s0.get(k) != s1.get(k)]  # fmt: skip
+        if parts:
+            label = now.get("name") or str(now.get("class"))
+            what = f"optimizer {label} ({now.get('class')}): {', '.join(parts)}"
+            out.append((what, str(now.get("site") or "")))
+    return out
+
+
 def parameter_change(base: dict[str, Any], head: dict[str, Any]) -> tuple[int, int] | None:
     """(base, head) parameter tensors of the test's models and optimizers when they
     differ, else None."""

@@ -39,6 +39,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from perfguard.capture.capturers import Capturer
+from perfguard.capture.model_facts import model_facts
 from perfguard.plugin.interleave import handoff, in_pair
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.phases import timed
@@ -66,24 +67,6 @@ def _cuda() -> Any:
 
 
 _NO_RANGE = contextlib.nullcontext()
-
-
-def parameter_tensors(values: Iterable[object]) -> int | None:
-    """Distinct parameter tensors of the ``torch.nn.Module`` and ``torch.optim.Optimizer``
-    objects among ``values``; None where torch is not loaded or none is there."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    seen: set[int] = set()
-    found = False
-    for v in values:
-        if isinstance(v, torch.nn.Module):
-            found = True
-            seen.update(id(p) for p in v.parameters())
-        elif isinstance(v, torch.optim.Optimizer):
-            found = True
-            seen.update(id(p) for g in v.param_groups for p in g["params"])
-    return len(seen) if found else None
 
 
 class GpuProfile:
@@ -130,10 +113,10 @@ class GpuProfile:
         self.loop_call = "gpuprofile.iterations()"
         #: how the loop was driven, for the record's note (the runner adds them)
         self.notes: list[str] = []
-        #: the distinct parameter tensors of the models and optimizers the test holds when
-        #: its loop starts (None: no torch model): an optimizer's per-tensor work grows
-        #: with them, which the explanation says (:mod:`perfguard.compare.sites`)
-        self.parameter_tensors: int | None = None
+        #: what the test holds when its loop starts: its models' parameter tensors and its
+        #: optimizers' settings (:mod:`perfguard.capture.model_facts`), which explain the
+        #: optimizer's work when they change
+        self.model_facts: dict[str, Any] = {}
         self._loops: list[Generator[int, None, None]] = []
         self._setup: Callable[[], object] | None = None
         self._teardown: Callable[[], object] | None = None
@@ -165,7 +148,7 @@ class GpuProfile:
             values = list(sys._getframe(1).f_locals.values() if scope is None else scope)
             if decide is not None:  # the framework the test runs: what it holds by now
                 decide(values)
-            self.parameter_tensors = parameter_tensors(values)
+            self.model_facts = model_facts(values, sys._getframe(1))
         loop = self._run() if self.capturer is not None else self._plain()
         self._loops.append(loop)
         return loop

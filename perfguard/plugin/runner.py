@@ -214,7 +214,7 @@ class CaptureRunner:
             "profiled": list(profile.profiled),
             "speed_ns": float(np.median(profile.speed_ns)) if profile.speed_ns else None,
             "slow_rounds": profile.slow_rounds,
-            "parameter_tensors": profile.parameter_tensors,
+            "model_facts": profile.model_facts,
         }
         site_run = getattr(capturer, "site_run", None)
         if site_run is not None and site_run.error:
@@ -320,7 +320,7 @@ class CaptureRunner:
             "speed_ns": env.get("speed_ns"),
             "slow_rounds": env.get("slow_rounds") or 0,
             "autotuned": _autotuned(),
-            "parameter_tensors": env.get("parameter_tensors"),
+            **(env.get("model_facts") or {}),
         }
 
     def timing_record(self, spec: ProfileSpec, capture: CaptureResult, nodeid: str) -> TestRecord:
