@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 
 from perfguard.analysis.flops import FORMULAS, op_cost, op_flops
+from perfguard.analysis.flops.core import formula
 
 GOLDEN = Path(__file__).parent / "data" / "flops_captures.json.gz"
 COLUMNS = ("flops", "bytes", "compute_dtype", "flop_formula", "family")
@@ -94,6 +95,16 @@ def test_the_golden_file_covers_the_families() -> None:
     families = {r[8] for r in GOLD["records"]}
     assert {"gemm", "conv", "attention", "elementwise", "norm", "copy"} <= families
     assert sum(r[4] is not None and r[4] > 0 for r in GOLD["records"]) > 300
+
+
+def test_an_op_has_one_formula_and_an_aten_name() -> None:
+    """The registry refuses a second home for an op, and a name that is not an aten op,
+    before it registers anything."""
+    before = dict(FORMULAS)
+    for names in (("aten::mm",), ("aten::not_an_op_yet", "aten::not_an_op_yet"), ("mm",)):
+        with pytest.raises(ValueError, match="two formulas|name an aten op"):
+            formula(*names)
+    assert FORMULAS == before
 
 
 # --------------------------------------------------------------------------- writing the file
