@@ -1,0 +1,62 @@
+"""The modules every pytest run loads stay light: pytest imports ``perfguard.plugin`` (the
+``pytest11`` entry point) at start-up, with or without ``--perfguard``, and its options, marker
+and iteration loop come with it. None of them may import numpy or pandas (0.1-0.3 s and tens
+of MB per pytest process, and per xdist worker); those load only when a test is measured.
+
+Each module is imported alone in a fresh interpreter, so nothing a test imported before counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIGHT = (
+    "perfguard.plugin",
+    "perfguard.plugin.options",
+    "perfguard.plugin.marker",
+    "perfguard.plugin.iterate",
+)
+HEAVY = ("numpy", "pandas")
+
+
+def _loaded(module: str | None) -> set[str]:
+    """The top-level packages in ``sys.modules`` after importing ``module`` (None: nothing)."""
+    code = (
+        "import importlib, json, sys\n"
+        f"name = {module!r}\n"
+        "if name: importlib.import_module(name)\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True
+    )
+    return set(json.loads(out.stdout))
+
+
+@pytest.fixture(scope="module")
+def bare() -> set[str]:
+    """What this interpreter loads before any perfguard module (site hooks included)."""
+    return _loaded(None)
+
+
+@pytest.mark.parametrize("module", LIGHT)
+def test_a_light_module_imports_neither_numpy_nor_pandas(module: str, bare: set[str]) -> None:
+    loaded = _loaded(module)
+    assert "perfguard" in loaded
+    assert sorted((loaded - bare) & set(HEAVY)) == []
+
+
+def test_the_fence_sees_a_heavy_import(bare: set[str]) -> None:
+    """Not vacuous: a perfguard module that does import pandas is caught the same way."""
+    assert "pandas" in _loaded("perfguard.analysis.flops") - bare
