@@ -18,6 +18,8 @@ pytest only.
 
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -375,6 +377,36 @@ def _seconds(value: Any) -> float:
     if not s >= 0 or s == float("inf"):
         raise ValueError(f"must be a finite number of seconds >= 0, got {value!r}")
     return s
+
+
+def plugin_args(config: pytest.Config) -> tuple[str, ...]:
+    """The options that chose this session's plugins, for a child pytest to start as this
+    session did: each ``-p NAME`` and ``-p no:NAME`` of ``PYTEST_ADDOPTS`` and of the command
+    line, in pytest's order (:meth:`pytest.PytestPluginManager.consider_preparse` reads
+    ``-p NAME`` and ``-pNAME``), and ``--disable-plugin-autoload``.
+
+    With autoloading off (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: how large repositories keep
+    their plugin set fixed) a child without ``-p perfguard.plugin`` does not know
+    ``--perfguard`` and exits 4; with it on, ``-p perfguard.plugin`` in a child would load
+    perfguard twice (pytest refuses): so a child gets exactly the parent's. The ini's
+    ``addopts`` is the child's own (it runs in the same project), ``PYTEST_PLUGINS`` and
+    ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` come with its environment; an option that is in
+    both ``PYTEST_ADDOPTS`` and the arguments is harmless twice (a plugin loads once).
+    """
+    env = shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
+    out: list[str] = []
+    for args in (env, [str(a) for a in config.invocation_params.args]):
+        i = 0
+        while i < len(args):
+            opt, i = args[i], i + 1
+            if opt == "--disable-plugin-autoload":
+                out.append(opt)
+            elif opt == "-p" and i < len(args):
+                out += ["-p", args[i].strip()]
+                i += 1
+            elif opt.startswith("-p") and len(opt) > 2:
+                out += ["-p", opt[2:].strip()]
+    return tuple(out)
 
 
 def _dest(flag: str) -> str:
