@@ -437,7 +437,8 @@ class KinetoExpected:
         self.owner = Counter()  # (activity key, owner key) -> n
         self.totals: dict = {}  # range key -> [gpu ns, kernels, memops]
         self.orphans: list = []  # (kind, raw name) of unassociated activities
-        self.replayed: dict = {}  # activity key -> graph id of work a cudaGraphLaunch replayed
+        #: activity key -> (graph id, range around the launch) of work a cudaGraphLaunch replayed
+        self.replayed: dict = {}
         self.kernel_ns = self.memop_ns = self.n_kernels = 0
         self.activities: list = []  # (rank, kind, corr, start, end, owner)
         for f in files:
@@ -487,7 +488,8 @@ class KinetoExpected:
                 pid, tid, t, api = launch[corr]
                 if api in ("cudaGraphLaunch", "cuGraphLaunch"):  # replayed: not the range's
                     graph = (ev.get("args") or {}).get("graph id")
-                    self.replayed[(kind, rank, corr, s, e)] = graph
+                    around = self._innermost(index.get((pid, tid)), t)
+                    self.replayed[(kind, rank, corr, s, e)] = graph, around
                 else:
                     owner = self._innermost(index.get((pid, tid)), t)
             self.owner[(kind, rank, corr, s, e), owner] += 1
@@ -568,9 +570,13 @@ def test_kineto_totals_and_unassociated(kineto_case):
     assert Counter(k for k, _ in got.elements()) == Counter(k for k, _ in exp.orphans)
     for key, op_name in got:
         raw = raw_of[key]
-        if key in exp.replayed:
-            graph = exp.replayed[key]
-            assert op_name == f"graph_replay_{'unknown' if graph is None else graph}"
+        if key in exp.replayed:  # named under the range around its launch, if any
+            graph, around = exp.replayed[key]
+            label = f"graph_replay_{'unknown' if graph is None else graph}"
+            under, _, own = op_name.rpartition("/")
+            assert own == label and (under.rpartition("/")[2] if under else None) == (
+                around and around[5]
+            ), op_name
             continue
         assert op_name.startswith("unassociated_")
         label = op_name[len("unassociated_") :]

@@ -108,8 +108,9 @@ def test_saves_replace_append_and_a_read_only_store(tmp_path: Path) -> None:
 
 
 def test_a_rootdir_outside_the_tests_repository_is_not_the_project(tmp_path: Path) -> None:
-    """``--perfguard-output /abs/dir`` (a space): pytest counts the folder among its
-    paths and takes the common parent, here another repository, as rootdir."""
+    """A rootdir given outside the tests' repository (here another repository around it):
+    perfguard reads the tests' repository. (``--perfguard-output /abs/dir`` with a space
+    made pytest choose such a rootdir; that is refused now: tests/test_plugin_path_options.py.)"""
     outer = new_repo(tmp_path, ini=False)
     git(outer, "commit", "-q", "--allow-empty", "-m", "the outer repository")
     outer_head = git(outer, "rev-parse", "HEAD")
@@ -119,11 +120,11 @@ def test_a_rootdir_outside_the_tests_repository_is_not_the_project(tmp_path: Pat
     out.mkdir()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--perfguard-backend=cpu",
-         "--perfguard-save", "--perfguard-output", str(out)],
+         "--perfguard-save", f"--perfguard-output={out}", f"--rootdir={tmp_path}"],
         cwd=proj, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"rootdir: {tmp_path}" in done.stdout  # pytest's choice, the trap itself
+    assert f"rootdir: {tmp_path}" in done.stdout
     doc = json.loads((out / "results.json").read_text())
     assert doc["run"]["commit"] == head != outer_head
     assert doc["saved"]["store"] == str(proj / "baselines" / "perfguard.db")

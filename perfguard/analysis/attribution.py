@@ -18,8 +18,11 @@ around the replay (a module, a step) did not launch it, so rule 2 does not
 apply. Where the profiler also ran during the capture, the launch that recorded
 the activity's graph node is found (:mod:`perfguard.analysis.graphs`) and rule 2
 applies to that launch instead: the activity belongs to the op that recorded it.
-Otherwise it goes to the op ``graph_replay_<graph id>`` (rule 3's pseudo-op, with
-the graph named), and the analysis notes how much GPU time that is.
+Otherwise it goes to the pseudo-op ``graph_replay_<graph id>`` (rule 3's, with the
+graph named) *under* the op range around the replay's launch when there is one
+(``.../CompiledFunctionBackward/graph_replay_<id>``): still not that range's own work,
+but named where it was launched, so forward and backward replays and the compiled
+regions they came from stay apart. The analysis notes how much GPU time that is.
 """
 
 from __future__ import annotations
@@ -73,9 +76,11 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
     ``launch_tid``, ``range_id`` (the owning op range, -1 when unassociated),
     ``graph_replay`` (launched by a CUDA graph launch: never owned by the range
     around it), ``graph_recorded`` (a replayed activity tied to the capture-time
-    launch that recorded it: owned by the op around that launch) and ``instance``
-    (``range_id``, or ``-1 - k`` for the k-th unassociated activity, which is an op
-    instance of its own).
+    launch that recorded it: owned by the op around that launch), ``graph_launcher``
+    (the op range around a replay's launch, -1 for none or for other work: an untied
+    replay is named under it, :func:`orphan_names`) and ``instance`` (``range_id``,
+    or ``-1 - k`` for the k-th unassociated activity, which is an op instance of its
+    own).
     """
     api = trace.api_calls
     row = _launching_call(api, activities)
@@ -99,15 +104,16 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
         ~has_launch,
     )
 
-    range_id = np.full(len(out), -1, dtype=np.int64)
-    owned = has_launch & ~replay
-    range_id[owned] = enclosing_op(
+    # the op range around each launching call: the owner, except of replayed work
+    around = np.full(len(out), -1, dtype=np.int64)
+    around[has_launch] = enclosing_op(
         trace,
-        out["rank"].to_numpy()[owned],
-        out["pid"].to_numpy()[owned],
-        out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[owned],
-        out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[owned],
+        out["rank"].to_numpy()[has_launch],
+        out["pid"].to_numpy()[has_launch],
+        out["launch_tid"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
+        out["launch_start"].to_numpy(dtype=np.int64, na_value=0)[has_launch],
     )
+    range_id = np.where(replay, -1, around)
     # replayed work: the op around the launch that recorded its node, where one did;
     # launch_start stays the replay's, so the work counts in the iteration that ran it
     recorded = recorded_launch(api, out, np.where(has_launch, row, -1), replay)
@@ -122,6 +128,8 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
             api["start"].to_numpy(np.int64)[rec],
         )
     out["graph_recorded"] = replay & (range_id >= 0)
+    # the range around each untied replay's launch: where its work is named, never whose
+    out["graph_launcher"] = np.where(replay & (range_id < 0), around, -1).astype(INDEX)
     out["range_id"] = range_id.astype(INDEX)
     # the op instance that owns it: the range, or a pseudo-instance of its own
     orphans = np.flatnonzero(range_id < 0)
@@ -130,10 +138,13 @@ def attribute(trace: Trace, activities: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def orphan_names(acts: pd.DataFrame, orphan: np.ndarray) -> pd.Series:
+def orphan_names(
+    acts: pd.DataFrame, orphan: np.ndarray, launcher_path: np.ndarray | None = None
+) -> pd.Series:
     """The op name of each unowned activity (rows ``orphan`` of ``acts``):
-    ``graph_replay_<graph id>`` for work replayed from a CUDA graph, else
-    ``unassociated_<kernel short name or memop kind>``."""
+    ``graph_replay_<graph id>`` for work replayed from a CUDA graph, under the path of
+    the range around its launch where ``launcher_path`` (per orphan, None for none)
+    names one; else ``unassociated_<kernel short name or memop kind>``."""
     short = acts["short_name"].to_numpy(dtype=object)[orphan]
     full = acts["name"].to_numpy(dtype=object)[orphan]
     names = UNASSOCIATED_PREFIX + pd.Series(
@@ -145,7 +156,12 @@ def orphan_names(acts: pd.DataFrame, orphan: np.ndarray) -> pd.Series:
             graph = acts["graph_id"] if "graph_id" in acts else pd.Series(pd.NA, index=acts.index)
             gid = pd.Series(graph.to_numpy(dtype=object)[orphan][replay], dtype=object)
             label = GRAPH_REPLAY_PREFIX + gid.map(lambda g: "unknown" if pd.isna(g) else str(g))
-            names[replay] = label.to_numpy(dtype=object)
+            text = label.to_numpy(dtype=object)
+            if launcher_path is not None:
+                under = np.asarray(launcher_path, dtype=object)[replay]
+                held = pd.notna(under)
+                text[held] = under[held] + "/" + text[held]
+            names[replay] = text
     return names
 
 
@@ -167,10 +183,18 @@ def graph_replay_note(acts: pd.DataFrame) -> list[str]:
         f"{int(replay.sum())} GPU activities ({share:.1f} % of GPU time) were replayed from "
         f"{which}: their launching call is cudaGraphLaunch"
     )
-    rest = (
-        f"so they are reported as {GRAPH_REPLAY_PREFIX}<graph id>, not as work of the "
-        "range around the replay"
-    )
+    untied = replay & ~tied
+    held = untied & (acts["graph_launcher"].to_numpy() >= 0) if "graph_launcher" in acts else None
+    if held is not None and held.any():
+        rest = (
+            f"so they are reported as {GRAPH_REPLAY_PREFIX}<graph id> under the op range "
+            f"that launched the replay (<range>/{GRAPH_REPLAY_PREFIX}<graph id>), not as "
+            "that range's own work"
+        )
+        if (untied & ~held).any():
+            rest += f" ({int((untied & ~held).sum())} launched outside any op: on their own)"
+    else:
+        rest = f"so they are reported as {GRAPH_REPLAY_PREFIX}<graph id>, outside any op range"
     if not tied.any():
         return [f"{head}, and the capture does not say which op recorded them, {rest}"]
     named = 100.0 * int(dur[tied].sum()) / replayed if replayed > 0 else 0.0

@@ -60,6 +60,7 @@ from perfguard.trace.model import (
     with_category,
 )
 from perfguard.trace.nesting import group_codes
+from perfguard.trace.ranges import ids_are_rows
 
 STATS = ("total", "avg", "min", "max")
 #: op paths keep at most this many levels of nesting; deeper ranges are named
@@ -207,7 +208,10 @@ class OpCodes:
     ``op_rows``: the rows of ``trace.ranges`` that are ops, ascending; ``op_code``:
     the op-name code of each; ``orphan``: the rows of the activities that no range
     owns (each its own ``unassociated_<name>`` instance), ``orphan_name`` their op
-    names and ``orphan_code`` their codes; ``names``: the op name of each code.
+    names (an untied CUDA-graph replay's under the path of the range that launched it)
+    and ``orphan_code`` their codes; ``names``: the op name of each code;
+    ``orphan_leaf`` and ``orphan_direction``: each orphan's own name (without that path)
+    and direction (its launching range's, else ``fprop``).
     """
 
     op_rows: np.ndarray
@@ -216,6 +220,8 @@ class OpCodes:
     orphan_name: np.ndarray
     orphan_code: np.ndarray
     names: np.ndarray
+    orphan_leaf: np.ndarray | None = None
+    orphan_direction: np.ndarray | None = None
 
     @classmethod
     def of(cls, trace: Trace, acts: pd.DataFrame) -> OpCodes:
@@ -223,7 +229,9 @@ class OpCodes:
         path_id, path_text = op_path_codes(r)
         op_rows = np.flatnonzero((r["kind"] == "op").to_numpy(dtype=bool))
         orphan = np.flatnonzero(acts["range_id"].to_numpy() < 0)
-        orphan_name = orphan_names(acts, orphan)
+        leaf = orphan_names(acts, orphan)
+        under, direction = _launchers(r, path_id, path_text, acts, orphan)
+        orphan_name = leaf if under is None else orphan_names(acts, orphan, under)
         code, names = _op_name_codes(path_id[op_rows], path_text, orphan_name)
         # int32 where they fit: kept alive through the fold, 4.8M entries each at
         # emit_nvtx density (copies: a slice would keep the whole int64 array)
@@ -234,6 +242,8 @@ class OpCodes:
             orphan_name=orphan_name.to_numpy(dtype=object),
             orphan_code=_own(code[len(op_rows) :]),
             names=names,
+            orphan_leaf=None if under is None else leaf.to_numpy(dtype=object),
+            orphan_direction=direction,
         )
 
     def op_key(self, code: np.ndarray, bprop: np.ndarray) -> np.ndarray:
@@ -242,6 +252,32 @@ class OpCodes:
         key *= 2
         key += bprop
         return key
+
+
+def _launchers(
+    r: pd.DataFrame,
+    path_id: np.ndarray,
+    path_text: np.ndarray,
+    acts: pd.DataFrame,
+    orphan: np.ndarray,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """For each orphan, the op path and direction of the range around the launch of the
+    CUDA-graph replay it belongs to (None, ``fprop`` where none); ``(None, None)`` when no
+    orphan has one (:func:`perfguard.analysis.attribution.attribute`'s ``graph_launcher``)."""
+    if "graph_launcher" not in acts or not len(orphan):
+        return None, None
+    launcher = acts["graph_launcher"].to_numpy(np.int64)[orphan]
+    held = np.flatnonzero(launcher >= 0)
+    if not len(held):
+        return None, None
+    rows = launcher[held]
+    if not ids_are_rows(r):
+        rows = pd.Index(r["range_id"].to_numpy(np.int64)).get_indexer(rows)
+    under = np.full(len(orphan), None, dtype=object)
+    under[held] = np.asarray(path_text, dtype=object)[path_id[rows]]
+    direction = np.full(len(orphan), "fprop", dtype=object)
+    direction[held] = pd.Series(_rows_of(r["direction"], rows)).fillna("fprop").to_numpy(object)
+    return under, direction
 
 
 def _own(values: np.ndarray) -> np.ndarray:
@@ -304,7 +340,8 @@ def op_instances(
     name_code = np.concatenate([name_code, codes.orphan_code])
     start = col("start", a_start[orphan])
     end = col("end", a_start[orphan])  # unassociated work takes no CPU time
-    direction = text("direction", "fprop")
+    direction = text("direction", "fprop" if codes.orphan_direction is None
+                     else codes.orphan_direction)  # fmt: skip
     api = np.zeros(len(start), dtype=np.int64)
     api[: len(op_rows)] = api_time_inside(trace, op_rows) if api_time is None else api_time
     cpu_time = metrics.cpu_time(start, end)
@@ -317,7 +354,9 @@ def op_instances(
             "start": start,
             "end": end,
             "op_name": categorical(name_code, codes.names),
-            "name": text("name", codes.orphan_name),
+            "name": text(
+                "name", codes.orphan_name if codes.orphan_leaf is None else codes.orphan_leaf
+            ),  # fmt: skip
             "direction": direction,
             "op_type": text("op_type", "unassociated"),
             "input_shapes": text("input_shapes", None),

@@ -229,13 +229,20 @@ def _cuda_profiler(which: str) -> None:
 
 
 def child_argv(
-    nodeid: str, rootdir: Path, *, inifile: Path | None = None, xdist: bool = False
+    nodeid: str,
+    rootdir: Path,
+    *,
+    inifile: Path | None = None,
+    xdist: bool = False,
+    plugin_args: tuple[str, ...] = (),
 ) -> list[str]:
-    """The pytest command that runs ``nodeid`` alone (see the module docstring)."""
+    """The pytest command that runs ``nodeid`` alone (see the module docstring);
+    ``plugin_args``: the parent session's ``-p`` options, so the child loads perfguard and
+    the other plugins as the parent did."""
     path, sep, rest = nodeid.partition("::")
     target = str((rootdir / path).resolve()) + (sep + rest if sep else "")
-    argv = [sys.executable, "-m", "pytest", target, "-p", "no:cacheprovider", "-q"]
-    argv += ["--rootdir", str(rootdir)]
+    argv = [sys.executable, "-m", "pytest", target, *plugin_args, "-p", "no:cacheprovider"]
+    argv += ["-q", f"--rootdir={rootdir}"]
     if inifile is not None:
         argv += ["-c", str(inifile)]
     if xdist:
@@ -268,6 +275,7 @@ def run_nsys_child(
     output_dir: Path,
     timeout: float,
     xdist: bool,
+    plugin_args: tuple[str, ...] = (),
 ) -> tuple[Path, dict[str, Any]]:
     """Run ``nodeid`` in a child pytest under nsys; return the export and the child's report.
 
@@ -283,7 +291,7 @@ def run_nsys_child(
     env = dict(os.environ)
     env[CHILD_ENV] = str(result_file)
     backend = usable_nsys(why="the nsys backend was requested")
-    argv = child_argv(nodeid, rootdir, inifile=inifile, xdist=xdist)
+    argv = child_argv(nodeid, rootdir, inifile=inifile, xdist=xdist, plugin_args=plugin_args)
     try:
         done = backend.capture(
             argv, output_dir=output_dir, name=name, capture_range="cudaProfilerApi",

@@ -71,6 +71,8 @@ KEPT_ENV = frozenset({
     "TMP", "PYTHONPATH", "PYTHONHOME", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE",
     "PYTHONWARNINGS", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "CUDA_HOME",
     "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
+    # which pytest plugins load: the child starts as its session did
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_PLUGINS",
 })  # fmt: skip
 #: prefixes of the variables that configure the frameworks and their libraries
 KEPT_PREFIXES = (

@@ -28,7 +28,7 @@ from perfguard.plugin.instructions import ForkEachTest, callgrind_child
 from perfguard.plugin.items import BENCHMARKS_ENV, FIXTURE, profile_key, profiled, spec_key, spec_of
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import MARKER, MARKER_HELP, ProfileSpec
-from perfguard.plugin.options import Settings, add_options, read_settings
+from perfguard.plugin.options import Settings, add_options, check_spaced_values, read_settings
 
 if TYPE_CHECKING:
     from perfguard.plugin.child import ChildPlugin
@@ -50,7 +50,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """A path option written apart that moved pytest's rootdir stops the session here, before
+    the project's conftests are imported under the wrong rootdir."""
+    check_spaced_values(early_config)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    check_spaced_values(config)  # loaded by a conftest: the hook above never ran
     config.addinivalue_line("markers", MARKER_HELP)
     settings = read_settings(config)
     config.stash[settings_key] = settings

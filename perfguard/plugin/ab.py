@@ -149,6 +149,7 @@ class ABRunner:
         rounds: int | None = AB_CHILD_ROUNDS,
         children: str = "fork",
         interleave: bool = True,
+        plugin_args: tuple[str, ...] = (),
     ) -> None:
         self.roots = {"A": base_root, "B": head_root}
         self.head_rel = head_rel  # the pytest rootdir relative to the git root
@@ -167,6 +168,9 @@ class ABRunner:
         #: A/B pairs in one child each, both trees stepping in turn (perfguard.plugin.
         #: interleave); False: a child per side per pair (ABBA)
         self.interleave = interleave
+        #: the session's own plugin options (perfguard.plugin.options.plugin_args): each
+        #: child loads the plugins the session did, autoloading on or off alike
+        self.plugin_args = plugin_args
         self.server: ForkServer | None = None
         self._learnt: list[str] = []  # modules children loaded that the server had not
         self._restarts = 0
@@ -243,12 +247,13 @@ class ABRunner:
         return self._spawn(side, argv, env, log)
 
     def _argv(self, side: str, files: list[str], out: Path) -> list[str]:
-        argv = [sys.executable, "-m", "pytest", *files, "-p", "no:cacheprovider", "-q"]
-        argv += ["--rootdir", str(self.roots[side] / self.head_rel)]
+        argv = [sys.executable, "-m", "pytest", *files, *self.plugin_args]
+        argv += ["-p", "no:cacheprovider", "-q", f"--rootdir={self.roots[side] / self.head_rel}"]
         argv += ["--perfguard", f"--perfguard-backend={self.backend}"]
         if self.rounds is not None:
             argv.append(f"--perfguard-rounds={self.rounds}")
-        argv += ["--perfguard-output", str(out), "--perfguard-fail-on=never"]
+        # '=': a path written apart is one of pytest's paths when it picks the rootdir
+        argv += [f"--perfguard-output={out}", "--perfguard-fail-on=never"]
         if self.xdist:
             argv.append("-n0")
         return argv

@@ -38,7 +38,7 @@ from perfguard.plugin.context import SessionContext
 from perfguard.plugin.forkserver import preload_names
 from perfguard.plugin.instructions import InstructionSession
 from perfguard.plugin.interleave import ab_env
-from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS
+from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, plugin_args
 from perfguard.plugin.outputs import ALPHA, SessionOutputs
 from perfguard.plugin.verdicts import Verdicts
 
@@ -66,6 +66,7 @@ class Coordinator:
                 output=settings.output / "isolated", backend=settings.backend,
                 xdist=config.pluginmanager.hasplugin("xdist"), timeout=settings.timeout,
                 rounds=settings.rounds, children=settings.children,
+                plugin_args=plugin_args(config),
             )  # fmt: skip
         if settings.against:
             self._prepare_ab()
@@ -101,6 +102,7 @@ class Coordinator:
             xdist=ctx.config.pluginmanager.hasplugin("xdist"),
             timeout=settings.timeout, children=settings.children,
             say=self.say, interleave=settings.ab_children == "pair",
+            plugin_args=plugin_args(ctx.config),
         )  # fmt: skip
         if settings.ab_children == "pair":
             ctx.notes.append(
@@ -142,7 +144,7 @@ class Coordinator:
         record's, so the gates compare them like any counter."""
         assert self.ab is not None
         self.base_instructions = InstructionSession(
-            head.folder.parent, head.timeout, "base", head.keep_env
+            head.folder.parent, head.timeout, "base", head.keep_env, head.plugin_args
         )
         for side, session in (("B", head), ("A", self.base_instructions)):
             root = self.ab.roots[side] / self.ab.head_rel

@@ -121,13 +121,21 @@ class InstructionSession:
     one per tree (``tree``: "base" counts the base worktree's code, named in its notes)."""
 
     def __init__(
-        self, output: Path, timeout: float, tree: str = "", keep_env: tuple[str, ...] = ()
+        self,
+        output: Path,
+        timeout: float,
+        tree: str = "",
+        keep_env: tuple[str, ...] = (),
+        plugin_args: tuple[str, ...] = (),
     ) -> None:
         self.folder = output / ("callgrind" + (f"-{tree}" if tree else ""))
         self.tree = tree
         self.timeout = timeout
         #: the user's own variables the child passes on (``--perfguard-instructions-env``)
         self.keep_env = keep_env
+        #: the session's plugin options (perfguard.plugin.options.plugin_args): the child
+        #: loads perfguard and the other plugins as the session did
+        self.plugin_args = plugin_args
         #: each test's dumps, one per layout counted
         self.dumps: dict[str, list[Path]] = {}
         self.notes: list[str] = []
@@ -152,8 +160,8 @@ class InstructionSession:
         self.folder.mkdir(parents=True, exist_ok=True)
         for old in self.folder.glob("callgrind.out.*"):
             old.unlink()
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                "-p", "no:xdist", "--rootdir", str(rootdir)]  # fmt: skip
+        argv = [sys.executable, "-m", "pytest", "-q", *self.plugin_args, "-p", "no:cacheprovider",
+                "-p", "no:xdist", f"--rootdir={rootdir}"]  # fmt: skip
         if inifile is not None:
             argv += ["-c", str(inifile)]
         env = dict(os.environ)

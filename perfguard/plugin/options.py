@@ -18,6 +18,8 @@ pytest only.
 
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -236,10 +238,10 @@ def _git_top(path: Path) -> Path | None:
 def project_root(config: pytest.Config) -> tuple[Path, str | None]:
     """The project's root for perfguard: the git state it reads and where the default
     store and output go. pytest's rootdir, unless the tests lie in a git repository
-    that does not hold it: pytest takes the rootdir from every existing path among
-    its arguments, so ``--perfguard-output /elsewhere`` (a space, not ``=``) can make
-    it a parent folder or a parent repository. Then the tests' repository root, and
-    a note saying so. (Stdlib only: a ``.git`` entry marks a work tree.)
+    that does not hold it (a ``--rootdir`` given outside it; ``--perfguard-output
+    /elsewhere`` with a space made it a parent folder, and is refused now:
+    :func:`check_spaced_values`). Then the tests' repository root, and a note saying so.
+    (Stdlib only: a ``.git`` entry marks a work tree.)
     """
     root = config.rootpath.resolve()
     first = str(config.args[0]).split("::", 1)[0] if config.args else "."
@@ -375,6 +377,111 @@ def _seconds(value: Any) -> float:
     if not s >= 0 or s == float("inf"):
         raise ValueError(f"must be a finite number of seconds >= 0, got {value!r}")
     return s
+
+
+#: the options given a value (``--perfguard-store PATH``); the rest are flags
+_VALUED = frozenset(flag for _, flag, kind, _ in _OPTIONS if kind != "bool")
+#: options whose value is a path: written apart, a path among pytest's own moves its rootdir
+_PATHS = frozenset({"--perfguard-store", "--perfguard-output"})
+
+
+def check_spaced_values(config: pytest.Config) -> None:
+    """Refuse, in one line, an option value written apart from its option where pytest took
+    it for one of its paths when choosing the rootdir and ini file.
+
+    pytest picks its rootdir and ini file from its positional arguments before it loads any
+    plugin, so ``--perfguard-store /elsewhere/s.db`` (a space, not ``=``) is then one of its
+    paths: the rootdir becomes a common parent of the project and that folder and the
+    project's pytest.ini is not read (its ``pythonpath``, ``addopts``, ``testpaths``: the
+    collection fails with ModuleNotFoundError, or measures another project). No plugin can
+    undo that (pytest has applied the wrong ini by the time one loads), so such a session
+    stops here and says to write ``--perfguard-store=PATH``. Where the value did not move
+    them (a path inside the project, a git ref) the spaced form works as it always did.
+    Called from ``pytest_load_initial_conftests`` (before the project's conftests are
+    imported) and again from ``pytest_configure`` (the plugin loaded by a conftest).
+    """
+    args = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))]
+    args += [str(a) for a in config.invocation_params.args]
+    spaced = [(a, args[i + 1]) for i, a in enumerate(args[:-1]) if a in _VALUED]
+    if not spaced:
+        return
+    chosen = _setup_without_values(config)
+    if chosen == (config.rootpath, config.inipath):
+        return
+    if chosen is None:  # this pytest's setup cannot be recomputed: refuse the paths only
+        spaced = [(a, v) for a, v in spaced if a in _PATHS]
+        if not spaced:
+            return
+        why = "which can move them away from the project's"
+    else:
+        root, ini = chosen
+        why = (
+            f"so its rootdir is {config.rootpath}, not {root}, and its ini file "
+            f"{config.inipath or 'none'}, not {ini or 'none'}"
+        )
+    flag, value = min(spaced, key=lambda given: given[0] not in _PATHS)  # a path, if any
+    raise pytest.UsageError(
+        f"{flag} {value}: written with a space, pytest counted {value} among its paths when "
+        f"it chose its rootdir and ini file (before perfguard's options are known), {why}; "
+        f"write {flag}={value}"
+    )
+
+
+def _setup_without_values(config: pytest.Config) -> tuple[Path, Path | None] | None:
+    """The rootdir and ini file pytest would have chosen from its arguments as parsed with
+    every plugin's options (the values no longer among its paths); None where this pytest's
+    internals differ from pytest 7.4-9's ``determine_setup``."""
+    import inspect
+
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        ns = config.known_args_namespace
+        given: dict[str, Any] = {
+            "inifile": ns.inifilename,
+            "override_ini": ns.override_ini,
+            "args": [str(a) for a in ns.file_or_dir],
+            "rootdir_cmd_arg": ns.rootdir or None,
+            "invocation_dir": Path(config.invocation_params.dir),
+            "config": config,
+        }
+        params = inspect.signature(determine_setup).parameters
+        if not set(params) <= set(given):
+            return None
+        rootdir, inipath, *_ = determine_setup(**{k: given[k] for k in params})
+    except (ImportError, AttributeError, TypeError, ValueError, pytest.UsageError):
+        return None
+    return Path(rootdir), (Path(inipath) if inipath else None)
+
+
+def plugin_args(config: pytest.Config) -> tuple[str, ...]:
+    """The options that chose this session's plugins, for a child pytest to start as this
+    session did: each ``-p NAME`` and ``-p no:NAME`` of ``PYTEST_ADDOPTS`` and of the command
+    line, in pytest's order (:meth:`pytest.PytestPluginManager.consider_preparse` reads
+    ``-p NAME`` and ``-pNAME``), and ``--disable-plugin-autoload``.
+
+    With autoloading off (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: how large repositories keep
+    their plugin set fixed) a child without ``-p perfguard.plugin`` does not know
+    ``--perfguard`` and exits 4; with it on, ``-p perfguard.plugin`` in a child would load
+    perfguard twice (pytest refuses): so a child gets exactly the parent's. The ini's
+    ``addopts`` is the child's own (it runs in the same project), ``PYTEST_PLUGINS`` and
+    ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` come with its environment; an option that is in
+    both ``PYTEST_ADDOPTS`` and the arguments is harmless twice (a plugin loads once).
+    """
+    env = shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
+    out: list[str] = []
+    for args in (env, [str(a) for a in config.invocation_params.args]):
+        i = 0
+        while i < len(args):
+            opt, i = args[i], i + 1
+            if opt == "--disable-plugin-autoload":
+                out.append(opt)
+            elif opt == "-p" and i < len(args):
+                out += ["-p", args[i].strip()]
+                i += 1
+            elif opt.startswith("-p") and len(opt) > 2:
+                out += ["-p", opt[2:].strip()]
+    return tuple(out)
 
 
 def _dest(flag: str) -> str:

@@ -33,6 +33,7 @@ from perfguard.plugin.instructions import METRIC, InstructionSession
 from perfguard.plugin.interleave import ab_env
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
+from perfguard.plugin.options import plugin_args
 from perfguard.plugin.phases import timed
 
 #: how an item was captured: the capture's path and backend, and the nsys child's report
@@ -148,7 +149,7 @@ class CaptureRunner:
         path, child = run_nsys_child(
             item.nodeid, rootdir=config.rootpath, inifile=config.inipath,
             output_dir=self._captures_folder(), timeout=self.context.settings.timeout,
-            xdist=config.pluginmanager.hasplugin("xdist"),
+            xdist=config.pluginmanager.hasplugin("xdist"), plugin_args=plugin_args(config),
         )  # fmt: skip
         item.stash[_capture_key] = {"path": path, "backend": "nsys", "child": child}
 

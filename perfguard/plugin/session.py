@@ -46,7 +46,7 @@ from perfguard.plugin.instructions import METRIC, InstructionSession
 from perfguard.plugin.items import uses_loop
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
-from perfguard.plugin.options import Settings
+from perfguard.plugin.options import Settings, plugin_args
 from perfguard.plugin.outputs import SessionOutputs
 from perfguard.plugin.phases import timed
 from perfguard.plugin.runner import CaptureRunner
@@ -67,8 +67,9 @@ class PerfguardSession:
         self.verdicts = Verdicts(self.context, self.outputs)
         #: the session's one Callgrind child, when a test asks for instructions
         self.instructions = InstructionSession(
-            settings.output, settings.timeout, keep_env=settings.instructions_env
-        )
+            settings.output, settings.timeout, keep_env=settings.instructions_env,
+            plugin_args=plugin_args(config),
+        )  # fmt: skip
         self.runner.instructions = self.instructions
         self.child = RoundChild(self.context.round_child) if self.context.round_child else None
         self.coordinator: Coordinator | None = None
