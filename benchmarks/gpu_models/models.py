@@ -75,7 +75,7 @@ CNN_SOURCE = ""
 # ---------------------------------------------------------------------- the language model
 def build_lm(device: str) -> nn.Module:
     """A Llama (RMSNorm, rotary, grouped-query SDPA attention, SwiGLU) with random weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     s = SIZE
     config = LlamaConfig(
@@ -83,7 +83,7 @@ def build_lm(device: str) -> nn.Module:
         num_hidden_layers=s.lm_layers, num_attention_heads=s.lm_heads,
         num_key_value_heads=s.lm_kv_heads, max_position_embeddings=s.seq, use_cache=False,
     )  # fmt: skip
-    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     return model.to(device)
 
 
