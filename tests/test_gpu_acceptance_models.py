@@ -3,9 +3,8 @@ on the CPU, and the parts of its report that read perfguard's outputs.
 
 The dry run is the GPU run's code paths with the models shrunk: a Llama (transformers)
 training step and forward, a ResNet-style training step in channels-last, a compiled
-block, each a ``gpuprofile`` test in a fresh repository: saved, one A/A session, five of
-the seven injected changes (two sessions; ``adamw_foreach`` and ``item`` are sessions of
-their own that only the default dry run and the GPU run add), the probe's FlopCounterMode
+block, each a ``gpuprofile`` test in a fresh repository: saved, one A/A session, the
+seven injected changes in two sessions, the probe's FlopCounterMode
 count beside perfguard's, the noise table and the packing. The reduce-overhead test and
 the CUDA-graph attribution need a GPU: here they are skipped, with the reason, and the
 attribution is checked on the real H200 captures instead.
@@ -26,8 +25,16 @@ from gpu_acceptance_run import REPO, load_script, run_dry
 pytest.importorskip("torch")
 
 H200 = REPO / "tests" / "data" / "gpu_h200"
-#: the changes the CI run injects: every model and kind but two LM-only sessions
-CI_CHANGES = ("eager_attn", "contiguous", "graph_break", "fp32", "no_compile")
+#: the changes the CI run injects: all of them, in two sessions
+CI_CHANGES = (
+    "eager_attn",
+    "contiguous",
+    "graph_break",
+    "item",
+    "no_compile",
+    "fp32",
+    "adamw_foreach",
+)
 
 
 def test_the_models_dry_run_saves_judges_and_reports(tmp_path: Path) -> None:
@@ -55,7 +62,7 @@ def check_dry_run(out: Path, log: str = "") -> None:
         "analyze",
         "aa1",
         "eager_attn+contiguous+graph_break",
-        "fp32+no_compile",
+        "item+no_compile+fp32+adamw_foreach",
         "noise",
     ], log
     for s in steps.values():
@@ -85,6 +92,8 @@ def check_dry_run(out: Path, log: str = "") -> None:
     gates = {n: set(c["gates_fired"]) for n, c in changes.items()}
     assert "calls" in gates["eager_attn"] and "calls" in gates["graph_break"], gates
     assert "dtypes" in gates["fp32"] and "calls" in gates["no_compile"], gates
+    assert "host_reads" in gates["item"] and "calls" in gates["adamw_foreach"], gates
+    assert re.fullmatch(r"step\(\) at models\.py:\d+", changes["item"]["call_site"])
     assert "scaled_dot_product_attention" in changes["eager_attn"]["culprit"]
     # the compiled region a graph break adds is named with the line of the user's code
     assert re.fullmatch(r"forward\(\) at models\.py:\d+", changes["graph_break"]["call_site"])
@@ -129,8 +138,8 @@ def test_changes_of_disjoint_tests_share_a_session() -> None:
     acc = load_script()
     batches = acc.change_batches(list(acc.MODEL_CHANGES.values()))
     assert [[c.name for c in b] for b in batches] == [
-        ["eager_attn", "contiguous", "graph_break"], ["item", "no_compile"], ["fp32"],
-        ["adamw_foreach"]]  # fmt: skip
+        ["eager_attn", "contiguous", "graph_break"],
+        ["item", "no_compile", "fp32", "adamw_foreach"]]  # fmt: skip
     for b in batches:
         tests = [t for c in b for t in c.tests]
         assert len(tests) == len(set(tests)), b
@@ -210,3 +219,21 @@ def test_flop_check_matches_ops_by_name_in_the_path() -> None:
         "aten::scaled_dot_product_attention": 100.0
     }
     assert acc.flop_check(detail, None, {"aten::mm": 1}) is None
+
+
+def test_round_cost_on_the_cpu_and_on_a_gpu() -> None:
+    """The CPU times its rounds unprofiled and profiles one more; a GPU profiles every
+    round, so its profiled rounds are set beside the probe's plain steps only."""
+    acc = load_script()
+    cpu = {"phase_s": {"warmup": 0.1, "timing": 0.3, "profiled": 1.8, "analysis": 0.7},
+           "rounds": [1.0, 1.0, 1.0], "samples": 9}  # fmt: skip
+    c = acc.round_cost(cpu, plain_ms=30.0)
+    assert (c["profiled_rounds"], c["timed_rounds"], c["iterations"]) == (1, 3, 3.0)
+    assert c["profiled_round_s"] == 1.8 and c["timed_round_s"] == pytest.approx(0.1)
+    assert c["x_timed"] == 18.0 and c["x_plain"] == 20.0
+    gpu = {"phase_s": {"warmup": 2.0, "profiled": 5.0, "analysis": 3.0},
+           "rounds": [1.0] * 5, "samples": 20}  # fmt: skip
+    g = acc.round_cost(gpu, plain_ms=10.0)
+    assert (g["profiled_rounds"], g["timed_rounds"], g["iterations"]) == (5, 0, 4.0)
+    assert g["profiled_round_s"] == 1.0 and g["timed_round_s"] is None and g["x_timed"] is None
+    assert g["plain_round_s"] == pytest.approx(0.04) and g["x_plain"] == 25.0
