@@ -942,8 +942,8 @@ class Acceptance:
             m["changes"] = [{"change": c["change"], **c["tests"][nodeid]}
                             for c in self.summary["changes"] if nodeid in c["tests"]]  # fmt: skip
             p = probe.get(short) or {}
-            m["probe"] = {k: p.get(k) for k in ("plain_ms", "flops_total", "source",
-                                                "skipped", "error", "counted")}  # fmt: skip
+            m["probe"] = p and {k: p.get(k) for k in ("plain_ms", "flops_total", "source",
+                                                      "skipped", "error", "counted")}  # fmt: skip
             m["cost"] = round_cost(row, p.get("plain_ms")) if row else None
             a = m.get("analyze") or {}
             iters = ((a.get("summary") or {}).get("Iterations")) or None
@@ -1445,7 +1445,8 @@ def markdown(s: dict[str, Any]) -> str:
 def models_markdown(s: dict[str, Any]) -> list[str]:
     """The per-model sections of summary.md (issue 44 item 2)."""
     found = s.get("models") or {}
-    models = {k: found[k] for k in MODEL_TESTS if k in found}
+    models = {k: found[k] for k in MODEL_TESTS
+              if k in found and (found[k].get("save") or found[k].get("probe"))}  # fmt: skip
     if not models:
         return []
     peak = (s.get("probe") or {}).get("matmul") or {}

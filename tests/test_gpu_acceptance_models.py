@@ -237,3 +237,17 @@ def test_round_cost_on_the_cpu_and_on_a_gpu() -> None:
     assert (g["profiled_rounds"], g["timed_rounds"], g["iterations"]) == (5, 0, 4.0)
     assert g["profiled_round_s"] == 1.0 and g["timed_round_s"] is None and g["x_timed"] is None
     assert g["plain_round_s"] == pytest.approx(0.04) and g["x_plain"] == 25.0
+
+
+def test_a_short_deadline_skips_every_model_step_with_a_note(tmp_path: Path) -> None:
+    done = run_dry(tmp_path / "out", tmp_path / "work", "--suite", "models",
+                   "--deadline", "1", timeout=120)  # fmt: skip
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert list(steps)[1:] == ["save", "probe", "analyze", "aa1",
+                               "eager_attn+contiguous+graph_break",
+                               "item+no_compile+fp32+adamw_foreach", "noise"], steps  # fmt: skip
+    assert steps["save"]["status"] == "skipped" and "deadline" in steps["save"]["note"]
+    assert all(s["status"] == "skipped" and s["note"] for n, s in steps.items() if n != "env")
+    assert done.returncode in (0, 1) and (tmp_path / "out" / "summary.md").is_file()
+    assert "## Per model" not in (tmp_path / "out" / "summary.md").read_text()
