@@ -1,10 +1,33 @@
-"""One prepared GPU acceptance run of perfguard (issue 32 item 1): everything a lent GPU
-can tell us in one call, written under one folder as it goes.
+"""One prepared GPU acceptance run of perfguard: everything a lent GPU can tell us in one
+call, written under one folder as it goes. Two suites:
 
-perfguard is built for GPU work, yet every GPU figure so far came from shared fixtures
-and simulations. A lent GPU comes with 15 minutes of device time, so the run is prepared
-and tested here (``--dry`` runs every step on the CPU) and spends its minutes in order of
-value, each step in its own try/except with its own timeout under a global deadline:
+``--suite models`` (issue 44, the default): the code people actually train, from
+``benchmarks/gpu_models/`` (``models.py`` and its tests; models built from configs with
+random weights, nothing downloaded; on the CPU the same code shrunk): a Hugging Face
+Llama's training step (bf16 autocast, fused AdamW, SDPA) and inference forward, a
+torchvision ResNet-50 training step in channels-last (timm's, else a local ResNet-style
+network, where torchvision does not import), a transformer block under ``torch.compile``
+(default mode, and ``reduce-overhead``: CUDA graphs). In order of value:
+
+1. ``env``, then ``save``: the five tests in a fresh git repository under
+   ``pytest --perfguard`` with the CUDA profiler, saved as the baseline.
+2. ``probe`` (``acceptance_probe.py``): each step's plain time and its FLOPs by
+   ``FlopCounterMode``, and the device's measured bf16 matmul rate.
+3. ``analyze``: ``perfguard analyze`` on each saved capture (kept as fixtures): the top
+   GEMMs' Tensor Core share and FLOP efficiency, checked against the probe's count, the
+   measured rate and the published peak; the share of replayed CUDA-graph time that is
+   attributed to named ops.
+4. ``aa1``, the changes (:data:`MODEL_CHANGES`: the attention path, a memory layout, a
+   graph break, a logged ``.item()``, compile off, autocast off, AdamW unfused; changes
+   of disjoint tests share a session, each test judged on its own against the saved
+   commit: two sessions), the other A/A sessions, the noise table.
+
+Per model the summary gives the A/A outcomes and between-session noise, each change's
+outcome, what decided it (timing or gates) and the first culprit line of its
+``summary.md`` with its call site, the profiled round's cost next to the timed rounds'
+and the plain steps' (``phase_s``), the GEMM checks and the graph attribution.
+
+``--suite examples`` (issue 32 item 1, run on an H200 on 2026-11-26):
 
 1. ``env``: ``nvidia-smi -q`` and clocks, torch/CUDA/cuDNN, Python, which of perfguard's
    dependencies import, ``git``, ``ncu``, ``nvcc``.
@@ -36,15 +59,14 @@ summary, the log and the packed files in ``--out`` are rewritten after every ste
 ``artifacts.tar.gz`` and ``fixtures.tar.gz`` (what comes back from the device: at most 8
 files of 16 MB); the working files are in ``--work`` (a temp folder by default).
 
-Duration on one H100/H200, from the dry run's parts (benchmarks/README.md, "GPU
-acceptance run"): a pytest session is mostly its start, CUPTI's, the analysis and the
-reports, ~20 s (12-17 s in the dry run here, where the CPU also runs the tests' work);
-env 10 s, save 25, traces 25, graph_capture 15, 5 A/A 100, 4 changes 80, compile 40,
-compile_ro 30, ncu 30: ~6 minutes (5-7.5). The deadline (450 s) skips what no longer
-fits, the least valuable steps last, so the device's ``timeout_s=540`` is never reached.
+Duration on one H100/H200, from the parts (benchmarks/README.md): models ~7.5 minutes
+under a 440 s deadline, for a device call of ``timeout_s=480``; examples ~6 minutes
+(measured: 376 s) under 450 s. The deadline skips what no longer fits, the least
+valuable steps last, and packs what there is.
 
-    python3 benchmarks/gpu_acceptance.py --out "$OUT"           # on the GPU
-    python benchmarks/gpu_acceptance.py --dry --out /tmp/acc     # here, on the CPU
+    python3 benchmarks/gpu_acceptance.py --out "$OUT"                   # on the GPU
+    python benchmarks/gpu_acceptance.py --dry --out /tmp/acc             # here, on the CPU
+    python3 benchmarks/gpu_acceptance.py --suite examples --out "$OUT"  # issue 32's run
 """
 
 from __future__ import annotations
@@ -95,11 +117,28 @@ DRY_ESTIMATE_S = {
     "env": 4, "save": 18, "traces": 10, "graph_capture": 0, "aa": 18, "noise": 0,
     "change": 18, "compile": 16, "compile_ro": 0, "ncu": 0,
 }  # fmt: skip
+#: the model suite's steps on one H100/H200 (benchmarks/README.md, "Expected duration"): a
+#: session of the five tests is its start (Python, torch, transformers, CUDA: ~12 s), two
+#: block compiles (Triton, cold: ~20 + 15 s; from Inductor's caches later: ~8 s each),
+#: the LM's and the CNN's profiled rounds (5 x 4 steps of ~2,000-4,000 ops: ~10-15 s
+#: each with the trace written and analysed); a change session runs only the tests it
+#: changes
+GPU_MODELS_ESTIMATE_S = {"save": 90, "probe": 40, "analyze": 25, "aa": 65, "change": 45}
+#: and in --dry mode here (the five tests shrunk; Inductor's C++ compile of the block)
+DRY_MODELS_ESTIMATE_S = {"save": 40, "probe": 20, "analyze": 8, "aa": 25, "change": 20}
+WHAT = {
+    "examples": "perfguard GPU acceptance run (issue 32 item 1)",
+    "models": "perfguard GPU acceptance run on real model code (issue 44)",
+}
+#: published dense bf16 Tensor Core peaks (TFLOP/s) of the GPUs the device lends, beside
+#: which the run also measures one (``acceptance_probe.matmul_rate``); the H200 does 788
+#: on an 8192^3 bf16 product through PyTorch (the device notes, 2026-10-28)
+SPEC_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4}
 
 
 @dataclass(frozen=True)
 class Change:
-    """An injected change: text replacements in one example file, and what should see it."""
+    """An injected change: text replacements in one project file, and what should see it."""
 
     name: str
     file: str
@@ -108,6 +147,11 @@ class Change:
     test: str  # the test it changes
     expect: str  # the gates (or timing) that should catch it on a GPU
     on_cpu: bool  # whether it changes anything on the CPU (else --dry leaves it out)
+    also: tuple[str, ...] = ()  # other tests it changes (the same model code)
+
+    @property
+    def tests(self) -> tuple[str, ...]:
+        return (self.test, *self.also)
 
 
 CHANGES = {
@@ -150,6 +194,75 @@ CHANGES = {
 }  # fmt: skip
 
 
+#: the model project (issue 44): benchmarks/gpu_models/, copied into a fresh repository
+MODELS_DIR = ROOT / "benchmarks" / "gpu_models"
+MODEL_FILES = ("conftest.py", "models.py", "test_lm.py", "test_cnn.py", "test_compiled.py")
+PROBE = ROOT / "benchmarks" / "acceptance_probe.py"
+LM_TRAIN = "test_lm.py::test_lm_train_step"
+LM_FORWARD = "test_lm.py::test_lm_forward"
+CNN_TRAIN = "test_cnn.py::test_cnn_train_step"
+COMPILED = "test_compiled.py::test_compiled_block"
+COMPILED_RO = "test_compiled.py::test_compiled_block_cudagraphs"
+MODEL_TESTS = (LM_TRAIN, LM_FORWARD, CNN_TRAIN, COMPILED, COMPILED_RO)
+
+#: realistic changes to the model code, the kinds a contributor makes, in order of value;
+#: changes of disjoint tests share a session (``change_batches``), each judged on its own
+#: tests against the saved commit
+MODEL_CHANGES = {
+    c.name: c
+    for c in (
+        Change(
+            "eager_attn", "models.py",
+            (('attn_implementation="sdpa"', 'attn_implementation="eager"'),),
+            "the Llama's attention path from SDPA (flash) to eager (matmul, softmax, matmul)",
+            LM_TRAIN, "calls, kernel_set, flops/bytes, timing", True, also=(LM_FORWARD,),
+        ),
+        Change(
+            "contiguous", "models.py",
+            (("memory_format=torch.channels_last", "memory_format=torch.contiguous_format"),),
+            "the CNN and its images back from channels-last to NCHW", CNN_TRAIN,
+            "kernel_set (layout transforms), timing", True,
+        ),
+        Change(
+            "graph_break", "models.py",
+            (("        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))\n",
+              "        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))\n"
+              "        print(\"block\", tuple(x.shape))  # a debug print: a graph break\n"),),
+            "a debug print in the compiled block's forward: a graph break, two graphs",
+            COMPILED, "calls (a second compiled graph), kernels, timing", True,
+            also=(COMPILED_RO,),
+        ),
+        Change(
+            "item", "models.py",
+            (("            loss = F.cross_entropy(model(images), labels)\n",
+              "            loss = F.cross_entropy(model(images), labels)\n"
+              "        log.info(\"loss %.4f\", loss.item())  # log the loss every step\n"),),
+            "the CNN's loss logged with .item() every step: a host read and sync", CNN_TRAIN,
+            "host_reads, syncs, calls", True,
+        ),
+        Change(
+            "no_compile", "models.py",
+            (("COMPILE = True", "COMPILE = False"),),
+            "torch.compile switched off for the block (eager, no CUDA graphs)", COMPILED,
+            "calls, kernel_set, timing", True, also=(COMPILED_RO,),
+        ),
+        Change(
+            "fp32", "models.py",
+            (("with torch.inference_mode(), torch.autocast(device, dtype=AMP):",
+              "with torch.inference_mode(), torch.autocast(device, dtype=AMP, enabled=False):"),),
+            "the LM's inference forward without bf16 autocast (fp32, TF32 on a GPU)",
+            LM_FORWARD, "dtypes, kernel_set, bytes, timing", True,
+        ),
+        Change(
+            "adamw_foreach", "models.py",
+            (("weight_decay=0.1, fused=True)", "weight_decay=0.1, foreach=False)"),),
+            "AdamW from the fused kernel to the per-parameter loop", LM_TRAIN,
+            "calls, kernels, timing", True,
+        ),
+    )
+}  # fmt: skip
+
+
 class Terminated(Exception):
     """SIGTERM (the device's timeout): stop, and pack what there is."""
 
@@ -186,10 +299,14 @@ class Acceptance:
             d.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
         self.deadline: float = args.deadline
+        self.suite: str = args.suite
         self.estimates = dict(DRY_ESTIMATE_S if self.dry else GPU_ESTIMATE_S)
+        if self.suite == "models":
+            self.estimates.update(DRY_MODELS_ESTIMATE_S if self.dry else GPU_MODELS_ESTIMATE_S)
         self.steps: list[Step] = []
         self.summary: dict[str, Any] = {
-            "what": "perfguard GPU acceptance run (issue 32 item 1)",
+            "what": WHAT[self.suite],
+            "suite": self.suite,
             "dry": self.dry,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "deadline_s": self.deadline,
@@ -199,6 +316,7 @@ class Acceptance:
             "changes": [],
             "noise": {},
             "traces": [],
+            "models": {},
             "packed": {},
         }
         self.child: subprocess.Popen[bytes] | None = None
@@ -325,6 +443,11 @@ class Acceptance:
         """Rewrite summary.json/summary.md and the packed files: a kill loses one step."""
         self.summary["steps"] = [vars(s) for s in self.steps]
         self.summary["elapsed_s"] = round(self.elapsed(), 1)
+        if self.suite == "models":
+            try:
+                self.models_report()
+            except Exception:  # noqa: BLE001 (the report must never end the run)
+                self.say("models report failed: " + tail(traceback.format_exc(), 3))
         try:
             self.pack()
         except Exception:  # noqa: BLE001 (packing must never end the run)
@@ -413,12 +536,15 @@ class Acceptance:
 
     # ------------------------------------------------------------------ 2. sessions
     def make_project(self) -> None:
-        """The examples in a fresh repository (a git commit when git is there)."""
+        """The suite's files in a fresh repository (a git commit when git is there): the
+        examples, or the model project (``benchmarks/gpu_models``, which sizes itself by
+        device: nothing to shrink here)."""
         shutil.rmtree(self.project, ignore_errors=True)
         self.project.mkdir(parents=True)
-        for name in EXAMPLES:
-            text = (ROOT / "examples" / name).read_text()
-            if self.dry:  # tiny loops on the CPU: the run exercises the steps, not the CPU
+        models = self.suite == "models"
+        for name in MODEL_FILES if models else EXAMPLES:
+            text = ((MODELS_DIR if models else ROOT / "examples") / name).read_text()
+            if self.dry and not models:  # tiny loops on the CPU: the steps, not the CPU
                 text = re.sub(r"iterations=\d+, warmup=\d+", "iterations=4, warmup=1", text)
             self.base_texts[name] = text
             (self.project / name).write_text(text)
@@ -427,7 +553,7 @@ class Acceptance:
             git(self.project, "init", "-q")  # (init -b needs git 2.28)
             git(self.project, "symbolic-ref", "HEAD", "refs/heads/main")
             git(self.project, "add", "-A")
-            git(self.project, "commit", "-q", "-m", "base: the perfguard examples")
+            git(self.project, "commit", "-q", "-m", f"base: the perfguard {self.suite}")
             self.base_sha = git(self.project, "rev-parse", "HEAD")
 
     def session(self, st: Step, name: str, kind: str, flags: list[str],
@@ -444,7 +570,12 @@ class Acceptance:
                 "--perfguard-fail-on=never", f"--rootdir={self.project}",
                 f"--perfguard-rounds={self.args.rounds}", *flags]  # fmt: skip
         done = self.run(argv, f"session-{name}", self.args.session_timeout, cwd=self.project)
-        for k in ("aa", "change"):  # sessions slower than planned: start none that cannot end
+        # sessions slower than planned: start none that cannot end (a models change runs
+        # only its tests, so it learns from change sessions alone)
+        kinds = ("change",) if kind == "change" else ("aa",)
+        if self.suite == "examples":
+            kinds = ("aa", "change")
+        for k in kinds:
             self.estimates[k] = max(self.estimates[k], math.ceil(done["wall_s"]))
         rec: dict[str, Any] = {"name": name, "kind": kind, "change": change, "rc": done["rc"],
                                "wall_s": done["wall_s"], "flags": flags}  # fmt: skip
@@ -488,44 +619,77 @@ class Acceptance:
         if bad:
             st.note = f"A/A FALSE ALARM: {', '.join(bad)} regressed on unchanged code"
 
-    def apply_change(self, change: Change, size: int | None) -> None:
+    def apply_changes(self, changes: list[Change], size: int | None) -> None:
+        """The base texts with every change's edits, committed as one commit."""
         if self.git_ok:
             git(self.project, "checkout", "-q", "--detach", self.base_sha or "HEAD")
-        for name, text in self.base_texts.items():  # every file back to the base first
+        texts = dict(self.base_texts)  # every file back to the base first
+        for change in changes:
+            text = texts[change.file]
+            for old, new in change.edits:
+                if old not in text:
+                    raise RuntimeError(f"{change.name}: {old.strip()!r} not in {change.file}")
+                text = text.replace(old, new.replace("{n}", str(size)))
+            texts[change.file] = text
+        for name, text in texts.items():
             (self.project / name).write_text(text)
-        text = self.base_texts[change.file]
-        for old, new in change.edits:
-            if old not in text:
-                raise RuntimeError(f"{change.name}: {old.strip()!r} not in {change.file}")
-            text = text.replace(old, new.replace("{n}", str(size)))
-        (self.project / change.file).write_text(text)
         if self.git_ok:
-            git(self.project, "commit", "-q", "-am", f"{change.name}: {change.what}")
+            what = "; ".join(f"{c.name}: {c.what}" for c in changes)
+            git(self.project, "commit", "-q", "-am", what)
 
-    def step_change(self, st: Step, change: Change) -> None:
+    def step_changes(self, st: Step, changes: list[Change]) -> None:
+        """One session with ``changes`` applied, judged against the saved commit: the whole
+        suite for the examples, the changed tests alone for the models."""
         size, planned = None, None
-        if change.name == "work5":
+        if any(c.name == "work5" for c in changes):
             size, planned = self.size_work5()
-        self.apply_change(change, size)
+        self.apply_changes(changes, size)
         flags = [f"--perfguard-baseline={self.base_sha}"] if self.git_ok else []
-        rec = self.session(st, change.name, "change", flags, change=change.name)
+        if self.suite == "models":  # only the tests the changes touch
+            flags += [t for t in MODEL_TESTS if any(t in c.tests for c in changes)]
+        name = "+".join(c.name for c in changes)
+        rec = self.session(st, name, "change", flags, change=name)
         tests = {t["nodeid"]: t for t in rec.get("tests", [])}
-        if not self.git_ok:
-            tests[change.test] = self.compare_captures(change.test, rec)
-        hit = tests.get(change.test) or {}
-        row = {
-            "change": change.name, "what": change.what, "test": change.test,
-            "expect": change.expect, "outcome": hit.get("outcome"),
-            "caught": hit.get("outcome") == "regressed",
-            "timing_outcome": hit.get("timing_outcome"), "delta_pct": hit.get("delta_pct"),
-            "ci_pct": hit.get("ci_pct"), "gates_fired": hit.get("gates_fired"),
-            "reason": hit.get("reason"), "matmul_n": size, "planned_pct": planned,
-            "others": {k: v["outcome"] for k, v in tests.items() if k != change.test},
-        }  # fmt: skip
-        self.summary["changes"].append(row)
-        st.data.update(caught=row["caught"], gates=row["gates_fired"])
-        st.note = (f"{change.test.split('::')[-1]}: {row['outcome']} (timing "
-                   f"{row['timing_outcome']}, gates {row['gates_fired']})")  # fmt: skip
+        summary_md = self.artifacts / "sessions" / name / "summary.md"
+        md = summary_md.read_text() if summary_md.is_file() else ""
+        changed = {t for c in changes for t in c.tests}
+        notes = []
+        for change in changes:
+            if not self.git_ok:
+                for nodeid in change.tests:
+                    tests[nodeid] = self.compare_captures(nodeid, rec)
+            per_test = {}
+            for nodeid in change.tests:
+                hit = tests.get(nodeid) or {
+                    "outcome": "not run", "reason": "not in the session's results.json "
+                    "(skipped or not collected: the pytest log says which)"}  # fmt: skip
+                per_test[nodeid] = {
+                    **{k: hit.get(k) for k in ("outcome", "decided_by", "timing_outcome",
+                                               "delta_pct", "ci_pct", "gates_fired", "reason")},
+                    **culprit(md, nodeid),
+                }  # fmt: skip
+            hit = per_test[change.test]
+            row = {
+                "change": change.name, "what": change.what, "test": change.test,
+                "session": name, "expect": change.expect, "outcome": hit["outcome"],
+                "caught": hit["outcome"] == "regressed",
+                "timing_outcome": hit["timing_outcome"], "delta_pct": hit["delta_pct"],
+                "ci_pct": hit["ci_pct"], "gates_fired": hit["gates_fired"],
+                "decided_by": hit["decided_by"], "culprit": hit.get("culprit"),
+                "call_site": hit.get("call_site"), "reason": hit["reason"],
+                "matmul_n": size if change.name == "work5" else None,
+                "planned_pct": planned if change.name == "work5" else None,
+                "tests": per_test,
+                "others": {k: v["outcome"] for k, v in tests.items() if k not in changed},
+            }  # fmt: skip
+            self.summary["changes"].append(row)
+            outcomes = ", ".join(f"{k.split('::')[-1]}: {v['outcome']}"
+                                 for k, v in per_test.items())  # fmt: skip
+            notes.append(f"{change.name}: {outcomes} (decided by {hit['decided_by'] or '-'}, "
+                         f"gates {hit['gates_fired']})")  # fmt: skip
+        st.data.update(caught={r["change"]: r["caught"] for r in self.summary["changes"]
+                               if r["session"] == name})  # fmt: skip
+        st.note = "; ".join(notes)
 
     def size_work5(self) -> tuple[int, float | None]:
         """The matmul size whose measured time is nearest 5 % of the transformer test's
@@ -639,12 +803,14 @@ class Acceptance:
             st.status = "failed"
             st.error = f"rc {done['rc']}: {len(new)} trace(s) written\n{done['tail']}"
 
-    def analyze(self, trace: str) -> dict[str, Any]:
-        """``perfguard analyze`` on one trace: its reports into the artifacts, and the top
-        kernels (for ncu) and the summary figures into the manifest."""
-        base = trace.removesuffix(".pt.trace.json.gz")
+    def analyze(self, trace: str | Path, base: str | None = None) -> dict[str, Any]:
+        """``perfguard analyze`` on one trace (a name in the fixtures, or a path): its reports
+        into the artifacts, and the top kernels (for ncu), the notes and the summary figures
+        into the manifest."""
+        path = trace if isinstance(trace, Path) else self.fixtures / trace
+        base = base or path.name.removesuffix(".pt.trace.json.gz")
         folder = self.artifacts / "analyze"
-        argv = [sys.executable, "-m", "perfguard", "analyze", "-d", str(self.fixtures / trace),
+        argv = [sys.executable, "-m", "perfguard", "analyze", "-d", str(path),
                 "--output-path", str(folder), "--base-name", base, "--formats", "csv,json",
                 "-q", "-f"]  # fmt: skip
         done = self.run(argv, f"analyze-{base}", self.args.analyze_timeout, cwd=self.work)
@@ -653,6 +819,8 @@ class Acceptance:
             res["error"] = done["tail"][-600:]
             return res
         res["top_kernels"] = top_kernels(folder / f"{base}_kernel.csv")
+        text = (self.logs / done["log"]).read_text(errors="replace")
+        res["notes"] = [ln[6:] for ln in text.splitlines() if ln.startswith("note: ")]
         summary = folder / f"{base}_summary.json"
         if summary.is_file():
             res["summary"] = json.loads(summary.read_text())
@@ -701,6 +869,88 @@ class Acceptance:
         st.data = {"counters_read": any(a["counters_read"] for a in results)}
         st.note = "counters read" if st.data["counters_read"] else "no counters read"
 
+    # ------------------------------------------------------------------ models: probe, analyze
+    def step_probe(self, st: Step) -> None:
+        """The independent side (``acceptance_probe.py``): each base step's plain time and
+        FlopCounterMode's FLOPs, and the device's measured bf16 matmul rate."""
+        out = self.artifacts / "probe.json"
+        env = self.env()
+        if self.device == "cpu":  # the sessions' compiled C++ (and Inductor's cache key)
+            env["TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"] = "1"
+        argv = [sys.executable, str(PROBE), "--project", str(self.project), "--device",
+                self.device, "--out", str(out), "--steps", "3" if self.dry else "10"]  # fmt: skip
+        done = self.run(argv, "probe", self.args.probe_timeout, cwd=self.work, env=env)
+        doc = json.loads(out.read_text()) if out.is_file() else {}
+        self.summary["probe"] = doc
+        errors = [n for n, v in (doc.get("steps") or {}).items() if "error" in v]
+        st.data = {"rc": done["rc"], "matmul": doc.get("matmul"), "errors": errors}
+        st.note = f"bf16 matmul {(doc.get('matmul') or {}).get('tflops')} TFLOP/s"
+        if done["rc"] != 0 or errors:
+            st.status = "failed"
+            st.error = f"rc {done['rc']}, failed steps {errors}\n{done['tail']}"
+
+    def step_models_analyze(self, st: Step) -> None:
+        """``perfguard analyze`` on each test's capture of the saved session: the top GEMMs'
+        Tensor Core share and FLOP efficiency, the replayed-graph note. The captures move
+        to the fixtures (the first real-model GPU captures)."""
+        save: dict[str, Any] = next(
+            (s for s in self.summary["sessions"] if s["name"] == "save"), {}
+        )
+        keep = self.fixtures / "captures"
+        keep.mkdir(parents=True, exist_ok=True)
+        done: list[str] = []
+        bad: list[str] = []
+        for nodeid, cap in (save.get("captures") or {}).items():
+            if not cap or not Path(cap).is_file():
+                continue
+            for p in Path(cap).parent.glob(Path(cap).name + "*"):  # the trace and sidecar
+                shutil.copy(p, keep / p.name)
+                moved = self.artifacts / "sessions" / "save" / "captures" / p.name
+                moved.unlink(missing_ok=True)
+            short = nodeid.split("::")[-1]
+            res = self.analyze(keep / Path(cap).name, base=short)
+            folder = self.artifacts / "analyze"
+            res["gemms"] = gemm_rows(folder / f"{short}_detail.csv")
+            res["detail_flops"] = op_flops(folder / f"{short}_detail.csv")
+            res["graph_replay"] = graph_replay(res.get("notes") or [],
+                                               folder / f"{short}_detail.csv")  # fmt: skip
+            res.pop("top_kernels", None)
+            self.summary["models"].setdefault(nodeid, {})["analyze"] = res
+            (done if res.get("rc") == 0 else bad).append(short)
+        st.data = {"analysed": done}
+        if bad:
+            st.status, st.error = "failed", f"analyze failed on {bad}"
+
+    def models_report(self) -> None:
+        """Per model: A/A outcomes and noise, each change's verdict and culprit, the
+        profiled round's cost, the top GEMMs checked, the replayed graphs' attribution."""
+        probe = (self.summary.get("probe") or {}).get("steps") or {}
+        peak = (self.summary.get("probe") or {}).get("matmul") or {}
+        gpu = ((self.summary.get("env") or {}).get("torch") or {}).get("gpu") or ""
+        spec = next((v for k, v in SPEC_BF16_TFLOPS.items() if k in gpu), None)
+        save: dict[str, Any] = next(
+            (s for s in self.summary["sessions"] if s["name"] == "save"), {}
+        )
+        for nodeid in MODEL_TESTS:
+            m = self.summary["models"].setdefault(nodeid, {})
+            short = nodeid.split("::")[-1]
+            row = next((t for t in save.get("tests") or [] if t["nodeid"] == nodeid), None)
+            m["save"] = row and {k: row[k] for k in ("outcome", "median_ns", "metric")}
+            m["aa"] = [t["outcome"] for s in self.summary["sessions"] if s["kind"] == "aa"
+                       for t in s.get("tests") or [] if t["nodeid"] == nodeid]  # fmt: skip
+            m["noise"] = ((self.summary.get("noise") or {}).get("tests") or {}).get(nodeid)
+            m["changes"] = [{"change": c["change"], **c["tests"][nodeid]}
+                            for c in self.summary["changes"] if nodeid in c["tests"]]  # fmt: skip
+            p = probe.get(short) or {}
+            m["probe"] = p and {k: p.get(k) for k in ("plain_ms", "flops_total", "source",
+                                                      "skipped", "error", "counted")}  # fmt: skip
+            m["cost"] = round_cost(row, p.get("plain_ms")) if row else None
+            a = m.get("analyze") or {}
+            iters = ((a.get("summary") or {}).get("Iterations")) or None
+            m["flops"] = flop_check(a.get("detail_flops") or {}, iters, p.get("flops_by_op"))
+            m["gemms"] = [{**g, **gemm_check(g, peak.get("tflops"), spec)}
+                          for g in a.get("gemms") or []]  # fmt: skip
+
     # ------------------------------------------------------------------ the run
     def main(self) -> None:
         self.say(f"perfguard GPU acceptance run{' (dry, CPU)' if self.dry else ''}: out "
@@ -713,6 +963,9 @@ class Acceptance:
         save = self.step("save", self.step_save)
         sessions_ok = save.status == "ok"
         no_session = None if sessions_ok else "the base session failed"
+        if self.suite == "models":
+            self.main_models(no_session)
+            return
         self.step("traces", self.step_traces)
         self.step("graph_capture", self.step_graph_capture,
                   needs="CUDA graphs need a GPU" if self.device != "cuda" else None)  # fmt: skip
@@ -725,7 +978,7 @@ class Acceptance:
             needs = no_session
             if self.dry and not change.on_cpu:
                 needs = "changes nothing on the CPU (CUDA-only code path)"
-            self.step(name, lambda st, c=change: self.step_change(st, c), kind="change",
+            self.step(name, lambda st, c=change: self.step_changes(st, [c]), kind="change",
                       needs=needs)  # fmt: skip
         self.step("compile", lambda st: self.step_compile(st, "default"))
         self.step(
@@ -734,6 +987,26 @@ class Acceptance:
             needs="reduce-overhead is CUDA graphs: GPU only" if self.dry else None,
         )
         self.step("ncu", self.step_ncu, needs="no GPU (dry run)" if self.dry else None)
+
+    def main_models(self, no_session: str | None) -> None:
+        """The model suite after its save, in order of value: the probe and the analysis
+        of the saved captures, one A/A, the changes (disjoint ones sharing a session), the
+        other A/As, the noise table."""
+        self.step("probe", self.step_probe)
+        self.step("analyze", self.step_models_analyze, needs=no_session)
+
+        def aa(i: int) -> None:
+            self.step(f"aa{i}", lambda st: self.step_aa(st, i), kind="aa", needs=no_session)
+
+        if self.args.aa:
+            aa(1)
+        for batch in change_batches([MODEL_CHANGES[n] for n in self.args.changes]):
+            self.step("+".join(c.name for c in batch),
+                      lambda st, b=batch: self.step_changes(st, b), kind="change",
+                      needs=no_session)  # fmt: skip
+        for i in range(2, self.args.aa + 1):
+            aa(i)
+        self.step("noise", lambda st: self.noise(), needs=no_session)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -780,7 +1053,188 @@ def test_row(t: dict[str, Any]) -> dict[str, Any]:
         "gates_fired": fired,
         "gate_messages": [r.get("message") for r in gates.get("regressions") or []][:6],
         "rounds": t.get("rounds_current") or [],
+        "samples": len(t.get("samples_current") or []),
+        "decided_by": (t.get("explanation") or {}).get("decided_by"),
+        "lead": (t.get("explanation") or {}).get("lead"), "phase_s": t.get("phase_s") or {},
     }  # fmt: skip
+
+
+#: a call site as the explanation writes it: ``in forward() at models.py:12`` or ``at x.py:3``
+CALL_SITE = re.compile(r"(?:in (?P<fn>[\w.<>]+)\(\) )?at (?P<site>[\w./-]+\.py:\d+)")
+
+
+#: summary.md's escapes of Markdown punctuation (``\_``, ``\#``), undone in the summary
+MD_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|<>~])")
+
+
+def culprit(summary_md: str, nodeid: str) -> dict[str, Any]:
+    """The first culprit line ``summary.md`` gives a test (its bullet's text after the test's
+    name) and the call site in it, if any."""
+    for line in summary_md.splitlines():
+        head = f"`{nodeid}`"
+        if line.lstrip().startswith("- ") and head in line:
+            text = MD_ESCAPE.sub(r"\1", line.split(head, 1)[1].lstrip(": ").strip())
+            m = CALL_SITE.search(text)
+            site = None
+            if m:
+                site = (f"{m['fn']}() at " if m["fn"] else "") + m["site"]
+            return {"culprit": text[:400], "call_site": site}
+    return {"culprit": None, "call_site": None}
+
+
+def change_batches(changes: list[Change]) -> list[list[Change]]:
+    """The changes grouped into sessions, in their order: each joins the first group none
+    of whose changes touches its tests (each test is judged on its own, against the saved
+    commit, so changes of disjoint tests cannot see each other)."""
+    batches: list[list[Change]] = []
+    for c in changes:
+        free = (b for b in batches if not {t for x in b for t in x.tests} & set(c.tests))
+        batch = next(free, None)
+        if batch is None:
+            batches.append([c])
+        else:
+            batch.append(c)
+    return batches
+
+
+def read_detail(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _num(value: str | None) -> float | None:
+    try:
+        x = float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+    return x if x is not None and math.isfinite(x) else None
+
+
+def gemm_rows(detail_csv: Path, n: int = 5) -> list[dict[str, Any]]:
+    """The ``n`` Tensor-Core-eligible ops with FLOPs that took the most GPU time (CPU time
+    where the capture has no GPU), from ``perfguard analyze``'s detail report."""
+    rows = [r for r in read_detail(detail_csv)
+            if r.get("TC Eligibility") == "True" and (_num(r.get("FLOPs")) or 0) > 0]  # fmt: skip
+    on_gpu = any((_num(r.get("Total GPU Time (ns)")) or 0) > 0 for r in rows)
+    key = "Total GPU Time (ns)" if on_gpu else "Total CPU Time (ns)"
+    rows.sort(key=lambda r: -(_num(r.get(key)) or 0))
+    return [{
+        "op": r["Op Name"], "direction": r.get("Direction"), "dtype": r.get("Data Type"),
+        "shapes": (r.get("Input Shapes") or "")[:120], "calls": _num(r.get("No. Calls")),
+        "gpu_ns": _num(r.get("Total GPU Time (ns)")), "cpu_ns": _num(r.get("Total CPU Time (ns)")),
+        "kernels": _num(r.get("No. Kernels")), "using_tc": r.get("Using TC") == "True",
+        "tc_pct": _num(r.get("TC Utilization (%)")), "flops": _num(r.get("FLOPs")),
+        "tflops": _num(r.get("Achieved TFLOP/s")), "eff_pct": _num(r.get("FLOP Efficiency (%)")),
+        "call_site": r.get("Call Site") or None,
+    } for r in rows[:n]]  # fmt: skip
+
+
+def op_flops(detail_csv: Path) -> dict[str, list[Any]]:
+    """Each op path with FLOPs in the detail report: its FLOPs and Tensor Core eligibility."""
+    out: dict[str, list[Any]] = {}
+    for r in read_detail(detail_csv):
+        f = _num(r.get("FLOPs")) or 0
+        if f > 0:
+            prev = out.get(r["Op Name"], [0.0, False])
+            out[r["Op Name"]] = [prev[0] + f, prev[1] or r.get("TC Eligibility") == "True"]
+    return out
+
+
+#: an op that does matrix work, by its aten name
+MATRIX_OP = re.compile(r"attention|convolution|matmul|einsum|linear|mm")
+
+
+def flop_check(detail: dict[str, list[Any]], iterations: int | None,
+               counted: dict[str, int] | None) -> dict[str, Any] | None:  # fmt: skip
+    """perfguard's FLOPs per iteration beside FlopCounterMode's per step, op by op: an op
+    path counts for a counted aten op when it names that op (perfguard gives an op's
+    FLOPs once, to one range of its chain); ``unmatched`` is the matrix FLOPs (a Tensor-
+    Core-eligible op, or a GEMM, convolution or attention by name) of paths that name no
+    counted op: an attention counted on an outer range, or one FlopCounterMode does not
+    know (the CPU's flash attention)."""
+    if not counted or not iterations:
+        return None
+    per_op: dict[str, dict[str, Any]] = {}
+    matched: set[str] = set()
+    for op, ref in sorted(counted.items(), key=lambda kv: -kv[1]):
+        paths = [p for p in detail if op in p.split("/")]
+        matched.update(paths)
+        ours = sum(detail[p][0] for p in paths) / iterations
+        per_op[op] = {"perfguard": ours, "flop_counter": ref,
+                      "ratio": round(ours / ref, 4) if ref else None}  # fmt: skip
+    ours = sum(v["perfguard"] for v in per_op.values())
+    ref = sum(counted.values())
+    rest: dict[str, float] = {}
+    for p, (f, eligible) in detail.items():
+        leaf = p.split("/")[-1]
+        if p not in matched and (eligible or MATRIX_OP.search(leaf)):
+            rest[leaf] = rest.get(leaf, 0.0) + f / iterations
+    return {"per_op": per_op, "perfguard": ours, "flop_counter": ref,
+            "ratio": round(ours / ref, 4) if ref else None, "unmatched": rest}  # fmt: skip
+
+
+def gemm_check(g: dict[str, Any], measured: float | None, spec: float | None) -> dict[str, Any]:
+    """A GEMM's achieved rate against the peak perfguard divided by (implied by its FLOP
+    efficiency), the device's measured bf16 matmul rate and the published peak."""
+    tf, eff = g.get("tflops"), g.get("eff_pct")
+    out: dict[str, Any] = {
+        "implied_peak_tflops": round(tf / (eff / 100), 1) if tf and eff else None,
+        "of_measured_pct": round(100 * tf / measured, 2) if tf and measured else None,
+        "of_spec_pct": round(100 * tf / spec, 2) if tf and spec else None,
+    }
+    out["plausible"] = None if not tf else bool((eff or 0) <= 100 and
+                                                (not measured or tf <= 1.1 * measured))  # fmt: skip
+    return out
+
+
+#: ``perfguard analyze``'s note on work replayed from CUDA graphs (analysis/attribution.py)
+REPLAYED = re.compile(r"(\d+) GPU activities \(([\d.]+) % of GPU time\) were replayed")
+TIED = re.compile(r"(\d+) of them \(([\d.]+) % of the replayed GPU time\) were tied")
+
+
+def graph_replay(notes: list[str], detail_csv: Path) -> dict[str, Any] | None:
+    """How much GPU time was replayed from CUDA graphs, and the share of it attributed to
+    named ops (tied to the op that recorded it) rather than ``graph_replay_<id>``."""
+    for note in notes:
+        m = REPLAYED.search(note)
+        if not m:
+            continue
+        tied = TIED.search(note)
+        untied = [r["Op Name"] for r in read_detail(detail_csv)
+                  if r["Op Name"].split("/")[-1].startswith("graph_replay_")]  # fmt: skip
+        return {"activities": int(m[1]), "replayed_pct_of_gpu": float(m[2]),
+                "tied": int(tied[1]) if tied else 0,
+                "named_pct_of_replayed": float(tied[2]) if tied else 0.0,
+                "untied_ops": untied[:5], "note": note[:600]}  # fmt: skip
+    return None
+
+
+def round_cost(row: dict[str, Any], plain_ms: float | None) -> dict[str, Any]:
+    """The profiled round's cost next to the timed rounds' (``phase_s``) and the plain
+    step's (the probe): on the CPU one profiled round after unprofiled timed rounds; on a
+    GPU every round is profiled, and the plain steps are the reference."""
+    ph = row.get("phase_s") or {}
+    rounds = len(row.get("rounds") or []) or 1
+    iters = (row.get("samples") or 0) / rounds or None
+    separate = "timing" in ph
+    prof_rounds = 1 if separate else rounds
+    out: dict[str, Any] = {
+        "iterations": iters, "profiled_s": ph.get("profiled"), "profiled_rounds": prof_rounds,
+        "timed_s": ph.get("timing"), "timed_rounds": rounds if separate else 0,
+        "warmup_s": ph.get("warmup"), "analysis_s": ph.get("analysis"),
+    }  # fmt: skip
+    prof = ph.get("profiled")
+    out["profiled_round_s"] = prof / prof_rounds if prof else None
+    out["timed_round_s"] = ph["timing"] / rounds if separate else None
+    out["plain_round_s"] = plain_ms * iters / 1e3 if plain_ms and iters else None
+    for k in ("timed", "plain"):
+        ref = out[f"{k}_round_s"]
+        out[f"x_{k}"] = round(out["profiled_round_s"] / ref, 2) if ref and prof else None
+    return out
 
 
 def assumed_sigmas() -> dict[str, Any]:
@@ -927,16 +1381,26 @@ def markdown(s: dict[str, Any]) -> str:
                 f"{row.get('timing_outcome', '-')} | {_fmt(row.get('gates_fired'))} |"
             )
     if s["changes"]:
-        lines += ["", "## Injected changes", "", "| change | test | expected | outcome | caught "
-                  "| timing | delta % | gates fired | other tests |", "|---|---|---|---|---|---|"
-                  "---|---|---|"]  # fmt: skip
+        lines += ["", "## Injected changes", "", "| change | test | expected | outcome | decided "
+                  "by | timing | delta % | gates fired | other tests |", "|---|---|---|---|---|"
+                  "---|---|---|---|"]  # fmt: skip
+        culprits = []
         for c in s["changes"]:
             others = ", ".join(f"{k.split('::')[-1]}: {v}" for k, v in c["others"].items())
-            lines.append(
-                f"| {c['change']} ({c['what']}) | {c['test'].split('::')[-1]} | {c['expect']} | "
-                f"{c['outcome']} | {c['caught']} | {c['timing_outcome']} | "
-                f"{_fmt(c['delta_pct'])} | {_fmt(c['gates_fired'])} | {others} |"
-            )
+            for nodeid, t in (c.get("tests") or {c["test"]: c}).items():
+                lines.append(
+                    f"| {c['change']} ({c['what']}) | {nodeid.split('::')[-1]} | "
+                    f"{c['expect']} | {t['outcome']} | {t.get('decided_by') or '-'} | "
+                    f"{t['timing_outcome']} | {_fmt(t['delta_pct'])} | "
+                    f"{_fmt(t['gates_fired'])} | {others} |"
+                )
+                if t.get("culprit"):
+                    site = f" (call site: `{t['call_site']}`)" if t.get("call_site") else ""
+                    culprits.append(f"- {c['change']}, {nodeid.split('::')[-1]}{site}: "
+                                    f"`{t['culprit']}`")  # fmt: skip
+        if culprits:
+            lines += ["", "First culprit line of each changed test's `summary.md`:", "",
+                      *culprits]  # fmt: skip
     noise = (s.get("noise") or {}).get("tests") or {}
     if noise:
         lines += ["", "## Between-session noise of unchanged code", "",
@@ -961,6 +1425,7 @@ def markdown(s: dict[str, Any]) -> str:
                 f"| {tr['trace']} | {tr['bytes']} | rc {a.get('rc')} | "
                 f"{(k.get('short_name') or '-')[:60]} | {(k.get('op') or '-')[-60:]} |"
             )
+    lines += models_markdown(s)
     # a summary from before the fix holds the untried attempt's ncu arguments (a list)
     # after the one that read counters: only the attempts made are results
     for a in s.get("ncu") or []:
@@ -977,6 +1442,68 @@ def markdown(s: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def models_markdown(s: dict[str, Any]) -> list[str]:
+    """The per-model sections of summary.md (issue 44 item 2)."""
+    found = s.get("models") or {}
+    models = {k: found[k] for k in MODEL_TESTS
+              if k in found and (found[k].get("save") or found[k].get("probe"))}  # fmt: skip
+    if not models:
+        return []
+    peak = (s.get("probe") or {}).get("matmul") or {}
+    lines = ["", "## Per model", "",
+             f"Measured bf16 matmul ({peak.get('n')}^3): {peak.get('tflops')} TFLOP/s.", "",
+             "| test | implementation | A/A outcomes | between-session sd % (judge's) | "
+             "profiled round s | timed round s | plain round s | profiled / timed | "
+             "profiled / plain | FLOPs per step, perfguard / FlopCounterMode | replayed "
+             "GPU time named % |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for nodeid, m in models.items():
+        p, c, n = m.get("probe") or {}, m.get("cost") or {}, m.get("noise") or {}
+        f, g = m.get("flops") or {}, (m.get("analyze") or {}).get("graph_replay") or {}
+        impl = p.get("source") or p.get("skipped") or ("error" if p.get("error") else "-")
+        flops = (f"{_fmt(f.get('perfguard'), 0)} / {_fmt(f.get('flop_counter'), 0)} "
+                 f"({_fmt(f.get('ratio'), 3)})" if f else "-")  # fmt: skip
+        lines.append(
+            f"| {nodeid.split('::')[-1]} | {impl} | {_fmt(m.get('aa'))} | "
+            f"{_fmt(n.get('sd_over_mean_pct'))} ({_fmt(n.get('successive_mad_sd_pct'))}) | "
+            f"{_fmt(c.get('profiled_round_s'), 3)} | {_fmt(c.get('timed_round_s'), 3)} | "
+            f"{_fmt(c.get('plain_round_s'), 3)} | {_fmt(c.get('x_timed'))} | "
+            f"{_fmt(c.get('x_plain'))} | {flops} | {_fmt(g.get('named_pct_of_replayed'), 1)} |"
+        )
+    for nodeid, m in models.items():
+        gemms = m.get("gemms") or []
+        if not gemms:
+            continue
+        lines += ["", f"Top GEMMs of {nodeid.split('::')[-1]} (perfguard analyze):", "",
+                  "| op | dtype | calls | TC % | TFLOP/s | FLOP eff % | implied peak | % of "
+                  "measured | % of spec | plausible |", "|---|---|---|---|---|---|---|---|---|"
+                  "---|"]  # fmt: skip
+        for r in gemms:
+            lines.append(
+                f"| {r['op'].split('/')[-1]} ({r['direction']}) | {r['dtype']} | "
+                f"{_fmt(r['calls'], 0)} | "
+                f"{_fmt(r['tc_pct'], 1)} | {_fmt(r['tflops'])} | {_fmt(r['eff_pct'])} | "
+                f"{_fmt(r['implied_peak_tflops'], 1)} | {_fmt(r['of_measured_pct'])} | "
+                f"{_fmt(r['of_spec_pct'])} | {_fmt(r['plausible'])} |"
+            )
+        f = m.get("flops") or {}
+        if f.get("per_op"):
+            by_op = "; ".join(
+                f"{op} {_fmt(v['perfguard'], 0)} / {v['flop_counter']} ({_fmt(v['ratio'], 3)})"
+                for op, v in f["per_op"].items()
+            )
+            rest = "; ".join(f"{op} {v:.0f}" for op, v in (f.get("unmatched") or {}).items())
+            lines += [
+                "",
+                f"FLOPs per step by op, perfguard / FlopCounterMode: {by_op}; "
+                f"perfguard's matrix FLOPs on ops it does not count: {rest or '-'}",
+            ]
+    for nodeid, m in models.items():
+        g = (m.get("analyze") or {}).get("graph_replay")
+        if g:
+            lines += ["", f"CUDA graphs, {nodeid.split('::')[-1]}: {g['note']}"]
+    return lines
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -986,15 +1513,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="folder for the packed results (at most 8 files come back)",
     )
     p.add_argument("--work", type=Path, help="working folder (default: a new temp folder)")
+    p.add_argument("--suite", choices=("models", "examples"), default="models",
+                   help="models: real model code (issue 44, the default); examples: "
+                   "perfguard's examples, traces, compile and ncu (issue 32)")  # fmt: skip
     p.add_argument(
         "--dry",
         action="store_true",
         help="run every step on the CPU with tiny sizes (tests/test_gpu_acceptance)",
     )
-    p.add_argument("--deadline", type=float, help="seconds for the whole run (default 450)")
-    p.add_argument("--aa", type=int, help="A/A sessions after the save (default 5, dry 1)")
-    p.add_argument("--changes", help=f"comma list of {','.join(CHANGES)} (default all; dry: "
-                   "those that change something on the CPU)")  # fmt: skip
+    p.add_argument(
+        "--deadline",
+        type=float,
+        help="seconds for the whole run (default: models 440, examples 450)",
+    )
+    p.add_argument(
+        "--aa", type=int, help="A/A sessions after the save (default: models 2, examples 5; dry 1)"
+    )
+    p.add_argument("--changes", help=f"comma list of {','.join(MODEL_CHANGES)} (models) or "
+                   f"{','.join(CHANGES)} (examples) (default all; dry: those that change "
+                   "something on the CPU)")  # fmt: skip
     p.add_argument("--only", help="comma list of steps (or kinds: aa, change) to run")
     p.add_argument("--rounds", type=int, help="--perfguard-rounds (default 5, dry 3)")
     p.add_argument("--trace-iters", type=int, help="profiled iterations per trace (10, dry 3)")
@@ -1003,6 +1540,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--graph-timeout", type=float, default=60)
     p.add_argument("--compile-timeout", type=float, default=150)
     p.add_argument("--analyze-timeout", type=float, default=60)
+    p.add_argument("--probe-timeout", type=float, default=120)
     p.add_argument("--ncu-timeout", type=float, default=60)
     p.add_argument(
         "--pretend-no-git",
@@ -1010,16 +1548,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="act as if git were missing (tests the no-git path)",
     )
     a = p.parse_args(argv)
-    a.deadline = a.deadline or (600.0 if a.dry else 450.0)
-    a.aa = a.aa if a.aa is not None else (1 if a.dry else 5)
+    models = a.suite == "models"
+    a.deadline = a.deadline or (600.0 if a.dry else 440.0 if models else 450.0)
+    a.aa = a.aa if a.aa is not None else (1 if a.dry else 2 if models else 5)
     a.rounds = a.rounds or (3 if a.dry else 5)
     a.trace_iters = a.trace_iters or (3 if a.dry else 10)
+    table = MODEL_CHANGES if models else CHANGES
     names = [c.strip() for c in (a.changes or "").split(",") if c.strip()]
     if not names:
-        names = [c.name for c in CHANGES.values() if c.on_cpu or not a.dry]
-    bad = [n for n in names if n not in CHANGES]
+        names = [c.name for c in table.values() if c.on_cpu or not a.dry]
+    bad = [n for n in names if n not in table]
     if bad:
-        p.error(f"unknown change(s) {', '.join(bad)}; choose from {', '.join(CHANGES)}")
+        p.error(
+            f"unknown change(s) {', '.join(bad)} for --suite {a.suite}; choose from "
+            f"{', '.join(table)}"
+        )
     a.changes = names
     a.only = {s.strip() for s in (a.only or "").split(",") if s.strip()} or None
     return a

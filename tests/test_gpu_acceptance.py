@@ -9,42 +9,25 @@ device sends back (at most 8 files of 16 MB, plain names).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_acceptance_run import load_script as _load
+from gpu_acceptance_run import run_dry
 
 pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "gpu_acceptance.py"
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
-def _load() -> Any:
-    """The script as a module (benchmarks/ is not a package)."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        return importlib.import_module(SCRIPT.stem)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-
-
-def _run(out: Path, work: Path, *extra: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), "--dry", "--out", str(out), "--work", str(work), *extra],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+def _run(out: Path, work: Path, *extra: str, timeout: float = 400) -> Any:
+    return run_dry(out, work, "--suite", "examples", *extra, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
