@@ -24,8 +24,6 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
-from perfguard.trace.call_sites import site_text
-
 
 def model_facts(values: Iterable[object], frame: FrameType | None = None) -> dict[str, Any]:
     """``{"parameter_tensors": n, "optimizers": [...]}`` of the models and optimizers among
@@ -73,6 +71,8 @@ def _settings(opt: Any) -> dict[str, Any]:
 def _assigned_at(frame: FrameType, name: str) -> str:
     """``test_bench.py:88 in test_step``: the first line of the frame's function that
     assigns ``name`` (``name = ...``), "" when its source is not to be had."""
+    from perfguard.trace.call_sites import site_text  # numpy and pandas: not at the loop's import
+
     code = frame.f_code
     lines = linecache.getlines(code.co_filename)
     if not lines:
