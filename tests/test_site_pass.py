@@ -95,6 +95,25 @@ def test_the_pass_gives_every_op_its_statement(tmp_path: Path) -> None:
     label = next(k for k in details if k.endswith(where))
     assert details[label]["code"] == "h = F.softmax(h, dim=-1)"
     assert details[label]["stack"][0].endswith("in step")  # the user's frames above it
+    # each line of the user's code ran once in the pass's step: counted, deterministically
+    runs = {(code, n) for _, _, code, n in trace.meta["line_runs"]}
+    assert ("h = F.softmax(h, dim=-1)", 1) in runs and ("opt.step()", 1) in runs, runs
+
+
+def test_python_lines_that_ran_more_are_named() -> None:
+    """A pure-Python change (a loop over more items) moves no op: the line whose runs per
+    step grew is named, matched across commits by its text (its line number moved)."""
+    from perfguard.compare.sites import line_growth
+
+    base = {
+        "line_runs": [["m.py:10", "step", "total += x", 1000], ["m.py:8", "step", "y = f(x)", 1]]
+    }
+    head = {
+        "line_runs": [["m.py:12", "step", "total += x", 1020], ["m.py:8", "step", "y = f(x)", 1]]
+    }
+    assert line_growth(base, head) == [("m.py:12 in step", 1000.0, 1020.0)]
+    assert line_growth(base, head, up=False) == []
+    assert line_growth(base, {}) == []  # a record without the pass: nothing to say
 
 
 def test_a_damaged_or_uneven_pass_is_a_note(tmp_path: Path) -> None:

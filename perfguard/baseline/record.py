@@ -467,6 +467,9 @@ def site_meta(analysis: Any, iterations: int) -> dict[str, Any]:
             "gpu_ns": (table["gpu_time"].to_numpy(np.float64) / iterations).round(1).tolist(),
             "cpu_ns": (table["cpu_time"].to_numpy(np.float64) / iterations).round(1).tolist(),
         }
+    runs = analysis.trace.meta.get("line_runs")
+    if runs:  # lines of the user's code and how often each ran in one step
+        out["line_runs"] = runs
     details = analysis.trace.meta.get("site_details")
     if details:
         used = set(out["op_sites"]["site"]) if out else set()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import linecache
 import sys
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 from types import CodeType, FrameType, TracebackType
 from typing import Any
@@ -110,6 +111,49 @@ def _site(frames: list[FrameType]) -> Site:
     )
 
 
+class LineCounter:
+    """How many times each line of the user's code ran in the pass's step (``sys.settrace``
+    line events, traced only in the user's frames: a library frame returns no local
+    tracer). Deterministic where the step is: the count a pure-Python change moves (a
+    loop over more items, a helper called more often), which no op counter sees and an
+    instruction count sees only as the interpreter's work (:mod:`perfguard.compare.sites`
+    names the line whose count grew)."""
+
+    def __init__(self, sites: _Sites) -> None:
+        self.sites = sites
+        self.hits: dict[tuple[CodeType, int], int] = {}
+        self._previous: Any = None
+        self._on = False
+
+    def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            key = (frame.f_code, frame.f_lineno)
+            self.hits[key] = self.hits.get(key, 0) + 1
+        return self._line
+
+    def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event != "call" or self.sites._is_library(frame.f_code):
+            return None
+        return self._line
+
+    def start(self) -> None:
+        self._previous = sys.gettrace()
+        sys.settrace(self._call)
+        self._on = True
+
+    def stop(self) -> None:
+        if self._on:
+            sys.settrace(self._previous)
+            self._on = False
+
+    def counts(self, top: int = 200) -> list[list[Any]]:
+        """``[site, function, source text, runs]`` of the :data:`top` lines that ran most."""
+        rows = sorted(self.hits.items(), key=lambda kv: -kv[1])[:top]
+        return [[site_text(code.co_filename, line), str(getattr(code, "co_qualname", code.co_name)),
+                 linecache.getline(code.co_filename, line).strip(), n]
+                for (code, line), n in rows]  # fmt: skip
+
+
 def _mode_class() -> type:
     """:class:`SiteMode`'s class, made on first use (torch is imported only then)."""
     import torch
@@ -148,6 +192,7 @@ class SitePassRun(AbstractContextManager["SitePassRun"]):
         self._sites = _Sites()
         self._prof: Any = None
         self._mode: Any = None
+        self._lines = LineCounter(self._sites)
 
     def __enter__(self) -> SitePassRun:
         try:
@@ -163,12 +208,14 @@ class SitePassRun(AbstractContextManager["SitePassRun"]):
                 self._prof.start()
             self._mode = _mode_class()(self._sites)
             self._mode.__enter__()
+            self._lines.start()
         except Exception as exc:  # noqa: BLE001 - the test runs on without the pass
             self.error = f"the call-site pass did not start: {type(exc).__name__}: {exc}"
             self._close()
         return self
 
     def _close(self) -> None:
+        self._lines.stop()
         mode, self._mode = self._mode, None
         if mode is not None:
             mode.__exit__(None, None, None)
@@ -188,7 +235,8 @@ class SitePassRun(AbstractContextManager["SitePassRun"]):
         try:
             self._close()
             if exc_type is None:
-                self.found = from_profiler(self._prof_done, self._sites.sites)
+                found = from_profiler(self._prof_done, self._sites.sites)
+                self.found = replace(found, lines=self._lines.counts())
                 write_sites(self.capture, self.found)
         except Exception as err:  # noqa: BLE001 - a note, never the test's failure
             self.error = f"the call-site pass failed: {type(err).__name__}: {err}"

@@ -40,7 +40,13 @@ from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
 from perfguard.compare.explanation import KIND_ORDER, RANKED_AS, SHOWN, Culprit, Explanation
 from perfguard.compare.gates import LABELS, Budget, GateVerdict
 from perfguard.compare.outcomes import Outcome
-from perfguard.compare.sites import SiteTable, optimizer_changes, parameter_change, place_of
+from perfguard.compare.sites import (
+    SiteTable,
+    line_growth,
+    optimizer_changes,
+    parameter_change,
+    place_of,
+)
 from perfguard.compare.timing import TimingVerdict
 from perfguard.compare.units import format_ns, human
 from perfguard.trace.call_sites import names_function
@@ -252,7 +258,7 @@ def _culprits(e: Evidence) -> list[Culprit]:
                 continue
             if f.gate == "tc_lost" and f not in findings:
                 continue  # Tensor Cores gained is an improvement's culprit only
-            found.append(_switch_culprit(f, impact, where))
+            found.append(_switch_culprit(f, impact, where, _python_lines(e)))
 
     # a finding on an op whose parent op has the same finding is the parent's (the dtype of
     # aten::softmax and of the aten::_softmax it calls changed together: one culprit)
@@ -263,6 +269,18 @@ def _culprits(e: Evidence) -> list[Culprit]:
     found += _parameter_culprits(e, found)
     called = set(all_moves.loc[all_moves["counter"] == "calls", "op_name"].astype(str))
     return sorted(found, key=lambda c: _rank(c, called))
+
+
+def _python_lines(e: Evidence) -> str:
+    """``Python lines that ran more per step: test_x.py:12 in step 1,000 → 1,020``: the
+    user's lines whose runs moved the outcome's way (the call-site pass counts them), for
+    a change no op shows (pure Python work, seen by an instruction count or the timing)."""
+    up = e.outcome is not Outcome.IMPROVED
+    moved = line_growth(e.baseline.meta, e.current.meta, up=up)
+    if not moved:
+        return ""
+    parts = [f"{label} {human(a, 'calls')} → {human(b, 'calls')}" for label, a, b in moved]
+    return f"Python lines that ran {'more' if up else 'less'} per step: " + "; ".join(parts)
 
 
 class _Placer:
@@ -387,7 +405,9 @@ def dtype_change(before: Any, after: Any) -> str:
                      for i in changed)  # fmt: skip
 
 
-def _switch_culprit(f: Any, impact: dict[tuple[str, str], float], where: Any = None) -> Culprit:
+def _switch_culprit(
+    f: Any, impact: dict[tuple[str, str], float], where: Any = None, python_lines: str = ""
+) -> Culprit:
     name = str(f.op_name)
     # the op's (name, direction) key: its change of time, and whether it is a backward op
     # (the rank puts a forward op's change before the backward one that follows from it)
@@ -411,6 +431,8 @@ def _switch_culprit(f: Any, impact: dict[tuple[str, str], float], where: Any = N
         text = f"{name}{at} {verb} {f.kernel_name}"
     elif f.gate in INSTRUCTION_COUNTERS:  # the gate's message names the functions and ops
         text, name = f.message, ""
+        if python_lines:
+            text += f"; {python_lines}"
     else:  # peak_memory
         b, c = _num(f.baseline), _num(f.current)
         text = (
@@ -642,6 +664,9 @@ def explain(e: Evidence) -> Explanation:
             rest.append(clause)
         else:  # the timing alone decided: it is the headline, with its largest mover
             headline = clause + (f"; largest mover {lead}" if lead else "")
+            python_lines = _python_lines(e)
+            if python_lines:  # work no op shows: the user's lines that ran more
+                rest.insert(0, python_lines)
         return Explanation(
             outcome=outcome.value, headline=headline, decided_by=decided,
             culprits=tuple(culprits), lead=lead, lines=tuple(rest), timing=clause,

@@ -222,3 +222,35 @@ def parameter_change(base: dict[str, Any], head: dict[str, Any]) -> tuple[int, i
     if isinstance(a, int) and isinstance(c, int) and a != c:
         return a, c
     return None
+
+
+def line_growth(
+    base: dict[str, Any], head: dict[str, Any], up: bool = True, top: int = 2
+) -> list[tuple[str, float, float]]:
+    """The lines of the user's code whose runs per step moved most the given way between
+    the two records' ``line_runs`` (the call-site pass's line counts), matched by function
+    and source text as sites are: ``(label, base runs, head runs)``, the head's label
+    (the base's for a line the head no longer has)."""
+
+    def table(meta: dict[str, Any]) -> dict[tuple[str, str], tuple[str, float]]:
+        out: dict[tuple[str, str], tuple[str, float]] = {}
+        for row in meta.get("line_runs") or []:
+            try:
+                where, function, code, n = row
+            except (TypeError, ValueError):
+                continue
+            key = (str(function), str(code)) if code else (str(where), "")
+            old = out.get(key)
+            out[key] = (f"{where} in {function}", float(n) + (old[1] if old else 0.0))
+        return out
+
+    a, b = table(base), table(head)
+    if not a or not b:
+        return []
+    rows = []
+    for key in set(a) | set(b):
+        then, now = a.get(key, ("", 0.0))[1], b.get(key, ("", 0.0))[1]
+        if (now - then > 0) if up else (now - then < 0):
+            rows.append(((b.get(key) or a[key])[0], then, now))
+    rows.sort(key=lambda r: (-abs(r[2] - r[1]), r[0]))
+    return rows[:top]

@@ -708,7 +708,11 @@ def _read(path: Path, rank: int | None, rank_default: int = 0) -> tuple[Trace, i
         devices=_devices(data, rank),
         threads=_threads(cols.table("threads", ["pid", "tid", "name"]), rank),
         meta=_meta(path, data, set(cols.cats), cols.legacy)
-        | ({"site_details": site_details(site_pass)} if site_pass is not None else {}),
+        | (
+            {"site_details": site_details(site_pass), "line_runs": site_pass.lines}
+            if site_pass is not None
+            else {}
+        ),
         notes=notes,
         environment=from_kineto(data),
     )

@@ -84,6 +84,9 @@ class SitePass:
     calls: dict[str, list[int]]
     named: dict[str, int] = field(default_factory=dict)
     source: str = "perfguard call-site pass (a TorchFunctionMode over one step)"
+    #: ``[site, function, source text, runs]``: how many times each line of the user's
+    #: code ran in the step (the most run first)
+    lines: list[list[Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,6 +95,7 @@ class SitePass:
             "sites": [s.to_dict() for s in self.sites],
             "ops": self.calls,
             "named": self.named,
+            "lines": self.lines,
         }
 
 
@@ -126,7 +130,8 @@ def read_sites(capture: Path, notes: list[str]) -> SitePass | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         notes.append(f"{path.name}: not read ({type(exc).__name__}: {exc}); no exact call sites")
         return None
-    return SitePass(sites, calls, named, str(doc.get("source") or ""))
+    lines = [[str(a), str(b), str(c), int(d)] for a, b, c, d in doc.get("lines") or []]
+    return SitePass(sites, calls, named, str(doc.get("source") or ""), lines)
 
 
 def event_sites(
