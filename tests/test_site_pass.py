@@ -298,3 +298,38 @@ def test_culprits_are_placed_where_the_code_changed(pytester: pytest.Pytester) -
     ), sgd["lead"]
     line = _summary_line(pytester.path, "test_pool")
     assert f"test_bench.py:{nan_at}" in line, line
+
+
+def test_new_work_is_placed_at_the_new_statement_above_an_unchanged_helper() -> None:
+    """The test now builds the mask inside the loop (``model(x, make_mask(n))``): the ops run
+    on the unchanged line inside ``make_mask``, and the reviewer is sent to the test's line
+    that changed, the outermost statement the base's step never ran."""
+    from perfguard.compare.sites import SiteTable, place_of
+
+    def meta(sites: dict, runs: list, calls: dict) -> dict:
+        return {
+            "site_details": sites, "line_runs": runs,
+            "op_sites": {"op": list(calls), "direction": ["fprop"] * len(calls),
+                         "site": [calls[k] for k in calls], "calls": [1.0] * len(calls),
+                         "gpu_ns": [0.0] * len(calls), "cpu_ns": [5.0] * len(calls)},
+        }  # fmt: skip
+
+    mask = "m.py:3 in make_mask"
+    base = meta({"t.py:9 in test": {"function": "test", "code": "y = model(x, mask)", "stack": []}},
+                [["t.py:9", "test", "y = model(x, mask)", 1]],
+                {"aten::mm": "t.py:9 in test"})  # fmt: skip
+    head = meta(
+        {mask: {"function": "make_mask", "code": "return torch.arange(n) < k",
+                "stack": ["t.py:9 in test"]},
+         "t.py:9 in test": {"function": "test", "code": "y = model(x, make_mask(n))",
+                            "stack": []}},
+        [["m.py:3", "make_mask", "return torch.arange(n) < k", 1],
+         ["t.py:9", "test", "y = model(x, make_mask(n))", 1]],
+        {"aten::mm": "t.py:9 in test", "aten::arange": mask},
+    )  # fmt: skip
+    place = place_of("added", "aten::arange", "fprop", SiteTable(base), SiteTable(head))
+    assert place is not None and place.text == "at t.py:9 in test"
+    # a helper line the base ran too is the place itself: nothing new above it to prefer
+    base["line_runs"].append(["m.py:3", "make_mask", "return torch.arange(n) < k", 1])
+    place = place_of("added", "aten::arange", "fprop", SiteTable(base), SiteTable(head))
+    assert place is not None and place.text == f"at {mask}"

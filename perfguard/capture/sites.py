@@ -146,7 +146,7 @@ class LineCounter:
             sys.settrace(self._previous)
             self._on = False
 
-    def counts(self, top: int = 200) -> list[list[Any]]:
+    def counts(self, top: int = 500) -> list[list[Any]]:
         """``[site, function, source text, runs]`` of the :data:`top` lines that ran most."""
         rows = sorted(self.hits.items(), key=lambda kv: -kv[1])[:top]
         return [[site_text(code.co_filename, line), str(getattr(code, "co_qualname", code.co_name)),

@@ -67,6 +67,26 @@ class SiteTable:
                 side[key] = (str(site), float(calls), float(gpu), float(cpu))
         except (KeyError, TypeError, ValueError):
             self.by_op = {}
+        #: each site's statements, innermost first: the site, then the user's frames above
+        #: it (their text from the step's line counts), as (label, key); and every
+        #: statement the step ran, by key
+        self.chains: dict[str, list[tuple[str, tuple[str, str] | None]]] = {}
+        self.statements: set[tuple[str, str]] = set()
+        code_at: dict[str, tuple[str, str]] = {}
+        for row in meta.get("line_runs") or []:
+            if isinstance(row, list | tuple) and len(row) == 4 and row[2]:
+                key = (str(row[1]), str(row[2]))
+                code_at[f"{row[0]} in {row[1]}"] = key
+                self.statements.add(key)
+        for label, d in details.items():
+            if not isinstance(d, dict):
+                continue
+            own = _key(str(label), d)
+            if own[1]:
+                self.statements.add(own)
+            frames = [str(f) for f in d.get("stack") or []]
+            self.chains[str(label)] = [(str(label), own if own[1] else None),
+                                       *((f, code_at.get(f)) for f in frames)]  # fmt: skip
         #: op name (any direction) -> op ids, for culprits that carry a name only
         self.ids: dict[str, list[str]] = {}
         for op_id in self.by_op:
@@ -85,6 +105,23 @@ class SiteTable:
                 merged[key] = (label, c, g, p) if old is None else (
                     label, c + old[1], g + old[2], p + old[3])  # fmt: skip
         return merged
+
+
+def _new_statement(label: str, mine: SiteTable, other: SiteTable) -> str:
+    """The statement a reviewer should read for work at ``label``: walking up from the site
+    through the user's frames above it, the outermost of the statements the other side's
+    step never ran, before the first it did run (``logits = model(x, make_mask(n))`` in
+    the test rather than the unchanged line inside ``make_mask`` that the new call runs);
+    the site itself when it ran on the other side too, or nothing is known."""
+    chain = mine.chains.get(label)
+    if not chain or not other.statements:
+        return label
+    pick = label
+    for frame, key in chain:
+        if key is None or key in other.statements:
+            break
+        pick = frame
+    return pick
 
 
 def _key(label: str, details: dict[str, Any]) -> tuple[str, str]:
@@ -124,10 +161,11 @@ def place_of(
     move_text = "; ".join(f"{b[k][0]} → {h[v][0]}" for k, v in moved.items())
     if kind == "added" or (not b and h):
         pick = _largest(h_rest or h, lambda r: (r[1], _time(r, gpu)))
-        return Place(h[pick][0] if pick in h else (h_rest or h)[pick][0], moved=move_text)
+        return Place(_new_statement((h_rest or h)[pick][0], head, base), moved=move_text)
     if kind == "removed" or (b and not h):
         pick = _largest(b_rest or b, lambda r: (r[1], _time(r, gpu)))
-        return Place((b_rest or b)[pick][0], base=True, moved=move_text)
+        where = _new_statement((b_rest or b)[pick][0], base, head)
+        return Place(where, base=True, moved=move_text)
     keys = set(b_rest) | set(h_rest)
 
     def delta(k: tuple[str, str], what: int) -> float:
@@ -143,7 +181,7 @@ def place_of(
         changed = [k for k in keys if abs(delta(k, what)) > 0]
         if kind == "timing" and changed:
             pick = max(changed, key=lambda k: (abs(delta(k, what)), line(k)))
-            return _at(pick, b_rest, h_rest, move_text)
+            return _at(pick, b_rest, h_rest, move_text, (base, head))
         if kind != "timing":  # the statement that runs the op now, the busiest first
             pick = _largest(h, lambda r: (_time(r, gpu), r[1]))
             return Place(h[pick][0], moved=move_text)
@@ -154,14 +192,18 @@ def place_of(
     total = sum(delta(k, 1) for k in changed)
     up = total >= 0
     pick = max(changed, key=lambda k: ((delta(k, 1) if up else -delta(k, 1)), line(k)))
-    return _at(pick, b_rest, h_rest, move_text)
+    return _at(pick, b_rest, h_rest, move_text, (base, head))
 
 
-def _at(key: tuple[str, str], b: _Side, h: _Side, moved: str) -> Place:
-    """The head's line of a statement the head has, else the base's."""
+def _at(
+    key: tuple[str, str], b: _Side, h: _Side, moved: str, tables: tuple[SiteTable, SiteTable]
+) -> Place:
+    """The head's line of a statement the head has, else the base's (each walked up to the
+    statement that is new on its side: :func:`_new_statement`)."""
+    base, head = tables
     if key in h:
-        return Place(h[key][0], moved=moved)
-    return Place(b[key][0], base=True, moved=moved)
+        return Place(_new_statement(h[key][0], head, base), moved=moved)
+    return Place(_new_statement(b[key][0], base, head), base=True, moved=moved)
 
 
 def _line(label: str) -> int:
