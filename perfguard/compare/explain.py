@@ -357,7 +357,9 @@ def _parameter_culprits(e: Evidence, found: list[Culprit]) -> list[Culprit]:
     for what, where in optimizer_changes(e.baseline.meta, e.current.meta):
         at = f" at {where}" if where else ""
         reasons.append(what.split(":", 1)[0] + " changed")
-        causes.insert(0, Culprit(kind="optimizer", op="", text=f"{what}{at}",
+        step = what.split("(", 1)[1].split(")", 1)[0] if "(" in what else ""
+        op = f"Optimizer.step#{step}.step" if step else ""  # torch's range of its step
+        causes.insert(0, Culprit(kind="optimizer", op=op, text=f"{what}{at}",
                                  site=at.strip()))  # fmt: skip
     if not causes:
         return []
