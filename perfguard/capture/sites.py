@@ -124,6 +124,7 @@ class LineCounter:
         self.hits: dict[tuple[CodeType, int], int] = {}
         self._previous: Any = None
         self._on = False
+        self._running: list[FrameType] = []
 
     def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "line":
@@ -140,11 +141,23 @@ class LineCounter:
         self._previous = sys.gettrace()
         sys.settrace(self._call)
         self._on = True
+        # frames already running (the test's own, whose loop body is the step) get no
+        # call event: their lines are traced from here by a local tracer of their own
+        self._running = []
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if not self.sites._is_library(frame.f_code):
+                frame.f_trace = self._line
+                self._running.append(frame)
+            frame = frame.f_back
 
     def stop(self) -> None:
         if self._on:
             sys.settrace(self._previous)
             self._on = False
+            for frame in self._running:
+                frame.f_trace = None
+            self._running = []
 
     def counts(self, top: int = 500) -> list[list[Any]]:
         """``[site, function, source text, runs]`` of the :data:`top` lines that ran most."""
