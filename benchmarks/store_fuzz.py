@@ -250,9 +250,25 @@ def future_schema(path: Path, rng: random.Random) -> str:
 
 
 def huge_test_id(path: Path, rng: random.Random) -> str:
-    _sql(path, "UPDATE tests SET nodeid = ? WHERE test_id = (SELECT min(test_id) FROM tests)",
-         ("test_x.py::test_" + "x" * 10_000_000,))  # fmt: skip
-    return "a 10 MB test id"
+    """One more test record in the last run (a copy of one of its records' samples) whose
+    id is 10 MB long: every other record stays as it was."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        (src,) = conn.execute("SELECT max(test_id) FROM tests").fetchone()
+        (new,) = conn.execute(
+            "INSERT INTO tests (run_id, nodeid, metric, meta) SELECT run_id, ?, metric, meta "
+            "FROM tests WHERE test_id = ? RETURNING test_id",
+            ("test_x.py::test_" + "x" * 10_000_000, src),
+        ).fetchone()
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(samples)") if r[1] != "test_id"]
+        names = ", ".join(f'"{c}"' for c in cols)
+        conn.execute(f"INSERT INTO samples (test_id, {names}) SELECT ?, {names} FROM samples "
+                     "WHERE test_id = ?", (new, src))  # fmt: skip
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return "a test record with a 10 MB test id added"
 
 
 def bad_json(path: Path, rng: random.Random) -> str:

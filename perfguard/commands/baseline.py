@@ -379,6 +379,7 @@ def run_migrate(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     """What the checks found; DamagedStoreError (exit 2) when anything."""
     from perfguard.baseline.repair import SHOWN, check
+    from perfguard.baseline.schema import SCHEMA_VERSION
     from perfguard.errors import DamagedStoreError
 
     found = check(args.store)
@@ -388,6 +389,10 @@ def run_check(args: argparse.Namespace) -> int:
             f"{tests if tests is not None else '?'} test record(s), {sum(counted.values()):,} "
             f"rows in {len(counted)} of {len(found.rows)} tables")  # fmt: skip
     schema = f"schema v{found.schema}" if found.schema is not None else "schema unreadable"
+    if found.ok and (found.schema or 0) > SCHEMA_VERSION:
+        print(f"{found.name}: structure ok ({size}, {schema}, newer than this "
+              f"perfguard's v{SCHEMA_VERSION}: values not checked; upgrade perfguard)")  # fmt: skip
+        return 0
     if found.ok:
         print(f"{found.name}: ok ({size}, {schema}; structure and values checked "
               f"in {found.seconds:.2f} s)")  # fmt: skip
