@@ -159,6 +159,18 @@ def conform_frame(name: str, frame: pd.DataFrame | None) -> pd.DataFrame:
     return pd.DataFrame(out, index=pd.RangeIndex(len(frame)))
 
 
+def text_in_numbers(name: str, rows: pd.DataFrame) -> str | None:
+    """A number column of table ``name`` that holds text or bytes as read from the store
+    (SQLite keeps what it is given: ``'NaN'`` would read as a missing value), or None.
+    Only columns the driver could not read as numbers (object dtype) are looked at."""
+    for col, kind in FRAME_TYPES[name].items():
+        if kind != "str" and col in rows and rows[col].dtype == object:
+            text = rows[col].map(lambda v: isinstance(v, (str, bytes)))
+            if bool(text.any()):
+                return f"{name}.{col} holds text ({str(rows[col][text].iloc[0])[:40]!r})"
+    return None
+
+
 def impossible(name: str, frame: pd.DataFrame) -> str | None:
     """What no stored record of table ``name`` can hold, in a frame read back from the store
     (conformed): a negative time or count, an infinite number; None when nothing is."""

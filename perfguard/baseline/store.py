@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.baseline.db import Database, SQLiteDatabase, is_url, one_line
-from perfguard.baseline.frames import FRAME_TYPES, conform_frame, impossible
+from perfguard.baseline.frames import FRAME_TYPES, conform_frame, impossible, text_in_numbers
 from perfguard.baseline.record import METRICS, Fingerprint, RunInfo, TestRecord, timing_mask
 from perfguard.baseline.schema import (
     FINGERPRINT_COLUMNS,
@@ -454,6 +454,9 @@ class Store:
     def _frame(self, table: str, rows: pd.DataFrame | None) -> pd.DataFrame:
         """Rows of record table ``table`` read back, in the record's types; a value no
         record holds (text in a number column, a negative time) is a damaged store."""
+        bad = None if rows is None else text_in_numbers(table, rows)
+        if bad is not None:
+            raise self.db.damaged(bad)
         with self.db.decoding(f"table {table}"):
             frame = conform_frame(table, rows)
             bad = impossible(table, frame)
