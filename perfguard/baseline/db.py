@@ -14,7 +14,8 @@ error that means the data is damaged (SQLite: a malformed page, not a
 database, text that is not UTF-8; PostgreSQL: data or index corruption)
 becomes a :class:`~perfguard.errors.DamagedStoreError` there, whoever asked.
 A SQLite file up to :data:`CHECK_ON_OPEN_BYTES` is also checked whole
-(``PRAGMA quick_check``) when opened, and any file before its first write,
+(``PRAGMA integrity_check``) when opened, and any file (``quick_check``)
+before its first write,
 so a damage no query happens to step on is found before anything is shown
 or written.
 """
@@ -43,11 +44,13 @@ BUSY_TIMEOUT_MS = 5_000
 #: total time a write keeps retrying a locked store before giving up
 LOCK_BUDGET_S = 60.0
 
-#: a SQLite store up to this size (file and WAL) is checked whole (``PRAGMA quick_check``)
-#: when opened: ~2.4 ms a MB read from the page cache (0.33 s for a 138 MB store of
-#: benchmarks/publish_scale.py, 3.4 s extrapolated to its 1.4 GB one), so at most ~0.15 s.
-#: A larger one is checked before its first write only (a read finds the damage it steps on)
-CHECK_ON_OPEN_BYTES = 64 * 2**20
+#: a SQLite store up to this size (file and WAL) is checked whole when opened (``PRAGMA
+#: integrity_check``: every page, and every index against its table, since a flipped key
+#: in an index page passes ``quick_check`` and hides its rows from a lookup): ~6.2 ms a MB
+#: from the page cache (0.86 s for a 138 MB store of benchmarks/publish_scale.py), so at
+#: most ~0.15 s. A larger one gets ``quick_check`` (2.4 ms a MB: 0.33 s at 138 MB, ~3.4 s
+#: at 1.4 GB) before its first write only; its reads find the damage on the pages they read
+CHECK_ON_OPEN_BYTES = 24 * 2**20
 #: SQLite's primary result codes that mean the file's content is damaged
 _SQLITE_DAMAGE_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 #: ... and the messages that say so where the driver gives no code (Python < 3.11)
@@ -115,10 +118,10 @@ class Database:
             detail = one_line(exc)[:200]
             raise self.damaged(f"{what}: {type(exc).__name__}: {detail}") from None
 
-    def verify(self) -> None:
-        """Check the whole store's structure once (the engine's own check), before its
-        first write; DamagedStoreError naming what failed. None by default: a server
-        checks its own pages."""
+    def verify(self, full: bool = False) -> None:
+        """Check the whole store's structure once (the engine's own check; ``full``: its
+        indexes against their tables too), before its first write; DamagedStoreError
+        naming what failed. None by default: a server checks its own pages."""
 
     def open_check(self) -> None:
         """What :meth:`verify` costs little enough to run at every open."""
@@ -333,7 +336,7 @@ class SQLiteDatabase(Database):
             )
         except sqlite3.Error as exc:
             raise BaselineError(f"{self.path}: cannot open: {one_line(exc)}") from None
-        #: PRAGMA quick_check passed on this connection
+        #: the whole-store check passed on this connection
         self.checked = False
         with self.guard():
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -383,17 +386,18 @@ class SQLiteDatabase(Database):
         with self.damage_check():
             self.conn.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
 
-    def verify(self) -> None:
+    def verify(self, full: bool = False) -> None:
         """``PRAGMA quick_check`` (every page of every table and index read and its
-        structure checked; not index against table, which ``baseline check`` adds), once
-        per connection."""
+        structure checked), or with ``full`` ``integrity_check`` (each index against its
+        table too), once per connection."""
         if self.checked:
             return
+        pragma = "integrity_check" if full else "quick_check"
         # no guard: a locked store stays the driver's error, for the caller's retry
-        found = integrity_problems(self.execute("PRAGMA quick_check(6)").fetchall())
+        found = integrity_problems(self.execute(f"PRAGMA {pragma}(6)").fetchall())
         if found:
             more = f", and {len(found) - 1} more problem(s)" if len(found) > 1 else ""
-            raise self.damaged(f"quick_check: {found[0][:200]}{more}")
+            raise self.damaged(f"{pragma}: {found[0][:200]}{more}")
         self.checked = True
 
     def open_check(self) -> None:
@@ -405,7 +409,7 @@ class SQLiteDatabase(Database):
             if p.exists()
         )
         if size <= CHECK_ON_OPEN_BYTES:
-            self.verify()
+            self.verify(full=True)
 
     def ids_in(self, column: str) -> str:
         return f"{column} IN (SELECT value FROM json_each(?))"

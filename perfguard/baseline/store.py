@@ -464,6 +464,16 @@ class Store:
             raise self.db.damaged(bad)
         return frame
 
+    def _texts(self, df: pd.DataFrame, table: str, *columns: str) -> pd.DataFrame:
+        """``df`` whose text ``columns`` hold text (or NULL): a damaged page can make a
+        commit or a test id a number, which would sort and print as something else."""
+        for col in columns:
+            values = df[col]
+            wrong = values.notna() & ~values.map(lambda v: isinstance(v, str))
+            if bool(wrong.any()):
+                raise self.db.damaged(f"{table}.{col} holds a value that is not text")
+        return df
+
     def _metrics(self, metrics: pd.Series) -> None:
         """Every record's metric is one perfguard writes: else its rows would be dropped
         as another metric's, and a history shown without them."""
@@ -494,6 +504,7 @@ class Store:
                 FROM runs r {where} ORDER BY r.time, r.run_id""",
             params,
         )
+        self._texts(df, "runs", "commit", "time", "branch")
         with self.db.decoding("table runs"):
             df["dirty"] = df["dirty"].astype(bool)
             df["n_tests"] = df["n_tests"].astype(np.int64)
@@ -613,6 +624,7 @@ class Store:
                ORDER BY r.time, r.run_id""",
             [nodeid],
         )
+        self._texts(df, "runs", "commit", "time")
         with self.db.decoding("table runs"):
             df["run_id"] = df["run_id"].astype(np.int64)
             df["dirty"] = df["dirty"].astype(bool)
@@ -622,7 +634,8 @@ class Store:
 
     def nodeids(self) -> list[str]:
         """Every test with a record in the store, sorted."""
-        return sorted(self._query("SELECT DISTINCT nodeid FROM tests")["nodeid"].tolist())
+        names = self._texts(self._query("SELECT DISTINCT nodeid FROM tests"), "tests", "nodeid")
+        return sorted(names["nodeid"].tolist())
 
     # ----------------------------------------------------------------- acceptances
     def accept(
