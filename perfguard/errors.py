@@ -64,6 +64,16 @@ class BaselineError(PerfguardError):
     __module__ = "perfguard"
 
 
+class DamagedStoreError(BaselineError):
+    """The baseline store's file (or server) says its data is damaged: a page SQLite cannot
+    read, a failed integrity check, a value no perfguard writes. Never caught as "no data":
+    a command stops on it rather than show part of a store, and the plugin judges nothing
+    against the store and writes nothing into it. The one line names the store and what to
+    do (``perfguard baseline check`` / ``recover``)."""
+
+    __module__ = "perfguard"
+
+
 class CompareError(PerfguardError):
     """Two results cannot be compared (different metrics, nothing recorded)."""
 

@@ -174,3 +174,19 @@ def four_steps(n_commits: int = 24, spin_up: int | None = None) -> list[Version]
         spin = down if i >= TIMING_STEPS[1] else up if i >= TIMING_STEPS[0] else 0
         plan.append(Version(tiny=tiny, spin=spin))
     return plan
+
+
+def commit_per_run(doc: dict, repo: Path) -> list[str]:
+    """A new project repository at ``repo`` with one commit per run of the baseline export
+    ``doc``, each run given its commit (its data unchanged): a recorded history replayed
+    onto git, as ``perfguard history`` reads it. Returns the shas, oldest first."""
+    repo.mkdir(parents=True, exist_ok=True)
+    init_project(repo)
+    shas = []
+    for i, entry in enumerate(doc["runs"]):
+        (repo / "bench.py").write_text(f"# commit {i}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"commit {i}")
+        shas.append(git(repo, "rev-parse", "HEAD"))
+        entry["run"]["commit"] = shas[-1]
+    return shas

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from history_repo import commit_per_run
 
 from perfguard.analysis import analyze
 from perfguard.baseline import Fingerprint, RunInfo, record_from_analysis
@@ -282,11 +283,6 @@ def test_run_levels_are_the_median_of_round_values(store_location, real_record):
 # ------------------------------------------------------------------ a recorded real history
 
 
-def git(path: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=path, check=True, capture_output=True, text=True)
-    return done.stdout.strip()
-
-
 def replay(recorded: Path, tmp_path: Path, store_location) -> tuple:
     """A recorded history in a store, its commits replaced by those of a new git repo
     with one commit per run (the runs' data unchanged): (store, repo, shas, expected)."""
@@ -294,18 +290,7 @@ def replay(recorded: Path, tmp_path: Path, store_location) -> tuple:
         pytest.skip(f"{recorded} is missing (benchmarks/history_steps.py --export makes it)")
     doc = json.loads(recorded.read_text())
     repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "config", "user.email", "ci@example.com")
-    git(repo, "config", "user.name", "CI")
-    shas = []
-    for i, _ in enumerate(doc["runs"]):
-        (repo / "bench.py").write_text(f"# commit {i}\n")
-        git(repo, "add", "-A")
-        git(repo, "commit", "-q", "-m", f"commit {i}")
-        shas.append(git(repo, "rev-parse", "HEAD"))
-    for entry, sha in zip(doc["runs"], shas, strict=True):
-        entry["run"]["commit"] = sha
+    shas = commit_per_run(doc, repo)
     (tmp_path / "replayed.json").write_text(json.dumps(doc))
     with Store(store_location) as store:
         store.import_json(tmp_path / "replayed.json")

@@ -100,6 +100,17 @@ assert tuple(FRAME_TYPES["kernels"]) == KERNEL_COLUMNS
 assert tuple(FRAME_TYPES["counters"]) == COUNTER_COLUMNS
 assert tuple(FRAME_TYPES["functions"]) == FUNCTION_COLUMNS
 
+#: columns no measurement makes negative (times, counts): a negative one read back is damage
+NON_NEGATIVE: dict[str, tuple[str, ...]] = {
+    "samples": ("gpu_time_ns", "wall_time_ns", "cpu_time_ns"),
+    "op_samples": ("calls", "gpu_time_ns", "cpu_time_ns"),
+    "ops": ("calls", "kernel_count", "cpu_time_total", "gpu_time_total", "bytes"),
+    "kernels": ("calls", "gpu_time_total"),
+    "counters": (),
+    "functions": (),
+}
+assert NON_NEGATIVE.keys() == FRAME_TYPES.keys()
+
 #: SQLite column type of each kind
 SQL_TYPES: dict[Kind, str] = {
     "int": "INTEGER",
@@ -146,6 +157,30 @@ def conform_frame(name: str, frame: pd.DataFrame | None) -> pd.DataFrame:
         values = frame[col] if col in frame else pd.Series([missing] * len(frame), dtype=object)
         out[col] = _convert(values, kind).reset_index(drop=True)
     return pd.DataFrame(out, index=pd.RangeIndex(len(frame)))
+
+
+def text_in_numbers(name: str, rows: pd.DataFrame) -> str | None:
+    """A number column of table ``name`` that holds text or bytes as read from the store
+    (SQLite keeps what it is given: ``'NaN'`` would read as a missing value), or None.
+    Only columns the driver could not read as numbers (object dtype) are looked at."""
+    for col, kind in FRAME_TYPES[name].items():
+        if kind != "str" and col in rows and rows[col].dtype == object:
+            text = rows[col].map(lambda v: isinstance(v, (str, bytes)))
+            if bool(text.any()):
+                return f"{name}.{col} holds text ({str(rows[col][text].iloc[0])[:40]!r})"
+    return None
+
+
+def impossible(name: str, frame: pd.DataFrame) -> str | None:
+    """What no stored record of table ``name`` can hold, in a frame read back from the store
+    (conformed): a negative time or count, an infinite number; None when nothing is."""
+    for col in NON_NEGATIVE[name]:
+        if col in frame and bool((frame[col] < 0).any()):
+            return f"{name}.{col} holds a negative value ({frame[col].min()})"
+    for col, kind in FRAME_TYPES[name].items():
+        if kind == "float" and col in frame and bool(np.isinf(frame[col].to_numpy()).any()):
+            return f"{name}.{col} holds an infinite value"
+    return None
 
 
 def conform_record(record: TestRecord) -> TestRecord:

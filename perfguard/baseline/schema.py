@@ -20,6 +20,8 @@ the store reads records back in.
 
 from __future__ import annotations
 
+import functools
+import sqlite3
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -208,3 +210,30 @@ MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (8, _v8_environment),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+@functools.cache
+def tables_at(version: int) -> frozenset[str]:
+    """The tables a store of schema ``version`` has (the migrations up to it, run once on an
+    in-memory database): one missing from a store is damage, never "no rows"."""
+
+    class _Memory:
+        dialect = "sqlite"
+
+        def __init__(self) -> None:
+            self.conn = sqlite3.connect(":memory:")
+
+        def execute(self, sql: str, params: Any = ()) -> Any:
+            return self.conn.execute(sql, params)
+
+    target = _Memory()
+    try:
+        for number, migrate in MIGRATIONS:
+            if number <= version:
+                migrate(target)
+        rows = target.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+        ).fetchall()
+    finally:
+        target.conn.close()
+    return frozenset(str(r[0]) for r in rows)

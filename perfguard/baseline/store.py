@@ -33,16 +33,17 @@ import numpy as np
 import pandas as pd
 
 from perfguard.baseline.db import Database, SQLiteDatabase, is_url, one_line
-from perfguard.baseline.frames import FRAME_TYPES, conform_frame
+from perfguard.baseline.frames import FRAME_TYPES, conform_frame, impossible, text_in_numbers
 from perfguard.baseline.record import METRICS, Fingerprint, RunInfo, TestRecord, timing_mask
 from perfguard.baseline.schema import (
     FINGERPRINT_COLUMNS,
     FORMAT,
     MIGRATIONS,
     SCHEMA_VERSION,
+    tables_at,
 )
 from perfguard.environment import Environment
-from perfguard.errors import BaselineError
+from perfguard.errors import BaselineError, DamagedStoreError
 
 __all__ = ["DEFAULT_STORE", "SCHEMA_VERSION", "Imported", "SavedRun", "Store", "open_store"]
 
@@ -256,6 +257,8 @@ class Store:
             try:
                 with db.guard():
                     kv = dict(db.execute("SELECT key, value FROM meta").fetchall())
+            except DamagedStoreError:
+                raise  # perfguard's store, damaged: not a foreign file
             except BaselineError as exc:
                 if "permission denied" in str(exc):
                     raise  # a store this role may not read, not a foreign one
@@ -276,10 +279,15 @@ class Store:
                 f"{self.name}: store schema version {number} is newer than this perfguard "
                 f"supports ({SCHEMA_VERSION}); upgrade perfguard to use it"
             )
+        missing = sorted(tables_at(number) - set(tables))
+        if missing:
+            raise db.damaged(f"schema v{number} without its table(s) {', '.join(missing)}")
         return number
 
     def _open(self, create: bool) -> None:
         version = self._stored_version()  # read-only: a foreign store is never touched
+        with self.db.guard():
+            self.db.open_check()  # a small store is read whole or refused
         if version == 0 and not create:
             what = "empty file" if self.dialect == "sqlite" else "no tables in this database"
             raise BaselineError(f"{self.name}: {what}, not a baseline store")
@@ -443,6 +451,42 @@ class Store:
     def _query(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
         return self.db.query(sql, params)
 
+    def _frame(self, table: str, rows: pd.DataFrame | None) -> pd.DataFrame:
+        """Rows of record table ``table`` read back, in the record's types; a value no
+        record holds (text in a number column, a negative time) is a damaged store."""
+        bad = None if rows is None else text_in_numbers(table, rows)
+        if bad is not None:
+            raise self.db.damaged(bad)
+        with self.db.decoding(f"table {table}"):
+            frame = conform_frame(table, rows)
+            bad = impossible(table, frame)
+        if bad is not None:
+            raise self.db.damaged(bad)
+        return frame
+
+    def _texts(self, df: pd.DataFrame, table: str, *columns: str) -> pd.DataFrame:
+        """``df`` whose text ``columns`` hold text (or NULL): a damaged page can make a
+        commit or a test id a number, which would sort and print as something else."""
+        for col in columns:
+            values = df[col]
+            wrong = values.notna() & ~values.map(lambda v: isinstance(v, str))
+            if bool(wrong.any()):
+                raise self.db.damaged(f"{table}.{col} holds a value that is not text")
+        return df
+
+    def _metrics(self, metrics: pd.Series) -> None:
+        """Every record's metric is one perfguard writes: else its rows would be dropped
+        as another metric's, and a history shown without them."""
+        unknown = sorted(set(metrics.dropna().astype(str)) - set(METRICS))
+        if unknown or metrics.isna().any():
+            shown = repr(unknown[0]) if unknown else "NULL"
+            raise self.db.damaged(f"tests.metric: unknown metric {shown}")
+
+    def _fingerprints(self, texts: pd.Series) -> pd.Series:
+        with self.db.decoding("runs.fingerprint"):
+            fps = [Fingerprint.from_dict(json.loads(s)) for s in texts]
+        return pd.Series(fps, index=texts.index, dtype=object)
+
     def runs(self, commit: str | None = None) -> pd.DataFrame:
         """All runs (or those whose commit starts with ``commit``), oldest first.
 
@@ -460,15 +504,13 @@ class Store:
                 FROM runs r {where} ORDER BY r.time, r.run_id""",
             params,
         )
-        df["dirty"] = df["dirty"].astype(bool)
-        df["n_tests"] = df["n_tests"].astype(np.int64)
-        df["run_id"] = df["run_id"].astype(np.int64)
-        df["fingerprint"] = pd.Series(
-            [Fingerprint.from_dict(json.loads(s)) for s in df["fingerprint"]],
-            index=df.index,
-            dtype=object,
-        )
-        df["environment"] = _environments(df["environment"])
+        self._texts(df, "runs", "commit", "time", "branch")
+        with self.db.decoding("table runs"):
+            df["dirty"] = df["dirty"].astype(bool)
+            df["n_tests"] = df["n_tests"].astype(np.int64)
+            df["run_id"] = df["run_id"].astype(np.int64)
+            df["environment"] = _environments(df["environment"])
+        df["fingerprint"] = self._fingerprints(df["fingerprint"])
         order = ["run_id", "commit", "branch", "dirty", "time", *FINGERPRINT_COLUMNS]
         return df[[*order, "perfguard_version", "n_tests", "fingerprint", "environment"]]
 
@@ -483,10 +525,11 @@ class Store:
         if row is None:
             raise BaselineError(f"{self.name}: no run {run_id}")
         commit, branch, dirty, when, fp, env = row
-        return RunInfo(
-            commit, branch, bool(dirty), when, Fingerprint.from_dict(json.loads(fp)),
-            Environment.from_dict(json.loads(env)) if env else Environment(),
-        )  # fmt: skip
+        with self.db.decoding(f"run {run_id}"):
+            return RunInfo(
+                commit, branch, bool(dirty), when, Fingerprint.from_dict(json.loads(fp)),
+                Environment.from_dict(json.loads(env)) if env else Environment(),
+            )  # fmt: skip
 
     def load_run(self, run_id: int) -> tuple[RunInfo, dict[str, TestRecord]]:
         """A run and its records by nodeid (frames in the types of :mod:`.frames`)."""
@@ -523,8 +566,11 @@ class Store:
             }
         out = {}
         for tid, nodeid, metric, meta in tests.itertuples(index=False):
-            parts = {t: conform_frame(t, frames[t].get(int(tid))) for t in FRAME_TABLES}
-            out[nodeid] = TestRecord(nodeid, metric, meta=json.loads(meta), **parts)
+            parts = {t: self._frame(t, frames[t].get(int(tid))) for t in FRAME_TABLES}
+            with self.db.decoding(f"test record {tid}"):
+                if metric not in METRICS:
+                    raise ValueError(f"unknown metric {metric!r}")
+                out[nodeid] = TestRecord(nodeid, metric, meta=dict(json.loads(meta)), **parts)
         return out
 
     def history(
@@ -543,16 +589,18 @@ class Store:
                 [nodeid],
             )
             if fingerprint is not None and len(cand):  # timings measured alike: -n too
-                fps = [Fingerprint.from_dict(json.loads(s)) for s in cand["fingerprint"]]
+                fps = self._fingerprints(cand["fingerprint"])
                 cand = cand[[fingerprint.incompatibility(fp) is None
                              and fingerprint.timing_incompatibility(fp) is None
                              for fp in fps]]  # fmt: skip
             cand = cand.head(max(int(limit), 0)).iloc[::-1].reset_index(drop=True)
+            self._metrics(cand["metric"])
             samples = self._query(
                 "SELECT test_id, gpu_time_ns, wall_time_ns, cpu_time_ns, profiled FROM samples "
                 f"WHERE {self.db.ids_in('test_id')}",
                 [self.db.ids_param(cand["test_id"])],
             )
+        self._frame("samples", samples.drop(columns="test_id"))
         metric_of = samples["test_id"].map(cand.set_index("test_id")["metric"])
         value = pd.Series(np.nan, index=samples.index)
         for metric, col in METRICS.items():
@@ -576,19 +624,18 @@ class Store:
                ORDER BY r.time, r.run_id""",
             [nodeid],
         )
-        df["run_id"] = df["run_id"].astype(np.int64)
-        df["dirty"] = df["dirty"].astype(bool)
-        df["fingerprint"] = pd.Series(
-            [Fingerprint.from_dict(json.loads(s)) for s in df["fingerprint"]],
-            index=df.index,
-            dtype=object,
-        )
-        df["environment"] = _environments(df["environment"])
+        self._texts(df, "runs", "commit", "time")
+        with self.db.decoding("table runs"):
+            df["run_id"] = df["run_id"].astype(np.int64)
+            df["dirty"] = df["dirty"].astype(bool)
+            df["environment"] = _environments(df["environment"])
+        df["fingerprint"] = self._fingerprints(df["fingerprint"])
         return df
 
     def nodeids(self) -> list[str]:
         """Every test with a record in the store, sorted."""
-        return sorted(self._query("SELECT DISTINCT nodeid FROM tests")["nodeid"].tolist())
+        names = self._texts(self._query("SELECT DISTINCT nodeid FROM tests"), "tests", "nodeid")
+        return sorted(names["nodeid"].tolist())
 
     # ----------------------------------------------------------------- acceptances
     def accept(
@@ -677,8 +724,9 @@ class Store:
                 WHERE {where} ORDER BY t.run_id, x.rowid""",
             params,
         )
+        self._metrics(df["metric"])
         return pd.concat(
-            [df[["run_id", "metric"]], conform_frame(table, df.drop(columns=["run_id", "metric"]))],
+            [df[["run_id", "metric"]], self._frame(table, df.drop(columns=["run_id", "metric"]))],
             axis=1,
         )
 

@@ -31,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
     """Register ``baseline`` and its subcommands."""
     parser = subparsers.add_parser(
         "baseline",
-        help="list, show, export, import or prune the runs in a baseline store",
+        help="list, show, export, import, prune, check or recover the runs in a baseline store",
         description="Look after the store of baseline runs (one run per pytest session, "
         "keyed by git commit and machine): a SQLite file, or a PostgreSQL server given as "
         "postgresql://user@host/dbname.",
@@ -102,6 +102,29 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--repo", default=".", metavar="DIR", help="git repository (default: .)")
     p.add_argument("--author", metavar="NAME", help="who accepts (default: git's user.email)")
     p.set_defaults(func=run_accept)
+
+    p = sub.add_parser(
+        "check",
+        parents=[store_opt],
+        help="check the whole store: SQLite's integrity check and perfguard's values",
+        description="Read every page of the store (SQLite's integrity_check: each table and "
+        "index, and each index against its table) and look for values no perfguard writes "
+        "(a number column holding text, a negative time, a fingerprint that is not JSON). "
+        "Says what it found; exits 2 when the store is damaged.",
+    )
+    p.set_defaults(func=run_check)
+
+    p = sub.add_parser(
+        "recover",
+        help="copy what can still be read of a damaged SQLite store into a new one",
+        description="Copy every run and every whole test record that can still be read of "
+        "the SQLite store SRC into a new store DEST (SRC is only read), and say per table "
+        "how many rows were kept and lost. A test record that lost a row, or holds a "
+        "value no perfguard writes, is left out whole.",
+    )
+    p.add_argument("source", metavar="SRC", help="the damaged store (a SQLite file)")
+    p.add_argument("dest", metavar="DEST", help="the new store to write (must not exist)")
+    p.set_defaults(func=run_recover)
 
     p = sub.add_parser(
         "migrate",
@@ -253,7 +276,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     from perfguard.baseline.import_benchmark import is_benchmark_path
     from perfguard.baseline.store import open_store
-    from perfguard.errors import BaselineError
+    from perfguard.errors import BaselineError, DamagedStoreError
 
     added = failed = 0
     files, kinds = len(args.files), set()
@@ -271,6 +294,8 @@ def run_import(args: argparse.Namespace) -> int:
             kinds.add("exports")
             try:
                 done = store.import_file(name)
+            except DamagedStoreError:
+                raise  # the store's fault, not the file's: nothing more goes in
             except BaselineError as exc:  # one bad file does not stop the others
                 failed += 1
                 print(f"skipped {' '.join(str(exc).split())}", file=sys.stderr)
@@ -348,4 +373,82 @@ def run_migrate(args: argparse.Namespace) -> int:
         f"copied {added} run(s) from {args.store} to {name}"
         + (f"; {present} already there" if present else "")
     )
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """What the checks found; DamagedStoreError (exit 2) when anything."""
+    from perfguard.baseline.repair import SHOWN, check
+    from perfguard.baseline.schema import SCHEMA_VERSION
+    from perfguard.errors import DamagedStoreError
+
+    found = check(args.store)
+    counted = {t: n for t, n in found.rows.items() if n is not None}
+    runs, tests = counted.get("runs"), counted.get("tests")
+    size = (f"{runs if runs is not None else '?'} run(s), "
+            f"{tests if tests is not None else '?'} test record(s), {sum(counted.values()):,} "
+            f"rows in {len(counted)} of {len(found.rows)} tables")  # fmt: skip
+    schema = f"schema v{found.schema}" if found.schema is not None else "schema unreadable"
+    if found.ok and (found.schema or 0) > SCHEMA_VERSION:
+        print(f"{found.name}: structure ok ({size}, {schema}, newer than this "
+              f"perfguard's v{SCHEMA_VERSION}: values not checked; upgrade perfguard)")  # fmt: skip
+        return 0
+    if found.ok:
+        print(f"{found.name}: ok ({size}, {schema}; structure and values checked "
+              f"in {found.seconds:.2f} s)")  # fmt: skip
+        return 0
+    print(f"{found.name}: damaged ({size}, {schema})")
+    if found.structure:
+        print(f"SQLite's check: {len(found.structure)} problem(s)"
+              + (" (the first 100)" if len(found.structure) >= 100 else ""))  # fmt: skip
+        for line in found.structure[:SHOWN]:
+            print(f"  {line}")
+        if len(found.structure) > SHOWN:
+            print(f"  ... {len(found.structure) - SHOWN} more")
+    for table, n in found.values.items():
+        print(f"{table}: {n} row(s) holding a value no perfguard writes")
+    unread = [t for t, n in found.rows.items() if n is None]
+    if unread:
+        print(f"cannot be counted: {', '.join(unread)}")
+    first = (
+        found.structure[0]
+        if found.structure
+        else next(f"{n} row(s) of {t} hold impossible values" for t, n in found.values.items())
+    )
+    more = len(found.structure) + len(found.values) - 1
+    detail = first[:200] + (f", and {more} more problem(s)" if more > 0 else "")
+    raise DamagedStoreError(
+        f"{found.name}: the store is damaged ({detail}); 'perfguard baseline recover "
+        f"{found.name} NEW.db' copies what can still be read into a new store"
+    )
+
+
+def run_recover(args: argparse.Namespace) -> int:
+    from perfguard.baseline.repair import recover
+
+    done = recover(args.source, args.dest)
+    print(f"recovered {done.source} into {done.dest}:")
+    width = max(len(t) for t in done.kept) if done.kept else 0
+    for table, kept in done.kept.items():
+        before, lost = done.before.get(table), done.lost(table)
+        if before is None:
+            print(f"  {table:<{width}}  {kept:,} row(s) kept; how many it held cannot be read")
+        else:
+            print(f"  {table:<{width}}  {kept:,} of {before:,} row(s) kept"
+                  + (f", {lost:,} lost" if lost else ""))  # fmt: skip
+    for table, ranges in done.unreadable.items():
+        if ranges:
+            spans = ", ".join(
+                f"after rowid {'(start)' if a is None else a} up to {'(end)' if b is None else b}"
+                for a, b in ranges[:5]
+            )
+            print(f"  unreadable in {table}: {spans}" + (" ..." if len(ranges) > 5 else ""))
+    for table, n in done.impossible.items():
+        print(f"  {table}: {n} row(s) with a value no perfguard writes left out")
+    if done.incomplete_tests:
+        print(f"  {done.incomplete_tests} test record(s) left out whole: a row of theirs "
+              "could not be read or held an impossible value")  # fmt: skip
+    print("nothing was lost" if done.complete else
+          f"{done.dest} holds every whole record that could be read; check it with "
+          f"'perfguard baseline check --store {done.dest}'")  # fmt: skip
     return 0

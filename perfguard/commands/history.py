@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from perfguard.baseline.store import open_store
     from perfguard.compare.documents import document, history_document, history_summary
     from perfguard.compare.history import load_history
-    from perfguard.errors import BaselineError
+    from perfguard.errors import BaselineError, DamagedStoreError
 
     quiet = to_stdout(args)
     summaries = []
@@ -165,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
                 hist = load_history(store, nodeid, repo=args.repo, ref=args.ref,
                                     metric=args.metric, limit=args.limit,
                                     top_ops=args.ops)  # fmt: skip
+            except DamagedStoreError:
+                raise  # never a list with the damaged tests left out
             except BaselineError:
                 if args.test:
                     raise

@@ -37,7 +37,7 @@ from perfguard.baseline.store import Store, open_store
 from perfguard.capture.select import select_backend
 from perfguard.capture.torch_profiler import TorchBackend
 from perfguard.environment import Environment
-from perfguard.errors import PerfguardError
+from perfguard.errors import DamagedStoreError, PerfguardError
 from perfguard.plugin.ab import AB_OUT_ENV
 from perfguard.plugin.interleave import ab_env
 from perfguard.plugin.options import Settings, project_root
@@ -99,6 +99,9 @@ class SessionContext:
         self.round_child: str | None = ab_env(AB_OUT_ENV)
         self.notes: list[str] = []
         self.store: Store | None = None
+        #: why the store cannot be used (its DamagedStoreError, one line), once found: no
+        #: test is judged against it and nothing is saved into it
+        self.damaged: str | None = None
         self.baseline_ref: str | None = None
         self.match: BaselineMatch | None = None
         self._backends: dict[str, ResolvedBackend] = {}
@@ -169,8 +172,22 @@ class SessionContext:
                 self.store, root, ref, self.fingerprint, environment=self.environment,
                 across=self.settings.compare_across,
             )  # fmt: skip
+        except DamagedStoreError as exc:  # every test still runs, and says why it is not judged
+            self.store_damaged(exc)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-store: {exc}") from None
+
+    def store_damaged(self, exc: DamagedStoreError) -> str:
+        """The store turned out damaged (at open, or at a test's read): close it, judge
+        nothing more against it, save nothing into it. Returns the one line."""
+        if self.damaged is None:
+            self.damaged = " ".join(str(exc).split())
+            self.notes.insert(0, f"no baseline: {self.damaged}")
+        self.match = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        return self.damaged
 
     def claim_output(self) -> None:
         """The output folder must be writable, and one session's alone: a second session
@@ -211,6 +228,8 @@ class SessionContext:
         """``--perfguard-save``: every record as one run; never raises (the error is said)."""
         if not records:
             return SaveResult(error="nothing captured, nothing saved")
+        if self.damaged is not None:
+            return SaveResult(error=self.damaged)  # never a new run beside a damaged one
         try:
             with open_store(self.settings.store, create=True) as store:
                 replace = self.settings.save_mode == "replace"

@@ -22,7 +22,7 @@ from perfguard.capture.capturers import capture_name
 from perfguard.compare.explanation import Explanation
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import TestEntry
-from perfguard.errors import PerfguardError
+from perfguard.errors import DamagedStoreError, PerfguardError
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.outputs import SessionOutputs
@@ -57,6 +57,9 @@ class Verdicts:
             return
         try:
             done = runner.analyse(spec, capture, item.nodeid)
+            if self.context.damaged is not None:
+                self.not_judged_damaged(item, done.record, capture.path, capture.backend)
+                return
             with timed(phases, "compare"):
                 comparison = self.compare(done.record)
                 if done.analysis.ops.empty:  # nothing attributed or gated: never silently
@@ -65,6 +68,10 @@ class Verdicts:
 
                     why = empty_capture_reason(capture.framework)
                     comparison = with_empty_capture(comparison, why)
+        except DamagedStoreError as exc:
+            self.context.store_damaged(exc)
+            self.not_judged_damaged(item, done.record, capture.path, capture.backend)
+            return
         except (PerfguardError, ValueError, KeyError) as exc:
             msg = " ".join(str(exc).split()) or type(exc).__name__
             self.error(item, msg, capture.backend, capture.path)
@@ -114,6 +121,8 @@ class Verdicts:
             return None
         try:
             found = applicable(ctx.store, ctx.git.root, nodeid, ctx.git.commit)
+        except DamagedStoreError:
+            raise  # the test is not judged against a damaged store, not judged without it
         except PerfguardError:
             return None
         if found is not None:
@@ -128,6 +137,8 @@ class Verdicts:
             return []
         try:
             return history_rows(ctx.store, nodeid, ctx.fingerprint)
+        except DamagedStoreError:
+            raise  # never a verdict shown with part of its history
         except PerfguardError:
             return []
 
@@ -162,8 +173,13 @@ class Verdicts:
         the wall seconds of the measurement's parts so far; the history's and the
         results' own are added here."""
         phases = dict(phases or {})
-        with timed(phases, "history"):
-            history = self._history(item.nodeid)
+        try:
+            with timed(phases, "history"):
+                history = self._history(item.nodeid)
+        except DamagedStoreError as exc:
+            self.context.store_damaged(exc)
+            self.not_judged_damaged(item, record, capture, backend)
+            return
         entry = comparison.to_dict()
         accepted = self.accepted.get(item.nodeid) if comparison.mode == "store" else None
         if accepted is not None:
@@ -213,6 +229,19 @@ class Verdicts:
             backend=backend, worker=self.context.worker_id,
         ))  # fmt: skip
         item.user_properties.append(("perfguard_outcome", outcome))
+
+    def not_judged_damaged(
+        self, item: pytest.Item, record: TestRecord, capture: Any, backend: str
+    ) -> None:
+        """The test ran and was measured, but the store it would be judged against is
+        damaged: ``not-judged`` with the store's one line (the record is kept: the session's
+        reports show it; the save refuses the store)."""
+        reason = f"not judged: {self.context.damaged}"
+        self.outputs.add(TestEntry.not_judged(
+            item.nodeid, "not-judged", reason, capture=str(capture) if capture else None,
+            backend=backend, worker=self.context.worker_id,
+        ), record)  # fmt: skip
+        item.user_properties.append(("perfguard_outcome", "not-judged"))
 
     def judged(self, nodeid: str) -> bool:
         """Whether the test already has its entry (a verdict or an error)."""

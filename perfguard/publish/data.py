@@ -110,13 +110,25 @@ def _query(store: Store, sql: str, params: tuple[Any, ...] = ()) -> Any:
     return store.db.execute(sql, params)
 
 
+def _possible(store: Store, column: str, values: np.ndarray, signed: bool = False) -> None:
+    """Numbers read back as a store holds them: finite and, unless ``signed``, a time or
+    count never below zero (:data:`MISSING` stands for NULL); else the store is damaged,
+    said as the store's own readers say it (``frames.impossible``)."""
+    if not np.isfinite(values).all():
+        raise store.db.damaged(f"{column} holds a value that is not a finite number")
+    negative = (values < 0) & (values != MISSING)
+    if not signed and negative.any():
+        raise store.db.damaged(f"{column} holds a negative value ({values[negative][0]:.0f})")
+
+
 def _runs(store: Store) -> pd.DataFrame:
     with store.db.guard():
         rows = _query(store, 'SELECT run_id, "commit", dirty, time, host, fingerprint FROM runs')
         frame = pd.DataFrame.from_records(
             rows.fetchall(), columns=["run_id", "commit", "dirty", "time", "host", "fp"]
         )
-    keys = [machine_key(json.loads(fp)) for fp in frame["fp"]]
+    with store.db.decoding("runs.fingerprint"):
+        keys = [machine_key(json.loads(fp)) for fp in frame["fp"]]
     frame["machine"] = [k for k, _ in keys]
     frame["machine_label"] = [label for _, label in keys]
     frame["run_id"] = frame["run_id"].astype(np.int64)
@@ -161,11 +173,12 @@ def _levels(
     all of metric ``code``: only that metric's column is read, and the key is packed into
     one number in SQL (the driver's cost grows with the values a row holds)."""
     column = list(METRICS.values())[code]
-    with store.db.guard():
+    with store.db.guard(), store.db.decoding("table samples"):
         cur = _query(store, f"SELECT (test_id * {MAX_ROUNDS} + round) * 2 + profiled, "
                             f"coalesce({column}, {MISSING}) FROM samples WHERE {where[0]}",
                      where[1])  # fmt: skip
         s = _stream(cur, 2)
+    _possible(store, f"samples.{column}", s[:, 1])
     packed = s[:, 0].astype(np.int64)
     key, profiled = packed // 2, (packed % 2) == 1
     pos = np.searchsorted(tests["test_id"].to_numpy(), key // MAX_ROUNDS)
@@ -210,7 +223,9 @@ def _counters(store: Store, where: Where) -> pd.DataFrame:
                             "+ CASE WHEN coalesce(stable, 0) != 0 THEN 1 ELSE 0 END, "
                             "coalesce(value, 0) FROM counters "
                             f"WHERE {where[0]}", where[1])  # fmt: skip
-        c = _stream(cur, 2)
+        with store.db.decoding("table counters"):
+            c = _stream(cur, 2)
+    _possible(store, "counters.value", c[:, 1], signed=True)
     packed = c[:, 0].astype(np.int64)
     keys, inverse = np.unique(packed // 2, return_inverse=True)
     value = np.bincount(inverse, weights=c[:, 1])
@@ -245,10 +260,12 @@ def _ops(store: Store, where: Where, time_column: str) -> pd.DataFrame:
     columns = list(zip(*rows, strict=True)) if rows else [()] * 7
     codes, texts = pd.factorize(pd.Series(columns[6], dtype=object))
     parts = [str(t).split(SEP) for t in texts]
-    packed = np.array(columns[0], dtype=np.int64)
-    out: dict[str, Any] = {"test_id": packed // 2, "using_tc": packed % 2}
-    for i, name in enumerate(("time", "calls", "kernels", "flops", "bytes")):
-        out[name] = np.array(columns[1 + i], dtype=np.float64)
+    with store.db.decoding("table ops"):
+        packed = np.array(columns[0], dtype=np.int64)
+        out: dict[str, Any] = {"test_id": packed // 2, "using_tc": packed % 2}
+        for i, name in enumerate(("time", "calls", "kernels", "flops", "bytes")):
+            out[name] = np.array(columns[1 + i], dtype=np.float64)
+            _possible(store, f"ops.{name}", out[name])
     for i, name in enumerate(("op_id", "op_name", "dtypes")):
         out[name] = pd.Categorical([p[i] for p in parts])[codes]
     return pd.DataFrame(out)
@@ -329,6 +346,10 @@ def load_index(location: str | os.PathLike[str]) -> StoreIndex:
             )
         acceptances = store.acceptances()
         name = store.name
+        unknown = ~tests["metric"].isin(list(METRIC_CODES))
+        if unknown.any():  # never drawn as another metric's record
+            metric = tests["metric"][unknown].iloc[0]
+            raise store.db.damaged(f"tests.metric: unknown metric {metric!r}")
     tests["test_id"] = tests["test_id"].astype(np.int64)
     tests["run_id"] = tests["run_id"].astype(np.int64)
     tests["metric_code"] = tests["metric"].map(METRIC_CODES).fillna(0).astype(np.int64)
