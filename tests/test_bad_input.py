@@ -35,9 +35,52 @@ A100_STEPS = "kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz"  # ProfilerSt
 TIMEOUT = 120
 
 
-def run_cli(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+# As root a chmod 000 file still reads: CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH let root
+# past the mode bits (and CI runs as root). A child that drops those two capabilities
+# stays uid 0, so it still reads the venv and the clone wherever they are, but the kernel
+# refuses it a file whose mode grants its owner nothing, as it refuses anyone else.
+# capget/capset through ctypes: no setpriv or capsh needed. Exits 3 if the drop failed.
+DROP_DAC = """
+import ctypes, sys
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_uint32) for f in ("effective", "permitted", "inheritable")]
+libc = ctypes.CDLL(None, use_errno=True)
+header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+keep = ~((1 << 1) | (1 << 2)) & 0xFFFFFFFF  # all but CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+if libc.capget(ctypes.byref(header), data) != 0:
+    sys.exit(3)
+for f in ("effective", "permitted", "inheritable"):
+    setattr(data[0], f, getattr(data[0], f) & keep)
+if libc.capset(ctypes.byref(header), data) != 0:
+    sys.exit(3)
+"""
+UNREADABLE = "unreadable file"
+
+
+def preamble(name: str) -> str:
+    """The code a child runs first: as root, the unreadable file's case drops the two
+    capabilities; every other case, and any other user, needs nothing."""
+    return DROP_DAC if name == UNREADABLE and os.geteuid() == 0 else "import sys\n"
+
+
+def python_for(name: str) -> list[str]:
+    """``python`` for ``python -m perfguard``, in the child of :func:`preamble`."""
+    code = preamble(name)
+    if code == "import sys\n":
+        return [sys.executable]
+    # sys.argv is ["-c", "-m", MODULE, ARGS...]: run MODULE as -m would, with ARGS
+    run = ("import runpy\nmodule = sys.argv[2]\ndel sys.argv[1:3]\n"
+           "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")  # fmt: skip
+    return [sys.executable, "-c", code + run]
+
+
+def run_cli(
+    *args: str | Path, env: dict[str, str] | None = None, python: list[str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "perfguard", *map(str, args)],
+        [*(python or [sys.executable]), "-m", "perfguard", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -177,7 +220,7 @@ def _make_inputs(root: Path, fixtures: Path | None) -> dict[str, tuple[Path, Pat
     locked = root / "locked.pt.trace.json.gz"
     shutil.copyfile(EXAMPLE, locked)
     locked.chmod(0)
-    add("unreadable file", locked)
+    add(UNREADABLE, locked)
 
     if fixtures is not None and (fixtures / SAXPY).exists():
         nsys = (fixtures / SAXPY).read_bytes()
@@ -247,29 +290,73 @@ def bad(request: pytest.FixtureRequest, bad_inputs) -> tuple[str, Path, Path]:
         from conftest import NO_FIXTURES
 
         pytest.skip(NO_FIXTURES)
-    if name == "unreadable file" and os.geteuid() == 0:
-        pytest.skip("running as root: a chmod 000 file is still readable")
     path, named = bad_inputs[name]
     return name, path, named
 
 
+LOAD_IN_CHILD = """
+import json, perfguard
+try:
+    perfguard.load_trace(sys.argv[1])
+except perfguard.TraceError as err:
+    print(json.dumps([type(err) is perfguard.TraceError, str(err), err.path, err.problem]))
+"""
+
+
+def trace_error(name: str, path: Path) -> tuple[bool, str, str, str]:
+    """``load_trace(path)``'s error: (exactly a TraceError, message, path, problem); the
+    unreadable file's as root in a child that cannot read past a file's mode."""
+    if preamble(name) == "import sys\n":
+        with pytest.raises(TraceError) as info:
+            load_trace(path)
+        err = info.value
+        return type(err) is perfguard.TraceError, str(err), err.path, err.problem
+    code = preamble(name) + LOAD_IN_CHILD
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, timeout=TIMEOUT, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0 and done.stdout, (done.returncode, done.stderr)
+    exact, message, err_path, problem = json.loads(done.stdout)
+    return exact, message, err_path, problem
+
+
 def test_library_raises_one_trace_error(bad: tuple[str, Path, Path]) -> None:
     name, path, named = bad
-    with pytest.raises(TraceError) as info:
-        load_trace(path)
-    err = info.value
-    assert type(err) is perfguard.TraceError
-    message = str(err)
+    exact, message, err_path, problem = trace_error(name, path)
+    assert exact
     assert "\n" not in message and "\r" not in message
-    assert message == f"{err.path}: {err.problem}"
-    assert err.path == str(named), f"{name}: names {err.path}, expected {named}"
-    assert re.search(PROBLEMS[name], err.problem, re.I), f"{name}: {message}"
+    assert message == f"{err_path}: {problem}"
+    assert err_path == str(named), f"{name}: names {err_path}, expected {named}"
+    assert re.search(PROBLEMS[name], problem, re.I), f"{name}: {message}"
+
+
+PROBE = """
+for p in sys.argv[1:]:
+    try:
+        open(p, "rb").close()
+        print(p, "read")
+    except PermissionError:
+        print(p, "refused")
+"""
+
+
+def test_unreadable_file_is_unreadable_in_its_child(bad_inputs) -> None:
+    """The case is real: the process that reads it is refused the file (as root, the
+    child without the two capabilities), and a copy it may read loads."""
+    path, _ = bad_inputs[UNREADABLE]
+    readable = path.with_name("readable.pt.trace.json.gz")
+    shutil.copyfile(EXAMPLE, readable)
+    done = subprocess.run(
+        [sys.executable, "-c", preamble(UNREADABLE) + PROBE, str(path), str(readable)],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(path), "refused", str(readable), "read"]
 
 
 def test_cli_exits_2_with_one_line(bad: tuple[str, Path, Path], tmp_path: Path) -> None:
     name, path, named = bad
     out = tmp_path / "reports"
-    r = run_cli("analyze", "--database", path, "--output-path", out)
+    r = run_cli("analyze", "--database", path, "--output-path", out, python=python_for(name))
     assert r.returncode == 2, f"{name}: exit {r.returncode}\n{r.stderr}"
     line = one_line(r.stderr)
     assert line.startswith("perfguard: error: ")

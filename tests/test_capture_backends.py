@@ -34,11 +34,18 @@ from perfguard.capture import (
     torch_profiler,
 )
 from perfguard.capture import select as capture_select
+from perfguard.capture.nsys import nsys_export_argv, nsys_profile_argv
 from perfguard.capture.torch_profiler import python_target
 from perfguard.capture.torch_runner import run_target
 
+sys.path.insert(0, str(Path(__file__).parent))
+from nsys_options import DOCUMENTED, Undocumented, read_argv  # noqa: E402
+
 FIXTURE = "nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite"
 HELLO = [sys.executable, "-c", "print('hi')"]
+# a guard against a hung run, not a time the run must beat: a training script under the
+# profiler took over 120 s with the 2 cores at a load of 13 (issue 45's runs beside a spinner)
+RUN_TIMEOUT_S = 600
 
 # The fake nsys: constants are prepended by ``write_fake_nsys``.
 FAKE_NSYS_BODY = r"""
@@ -65,7 +72,7 @@ if MODE == "hang":
     time.sleep(60)
 i = 1
 while i < len(args):  # the program starts at the first argument that is no option
-    if args[i] in ("-t", "-s", "-o", "--force-overwrite", "-y", "-d"):
+    if args[i] in ("-t", "-s", "-o", "-y", "-d"):
         i += 2
     elif args[i].startswith("-"):
         i += 1
@@ -124,7 +131,7 @@ def no_nsys_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def contract(nsys: Path, outbase: Path, *options: str, command=HELLO, inline=True) -> list[str]:
     head = [str(nsys), "profile", "-t", "cuda,nvtx", "-s", "none", "-o", str(outbase)]
-    head += ["--force-overwrite", "true"] + (["--export=sqlite"] if inline else [])
+    head += ["--force-overwrite=true"] + (["--export=sqlite"] if inline else [])
     return [*head, *options, *command]
 
 
@@ -189,6 +196,53 @@ def test_nsys_argv_contract(fake_nsys, tmp_path: Path, kwargs, options, register
     assert result.path == tmp_path / "o" / "run.sqlite" and result.path.is_file()
 
 
+ARGV_CASES = [
+    {},
+    {"delay": 0, "duration": 20.0},
+    {"capture_range": "cudaProfilerApi"},
+    {"capture_range": "nvtx:train_step"},
+    {"delay": 3, "capture_range": "nvtx:step@*"},
+]
+
+
+@pytest.mark.parametrize("release", sorted(DOCUMENTED))
+def test_nsys_argv_is_what_each_release_documents(tmp_path: Path, release: str) -> None:
+    """Every argv the backend builds, read by nsys's documented syntax against the options
+    and values the release's User Guide lists (tests/nsys_options.py, with its sources),
+    not against this file's own copy of the argv."""
+    nsys, out = "/opt/nsys/bin/nsys", tmp_path / "run"
+    for kwargs in ARGV_CASES:
+        for mode in ("inline", "separate"):
+            argv = nsys_profile_argv(nsys, HELLO, out, export_mode=mode, **kwargs)  # type: ignore[arg-type]
+            read = read_argv(argv, release)
+            assert read.command == "profile" and read.rest == HELLO, (kwargs, argv)
+            assert read.options["output"] == str(out)
+            assert read.options["trace"] == "cuda,nvtx" and read.options["sample"] == "none"
+            assert read.options.get("export") == ("sqlite" if mode == "inline" else None)
+            if "capture_range" in kwargs:
+                assert read.options["capture-range-end"] == "stop"
+    export = read_argv(nsys_export_argv(nsys, out.with_suffix(".nsys-rep"), out), release)
+    assert (export.options["type"], export.options["output"]) == ("sqlite", str(out))
+    assert export.rest == [str(out.with_suffix(".nsys-rep"))]
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["--force-overwrite", "true"], "takes '=VALUE'"),  # a long option's value, spaced
+        (["--stop-on-range-end=true"], "no option --stop-on-range-end"),  # before 2021
+        (["-s", "cpu"], "does not take 'cpu'"),
+        (["-t", "cuda,nvtx,gpu"], "does not take 'gpu'"),
+        (["--capture-range=cudaProfilerApi", "-c", "nvtx"], "given twice"),
+    ],
+)
+def test_the_documented_options_refuse_what_no_release_documents(argv, why) -> None:
+    """The check can fail: spellings and values outside every release's table."""
+    for release in DOCUMENTED:
+        with pytest.raises(Undocumented, match=why):
+            read_argv(["nsys", "profile", *argv, *HELLO], release)
+
+
 def test_nsys_old_version_writes_qdrep(fake_nsys, tmp_path: Path) -> None:
     exe, _ = fake_nsys("qdrep")
     result = NsysBackend(str(exe)).capture(HELLO, output_dir=tmp_path)
@@ -206,7 +260,7 @@ def test_nsys_separate_export(fake_nsys, tmp_path: Path, mode: str) -> None:
     assert profile["argv"][1:] == contract(exe, tmp_path / "capture", inline=False)[1:]
     report = tmp_path / f"capture.{mode}"
     sqlite = tmp_path / "capture.sqlite"
-    assert export["argv"][1:] == ["export", "--type", "sqlite", "-o", str(sqlite), str(report)]
+    assert export["argv"][1:] == ["export", "--type=sqlite", "-o", str(sqlite), str(report)]
     assert (result.path, result.report) == (sqlite, report)
     assert len(perfguard.load_trace(result.path).kernels) > 0
 
@@ -362,7 +416,7 @@ def test_torch_runner_profiles_a_training_script(tmp_path: Path) -> None:
     seen = tmp_path / "seen.json"
     result = profile_command(
         [sys.executable, str(script), str(seen), "--extra"],
-        backend="torch", output_dir=tmp_path / "out", timeout=120,
+        backend="torch", output_dir=tmp_path / "out", timeout=RUN_TIMEOUT_S,
     )  # fmt: skip
 
     assert (result.backend, result.returncode) == ("torch", 0)
@@ -406,7 +460,7 @@ def test_failing_script_still_leaves_its_trace_auto_cpu(
 
     with pytest.raises(CaptureError) as err:
         profile_command([sys.executable, str(script), str(tmp_path / "seen.json")],
-                        output_dir=tmp_path, timeout=120, env=env)  # fmt: skip
+                        output_dir=tmp_path, timeout=RUN_TIMEOUT_S, env=env)  # fmt: skip
     message = str(err.value)
     assert "exit status 1" in message and "\n" not in message
     assert "RuntimeError: diverged at step 1" in message

@@ -47,6 +47,11 @@ def test_a_waiting_worker_thread_counts_though_the_measuring_thread_did_not_wait
                           timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     share, own_share = map(float, proc.stdout.split())
-    assert own_share < 0.05  # the sleeping thread itself waited for (almost) nothing
-    assert share > 0.3  # two runnable threads on one CPU: each waits about half the time
+    # Bounds from the scheduler's fairness, not from timing: two threads runnable all the
+    # time on one CPU each wait about half of it (0.84-0.89 measured beside other jobs,
+    # whose load only adds), while the probe, were it to read the measuring thread alone,
+    # would see that thread's own wait (0-0.015 measured: its wake-ups and reads); a wait
+    # is never longer than the wall time it lies in.
+    assert share > 0.3
+    assert own_share < share / 4  # the sleeping thread waited far less than a worker
     assert share <= 1.0

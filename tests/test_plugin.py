@@ -228,11 +228,17 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert train["rounds_current"] == pytest.approx(rounds_cur, abs=1)
     rb, rc = np.log(train["rounds_baseline"]), np.log(train["rounds_current"])
     assert train["delta_pct"] == pytest.approx(100 * np.expm1(rc.mean() - rb.mean()), rel=1e-6)
-    assert 8e6 < np.median(cur) - np.median(base) < 14e6  # the extra 10 ms wait
+    # the samples are nanoseconds and hold the step's waits: a sleep never returns early,
+    # so every current iteration took 30 + 10 ms at least and every baseline one 30 ms (no
+    # upper bound: a loaded machine only adds); that the 10 ms is new is the ops' verdict
+    assert cur.min() >= 40e6 and base.min() >= 30e6
+    assert min(train["rounds_current"]) >= 40e6
     assert isinstance(train["findings"], list)  # the expert system ran on the capture
     assert all({"check", "severity", "problem"} <= set(f) for f in train["findings"])
     top = train["ops"][0]
     assert (top["op_name"], top["status"]) == ("extra_sync", "added")
+    assert top["baseline_ns"] is None  # nowhere in the baseline's profiled round
+    assert top["current_ns"] >= 10e6 - 1e3  # its 10 ms sleep (Kineto's µs timestamps)
     # the regressed test's capture as a Perfetto timeline, linked from the report
     timeline = path / ".perfguard" / train["timeline"]
     with gzip.open(timeline, "rt") as fh:
@@ -581,8 +587,12 @@ def test_xdist_workers_capture_and_the_controller_saves_one_run(repo: pytest.Pyt
         import time
         import pytest
 
-        @pytest.mark.parametrize("ms", [1, 2, 3])
-        @pytest.mark.gpuprofile(iterations=6, warmup=1)
+        # each its own iteration count, so whose samples a row holds is a count, not a time
+        @pytest.mark.parametrize(
+            "ms",
+            [pytest.param(ms, marks=pytest.mark.gpuprofile(iterations=ms + 3, warmup=1))
+             for ms in (1, 2, 3)],
+        )
         def test_sleep(gpuprofile, ms):
             for _ in gpuprofile.iterations():
                 time.sleep(ms / 1000)
@@ -595,52 +605,75 @@ def test_xdist_workers_capture_and_the_controller_saves_one_run(repo: pytest.Pyt
     assert doc["counts"] == {"no-baseline": 3}
     assert {t["worker"] for t in doc["tests"]} <= {"gw0", "gw1"}
     medians = {t["nodeid"]: t["median_current_ns"] for t in doc["tests"]}
+    samples = {t["nodeid"]: len(t["samples_current"]) for t in doc["tests"]}
     for ms in (1, 2, 3):
-        assert 0.9 * ms * 1e6 < medians[f"test_par.py::test_sleep[{ms}]"] < ms * 1e6 + 2e6
+        nodeid = f"test_par.py::test_sleep[{ms}]"
+        # its own samples (5 rounds of ms + 3 iterations), each at least its sleep (a sleep
+        # never returns early; no upper bound: the machine's load only adds)
+        assert samples[nodeid] == 5 * (ms + 3)
+        assert medians[nodeid] >= ms * 1e6
     assert store_runs(repo) == [(1, sha, 0)]  # one run, saved by the controller
     from perfguard.baseline.store import Store
 
     with Store(repo.path / "baselines" / "perfguard.db", create=False) as store:
         _, records = store.load_run(1)
     assert sorted(records) == sorted(medians)
-    # 5 timing rounds of 6, then the profiled round of 6
-    assert all(len(rec.samples) == 6 * 6 for rec in records.values())
+    # 5 timing rounds, then the profiled round, of the test's own ms + 3 iterations
+    for ms in (1, 2, 3):
+        assert len(records[f"test_par.py::test_sleep[{ms}]"].samples) == 6 * (ms + 3)
     assert all(len(rec.round_values()) == 5 for rec in records.values())
 
 
 # ------------------------------------------------------------------------ nsys backend
 
-# A stand-in for nsys (none on this machine): it logs its argv, runs the program it
-# was given (the child pytest) and writes what nsys would: a report and, as the
-# SQLite export, a copy of a real nsys capture.
+# A stand-in for nsys (none on this machine): it logs its argv, reads it as the nsys
+# release that exported the capture documents it (tests/nsys_options.py; an option that
+# release does not document ends the run as nsys would), runs the program it was given (the
+# child pytest) and writes what nsys would: a report and, as the SQLite export, a real
+# nsys capture: the k-th of EXPORTS on its k-th run (the last one after that).
 FAKE_NSYS = """
 import json, os, shutil, subprocess, sys
 
-args = sys.argv[1:]
+sys.path.insert(0, TESTS)
+from nsys_options import Undocumented, read_argv
+
 with open(LOG, "a") as log:
     log.write(json.dumps({"argv": sys.argv, "child": os.environ.get("PERFGUARD_CHILD")}) + "\\n")
-i = 1
-while i < len(args) and args[i].startswith("-"):
-    i += 2 if args[i] in ("-t", "-s", "-o", "--force-overwrite") else 1
-status = subprocess.call(args[i:])
-out = args[args.index("-o") + 1]
+with open(LOG) as log:
+    runs = len(log.readlines())
+try:
+    read = read_argv(sys.argv, RELEASE)
+except Undocumented as exc:
+    sys.exit(f"nsys: {exc}")
+status = subprocess.call(read.rest)
+out = read.options["output"]
 open(out + ".nsys-rep", "wb").close()
-shutil.copyfile(EXPORT, out + ".sqlite")
+shutil.copyfile(EXPORTS[min(runs, len(EXPORTS)) - 1], out + ".sqlite")
 sys.exit(status)
 """
+SAXPY = "nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite"
+
+
+def fake_nsys(repo: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *exports: Path,
+              release: str = "2022.2") -> Path:  # fmt: skip
+    """``repo/bin/nsys``, the stand-in above, as the session's nsys; returns its call log."""
+    log = repo.path / "nsys-calls.jsonl"
+    fake = repo.path / "bin" / "nsys"
+    fake.parent.mkdir(exist_ok=True)
+    head = (
+        f"#!{sys.executable}\nLOG = {str(log)!r}\nTESTS = {str(Path(__file__).parent)!r}\n"
+        f"EXPORTS = {[str(e) for e in exports]!r}\nRELEASE = {release!r}\n"
+    )
+    fake.write_text(head + FAKE_NSYS)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PERFGUARD_NSYS", str(fake))
+    return log
 
 
 def test_nsys_backend_reruns_each_test_in_a_child_pytest(
     repo: pytest.Pytester, fixture_file, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    export = fixture_file("nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite")
-    log = repo.path / "nsys-calls.jsonl"
-    fake = repo.path / "bin" / "nsys"
-    fake.parent.mkdir()
-    head = f"#!{sys.executable}\nLOG = {str(log)!r}\nEXPORT = {str(export)!r}\n"
-    fake.write_text(head + FAKE_NSYS)
-    fake.chmod(0o755)
-    monkeypatch.setenv("PERFGUARD_NSYS", str(fake))
+    log = fake_nsys(repo, monkeypatch, fixture_file(SAXPY))
     repo.makepyfile(
         test_gpu="""
         import os
@@ -691,16 +724,7 @@ def test_nsys_backend_reruns_each_test_in_a_child_pytest(
 
     # with the CUDA profiler API stubbed in the child (conftest), the capture goes
     # through: the parent analyses the export, iterations from the marker's key node
-    repo.makeconftest(
-        """
-        import os
-
-        if os.environ.get("PERFGUARD_CHILD"):
-            from perfguard.capture import capturers as capture
-
-            capture._cuda_profiler = lambda which: None
-        """
-    )
+    repo.makeconftest(STUB_CUDA_PROFILER)
     r = run(repo, "--perfguard-backend=nsys", "-k", "test_ok")
     r.assert_outcomes(passed=1)
     (ok,) = results(repo)["tests"]
@@ -710,6 +734,117 @@ def test_nsys_backend_reruns_each_test_in_a_child_pytest(
     assert len(ok["samples_current"]) == 6 and ok["n_current"] == 1
     assert "15 timed iterations but 6 in the capture" in " ".join(ok["notes"])
     assert ok["capture"].endswith(".sqlite")
+
+
+# the CUDA profiler API stubbed in the nsys child: no GPU here to open the capture range
+STUB_CUDA_PROFILER = """
+import os
+
+if os.environ.get("PERFGUARD_CHILD"):
+    from perfguard.capture import capturers as capture
+
+    capture._cuda_profiler = lambda which: None
+"""
+
+
+def launch_twice(export: Path, out: Path) -> Path:
+    """A copy of a real nsys export whose program launches each kernel twice: every kernel
+    and its launching call (both CUDA API rows) again, with a new correlation id, the call
+    a nanosecond later in the same NVTX range, the kernel right after the first."""
+    out.write_bytes(export.read_bytes())
+    with sqlite3.connect(out) as db:
+        (top,) = db.execute("SELECT max(correlationId) + 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME")
+        shift = int(top[0])
+        for table, dt in (
+            ("CUPTI_ACTIVITY_KIND_RUNTIME", "1"),
+            ("CUPTI_ACTIVITY_KIND_KERNEL", '"end" - start + 1000'),
+        ):
+            cols = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+            moved = {
+                "start": f"start + {dt}",
+                "end": f'"end" + {dt}',
+                "correlationId": f"correlationId + {shift}",
+            }
+            picks = ", ".join(moved.get(c, f'"{c}"') for c in cols)
+            where = (
+                ""
+                if table.endswith("KERNEL")
+                else (
+                    " WHERE correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL)"
+                )
+            )
+            db.execute(f"INSERT INTO {table} SELECT {picks} FROM {table}{where}")
+    return out
+
+
+NSYS_STEP = """
+import pytest
+
+@pytest.mark.gpuprofile(iterations=3, warmup=1, key_node="saxpy")
+def test_step(gpuprofile):
+    for _ in gpuprofile.iterations():
+        pass
+"""
+
+
+def nsys_project(repo: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *exports: Path) -> str:
+    """A project whose test runs under the fake nsys fed ``exports``, saved once; its sha."""
+    fake_nsys(repo, monkeypatch, *exports)
+    repo.makeconftest(STUB_CUDA_PROFILER)
+    repo.makepyfile(test_gpu=NSYS_STEP)
+    sha = commit(repo.path, "A")
+    run(repo, "--perfguard-backend=nsys", "--perfguard-save").assert_outcomes(passed=1)
+    (saved,) = results(repo)["tests"]
+    assert saved["outcome"] == "no-baseline" and saved["backend"] == "nsys"
+    assert store_runs(repo) == [(1, sha, 0)]
+    (repo.path / "README").write_text("docs only\n")
+    commit(repo.path, "B")
+    return sha
+
+
+def test_nsys_store_mode_saves_one_session_and_judges_the_next(
+    repo: pytest.Pytester, fixture_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store mode on the nsys backend end to end: a session saved with a real export, the
+    next judged against it with the same program's export, both through the fake above
+    (every argv read as nsys 2022.2, which exported the capture, documents it)."""
+    saxpy = fixture_file(SAXPY)
+    sha_a = nsys_project(repo, monkeypatch, saxpy, saxpy)
+    run(repo, "--perfguard-backend=nsys").assert_outcomes(passed=1)
+    doc = results(repo)
+    assert doc["baseline"]["commit"] == sha_a
+    (same,) = doc["tests"]
+    assert same["gates"]["outcome"] == "unchanged", same["gates"]["message"]
+    saxpy_op = next(o for o in same["ops"] if o["op_name"] == "saxpy")
+    assert saxpy_op["current_ns"] == saxpy_op["baseline_ns"] > 0  # the same kernels
+    # one capture is one round: the timing needs three rounds a side, so the test as a
+    # whole is not judged, and passes
+    assert same["timing"]["outcome"] == "not-judged"
+    assert "too few rounds" in same["timing"]["message"]
+    assert same["outcome"] == "not-judged", same["message"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 45 finding: with key_node the export's iterations differ (the one before "
+    "the first key node launches nothing), so every counter reads 'unstable' and is not "
+    "gated, and one capture is one round, so the timing is not judged: a doubled kernel "
+    "launch reads not-judged",
+)
+def test_nsys_store_mode_catches_a_doubled_launch(
+    repo: pytest.Pytester, fixture_file, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The same program launching its kernel twice per step, judged against the saved
+    session: a regression the gates (kernel launches) must name."""
+    saxpy = fixture_file(SAXPY)
+    nsys_project(repo, monkeypatch, saxpy, launch_twice(saxpy, tmp_path / "twice.sqlite"))
+    r = run(repo, "--perfguard-backend=nsys")
+    (more,) = results(repo)["tests"]
+    saxpy_op = next(o for o in more["ops"] if o["op_name"] == "saxpy")
+    assert saxpy_op["current_ns"] == 2 * saxpy_op["baseline_ns"]  # the export did change
+    assert more["outcome"] == "regressed", more["gates"]["message"]
+    assert any(f["gate"] == "kernels" for f in more["gates"]["regressions"]), more["gates"]
+    r.assert_outcomes(failed=1)
 
 
 def calls(log: Path) -> list[dict]:

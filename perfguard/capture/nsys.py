@@ -3,7 +3,7 @@
 THE CONTRACT: the argv perfguard runs (built by :func:`nsys_profile_argv`),
 with DLProf's trace options (CUDA and NVTX, no CPU sampling)::
 
-    NSYS profile -t cuda,nvtx -s none -o OUTBASE --force-overwrite true
+    NSYS profile -t cuda,nvtx -s none -o OUTBASE --force-overwrite=true
          [--export=sqlite]                      # export_mode="inline" (default)
          [-y DELAY] [-d DURATION]               # whole seconds
          [--capture-range=cudaProfilerApi --capture-range-end=stop]
@@ -13,7 +13,11 @@ with DLProf's trace options (CUDA and NVTX, no CPU sampling)::
 then, with ``export_mode="separate"`` (an nsys whose ``profile`` lacks
 ``--export``, or to keep the export step apart)::
 
-    NSYS export --type sqlite -o OUTBASE.sqlite REPORT
+    NSYS export --type=sqlite -o OUTBASE.sqlite REPORT
+
+Every option is spelt as the User Guides of 2022.1 to 2026.2 document it: a short
+option's value as the next argument, a long one's after ``=`` (``tests/nsys_options.py``
+checks the argv against each release's documented options and values).
 
 ``OUTBASE`` is ``output_dir/name`` (absolute, no extension). nsys writes the
 report as ``OUTBASE.nsys-rep`` (2022.1 on) or ``OUTBASE.qdrep`` (2021.x and
@@ -127,7 +131,7 @@ def nsys_profile_argv(
     if export_mode not in ("inline", "separate"):
         raise CaptureError(f"export_mode must be 'inline' or 'separate', got {export_mode!r}")
     argv = [nsys, "profile", "-t", "cuda,nvtx", "-s", "none"]
-    argv += ["-o", str(outbase), "--force-overwrite", "true"]
+    argv += ["-o", str(outbase), "--force-overwrite=true"]
     if export_mode == "inline":
         argv.append("--export=sqlite")
     y = _whole_seconds(delay, "delay", positive=False)
@@ -147,8 +151,8 @@ def nsys_profile_argv(
 
 
 def nsys_export_argv(nsys: str, report: str | Path, sqlite: str | Path) -> list[str]:
-    """The separate export step of the contract: ``nsys export --type sqlite -o X REPORT``."""
-    return [nsys, "export", "--type", "sqlite", "-o", str(sqlite), str(report)]
+    """The separate export step of the contract: ``nsys export --type=sqlite -o X REPORT``."""
+    return [nsys, "export", "--type=sqlite", "-o", str(sqlite), str(report)]
 
 
 class NsysBackend(Backend):
