@@ -429,6 +429,32 @@ def test_bad_marker_is_that_tests_error(pytester: pytest.Pytester) -> None:
     )
 
 
+def test_misspelled_marker_is_that_tests_row_in_a_session(pytester: pytest.Pytester) -> None:
+    """A marker error under --perfguard is the test's ``error`` row with the message, in
+    results.json, the terminal and summary.md; never "no test was measured"."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.gpuprofile(iteration=3, tolerence="5%")
+        def test_bad(gpuprofile):
+            pass
+        """
+    )
+    r = pytester.runpytest_inprocess("--perfguard", "-p", "no:cacheprovider")
+    r.assert_outcomes(errors=1)
+    doc = json.loads((pytester.path / ".perfguard" / "results.json").read_text())
+    (entry,) = doc["tests"]
+    assert entry["outcome"] == "error"
+    assert "unknown argument(s) iteration, tolerence" in entry["error"]
+    summary = (pytester.path / ".perfguard" / "summary.md").read_text()
+    terminal = r.stdout.str()
+    for text in (summary, terminal):
+        assert "no test was measured" not in text
+    assert "unknown argument(s) iteration, tolerence" in summary
+    r.stdout.fnmatch_lines(["*test_bad*error*@pytest.mark.gpuprofile*"])
+
+
 # ------------------------------------------------------------------ without --perfguard
 
 
