@@ -159,6 +159,17 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert "captured as one iteration" in " ".join(whole["notes"])
     assert store_runs(repo) == [(1, sha_a, 0)]
     r.stdout.fnmatch_lines(["*= perfguard =*", f"*{TRAIN}*no-baseline*", "*saved run 1*"])
+    # a first run shows where each test's time goes: its profile, in every output
+    profile = entry(doc, TRAIN)["profile"]
+    top = profile["ops"][0]
+    assert profile["basis"] == "cpu" and top["op_name"] == "wait_for_device"
+    assert 80 < top["share_pct"] < 100 and top["call_site"] == "step() at test_bench.py:11"
+    assert top["calls"] == profile["iterations"] == 4  # one profiled round of 4 iterations
+    html = (path / ".perfguard" / "report.html").read_text()
+    assert html.count('<details class="profile">') == 2 and "split by op" in html
+    summary = (path / ".perfguard" / "summary.md").read_text()
+    assert "Profiles of 2 tests" in summary
+    assert f"`{TRAIN}` (no-baseline): " in summary and "top op wait\\_for\\_device" in summary
 
     # B: same workload, one commit later: compared with A; unchanged (or noisy when the
     # machine is busy, e.g. under -n 2): never a failure
@@ -176,6 +187,7 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert train["gates"]["outcome"] == "unchanged", train["gates"]["message"]
     assert "syncs" in train["gates"]["checked"] and "calls" in train["gates"]["checked"]
     assert "1 of the 5 runs needed" in train["timing"]["replicated"]
+    assert train["profile"]["ops"][0]["op_name"] == "wait_for_device"  # unchanged: profiled too
     assert [h["commit"] for h in train["history"]] == [sha_a]  # history before this run
     assert store_runs(repo)[-1] == (2, sha_b, 0)
 

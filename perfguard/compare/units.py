@@ -58,3 +58,20 @@ def format_ns(v: Any) -> str:
         return "n/a"
     num, unit = _scaled(float(v), ((1e9, "s"), (1e6, "ms"), (1e3, "us")), 3)
     return f"{num} {unit or 'ns'}"
+
+
+def percent(value: Any, signed: bool = False, digits: int = 1) -> str:
+    """A percentage, ``digits`` decimals, no space before the sign: ``+1.2%``, ``45.0%``;
+    ``n/a`` when missing."""
+    if value is None or isinstance(value, bool):
+        return "n/a"
+    v = float(value)
+    if not math.isfinite(v):
+        return "n/a"
+    return f"{v:+.{digits}f}%" if signed else f"{v:.{digits}f}%"
+
+
+def rate(value: Any, counter: str = "flops") -> str:
+    """A per-second rate of ``counter`` (``12.4 GFLOP/s``, ``3.1 GB/s``)."""
+    text = human(value, counter)
+    return text if text == "n/a" else f"{text}/s"

@@ -26,6 +26,7 @@ from typing import Any
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.errors import ReportError
 from perfguard.report.html.render import clean_text, fmt_ns, fmt_p, fmt_pct, write_text
+from perfguard.report.profile import one_line
 
 #: what the link to the HTML report points at until CI substitutes the artifact URL
 REPORT_URL_PLACEHOLDER = "PERFGUARD_REPORT_URL"
@@ -153,6 +154,17 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
             )
         if len(rest) > _MAX_ROWS:
             out.append(f"\n… and {len(rest) - _MAX_ROWS} more (see the report)")
+        out += ["", "</details>", ""]
+
+    profiled = [t for t in rest if t.profile is not None]
+    if profiled:
+        out += [f"<details><summary>Profiles of {len(profiled)} test"
+                f"{'' if len(profiled) == 1 else 's'} (level, top op, Tensor Cores, FLOPs)"
+                "</summary>", ""]  # fmt: skip
+        out += [f"- {_code(t.nodeid)} ({t.outcome.value}): {_text(one_line(t))}"
+                for t in profiled[:_MAX_ROWS]]  # fmt: skip
+        if len(profiled) > _MAX_ROWS:
+            out.append(f"- … and {len(profiled) - _MAX_ROWS} more (see the report)")
         out += ["", "</details>", ""]
 
     for note in results.notes:
