@@ -486,6 +486,7 @@ class SessionResults:
             for key in ("ref", "commit", "run_id"):
                 value = baseline.get(key)
                 baseline[key] = None if value is None else str(value)
+            baseline["ab"] = bool(baseline.get("ab"))  # A/B's base tree, not a stored run
         settings = data.get("settings") or {}
         _need(isinstance(settings, dict), source, "settings", "an object", settings)
         settings = dict(settings)

@@ -88,6 +88,7 @@ class Coordinator:
             )
         except (PerfguardError, OSError) as exc:
             raise pytest.UsageError(f"{flag}: cannot check it out: {exc}") from None
+        ctx.ab_base = (str(settings.against), self.ab_commit)
         rootdir = ctx.config.rootpath.resolve()
         if not rootdir.is_relative_to(ctx.git.root.resolve()):
             raise pytest.UsageError(

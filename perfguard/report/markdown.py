@@ -105,13 +105,14 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
     fp = run.get("fingerprint") or {}
     where = [f"commit {_code((run.get('commit') or 'unknown')[:12])}"]
     if base:
-        where.append(f"vs baseline {_code((base.get('commit') or 'unknown')[:12])}")
+        what = "vs base commit" if base.get("ab") else "vs baseline"
+        where.append(f"{what} {_code((base.get('commit') or 'unknown')[:12])}")
         if base.get("ref"):
             where.append(f"({_code(base['ref'])})")
     else:
         where.append("(no baseline)")
     if results.mode == "ab":
-        where.append("(A/B on one machine)")
+        where.append("(A/B: both measured in turn on one machine)")
     machine = fp.get("gpu_name") or (f"CPU {fp['cpu']}" if fp.get("cpu") else "")
     backend = fp.get("backend") or results.settings.get("backend")
     extra = [_text(x) for x in (machine, backend) if x]
