@@ -142,3 +142,28 @@ def test_hundred_tests_keep_the_report_and_the_comment_small(tmp_path: Path) -> 
     assert len(html.encode()) < 2_000_000
     assert len(md) < 65_536 // 2  # GitHub's comment limit, with room for the rest
     (tmp_path / "sizes.json").write_text(json.dumps({"html": len(html.encode()), "md": len(md)}))
+
+
+def test_compare_of_two_captures_judges_their_iterations_and_names_the_test(
+    tmp_path: Path,
+) -> None:
+    """``perfguard compare`` of two captures: the iterations are the samples (said so), no
+    ``nan`` anywhere, and the test is named from the session's results.json that holds it."""
+    captures = tmp_path / ".perfguard" / "captures"
+    captures.mkdir(parents=True)
+    a, b = captures / "t_a.pt.trace.json.gz", tmp_path / "t_b.pt.trace.json.gz"
+    a.write_bytes(H200.read_bytes())
+    b.write_bytes(H200.read_bytes())
+    doc = {"schema": 2, "tests": [{"nodeid": "tests/test_mlp.py::test_step",
+                                   "outcome": "no-baseline", "capture": str(a)}]}  # fmt: skip
+    (tmp_path / ".perfguard" / "results.json").write_text(json.dumps(doc))
+    done = subprocess.run(
+        [sys.executable, "-m", "perfguard", "compare", str(a), str(b)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert "timing: each capture's per-iteration gpu_time" in out
+    assert "tests/test_mlp.py::test_step" in out and "t_a.pt" not in out
+    assert "nan" not in out.lower() and " n/a " not in out
+    assert "10/10" in out  # ten iterations a side

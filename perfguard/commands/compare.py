@@ -160,6 +160,8 @@ class _Side:
         self.is_run = True
 
     def _capture(self, spec: str, key_node: str | None, nodeid: str) -> Any:
+        import numpy as np
+
         from perfguard.analysis import analyze
         from perfguard.baseline.record import record_from_analysis
         from perfguard.errors import AnalysisError
@@ -173,7 +175,29 @@ class _Side:
         self.environment = trace.environment
         names: Iterable[object] = trace.devices["name"] if "name" in trace.devices else []
         self.gpus = tuple(sorted({str(n) for n in names if isinstance(n, str) and n}))
-        return record_from_analysis(nodeid, analysis, meta={"capture": spec})
+        # a capture is one round: its iterations are the samples the timing is judged on
+        it = analysis.iterations
+        n = int((it["rank"] == it["rank"].min()).sum()) if len(it) else 0
+        return record_from_analysis(nodeid, analysis, meta={"capture": spec},
+                                    rounds=np.arange(n, dtype=np.int64))  # fmt: skip
+
+
+def capture_nodeid(spec: str) -> str | None:
+    """The test a capture belongs to, from the session's ``results.json`` that names it
+    (the capture lies in its ``captures/`` folder); None when no session names it."""
+    import json
+
+    path = Path(spec).resolve()
+    for results in (path.parent.parent / "results.json", path.parent / "results.json"):
+        try:
+            doc = json.loads(results.read_text())
+        except (OSError, ValueError):
+            continue
+        for test in doc.get("tests") or [] if isinstance(doc, dict) else []:
+            capture = test.get("capture") if isinstance(test, dict) else None
+            if capture and Path(capture).name == path.name and test.get("nodeid"):
+                return str(test["nodeid"])
+    return None
 
 
 def _incompatibility(current: _Side, baseline: _Side) -> str | None:
@@ -195,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
         raise CompareError("compare needs CURRENT and BASELINE, or --against BASE (A/B mode)")
 
     label = Path(args.current.rpartition("#")[0] or args.current).name or args.current
+    if _store_spec(args.current) is None:  # a capture: its test's own name where a session says
+        label = capture_nodeid(args.current) or label
     current = _Side(args.current, args.key_node, label)
     baseline = _Side(args.baseline, args.key_node, label)
     if current.is_run != baseline.is_run:  # a capture against a run: match its one test
@@ -231,6 +257,10 @@ def run(args: argparse.Namespace) -> int:
         ))  # fmt: skip
     gone = sorted(set(baseline.records) - set(current.records))
     if not to_stdout(args):
+        if not (current.is_run or baseline.is_run):
+            metric = results[0].metric if results else "time"
+            print(f"timing: each capture's per-iteration {metric} (a capture is one round: "
+                  "its iterations are the samples)")  # fmt: skip
         print(_table(results))
         for r in results:
             print(f"\n{r.outcome.value.upper()} {r.nodeid}\n  {r.explanation.text('    ')}")
