@@ -167,3 +167,19 @@ def test_compare_of_two_captures_judges_their_iterations_and_names_the_test(
     assert "tests/test_mlp.py::test_step" in out and "t_a.pt" not in out
     assert "nan" not in out.lower() and " n/a " not in out
     assert "10/10" in out  # ten iterations a side
+
+
+def test_report_link_is_a_real_link_or_says_how(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GitHub Actions' run page from its environment; a given URL wins; else no dead link."""
+    from perfguard.report.markdown import report_link
+
+    for key in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID", "PERFGUARD_REPORT_URL"):
+        monkeypatch.delenv(key, raising=False)
+    assert "](" not in report_link() and "PERFGUARD_REPORT_URL" in report_link()
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
+    monkeypatch.setenv("GITHUB_REPOSITORY", "acme/model")
+    monkeypatch.setenv("GITHUB_RUN_ID", "42")
+    assert report_link().endswith("(https://github.com/acme/model/actions/runs/42)")
+    assert report_link("https://ci.example/r.html").endswith("(https://ci.example/r.html)")
+    monkeypatch.setenv("PERFGUARD_REPORT_URL", "https://pages.example/r.html")
+    assert report_link().endswith("(https://pages.example/r.html)")

@@ -37,7 +37,7 @@ from perfguard.report.html import (
     write_session_html,
 )
 from perfguard.report.html.render import fmt_ns, fmt_pct
-from perfguard.report.markdown import REPORT_URL_PLACEHOLDER, render_markdown, write_markdown
+from perfguard.report.markdown import REPORT_URL_ENV, render_markdown, write_markdown
 
 RESNET = "kineto/v100_resnet50_train_torch1.9_tbplugin.pt.trace.json.gz"
 TRAIN_2RANK = "kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz"
@@ -675,7 +675,9 @@ def test_markdown_lines_details_and_link(session):
     assert "3 other tests (no-baseline: 1, new: 1, unchanged: 1)" in details
     assert details.count("\n| `") == 3
     assert "no baseline to compare with" in details  # the reason column
-    assert md.rstrip().endswith(f"({REPORT_URL_PLACEHOLDER})")
+    assert md.rstrip().endswith(
+        f"(set {REPORT_URL_ENV}, or pass --report-url to `perfguard report`, to link it here)"
+    )  # no URL given, no CI: no dead link
     assert len(md) < 65536
 
 

@@ -5,9 +5,12 @@ with its reason; one line per test that regressed, crashed, errored, was
 too noisy, incomparable or not judged, or improved, worst first, with its
 numbers or its reason; every other test in a collapsed ``<details>`` table
 (with its reason), and a link to the HTML report.
-The link target is :data:`REPORT_URL_PLACEHOLDER` unless a URL is given:
-CI knows the artifact's URL only after the upload, so the workflow
-substitutes it (``examples/github-actions.yml``).
+The link to the report is a real link or none (:func:`report_link`): the URL given
+(``perfguard report --report-url``, or ``$PERFGUARD_REPORT_URL``), else the CI run's page
+where the CI says it (GitHub Actions: ``$GITHUB_SERVER_URL/$GITHUB_REPOSITORY/actions/runs/
+$GITHUB_RUN_ID``, where the report is an artifact; ``examples/github-actions.yml`` swaps in
+the artifact's own URL after the upload), else a line saying where the report is and how to
+link it. A placeholder URL (``(PERFGUARD_REPORT_URL)``) was a dead link outside that workflow.
 
 Test and op names are user text: they go into code spans (with a fence
 longer than any backtick run inside) and table pipes are escaped, so a
@@ -28,8 +31,8 @@ from perfguard.errors import ReportError
 from perfguard.report.html.render import clean_text, fmt_ns, fmt_p, fmt_pct, write_text
 from perfguard.report.profile import one_line
 
-#: what the link to the HTML report points at until CI substitutes the artifact URL
-REPORT_URL_PLACEHOLDER = "PERFGUARD_REPORT_URL"
+#: the environment variable that gives the report's URL (an artifact, a static host)
+REPORT_URL_ENV = "PERFGUARD_REPORT_URL"
 _ICON = {
     "regressed": ":red_circle:", "crashed": ":boom:", "error": ":warning:",
     "noisy": ":yellow_circle:", "incomparable": ":no_entry_sign:",
@@ -172,9 +175,30 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
         out.append(f"> {_text(note, 300)}")
     if results.notes:
         out.append("")
-    url = report_url or REPORT_URL_PLACEHOLDER
-    out.append(f"[Full HTML report (report.html)]({url})")
+    out.append(report_link(report_url))
     return "\n".join(out) + "\n"
+
+
+def ci_run_url() -> str | None:
+    """The CI run's page, where the CI's environment gives it (GitHub Actions)."""
+    env = os.environ
+    server, repo, run = (env.get(k, "").strip() for k in
+                         ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))  # fmt: skip
+    if server and repo and run:
+        return f"{server.rstrip('/')}/{repo}/actions/runs/{run}"
+    return None
+
+
+def report_link(report_url: str | None = None) -> str:
+    """The summary's last line: a link to the report, or where it is and how to link it."""
+    given = report_url or os.environ.get(REPORT_URL_ENV, "").strip()
+    if given:
+        return f"[Full HTML report (report.html)]({given})"
+    run = ci_run_url()
+    if run:
+        return f"[Full HTML report: report.html in this run's artifacts]({run})"
+    return (f"Full HTML report: `report.html` beside this summary (set {REPORT_URL_ENV}, or "
+            "pass --report-url to `perfguard report`, to link it here)")  # fmt: skip
 
 
 def write_markdown(
