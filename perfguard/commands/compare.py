@@ -15,6 +15,12 @@ With ``--against BASE`` the two sides are commits instead: A/B mode
 arguments (which tests) come from ``--pytest-args``.
 
 Two runs are matched by nodeid. A test that is only in CURRENT is ``new``.
+Two stored runs are judged as the session that saved CURRENT judged it: with
+what each run's session saw of the machine (kept in each record's ``meta``:
+the reference workload's time, the wait for a CPU; read by the judge itself)
+and, when both are in one store, the test's stored levels before CURRENT as
+its history, so a run saved on a busy machine is as ``noisy`` here as it was
+live.
 A capture can be compared with a run that holds one test. Machines that
 differ give ``incomparable``: for runs, the stored fingerprints; for
 captures, the GPU names in the traces. So do environments that differ in a
@@ -138,6 +144,8 @@ class _Side:
         self.fingerprint: Any = None
         self.gpus: tuple[str, ...] = ()
         self.environment = Environment()
+        self.store: Path | str | None = None
+        self.run_id: int | None = None
         stored = _store_spec(spec)
         if stored is None:
             self.records = {nodeid: self._capture(spec, key_node, nodeid)}
@@ -154,6 +162,7 @@ class _Side:
             ) from None
         with open_store(path, create=False) as store:
             info, self.records = store.load_run(int(run))
+        self.store, self.run_id = path, int(run)
         self.commit = info.commit
         self.fingerprint = info.fingerprint
         self.environment = info.environment
@@ -208,6 +217,22 @@ def _incompatibility(current: _Side, baseline: _Side) -> str | None:
     return None
 
 
+def _histories(current: _Side, baseline: _Side) -> dict[str, Any]:
+    """Two runs of one store: each test's stored levels before the current run on its
+    machine (the between-run noise its session judged with); else none."""
+    if current.store is None or current.store != baseline.store or current.run_id is None:
+        return {}
+    from perfguard.baseline.store import open_store
+    from perfguard.compare.against import history_levels
+
+    with open_store(current.store, create=False) as store:
+        return {
+            nodeid: history_levels(store, rec, current.fingerprint, None,
+                                   before_run_id=current.run_id)
+            for nodeid, rec in current.records.items()
+        }  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     from perfguard.compare import Outcome, compare_records
     from perfguard.compare.against import settings_for
@@ -245,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         if current.fingerprint is not None and baseline.fingerprint is not None
         else None
     )
+    histories = _histories(current, baseline)
     results = []
     for nodeid, rec in sorted(current.records.items()):
         settings = settings_for(rec, args.tolerance, args.alpha)  # the marker's, as stored
@@ -254,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
             baseline_run_exists=baseline.is_run,
             gates=(rec.meta.get("marker") or {}).get("gates"),
             timing_incompatibility=timing_reason, environment=changes,
+            history=histories.get(nodeid),
         ))  # fmt: skip
     gone = sorted(set(baseline.records) - set(current.records))
     if not to_stdout(args):
@@ -337,16 +364,12 @@ def _renamed(record: Any, nodeid: str) -> Any:
 
 
 def _table(results: list[Any]) -> str:
-    from perfguard.compare.verdict import format_ns, format_p, format_pct
+    from perfguard.compare.units import format_ns, interval, p_value, percent
 
     # the levels whose ratio is the change (geometric means of the rounds), not medians
     rows = [("outcome", "test", "baseline", "current", "change", "interval", "p", "n")]
     for r in results:
-        ci = (
-            f"{format_pct(r.ci_low_pct)}..{format_pct(r.ci_high_pct)}"
-            if not (math.isnan(r.ci_low_pct) or math.isnan(r.ci_high_pct))
-            else "-"
-        )
+        ci = interval(r.ci_low_pct, r.ci_high_pct)
         rows.append(
             (
                 r.outcome.value,
@@ -355,9 +378,9 @@ def _table(results: list[Any]) -> str:
                 format_ns(
                     r.median_current_ns if math.isnan(r.level_current_ns) else r.level_current_ns
                 ),  # fmt: skip
-                format_pct(r.delta_pct),
+                percent(r.delta_pct, True),
                 ci,
-                format_p(r.p_value),
+                p_value(r.p_value),
                 f"{r.n_current}/{r.n_baseline}",
             )
         )
@@ -365,7 +388,7 @@ def _table(results: list[Any]) -> str:
 
 
 def _ops_table(ops: Any) -> str:
-    from perfguard.compare.verdict import format_ns, format_p, format_pct
+    from perfguard.compare.units import format_ns, p_value, percent
 
     rows = [("  op", "dir", "status", "baseline", "current", "change", "p")]
     for o in ops.itertuples(index=False):
@@ -376,8 +399,8 @@ def _ops_table(ops: Any) -> str:
                 o.status,
                 format_ns(o.baseline_ns),
                 format_ns(o.current_ns),
-                format_pct(o.delta_pct),
-                format_p(o.p_value),
+                percent(o.delta_pct, True),
+                p_value(o.p_value),
             )
         )
     return _format(rows)
