@@ -27,6 +27,7 @@ import pytest
 
 from perfguard import analyze
 from perfguard.baseline.record import Fingerprint, RunInfo, TestRecord, record_from_analysis
+from perfguard.compare.explanation import shorten
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.errors import ReportError
 from perfguard.plugin.summary import results_lines
@@ -367,7 +368,7 @@ def test_timing_and_gates_halves_side_by_side(session, page, resnet):
     delta = 100 * (np.exp(np.mean(np.log(cur.round_values())) - np.mean(np.log(
         resnet.round_values()))) - 1)  # fmt: skip
     assert timing.find("dd", cls="delta").text().startswith(fmt_pct(delta))
-    assert timing.find("dd", cls="threshold").text().startswith("5.0 % (tolerance 5.0 %")
+    assert timing.find("dd", cls="threshold").text().startswith("5.0% (tolerance 5.0%")
     assert (
         timing.find("dd", cls="replicated")
         .text()
@@ -632,7 +633,10 @@ def test_terminal_table_lists_every_outcome_worst_first_with_why(session):
              for line in body]  # fmt: skip
     assert [c[1] for c in cells] == [o for _, o in EXPECTED]
     by = {o: c for c, (_, o) in zip(cells, EXPECTED, strict=True)}
-    assert by["crashed"][5] == CRASH_REASON[: MAX_WHY - 1] + "…"
+    # shortened between words, the whole line after the table
+    assert by["crashed"][5] == shorten(CRASH_REASON, MAX_WHY) and by["crashed"][5].endswith("…")
+    assert CRASH_REASON[len(by["crashed"][5]) - 1] == " "
+    assert any(x.startswith("crashed ") and x.endswith(f": {CRASH_REASON}") for x in lines)
     assert by["error"][5].startswith("the test requests the gpuprofile fixture")
     assert "\udc80" not in "".join(lines)  # printable on any terminal
     assert by["not-judged"][5].startswith("too few rounds")
@@ -774,7 +778,7 @@ def test_analysis_page_tables_match_the_analysis(train_analysis):
     assert [r[0] for r in top] == ops["op_name"].head(10).tolist()
     assert top[0][4] == fmt_ns(ops["gpu_time_total"].iloc[0])
     share = 100 * ops["gpu_time_total"].iloc[0] / ops["gpu_time_total"].sum()
-    assert top[0][5] == f"{share:.1f} %"
+    assert top[0][5] == f"{share:.1f}%"
     missing = ops[
         ops["tc_eligible"].fillna(False).astype(bool)
         & ~ops["using_tc"].fillna(False).astype(bool)

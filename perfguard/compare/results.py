@@ -84,14 +84,16 @@ class HostCount:
 
     def short(self) -> str:
         """``3.585 M instr`` or ``3.585 M instr, +0.29%`` (for a table cell)."""
-        from perfguard.compare.units import human
+        from perfguard.compare.units import human, percent
 
         d = self.delta_pct
-        return human(self.current, "instructions") + ("" if d is None else f", {d:+.2f}%")
+        return human(self.current, "instructions") + (
+            "" if d is None else f", {percent(d, True, 2)}"
+        )
 
     def text(self) -> str:
         """A sentence for a test's lines: what was counted, against what."""
-        from perfguard.compare.units import human
+        from perfguard.compare.units import human, percent
 
         now = human(self.current, "instructions")
         if self.baseline is None:
@@ -99,7 +101,7 @@ class HostCount:
         budget = f"; budget {self.budget}" if self.budget else ""
         return (
             f"host instructions per iteration: {human(self.baseline, 'instructions')} → {now} "
-            f"({self.delta_pct:+.2f}%, Callgrind{budget})"
+            f"({percent(self.delta_pct, True, 2)}, Callgrind{budget})"
         )
 
 

@@ -26,9 +26,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from perfguard.compare.explanation import shorten
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
+from perfguard.compare.units import format_ns, p_value, percent
 from perfguard.errors import ReportError
-from perfguard.report.html.render import clean_text, fmt_ns, fmt_p, fmt_pct, write_text
+from perfguard.report.html.render import clean_text, write_text
 from perfguard.report.profile import one_line
 
 #: the environment variable that gives the report's URL (an artifact, a static host)
@@ -46,7 +48,7 @@ _BADGE_ICON = {
 _LISTED = tuple(o for o in OUTCOMES if o in _ICON)
 _MAX_LINES = 30  # listed lines
 _MAX_ROWS = 150  # rows of the collapsed table
-_MAX_REASON = 500  # characters of a reason or an explanation line
+_MAX_REASON = 500  # characters of a table cell's reason (shortened between words)
 
 
 def _code(text: Any, table: bool = False) -> str:
@@ -60,10 +62,11 @@ def _code(text: Any, table: bool = False) -> str:
 
 
 def _text(text: Any, limit: int | None = None) -> str:
-    """Plain user text for Markdown: HTML and emphasis characters escaped, one line."""
+    """Plain user text for Markdown: HTML and emphasis characters escaped, one line; a
+    table cell's ``limit`` shortens it between words (:func:`shorten`)."""
     text = " ".join(str(text).split())
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
+    if limit is not None:
+        text = shorten(text, limit)
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return re.sub(r"([\\`*_\[\]|#~])", r"\\\1", text)
 
@@ -73,15 +76,15 @@ def _line(t: TestEntry) -> str:
     its last line)."""
     o = t.outcome.value
     why = t.explained
-    out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(why.headline, _MAX_REASON) or o}"]
-    out += [f"  - {_text(line, _MAX_REASON)}" for line in why.lines]
+    out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(why.headline) or o}"]
+    out += [f"  - {_text(line)}" for line in why.lines]
     host = t.host_count
     if host is not None and not any("host instructions" in line for line in why.lines):
-        out.append(f"  - {_text(host.text(), _MAX_REASON)}")
+        out.append(f"  - {_text(host.text())}")
     if why.environment:
-        out.append(f"  - {_text(why.environment_line, _MAX_REASON)}")
+        out.append(f"  - {_text(why.environment_line)}")
     if t.accepted:
-        out.append(f"  - {_text(t.accepted_text, _MAX_REASON)}")
+        out.append(f"  - {_text(t.accepted_text)}")
     return "\n".join(out)
 
 
@@ -135,7 +138,7 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
             shared.setdefault(t.explained.environment_line, []).append(t.nodeid)
     for line, nodeids in shared.items():
         who = _code(nodeids[0]) if len(nodeids) == 1 else f"{len(nodeids)} tests"
-        out.append(f"- {_text(line, _MAX_REASON)} ({who})")
+        out.append(f"- {_text(line)} ({who})")
     if shared:
         out.append("")
     if rest:
@@ -151,9 +154,10 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
             host = t.host_count
             cell = (f" {_text(host.short()) if host else '-'} |") if counted else ""
             out.append(
-                f"| {_code(t.nodeid, table=True)} | {t.outcome.value} | {fmt_pct(t.delta_pct)} "
-                f"| {fmt_p(t.p_value)} | {fmt_ns(t.level_baseline_ns)} → "
-                f"{fmt_ns(_level_or_median(t))} |{cell} "
+                f"| {_code(t.nodeid, table=True)} | {t.outcome.value} "
+                f"| {percent(t.delta_pct, True)} | {p_value(t.p_value)} "
+                f"| {format_ns(t.level_baseline_ns)} → "
+                f"{format_ns(_level_or_median(t))} |{cell} "
                 f"{_text('; '.join(filter(None, [t.accepted_text, t.reason])), _MAX_REASON)} |"
             )
         if len(rest) > _MAX_ROWS:

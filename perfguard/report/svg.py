@@ -11,37 +11,24 @@ Coordinates are in CSS pixels; text stays text, with the page's font.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
 import numpy as np
 
+from perfguard.compare.units import axis, nice_ticks
+
 WIDTH, HEIGHT = 520, 150
 FONT = 'font-family="system-ui,sans-serif" font-size="10"'
 AXIS_COLOR = "#444"
 
 
-def nice_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
-    """At most ``most`` round values (1, 2, 2.5 or 5 times a power of ten apart) in [lo, hi]."""
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
-        return [lo] if math.isfinite(lo) else []
-    raw = (hi - lo) / max(most - 1, 1)
-    power = 10.0 ** math.floor(math.log10(raw))
-    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
-        step = m * power
-        first = math.ceil(lo / step - 1e-9) * step
-        ticks = [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
-        if len(ticks) <= most:
-            return [round(t, 12) for t in ticks]
-    return [lo, hi]
-
-
-def _num(value: float) -> str:
-    """A tick label: as few digits as tell the ticks apart."""
-    text = f"{value:.6g}"
-    return "0" if text in ("-0", "0") else text
+def _ticks(lo: float, hi: float, most: int = 5) -> list[tuple[float, str]]:
+    """An axis' round ticks in [lo, hi] and their labels (:func:`units.axis`: labels that
+    differ, as few digits as that takes, never in exponent notation)."""
+    ticks = nice_ticks(lo, hi, most)
+    return list(zip(ticks, axis(ticks), strict=True))
 
 
 @dataclass(frozen=True)
@@ -129,7 +116,7 @@ def strip_box(groups: Sequence[tuple[str, np.ndarray, str]], x_title: str, label
             body.append(f'<line x1="{f.x(med):.1f}" y1="{f.y(row + 0.34):.1f}" '
                         f'x2="{f.x(med):.1f}" y2="{f.y(row - 0.34):.1f}" stroke="#1e3a8a" '
                         f'stroke-width="1.6"/>')  # fmt: skip
-    ticks = [(t, _num(t)) for t in nice_ticks(f.x0, f.x1)]
+    ticks = _ticks(f.x0, f.x1)
     body += _x_axis(f, ticks, x_title)
     body += _y_axis(f, [(r, n) for r, n in rows], "")
     return _svg(label, body)
@@ -152,7 +139,7 @@ def line(values: np.ndarray, x_labels: Sequence[str], y_title: str, label: str, 
     step = -(-n // 5)
     xticks = [(float(i), x_labels[i]) for i in range(n - 1, -1, -step)][::-1]
     body += _x_axis(f, xticks, "")
-    body += _y_axis(f, [(t, _num(t)) for t in nice_ticks(f.y0, f.y1, 4)], y_title)
+    body += _y_axis(f, _ticks(f.y0, f.y1, 4), y_title)
     return _svg(label, body)
 
 
@@ -207,5 +194,5 @@ def iteration_strip(
         body.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}" '
                     f'height="{f.bottom - y:.1f}" fill="{colour}"/>')  # fmt: skip
     body += _x_axis(f, [], "iterations in order, rounds apart")
-    body += _y_axis(f, [(t, _num(t)) for t in nice_ticks(f.y0, f.y1, 4)], y_title)
+    body += _y_axis(f, _ticks(f.y0, f.y1, 4), y_title)
     return _svg(label, body)
