@@ -118,6 +118,13 @@ def format_ns(v: Any) -> str:
 duration = format_ns
 
 
+def seconds(s: Any, unit: bool = True) -> str:
+    """A wall time of perfguard's own, in seconds to the hundredth (``0.35 s``; without the
+    unit in a list that says it once): its cost lines sum and compare such figures, which
+    one unit keeps readable."""
+    return "n/a" if _missing(s) else f"{float(s):,.2f}" + (" s" if unit else "")
+
+
 def percent(value: Any, signed: bool = False, digits: int | None = 1) -> str:
     """A percentage, ``digits`` decimals (None: as few as it needs, for a setting such as a
     tolerance: ``5%``, ``2.5%``), no space before the sign: ``+1.2%``, ``45.0%``; ``n/a``

@@ -19,7 +19,7 @@ from typing import Any
 from perfguard.compare.explanation import shorten
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
-from perfguard.compare.units import format_ns, interval, percent
+from perfguard.compare.units import interval, percent, seconds
 from perfguard.plugin.phases import OWN_PHASES
 
 HEADER = ("test", "outcome", "change", "interval", "gates", "why")
@@ -45,10 +45,15 @@ def why(entry: TestEntry) -> str:
 def _clip(text: str, width: int, keep_end: bool = False) -> str:
     """A cell: a test id keeps its end (the test's name); any other text is shortened
     between words (:func:`shorten`), its full line said below the table."""
-    text = " ".join(text.split()).encode("utf-8", "replace").decode("utf-8")
+    text = _printable(text)
     if len(text) <= width:
         return text
     return "…" + text[-(width - 1) :] if keep_end else shorten(text, width)
+
+
+def _printable(text: str) -> str:
+    """One line any terminal prints (a lone surrogate from a test's output becomes ``?``)."""
+    return " ".join(text.split()).encode("utf-8", "replace").decode("utf-8")
 
 
 def _counted(entries: list[TestEntry]) -> bool:
@@ -102,9 +107,9 @@ def results_lines(results: SessionResults) -> list[str]:
                 if e.explanation.environment:
                     lines.append(f"  - {e.explanation.environment_line}")
             else:
-                full = " ".join(why(e).split())
+                full = _printable(why(e))
                 if len(full) > MAX_WHY:  # its cell was shortened: the whole line here
-                    lines.append(f"{e.outcome.value} {e.nodeid}: {full}")
+                    lines.append(_printable(f"{e.outcome.value} {e.nodeid}: {full}"))
                 if e.explanation is not None and e.explanation.environment:
                     others.setdefault(e.explanation.environment_line, []).append(e.nodeid)
         for line, nodeids in others.items():  # said once for the tests that share it
@@ -122,22 +127,20 @@ def cost_line(entries: list[TestEntry], session_s: dict[str, float]) -> str:
     measured = [e.phase_s for e in entries if "profiled" in e.phase_s]
     parts: dict[str, float] = {}
     for phases in measured:
-        for name, seconds in phases.items():
+        for name, spent in phases.items():
             if name not in OWN_PHASES:
-                parts[name] = parts.get(name, 0.0) + seconds
+                parts[name] = parts.get(name, 0.0) + spent
     texts = []
     if measured:
         n = len(measured)
         detail = _largest_first({k: v / n for k, v in parts.items()})
-        texts.append(f"{_seconds(sum(parts.values()) / n)} per test beyond its rounds ({detail})")
+        texts.append(f"{seconds(sum(parts.values()) / n)} per test beyond its rounds ({detail})")
     if session_s:
-        texts.append(f"session {_seconds(sum(session_s.values()))} ({_largest_first(session_s)})")
+        texts.append(f"session {seconds(sum(session_s.values()))} ({_largest_first(session_s)})")
     return "perfguard's own time: " + "; ".join(texts) if texts else ""
 
 
 def _largest_first(parts: dict[str, float]) -> str:
-    return ", ".join(f"{k} {_seconds(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
-
-
-def _seconds(s: float) -> str:
-    return format_ns(s * 1e9)
+    return ", ".join(
+        f"{k} {seconds(v, unit=False)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+    )
