@@ -783,6 +783,9 @@ def test_analysis_page_tables_match_the_analysis(train_analysis):
     assert top[0][4] == fmt_ns(ops["gpu_time_total"].iloc[0])
     share = 100 * ops["gpu_time_total"].iloc[0] / ops["gpu_time_total"].sum()
     assert top[0][5] == f"{share:.1f}%"
+    from perfguard.compare.units import human
+
+    assert [r[10] for r in top] == [human(f, "flops") for f in ops["flops"].head(10)]
     missing = ops[
         ops["tc_eligible"].fillna(False).astype(bool)
         & ~ops["using_tc"].fillna(False).astype(bool)

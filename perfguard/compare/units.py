@@ -32,11 +32,13 @@ P_FLOOR = 1e-3
 
 
 def _missing(value: Any) -> bool:
-    return (
-        value is None
-        or isinstance(value, bool)
-        or (isinstance(value, float) and not math.isfinite(value))
-    )
+    """No number to write: None, a flag, NaN, infinity, pandas' NA, or not a number."""
+    if value is None or isinstance(value, bool):
+        return True
+    try:
+        return not math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return True
 
 
 def _sig(v: float, digits: int) -> str:
@@ -71,10 +73,10 @@ def _scaled(v: float, scales: tuple[tuple[float, str], ...], digits: int) -> tup
 def human(value: Any, counter: str = "") -> str:
     """A counter's value as a reader wants it: integers as integers, FLOPs and bytes with
     SI prefixes (``757 MFLOP``, ``6.11 MB``)."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
     if isinstance(value, str | bool):  # a dtype, a kernel name, a yes/no gate's state
         return str(value)
+    if _missing(value):
+        return "n/a"
     v = float(value)
     if counter in _FINE:
         num, prefix = _scaled(v, _SI[1:], 4)
@@ -109,7 +111,7 @@ def signed(value: Any, counter: str = "") -> str:
 
 def format_ns(v: Any) -> str:
     """A duration given in ns, in the unit that keeps it readable: ``6.49 ms``."""
-    if v is None or isinstance(v, bool) or (isinstance(v, float) and not math.isfinite(v)):
+    if _missing(v):
         return "n/a"
     num, unit = _scaled(float(v), _TIME, 3)
     return f"{num} {unit or 'ns'}"
