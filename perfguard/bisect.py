@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfguard.baseline import git
+from perfguard.compare.units import format_ns, human, interval, percent
 from perfguard.errors import BaselineError, CompareError
 
 if TYPE_CHECKING:
@@ -231,7 +232,18 @@ def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
     elif oracle == "instructions":
         decided = _instructions_outcome(gates)
     fired = [
-        {k: f.get(k) for k in ("gate", "op_name", "kernel_name", "baseline", "current", "budget")}
+        {
+            k: f.get(k)
+            for k in (
+                "gate",
+                "op_name",
+                "kernel_name",
+                "baseline",
+                "current",
+                "budget",
+                "whole_test",
+            )
+        }
         for f in (gates.get("regressions") or [])[:TOP_FINDINGS]
     ]
     return TestVerdict(
@@ -467,17 +479,6 @@ def _not_regressed(step: Step, settings: Settings) -> str:
 # --------------------------------------------------------------------------- text
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None or v != v else f"{v:+.1f} %"
-
-
-def _num(v: Any) -> str:
-    """A counter as people read it: whole numbers without ``.0``, big ones to 4 digits."""
-    if not isinstance(v, (int, float)) or v != v:
-        return str(v)
-    return f"{v:.4g}" if abs(v) >= 1e6 else (f"{v:g}" if v == int(v) else f"{v:.3g}")
-
-
 def _evidence(t: TestVerdict) -> str:
     parts = [t.outcome]
     if t.decided_by != t.outcome:
@@ -485,17 +486,21 @@ def _evidence(t: TestVerdict) -> str:
     if t.delta_pct is not None:
         ci = ""
         if t.ci_low_pct is not None and t.ci_high_pct is not None:
-            ci = f" [{_pct(t.ci_low_pct)} .. {_pct(t.ci_high_pct)}]"
-        parts.append(f"time {_pct(t.delta_pct)}{ci}")
+            ci = f" {interval(t.ci_low_pct, t.ci_high_pct)}"
+        parts.append(f"time {percent(t.delta_pct, True)}{ci}")
     for g in t.gates:
-        where = f" in {g['op_name']}" if g.get("op_name") else ""
-        parts.append(f"{g['gate']}{where}: {_num(g['baseline'])} -> {_num(g['current'])}")
+        gate, op = g["gate"], g.get("op_name")
+        change = f"{human(g['baseline'], gate)} -> {human(g['current'], gate)}"
+        if g.get("whole_test"):  # the test's count, and the op that moved most
+            parts.append(f"{gate} per iteration {change}" + (f" (most in {op})" if op else ""))
+        else:
+            parts.append(f"{gate} of {op or 'the test'}: {change}")
     return ", ".join(parts)
 
 
 def _step_line(step: Step) -> str:
     tests = "; ".join(f"{t.nodeid}: {_evidence(t)}" for t in step.tests) or step.note
-    return (f"{step.commit[:10]} {step.mark:<4} [{step.mode}, {step.seconds:.0f} s] "
+    return (f"{step.commit[:10]} {step.mark:<4} [{step.mode}, {format_ns(step.seconds * 1e9)}] "
             f"{step.subject[:50]}: {tests}")  # fmt: skip
 
 

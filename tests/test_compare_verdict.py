@@ -25,7 +25,7 @@ from perfguard.analysis import analyze
 from perfguard.baseline.record import Fingerprint, RunInfo, TestRecord, record_from_analysis
 from perfguard.compare import Outcome, compare_records, failed
 from perfguard.compare.timing import between_run_sd
-from perfguard.compare.verdict import format_ns
+from perfguard.compare.units import format_ns
 from perfguard.errors import CompareError
 
 RESNET = "kineto/v100_resnet50_train_torch1.9_tbplugin.pt.trace.json.gz"

@@ -81,4 +81,4 @@ def test_report_and_summary_are_written(runs) -> None:
     html = (out / "report.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "test_cnn_train_step" in html
     summary = (out / "summary.md").read_text()
-    assert summary.startswith("## perfguard") and "PERFGUARD_REPORT_URL" in summary
+    assert summary.startswith("## perfguard") and "report.html" in summary

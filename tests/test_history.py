@@ -317,6 +317,11 @@ def test_counter_and_timing_steps_in_a_real_history_are_found_exactly_where_made
     assert len(hist.levels) == len(shas) >= 18
     timing = [(shas.index(cp.commit), cp.kind) for cp in hist.change_points]
     assert timing == [(i, "step") for i in steps["timing"]]
+    # what each session saw of the busy machine, read from the records' meta by the store's
+    # engine (json_extract / ->>): runs unlike the usual one are marked, and still searched
+    marked = hist.levels["machine"].astype(bool)
+    assert 10 <= marked.sum() < len(marked)
+    assert all(m.startswith("machine ") for m in hist.levels["machine"][marked])
     up, down = hist.change_points
     assert up.change_pct > 10 and down.change_pct < -5
     counter = {(shas.index(s.commit), s.counter) for s in hist.counter_steps}

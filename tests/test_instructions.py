@@ -393,7 +393,7 @@ def test_a_step_spread_between_layouts_widens_its_budget(dumps):
     (finding,) = worse.regressions
     assert f"widened to {100 * floor:.2f}%" in finding.message
     assert "moves 0.30% between heap layouts" in finding.message
-    assert finding.budget == f"{100 * floor:g}%"
+    assert finding.budget == f"{100 * floor:.3g}%"  # units.percent: three digits
     # an older baseline without layouts: the current side's spread stands for both
     older = side(1.0, None)
     assert instruction_layouts(older) == []

@@ -159,6 +159,17 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert "captured as one iteration" in " ".join(whole["notes"])
     assert store_runs(repo) == [(1, sha_a, 0)]
     r.stdout.fnmatch_lines(["*= perfguard =*", f"*{TRAIN}*no-baseline*", "*saved run 1*"])
+    # a first run shows where each test's time goes: its profile, in every output
+    profile = entry(doc, TRAIN)["profile"]
+    top = profile["ops"][0]
+    assert profile["basis"] == "cpu" and top["op_name"] == "wait_for_device"
+    assert 80 < top["share_pct"] < 100 and top["call_site"] == "step() at test_bench.py:11"
+    assert top["calls"] == profile["iterations"] == 4  # one profiled round of 4 iterations
+    html = (path / ".perfguard" / "report.html").read_text()
+    assert html.count('<details class="profile">') == 2 and "split by op" in html
+    summary = (path / ".perfguard" / "summary.md").read_text()
+    assert "Profiles of 2 tests" in summary
+    assert f"`{TRAIN}` (no-baseline): " in summary and "top op wait\\_for\\_device" in summary
 
     # B: same workload, one commit later: compared with A; unchanged (or noisy when the
     # machine is busy, e.g. under -n 2): never a failure
@@ -176,6 +187,7 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert train["gates"]["outcome"] == "unchanged", train["gates"]["message"]
     assert "syncs" in train["gates"]["checked"] and "calls" in train["gates"]["checked"]
     assert "1 of the 5 runs needed" in train["timing"]["replicated"]
+    assert train["profile"]["ops"][0]["op_name"] == "wait_for_device"  # unchanged: profiled too
     assert [h["commit"] for h in train["history"]] == [sha_a]  # history before this run
     assert store_runs(repo)[-1] == (2, sha_b, 0)
 
@@ -441,6 +453,32 @@ def test_bad_marker_is_that_tests_error(pytester: pytest.Pytester) -> None:
     r.stdout.fnmatch_lines(
         ["*@pytest.mark.gpuprofile on *test_bad: iterations must be an integer >= 1, got 0*"]
     )
+
+
+def test_misspelled_marker_is_that_tests_row_in_a_session(pytester: pytest.Pytester) -> None:
+    """A marker error under --perfguard is the test's ``error`` row with the message, in
+    results.json, the terminal and summary.md; never "no test was measured"."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.gpuprofile(iteration=3, tolerence="5%")
+        def test_bad(gpuprofile):
+            pass
+        """
+    )
+    r = pytester.runpytest_inprocess("--perfguard", "-p", "no:cacheprovider")
+    r.assert_outcomes(errors=1)
+    doc = json.loads((pytester.path / ".perfguard" / "results.json").read_text())
+    (entry,) = doc["tests"]
+    assert entry["outcome"] == "error"
+    assert "unknown argument(s) iteration, tolerence" in entry["error"]
+    summary = (pytester.path / ".perfguard" / "summary.md").read_text()
+    terminal = r.stdout.str()
+    for text in (summary, terminal):
+        assert "no test was measured" not in text
+    assert "unknown argument(s) iteration, tolerence" in summary
+    r.stdout.fnmatch_lines(["*test_bad*error*@pytest.mark.gpuprofile*"])
 
 
 # ------------------------------------------------------------------ without --perfguard

@@ -27,6 +27,7 @@ import pytest
 
 from perfguard import analyze
 from perfguard.baseline.record import Fingerprint, RunInfo, TestRecord, record_from_analysis
+from perfguard.compare.explanation import shorten
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.errors import ReportError
 from perfguard.plugin.summary import results_lines
@@ -37,7 +38,7 @@ from perfguard.report.html import (
     write_session_html,
 )
 from perfguard.report.html.render import fmt_ns, fmt_pct
-from perfguard.report.markdown import REPORT_URL_PLACEHOLDER, render_markdown, write_markdown
+from perfguard.report.markdown import REPORT_URL_ENV, render_markdown, write_markdown
 
 RESNET = "kineto/v100_resnet50_train_torch1.9_tbplugin.pt.trace.json.gz"
 TRAIN_2RANK = "kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz"
@@ -367,7 +368,7 @@ def test_timing_and_gates_halves_side_by_side(session, page, resnet):
     delta = 100 * (np.exp(np.mean(np.log(cur.round_values())) - np.mean(np.log(
         resnet.round_values()))) - 1)  # fmt: skip
     assert timing.find("dd", cls="delta").text().startswith(fmt_pct(delta))
-    assert timing.find("dd", cls="threshold").text().startswith("5.0 % (tolerance 5.0 %")
+    assert timing.find("dd", cls="threshold").text().startswith("5.0% (tolerance 5.0%")
     assert (
         timing.find("dd", cls="replicated")
         .text()
@@ -632,7 +633,11 @@ def test_terminal_table_lists_every_outcome_worst_first_with_why(session):
              for line in body]  # fmt: skip
     assert [c[1] for c in cells] == [o for _, o in EXPECTED]
     by = {o: c for c, (_, o) in zip(cells, EXPECTED, strict=True)}
-    assert by["crashed"][5] == CRASH_REASON[: MAX_WHY - 1] + "…"
+    # shortened between words, the whole line after the table
+    assert by["crashed"][5] == shorten(CRASH_REASON, MAX_WHY) and by["crashed"][5].endswith("…")
+    cut = by["crashed"][5][:-1]
+    assert CRASH_REASON.startswith(cut) and CRASH_REASON[len(cut)] in " ;,:"
+    assert any(x.startswith("crashed ") and x.endswith(f": {CRASH_REASON}") for x in lines)
     assert by["error"][5].startswith("the test requests the gpuprofile fixture")
     assert "\udc80" not in "".join(lines)  # printable on any terminal
     assert by["not-judged"][5].startswith("too few rounds")
@@ -643,7 +648,10 @@ def test_terminal_table_lists_every_outcome_worst_first_with_why(session):
     assert counts.startswith("3 regressed, 1 crashed, 1 error, 1 noisy")
     # under the table, each regressed or improved test's explanation, as its failure says it
     heads = [x for x in explained if not x.startswith("  - ")]
-    assert [h.split()[0] for h in heads] == ["regressed"] * 3 + ["improved"]
+    decided = [h for h in heads if h.split()[0] in ("regressed", "improved")]
+    assert [h.split()[0] for h in decided] == ["regressed"] * 3 + ["improved"]
+    # then the whole "why" of each other test whose cell was shortened
+    assert all(len(h.split(": ", 1)[1]) > MAX_WHY for h in heads if h not in decided)
     assert f"improved {improved.nodeid}: {improved.explanation.headline}" in heads
 
 
@@ -675,7 +683,9 @@ def test_markdown_lines_details_and_link(session):
     assert "3 other tests (no-baseline: 1, new: 1, unchanged: 1)" in details
     assert details.count("\n| `") == 3
     assert "no baseline to compare with" in details  # the reason column
-    assert md.rstrip().endswith(f"({REPORT_URL_PLACEHOLDER})")
+    assert md.rstrip().endswith(
+        f"(set {REPORT_URL_ENV}, or pass --report-url to `perfguard report`, to link it here)"
+    )  # no URL given, no CI: no dead link
     assert len(md) < 65536
 
 
@@ -772,7 +782,10 @@ def test_analysis_page_tables_match_the_analysis(train_analysis):
     assert [r[0] for r in top] == ops["op_name"].head(10).tolist()
     assert top[0][4] == fmt_ns(ops["gpu_time_total"].iloc[0])
     share = 100 * ops["gpu_time_total"].iloc[0] / ops["gpu_time_total"].sum()
-    assert top[0][5] == f"{share:.1f} %"
+    assert top[0][5] == f"{share:.1f}%"
+    from perfguard.compare.units import human
+
+    assert [r[10] for r in top] == [human(f, "flops") for f in ops["flops"].head(10)]
     missing = ops[
         ops["tc_eligible"].fillna(False).astype(bool)
         & ~ops["using_tc"].fillna(False).astype(bool)

@@ -207,6 +207,14 @@ def test_ab_unchanged_code_and_gates(project: Path) -> None:
     t = only(doc)
     assert t["outcome"] in ("unchanged", "noisy"), t["message"]
     assert t["gates"]["outcome"] == "unchanged", t["gates"]["message"]
+    # A/B reads as A/B everywhere: the base commit is the baseline, never "no baseline"
+    assert doc["baseline"] == {"ref": base, "commit": base, "run_id": None, "ab": True}
+    summary = (project / ".perfguard" / "summary.md").read_text()
+    assert f"vs base commit `{base[:12]}`" in summary and "no baseline" not in summary
+    html = (project / ".perfguard" / "report.html").read_text()
+    assert "none found" not in html and "the base tree of" in html
+    assert f"baseline: A/B: the base tree at {base[:12]}" in done.stdout
+    assert t["profile"]["ops"], "an A/B test has its profile too (from the merged record)"
 
     # a real .item() per step: a sync on a GPU; the gate names it, timing or not
     write(project, extra="x.sum().item()")

@@ -142,6 +142,11 @@ class Database:
     def ids_param(self, ids: Iterable[int]) -> Any:
         raise NotImplementedError
 
+    def json_number(self, column: str, key: str) -> str:
+        """SQL of the number under top-level ``key`` of the JSON text ``column`` (NULL when
+        absent or null): a few figures of a record's ``meta`` without reading it whole."""
+        raise NotImplementedError
+
     def tables(self) -> list[str]:
         """Names of the tables in the store's namespace, sorted."""
         raise NotImplementedError
@@ -416,6 +421,9 @@ class SQLiteDatabase(Database):
 
     def ids_param(self, ids: Iterable[int]) -> Any:
         return json.dumps([int(i) for i in ids])
+
+    def json_number(self, column: str, key: str) -> str:
+        return f"CAST(json_extract({column}, '$.{key}') AS REAL)"
 
     def tables(self) -> list[str]:
         rows = self.execute(

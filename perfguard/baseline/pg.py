@@ -96,6 +96,9 @@ class PostgresDatabase(Database):
     def ids_param(self, ids: Iterable[int]) -> Any:
         return [int(i) for i in ids]
 
+    def json_number(self, column: str, key: str) -> str:
+        return f"(({column})::jsonb ->> '{key}')::double precision"
+
     def tables(self) -> list[str]:
         # pg_tables, not information_schema: it lists tables this role may not read, too
         rows = self.execute(

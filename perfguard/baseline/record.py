@@ -67,6 +67,11 @@ METRICS = {"gpu_time": "gpu_time_ns", "wall_time": "wall_time_ns", "cpu_time": "
 #: as much as the median; work in a few steps only (a periodic flush) is the gates' and
 #: the per-op table's to show. GPU kernel time is not stretched by the host's load,
 #: and keeps the median.
+#: what the session saw of the machine while it measured, kept in a record's ``meta``: the
+#: reference workload's time (``speed_ns``, :mod:`perfguard.capture.speed`), the share of
+#: round time the test's thread waited for a CPU (``wait``) and other processes' share of
+#: the CPU (``load``); every later judgement of the record reads them (the live verdict did)
+MACHINE_EVIDENCE = ("speed_ns", "wait", "load")
 ROUND_STATISTIC = {"gpu_time": "median", "wall_time": "min", "cpu_time": "min"}
 
 

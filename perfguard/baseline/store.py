@@ -34,7 +34,14 @@ import pandas as pd
 
 from perfguard.baseline.db import Database, SQLiteDatabase, is_url, one_line
 from perfguard.baseline.frames import FRAME_TYPES, conform_frame, impossible, text_in_numbers
-from perfguard.baseline.record import METRICS, Fingerprint, RunInfo, TestRecord, timing_mask
+from perfguard.baseline.record import (
+    MACHINE_EVIDENCE,
+    METRICS,
+    Fingerprint,
+    RunInfo,
+    TestRecord,
+    timing_mask,
+)
 from perfguard.baseline.schema import (
     FINGERPRINT_COLUMNS,
     FORMAT,
@@ -613,6 +620,17 @@ class Store:
         out["n"] = cand["test_id"].map(stats["count"]).fillna(0).astype(np.int64)
         out["run_id"] = out["run_id"].astype(np.int64)
         return out
+
+    def machine_evidence(self, nodeid: str) -> pd.DataFrame:
+        """What each stored run of ``nodeid`` saw of the machine: run_id and a float column
+        per :data:`~perfguard.baseline.record.MACHINE_EVIDENCE` figure (NaN where a run did
+        not keep it), read from the records' ``meta`` in SQL."""
+        figures = ", ".join(f"{self.db.json_number('meta', k)} AS {k}" for k in MACHINE_EVIDENCE)
+        df = self._query(f"SELECT run_id, {figures} FROM tests WHERE nodeid = ?", [nodeid])
+        df["run_id"] = df["run_id"].astype(np.int64)
+        for k in MACHINE_EVIDENCE:
+            df[k] = pd.to_numeric(df[k], errors="coerce").astype(np.float64)
+        return df
 
     def runs_with_test(self, nodeid: str) -> pd.DataFrame:
         """The runs that recorded ``nodeid``: run_id, commit, dirty, time, ``fingerprint`` (a

@@ -11,6 +11,7 @@ from typing import Any
 
 from perfguard.commands import argtypes
 from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
+from perfguard.compare.units import format_ns
 
 DEFAULT_STORE = "baselines/perfguard.db"
 
@@ -140,16 +141,6 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run_migrate)
 
 
-def _human(ns: float) -> str:
-    """A duration in the unit that keeps it readable (the store keeps ns)."""
-    if ns != ns:
-        return "-"
-    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3f} {unit}"
-    return f"{ns:.0f} ns"
-
-
 def _machine(row: Any) -> str:
     if row.gpu_name:
         gpus = f"{row.gpu_count}x {row.gpu_name}" if row.gpu_count > 1 else row.gpu_name
@@ -251,8 +242,8 @@ def run_show(args: argparse.Namespace) -> int:
                 "test": nodeid,
                 "metric": rec.metric,
                 "n": len(values),
-                "median": _human(float(np.median(values))) if len(values) else "-",
-                "min": _human(float(values.min())) if len(values) else "-",
+                "median": format_ns(float(np.median(values))) if len(values) else "-",
+                "min": format_ns(float(values.min())) if len(values) else "-",
                 "ops": len(rec.ops),
             }
         )

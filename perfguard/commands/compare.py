@@ -15,6 +15,12 @@ With ``--against BASE`` the two sides are commits instead: A/B mode
 arguments (which tests) come from ``--pytest-args``.
 
 Two runs are matched by nodeid. A test that is only in CURRENT is ``new``.
+Two stored runs are judged as the session that saved CURRENT judged it: with
+what each run's session saw of the machine (kept in each record's ``meta``:
+the reference workload's time, the wait for a CPU; read by the judge itself)
+and, when both are in one store, the test's stored levels before CURRENT as
+its history, so a run saved on a busy machine is as ``noisy`` here as it was
+live.
 A capture can be compared with a run that holds one test. Machines that
 differ give ``incomparable``: for runs, the stored fingerprints; for
 captures, the GPU names in the traces. So do environments that differ in a
@@ -138,6 +144,8 @@ class _Side:
         self.fingerprint: Any = None
         self.gpus: tuple[str, ...] = ()
         self.environment = Environment()
+        self.store: Path | str | None = None
+        self.run_id: int | None = None
         stored = _store_spec(spec)
         if stored is None:
             self.records = {nodeid: self._capture(spec, key_node, nodeid)}
@@ -154,12 +162,15 @@ class _Side:
             ) from None
         with open_store(path, create=False) as store:
             info, self.records = store.load_run(int(run))
+        self.store, self.run_id = path, int(run)
         self.commit = info.commit
         self.fingerprint = info.fingerprint
         self.environment = info.environment
         self.is_run = True
 
     def _capture(self, spec: str, key_node: str | None, nodeid: str) -> Any:
+        import numpy as np
+
         from perfguard.analysis import analyze
         from perfguard.baseline.record import record_from_analysis
         from perfguard.errors import AnalysisError
@@ -173,7 +184,29 @@ class _Side:
         self.environment = trace.environment
         names: Iterable[object] = trace.devices["name"] if "name" in trace.devices else []
         self.gpus = tuple(sorted({str(n) for n in names if isinstance(n, str) and n}))
-        return record_from_analysis(nodeid, analysis, meta={"capture": spec})
+        # a capture is one round: its iterations are the samples the timing is judged on
+        it = analysis.iterations
+        n = int((it["rank"] == it["rank"].min()).sum()) if len(it) else 0
+        return record_from_analysis(nodeid, analysis, meta={"capture": spec},
+                                    rounds=np.arange(n, dtype=np.int64))  # fmt: skip
+
+
+def capture_nodeid(spec: str) -> str | None:
+    """The test a capture belongs to, from the session's ``results.json`` that names it
+    (the capture lies in its ``captures/`` folder); None when no session names it."""
+    import json
+
+    path = Path(spec).resolve()
+    for results in (path.parent.parent / "results.json", path.parent / "results.json"):
+        try:
+            doc = json.loads(results.read_text())
+        except (OSError, ValueError):
+            continue
+        for test in doc.get("tests") or [] if isinstance(doc, dict) else []:
+            capture = test.get("capture") if isinstance(test, dict) else None
+            if capture and Path(capture).name == path.name and test.get("nodeid"):
+                return str(test["nodeid"])
+    return None
 
 
 def _incompatibility(current: _Side, baseline: _Side) -> str | None:
@@ -182,6 +215,22 @@ def _incompatibility(current: _Side, baseline: _Side) -> str | None:
     if current.gpus and baseline.gpus and current.gpus != baseline.gpus:
         return f"gpu differs: {list(baseline.gpus)} (baseline) vs {list(current.gpus)} (current)"
     return None
+
+
+def _histories(current: _Side, baseline: _Side) -> dict[str, Any]:
+    """Two runs of one store: each test's stored levels before the current run on its
+    machine (the between-run noise its session judged with); else none."""
+    if current.store is None or current.store != baseline.store or current.run_id is None:
+        return {}
+    from perfguard.baseline.store import open_store
+    from perfguard.compare.against import history_levels
+
+    with open_store(current.store, create=False) as store:
+        return {
+            nodeid: history_levels(store, rec, current.fingerprint, None,
+                                   before_run_id=current.run_id)
+            for nodeid, rec in current.records.items()
+        }  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -195,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
         raise CompareError("compare needs CURRENT and BASELINE, or --against BASE (A/B mode)")
 
     label = Path(args.current.rpartition("#")[0] or args.current).name or args.current
+    if _store_spec(args.current) is None:  # a capture: its test's own name where a session says
+        label = capture_nodeid(args.current) or label
     current = _Side(args.current, args.key_node, label)
     baseline = _Side(args.baseline, args.key_node, label)
     if current.is_run != baseline.is_run:  # a capture against a run: match its one test
@@ -219,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         if current.fingerprint is not None and baseline.fingerprint is not None
         else None
     )
+    histories = _histories(current, baseline)
     results = []
     for nodeid, rec in sorted(current.records.items()):
         settings = settings_for(rec, args.tolerance, args.alpha)  # the marker's, as stored
@@ -228,9 +280,14 @@ def run(args: argparse.Namespace) -> int:
             baseline_run_exists=baseline.is_run,
             gates=(rec.meta.get("marker") or {}).get("gates"),
             timing_incompatibility=timing_reason, environment=changes,
+            history=histories.get(nodeid),
         ))  # fmt: skip
     gone = sorted(set(baseline.records) - set(current.records))
     if not to_stdout(args):
+        if not (current.is_run or baseline.is_run):
+            metric = results[0].metric if results else "time"
+            print(f"timing: each capture's per-iteration {metric} (a capture is one round: "
+                  "its iterations are the samples)")  # fmt: skip
         print(_table(results))
         for r in results:
             print(f"\n{r.outcome.value.upper()} {r.nodeid}\n  {r.explanation.text('    ')}")
@@ -307,16 +364,12 @@ def _renamed(record: Any, nodeid: str) -> Any:
 
 
 def _table(results: list[Any]) -> str:
-    from perfguard.compare.verdict import format_ns, format_p, format_pct
+    from perfguard.compare.units import format_ns, interval, p_value, percent
 
     # the levels whose ratio is the change (geometric means of the rounds), not medians
     rows = [("outcome", "test", "baseline", "current", "change", "interval", "p", "n")]
     for r in results:
-        ci = (
-            f"{format_pct(r.ci_low_pct)}..{format_pct(r.ci_high_pct)}"
-            if not (math.isnan(r.ci_low_pct) or math.isnan(r.ci_high_pct))
-            else "-"
-        )
+        ci = interval(r.ci_low_pct, r.ci_high_pct)
         rows.append(
             (
                 r.outcome.value,
@@ -325,9 +378,9 @@ def _table(results: list[Any]) -> str:
                 format_ns(
                     r.median_current_ns if math.isnan(r.level_current_ns) else r.level_current_ns
                 ),  # fmt: skip
-                format_pct(r.delta_pct),
+                percent(r.delta_pct, True),
                 ci,
-                format_p(r.p_value),
+                p_value(r.p_value),
                 f"{r.n_current}/{r.n_baseline}",
             )
         )
@@ -335,7 +388,7 @@ def _table(results: list[Any]) -> str:
 
 
 def _ops_table(ops: Any) -> str:
-    from perfguard.compare.verdict import format_ns, format_p, format_pct
+    from perfguard.compare.units import format_ns, p_value, percent
 
     rows = [("  op", "dir", "status", "baseline", "current", "change", "p")]
     for o in ops.itertuples(index=False):
@@ -346,8 +399,8 @@ def _ops_table(ops: Any) -> str:
                 o.status,
                 format_ns(o.baseline_ns),
                 format_ns(o.current_ns),
-                format_pct(o.delta_pct),
-                format_p(o.p_value),
+                percent(o.delta_pct, True),
+                p_value(o.p_value),
             )
         )
     return _format(rows)

@@ -15,8 +15,9 @@ import argparse
 from typing import Any
 
 from perfguard.commands import argtypes
-from perfguard.commands.baseline import _human, store_option
+from perfguard.commands.baseline import store_option
 from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
+from perfguard.compare.units import figure, format_ns, human, percent, signed
 
 #: counters shown as columns when the records carry them, in this order
 SHOWN_COUNTERS = ("calls", "kernels", "flops", "syncs", "bytes")
@@ -46,15 +47,6 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _counter_text(value: float) -> str:
-    if value != value:
-        return "-"
-    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{unit}"
-    return f"{value:.3g}"
-
-
 def _accepted_on(store: Any, nodeid: str, repo: str, ref: str) -> list[Any]:
     """The test's acceptances whose commit is on the history of ``ref``, oldest first."""
     from perfguard.baseline.accept import Acceptance, since
@@ -70,9 +62,7 @@ def _accepted_on(store: Any, nodeid: str, repo: str, ref: str) -> list[Any]:
 
 def _level(metric: str, value: float) -> str:
     """A run's level: a time, or a count per iteration (host instructions)."""
-    from perfguard.compare.units import human
-
-    return human(value, metric) if metric in ("instructions", "est_cycles") else _human(value)
+    return figure(value, metric if metric in ("instructions", "est_cycles") else "ns")
 
 
 def _print_history(hist: Any, accepted: list[Any] = ()) -> None:  # type: ignore[assignment]
@@ -84,6 +74,8 @@ def _print_history(hist: Any, accepted: list[Any] = ()) -> None:  # type: ignore
     cps = {cp.index: cp for cp in hist.change_points}
     steps = {s.index for s in hist.counter_steps}
     marks = {a.commit for a in accepted}
+    # what the sessions saw of the machine: a run measured unusually is no change point
+    unusual = "machine" in levels.columns and bool(levels["machine"].astype(bool).any())
     rows = []
     for i, r in enumerate(levels.itertuples(index=False)):
         row = {
@@ -97,7 +89,10 @@ def _print_history(hist: Any, accepted: list[Any] = ()) -> None:  # type: ignore
             "rounds": r.n_rounds,
         }
         for c in shown:
-            row[c] = _counter_text(float(counters.at[r.run_id, c]))
+            value = float(counters.at[r.run_id, c])
+            row[c] = human(value, c) if value == value else "-"
+        if unusual:
+            row["machine"] = r.machine or "-"
         rows.append(row)
     fp = hist.fingerprint
     machine = (fp.gpu_name or f"CPU {fp.cpu}".strip()) + f" [{fp.backend or '?'}] @ {fp.host}"
@@ -119,24 +114,23 @@ def _print_timing_points(hist: Any) -> None:
     print(f"{len(hist.change_points)} timing change point(s) (* above):")
     for cp in hist.change_points:
         what = "spread changed, level" if cp.kind == "variance" else cp.kind
-        print(f"  {cp.commit[:10]} (run {cp.run_id}): {what} {cp.change_pct:+.1f} % "
+        print(f"  {cp.commit[:10]} (run {cp.run_id}): {what} {percent(cp.change_pct, True)} "
               f"({_level(hist.metric, cp.before_ns)} -> {_level(hist.metric, cp.after_ns)}, "
               f"z={cp.z:.1f})")  # fmt: skip
         for op in cp.ops:
-            pct = f" ({op.change_pct:+.1f} %)" if op.before_ns else ""
-            print(f"      {op.op_name}: {_human(op.before_ns)} -> {_human(op.after_ns)}{pct}")
+            pct = f" ({percent(op.change_pct, True)})" if op.before_ns else ""
+            print(f"      {op.op_name}: {format_ns(op.before_ns)} -> {format_ns(op.after_ns)}{pct}")
 
 
 def _print_counter_steps(hist: Any) -> None:
-    from perfguard.compare.units import human
-
     if not hist.counter_steps:
         print("no counter change points")
         return
     print(f"{len(hist.counter_steps)} counter change point(s) (c above, exact):")
     for s in hist.counter_steps:
         per = "" if s.counter in ("kernel_set", "tc_ops", "dtypes", "peak_memory") else "/iter"
-        delta = f" ({s.after - s.before:+,.4g})" if per else ""  # 839 MFLOP -> 839 MFLOP: +40
+        # 67.4 MB -> 67.4 MB/iter says nothing: the change itself, in the counter's unit
+        delta = f" ({signed(s.after - s.before, s.counter)})" if per else ""
         moved = f"{human(s.before, s.counter)} -> {human(s.after, s.counter)}{per}{delta}"
         print(f"  {s.commit[:10]} (run {s.run_id}): {s.counter} {moved}")
         for name, before, after in s.ops:
@@ -182,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
             if quiet:
                 continue
             last = hist.change_points[-1] if hist.change_points else None
-            moved = f"; last change {last.commit[:10]} {last.change_pct:+.1f} %" if last else ""
+            moved = (
+                f"; last change {last.commit[:10]} {percent(last.change_pct, True)}" if last else ""
+            )
             if hist.counter_steps:
                 c = hist.counter_steps[-1]
                 moved += (f"; {len(hist.counter_steps)} counter change point(s), last "
@@ -190,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
             last_ok = accepted[-1] if accepted else None
             shown = f"; {last_ok.describe()}" if last_ok else ""
             print(f"{nodeid}: {len(hist.levels)} run(s), latest "
-                  f"{_human(float(hist.levels['value'].iloc[-1]))}, "
+                  f"{_level(hist.metric, float(hist.levels['value'].iloc[-1]))}, "
                   f"{len(hist.change_points)} timing change point(s){moved}{shown}")  # fmt: skip
     if args.json_out and not args.test:
         write_json(document("history-list", {"store": store.name, "ref": args.ref,

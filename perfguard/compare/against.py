@@ -29,7 +29,6 @@ so the same store, record and settings give the same outcome and figures.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -136,14 +135,11 @@ def against_from_store(
     changes: tuple[EnvironmentChange, ...] = ()
     if environment is not None and len(chosen):  # the run the verdict names: the latest
         changes = environment.changes_since(chosen.iloc[0]["environment"], across)
-    waits = [float(w) for r in records if (w := r.meta.get("wait")) is not None]
-    speeds = [float(s) for r in records if (s := r.meta.get("speed_ns"))]
     return Against(
         records=records, commit=commit, run_found=True, incompatibility=reason,
         timing_incompatibility=timing_reason,
         history=history_levels(store, record, fingerprint, only, before_run_id=exclude_run_id),
-        wait=float(np.median(waits)) if waits else math.nan,
-        speed_ns=float(np.median(speeds)) if speeds else math.nan, environment=changes,
+        environment=changes,
     )  # fmt: skip
 
 
@@ -169,14 +165,16 @@ def history_levels(
 
 def history_rows(store: Store, nodeid: str, fingerprint: Fingerprint) -> list[dict[str, Any]]:
     """The test's stored levels as the reports list them (commit, time, median_ns, and
-    ``change``: the timing and counter change points at that run,
-    :func:`perfguard.compare.history.change_marks`)."""
-    from perfguard.compare.history import change_marks
+    ``change``: the timing and counter change points at that run, and a run measured on an
+    unusual machine, :func:`perfguard.compare.history.change_marks`)."""
+    from perfguard.compare.history import change_marks, with_machine
 
     rows = store.history(nodeid, fingerprint=fingerprint, limit=HISTORY_RUNS)
     rows = rows[rows["median_ns"].notna()].reset_index(drop=True)
     levels = pd.DataFrame({"run_id": rows["run_id"], "commit": rows["commit"].astype(str),
                            "value": rows["median_ns"].astype(np.float64)})  # fmt: skip
+    if len(rows):
+        levels = with_machine(store, nodeid, levels, str(rows["metric"].iloc[-1]))
     marks = change_marks(store, nodeid, levels)
     return [
         {"commit": str(commit), "time": str(time), "median_ns": float(median), "change": mark}

@@ -90,7 +90,8 @@ def history_document(hist: History, accepted: Sequence[Any] = ()) -> dict[str, A
     for r in hist.levels.itertuples(index=False):
         row: dict[str, Any] = {"run_id": r.run_id, "commit": r.commit, "time": str(r.time),
                "position": getattr(r, "position", None), "level_ns": r.value,
-               "rounds": r.n_rounds, "counters": {}}  # fmt: skip
+               "rounds": r.n_rounds, "counters": {},
+               "machine": getattr(r, "machine", "") or None}  # fmt: skip
         if counters is not None and r.run_id in counters.index:
             values = counters.loc[int(r.run_id)]  # type: ignore[arg-type]
             row["counters"] = {str(k): v for k, v in values.items() if v == v}

@@ -48,7 +48,7 @@ from perfguard.compare.sites import (
     place_of,
 )
 from perfguard.compare.timing import TimingVerdict
-from perfguard.compare.units import format_ns, human
+from perfguard.compare.units import count, format_ns, human, interval, percent
 from perfguard.trace.call_sites import names_function
 
 #: counters a culprit can name, in the gates' words; peak memory is the test's alone
@@ -65,7 +65,7 @@ _METRIC_LABEL = {"gpu_time": "GPU time", "wall_time": "wall time", "cpu_time": "
 def _pct(base: float, cur: float) -> str:
     if not (math.isfinite(base) and math.isfinite(cur)) or base == 0:
         return ""
-    return f"{100 * (cur / base - 1):+.1f}%"
+    return percent(100 * (cur / base - 1), True)
 
 
 def times(calls: Any) -> str:
@@ -76,7 +76,7 @@ def times(calls: Any) -> str:
         return ""
     if not math.isfinite(c) or c == 1:
         return ""
-    return f" ×{int(c)}" if c == int(c) else f" ×{c:.3g}"
+    return f" ×{count(c)}"
 
 
 def _parent(name: str) -> str:
@@ -627,7 +627,7 @@ def timing_clause(timing: TimingVerdict) -> str:
         return f"timing not judged: {':'.join(why.split(':')[:2]).strip()}"
     label = _METRIC_LABEL.get(timing.metric, timing.metric)
     ci = (
-        f" [{timing.ci_low_pct:+.1f}%, {timing.ci_high_pct:+.1f}%]"
+        f" {interval(timing.ci_low_pct, timing.ci_high_pct)}"
         if math.isfinite(timing.ci_low_pct) and math.isfinite(timing.ci_high_pct)
         else ""
     )
@@ -637,9 +637,8 @@ def timing_clause(timing: TimingVerdict) -> str:
         levels += format_ns(timing.level_current_ns)
     n = f"{timing.n_baseline}/{timing.n_current} {'pairs' if timing.mode == 'ab' else 'rounds'}"
     why = timing.message.split(":")[0]
-    return (
-        f"timing {timing.outcome.value}: {label} {timing.delta_pct:+.1f}%{ci}{levels} ({n}; {why})"
-    )
+    change = percent(timing.delta_pct, True)
+    return f"timing {timing.outcome.value}: {label} {change}{ci}{levels} ({n}; {why})"
 
 
 def explain(e: Evidence) -> Explanation:

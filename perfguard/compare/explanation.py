@@ -31,6 +31,21 @@ from typing import Any
 
 from perfguard.environment import EnvironmentChange
 
+
+def shorten(text: str, width: int) -> str:
+    """``text`` on one line in at most ``width`` characters, cut only between words and
+    ended by ``…`` when cut (a single word longer than ``width`` is the one thing cut
+    inside): a table cell's shortening; the full line is said elsewhere."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    space = cut.rfind(" ")
+    if space > 0:
+        cut = cut[:space].rstrip(" ,;:([")
+    return cut + "…"
+
+
 #: culprit kinds, most telling first: a qualitative change to an op the reviewer can
 #: act on (dtype, Tensor Cores, a new sync) before the ops that appeared or vanished,
 #: before counters that moved on an op that stayed, before time alone

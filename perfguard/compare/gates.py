@@ -44,7 +44,7 @@ from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
 from perfguard.compare.instructions import explain_move, layout_floor
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.tolerance import parse_tolerance
-from perfguard.compare.units import human
+from perfguard.compare.units import count, human, percent
 
 #: the defaults, chosen so that the changes a reviewer always wants to hear about
 #: fail (a new sync, a lost Tensor Core path, more launches or copies, an op whose
@@ -99,7 +99,7 @@ class Budget:
     def __str__(self) -> str:
         if self.kind == "off":
             return "off"
-        return f"{self.value:g}" if self.kind == "abs" else f"{100 * self.value:g}%"
+        return count(self.value) if self.kind == "abs" else percent(100 * self.value, digits=None)
 
 
 def parse_gates(spec: dict[str, Any] | None) -> dict[str, Budget | bool]:
@@ -131,7 +131,8 @@ def parse_gates(spec: dict[str, Any] | None) -> dict[str, Budget | bool]:
 
 @dataclass(frozen=True)
 class GateFinding:
-    """One gate that moved: ``baseline``/``current`` per iteration (or the op's value)."""
+    """One gate that moved: ``baseline``/``current`` per iteration, of the op ``op_name``,
+    or of the whole test (``whole_test``: ``op_name`` is then the op that moved most)."""
 
     gate: str
     op_name: str  # "" for the whole test
@@ -140,6 +141,7 @@ class GateFinding:
     current: Any
     budget: str
     message: str
+    whole_test: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -252,8 +254,8 @@ def _layout_budget(
         return budget, ""
     wide = Budget("rel", floor[0])
     return wide, (
-        f"{budget}, widened to {100 * floor[0]:.2f}%: this step's count moves "
-        f"{100 * floor[1]:.2f}% between heap layouts"
+        f"{budget}, widened to {percent(100 * floor[0], digits=2)}: this step's count moves "
+        f"{percent(100 * floor[1], digits=2)} between heap layouts"
     )
 
 
@@ -328,13 +330,17 @@ def judge_gates(
         per = "" if counter == "peak_memory" else " per iteration"
         if budget.exceeded(tb, tc) or budget.exceeded(tc, tb):
             up = tc > tb
-            pct = f", {100 * (tc / tb - 1):+.2f}%" if counter in INSTRUCTION_COUNTERS and tb else ""
+            pct = (
+                f", {percent(100 * (tc / tb - 1), True, 2)}"
+                if counter in INSTRUCTION_COUNTERS and tb
+                else ""
+            )
             msg = (
                 f"{label}{per} {human(tb, counter)} → {human(tc, counter)}{pct} (budget {shown})"
                 + (f": {top}" if top else "")
             )
             top_op = str(names.get(moved.index[0], "")) if len(moved) else ""
-            finding = GateFinding(counter, top_op, "", tb, tc, str(budget), msg)
+            finding = GateFinding(counter, top_op, "", tb, tc, str(budget), msg, whole_test=True)
             if budget.exceeded(tb, tc) and up:
                 worse.append(finding)
             elif budget.exceeded(tc, tb) and not up:
@@ -350,7 +356,7 @@ def judge_gates(
                     worse.append(GateFinding(
                         counter, op, "", x, y, str(budget),
                         f"{label}{per} of {_short(op)} {human(x, counter)} → {human(y, counter)} "
-                        f"({100 * (y / x - 1):+.1f}%, budget {budget})",
+                        f"({percent(100 * (y / x - 1), True)}, budget {budget})",
                     ))  # fmt: skip
     if tuned:
         names = set(tuned.values())

@@ -42,6 +42,7 @@ from perfguard.baseline.record import (
 )
 from perfguard.compare.changepoint import detect, runs_needed
 from perfguard.compare.counter_steps import CounterStep, counter_steps
+from perfguard.compare.units import human, percent
 from perfguard.errors import BaselineError
 
 if TYPE_CHECKING:
@@ -265,7 +266,10 @@ def find_change_points(
     """The change points of ``levels["value"]`` (in the frame's order), each with the
     levels around it and, given ``op_levels`` (:func:`_op_levels`), the ops that moved most.
     ``noise``: run-to-run standard deviation in ns; default the history's own estimate
-    (:func:`perfguard.compare.timing.between_run_sd` of the levels, times their median)."""
+    (:func:`perfguard.compare.timing.between_run_sd` of the levels, times their median).
+    A run measured on an unusual machine (:func:`with_machine`) stays in the search: a
+    change point needs ``MIN_SIZE`` runs on each side, so one such run cannot make one,
+    and leaving every such run out would empty a busy machine's history."""
     from perfguard.compare.timing import between_run_sd
 
     values = levels["value"].to_numpy(np.float64)
@@ -311,18 +315,37 @@ def change_marks(store: Store, nodeid: str, levels: pd.DataFrame) -> list[str]:
     the timing and counter change points that start at that run, "" elsewhere; what the
     reports' history tables show beside each run."""
     marks: list[list[str]] = [[] for _ in range(len(levels))]
+    if "machine" in levels.columns:
+        for i, note in enumerate(levels["machine"]):
+            if note:
+                marks[i].append(note)
     for cp in find_change_points(levels):
         if cp.kind in ("variance", "cycle"):
             what = "spread changed" if cp.kind == "variance" else "cycle changed"
         else:
-            what = f"{cp.kind} {cp.change_pct:+.1f} %"
+            what = f"{cp.kind} {percent(cp.change_pct, True)}"
         marks[cp.index].append(what)
     for step in counter_steps(store, nodeid, levels, top_ops=0):
         if step.counter in ("kernel_set", "tc_ops", "dtypes"):
             marks[step.index].append(f"{step.counter} changed")
         else:
-            marks[step.index].append(f"{step.counter} {step.before:.4g} → {step.after:.4g}")
+            marks[step.index].append(
+                f"{step.counter} {human(step.before, step.counter)} → "
+                f"{human(step.after, step.counter)}"
+            )
     return ["; ".join(m) for m in marks]
+
+
+def with_machine(store: Store, nodeid: str, levels: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """``levels`` (a ``run_id`` column) with a ``machine`` column: what was unusual about the
+    machine when each run was measured (:func:`perfguard.compare.timing.machine_notes`,
+    from the evidence the session stored with the record), "" for a usual run."""
+    from perfguard.compare.timing import machine_notes
+
+    evidence = store.machine_evidence(nodeid).drop_duplicates("run_id").set_index("run_id")
+    ev = evidence.reindex(levels["run_id"].to_numpy())
+    notes = machine_notes(metric, ev["speed_ns"].to_numpy(), ev["wait"].to_numpy())
+    return levels.assign(machine=notes)
 
 
 def load_history(
@@ -352,6 +375,8 @@ def load_history(
     levels = levels[ok].reset_index(drop=True)
     if limit is not None:
         levels = levels.tail(limit).reset_index(drop=True)
+    if len(levels) and metric not in INSTRUCTION_COUNTERS:
+        levels = with_machine(store, nodeid, levels, str(levels["metric"].iloc[0]))
     points = find_change_points(
         levels,
         op_levels=None if metric in INSTRUCTION_COUNTERS else _op_levels(store, nodeid, levels),

@@ -34,7 +34,8 @@ from perfguard.compare.timing import (
     judge_store,
     not_judged,
 )
-from perfguard.compare.verdict import TestComparison, compare_ops, format_ns, kernel_changes
+from perfguard.compare.units import format_ns
+from perfguard.compare.verdict import TestComparison, compare_ops, kernel_changes
 from perfguard.environment import EnvironmentChange
 from perfguard.errors import CompareError
 
@@ -56,6 +57,9 @@ class Against:
     ``incompatibility``: why the machines cannot be compared, if they cannot.
     ``environment``: what differs in the environment since the baseline (the blocking
     fields are in ``incompatibility`` already); every view lists it with the verdict.
+    What the machine was doing while the baseline was measured (its wait for a CPU, its
+    reference workload's time) is read from the records' ``meta`` by :func:`judge`
+    itself (:func:`machine_evidence`), so no caller can judge a stored run without it.
     """
 
     records: list[TestRecord] = field(default_factory=list)
@@ -66,8 +70,6 @@ class Against:
     #: why the timing alone cannot be compared (another -n); the gates still are
     timing_incompatibility: str | None = None
     history: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    wait: float = math.nan  # share of the baseline's round time spent waiting for a CPU
-    speed_ns: float = math.nan  # the baseline's reference-workload time (capture/speed.py)
     environment: tuple[EnvironmentChange, ...] = ()
 
 
@@ -98,6 +100,19 @@ def combine(timing: TimingVerdict, gates: GateVerdict | None) -> Outcome:
     if timing.outcome is Outcome.UNCHANGED:
         return Outcome.UNCHANGED
     return Outcome.NOT_JUDGED
+
+
+def machine_evidence(records: list[TestRecord]) -> tuple[float, float]:
+    """(wait, speed_ns) of the machine while ``records`` were measured, the median over
+    them (NaN when none kept it): the share of round time the test's thread waited for a
+    CPU, and the reference workload's time (:mod:`perfguard.capture.speed`), as the
+    session stored them in each record's ``meta``."""
+    waits = [w for r in records if math.isfinite(w := _num(r.meta.get("wait")))]
+    speeds = [s for r in records if (s := _num(r.meta.get("speed_ns"))) > 0]
+    return (
+        float(np.median(waits)) if waits else math.nan,
+        float(np.median(speeds)) if speeds else math.nan,
+    )
 
 
 def _pooled(records: list[TestRecord], metric: str) -> np.ndarray:
@@ -178,11 +193,12 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Tes
             in_turn=current.meta.get("ab_children") == "pair",
         )  # fmt: skip
     else:
+        base_wait, base_speed = machine_evidence(against.records)
         timing = judge_store(
             cur_rounds, _pooled(against.records, metric), against.history, metric=metric,
             tolerance=tol, alpha=alpha, baseline_runs=len(against.records), load=load,
-            wait=wait, baseline_wait=against.wait, iterations=_iterations(current),
-            speed_ns=_num(current.meta.get("speed_ns")), baseline_speed_ns=against.speed_ns,
+            wait=wait, baseline_wait=base_wait, iterations=_iterations(current),
+            speed_ns=_num(current.meta.get("speed_ns")), baseline_speed_ns=base_speed,
         )  # fmt: skip
     changes = kernel_changes(current, base_rec)  # once: the gates and the report share it
     gates = judge_gates(current, base_rec, settings.gates, changes)

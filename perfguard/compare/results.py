@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.compare.explanation import Explanation
 from perfguard.compare.outcomes import Outcome
+from perfguard.compare.profile import TestProfile
 from perfguard.errors import ReportError
 
 if TYPE_CHECKING:
@@ -83,14 +84,16 @@ class HostCount:
 
     def short(self) -> str:
         """``3.585 M instr`` or ``3.585 M instr, +0.29%`` (for a table cell)."""
-        from perfguard.compare.units import human
+        from perfguard.compare.units import human, percent
 
         d = self.delta_pct
-        return human(self.current, "instructions") + ("" if d is None else f", {d:+.2f}%")
+        return human(self.current, "instructions") + (
+            "" if d is None else f", {percent(d, True, 2)}"
+        )
 
     def text(self) -> str:
         """A sentence for a test's lines: what was counted, against what."""
-        from perfguard.compare.units import human
+        from perfguard.compare.units import human, percent
 
         now = human(self.current, "instructions")
         if self.baseline is None:
@@ -98,7 +101,7 @@ class HostCount:
         budget = f"; budget {self.budget}" if self.budget else ""
         return (
             f"host instructions per iteration: {human(self.baseline, 'instructions')} → {now} "
-            f"({self.delta_pct:+.2f}%, Callgrind{budget})"
+            f"({percent(self.delta_pct, True, 2)}, Callgrind{budget})"
         )
 
 
@@ -164,6 +167,9 @@ class TestEntry:
     #: this run's whole-test counts per iteration measured outside the trace (host
     #: ``instructions`` and ``est_cycles`` under Callgrind), whether or not anything compared them
     counted: dict[str, float] = field(default_factory=dict)
+    #: where the step's time goes (:mod:`perfguard.compare.profile`): every measured
+    #: test's, whatever its outcome; None for a test nothing was measured of
+    profile: TestProfile | None = None
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -237,7 +243,7 @@ class TestEntry:
             v = getattr(self, f.name)
             if f.name == "outcome":
                 v = v.value
-            elif f.name in ("timing", "gates", "explanation"):
+            elif f.name in ("timing", "gates", "explanation", "profile"):
                 v = v.to_dict() if v is not None else None
             elif isinstance(v, float) and not math.isfinite(v):
                 v = None
@@ -305,6 +311,7 @@ class TestEntry:
             if schema >= 2
             else None
         )
+        vals["profile"] = _profile(test.get("profile"), source, f"{where}.profile")
         entry = cls(**vals)
         if schema < 2:
             _from_schema1(entry)
@@ -321,6 +328,16 @@ def _explanation(value: Any, source: str, where: str) -> Explanation | None:
     _need(isinstance(culprits, list) and all(isinstance(c, dict) for c in culprits), source,
           f"{where}.culprits", "a list of objects", culprits)  # fmt: skip
     return Explanation.from_dict(value)
+
+
+def _profile(value: Any, source: str, where: str) -> TestProfile | None:
+    if value is None:
+        return None
+    _need(isinstance(value, dict), source, where, "an object or null", value)
+    try:
+        return TestProfile.from_dict(value)
+    except (TypeError, ValueError) as exc:
+        raise ReportError(f"{source}: {where}: {exc}") from None
 
 
 def _accepted(value: Any, source: str, where: str) -> dict[str, Any] | None:
@@ -471,6 +488,7 @@ class SessionResults:
             for key in ("ref", "commit", "run_id"):
                 value = baseline.get(key)
                 baseline[key] = None if value is None else str(value)
+            baseline["ab"] = bool(baseline.get("ab"))  # A/B's base tree, not a stored run
         settings = data.get("settings") or {}
         _need(isinstance(settings, dict), source, "settings", "an object", settings)
         settings = dict(settings)

@@ -39,6 +39,7 @@ def results_from_store(
         settings_for,
     )
     from perfguard.compare.judge import Against, judge
+    from perfguard.environment import incompatibility as env_incompatibility
 
     with open_store(store_path, create=False) as store:
         info, records = store.load_run(run_id)
@@ -47,16 +48,20 @@ def results_from_store(
         walk = History.of(repo, baseline_ref) if baseline_ref is not None else None
         base_records: dict[str, Any] = {}
         base_reason = base_timing = base_commit = None
+        changes: tuple[Any, ...] = ()
         if baseline_run is not None:
             base_info, base_records = store.load_run(baseline_run)
             base_commit = base_info.commit
             base_reason = fp.incompatibility(base_info.fingerprint)
             base_timing = fp.timing_incompatibility(base_info.fingerprint)
+            changes = info.environment.changes_since(base_info.environment)
+            base_reason = base_reason or env_incompatibility(changes)
             baseline = {"ref": None, "commit": base_info.commit, "run_id": str(baseline_run)}
         tests = []
         for nodeid, record in records.items():
             if walk is not None:
-                against = against_from_store(store, walk, record, fp, exclude_run_id=run_id)
+                against = against_from_store(store, walk, record, fp, exclude_run_id=run_id,
+                                             environment=info.environment)  # fmt: skip
                 if baseline is None and against.commit:
                     baseline = {"ref": baseline_ref, "commit": against.commit, "run_id": None}
             elif baseline_run is not None:
@@ -66,6 +71,7 @@ def results_from_store(
                     run_found=True, incompatibility=base_reason,
                     timing_incompatibility=base_timing,
                     history=history_levels(store, record, fp, None, before_run_id=run_id),
+                    environment=changes,
                 )  # fmt: skip
             else:
                 against = Against()
@@ -76,6 +82,7 @@ def results_from_store(
                 backend=fp.backend,
                 capture=record.meta.get("capture"),
                 load=record.meta.get("load"),
+                wait=record.meta.get("wait"),
             ))  # fmt: skip
     return SessionResults(
         tests=tests,

@@ -48,6 +48,7 @@ import numpy as np
 
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.student import t_ppf, t_sf
+from perfguard.compare.units import interval, percent
 
 #: stored runs of a test on one machine needed to estimate its between-run noise
 MIN_HISTORY = 5
@@ -288,26 +289,13 @@ def judge_store(
         noise_from = (
             f"history has {len(history)} of the {MIN_HISTORY} runs needed for a between-run "
             f"noise estimate ({more} more saved run(s) on this machine): judged on the "
-            f"rounds, with a between-run noise of {100 * prior:g}% assumed until then"
+            f"rounds, with a between-run noise of {percent(100 * prior, digits=None)} "
+            "assumed until then"
         )
     lo, hi, p = _interval(delta, se, df, alpha)
     t = float(t_ppf(1 - alpha / 2, df)) if df >= 1 else math.nan
     threshold = max(tolerance, math.expm1(t * se)) if math.isfinite(t) else tolerance
-    # the machine's share of the change: wait beyond the baseline's stretches the time
-    excess, shift = 0.0, 0.0
-    if metric != "gpu_time" and math.isfinite(wait):
-        quiet = baseline_wait if math.isfinite(baseline_wait) else 0.0
-        excess = abs(wait - quiet)
-        shift = busy_allowance(max(wait, quiet), min(wait, quiet))
-    # a machine at another speed (a slow spell of a VM, another clock): the reference
-    # workload's ratio is the share of the change the machine explains
-    speed = math.nan
-    if metric != "gpu_time" and speed_ns > 0 and baseline_speed_ns > 0:
-        speed = math.log(speed_ns / baseline_speed_ns)
-    off_speed = math.isfinite(speed) and abs(speed) > SPEED_DIFF
-    if off_speed:
-        shift += abs(speed)
-    busy = excess > BUSY_WAIT or off_speed
+    shift, busy, speed = machine_shift(metric, wait, baseline_wait, speed_ns, baseline_speed_ns)
     noisy = busy or (math.isfinite(sp) and sp > tolerance)
     if busy:  # only a change beyond what the waiting explains counts
         tolerance_b = math.expm1(math.log1p(tolerance) + shift)
@@ -328,6 +316,56 @@ def judge_store(
         replicated=replicated, message="", **common,
     )  # fmt: skip
     return _with_message(verdict, busy, baseline_wait, speed)
+
+
+def machine_shift(
+    metric: str, wait: float, baseline_wait: float, speed_ns: float, baseline_speed_ns: float
+) -> tuple[float, bool, float]:
+    """(shift, busy, speed): how much (log scale) of a CPU timing's change the machine
+    explains between two measurements, whether that makes the comparison busy, and the
+    log ratio of the reference workload's times (NaN when a side lacks it). Wait beyond
+    the other side's stretches the time (:func:`busy_allowance`); a machine at another
+    speed (a slow spell of a VM, another clock, a CPU spinner per core) stretches it by
+    the reference workload's ratio. GPU kernel time: none."""
+    if metric == "gpu_time":
+        return 0.0, False, math.nan
+    excess, shift = 0.0, 0.0
+    if math.isfinite(wait):
+        quiet = baseline_wait if math.isfinite(baseline_wait) else 0.0
+        excess = abs(wait - quiet)
+        shift = busy_allowance(max(wait, quiet), min(wait, quiet))
+    speed = math.nan
+    if speed_ns > 0 and baseline_speed_ns > 0:
+        speed = math.log(speed_ns / baseline_speed_ns)
+    off_speed = math.isfinite(speed) and abs(speed) > SPEED_DIFF
+    if off_speed:
+        shift += abs(speed)
+    return shift, excess > BUSY_WAIT or off_speed, speed
+
+
+def machine_notes(metric: str, speed_ns: np.ndarray, wait: np.ndarray) -> list[str]:
+    """Per run of one test's series, what made the machine unlike the series' usual (its
+    median run), by :func:`machine_shift`'s rule: ``"machine 61% slower"`` (the reference
+    workload), ``"machine busy: waited 35%"``, or ``""``: what ``perfguard history`` and
+    the reports' history tables show beside the run's level, so a level the machine made
+    is read as the machine's."""
+    speed = np.asarray(speed_ns, dtype=np.float64)
+    waits = np.asarray(wait, dtype=np.float64)
+    ok_speed = speed[np.isfinite(speed) & (speed > 0)]
+    ok_wait = waits[np.isfinite(waits)]
+    usual_speed = float(np.median(ok_speed)) if len(ok_speed) else math.nan
+    usual_wait = float(np.median(ok_wait)) if len(ok_wait) else math.nan
+    out = []
+    for s, w in zip(speed, waits, strict=True):
+        _, busy, ratio = machine_shift(metric, w, usual_wait, s, usual_speed)
+        if not busy:
+            out.append("")
+        elif math.isfinite(ratio) and abs(ratio) > SPEED_DIFF:
+            out.append(f"machine {percent(100 * math.expm1(abs(ratio)), digits=0)} "
+                       f"{'slower' if ratio > 0 else 'faster'}")  # fmt: skip
+        else:
+            out.append(f"machine busy: waited {percent(100 * w, digits=0)}")
+    return out
 
 
 def busy_allowance(busier: float, quieter: float) -> float:
@@ -401,7 +439,12 @@ def judge_ab(
                 if in_turn
                 else f"{len(d)} A/B pairs of rounds{per}, alternating ABBA on this machine"
             )
-            + (f"; {AB_TRIM:.0%} trimmed mean ({g} pair(s) set aside each side)" if g else "")
+            + (
+                f"; {percent(100 * AB_TRIM, digits=0)} trimmed mean ({g} pair(s) set aside "
+                "each side)"
+                if g
+                else ""
+            )
         ),
         message="", **common,
     )  # fmt: skip
@@ -422,44 +465,46 @@ def _with_message(
 ) -> TimingVerdict:
     from dataclasses import replace
 
+    threshold, tolerance = percent(v.threshold_pct), percent(v.tolerance_pct, digits=None)
     change = (
-        f"{v.metric} {v.delta_pct:+.1f}% [{v.ci_low_pct:+.1f}%, {v.ci_high_pct:+.1f}%] "
-        f"({v.ci_level_pct:.0f}% interval, {v.replicated})"
+        f"{v.metric} {percent(v.delta_pct, True)} {interval(v.ci_low_pct, v.ci_high_pct)} "
+        f"({percent(v.ci_level_pct, digits=0)} interval, {v.replicated})"
         if math.isfinite(v.ci_low_pct)
-        else f"{v.metric} {v.delta_pct:+.1f}% ({v.replicated})"
+        else f"{v.metric} {percent(v.delta_pct, True)} ({v.replicated})"
     )
     o = v.outcome
     if o is Outcome.REGRESSED:
-        why = f"slower beyond the threshold {v.threshold_pct:.1f}% (tolerance {v.tolerance_pct:g}%)"
+        why = f"slower beyond the threshold {threshold} (tolerance {tolerance})"
     elif o is Outcome.IMPROVED:
-        why = f"faster beyond the threshold {v.threshold_pct:.1f}%"
+        why = f"faster beyond the threshold {threshold}"
     elif o is Outcome.NOISY and busy and math.isfinite(speed) and abs(speed) > SPEED_DIFF:
         why = (
             f"machine at another speed: a fixed reference workload ran "
-            f"{100 * math.expm1(abs(speed)):.0f}% {'slower' if speed > 0 else 'faster'} "
-            f"than when the baseline was measured, which can explain a change up to the "
-            f"threshold {v.threshold_pct:.1f}%; use A/B mode or rely on the gates here"
+            f"{percent(100 * math.expm1(abs(speed)), digits=0)} "
+            f"{'slower' if speed > 0 else 'faster'} than when the baseline was measured, "
+            f"which can explain a change up to the threshold {threshold}; use A/B mode or "
+            "rely on the gates here"
         )
     elif o is Outcome.NOISY and busy:
-        base = f"{baseline_wait:.0%}" if math.isfinite(baseline_wait) else "unknown"
+        base = percent(100 * baseline_wait, digits=0)
         why = (
-            f"machine busy: the test waited for a CPU {v.wait:.0%} of its rounds' time "
-            f"(baseline {base}), which can explain a change up to the threshold "
-            f"{v.threshold_pct:.1f}%; use A/B mode or rely on the gates here"
+            f"machine busy: the test waited for a CPU {percent(100 * v.wait, digits=0)} of its "
+            f"rounds' time (baseline {'unknown' if base == 'n/a' else base}), which can "
+            f"explain a change up to the threshold {threshold}; use A/B mode or rely on the "
+            "gates here"
         )
     elif o is Outcome.NOISY and v.mode == "ab":
         # the pairs' differences are the A/B unit: the two sides' levels may spread
         # widely across pairs while each pair agrees closely
         why = (
-            f"too noisy to resolve a {v.tolerance_pct:g}% change: its A/B pairs differ by "
-            f"{v.noise_pct:.1f}% (SD), smallest change this run can see "
-            f"{v.threshold_pct:.1f}%"
+            f"too noisy to resolve a {tolerance} change: its A/B pairs differ by "
+            f"{percent(v.noise_pct)} (SD), smallest change this run can see {threshold}"
         )
     elif o is Outcome.NOISY:
         why = (
-            f"too noisy to resolve a {v.tolerance_pct:g}% change: rounds spread "
-            f"{v.spread_pct:.1f}%, smallest change this run can see {v.threshold_pct:.1f}%"
+            f"too noisy to resolve a {tolerance} change: rounds spread "
+            f"{percent(v.spread_pct)}, smallest change this run can see {threshold}"
         )
     else:
-        why = f"within the threshold {v.threshold_pct:.1f}% (tolerance {v.tolerance_pct:g}%)"
+        why = f"within the threshold {threshold} (tolerance {tolerance})"
     return replace(v, message=f"{why}: {change}")

@@ -476,36 +476,6 @@ def _per_call(ops: pd.DataFrame, column: str) -> pd.Series:
     return v / calls.where(calls > 0)
 
 
-# ---------------------------------------------------------------------------- text
-
-
-def _isnan(v: Any) -> bool:
-    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
-
-
-def format_ns(v: float) -> str:
-    if _isnan(v):
-        return "n/a"
-    a = abs(v)
-    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
-        if a >= scale:
-            return f"{v / scale:.3g} {unit}"
-    return f"{v:.3g} ns"
-
-
-def format_pct(v: float, digits: int = 1) -> str:
-    return "n/a" if _isnan(v) else f"{v:+.{digits}f}%"
-
-
-def format_p(p: float) -> str:
-    if _isnan(p):
-        return "n/a"
-    if p >= 1e-3:
-        return f"{p:.2g}"
-    mantissa, exponent = f"{p:.0e}".split("e")
-    return f"{mantissa}e{int(exponent)}"
-
-
 # ---------------------------------------------------------------------------- helpers
 
 

@@ -113,7 +113,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     try:
         spec_of(item)
     except ValueError as exc:
-        pytest.fail(f"@pytest.mark.{MARKER} on {item.nodeid}: {exc}", pytrace=False)
+        message = f"@pytest.mark.{MARKER} on {item.nodeid}: {exc}"
+        session: Any = item.config.stash.get(session_key, None)
+        if session is not None:  # the test's row says why, not "no test was measured"
+            session.marker_error(item, message)
+        pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture

@@ -104,6 +104,8 @@ class SessionContext:
         self.damaged: str | None = None
         self.baseline_ref: str | None = None
         self.match: BaselineMatch | None = None
+        #: A/B mode's base: (the ref asked for, its commit), set when its tree is checked out
+        self.ab_base: tuple[str, str] | None = None
         self._backends: dict[str, ResolvedBackend] = {}
         self._lock: IO[str] | None = None
         self._restore_sigterm: Any = None
@@ -250,6 +252,9 @@ class SessionContext:
     def baseline_status(self) -> str:
         """One line on which baseline this session compared with, or why none."""
         m = self.match
+        if self.ab_base is not None:
+            ref, commit = self.ab_base
+            return f"A/B: the base tree at {commit[:12]} ({ref}), measured here in turn with HEAD"
         if m is None:  # the first note says why (no git, a store error) or names A/B's base;
             # the later ones (instruction counts, the fork server, saves) are listed apart
             return self.notes[0] if self.notes else "no baseline"
@@ -263,6 +268,9 @@ class SessionContext:
         return f"no stored run on {m.ref[:12]} or its {m.searched - 1} first-parent ancestors"
 
     def baseline_dict(self) -> dict[str, Any] | None:
+        """The baseline every view names: the stored run's, or A/B's base commit (``ab``)."""
+        if self.ab_base is not None:
+            return {"ref": self.ab_base[0], "commit": self.ab_base[1], "run_id": None, "ab": True}
         m = self.match
         if m is None or not m.found:
             return None

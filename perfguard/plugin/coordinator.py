@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from perfguard.baseline.git import common_dir, prepare_worktree
+from perfguard.compare.units import interval, percent
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import (
     AB_FOREIGN_ENV,
@@ -89,6 +90,7 @@ class Coordinator:
             )
         except (PerfguardError, OSError) as exc:
             raise pytest.UsageError(f"{flag}: cannot check it out: {exc}") from None
+        ctx.ab_base = (str(settings.against), self.ab_commit)
         rootdir = ctx.config.rootpath.resolve()
         if not rootdir.is_relative_to(ctx.git.root.resolve()):
             raise pytest.UsageError(
@@ -210,8 +212,8 @@ class Coordinator:
             return ""  # fewer pairs than a change is estimated from
         ci = ""
         if verdict.ci_low_pct == verdict.ci_low_pct:
-            ci = f" [{verdict.ci_low_pct:+.1f}, {verdict.ci_high_pct:+.1f}]"
-        return f"{name} {verdict.delta_pct:+.1f}%{ci}"
+            ci = f" {interval(verdict.ci_low_pct, verdict.ci_high_pct)}"
+        return f"{name} {percent(verdict.delta_pct, True)}{ci}"
 
     # ------------------------------------------------------------------ per test
     def isolate(self, item: pytest.Item) -> bool:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from perfguard.capture.instructions import ENV_OUT, named_dumps, run_callgrind, valgrind_missing
+from perfguard.compare.units import human
 from perfguard.errors import PerfguardError
 
 if TYPE_CHECKING:  # the plugin loads light: pandas comes with the first record
@@ -208,8 +209,9 @@ class InstructionSession:
         figures, functions = mean_of(each)
         layouts = [f["instructions"] for f, _ in each if "instructions" in f]
         where = f" in the {self.tree} tree" if self.tree else ""
+        counted = human(figures["instructions"], "instructions")
         notes.append(
-            f"host instructions per iteration{where}: {figures['instructions']:,.0f} "
+            f"host instructions per iteration{where}: {counted} "
             f"({steps} step(s) in each of {len(dumps)} heap layout(s) counted under Callgrind)"
         )
         return with_instructions(record, figures, functions, steps, layouts)

@@ -302,6 +302,9 @@ class CaptureRunner:
             extra_counters={"peak_memory": float(peak)} if peak else None,
             profiled=profiled if walls and int(profiled.sum()) == n_ranges else None,
         )
+        from perfguard.compare.profile import run_figures
+
+        record.meta["profile"] = run_figures(analysis)  # kept with the run: its profile's
         return self._with_instructions(record, spec, notes)
 
     def _meta(self, spec: ProfileSpec, capture: CaptureResult) -> dict[str, Any]:

@@ -124,6 +124,12 @@ class PerfguardSession:
                                                     self.config.inipath)  # fmt: skip
 
     # ------------------------------------------------------------------ per test
+    def marker_error(self, item: pytest.Item, message: str) -> None:
+        """A bad ``gpuprofile`` marker: the test's ``error`` row, with the marker's message
+        (it was measured in intent; a summary saying no test was measured misleads)."""
+        if self.child is None:
+            self.verdicts.error(item, message, self.context.backend.label, at_teardown=False)
+
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         try:

@@ -7,17 +7,19 @@ instructions per iteration with their change when Callgrind counted any test
 (:class:`~perfguard.compare.results.HostCount`), and why:
 the judge's explanation (:class:`~perfguard.compare.explanation.Explanation`)
 in one line, its first culprit for a regression or improvement, the reason
-for every other outcome. The regressed tests' explanation lines follow the
-table. Text only, from the typed session document.
+for every other outcome, shortened between words to fit the column. The
+regressed and improved tests' explanation lines follow the table, then the whole
+"why" of every other test whose cell was shortened. Text only, from the typed session document.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from perfguard.compare.explanation import shorten
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
+from perfguard.compare.units import interval, percent, seconds
 from perfguard.plugin.phases import OWN_PHASES
 
 HEADER = ("test", "outcome", "change", "interval", "gates", "why")
@@ -26,16 +28,12 @@ MAX_WHY = 70
 
 
 def _pct(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:+.1f}%"
+    return "-" if value is None else percent(value, signed=True)
 
 
 def _interval(entry: TestEntry) -> str:
     lo, hi = entry.ci_low_pct, entry.ci_high_pct
-    if lo is None or hi is None:
-        return "-"
-    return f"{lo:+.1f}..{hi:+.1f}%"
+    return "-" if lo is None or hi is None else interval(lo, hi)
 
 
 def why(entry: TestEntry) -> str:
@@ -45,10 +43,17 @@ def why(entry: TestEntry) -> str:
 
 
 def _clip(text: str, width: int, keep_end: bool = False) -> str:
-    text = " ".join(text.split()).encode("utf-8", "replace").decode("utf-8")
+    """A cell: a test id keeps its end (the test's name); any other text is shortened
+    between words (:func:`shorten`), its full line said below the table."""
+    text = _printable(text)
     if len(text) <= width:
         return text
-    return "…" + text[-(width - 1) :] if keep_end else text[: width - 1] + "…"
+    return "…" + text[-(width - 1) :] if keep_end else shorten(text, width)
+
+
+def _printable(text: str) -> str:
+    """One line any terminal prints (a lone surrogate from a test's output becomes ``?``)."""
+    return " ".join(text.split()).encode("utf-8", "replace").decode("utf-8")
 
 
 def _counted(entries: list[TestEntry]) -> bool:
@@ -101,8 +106,12 @@ def results_lines(results: SessionResults) -> list[str]:
                 lines += [f"  - {line}" for line in e.explanation.lines]
                 if e.explanation.environment:
                     lines.append(f"  - {e.explanation.environment_line}")
-            elif e.explanation is not None and e.explanation.environment:
-                others.setdefault(e.explanation.environment_line, []).append(e.nodeid)
+            else:
+                full = _printable(why(e))
+                if len(full) > MAX_WHY:  # its cell was shortened: the whole line here
+                    lines.append(_printable(f"{e.outcome.value} {e.nodeid}: {full}"))
+                if e.explanation is not None and e.explanation.environment:
+                    others.setdefault(e.explanation.environment_line, []).append(e.nodeid)
         for line, nodeids in others.items():  # said once for the tests that share it
             who = nodeids[0] if len(nodeids) == 1 else f"{len(nodeids)} tests"
             lines.append(f"{line} ({who})")
@@ -118,18 +127,20 @@ def cost_line(entries: list[TestEntry], session_s: dict[str, float]) -> str:
     measured = [e.phase_s for e in entries if "profiled" in e.phase_s]
     parts: dict[str, float] = {}
     for phases in measured:
-        for name, seconds in phases.items():
+        for name, spent in phases.items():
             if name not in OWN_PHASES:
-                parts[name] = parts.get(name, 0.0) + seconds
+                parts[name] = parts.get(name, 0.0) + spent
     texts = []
     if measured:
         n = len(measured)
         detail = _largest_first({k: v / n for k, v in parts.items()})
-        texts.append(f"{sum(parts.values()) / n:.2f} s per test beyond its rounds ({detail})")
+        texts.append(f"{seconds(sum(parts.values()) / n)} per test beyond its rounds ({detail})")
     if session_s:
-        texts.append(f"session {sum(session_s.values()):.2f} s ({_largest_first(session_s)})")
+        texts.append(f"session {seconds(sum(session_s.values()))} ({_largest_first(session_s)})")
     return "perfguard's own time: " + "; ".join(texts) if texts else ""
 
 
 def _largest_first(parts: dict[str, float]) -> str:
-    return ", ".join(f"{k} {v:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+    return ", ".join(
+        f"{k} {seconds(v, unit=False)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+    )

@@ -197,6 +197,7 @@ class Verdicts:
             worker=self.context.worker_id,
             phase_s=phases,
             counted=instruction_counts(record),
+            profile=_profile(record),
         )
         self.outputs.add(TestEntry.from_dict(entry, "results", item.nodeid), record)
         _add_properties(item, entry)
@@ -252,6 +253,15 @@ class Verdicts:
         error = item.stash.get(_error_key, None)
         if error is not None:
             pytest.fail(f"perfguard: capture of {item.nodeid} failed: {error}", pytrace=False)
+
+
+def _profile(record: TestRecord) -> dict[str, Any] | None:
+    """The test's profile (every measured test's, whatever its outcome), as results.json
+    holds it."""
+    from perfguard.compare.profile import profile_of
+
+    profile = profile_of(record)
+    return profile.to_dict() if profile is not None else None
 
 
 def _add_properties(item: pytest.Item, entry: dict[str, Any]) -> None:

@@ -19,7 +19,8 @@ from html import escape
 
 import numpy as np
 
-from perfguard.report.svg import AXIS_COLOR, FONT, Frame, nice_ticks
+from perfguard.compare.units import axis, nice_ticks
+from perfguard.report.svg import AXIS_COLOR, FONT, Frame
 
 __all__ = ["COLOURS", "Mark", "chart", "sparkline"]
 
@@ -110,7 +111,7 @@ def chart(
     label: str,
     x_count: int,
     lines: Sequence[tuple[str, np.ndarray, np.ndarray]],
-    y_format: Callable[[float], str],
+    y_kind: str,
     points: tuple[np.ndarray, np.ndarray] | None = None,
     marks: Sequence[Mark] = (),
     x_labels: Sequence[tuple[float, str]] = (),
@@ -121,8 +122,9 @@ def chart(
 ) -> str:
     """A line chart over positions ``0..x_count-1``: each line ``(name, x, y)``, optional
     grey dots ``points`` (x, y) under them, vertical ``marks``, tick labels at
-    ``x_labels`` and the y axis labelled by ``y_format``. ``log``: a log y axis (the
-    ops of one test differ by orders of magnitude)."""
+    ``x_labels`` and the y axis labelled as values of ``y_kind`` (:func:`units.axis`: a
+    duration ``"ns"``, or a counter's name). ``log``: a log y axis (the ops of one test
+    differ by orders of magnitude)."""
     ys = [y for _, _, y in lines] + ([points[1]] if points is not None else [])
     finite = np.concatenate([np.asarray(y, np.float64) for y in ys]) if ys else np.array([])
     finite = finite[np.isfinite(finite) & ((finite > 0) if log else True)]
@@ -137,11 +139,12 @@ def chart(
     f = Frame(70, width - 12, top, height - 22 - legend_h, -0.5, max(x_count - 0.5, 0.5),
               lo - pad, hi + pad)  # fmt: skip
     body: list[str] = []
-    for t in nice_ticks(f.y0, f.y1, 5):
+    ticks = nice_ticks(f.y0, f.y1, 5)
+    labels = axis([10**t if log else t for t in ticks], y_kind, log=log)
+    for t, text in zip(ticks, labels, strict=True):
         y = f.y(t)
         body.append(f'<line x1="{f.left}" y1="{y:.1f}" x2="{f.right}" y2="{y:.1f}" '
                     'stroke="#e5e7eb"/>')  # fmt: skip
-        text = y_format(10**t if log else t)
         body.append(f'<text x="{f.left - 5}" y="{y + 3.5:.1f}" text-anchor="end">'
                     f"{escape(text)}</text>")  # fmt: skip
     body.append(f'<line x1="{f.left}" y1="{f.bottom}" x2="{f.right}" y2="{f.bottom}" '

@@ -42,7 +42,12 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.counters import COUNTERS
-from perfguard.baseline.record import INSTRUCTION_COUNTERS, METRICS, round_statistic
+from perfguard.baseline.record import (
+    INSTRUCTION_COUNTERS,
+    MACHINE_EVIDENCE,
+    METRICS,
+    round_statistic,
+)
 
 if TYPE_CHECKING:
     from perfguard.baseline.store import Store
@@ -71,7 +76,8 @@ class StoreTables:
 
     #: run_id, commit, dirty, time, machine (key), machine_label, host
     runs: pd.DataFrame
-    #: test_id, run_id, nodeid, metric, level (ns), n_rounds
+    #: test_id, run_id, nodeid, metric, level (ns), n_rounds, and what the session saw of
+    #: the machine (speed_ns, wait, load: MACHINE_EVIDENCE)
     tests: pd.DataFrame
     #: test_id, round, value (ns): one row per judged round
     rounds: pd.DataFrame
@@ -213,6 +219,21 @@ def _levels(
     levels = pd.DataFrame({"test_id": ids, "level": level}).set_index("test_id")
     levels["n_rounds"] = np.diff(np.r_[_starts(rounds["test_id"].to_numpy()), len(rounds)])
     return rounds, levels, iters
+
+
+def _evidence(store: Store, where: Where) -> pd.DataFrame:
+    """Per test record (index test_id), what its session saw of the machine
+    (:data:`~perfguard.baseline.record.MACHINE_EVIDENCE`), from ``meta`` in SQL; NaN where
+    a record did not keep it."""
+    db = store.db
+    figures = ", ".join(f"coalesce({db.json_number('meta', k)}, {MISSING})"
+                        for k in MACHINE_EVIDENCE)  # fmt: skip
+    with db.guard():
+        cur = _query(store, f"SELECT test_id, {figures} FROM tests WHERE {where[0]}", where[1])
+        table = _stream(cur, 1 + len(MACHINE_EVIDENCE))
+    values = np.where(table[:, 1:] == MISSING, np.nan, table[:, 1:])
+    return pd.DataFrame(values, columns=list(MACHINE_EVIDENCE),
+                        index=pd.Index(table[:, 0].astype(np.int64), name="test_id"))  # fmt: skip
 
 
 def _counters(store: Store, where: Where) -> pd.DataFrame:
@@ -376,6 +397,7 @@ def _read(ids: np.ndarray) -> tuple[pd.DataFrame, ...]:
             group = mine[codes == code]
             levels.append(_levels(store, group, where(group["test_id"]), int(code)))
         counters = _counters(store, where(mine["test_id"]))
+        evidence = _evidence(store, where(mine["test_id"]))
         gpu = mine["metric"].eq("gpu_time").to_numpy()
         ops = [_ops(store, where(mine["test_id"][gpu == on]), column)
                for on, column in ((True, "gpu_time_total"), (False, "cpu_time_total"))
@@ -383,6 +405,7 @@ def _read(ids: np.ndarray) -> tuple[pd.DataFrame, ...]:
     rounds = pd.concat([part[0] for part in levels])
     level = pd.concat([part[1] for part in levels])
     iters = pd.concat([part[2] for part in levels])
+    level = level.join(evidence)
     return rounds, level, iters.to_frame("iters"), counters, pd.concat(ops, ignore_index=True)
 
 
@@ -419,6 +442,8 @@ def load_records(
     rounds, counters = rounds.reset_index(drop=True), counters.reset_index(drop=True)
     tests["level"] = tests["test_id"].map(levels["level"]).astype(np.float64)
     tests["n_rounds"] = tests["test_id"].map(levels["n_rounds"]).fillna(0).astype(np.int64)
+    for k in MACHINE_EVIDENCE:
+        tests[k] = tests["test_id"].map(levels[k]).astype(np.float64)
     ops = _per_iteration(ops.reset_index(drop=True), tests, iters["iters"])
     tests["nodeid"] = tests["nodeid"].astype("category")
     return StoreTables(index.runs, tests.drop(columns="metric_code"), rounds, counters, ops,
@@ -435,7 +460,8 @@ def _empty() -> tuple[pd.DataFrame, ...]:
     """The reduced tables of a store without records."""
     rounds = pd.DataFrame({"test_id": np.array([], np.int64), "round": np.array([], np.int64),
                            "value": np.array([], np.float64)})  # fmt: skip
-    levels = pd.DataFrame({"level": [], "n_rounds": []}, index=pd.Index([], name="test_id"))
+    levels = pd.DataFrame({c: [] for c in ("level", "n_rounds", *MACHINE_EVIDENCE)},
+                          index=pd.Index([], name="test_id"))  # fmt: skip
     iters = pd.DataFrame({"iters": []})
     counters = pd.DataFrame({"test_id": np.array([], np.int64),
                              "counter": pd.Categorical([], pd.Index(COUNTER_NAMES)), "value": [],

@@ -10,13 +10,13 @@ relative links only. Text is escaped where it is written.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
 import numpy as np
 
-from perfguard.compare.units import human
+from perfguard.compare.units import figure, format_ns, human, percent
 from perfguard.publish.charts import COLOURS, Mark, chart, sparkline
 from perfguard.publish.series import Analysed, CounterStepView, Series
 
@@ -73,29 +73,12 @@ def _page(title: str, body: str, script: str = "") -> str:
     )
 
 
-def duration(ns: float) -> str:
-    """A time in the unit that keeps it readable."""
-    if not math.isfinite(ns):
-        return "n/a"
-    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.3g} ns"
-
-
-Format = Callable[[float], str]
-
-
-def _counted(counter: str) -> Format:
-    """A formatter of ``counter``'s values (units.human with its unit)."""
-    return lambda value: human(value, counter)
-
-
-def _level_format(metric: str) -> tuple[str, Format]:
-    """How a run level is named and written: a time, or a count per iteration."""
+def _level_kind(metric: str) -> tuple[str, str]:
+    """How a run level is named, and the kind of value it is (:func:`units.figure`): a
+    time, or a count per iteration."""
     if metric in ("instructions", "est_cycles"):
-        return metric, _counted(metric)
-    return metric.replace("_", " "), duration
+        return metric, metric
+    return metric.replace("_", " "), "ns"
 
 
 def _outcome(outcome: str) -> str:
@@ -103,7 +86,7 @@ def _outcome(outcome: str) -> str:
 
 
 def _pct(value: float) -> str:
-    return f"{value:+.1f} %" if math.isfinite(value) else ""
+    return percent(value, True) if math.isfinite(value) else ""
 
 
 @dataclass
@@ -197,15 +180,16 @@ def front_page(rows: Sequence[IndexRow], *, store: str, ordered_by: str, when: s
 
 def index_row(s: Series, a: Analysed, href: str) -> IndexRow:
     """The index's row of an analysed series."""
-    _, fmt = _level_format(s.metric)
+    _, kind = _level_kind(s.metric)
     levels = s.runs["level"].to_numpy(np.float64)
     marks = [cp.index for cp in a.change_points]
-    last = [(cp.index, f"{cp.commit[:10]} {cp.kind} {cp.change_pct:+.1f} %")
+    last = [(cp.index, f"{cp.commit[:10]} {cp.kind} {_pct(cp.change_pct)}")
             for cp in a.change_points if cp.kind != "variance"]  # fmt: skip
     last += [(st.index, f"{st.commit[:10]} {st.counter}") for st in a.counter_steps]
     return IndexRow(
         machine=s.machine, machine_label=s.machine_label, nodeid=s.nodeid, href=href,
-        runs=len(s.runs), latest=fmt(float(levels[-1])), outcome=a.outcome, reason=a.reason,
+        runs=len(s.runs), latest=figure(float(levels[-1]), kind), outcome=a.outcome,
+        reason=a.reason,
         change_pct=a.change_pct if math.isfinite(a.change_pct) else None,
         change_points=len(a.change_points), counter_steps=len(a.counter_steps),
         last_change=max(last)[1] if last else "",
@@ -223,13 +207,15 @@ def _x_labels(s: Series, x0: int, span: int) -> list[tuple[float, str]]:
 
 
 def _marks(s: Series, a: Analysed, x0: int) -> list[Mark]:
+    kind = _level_kind(s.metric)[1]
     pos = s.runs["position"].to_numpy() - x0
     out = []
     for cp in a.change_points:
-        what = "spread" if cp.kind == "variance" else f"{cp.change_pct:+.1f}%"
+        what = "spread" if cp.kind == "variance" else _pct(cp.change_pct)
         out.append(Mark(float(pos[cp.index]), what, "#d55e00",
-                        f"{cp.commit[:12]}: {cp.kind} {cp.change_pct:+.1f} % "
-                        f"({duration(cp.before_ns)} → {duration(cp.after_ns)})"))  # fmt: skip
+                        f"{cp.commit[:12]}: {cp.kind} {_pct(cp.change_pct)} "
+                        f"({figure(cp.before_ns, kind)} → "
+                        f"{figure(cp.after_ns, kind)})"))  # fmt: skip
     at: dict[int, list[CounterStepView]] = {}
     for st in a.counter_steps:  # one mark per run: its counters in one label
         at.setdefault(st.index, []).append(st)
@@ -248,18 +234,19 @@ def _marks(s: Series, a: Analysed, x0: int) -> list[Mark]:
     return sorted(out, key=lambda m: m.x)
 
 
-def _change_table(s: Series, a: Analysed, fmt: Format) -> str:
+def _change_table(s: Series, a: Analysed, kind: str) -> str:
     if not a.change_points:
         return '<p class="empty">no timing change points</p>'
     rows = []
     for cp in a.change_points:
-        ops = "<br>".join(f"{escape(o.op_name)}: {duration(o.before_ns)} → "
-                          f"{duration(o.after_ns)}" for o in cp.ops)  # fmt: skip
+        ops = "<br>".join(f"{escape(o.op_name)}: {format_ns(o.before_ns)} → "
+                          f"{format_ns(o.after_ns)}" for o in cp.ops)  # fmt: skip
         run = int(s.runs["run_id"].iloc[cp.index])
         rows.append(f'<tr><td class="sha" title="{escape(cp.commit)}">{escape(cp.commit[:10])}'
                     f"</td><td class=num>{run}</td><td>{escape(cp.kind)}</td>"
                     f"<td class=num>{_pct(cp.change_pct)}</td>"
-                    f"<td class=num>{escape(fmt(cp.before_ns))} → {escape(fmt(cp.after_ns))}"
+                    f"<td class=num>{escape(figure(cp.before_ns, kind))} → "
+                    f"{escape(figure(cp.after_ns, kind))}"
                     f"</td><td>{ops}</td></tr>")  # fmt: skip
     return ("<table><thead><tr><th>commit</th><th>run</th><th>kind</th><th>size</th>"
             "<th>level</th><th>ops that moved (time / iteration)</th></tr></thead><tbody>"
@@ -298,7 +285,7 @@ def _counter_charts(s: Series, x: np.ndarray, span: int) -> str:
         y = np.full(len(s.runs), np.nan)
         y[run[mine]] = value[mine]
         out.append(chart(label=title, x_count=span, lines=[(title, x, y)], width=470,
-                         height=140, y_format=_counted(counter),
+                         height=140, y_kind=counter,
                          x_labels=()))  # fmt: skip
         out[-1] = f"<div><b>{escape(title)}</b>{out[-1]}</div>"
     return f'<div class="grid">{"".join(out)}</div>' if out else '<p class="empty">none</p>'
@@ -316,13 +303,13 @@ def _op_chart(s: Series, a: Analysed, x: np.ndarray, span: int, names: dict[str,
         y[run[mine]] = time[mine]
         lines.append((names.get(op, op), x, y))
     return chart(label="time per iteration of the top ops", x_count=span, lines=lines,
-                 y_format=duration, legend=True, log=True, height=280)  # fmt: skip
+                 y_kind="ns", legend=True, log=True, height=280)  # fmt: skip
 
 
 def _runs_table(s: Series, report_url: str | None, machine: str) -> str:
     rows = []
     link = ""
-    fmt = _level_format(s.metric)[1]
+    kind = _level_kind(s.metric)[1]
     runs = s.runs.iloc[::-1]
     columns = (runs["run_id"].tolist(), runs["commit"].astype(str).tolist(),
                runs["time"].astype(str).tolist(), runs["level"].tolist(),
@@ -332,7 +319,7 @@ def _runs_table(s: Series, report_url: str | None, machine: str) -> str:
             url = report_url.format(commit=commit, run_id=run_id, machine=machine)
             link = f'<td><a href="{escape(url)}">report</a></td>'
         rows.append(f'<tr><td class=num>{run_id}</td><td class="sha">{commit}</td>'
-                    f"<td>{escape(when[:19])}</td><td class=num>{fmt(level)}</td>"
+                    f"<td>{escape(when[:19])}</td><td class=num>{figure(level, kind)}</td>"
                     f"<td class=num>{n}</td>{link}</tr>")  # fmt: skip
     head = "<th>report</th>" if report_url else ""
     return (f"<details><summary>{len(s.runs)} stored runs, newest first</summary><table><thead>"
@@ -344,7 +331,7 @@ def _runs_table(s: Series, report_url: str | None, machine: str) -> str:
 def test_page(s: Series, a: Analysed, names: dict[str, str], *, index_href: str,
               report_url: str | None, machine_slug: str) -> str:  # fmt: skip
     """The page of one test on one machine (module docstring)."""
-    what, fmt = _level_format(s.metric)
+    what, kind = _level_kind(s.metric)
     x0 = int(s.runs["position"].iloc[0])
     span = int(s.runs["position"].iloc[-1]) - x0 + 1
     x = s.runs["position"].to_numpy(np.float64) - x0
@@ -356,7 +343,7 @@ def test_page(s: Series, a: Analysed, names: dict[str, str], *, index_href: str,
         points=(rx, s.rounds["value"].to_numpy(np.float64)),
         marks=_marks(s, a, x0),
         x_labels=_x_labels(s, x0, span),
-        y_format=fmt,
+        y_kind=kind,
     )
     accepted = "".join(f"<li><span class=sha>{escape(c[:10])}</span>: {escape(reason)} "
                        f'<span class="meta">({escape(when)}{", " + escape(who) if who else ""})'
@@ -376,7 +363,7 @@ def test_page(s: Series, a: Analysed, names: dict[str, str], *, index_href: str,
         f'<span style="color:{COLOURS[1]}">orange</span>: timing change points; '
         '<span style="color:#7c3aed">purple, dashed</span>: counter change points; '
         '<span style="color:#15803d">green, dashed</span>: acceptances</p>'
-        f"<h2>Timing change points</h2>{_change_table(s, a, fmt)}"
+        f"<h2>Timing change points</h2>{_change_table(s, a, kind)}"
         f"<h2>Counter change points</h2>{_step_table(a)}"
         + (f"<h2>Acceptances</h2><ul>{accepted}</ul>" if accepted else "")
         + f"<h2>Gate counters</h2>{_counter_charts(s, x, span)}"

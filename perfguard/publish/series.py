@@ -28,9 +28,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfguard.baseline.record import MACHINE_EVIDENCE
 from perfguard.compare.counter_steps import numeric_steps, set_steps
 from perfguard.compare.history import ChangePoint, OpMove, find_change_points
 from perfguard.compare.timing import judge_store
+from perfguard.compare.units import human
 from perfguard.publish.data import StoreTables
 
 __all__ = [
@@ -73,7 +75,8 @@ class Series:
     machine_label: str
     nodeid: str
     metric: str
-    #: run_id, test_id, commit, time, position (first-parent index), level, n_rounds
+    #: run_id, test_id, commit, time, position (first-parent index), level, n_rounds, and
+    #: what each run's session saw of the machine (speed_ns, wait, load)
     runs: pd.DataFrame
     #: run (row of ``runs``), value: every judged round
     rounds: pd.DataFrame
@@ -241,7 +244,9 @@ def cut_series(tables: StoreTables, plan: SeriesPlan, which: Sequence[int]) -> d
     t = plan.records.iloc[rows]
     by_id = tables.tests.set_index("test_id")
     t = t.assign(level=t["test_id"].map(by_id["level"]).astype(np.float64),
-                 n_rounds=t["test_id"].map(by_id["n_rounds"]))  # fmt: skip
+                 n_rounds=t["test_id"].map(by_id["n_rounds"]),
+                 **{k: t["test_id"].map(by_id[k]).astype(np.float64)
+                    for k in MACHINE_EVIDENCE})  # fmt: skip
     t = t.dropna(subset=["level"]).reset_index(drop=True)
     if t.empty:
         return {}
@@ -270,7 +275,7 @@ def cut_series(tables: StoreTables, plan: SeriesPlan, which: Sequence[int]) -> d
             machine=str(first["machine"]), machine_label=str(first["machine_label"]),
             nodeid=str(first["nodeid"]), metric=str(first["metric"]),
             runs=part[["run_id", "test_id", "commit", "time", "position", "level",
-                       "n_rounds"]].reset_index(drop=True),
+                       "n_rounds", *MACHINE_EVIDENCE]].reset_index(drop=True),
             rounds=_rows(rounds, r_rows, lo, hi),
             counters=_rows(counters, c_rows, lo, hi),
             ops=_rows(ops, o_rows, lo, hi),
@@ -421,18 +426,36 @@ def _latest(s: Series, steps: list[CounterStepView], tolerance: float) -> tuple[
     current = rnd.loc[rnd["run"] == last, "value"].to_numpy()
     baseline = rnd.loc[rnd["run"].isin(base_runs), "value"].to_numpy()
     history = runs["level"].to_numpy()[earlier]
+    # the machine's evidence as the live verdict had it: a run the session called noisy
+    # for the machine's speed is not an improvement or regression here either
+    wait, speed = (runs[k].to_numpy() for k in ("wait", "speed_ns"))
     verdict = judge_store(current, baseline, history, metric=s.metric, tolerance=tolerance,
-                          alpha=0.01, baseline_runs=len(base_runs))  # fmt: skip
+                          alpha=0.01, baseline_runs=len(base_runs), wait=float(wait[last]),
+                          baseline_wait=_median(wait[base_runs]),
+                          speed_ns=float(speed[last]),
+                          baseline_speed_ns=_median(speed[base_runs]))  # fmt: skip
     outcome, reason = verdict.outcome.value, verdict.message
     at_last = [st for st in steps if st.index == last and st.counter in GATED_UP]
     up = [st for st in at_last if st.after > st.before]
     if up:
         outcome = "regressed"
-        reason = "; ".join(f"{st.counter} {st.before:.4g} → {st.after:.4g}" for st in up)
+        reason = "; ".join(_step_text(st) for st in up)
     elif at_last and outcome in ("unchanged", "noisy", "not-judged"):
         outcome = "improved"
-        reason = "; ".join(f"{st.counter} {st.before:.4g} → {st.after:.4g}" for st in at_last)
+        reason = "; ".join(_step_text(st) for st in at_last)
     return outcome, reason, float(verdict.delta_pct)
+
+
+def _step_text(st: CounterStepView) -> str:
+    """A counter step as the latest outcome's reason: ``flops 839 MFLOP → 1.68 GFLOP``."""
+    return f"{st.counter} {human(st.before, st.counter)} → {human(st.after, st.counter)}"
+
+
+def _median(values: np.ndarray) -> float:
+    """The median of the finite ``values`` (NaN when none), as
+    :func:`perfguard.compare.judge.machine_evidence` pools a baseline's runs."""
+    ok = values[np.isfinite(values)]
+    return float(np.median(ok)) if len(ok) else math.nan
 
 
 def _points_key(levels: pd.DataFrame, op_levels: pd.DataFrame, names: dict[str, str]) -> str:

@@ -5,9 +5,12 @@ with its reason; one line per test that regressed, crashed, errored, was
 too noisy, incomparable or not judged, or improved, worst first, with its
 numbers or its reason; every other test in a collapsed ``<details>`` table
 (with its reason), and a link to the HTML report.
-The link target is :data:`REPORT_URL_PLACEHOLDER` unless a URL is given:
-CI knows the artifact's URL only after the upload, so the workflow
-substitutes it (``examples/github-actions.yml``).
+The link to the report is a real link or none (:func:`report_link`): the URL given
+(``perfguard report --report-url``, or ``$PERFGUARD_REPORT_URL``), else the CI run's page
+where the CI says it (GitHub Actions: ``$GITHUB_SERVER_URL/$GITHUB_REPOSITORY/actions/runs/
+$GITHUB_RUN_ID``, where the report is an artifact; ``examples/github-actions.yml`` swaps in
+the artifact's own URL after the upload), else a line saying where the report is and how to
+link it. A placeholder URL (``(PERFGUARD_REPORT_URL)``) was a dead link outside that workflow.
 
 Test and op names are user text: they go into code spans (with a fence
 longer than any backtick run inside) and table pipes are escaped, so a
@@ -23,12 +26,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+from perfguard.compare.explanation import shorten
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
+from perfguard.compare.units import format_ns, p_value, percent
 from perfguard.errors import ReportError
-from perfguard.report.html.render import clean_text, fmt_ns, fmt_p, fmt_pct, write_text
+from perfguard.report.html.render import clean_text, write_text
+from perfguard.report.profile import one_line
 
-#: what the link to the HTML report points at until CI substitutes the artifact URL
-REPORT_URL_PLACEHOLDER = "PERFGUARD_REPORT_URL"
+#: the environment variable that gives the report's URL (an artifact, a static host)
+REPORT_URL_ENV = "PERFGUARD_REPORT_URL"
 _ICON = {
     "regressed": ":red_circle:", "crashed": ":boom:", "error": ":warning:",
     "noisy": ":yellow_circle:", "incomparable": ":no_entry_sign:",
@@ -42,7 +48,7 @@ _BADGE_ICON = {
 _LISTED = tuple(o for o in OUTCOMES if o in _ICON)
 _MAX_LINES = 30  # listed lines
 _MAX_ROWS = 150  # rows of the collapsed table
-_MAX_REASON = 500  # characters of a reason or an explanation line
+_MAX_REASON = 500  # characters of a table cell's reason (shortened between words)
 
 
 def _code(text: Any, table: bool = False) -> str:
@@ -56,10 +62,11 @@ def _code(text: Any, table: bool = False) -> str:
 
 
 def _text(text: Any, limit: int | None = None) -> str:
-    """Plain user text for Markdown: HTML and emphasis characters escaped, one line."""
+    """Plain user text for Markdown: HTML and emphasis characters escaped, one line; a
+    table cell's ``limit`` shortens it between words (:func:`shorten`)."""
     text = " ".join(str(text).split())
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
+    if limit is not None:
+        text = shorten(text, limit)
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return re.sub(r"([\\`*_\[\]|#~])", r"\\\1", text)
 
@@ -69,15 +76,15 @@ def _line(t: TestEntry) -> str:
     its last line)."""
     o = t.outcome.value
     why = t.explained
-    out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(why.headline, _MAX_REASON) or o}"]
-    out += [f"  - {_text(line, _MAX_REASON)}" for line in why.lines]
+    out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(why.headline) or o}"]
+    out += [f"  - {_text(line)}" for line in why.lines]
     host = t.host_count
     if host is not None and not any("host instructions" in line for line in why.lines):
-        out.append(f"  - {_text(host.text(), _MAX_REASON)}")
+        out.append(f"  - {_text(host.text())}")
     if why.environment:
-        out.append(f"  - {_text(why.environment_line, _MAX_REASON)}")
+        out.append(f"  - {_text(why.environment_line)}")
     if t.accepted:
-        out.append(f"  - {_text(t.accepted_text, _MAX_REASON)}")
+        out.append(f"  - {_text(t.accepted_text)}")
     return "\n".join(out)
 
 
@@ -104,13 +111,14 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
     fp = run.get("fingerprint") or {}
     where = [f"commit {_code((run.get('commit') or 'unknown')[:12])}"]
     if base:
-        where.append(f"vs baseline {_code((base.get('commit') or 'unknown')[:12])}")
+        what = "vs base commit" if base.get("ab") else "vs baseline"
+        where.append(f"{what} {_code((base.get('commit') or 'unknown')[:12])}")
         if base.get("ref"):
             where.append(f"({_code(base['ref'])})")
     else:
         where.append("(no baseline)")
     if results.mode == "ab":
-        where.append("(A/B on one machine)")
+        where.append("(A/B: both measured in turn on one machine)")
     machine = fp.get("gpu_name") or (f"CPU {fp['cpu']}" if fp.get("cpu") else "")
     backend = fp.get("backend") or results.settings.get("backend")
     extra = [_text(x) for x in (machine, backend) if x]
@@ -130,7 +138,7 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
             shared.setdefault(t.explained.environment_line, []).append(t.nodeid)
     for line, nodeids in shared.items():
         who = _code(nodeids[0]) if len(nodeids) == 1 else f"{len(nodeids)} tests"
-        out.append(f"- {_text(line, _MAX_REASON)} ({who})")
+        out.append(f"- {_text(line)} ({who})")
     if shared:
         out.append("")
     if rest:
@@ -146,22 +154,55 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
             host = t.host_count
             cell = (f" {_text(host.short()) if host else '-'} |") if counted else ""
             out.append(
-                f"| {_code(t.nodeid, table=True)} | {t.outcome.value} | {fmt_pct(t.delta_pct)} "
-                f"| {fmt_p(t.p_value)} | {fmt_ns(t.level_baseline_ns)} → "
-                f"{fmt_ns(_level_or_median(t))} |{cell} "
+                f"| {_code(t.nodeid, table=True)} | {t.outcome.value} "
+                f"| {percent(t.delta_pct, True)} | {p_value(t.p_value)} "
+                f"| {format_ns(t.level_baseline_ns)} → "
+                f"{format_ns(_level_or_median(t))} |{cell} "
                 f"{_text('; '.join(filter(None, [t.accepted_text, t.reason])), _MAX_REASON)} |"
             )
         if len(rest) > _MAX_ROWS:
             out.append(f"\n… and {len(rest) - _MAX_ROWS} more (see the report)")
         out += ["", "</details>", ""]
 
+    profiled = [t for t in rest if t.profile is not None]
+    if profiled:
+        out += [f"<details><summary>Profiles of {len(profiled)} test"
+                f"{'' if len(profiled) == 1 else 's'} (level, top op, Tensor Cores, FLOPs)"
+                "</summary>", ""]  # fmt: skip
+        out += [f"- {_code(t.nodeid)} ({t.outcome.value}): {_text(one_line(t))}"
+                for t in profiled[:_MAX_ROWS]]  # fmt: skip
+        if len(profiled) > _MAX_ROWS:
+            out.append(f"- … and {len(profiled) - _MAX_ROWS} more (see the report)")
+        out += ["", "</details>", ""]
+
     for note in results.notes:
         out.append(f"> {_text(note, 300)}")
     if results.notes:
         out.append("")
-    url = report_url or REPORT_URL_PLACEHOLDER
-    out.append(f"[Full HTML report (report.html)]({url})")
+    out.append(report_link(report_url))
     return "\n".join(out) + "\n"
+
+
+def ci_run_url() -> str | None:
+    """The CI run's page, where the CI's environment gives it (GitHub Actions)."""
+    env = os.environ
+    server, repo, run = (env.get(k, "").strip() for k in
+                         ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))  # fmt: skip
+    if server and repo and run:
+        return f"{server.rstrip('/')}/{repo}/actions/runs/{run}"
+    return None
+
+
+def report_link(report_url: str | None = None) -> str:
+    """The summary's last line: a link to the report, or where it is and how to link it."""
+    given = report_url or os.environ.get(REPORT_URL_ENV, "").strip()
+    if given:
+        return f"[Full HTML report (report.html)]({given})"
+    run = ci_run_url()
+    if run:
+        return f"[Full HTML report: report.html in this run's artifacts]({run})"
+    return (f"Full HTML report: `report.html` beside this summary (set {REPORT_URL_ENV}, or "
+            "pass --report-url to `perfguard report`, to link it here)")  # fmt: skip
 
 
 def write_markdown(

@@ -11,37 +11,24 @@ Coordinates are in CSS pixels; text stays text, with the page's font.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
 import numpy as np
 
+from perfguard.compare.units import axis, nice_ticks
+
 WIDTH, HEIGHT = 520, 150
 FONT = 'font-family="system-ui,sans-serif" font-size="10"'
 AXIS_COLOR = "#444"
 
 
-def nice_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
-    """At most ``most`` round values (1, 2, 2.5 or 5 times a power of ten apart) in [lo, hi]."""
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
-        return [lo] if math.isfinite(lo) else []
-    raw = (hi - lo) / max(most - 1, 1)
-    power = 10.0 ** math.floor(math.log10(raw))
-    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
-        step = m * power
-        first = math.ceil(lo / step - 1e-9) * step
-        ticks = [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
-        if len(ticks) <= most:
-            return [round(t, 12) for t in ticks]
-    return [lo, hi]
-
-
-def _num(value: float) -> str:
-    """A tick label: as few digits as tell the ticks apart."""
-    text = f"{value:.6g}"
-    return "0" if text in ("-0", "0") else text
+def _ticks(lo: float, hi: float, most: int = 5) -> list[tuple[float, str]]:
+    """An axis' round ticks in [lo, hi] and their labels (:func:`units.axis`: labels that
+    differ, as few digits as that takes, never in exponent notation)."""
+    ticks = nice_ticks(lo, hi, most)
+    return list(zip(ticks, axis(ticks), strict=True))
 
 
 @dataclass(frozen=True)
@@ -129,7 +116,7 @@ def strip_box(groups: Sequence[tuple[str, np.ndarray, str]], x_title: str, label
             body.append(f'<line x1="{f.x(med):.1f}" y1="{f.y(row + 0.34):.1f}" '
                         f'x2="{f.x(med):.1f}" y2="{f.y(row - 0.34):.1f}" stroke="#1e3a8a" '
                         f'stroke-width="1.6"/>')  # fmt: skip
-    ticks = [(t, _num(t)) for t in nice_ticks(f.x0, f.x1)]
+    ticks = _ticks(f.x0, f.x1)
     body += _x_axis(f, ticks, x_title)
     body += _y_axis(f, [(r, n) for r, n in rows], "")
     return _svg(label, body)
@@ -152,5 +139,60 @@ def line(values: np.ndarray, x_labels: Sequence[str], y_title: str, label: str, 
     step = -(-n // 5)
     xticks = [(float(i), x_labels[i]) for i in range(n - 1, -1, -step)][::-1]
     body += _x_axis(f, xticks, "")
-    body += _y_axis(f, [(t, _num(t)) for t in nice_ticks(f.y0, f.y1, 4)], y_title)
+    body += _y_axis(f, _ticks(f.y0, f.y1, 4), y_title)
+    return _svg(label, body)
+
+
+#: the colours of a split bar's parts, in order (the rest: grey)
+SPLIT_COLOURS = ("#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#06b6d4", "#84cc16")
+SPLIT_OTHER = "#cbd5e1"
+
+
+def split_bar(parts: Sequence[tuple[str, float, str]], label: str, width: int = WIDTH) -> str:
+    """One horizontal bar split into ``(name, share %, caption)`` parts, left to right, each
+    in a colour of :data:`SPLIT_COLOURS` (an unnamed last part in grey), with a legend
+    below it: the step's time split by op. The captions are the legend's text."""
+    height = 22 + 14 * ((len(parts) + 1) // 2)
+    body: list[str] = []
+    x = 4.0
+    span = width - 8.0
+    legend: list[str] = []
+    for k, (name, share, caption) in enumerate(parts):
+        colour = SPLIT_COLOURS[k % len(SPLIT_COLOURS)] if name else SPLIT_OTHER
+        w = max(span * share / 100.0, 0.0)
+        body.append(f'<rect x="{x:.1f}" y="2" width="{w:.1f}" height="14" fill="{colour}">'
+                    f"<title>{escape(caption)}</title></rect>")  # fmt: skip
+        x += w
+        lx = 4 + (k % 2) * (width / 2)
+        ly = 30 + 14 * (k // 2)
+        legend.append(f'<rect x="{lx:.1f}" y="{ly - 8}" width="8" height="8" fill="{colour}"/>'
+                      f'<text x="{lx + 12:.1f}" y="{ly}">{escape(caption)}</text>')  # fmt: skip
+    return (
+        f'<svg role="img" aria-label="{escape(label)}" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" {FONT}>' + "".join(body + legend) + "</svg>"
+    )
+
+
+def iteration_strip(
+    values: np.ndarray, rounds: np.ndarray, y_title: str, label: str, colour: str
+) -> str:
+    """Each iteration's time in order as a bar, a round's bars side by side with a gap
+    between rounds: a strip that shows warm-up drift, a slow spell, a periodic spike."""
+    n = len(values)
+    hi = float(np.nanmax(values)) if n else 1.0
+    f = Frame(left=73, right=WIDTH - 16, top=6, bottom=HEIGHT - 25,
+              x0=-0.5, x1=n - 0.5 + max(int(len(np.unique(rounds))) - 1, 0),
+              y0=0.0, y1=hi * 1.08 or 1.0)  # fmt: skip
+    slot = (f.right - f.left) / max(f.x1 - f.x0, 1.0)
+    body = []
+    gap = 0
+    for i in range(n):
+        if i and rounds[i] != rounds[i - 1]:
+            gap += 1
+        x = f.x(i + gap) - slot * 0.4
+        y = f.y(float(values[i]))
+        body.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}" '
+                    f'height="{f.bottom - y:.1f}" fill="{colour}"/>')  # fmt: skip
+    body += _x_axis(f, [], "iterations in order, rounds apart")
+    body += _y_axis(f, _ticks(f.y0, f.y1, 4), y_title)
     return _svg(label, body)

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from perfguard.compare import units
 from perfguard.errors import ReportError
 
 _ENV: Any = None
@@ -48,47 +49,32 @@ def _missing(x: Any) -> bool:
 
 
 def fmt_ns(ns: Any) -> str:
-    """A duration in ns with a readable unit: ``1.234 ms``; ``n/a`` when missing."""
-    if _missing(ns):
-        return "n/a"
-    ns = float(ns)
-    mag = abs(ns)
-    if mag >= 1e9:
-        return f"{ns / 1e9:.3f} s"
-    if mag >= 1e6:
-        return f"{ns / 1e6:.3f} ms"
-    if mag >= 1e3:
-        return f"{ns / 1e3:.2f} µs"
-    return f"{ns:.0f} ns"
+    """A duration in ns with a readable unit: ``1.23 ms`` (:func:`units.format_ns`)."""
+    return units.format_ns(ns)
 
 
-def fmt_pct(x: Any, signed: bool = True) -> str:
-    """A percentage with one decimal, signed by default: ``+12.3 %``."""
-    if _missing(x):
-        return "n/a"
-    return f"{float(x):+.1f} %" if signed else f"{float(x):.1f} %"
+def fmt_pct(x: Any, signed: bool = True, digits: int | None = 1) -> str:
+    """A percentage, signed by default: ``+12.3%`` (:func:`units.percent`)."""
+    return units.percent(x, signed, digits)
 
 
 def fmt_ci(lo: Any, hi: Any) -> str:
-    """An interval of percentages: ``[+1.2, +3.4] %``."""
-    if _missing(lo) or _missing(hi):
-        return "n/a"
-    return f"[{float(lo):+.1f}, {float(hi):+.1f}] %"
+    """An interval of percentages: ``[+1.2%, +3.4%]`` (:func:`units.interval`)."""
+    return units.interval(lo, hi)
 
 
 def fmt_p(p: Any) -> str:
-    """A p-value with three significant digits; tiny ones as ``< 1e-4``."""
-    if _missing(p):
-        return "n/a"
-    return "< 1e-4" if float(p) < 1e-4 else f"{float(p):.3g}"
+    """A p-value: ``0.034``, ``< 0.001`` (:func:`units.p_value`)."""
+    return units.p_value(p)
 
 
-def fmt_num(x: Any, digits: int = 0) -> str:
-    """A plain number with thousands separators; ``n/a`` when missing."""
-    if _missing(x):
-        return "n/a"
+def fmt_num(x: Any, digits: int | None = None, counter: str = "") -> str:
+    """A number: a count (:func:`units.human`, integers as integers, a ``counter``'s unit),
+    or with ``digits`` fixed decimals; ``yes``/``no`` for a flag."""
     if isinstance(x, bool):
         return "yes" if x else "no"
+    if _missing(x) or not digits:
+        return units.human(x, counter)
     return f"{float(x):,.{digits}f}"
 
 

@@ -25,6 +25,7 @@ from perfguard.compare.explain import dtype_change
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.compare.units import human
 from perfguard.report.html.render import render, write_text
+from perfguard.report.profile import ProfileView, profile_view
 
 #: op statuses listed before the rest, whatever their size
 _NOTABLE = {"regressed", "improved", "new", "removed", "added"}
@@ -74,6 +75,8 @@ class TestView:
     ops: list[dict[str, Any]]  # shown rows, each with ``delta_ns``
     ops_hidden: int  # ops not shown
     ops_hidden_max_abs_ns: float | None  # largest |delta_ns| among the hidden ones
+    #: where the step's time goes, whatever the outcome (report.profile), collapsed
+    profile: ProfileView | None = None
 
 
 @dataclass
@@ -195,6 +198,7 @@ def _view(i: int, test: TestEntry, figures: Any, max_ops: int) -> TestView:
         ops=shown,
         ops_hidden=len(hidden),
         ops_hidden_max_abs_ns=max(hidden_abs) if hidden_abs else None,
+        profile=profile_view(test, i),
     )
 
 
