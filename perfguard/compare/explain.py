@@ -351,9 +351,11 @@ def _parameter_culprits(e: Evidence, found: list[Culprit]) -> list[Culprit]:
     if change is not None:
         a, b = change
         reasons.append(f"parameter tensors {a} → {b}")
-        causes.append(Culprit(kind="params", op="", text=f"parameter tensors {a} → {b} "
-                              "(the model's parameters changed: the optimizer's per-tensor "
-                              "work follows)", baseline=a, current=b))  # fmt: skip
+        follows = any(_per_tensor(c.op) for c in found)
+        why = ("the model's parameters changed: the optimizer's per-tensor work follows"
+               if follows else "the model's parameters changed")  # fmt: skip
+        causes.append(Culprit(kind="params", op="", text=f"parameter tensors {a} → {b} ({why})",
+                              baseline=a, current=b))  # fmt: skip
     for what, where in optimizer_changes(e.baseline.meta, e.current.meta):
         at = f" at {where}" if where else ""
         reasons.append(what.split(":", 1)[0] + " changed")
