@@ -9,6 +9,8 @@ reader drops) in the raw JSON.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import gzip
 import json
 import os
@@ -217,3 +219,59 @@ def test_fallback_is_bounded_in_time(tmp_path: Path) -> None:
     assert doc["kind"] == "fallback" and doc["detail"].startswith("no key node: its first ")
     relus = _names(out).count("aten::relu")
     assert 0 < relus < int(count.read_text())
+
+
+def _nested_loop(steps: int, shape: str) -> Callable[[], None]:
+    """``step``: a range around each whole step (the optimizer's step inside it);
+    ``loop``: one range around the whole loop, another around each batch."""
+    rf = torch.profiler.record_function
+
+    def run() -> None:
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with rf("train") if shape == "loop" else contextlib.nullcontext():
+            for _ in range(steps):
+                with rf("train_step") if shape == "step" else contextlib.nullcontext():
+                    with rf("batch"):
+                        x = torch.randn(4, 8)
+                    opt.zero_grad()
+                    model(x).sum().backward()
+                    opt.step()
+                    with rf("log"):
+                        torch.zeros(1)
+
+    return run
+
+
+@pytest.mark.parametrize("shape", ["step", "loop"])
+def test_steps_nest_with_the_programs_ranges(tmp_path: Path, shape: str) -> None:
+    """Each step opens and closes where the program's ranges allow (torch crashed, later,
+    on a range closed out of order): never partly over one of the program's ranges."""
+    _window(tmp_path, WindowSpec(), _nested_loop(8, shape))
+    gc.collect()  # the profiler's records of a range closed out of order crash here
+    r = perfguard.load_trace(tmp_path / "w.pt.trace.json.gz").ranges
+    names = r["name"].astype(str)
+    steps = r[names.str.startswith("ProfilerStep#")]
+    assert sorted(steps["name"].astype(str)) == [
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+        "ProfilerStep#4",
+    ]
+    others = r[~names.str.startswith("ProfilerStep#")]
+    for s0, s1 in zip(steps["start"], steps["end"], strict=True):
+        inside = (others["start"] >= s0) & (others["end"] <= s1)
+        apart = (others["end"] <= s0) | (others["start"] >= s1)
+        around = (others["start"] <= s0) & (others["end"] >= s1)
+        assert (inside | apart | around).all(), others[~(inside | apart | around)]
+        if shape == "step":  # the step is the program's train_step, whole
+            assert (others.loc[inside, "name"].astype(str) == "train_step").sum() == 1
+    assert names.eq(OPT_STEP).sum() == 3
+
+
+def test_a_loop_ending_inside_the_window_ends_the_step(tmp_path: Path) -> None:
+    """The step open when the loop's range closes is closed first, and is no iteration."""
+    names, report = _window(tmp_path, WindowSpec(), _nested_loop(4, "loop"))
+    gc.collect()
+    assert _steps(names) == ["ProfilerStep#2", "ProfilerStep#3"]
+    assert names.count(AFTER_LAST_STEP) == 1
+    assert (report.kind, report.iterations) == ("short", 2)

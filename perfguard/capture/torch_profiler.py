@@ -396,23 +396,24 @@ class _SavedResults:
         return getattr(self._results, name)
 
 
-def _export(prof: Any, out: Path, *, rename: tuple[str, str] | None = None) -> None:
+def _export(prof: Any, out: Path, *, rename: Sequence[tuple[str, str]] = ()) -> None:
     """Write ``prof``'s trace to ``out`` and its sidecar; ``rename`` (old, new) renames
-    one range everywhere in the JSON (the window's unfinished last step: names are
-    unique there, ``ProfilerStep#N``, so the quoted name is matched whole)."""
-    target = out if rename is None else out.with_name(f".{out.name}.{os.getpid()}.json")
+    ranges in the JSON (the window's steps that are no iteration: names are unique
+    there, ``ProfilerStep#N``, so each quoted name is matched whole)."""
+    target = out if not rename else out.with_name(f".{out.name}.{os.getpid()}.json")
     try:
         prof.export_chrome_trace(str(target))
-        if rename is not None:
+        if rename:
             text = target.read_bytes()
-            old, new = (json.dumps(n).encode() for n in rename)
+            for old, new in rename:
+                text = text.replace(json.dumps(old).encode(), json.dumps(new).encode())
             opener: Any = gzip.open if out.name.endswith(".gz") else open
             with opener(out, "wb") as f:
-                f.write(text.replace(old, new))
+                f.write(text)
     except Exception as exc:  # torch raises RuntimeError/AssertionError/OSError here
         raise CaptureError(f"{out}: the torch profiler could not write its trace: {exc}") from None
     finally:
-        if rename is not None:
+        if rename:
             target.unlink(missing_ok=True)
     _write_sidecar(prof, out)
 

@@ -143,13 +143,20 @@ class TorchWindow:
         #: iteration: the capture if it never does
         self.provisional: Any = None
         self.cut_at: float | None = None  # seconds after the start the provisional stopped
-        self.cut_step: str | None = None  # the step it left unfinished then
         self.t0 = time.monotonic()
         self.step: Any = None  # our open ProfilerStep range
         self.stepped: Any = None  # the optimizer the window follows
         self.step_pending = False  # it just stepped: its range's end is the key node
         self.depth = 0  # nesting of the key node's range
+        self.open = 0  # the program's record_function ranges open now (on its thread)
+        self.low = 0  # the fewest open since the last key node
+        self.due = False  # an iteration ended: the window's work for it is waiting
+        self.level = 0  # ... for this few ranges open
+        self.step_level = 0  # ranges open when our step opened
+        self.partial: list[str] = []  # our steps that are no whole iteration
+        self.opened_at = 0  # iterations ended when the window opened (the warm-up run)
         self.busy = False  # inside our own work: the timer waits
+        self.thread = threading.get_ident()
         self.guard = _StepAside(torch, self._ours, self._step_aside, out)
         self._undo: list[Callable[[], None]] = []
 
@@ -179,16 +186,20 @@ class TorchWindow:
         window = self
 
         def __enter__(rf: Any) -> Any:
-            out = enter(rf)
-            if not window.busy:
+            if window.watching():
+                window._before_enter()
+                out = enter(rf)
                 window._entered(rf.name)
-            return out
+                return out
+            return enter(rf)
 
         def __exit__(rf: Any, *exc: Any) -> Any:
-            out = leave(rf, *exc)
-            if not window.busy:
+            if window.watching():
+                window._before_exit()
+                out = leave(rf, *exc)
                 window._exited(rf.name)
-            return out
+                return out
+            return leave(rf, *exc)
 
         cls.__enter__, cls.__exit__ = __enter__, __exit__
 
@@ -210,7 +221,15 @@ class TorchWindow:
             self._undo.pop()()
         self._disarm_timer()
 
+    def watching(self) -> bool:
+        """Whether a range or step now may be the key node: not inside our own work, and
+        on the thread that started the profiler (Kineto stops only there; iterations run
+        on another thread are no key node, and the fallback's note says so)."""
+        return not self.busy and threading.get_ident() == self.thread
+
     def _optimizer_stepped(self, optimizer: Any, *_: Any) -> None:
+        if not self.watching():
+            return
         if self.source is None:
             self.source = "optimizer"
             self.stepped = optimizer
@@ -219,6 +238,7 @@ class TorchWindow:
             self.step_pending = True  # its Optimizer.step# range ends next
 
     def _entered(self, name: str) -> None:
+        self.open += 1
         if self.source is None and (name in ITERATION_NAMES or name.startswith(STEP_PREFIX)):
             self.source = "ranges"
             self.key_name = name if name in ITERATION_NAMES else "ProfilerStep#N"
@@ -226,14 +246,31 @@ class TorchWindow:
             self.depth += 1
 
     def _exited(self, name: str) -> None:
+        self.open = max(self.open - 1, 0)
+        self.low = min(self.low, self.open)
         if self.source == "optimizer":
             if self.step_pending and name.startswith(OPTIMIZER_PREFIX):
                 self.step_pending = False
-                self._boundary()
+                self._key_node_ended()
         elif self._is_key(name):
             self.depth = max(self.depth - 1, 0)
             if self.depth == 0:
-                self._boundary()
+                self._key_node_ended()
+        self._fire_if_due()
+
+    def _before_enter(self) -> None:
+        self._fire_if_due()
+
+    def _before_exit(self) -> None:
+        """A range closes: if it holds our open step, close the step first (ranges nest:
+        the profiler's records of a range closed out of order crash torch later); the
+        step then ends where the program's loop did, and is no iteration."""
+        if self.step is not None and self.open - 1 < self.step_level:
+            self.busy = True
+            try:
+                self.partial.append(self._close_step() or "")
+            finally:
+                self.busy = False
 
     def _is_key(self, name: str) -> bool:
         if self.source == "node":
@@ -249,21 +286,38 @@ class TorchWindow:
         """Whether the window marks its steps (not when the program's ranges are the key node)."""
         return self.source != "ranges"
 
-    def _boundary(self) -> None:
-        """An iteration ended: the window may open, go on, or close."""
+    def _key_node_ended(self) -> None:
+        """An iteration ended: count it; the window's work for it waits for a place where
+        our step can close and open at the level it opened (see :meth:`_fire_if_due`)."""
         self.n += 1
-        if self.phase not in ("before", "window"):
-            return
+        level, self.low = self.low, self.open
+        if self.phase == "before" and self.n < self.spec.warmup:
+            return  # the warm-up is counted only
+        if self.phase in ("before", "window"):
+            self.due = True
+            # the step goes at the lowest nesting the program reached during the iteration
+            # that just ended (0 unless a range holds the whole loop): a range around each
+            # whole step (``train_step``) has then closed before our step closes and opens
+            self.level = self.open if not self.own_steps else min(level, self.open)
+
+    def _fire_if_due(self) -> None:
+        if self.due and self.open <= self.level:
+            self.due = False
+            self._boundary()
+
+    def _boundary(self) -> None:
+        """The window's work at an iteration's end: open, mark the next step, or close."""
         self.busy = True
         try:
             if self.phase == "before":
-                if self.n >= self.spec.warmup:
-                    self._open()
-            else:
+                self._open()
+            elif self.phase == "window":
                 self.provisional = None  # the window holds an iteration: no fallback now
-                if self.n - self.spec.warmup >= self.spec.iterations:
+                if self.n - self.opened_at >= self.spec.iterations:
                     self._close(ended=False)
                     return
+            else:
+                return
             self._mark_step()
         finally:
             self.busy = False
@@ -274,6 +328,7 @@ class TorchWindow:
         if self.own_steps and self.prof is not None:
             self.step = self.torch.autograd.profiler.record_function(f"{STEP_PREFIX}{self.n}")
             self.step.__enter__()
+            self.step_level = self.open
 
     def _close_step(self) -> str | None:
         """Close our open step; returns its name (None when none was open)."""
@@ -287,8 +342,8 @@ class TorchWindow:
         """Stop the session recording now, if any; returns the name of the step left open."""
         open_step = self._close_step()
         if self.prof is not None:
-            prof, self.prof = self.prof, None
-            prof.stop()
+            self.prof.stop()  # still ours while it stops (the step-aside guard asks)
+            self.prof = None
         return open_step
 
     def _open(self) -> None:
@@ -296,6 +351,7 @@ class TorchWindow:
         start the window's."""
         self._disarm_timer()
         self._stop()
+        self.opened_at = self.n
         self.prof = self.new_session(self.with_stack)
         start_profiler(self.torch, self.prof)
         self.phase = "window"
@@ -307,26 +363,32 @@ class TorchWindow:
         (``ended``: it has ended, inside the window, and the open step is its tail)."""
         prof = self.prof
         open_step = self._stop()
-        self._write(prof, open_step if ended else None, "short" if ended else "window")
+        if ended and open_step is not None:
+            self.partial.append(open_step)
+        self._write(prof, "short" if ended else "window")
         for o in self.observers:
             o.window_closed(self.out)
 
     def finish(self) -> None:
         """The program ended: write what the window has, or the provisional capture."""
+        if self.due:  # its last iteration ended where no step could be marked yet
+            self.due = False
+            self._boundary()
         self.busy = True
         if self.phase == "window" and self.provisional is None:
             self._close(ended=True)
         elif self.phase in ("before", "window"):  # the window holds no whole iteration
-            open_step = self._stop() if self.phase == "before" else None
             self._stop()
-            self._write(self.provisional, open_step or self.cut_step, "fallback")
+            self.partial.clear()  # the provisional session has no steps of ours
+            self._write(self.provisional, "fallback")
 
-    def _write(self, prof: Any, open_step: str | None, kind: str) -> None:
-        """Export ``prof`` as the capture (an open step renamed :data:`AFTER_LAST_STEP`)."""
+    def _write(self, prof: Any, kind: str) -> None:
+        """Export ``prof`` as the capture, the steps that are no iteration renamed
+        :data:`AFTER_LAST_STEP`."""
         self.phase = "done"
         self.guard.active = False
         self._unhook()  # nothing more to watch: no cost for the rest of the program
-        rename = (open_step, AFTER_LAST_STEP) if open_step is not None else None
+        rename = [(name, AFTER_LAST_STEP) for name in self.partial if name]
         _export(prof, self.out, rename=rename)
         self.report = self._report(kind)
 
@@ -349,6 +411,7 @@ class TorchWindow:
     def _report(self, kind: str) -> WindowReport:
         warmup, key = self.spec.warmup, self._key_text()
         if kind in ("window", "short"):
+            warmup = self.opened_at
             recorded = min(self.n - warmup, self.spec.iterations)
             detail = f"{_n(recorded, 'iteration')} after {warmup} warm-up"
             note = ""
@@ -370,12 +433,13 @@ class TorchWindow:
             because = (
                 f"the program never ended a {self.key_name!r} range"
                 if self.source == "node"
-                else "the program stepped no torch optimizer and ended no perfguard.iteration range"
+                else "the program's main thread stepped no torch optimizer and ended no "
+                "perfguard.iteration range"
             )
             hint = "mark iterations with perfguard.iteration or pass --key-node NAME"
         else:
             why = f"the program ended after {_n(self.n, 'iteration')}"
-            because = f"{key}, before a whole iteration of the window (warm-up {warmup})"
+            because = f"{key}; the window records from iteration {warmup} on"
             hint = "lower --warmup to capture a window"
         detail = f"{why}: {span}, without Python stacks"
         note = f"{why} ({because}): the capture is {span}, without Python stacks; {hint}"
@@ -418,7 +482,7 @@ class TorchWindow:
         self.busy = True
         try:
             self.cut_at = time.monotonic() - self.t0
-            self.cut_step = self._stop()
+            self._stop()  # no step of ours is open before the window
         finally:
             self.busy = False
 
