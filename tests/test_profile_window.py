@@ -204,13 +204,15 @@ def test_fallback_is_bounded_in_time(tmp_path: Path) -> None:
         "n, t0 = 0, time.monotonic()\n"
         "while time.monotonic() - t0 < 2.0 or n < 50:\n"
         "    torch.relu(torch.randn(4)); n += 1\n"
+        "for _ in range(1000):\n"  # after the bound, however long stopping took
+        "    torch.relu(torch.randn(4)); n += 1\n"
         "open(sys.argv[1], 'w').write(str(n))\n"
     )
     out, report = tmp_path / "t.pt.trace.json.gz", tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": str(Path(perfguard.__file__).parents[1])}
     run = subprocess.run(
         [sys.executable, "-m", "perfguard.capture.torch_runner", "--output", str(out),
-         "--device", "cpu", "--fallback-seconds", "0.3", "--report", str(report), "--",
+         "--device", "cpu", "--fallback-seconds", "0.5", "--report", str(report), "--",
          str(script), str(count)],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
@@ -218,7 +220,7 @@ def test_fallback_is_bounded_in_time(tmp_path: Path) -> None:
     doc = json.loads(report.read_text())
     assert doc["kind"] == "fallback" and doc["detail"].startswith("no key node: its first ")
     relus = _names(out).count("aten::relu")
-    assert 0 < relus < int(count.read_text())
+    assert 0 < relus <= int(count.read_text()) - 1000
 
 
 def _nested_loop(steps: int, shape: str) -> Callable[[], None]:
