@@ -34,8 +34,9 @@ from perfguard.capture import (
     torch_profiler,
 )
 from perfguard.capture import select as capture_select
+from perfguard.capture.base import RunOptions
 from perfguard.capture.nsys import nsys_export_argv, nsys_profile_argv
-from perfguard.capture.torch_profiler import python_target
+from perfguard.capture.torch_profiler import WHOLE_RUN, python_target
 from perfguard.capture.torch_runner import run_target
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -411,12 +412,14 @@ with open(sys.argv[1], "w") as f:
 
 
 def test_torch_runner_profiles_a_training_script(tmp_path: Path) -> None:
+    """The whole run (``iterations=WHOLE_RUN``); the default window: test_profile_window."""
     script = tmp_path / "train.py"
     script.write_text(MLP_SCRIPT)
     seen = tmp_path / "seen.json"
     result = profile_command(
         [sys.executable, str(script), str(seen), "--extra"],
         backend="torch", output_dir=tmp_path / "out", timeout=RUN_TIMEOUT_S,
+        options=RunOptions(iterations=WHOLE_RUN),
     )  # fmt: skip
 
     assert (result.backend, result.returncode) == ("torch", 0)
@@ -460,7 +463,8 @@ def test_failing_script_still_leaves_its_trace_auto_cpu(
 
     with pytest.raises(CaptureError) as err:
         profile_command([sys.executable, str(script), str(tmp_path / "seen.json")],
-                        output_dir=tmp_path, timeout=RUN_TIMEOUT_S, env=env)  # fmt: skip
+                        output_dir=tmp_path, timeout=RUN_TIMEOUT_S, env=env,
+                        options=RunOptions(iterations=WHOLE_RUN))  # fmt: skip
     message = str(err.value)
     assert "exit status 1" in message and "\n" not in message
     assert "RuntimeError: diverged at step 1" in message
@@ -638,15 +642,17 @@ def _perfguard(*args: str, env: dict | None = None) -> subprocess.CompletedProce
 
 
 def test_cli_profile_torch_captures_then_analyses(tmp_path: Path) -> None:
+    """The whole run with torch's stacks, as before the window (test_profile_window)."""
     script = tmp_path / "train.py"
     script.write_text(MLP_SCRIPT)
     out = tmp_path / "out"
     run = _perfguard(
-        "profile", "--backend", "torch", "--output-path", str(out), "--reports", "detail",
-        "--formats", "csv", "--", sys.executable, str(script), str(tmp_path / "seen.json"),
+        "profile", "--backend", "torch", "--iterations", "all", "--with-stack",
+        "--output-path", str(out), "--reports", "detail", "--formats", "csv", "--",
+        sys.executable, str(script), str(tmp_path / "seen.json"),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    assert f"capture: {out / 'capture.pt.trace.json.gz'} (torch: " in run.stdout
+    assert f"capture: {out / 'capture.pt.trace.json.gz'} (torch: the whole run, " in run.stdout
     assert "Iterations                       3" in run.stdout
     # the sidecar: names and call sites from the profiler's in-memory results
     assert sorted(p.name for p in out.iterdir()) == [

@@ -108,7 +108,7 @@ model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
 # aot_eager: dynamo and AOTAutograd traced for real, without a C++ toolchain for inductor
 step = torch.compile(lambda x: model(x).sum(), backend="aot_eager")
 x = torch.randn(8, 16)
-for _ in range(3):
+for _ in range(6):
     with torch.profiler.record_function("perfguard.iteration"):
         step(x).backward()
 """
@@ -117,7 +117,8 @@ for _ in range(3):
 def test_program_using_torch_compile(tmp_path: Path) -> None:
     """Without Python stacks: with them, torch records every Python call of the compiler
     (585 MB of JSON for this script) and writes docstring lines unescaped in their
-    names (``"name": "...(0):         \"\"\""``), which the Kineto reader rejects."""
+    names (``"name": "...(0):         \"\"\""``), which the Kineto reader rejects.
+    The default window: steps 2-4 of 6, the compile in the warm-up."""
     script = tmp_path / "compiled.py"
     script.write_text(COMPILED)
     result = TorchBackend(with_stack=False).capture(

@@ -17,7 +17,7 @@ import re
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -48,20 +48,40 @@ class CaptureResult:
     argv: list[str] = field(default_factory=list)
     #: the profiler's own report next to ``path`` (nsys ``.nsys-rep``/``.qdrep``), if any
     report: Path | None = None
+    #: what the capture holds, where the backend says (torch: "3 iterations after 2 warm-up")
+    detail: str = ""
+
+
+#: the backend each option of :class:`RunOptions` belongs to, as the messages name it
+OPTION_OWNER = {
+    "delay": "nsys", "duration": "nsys", "capture range": "nsys",
+    "warmup": "torch", "iterations": "torch", "with stack": "torch", "fallback seconds": "torch",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The options of :meth:`Backend.capture` that only some backends take (nsys: all)."""
+    """The options of :meth:`Backend.capture` that only some backends take (nsys: a time
+    window; torch: an iteration window, :mod:`perfguard.capture.torch_window`). None: not
+    asked for. ``key_node`` is no one's: a backend that cannot use it ignores it (it is
+    the analysis' option too)."""
 
     delay: float | None = None
     duration: float | None = None
     capture_range: str | None = None
+    warmup: int | None = None
+    #: ``0`` (``torch_profiler.WHOLE_RUN``): the whole run
+    iterations: int | None = None
+    with_stack: bool | None = None
+    fallback_s: float | None = None
+    key_node: str | None = None
 
     def asked(self) -> list[str]:
         """The options given, as the messages name them."""
         named = (("delay", self.delay), ("duration", self.duration),
-                 ("capture range", self.capture_range))  # fmt: skip
+                 ("capture range", self.capture_range), ("warmup", self.warmup),
+                 ("iterations", self.iterations), ("with stack", self.with_stack),
+                 ("fallback seconds", self.fallback_s))  # fmt: skip
         return [flag for flag, value in named if value is not None]
 
 
@@ -103,7 +123,7 @@ class Backend(ABC):
         """Whether this backend can run here, and the reason (a short phrase)."""
 
     #: the :class:`RunOptions` the backend takes (``delay``, ``duration``, ``capture
-    #: range``); any other one asked for is refused, naming nsys
+    #: range``, ``warmup``, ...); any other one asked for is refused, naming its backend
     takes: ClassVar[frozenset[str]] = frozenset()
 
     @property
@@ -137,19 +157,31 @@ class Backend(ABC):
         capture_range: str | None = None,
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
+        options: RunOptions | None = None,
     ) -> CaptureResult:
         """Run ``command`` under this backend; write ``output_dir/name.*``.
 
-        Raises :class:`perfguard.errors.CaptureError` (one line) when the
-        tool is missing, the command fails or times out, or nothing was written.
+        ``options`` carries the rest of :class:`RunOptions` (the torch window);
+        ``delay``, ``duration`` and ``capture_range``, when given, win over its
+        fields. Raises
+        :class:`perfguard.errors.CaptureError` (one line) when the tool is missing,
+        an option belongs to another backend, the command fails or times out, or
+        nothing was written.
         """
         command = command_list(command)
-        options = RunOptions(delay, duration, capture_range)
+        options = options or RunOptions()
+        options = replace(
+            options,
+            delay=options.delay if delay is None else delay,
+            duration=options.duration if duration is None else duration,
+            capture_range=options.capture_range if capture_range is None else capture_range,
+        )
         refused = [flag for flag in options.asked() if flag not in self.takes]
         if refused:
+            owners = " or ".join(sorted({OPTION_OWNER[f] for f in refused}))
             raise CaptureError(
-                f"{' and '.join(refused)} need the nsys backend; this capture uses {self.name} "
-                f"({self.why})"
+                f"{' and '.join(refused)} need the {owners} backend; this capture uses "
+                f"{self.name} ({self.why})"
             )
         plan = self.plan(command, output_base(output_dir, name), options, env)
         for stale in (plan.path, *plan.stale):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from perfguard.capture import nsys as _nsys
 from perfguard.capture import torch_profiler as _torch
-from perfguard.capture.base import Backend, CaptureResult, command_list
+from perfguard.capture.base import Backend, CaptureResult, RunOptions, command_list
 from perfguard.capture.nsys import ExportMode, NsysBackend, usable_nsys
 from perfguard.capture.torch_profiler import TorchBackend
 from perfguard.errors import CaptureError
@@ -111,14 +111,16 @@ def profile_command(
     timeout: float | None = None,
     export_mode: ExportMode = "inline",
     env: Mapping[str, str] | None = None,
+    options: RunOptions | None = None,
 ) -> CaptureResult:
     """Profile ``command`` (an argv list, never a shell string) and return the capture.
 
     ``result.path`` loads with :func:`perfguard.load_trace`. ``capture_range``
     is ``"cudaProfilerApi"`` or ``"nvtx:NAME"``; it, ``delay`` and ``duration``
-    (whole seconds) need nsys. ``timeout`` (seconds, ``None`` = no limit)
-    stops the whole process tree and raises. Every failure is a one-line
-    :class:`CaptureError`.
+    (whole seconds) need nsys; ``options`` carries the torch window's
+    (``warmup``, ``iterations``, ``with_stack``, ``fallback_s``, ``key_node``).
+    ``timeout`` (seconds, ``None`` = no limit) stops the whole process tree and
+    raises. Every failure is a one-line :class:`CaptureError`.
     """
     command = command_list(command)
     if capture_range is not None:
@@ -126,5 +128,5 @@ def profile_command(
     chosen = select_backend(backend, nsys, export_mode=export_mode)
     return chosen.capture(
         command, output_dir=output_dir, name=name, delay=delay, duration=duration,
-        capture_range=capture_range, timeout=timeout, env=env,
+        capture_range=capture_range, timeout=timeout, env=env, options=options,
     )  # fmt: skip

@@ -211,14 +211,13 @@ class SitePassRun(AbstractContextManager["SitePassRun"]):
         try:
             import torch
 
-            from perfguard.capture.torch_profiler import inductor_left_unloaded
+            from perfguard.capture.torch_profiler import start_profiler
 
             self._prof = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU],
                 record_shapes=False, with_stack=False, with_flops=False,
             )  # fmt: skip
-            with inductor_left_unloaded(torch):  # 1.4 s of CPU to import, never used here
-                self._prof.start()
+            start_profiler(torch, self._prof)  # without importing Inductor (1.4 s of CPU)
             self._mode = _mode_class()(self._sites)
             self._mode.__enter__()
             self._lines.start()

@@ -10,23 +10,27 @@ Two ways in:
 * :class:`TorchBackend` — for a *command*. It runs::
 
       sys.executable -m perfguard.capture.torch_runner --output OUT --device DEV
-          [--no-record-shapes] [--no-stack] [--no-flops] [--profile-memory]
-          -- (SCRIPT.py | -m MODULE | -c CODE) [ARGS...]
+          [--no-record-shapes] (--with-stack | --no-stack) [--no-flops] [--profile-memory]
+          --warmup N --iterations N|all [--key-node NAME] --fallback-seconds S
+          --report FILE -- (SCRIPT.py | -m MODULE | -c CODE) [ARGS...]
 
-  which executes the Python program in that process under
-  :func:`profile_torch` (see :mod:`perfguard.capture.torch_runner`). Only
+  which executes the Python program in that process, recording a window of
+  its iterations (:mod:`perfguard.capture.torch_window`; ``--iterations all``:
+  the whole run under :func:`profile_torch`; see
+  :mod:`perfguard.capture.torch_runner`). Only
   Python commands qualify (``python script.py``, ``python -m mod``,
   ``python -c code``, or a bare ``script.py``); the program runs under this
   interpreter (``sys.executable``), whatever ``python`` the command named.
   Other programs need the nsys backend.
 
-Iterations. The runner adds no markers of its own. A program marks each
-iteration with a ``perfguard.iteration`` range, e.g.
-``with torch.profiler.record_function("perfguard.iteration"): train_step()``,
-and the analysis numbers them 0, 1, ...; or the analysis is given a key node
-(``--key-node NAME``). A program may start its own ``torch.profiler`` under
-the runner: Kineto allows one session per process, so perfguard's steps aside
-and the program's session becomes the capture (see :class:`_StepAside`). The
+Iterations. A program marks each iteration with a ``perfguard.iteration``
+range, e.g. ``with torch.profiler.record_function("perfguard.iteration"):
+train_step()``, and the analysis numbers them 0, 1, ...; a program that does
+not is cut into iterations by its optimizer's steps, which the runner's window
+marks ``ProfilerStep#N``; or a key node is named (``--key-node NAME``). A
+program may start its own ``torch.profiler`` under the runner: Kineto allows
+one session per process, so perfguard's steps aside and the program's session
+becomes the capture (see :class:`_StepAside`). The
 runner sets ``PERFGUARD_CAPTURE=torch`` so a program can skip its own
 profiling instead.
 
@@ -42,17 +46,19 @@ from __future__ import annotations
 import gzip
 import importlib.metadata
 import importlib.util
+import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from perfguard.capture.base import (
     Backend,
+    CaptureResult,
     RunOptions,
     RunPlan,
     python_runner_env,
@@ -67,6 +73,15 @@ INSTALL_HINT = "install it with `pip install perfguard[torch]` (or install torch
 CAPTURE_ENV = "PERFGUARD_CAPTURE"
 TRACE_SUFFIX = ".pt.trace.json.gz"
 RUNNER_MODULE = "perfguard.capture.torch_runner"
+#: the runner's window (:mod:`perfguard.capture.torch_window`), as torch's own tutorial
+#: schedules one (``schedule(wait=1, warmup=1, active=3)``): two iterations run
+#: unrecorded, three are recorded
+DEFAULT_WARMUP = 2
+DEFAULT_ITERATIONS = 3
+#: ``iterations`` for the whole run from the start, no window
+WHOLE_RUN = 0
+#: seconds the provisional capture runs from the start while no window has opened
+DEFAULT_FALLBACK_S = 10.0
 
 
 def torch_available() -> tuple[bool, str]:
@@ -166,34 +181,74 @@ def profile_torch(
     record_compiled_kernels()
     torch = _import_torch()
     dev = resolve_device(device, torch)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if dev == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    out = trace_path(output_path)
+    prof = new_profiler(
+        torch, dev, record_shapes=record_shapes, with_stack=with_stack,
+        with_flops=with_flops, profile_memory=profile_memory,
+    )  # fmt: skip
+    handle = TorchProfile(path=out, device=dev, profiler=prof)
+
+    def step_aside() -> None:
+        prof.stop()
+        _export(prof, out)
+
+    guard = _StepAside(torch, lambda session: session is prof.profiler, step_aside, out)
+    handle.notes = guard.notes
+    with guard:
+        start_profiler(torch, prof)
+        guard.active = True
+        try:
+            yield handle
+        except BaseException:
+            try:
+                _finish(guard, prof, out)
+            except CaptureError as exc:  # keep the body's exception; say why there is no trace
+                print(f"perfguard: {exc}", file=sys.stderr)
+            raise
+        _finish(guard, prof, out)
+
+
+def _finish(guard: _StepAside, prof: Any, out: Path) -> None:
+    """Stop ours and write its trace, unless it stepped aside already."""
+    if guard.active:
+        guard.active = False
+        prof.stop()
+        _export(prof, out)
+
+
+def trace_path(output_path: str | os.PathLike[str]) -> Path:
+    """``output_path`` made absolute, its folder created."""
     out = Path(output_path).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    prof = torch.profiler.profile(
+    return out
+
+
+def new_profiler(
+    torch: Any,
+    device: str,
+    *,
+    record_shapes: bool,
+    with_stack: bool,
+    with_flops: bool,
+    profile_memory: bool,
+) -> Any:
+    """A ``torch.profiler.profile`` (not started) with the CUDA activity on ``device`` cuda."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(
         activities=activities,
         record_shapes=record_shapes,
         with_stack=with_stack,
         with_flops=with_flops,
         profile_memory=profile_memory,
     )
-    handle = TorchProfile(path=out, device=dev, profiler=prof)
-    guard = _StepAside(torch, prof, out)
-    handle.notes = guard.notes
-    with guard:
-        with inductor_left_unloaded(torch):
-            prof.start()
-        guard.active = True
-        try:
-            yield handle
-        except BaseException:
-            try:
-                guard.finish()
-            except CaptureError as exc:  # keep the body's exception; say why there is no trace
-                print(f"perfguard: {exc}", file=sys.stderr)
-            raise
-        guard.finish()
+
+
+def start_profiler(torch: Any, prof: Any) -> None:
+    """``prof.start()`` without importing Inductor (see :func:`inductor_left_unloaded`)."""
+    with inductor_left_unloaded(torch):
+        prof.start()
 
 
 @contextmanager
@@ -228,17 +283,23 @@ class _StepAside:
     used to take the session over; ours then stopped a session that was no
     longer there and the process died (SIGSEGV) writing the trace. Now, while
     installed, the first profiler session the program prepares makes ours step
-    aside: ours stops and writes what it has (the run up to there), the
+    aside: ``stop`` stops ours and writes what it has (the run up to there), the
     program's runs as the program asked, and when it stops its trace replaces
     ours as the capture (the last session, when it runs several). A note on
     stderr says so: the capture then has the program's profiler settings.
+    ``ours(session)`` tells perfguard's own sessions from the program's (the
+    window of :mod:`perfguard.capture.torch_window` runs more than one).
     """
 
-    def __init__(self, torch: Any, ours: Any, out: Path) -> None:
+    def __init__(
+        self, torch: Any, ours: Callable[[Any], bool], stop: Callable[[], None], out: Path
+    ) -> None:
         self.cls = torch.autograd.profiler.profile
         self.ours = ours
+        self.stop = stop
         self.out = out
-        self.active = False  # ours is recording
+        #: ours has its capture to write (and is recording, or will be); the owner sets it
+        self.active = False
         self.displaced = False  # the program's profiler took over
         self.notes: list[str] = []
         self._saved: dict[str, Any] = {}
@@ -250,13 +311,13 @@ class _StepAside:
         guard = self
 
         def _prepare_trace(session: Any) -> Any:
-            if guard.active and session is not guard.ours.profiler:
+            if guard.active and not guard.ours(session):
                 guard.step_aside()
             return prepare(session)
 
         def __exit__(session: Any, *exc: Any) -> Any:
             result = leave(session, *exc)
-            if guard.displaced and session is not guard.ours.profiler:
+            if guard.displaced and not guard.ours(session):
                 guard.take(session)
             return result
 
@@ -274,8 +335,7 @@ class _StepAside:
         """Stop ours and write what it has, before the program's session starts."""
         self.active = False
         self.displaced = True
-        self.ours.stop()
-        _export(self.ours, self.out)
+        self.stop()
         note = (
             "the program started its own torch profiler: perfguard's stepped aside (one "
             "profiler session per process), and the capture is the program's own session"
@@ -293,13 +353,6 @@ class _StepAside:
             print(f"perfguard: note: the program's profiler trace could not be kept "
                   f"({type(exc).__name__}: {exc}); the capture stops where it started",
                   file=sys.stderr)  # fmt: skip
-
-    def finish(self) -> None:
-        """Stop ours and write its trace, unless it stepped aside already."""
-        if self.active:
-            self.active = False
-            self.ours.stop()
-            _export(self.ours, self.out)
 
 
 def _save_session(session: Any, out: Path) -> Path:
@@ -343,11 +396,25 @@ class _SavedResults:
         return getattr(self._results, name)
 
 
-def _export(prof: Any, out: Path) -> None:
+def _export(prof: Any, out: Path, *, rename: Sequence[tuple[str, str]] = ()) -> None:
+    """Write ``prof``'s trace to ``out`` and its sidecar; ``rename`` (old, new) renames
+    ranges in the JSON (the window's steps that are no iteration: names are unique
+    there, ``ProfilerStep#N``, so each quoted name is matched whole)."""
+    target = out if not rename else out.with_name(f".{out.name}.{os.getpid()}.json")
     try:
-        prof.export_chrome_trace(str(out))
+        prof.export_chrome_trace(str(target))
+        if rename:
+            text = target.read_bytes()
+            for old, new in rename:
+                text = text.replace(json.dumps(old).encode(), json.dumps(new).encode())
+            opener: Any = gzip.open if out.name.endswith(".gz") else open
+            with opener(out, "wb") as f:
+                f.write(text)
     except Exception as exc:  # torch raises RuntimeError/AssertionError/OSError here
         raise CaptureError(f"{out}: the torch profiler could not write its trace: {exc}") from None
+    finally:
+        if rename:
+            target.unlink(missing_ok=True)
     _write_sidecar(prof, out)
 
 
@@ -370,36 +437,56 @@ def torch_runner_argv(
     *,
     device: Device = "auto",
     record_shapes: bool = True,
-    with_stack: bool = True,
+    with_stack: bool = False,
     with_flops: bool = True,
     profile_memory: bool = False,
+    warmup: int = DEFAULT_WARMUP,
+    iterations: int = DEFAULT_ITERATIONS,
+    key_node: str | None = None,
+    fallback_s: float = DEFAULT_FALLBACK_S,
+    report: str | Path | None = None,
 ) -> list[str]:
     """The runner command line of the module contract (see the module docstring)."""
     argv = [sys.executable, "-m", RUNNER_MODULE, "--output", str(output), "--device", device]
     if not record_shapes:
         argv.append("--no-record-shapes")
-    if not with_stack:
-        argv.append("--no-stack")
+    argv.append("--with-stack" if with_stack else "--no-stack")
     if not with_flops:
         argv.append("--no-flops")
     if profile_memory:
         argv.append("--profile-memory")
+    argv += ["--warmup", str(warmup), "--iterations", str(iterations or "all")]
+    if key_node is not None:
+        argv += ["--key-node", key_node]
+    argv += ["--fallback-seconds", repr(float(fallback_s))]
+    if report is not None:
+        argv += ["--report", str(report)]
     return argv + ["--", *target]
 
 
 class TorchBackend(Backend):
-    """Profile a Python program with the PyTorch profiler; returns a Kineto JSON trace."""
+    """Profile a Python program with the PyTorch profiler; returns a Kineto JSON trace.
+
+    By default a window of iterations, without Python stacks (see
+    :mod:`perfguard.capture.torch_window`); ``iterations=WHOLE_RUN`` records the
+    whole run. The :class:`RunOptions` ``warmup``, ``iterations``, ``with_stack``,
+    ``fallback_s`` and ``key_node`` override the constructor's for one capture.
+    """
 
     name = "torch"
+    takes = frozenset({"warmup", "iterations", "with stack", "fallback seconds"})
 
     def __init__(
         self,
         *,
         device: Device = "auto",
         record_shapes: bool = True,
-        with_stack: bool = True,
+        with_stack: bool = False,
         with_flops: bool = True,
         profile_memory: bool = False,
+        warmup: int = DEFAULT_WARMUP,
+        iterations: int = DEFAULT_ITERATIONS,
+        fallback_s: float = DEFAULT_FALLBACK_S,
         why: str = "",
     ) -> None:
         super().__init__(why=why)
@@ -410,6 +497,9 @@ class TorchBackend(Backend):
         self.with_stack = with_stack
         self.with_flops = with_flops
         self.profile_memory = profile_memory
+        self.warmup = warmup
+        self.iterations = iterations
+        self.fallback_s = fallback_s
 
     def available(self) -> tuple[bool, str]:
         """Whether torch is importable (checked without importing it)."""
@@ -423,10 +513,39 @@ class TorchBackend(Backend):
         ok, reason = torch_available()
         if not ok:
             raise CaptureError(reason)
+        report = _report_path(out)
         out = out.with_name(out.name + TRACE_SUFFIX)
         argv = torch_runner_argv(
             out, target, device=self.device, record_shapes=self.record_shapes,
-            with_stack=self.with_stack, with_flops=self.with_flops,
-            profile_memory=self.profile_memory,
+            with_stack=_given(options.with_stack, self.with_stack),
+            with_flops=self.with_flops, profile_memory=self.profile_memory,
+            warmup=_given(options.warmup, self.warmup),
+            iterations=_given(options.iterations, self.iterations),
+            key_node=options.key_node, fallback_s=_given(options.fallback_s, self.fallback_s),
+            report=report,
         )  # fmt: skip
-        return RunPlan(argv=argv, env=python_runner_env(env), path=out, what="trace")
+        return RunPlan(argv=argv, env=python_runner_env(env), path=out, what="trace",
+                       stale=(report,))  # fmt: skip
+
+    def finish(self, result: CaptureResult, plan: RunPlan, timeout: float | None) -> CaptureResult:
+        """What the runner said the capture holds, as ``result.detail``."""
+        return replace(result, detail=read_report(plan.stale[0]).get("detail", ""))
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _report_path(out: Path) -> Path:
+    """Where the runner says what the capture holds (read and removed by the backend)."""
+    return out.with_name(f".{out.name}.capture.json")
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """The runner's report (``{}`` when it wrote none), removed once read."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        doc = {}
+    path.unlink(missing_ok=True)
+    return doc if isinstance(doc, dict) else {}

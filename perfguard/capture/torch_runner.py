@@ -1,13 +1,21 @@
 """Run a Python program under the PyTorch profiler, in this process.
 
     python -m perfguard.capture.torch_runner --output OUT [--device auto|cuda|cpu]
-        [--no-record-shapes] [--no-stack] [--no-flops] [--profile-memory]
-        -- (SCRIPT.py | -m MODULE | -c CODE) [ARGS...]
+        [--no-record-shapes] [--with-stack | --no-stack] [--no-flops] [--profile-memory]
+        [--warmup N] [--iterations N|all] [--key-node NAME] [--fallback-seconds S]
+        [--report FILE] -- (SCRIPT.py | -m MODULE | -c CODE) [ARGS...]
 
 The program runs as ``__main__`` the way ``python`` would run it: ``sys.argv``
 is ``[SCRIPT, ARGS...]`` (the module's path for ``-m``, ``-c`` for code),
 a script's folder comes first on ``sys.path``; both are restored afterwards.
 ``PERFGUARD_CAPTURE=torch`` is set for the program.
+
+What is recorded: a window of ``--iterations`` (default 3) after ``--warmup``
+(default 2), the iterations found by their key node, with no Python stacks
+unless ``--with-stack`` (:mod:`perfguard.capture.torch_window`);
+``--iterations all`` records the whole run from the start, as the runner once
+always did. ``--report FILE`` gets what the capture holds (JSON: ``kind``,
+``iterations``, ``warmup``, ``key_node``, ``detail``, ``note``).
 
 Exit status: the program's (``sys.exit(n)``; 1 after an uncaught exception,
 whose traceback is printed as Python would). The trace is written in every
@@ -19,14 +27,34 @@ program marks iterations.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import runpy
 import sys
 import traceback
 import types
 from collections.abc import Sequence
+from pathlib import Path
 
-from perfguard.capture.torch_profiler import CAPTURE_ENV, DEVICES, profile_torch
+from perfguard.capture.torch_profiler import (
+    CAPTURE_ENV,
+    DEFAULT_FALLBACK_S,
+    DEFAULT_ITERATIONS,
+    DEFAULT_WARMUP,
+    DEVICES,
+    WHOLE_RUN,
+    _import_torch,
+    profile_torch,
+    record_compiled_kernels,
+    resolve_device,
+    trace_path,
+)
+from perfguard.capture.torch_window import (
+    WindowObserver,
+    WindowReport,
+    WindowSpec,
+    window_capture,
+)
 from perfguard.errors import CaptureError
 
 PROG = "python -m perfguard.capture.torch_runner"
@@ -40,10 +68,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="trace file to write (.json or .json.gz)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--no-record-shapes", dest="record_shapes", action="store_false")
-    p.add_argument("--no-stack", dest="with_stack", action="store_false")
+    stack = p.add_mutually_exclusive_group()
+    stack.add_argument("--with-stack", dest="with_stack", action="store_true")
+    stack.add_argument("--no-stack", dest="with_stack", action="store_false")
     p.add_argument("--no-flops", dest="with_flops", action="store_false")
     p.add_argument("--profile-memory", action="store_true")
+    p.add_argument("--warmup", type=_count, default=DEFAULT_WARMUP, metavar="N")
+    p.add_argument("--iterations", type=iterations, default=DEFAULT_ITERATIONS,
+                   metavar="N|all")  # fmt: skip
+    p.add_argument("--key-node", metavar="NAME")
+    p.add_argument("--fallback-seconds", type=float, default=DEFAULT_FALLBACK_S, metavar="S")
+    p.add_argument("--report", metavar="FILE")
     return p
+
+
+def iterations(text: str) -> int:
+    """``N`` >= 1, or ``all`` (:data:`WHOLE_RUN`)."""
+    return WHOLE_RUN if text.strip().lower() == "all" else _count(text)
+
+
+def _count(text: str) -> int:
+    """An int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -121,16 +173,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ[CAPTURE_ENV] = "torch"
     status = 0
     try:
-        with profile_torch(
-            opts.output, device=opts.device, record_shapes=opts.record_shapes,
-            with_stack=opts.with_stack, with_flops=opts.with_flops,
-            profile_memory=opts.profile_memory,
-        ):  # fmt: skip
-            status = run_target(target)
+        if opts.iterations == WHOLE_RUN:
+            with profile_torch(
+                opts.output, device=opts.device, record_shapes=opts.record_shapes,
+                with_stack=opts.with_stack, with_flops=opts.with_flops,
+                profile_memory=opts.profile_memory,
+            ) as handle:  # fmt: skip
+                status = run_target(target)
+            report = WindowReport("whole", 0, 0, "", "the whole run", "; ".join(handle.notes))
+        else:
+            report, status = _run_window(opts, target)
     except CaptureError as exc:
         print(f"perfguard: {exc}", file=sys.stderr)
         return status or EXIT_NO_TRACE
+    if opts.report:
+        _write_report(Path(opts.report), report)
     return status
+
+
+#: passes that run only while the window records, each told when it opens and when its
+#: trace is written (the call-site pass of perfguard/capture/sites.py belongs here)
+OBSERVERS: list[WindowObserver] = []
+
+
+def _run_window(opts: argparse.Namespace, target: Sequence[str]) -> tuple[WindowReport, int]:
+    """Run the program under the window (:mod:`perfguard.capture.torch_window`)."""
+    record_compiled_kernels()
+    torch = _import_torch()
+    device = resolve_device(opts.device, torch)
+    spec = WindowSpec(opts.warmup, opts.iterations, opts.key_node, opts.fallback_seconds)
+    status = 0
+    with window_capture(
+        torch, trace_path(opts.output), device, spec, record_shapes=opts.record_shapes,
+        with_stack=opts.with_stack, with_flops=opts.with_flops,
+        profile_memory=opts.profile_memory, observers=OBSERVERS,
+    ) as window:  # fmt: skip
+        status = run_target(target)
+    assert window.report is not None  # set whenever the window exits without an error
+    return window.report, status
+
+
+def _write_report(path: Path, report: WindowReport) -> None:
+    try:
+        path.write_text(json.dumps(report.as_json()))
+    except OSError as exc:
+        print(f"perfguard: note: {path}: the capture's report not written ({exc})",
+              file=sys.stderr)  # fmt: skip
 
 
 if __name__ == "__main__":

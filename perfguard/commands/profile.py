@@ -2,12 +2,23 @@
 
 The capture lands in ``--output-path`` next to the reports, so changing the
 key node or iteration range later is ``perfguard analyze --database
-<capture>``, without profiling again (as DLProf's ``--database`` was).
+<capture>``, without profiling again (as DLProf's ``--database`` was). The
+torch backend records a window of iterations, not the whole run
+(:mod:`perfguard.capture.torch_window`); the ``capture:`` line says what the
+capture holds and its size.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+
+from perfguard.capture.torch_profiler import (
+    DEFAULT_FALLBACK_S,
+    DEFAULT_ITERATIONS,
+    DEFAULT_WARMUP,
+)
+from perfguard.commands import argtypes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,14 +48,60 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="nsys: --export=sqlite (inline) or a separate `nsys export`")  # fmt: skip
     p.add_argument("--timeout", type=float, metavar="S",
                    help="stop the command (its whole process group) after S seconds")  # fmt: skip
+    window = p.add_argument_group(
+        "torch window",
+        "The torch backend records a window of iterations, as torch.profiler.schedule does: "
+        f"--warmup iterations (default {DEFAULT_WARMUP}) run unrecorded, then --iterations "
+        f"(default {DEFAULT_ITERATIONS}) are recorded, each a ProfilerStep#N range, and the "
+        "rest of the program runs unprofiled. An iteration ends at the key node: each end of "
+        "a --key-node range, else of the program's perfguard.iteration ranges, else each "
+        "optimizer.step() of its first optimizer. Without one (or when the program ends "
+        "during the warm-up) the capture is the program's first --fallback-seconds, said "
+        "in a note. No Python stacks unless --with-stack.",
+    )
+    window.add_argument("--warmup", type=argtypes.integer(1), metavar="N",
+                        help=f"iterations run before the window (default {DEFAULT_WARMUP}; "
+                             "at least 1: the first holds the program's set-up)")  # fmt: skip
+    window.add_argument("--iterations", type=_iterations, metavar="N|all",
+                        help=f"iterations recorded (default {DEFAULT_ITERATIONS}); all: the "
+                             "whole run from the start, no window")  # fmt: skip
+    window.add_argument("--with-stack", action="store_const", const=True,
+                        help="record torch's Python stacks (its Python tracer: every Python "
+                             "call in the window; slow, large)")  # fmt: skip
+    window.add_argument("--fallback-seconds", type=_seconds, metavar="S",
+                        help="without a key node, record the program's first S seconds "
+                             f"(default {DEFAULT_FALLBACK_S:g})")  # fmt: skip
     add_analyze_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the program to profile and its arguments")  # fmt: skip
     p.set_defaults(func=run, skip_teardown=True)  # see perfguard.cli._exit_now
 
 
+def _iterations(text: str) -> int:
+    from perfguard.capture.torch_profiler import WHOLE_RUN
+
+    return WHOLE_RUN if text.strip().lower() == "all" else argtypes.integer(1)(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def size_text(nbytes: int) -> str:
+    """A capture's size in MB, as the ``capture:`` line gives it."""
+    mb = nbytes / 1e6
+    return f"{mb:.2f} MB" if mb < 10 else f"{mb:.0f} MB"
+
+
 def run(args: argparse.Namespace) -> int:
     from perfguard.capture import profile_command
+    from perfguard.capture.base import RunOptions
     from perfguard.commands.analyze import analyze_and_report
     from perfguard.errors import CaptureError
     from perfguard.report.writer import check_output
@@ -67,8 +124,15 @@ def run(args: argparse.Namespace) -> int:
         nsys=args.nsys,
         timeout=args.timeout,
         export_mode=args.export_mode,
-    )
-    print(f"capture: {result.path} ({result.backend}: {result.why})")
+        options=RunOptions(
+            warmup=args.warmup, iterations=args.iterations, with_stack=args.with_stack,
+            fallback_s=args.fallback_seconds, key_node=args.key_node,
+        ),
+    )  # fmt: skip
+    size = size_text(result.path.stat().st_size)
+    print(f"capture: {result.path} ({result.backend}: {result.detail or result.why}, {size})")
+    if result.detail and result.why.startswith("auto"):
+        print(f"backend: {result.why}")
     if result.returncode != 0:
         print(f"note: the command exited {result.returncode}; analysing what was captured")
     args.database = str(result.path)
