@@ -112,6 +112,25 @@ def test_profile_records_a_window_of_optimizer_steps_without_stacks(tmp_path: Pa
     assert "Iterations,3" in summary and "Iteration Range,2-4" in summary
 
 
+def test_profile_gives_each_op_its_exact_line_without_stacks(tmp_path: Path) -> None:
+    """The window's iterations run under the call-site mode: each op reads the statement
+    that called it (the backward its forward's), the markers are gone from the capture,
+    and no Python tracer ran."""
+    _, trace = _profile(tmp_path, TRAIN)
+    loaded = perfguard.load_trace(trace)
+    assert not loaded.ranges["name"].astype(str).str.startswith("perfguard.site#").any()
+    ops = perfguard.analyze(loaded).ops.set_index("op_name")["call_site"].astype(str)
+    lines = TRAIN.splitlines()
+    loss = next(i for i, t in enumerate(lines, 1) if "cross_entropy(model(x), y)" in t)
+    step = next(i for i, t in enumerate(lines, 1) if t.strip() == "opt.step()")
+    # the script lies outside the working directory: its path is absolute
+    assert ops["aten::conv2d"].endswith(f"/train.py:{loss} in <module>"), ops["aten::conv2d"]
+    backward = "autograd::engine::evaluate_function: ConvolutionBackward0"
+    assert ops[backward].endswith(f"/train.py:{loss} in <module>")
+    assert ops[OPT_STEP].endswith(f"/train.py:{step} in <module>")
+    assert "python_function" not in _categories(trace)
+
+
 def test_profile_window_options_and_stacks(tmp_path: Path) -> None:
     run, trace = _profile(tmp_path, TRAIN, "--warmup", "3", "--iterations", "2", "--with-stack")
     assert "(torch: 2 iterations after 3 warm-up, " in run.stdout

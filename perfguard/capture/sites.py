@@ -276,3 +276,39 @@ def from_profiler(prof: Any, sites: list[Site]) -> SitePass:
     for name, code in zip(names[order], codes[order], strict=True):
         calls.setdefault(str(name), []).append(int(code))
     return SitePass(tuple(sites), calls)
+
+
+class WindowSites:
+    """``perfguard profile``'s call sites: the mode runs over the window's recorded
+    iterations, inside the window's own profiler session (a second session cannot run
+    beside it), so its markers are in the capture itself and the reader ties each op to
+    its innermost one (:func:`perfguard.trace.site_pass.apply_sites`, ``marked``). The
+    mode's handler costs a few microseconds a torch call in those iterations: a window's
+    figures are for attribution, not for a verdict (the plugin's pass runs apart for that
+    reason). A :class:`perfguard.capture.torch_window.WindowObserver`."""
+
+    def __init__(self) -> None:
+        self._sites = _Sites()
+        self._mode: Any = None
+
+    def window_opened(self) -> None:
+        try:
+            self._mode = _mode_class()(self._sites)
+            self._mode.__enter__()
+        except Exception as exc:  # noqa: BLE001 - the capture goes on without sites
+            self._mode = None
+            print(f"perfguard: note: no call sites: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)  # fmt: skip
+
+    def window_closed(self, trace: Path) -> None:
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return
+        mode.__exit__(None, None, None)
+        found = SitePass(
+            tuple(self._sites.sites),
+            {},
+            marked=True,
+            source="perfguard call-site markers in the capture (perfguard profile)",
+        )
+        write_sites(trace, found)

@@ -36,6 +36,7 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 
+from perfguard.capture.sites import WindowSites
 from perfguard.capture.torch_profiler import (
     CAPTURE_ENV,
     DEFAULT_FALLBACK_S,
@@ -206,7 +207,8 @@ def _run_window(opts: argparse.Namespace, target: Sequence[str]) -> tuple[Window
     with window_capture(
         torch, trace_path(opts.output), device, spec, record_shapes=opts.record_shapes,
         with_stack=opts.with_stack, with_flops=opts.with_flops,
-        profile_memory=opts.profile_memory, observers=OBSERVERS,
+        profile_memory=opts.profile_memory,
+        observers=[*OBSERVERS, *([] if opts.with_stack else [WindowSites()])],
     ) as window:  # fmt: skip
         status = run_target(target)
     assert window.report is not None  # set whenever the window exits without an error

@@ -87,6 +87,9 @@ class SitePass:
     #: ``[site, function, source text, runs]``: how many times each line of the user's
     #: code ran in the step (the most run first)
     lines: list[list[Any]] = field(default_factory=list)
+    #: the markers are in the capture itself (``perfguard profile``'s window ran under
+    #: the mode): each op takes its innermost marker there, and the markers are dropped
+    marked: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +99,7 @@ class SitePass:
             "ops": self.calls,
             "named": self.named,
             "lines": self.lines,
+            "marked": self.marked,
         }
 
 
@@ -131,7 +135,8 @@ def read_sites(capture: Path, notes: list[str]) -> SitePass | None:
         notes.append(f"{path.name}: not read ({type(exc).__name__}: {exc}); no exact call sites")
         return None
     lines = [[str(a), str(b), str(c), int(d)] for a, b, c, d in doc.get("lines") or []]
-    return SitePass(sites, calls, named, str(doc.get("source") or ""), lines)
+    return SitePass(sites, calls, named, str(doc.get("source") or ""), lines,
+                    bool(doc.get("marked")))  # fmt: skip
 
 
 def event_sites(
@@ -197,6 +202,8 @@ def apply_sites(ranges: pd.DataFrame, found: SitePass, notes: list[str]) -> pd.D
 
     Vectorised over the ranges: one pass per distinct op name the pass saw (hundreds),
     none per range."""
+    if found.marked and not ranges.empty:
+        return _apply_markers(ranges, found)
     if not ranges.empty and found.named:
         ranges = _apply_named(ranges, found)
     if ranges.empty or not found.calls:
@@ -243,6 +250,42 @@ def apply_sites(ranges: pd.DataFrame, found: SitePass, notes: list[str]) -> pd.D
     site[have] = labels[out_site[have]]
     out["call_site"] = site
     return out
+
+
+def _apply_markers(ranges: pd.DataFrame, found: SitePass) -> pd.DataFrame:
+    """Ranges of a capture that ran under the mode: each takes its innermost marker (a
+    backward node its forward op's, :func:`event_sites`), and the markers go."""
+    name = ranges["name"].astype(object).to_numpy()
+    marker = pd.Series(name, dtype=object).str.startswith(MARKER).to_numpy(bool)
+    if not marker.any():
+        return ranges
+    own = np.full(len(ranges), -1, dtype=np.int64)
+    index = pd.to_numeric(pd.Series(name[marker], dtype=object).str[len(MARKER):],
+                          errors="coerce").fillna(-1).astype(np.int64).to_numpy()  # fmt: skip
+    own[marker] = np.where(index < len(found.sites), index, -1)
+    seq = (
+        pd.to_numeric(ranges["seq"], errors="coerce").fillna(-1).astype(np.int64).to_numpy()
+        if "seq" in ranges
+        else np.full(len(ranges), -1, dtype=np.int64)
+    )
+    tid = (
+        pd.factorize(pd.Series(list(zip(ranges["pid"], ranges["tid"], strict=True))))[0]
+        if "pid" in ranges
+        else ranges["tid"].to_numpy()
+    )
+    codes = event_sites(name, ranges["start"].to_numpy(np.int64), ranges["end"].to_numpy(np.int64),
+                        np.asarray(tid), seq, own)  # fmt: skip
+    labels = np.array([s.label for s in found.sites] + [None], dtype=object)
+    out = ranges.copy()
+    site = (
+        out["call_site"].astype(object).to_numpy().copy()
+        if "call_site" in out
+        else np.full(len(out), None, dtype=object)
+    )
+    have = codes >= 0
+    site[have] = labels[codes[have]]
+    out["call_site"] = site
+    return out[~marker].reset_index(drop=True)
 
 
 def _apply_named(ranges: pd.DataFrame, found: SitePass) -> pd.DataFrame:
