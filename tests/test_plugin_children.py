@@ -131,7 +131,10 @@ def test_the_callgrind_child_loads_the_plugins_the_session_named(tmp_path: Path)
     out, test = _session(tmp_path, "--perfguard-tolerance=500%")
     assert any("counted under Callgrind in one child" in n for n in test["notes"]), out[-3000:]
     assert "instructions" in test["gates"]["checked"], test["gates"]
-    assert not test["gates"]["regressions"] and test["outcome"] in JUDGED_SAME, out[-3000:]
+    # a pure-Python step captures no framework op, which is never "unchanged"
+    # (test_plugin_runtime_framework): what this test checks is the counts' gate
+    assert not test["gates"]["regressions"], out[-3000:]
+    assert test["outcome"] in (*JUDGED_SAME, "not-judged"), out[-3000:]
 
 
 def test_plugin_args_are_the_sessions_own(

@@ -224,6 +224,20 @@ class Database:
 # --------------------------------------------------------------------------- SQLite
 
 
+#: the first bytes of every SQLite 3 database file (sqlite.org/fileformat.html, 1.3.1)
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _not_sqlite(path: Path) -> bool:
+    """A non-empty file whose header is not SQLite's (an empty file is a new store)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except OSError:
+        return False  # unreadable: the open says why
+    return bool(head) and head != _SQLITE_MAGIC
+
+
 def integrity_problems(rows: Iterable[Sequence[Any]]) -> list[str]:
     """The problems ``PRAGMA quick_check`` / ``integrity_check`` rows name (none: "ok"),
     one line each, without SQLite's ``*** in database main ***`` headings."""
@@ -317,6 +331,8 @@ class SQLiteDatabase(Database):
         self._conn: sqlite3.Connection | None = None
         if self.path.is_dir():
             raise BaselineError(f"{self.path}: is a directory, not a baseline store file")
+        if _not_sqlite(self.path):  # the wrong file named, not a damaged store: a usage error
+            raise BaselineError(f"{self.path}: not a baseline store (not an SQLite database)")
         #: the store was copied into memory to be read through a migration
         self.in_memory = False
         target: str = str(self.path)
