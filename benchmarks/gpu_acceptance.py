@@ -72,6 +72,7 @@ valuable steps last, and packs what there is.
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import math
 import os
@@ -1059,8 +1060,13 @@ def test_row(t: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-#: a call site as the explanation writes it: ``in forward() at models.py:12`` or ``at x.py:3``
-CALL_SITE = re.compile(r"(?:in (?P<fn>[\w.<>]+)\(\) )?at (?P<site>[\w./-]+\.py:\d+)")
+#: a call site as the explanation writes it: ``at models.py:12 in Net.forward`` (the call-site
+#: pass's statement), ``at models.py:12-15 in f`` (lines of one function), or a capture's
+#: own ``in forward() at models.py:12``
+CALL_SITE = re.compile(
+    r"(?:in (?P<old>[\w.<>]+)\(\) )?at (?P<site>[\w./-]+\.py:\d+(?:-\d+)?)"
+    r"(?: in (?P<fn>[\w.<>]+))?"
+)
 
 
 #: summary.md's escapes of Markdown punctuation (``\_``, ``\#``), undone in the summary
@@ -1073,11 +1079,13 @@ def culprit(summary_md: str, nodeid: str) -> dict[str, Any]:
     for line in summary_md.splitlines():
         head = f"`{nodeid}`"
         if line.lstrip().startswith("- ") and head in line:
-            text = MD_ESCAPE.sub(r"\1", line.split(head, 1)[1].lstrip(": ").strip())
+            text = html.unescape(MD_ESCAPE.sub(r"\1", line.split(head, 1)[1].lstrip(": ").strip()))
             m = CALL_SITE.search(text)
             site = None
-            if m:
-                site = (f"{m['fn']}() at " if m["fn"] else "") + m["site"]
+            if m and m["old"]:
+                site = f"{m['old']}() at {m['site']}"
+            elif m:
+                site = m["site"] + (f" in {m['fn']}" if m["fn"] else "")
             return {"culprit": text[:400], "call_site": site}
     return {"culprit": None, "call_site": None}
 

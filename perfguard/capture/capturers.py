@@ -102,6 +102,8 @@ class TorchCapturer(_Syncing):
         self._stack = ExitStack()
         #: the call-site pass of this capture, once run (its ``error`` is a note)
         self.site_run: Any = None
+        #: the pass was skipped (compiled code): the profiled round takes torch's stacks
+        self.pass_skipped = False
 
     @property
     def separate_timing(self) -> bool:
@@ -116,9 +118,12 @@ class TorchCapturer(_Syncing):
             self.path.unlink(missing_ok=True)
             # no Python tracer: the user's line behind each op comes from the call-site
             # pass (site_pass), one step before the profiled rounds, not from a trace of
-            # every Python call of every profiled step
+            # every Python call of every profiled step; where the pass was skipped (code
+            # Dynamo compiled) the CPU's one profiled round keeps torch's stacks, which
+            # name the function a compiled region ran in
+            stacks = self.separate_timing and self.pass_skipped
             self._stack.enter_context(
-                profile_torch(self.path, device=self.device, with_stack=False)  # type: ignore[arg-type]
+                profile_torch(self.path, device=self.device, with_stack=stacks)  # type: ignore[arg-type]
             )
             self.started = True
         except (CaptureError, RuntimeError, OSError) as exc:
@@ -133,6 +138,7 @@ class TorchCapturer(_Syncing):
 
         sites_path(self.path).unlink(missing_ok=True)  # an earlier capture's must not outlive it
         if compiled_anything():
+            self.pass_skipped = True
             return contextlib.nullcontext()
         run = SitePassRun(self.path)
         self.site_run = run

@@ -15,7 +15,7 @@ on the other side in another function or file, is code that moved: a *move*, not
 add and a remove. Removed work cites the base tree's line, added work the head's,
 and :class:`Place` says which.
 
-Standard library only: the tables are a few hundred rows a record.
+Plain Python over the tables (a few hundred rows a record): no frame is built for them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from perfguard.trace.call_sites import names_function
 
 #: site identities on one side: key -> (label, calls, gpu ns, cpu ns)
 _Side = dict[tuple[str, str], tuple[str, float, float, float]]
@@ -42,7 +44,10 @@ class Place:
     @property
     def text(self) -> str:
         """``at model.py:21 in Attention.forward`` (``(base)`` after a base-tree line)."""
-        return f"at {self.label}" + (" (base)" if self.base else "")
+        # a capture's own site may name only the function it ran in (torch's stacks give
+        # its first line: ``forward() at model.py:15``): read "in" it, not "at" it
+        where = "in" if names_function(self.label) else "at"
+        return f"{where} {self.label}" + (" (base)" if self.base else "")
 
 
 class SiteTable:
