@@ -204,6 +204,8 @@ class SitePassRun(AbstractContextManager["SitePassRun"]):
         self.found: SitePass | None = None
         self._sites = _Sites()
         self._prof: Any = None
+        #: the pass's profiler once stopped (its results are read on exit)
+        self._prof_done: Any = None
         self._mode: Any = None
         self._lines = LineCounter(self._sites)
 

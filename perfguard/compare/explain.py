@@ -253,12 +253,16 @@ def _culprits(e: Evidence) -> list[Culprit]:
 
     if gates is not None:
         findings = gates.regressions if outcome is not Outcome.IMPROVED else gates.improvements
-        for f in [*gates.regressions, *gates.improvements]:
+        every = [*gates.regressions, *gates.improvements]
+        # the user's lines that ran more: read once, for the instruction counts that cite them
+        python_lines = (_python_lines(e)
+                        if any(f.gate in INSTRUCTION_COUNTERS for f in every) else "")  # fmt: skip
+        for f in every:
             if f.gate not in SWITCH_CULPRITS:
                 continue
             if f.gate == "tc_lost" and f not in findings:
                 continue  # Tensor Cores gained is an improvement's culprit only
-            found.append(_switch_culprit(f, impact, where, _python_lines(e)))
+            found.append(_switch_culprit(f, impact, where, python_lines))
 
     # a finding on an op whose parent op has the same finding is the parent's (the dtype of
     # aten::softmax and of the aten::_softmax it calls changed together: one culprit)
