@@ -44,6 +44,7 @@ from perfguard.baseline.record import METRICS
 from perfguard.baseline.schema import FINGERPRINT_COLUMNS, SCHEMA_VERSION, _v1_initial
 from perfguard.baseline.store import Store
 from perfguard.commands.baseline import DEFAULT_STORE as CLI_DEFAULT_STORE
+from perfguard.compare import units
 from perfguard.errors import BaselineError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -587,11 +588,11 @@ def test_corrupt_and_truncated_stores_fail_in_one_line(tmp_path, records):
 
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not SQLite at all" * 100)
-    assert "not a database" in _one_line_error(garbage, lambda: Store(garbage))
+    assert "not an SQLite database" in _one_line_error(garbage, lambda: Store(garbage))
 
     header = tmp_path / "header.db"
     header.write_bytes(b"\0" * 100 + data[100:])
-    assert "not a database" in _one_line_error(header, lambda: Store(header))
+    assert "not an SQLite database" in _one_line_error(header, lambda: Store(header))
 
     missing = tmp_path / "missing.db"
     assert "no baseline store here" in _one_line_error(
@@ -639,8 +640,10 @@ def test_cli_subcommands(tmp_path, records):
     assert shown.returncode == 0, shown.stderr
     assert f"commit {'ab' * 20} (dirty)" in shown.stdout
     row = next(line for line in shown.stdout.splitlines() if line.startswith(a100.nodeid))
-    median_ms = np.median(a100.samples["gpu_time_ns"]) / 1e6
-    assert f"{median_ms:.3f} ms" in row and " gpu_time " in row
+    median = np.median(a100.samples["gpu_time_ns"])
+    assert f" {units.format_ns(median)} " in row and " gpu_time " in row  # the one formatter
+    shown_ms = float(row.split(" gpu_time ")[1].split()[1])  # '3 51.6 ms ...': count, median
+    assert abs(shown_ms - median / 1e6) <= 0.0005 * median / 1e6 + 0.05
 
     out = tmp_path / "export.json"
     assert cli("export", "-o", out, "--store", path).returncode == 0
