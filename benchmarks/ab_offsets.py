@@ -12,7 +12,7 @@ carries each child's own offset. This measures, for each model of
   one child;
 * what moves it, one condition at a time: ``plain`` (as A/B children run
   now), ``shift`` (a different heap layout before each round,
-  :func:`perfguard.capture.instructions.layout_shift`), ``pin`` (the child
+  :func:`perfguard.capture.valgrind.layout_shift`), ``pin`` (the child
   bound to one CPU), ``threads2`` (two intra-op threads instead of one),
   ``gcfreeze`` (``gc.freeze()`` before the model is built), ``mmap``
   (glibc's mmap threshold fixed at 64 KiB: every large buffer comes from
@@ -46,7 +46,7 @@ import ab_models  # noqa: E402
 import torch  # noqa: E402  (the warm parent, as the fork server)
 import torch._dynamo  # noqa: E402,F401  (torch.optim imports it at the first step)
 
-from perfguard.capture.instructions import layout_shift  # noqa: E402
+from perfguard.capture.valgrind import layout_shift  # noqa: E402
 
 CONDITIONS = ("plain", "shift", "pin", "threads2", "gcfreeze", "mmap", "twin", "twinstep")
 ROUNDS = 6

@@ -1,7 +1,7 @@
 """Instruction counts against wall time on a shared CPU: false alarms and detection.
 
 Each *session* is what one CI job would measure: a fresh Callgrind child
-(:func:`perfguard.capture.instructions.run_callgrind`) that builds a small
+(:func:`perfguard.capture.valgrind.run_callgrind`) that builds a small
 MLP training step and counts the instructions of 10 recorded steps of each
 variant (:data:`VARIANTS`), and a fresh plain child that times the same
 variants as perfguard times a CPU test (rounds of recorded steps, a round's
@@ -21,7 +21,7 @@ The variants:
   method's blind spot, kept to show it).
 
 Each counted variant runs in a fork that first moves the heap by a seeded
-random amount (:func:`perfguard.capture.instructions.layout_shift` with a per-session
+random amount (:func:`perfguard.capture.valgrind.layout_shift` with a per-session
 seed): a real code change moves where every
 later object lands, and with it the type cache's and pointer-keyed tables'
 collisions and glibc's copy paths (a few hundred bytes of environment moved
@@ -103,13 +103,13 @@ def child_count(
     type cache, allocator and free lists they warmed: the same loop measured first and
     second in one process counted 10.40 M and 10.17 M instructions). A session's own heap
     shift stands for its code change (module docstring); ``layouts`` more fixed shifts on
-    top are the plugin's (:data:`perfguard.plugin.instructions.LAYOUTS`). Many sessions
+    top are the plugin's (:data:`perfguard.plugin.valgrind_child.LAYOUTS`). Many sessions
     share one child: the count does not depend on the process (the plugin's sessions of
     unchanged code count the same to the instruction), and the start-up under Valgrind is
     paid once."""
     import torch  # noqa: F401 - imported once, before the forks
 
-    from perfguard.capture.instructions import layout_shift, measured
+    from perfguard.capture.valgrind import layout_shift, measured
 
     for session in sessions:
         for variant in variants:
@@ -184,7 +184,7 @@ def sessions_in_one_child(
     """Sessions ``ks``: each timed in a fresh plain child, all counted in one Callgrind
     child (:func:`child_count`)."""
     from perfguard.analysis.instructions import mean_of, summarize
-    from perfguard.capture.instructions import DETERMINISTIC_ENV, run_callgrind
+    from perfguard.capture.valgrind import DETERMINISTIC_ENV, run_callgrind
     from perfguard.trace.callgrind import read_callgrind
 
     me = [sys.executable, os.path.abspath(__file__)]
@@ -227,7 +227,7 @@ def main() -> None:
         "--layouts",
         type=int,
         default=1,
-        help="heap layouts averaged per count (the plugin: perfguard.plugin.instructions.LAYOUTS)",
+        help="heap layouts averaged per count (perfguard.plugin.valgrind_child.LAYOUTS)",
     )
     ap.add_argument("--spins", help="loop counts as JSON (default: calibrate here)")
     ap.add_argument("--variants", help="comma list (default: all)")
@@ -304,7 +304,7 @@ def _floor_rule(s: list, variants: list, pairs: list) -> dict:
     """The plugin's rule: 0.15 % widened to ``LAYOUT_SE`` standard errors of the difference of
     the two sides' layout means (``compare.instructions.floor_of`` each session's per-layout
     counts), with the largest budget it came to."""
-    from perfguard.compare.instructions import floor_of
+    from perfguard.compare.host_functions import floor_of
 
     row = {}
     for v in variants:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import statistics
 import sys
 import time
@@ -68,7 +67,8 @@ class _NullDomain:
 
 @contextlib.contextmanager
 def _nvtx_attached() -> Iterator[None]:
-    annotate = importlib.import_module("perfguard.capture.annotate")
+    from perfguard.capture import ranges as annotate
+
     saved = annotate._nvtx_domain
     annotate._nvtx_domain = lambda name: _NullDomain()
     try:

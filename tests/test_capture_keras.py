@@ -19,9 +19,9 @@ keras = pytest.importorskip("keras", reason='Keras is not installed: pip install
 
 from perfguard import load_trace  # noqa: E402
 from perfguard.analysis import analyze  # noqa: E402
+from perfguard.capture import ranges as annotate_mod  # noqa: E402
 from perfguard.capture.frameworks import make_capturer  # noqa: E402
 
-annotate_mod = importlib.import_module("perfguard.capture.annotate")
 keras_cb = importlib.import_module("perfguard.capture.keras")
 
 EPOCHS, SAMPLES, BATCH = 2, 48, 16  # 3 train batches per epoch

@@ -280,7 +280,7 @@ def test_compare_against_keeps_its_report(repo: pytest.Pytester, tmp_path: Path)
 def test_dtype_change_names_the_input_that_changed() -> None:
     """torch's per-input type lists read as the types that changed, in the short names the
     peaks use, with the input's position when the op has several."""
-    from perfguard.compare.explain import dtype_change
+    from perfguard.compare.culprits import dtype_change
 
     before = '["float","long int","","Scalar","Scalar","Scalar"]'
     after = '["double","long int","","Scalar","Scalar","Scalar"]'
@@ -296,7 +296,7 @@ def test_a_forward_dtype_change_ranks_before_the_backward_one() -> None:
     """A dtype finding carries its op's direction, so the rule "a forward op's change before
     the backward one that follows from it" holds for dtypes too, whatever the times (A/B
     once led with ``SoftmaxBackward0`` because a finding had no direction)."""
-    from perfguard.compare.explain import _rank, _switch_culprit
+    from perfguard.compare.culprits import _rank, _switch_culprit
     from perfguard.compare.gates import GateFinding
 
     def finding(op: str) -> GateFinding:
@@ -321,8 +321,8 @@ def test_an_op_whose_calls_changed_gets_no_dtype_finding(tmp_path: Path) -> None
     from perfguard.analysis import analyze
     from perfguard.baseline.record import record_from_analysis
     from perfguard.capture.torch_profiler import profile_torch
+    from perfguard.compare.comparison import kernel_changes
     from perfguard.compare.gates import judge_gates, parse_gates
-    from perfguard.compare.verdict import kernel_changes
 
     labels = t.randint(0, 9, (4, 8))
     x = t.randn(2, 3, 4, 5)

@@ -40,9 +40,9 @@ from perfguard.baseline.record import (
 )
 from perfguard.baseline.store import Store
 from perfguard.capture import client_request
-from perfguard.capture.instructions import run_callgrind, valgrind_missing
+from perfguard.capture.valgrind import run_callgrind, valgrind_missing
 from perfguard.compare.gates import judge_gates, parse_gates
-from perfguard.compare.instructions import function_moves
+from perfguard.compare.host_functions import function_moves
 from perfguard.compare.outcomes import Outcome
 from perfguard.errors import CaptureError, TraceError
 from perfguard.trace.callgrind import read_callgrind
@@ -55,7 +55,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {root!r})
-    from perfguard.capture.instructions import measured
+    from perfguard.capture.valgrind import measured
 
     def work(extra):
         data = [(i * 7919) % 1009 for i in range(2000)]
@@ -198,7 +198,7 @@ def test_gate_fires_beyond_the_budget_and_names_the_interpreter(dumps):
 def test_unresolved_addresses_stay_out_of_the_text():
     """Callgrind's ``0x00000000295bc000 (???)`` (JIT code, a stripped library) names
     nothing a reviewer can open: never one of the functions a message lists."""
-    from perfguard.compare.instructions import unresolved
+    from perfguard.compare.host_functions import unresolved
 
     moves = pd.DataFrame({
         "function": ["0x00000000295bc000", "_PyEval_EvalFrameDefault", "memcpy", "f"],
@@ -252,7 +252,7 @@ def test_history_levels_and_change_point_of_the_counts(dumps, tmp_path):
 
 
 def test_function_names_lose_their_argument_list_only():
-    from perfguard.compare.instructions import _short
+    from perfguard.compare.host_functions import _short
 
     assert _short("at::_ops::abs::call(at::Tensor const&)") == "at::_ops::abs::call"
     templated = "void c10::function_ref<void (char**, long)>::callback_fn<F>(long, char**, long)"
@@ -263,7 +263,7 @@ def test_function_names_lose_their_argument_list_only():
 def test_the_child_gets_the_configuring_environment_only():
     """Paths, locale, framework and perfguard settings and the user's own patterns pass; a CI
     run's ids and the shell's state do not (their bytes would move every later address)."""
-    from perfguard.capture.instructions import DETERMINISTIC_ENV, callgrind_env
+    from perfguard.capture.valgrind import DETERMINISTIC_ENV, callgrind_env
 
     base = {
         "PATH": "/usr/bin", "HOME": "/root", "LC_ALL": "C.UTF-8", "TORCH_LOGS": "x",

@@ -26,6 +26,7 @@ from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import perfguard  # noqa: E402
+from perfguard.capture import ranges as annotate_mod  # noqa: E402
 from perfguard.capture.instrument import (  # noqa: E402
     encode_message,
     instrument,
@@ -33,7 +34,6 @@ from perfguard.capture.instrument import (  # noqa: E402
 )
 from perfguard.trace.names import ITERATION_NAMES, parse_range_names  # noqa: E402
 
-annotate_mod = importlib.import_module("perfguard.capture.annotate")
 keras_mod = importlib.import_module("perfguard.capture.keras")
 annotate = annotate_mod.annotate
 HERE = Path(__file__).resolve()

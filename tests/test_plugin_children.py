@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from perfguard.capture.capturers import child_argv
-from perfguard.capture.instructions import valgrind_missing
+from perfguard.capture.valgrind import valgrind_missing
 from perfguard.plugin.options import plugin_args
 
 sys.path.insert(0, str(Path(__file__).parent))

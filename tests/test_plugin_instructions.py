@@ -17,7 +17,7 @@ import sqlite3
 import pytest
 from test_plugin import _profiler_loaded, commit, entry, init_repo, results, run
 
-from perfguard.capture.instructions import valgrind_missing
+from perfguard.capture.valgrind import valgrind_missing
 
 pytest_plugins = ["pytester"]
 MISSING = valgrind_missing()

@@ -671,7 +671,7 @@ def test_markdown_lines_details_and_link(session):
     slower = next(b for b in bullets if "test_slower" in b)
     t = next(t for t in session["results"]["tests"] if t["nodeid"].endswith("test_slower"))
     block = md[md.index(slower) :].split("\n- ")[0]  # the bullet and its sub-bullets
-    from perfguard.compare.explain import format_ns as level_ns
+    from perfguard.compare.culprits import format_ns as level_ns
 
     levels = f"level {level_ns(t['level_baseline_ns'])} → {level_ns(t['level_current_ns'])}"
     assert f"{t['delta_pct']:+.1f}%" in block and levels in block and "6/6 rounds" in block

@@ -22,12 +22,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from perfguard.capture.annotate import (
-        annotate,
-        annotate_function,
-        name_thread,
-        unannotate_function,
-    )
     from perfguard.capture.base import Backend, CaptureResult
     from perfguard.capture.instrument import (
         Instrumentation,
@@ -41,6 +35,12 @@ if TYPE_CHECKING:
         nsys_export_argv,
         nsys_profile_argv,
         parse_capture_range,
+    )
+    from perfguard.capture.ranges import (
+        annotate,
+        annotate_function,
+        name_thread,
+        unannotate_function,
     )
     from perfguard.capture.select import BACKENDS, gpu_present, profile_command, select_backend
     from perfguard.capture.torch_profiler import (
@@ -70,13 +70,13 @@ _HOME = {
     "select_backend": "perfguard.capture.select",
     "torch_available": "perfguard.capture.torch_profiler",
     "Instrumentation": "perfguard.capture.instrument",
-    "annotate": "perfguard.capture.annotate",
-    "annotate_function": "perfguard.capture.annotate",
+    "annotate": "perfguard.capture.ranges",
+    "annotate_function": "perfguard.capture.ranges",
     "encode_message": "perfguard.capture.instrument",
     "instrument": "perfguard.capture.instrument",
     "kineto_dtype": "perfguard.capture.instrument",
-    "name_thread": "perfguard.capture.annotate",
-    "unannotate_function": "perfguard.capture.annotate",
+    "name_thread": "perfguard.capture.ranges",
+    "unannotate_function": "perfguard.capture.ranges",
 }
 
 __all__ = [

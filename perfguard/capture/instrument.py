@@ -86,7 +86,6 @@ makes ``torch.compile`` fall back.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -98,9 +97,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-# by module path: a package ``__init__`` that re-exports the ``annotate`` class shadows the
-# submodule's attribute name, and tests replace ``_nvtx_domain`` in that module
-_annotate = importlib.import_module("perfguard.capture.annotate")
+# the module, not its names: tests replace ``_nvtx_domain`` in it
+from perfguard.capture import ranges as _annotate  # noqa: E402
+
 _PERFGUARD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 __all__ = ["Instrumentation", "encode_message", "instrument", "kineto_dtype"]

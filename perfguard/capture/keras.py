@@ -5,7 +5,7 @@ and the nsys timeline shows each epoch and each batch, so kernels can be
 attributed per iteration. Train batches are named ``perfguard.iteration``,
 the analysis's explicit iteration marker (the batch number rides in the
 NVTX payload, so the message stays one registered string). The ranges go
-through :mod:`perfguard.capture.annotate`, so under Keras 3's torch backend
+through :mod:`perfguard.capture.ranges`, so under Keras 3's torch backend
 a torch profiler sees them too.
 
 With ``profiler_steps=True`` each train batch is also a TensorFlow profiler
@@ -39,7 +39,7 @@ import importlib
 import sys
 from typing import Any
 
-_annotate = importlib.import_module("perfguard.capture.annotate")
+from perfguard.capture import ranges as _annotate
 
 #: The analysis's explicit iteration marker (``perfguard.trace.names.ITERATION_NAMES``;
 #: not imported from there: capture code stays free of the readers and pandas).

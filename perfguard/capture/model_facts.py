@@ -11,7 +11,7 @@ changed is where it was built. So the loop records, from the test's own variable
 * ``optimizers``: per optimizer variable, its class, its first parameter group's settings
   and the line of the test that assigned it (found in the test function's source).
 
-:mod:`perfguard.compare.explain` turns a difference into a culprit of its own and ranks
+:mod:`perfguard.compare.culprits` turns a difference into a culprit of its own and ranks
 the optimizer's per-tensor work after it. Reads ``torch`` only when the test loaded it.
 """
 

@@ -3,7 +3,7 @@
 Knows :mod:`perfguard.baseline.record` only. :func:`judge` is the one call
 that decides an outcome (:mod:`.judge`); its halves are :mod:`.timing`
 (rounds, history noise, A/B pairs) and :mod:`.gates` (deterministic
-counters); per-op tables and the U statistics live in :mod:`.verdict` and
+counters); per-op tables and the U statistics live in :mod:`.comparison` and
 :mod:`.stats`; the typed session document in :mod:`.results`. Names are
 loaded on first use (PEP 562) so the pytest plugin can parse a tolerance
 (:mod:`perfguard.compare.tolerance`) without importing numpy and pandas.
@@ -15,8 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from perfguard.compare.judge import Against, JudgeSettings, compare_records, judge
-    from perfguard.compare.verdict import (
+    from perfguard.compare.comparison import (
         CHANGE_COLUMNS,
         MIN_SAMPLES,
         OP_COLUMNS,
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
         failed,
         kernel_changes,
     )
+    from perfguard.compare.judge import Against, JudgeSettings, compare_records, judge
 
 #: where each lazily loaded name lives
 _HOME = {"Against": "judge", "JudgeSettings": "judge", "judge": "judge",
@@ -51,7 +51,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        module = _HOME.get(name, "verdict")
+        module = _HOME.get(name, "comparison")
         value = getattr(importlib.import_module(f"perfguard.compare.{module}"), name)
         globals()[name] = value
         return value

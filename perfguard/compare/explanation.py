@@ -1,6 +1,6 @@
 """Why a test has its outcome: one typed explanation, made once, rendered by every view.
 
-The judge (:func:`perfguard.compare.explain.explain`) builds an
+The judge (:func:`perfguard.compare.culprits.explain`) builds an
 :class:`Explanation` for every verdict; the failure message, the terminal
 "why", ``summary.md``, ``report.html``, the JUnit properties and
 ``results.json`` all render *this object* and compute nothing of their own,

@@ -41,7 +41,7 @@ import pandas as pd
 
 from perfguard.analysis.counters import COUNTERS
 from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
-from perfguard.compare.instructions import explain_move, layout_floor
+from perfguard.compare.host_functions import explain_move, layout_floor
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.tolerance import parse_tolerance
 from perfguard.compare.units import count, human, percent
@@ -246,7 +246,7 @@ def _layout_budget(
     budget: Budget, baseline: TestRecord, current: TestRecord, counter: str
 ) -> tuple[Budget, str]:
     """The instructions budget widened to what the heap layouts alone move the count by
-    (:func:`perfguard.compare.instructions.layout_floor`), and how a message shows it ("" when
+    (:func:`perfguard.compare.host_functions.layout_floor`), and how a message shows it ("" when
     not widened): a step whose count spreads widely between layouts cannot be judged finer
     than that."""
     floor = layout_floor(baseline, current) if counter == "instructions" else None
@@ -267,7 +267,7 @@ def judge_gates(
 ) -> GateVerdict:
     """Compare the deterministic counters of ``current`` with ``baseline``'s.
 
-    ``changes``: :func:`perfguard.compare.verdict.kernel_changes` of the two records
+    ``changes``: :func:`perfguard.compare.comparison.kernel_changes` of the two records
     (the judge computes it once and shows it too).
     """
     cb, cc = _counter_table(baseline), _counter_table(current)

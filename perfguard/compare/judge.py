@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from perfguard.baseline.record import METRICS, TestRecord
-from perfguard.compare.explain import Evidence, explain
+from perfguard.compare.comparison import TestComparison, compare_ops, kernel_changes
+from perfguard.compare.culprits import Evidence, explain
 from perfguard.compare.explanation import Explanation
 from perfguard.compare.gates import Budget, GateVerdict, judge_gates, parse_gates
 from perfguard.compare.outcomes import Outcome
@@ -35,7 +36,6 @@ from perfguard.compare.timing import (
     not_judged,
 )
 from perfguard.compare.units import format_ns
-from perfguard.compare.verdict import TestComparison, compare_ops, kernel_changes
 from perfguard.environment import EnvironmentChange
 from perfguard.errors import CompareError
 

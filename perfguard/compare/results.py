@@ -31,9 +31,9 @@ from perfguard.compare.profile import TestProfile
 from perfguard.errors import ReportError
 
 if TYPE_CHECKING:
+    from perfguard.compare.comparison import TestComparison
     from perfguard.compare.gates import GateVerdict
     from perfguard.compare.timing import TimingVerdict
-    from perfguard.compare.verdict import TestComparison
 
 #: the ``schema`` this perfguard writes; it reads every schema up to it
 SCHEMA = 2
@@ -159,7 +159,7 @@ class TestEntry:
     timeline: str | None = None
     #: the acceptance this test was judged under: commit, reason, time, author
     accepted: dict[str, Any] | None = None
-    #: the judge's explanation (compare.explain); None for a test nothing judged
+    #: the judge's explanation (compare.culprits); None for a test nothing judged
     explanation: Explanation | None = None
     #: wall seconds of the measurement's parts (warmup, timing, profiled, analysis,
     #: findings, compare, timeline, history): where a test's time under perfguard went

@@ -24,11 +24,11 @@ import pytest
 
 from perfguard.capture.capturers import CHILD_ENV
 from perfguard.plugin import benchmark_fixture
-from perfguard.plugin.instructions import ForkEachTest, callgrind_child
 from perfguard.plugin.items import BENCHMARKS_ENV, FIXTURE, profile_key, profiled, spec_key, spec_of
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import MARKER, MARKER_HELP, ProfileSpec
 from perfguard.plugin.options import Settings, add_options, check_spaced_values, read_settings
+from perfguard.plugin.valgrind_child import ForkEachTest, callgrind_child
 
 if TYPE_CHECKING:
     from perfguard.plugin.child import ChildPlugin

@@ -37,10 +37,10 @@ from perfguard.plugin.ab import (
 )
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.forkserver import preload_names
-from perfguard.plugin.instructions import InstructionSession
 from perfguard.plugin.interleave import ab_env
 from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, plugin_args
 from perfguard.plugin.outputs import ALPHA, SessionOutputs
+from perfguard.plugin.valgrind_child import InstructionSession
 from perfguard.plugin.verdicts import Verdicts
 
 

@@ -173,16 +173,16 @@ class GpuProfile:
 
     def _plain(self) -> Generator[int, None, None]:
         # an ordinary test run: one round (rounds are replicates for a verdict)
-        from perfguard.plugin.instructions import block_name, callgrind_child, counted_steps
+        from perfguard.plugin.valgrind_child import block_name, callgrind_child, counted_steps
 
         if not callgrind_child():
             yield from self._steps(range(-self.spec.warmup, self.spec.iterations))
             self.completed = True
             return
-        from perfguard.capture.instructions import measured, uncounted
+        from perfguard.capture.valgrind import measured, uncounted
 
         # the session's Callgrind child: only the recorded steps are counted, under the
-        # test's node id and heap layout (perfguard.plugin.instructions)
+        # test's node id and heap layout (perfguard.plugin.valgrind_child)
         yield from self._steps(range(-self.spec.warmup, 0))
         with measured(block_name()):
             yield from self._steps(range(counted_steps(self.spec.iterations)), uncounted)

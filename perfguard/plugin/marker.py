@@ -21,7 +21,7 @@ from perfguard.plugin.options import BACKEND_CHOICES
 MARKER = "gpuprofile"
 #: the metric names a marker may ask for: the timings (keys of
 #: perfguard.baseline.record.METRICS), and the host instructions counted under Callgrind
-#: (perfguard.plugin.instructions), gated beside them
+#: (perfguard.plugin.valgrind_child), gated beside them
 METRIC_NAMES = ("gpu_time", "wall_time", "cpu_time", "instructions")
 MARKER_HELP = (
     "gpuprofile(iterations=30, warmup=5, rounds=5, tolerance='5%', metrics=('gpu_time',), "

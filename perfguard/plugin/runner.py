@@ -29,12 +29,12 @@ from perfguard.capture.torch_profiler import TRACE_SUFFIX
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import AB_TIMING_ONLY_ENV
 from perfguard.plugin.context import ResolvedBackend, SessionContext
-from perfguard.plugin.instructions import METRIC, InstructionSession
 from perfguard.plugin.interleave import ab_env
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.options import plugin_args
 from perfguard.plugin.phases import timed
+from perfguard.plugin.valgrind_child import METRIC, InstructionSession
 
 #: how an item was captured: the capture's path and backend, and the nsys child's report
 #: or the whole-call capturer with its wall times
@@ -82,7 +82,7 @@ class CaptureRunner:
 
     def __init__(self, context: SessionContext) -> None:
         self.context = context
-        #: the session's Callgrind counts (:mod:`perfguard.plugin.instructions`), if any
+        #: the session's Callgrind counts (:mod:`perfguard.plugin.valgrind_child`), if any
         self.instructions: InstructionSession | None = None
         if context.backend.label != "nsys":
             from perfguard.capture.torch_profiler import record_compiled_kernels

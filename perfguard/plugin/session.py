@@ -42,7 +42,6 @@ import pytest
 from perfguard.errors import PerfguardError
 from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.coordinator import Coordinator, RoundChild
-from perfguard.plugin.instructions import METRIC, InstructionSession
 from perfguard.plugin.items import uses_loop
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import ProfileSpec
@@ -50,6 +49,7 @@ from perfguard.plugin.options import Settings, plugin_args
 from perfguard.plugin.outputs import SessionOutputs
 from perfguard.plugin.phases import timed
 from perfguard.plugin.runner import CaptureRunner
+from perfguard.plugin.valgrind_child import METRIC, InstructionSession
 from perfguard.plugin.verdicts import Verdicts
 
 OUTPUT_KEY = "perfguard"

@@ -64,7 +64,7 @@ class Verdicts:
                 comparison = self.compare(done.record)
                 if done.analysis.ops.empty:  # nothing attributed or gated: never silently
                     from perfguard.capture.frameworks import empty_capture_reason
-                    from perfguard.compare.verdict import with_empty_capture
+                    from perfguard.compare.comparison import with_empty_capture
 
                     why = empty_capture_reason(capture.framework)
                     comparison = with_empty_capture(comparison, why)
@@ -201,7 +201,7 @@ class Verdicts:
         )
         self.outputs.add(TestEntry.from_dict(entry, "results", item.nodeid), record)
         _add_properties(item, entry)
-        from perfguard.compare.verdict import failed
+        from perfguard.compare.comparison import failed
 
         if failed(comparison, self.context.settings.fail_on):
             commit = comparison.baseline_commit or ""

@@ -21,7 +21,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from perfguard.compare.explain import dtype_change
+from perfguard.compare.culprits import dtype_change
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.compare.units import human
 from perfguard.report.html.render import render, write_text

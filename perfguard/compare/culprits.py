@@ -175,7 +175,7 @@ def _structural(ops: pd.DataFrame) -> pd.DataFrame:
 @dataclass(frozen=True)
 class Evidence:
     """What the judge found on one test, all an explanation is made from: the outcome, its
-    two halves, the per-op comparison (:func:`perfguard.compare.verdict.compare_ops`), both
+    two halves, the per-op comparison (:func:`perfguard.compare.comparison.compare_ops`), both
     records (their per-op counters) and the gates' budgets."""
 
     outcome: Outcome

@@ -5,7 +5,7 @@ comparison (:func:`compare_ops`) and the deterministic kernel findings
 The decision itself is :func:`perfguard.compare.judge.judge` (timing: rounds
 against history or A/B pairs, :mod:`perfguard.compare.timing`; gates:
 deterministic counters, :mod:`perfguard.compare.gates`), and its
-explanation is :mod:`perfguard.compare.explain`; ``judge.compare_records`` is
+explanation is :mod:`perfguard.compare.culprits`; ``judge.compare_records`` is
 the judge with one baseline record, for notebooks.
 
 Per op (evidence, not the verdict): a Mann-Whitney U test with a Hodges-Lehmann

@@ -7,7 +7,7 @@ CPU-only runner). After collection the session runs the selected tests once
 more, in one child ``pytest`` under Callgrind (start-up paid once per
 session): there the ``gpuprofile`` loop runs its warm-up plain and its first
 :data:`MAX_COUNTED_STEPS` recorded steps inside
-:func:`perfguard.capture.instructions.measured`, named by the test's node id.
+:func:`perfguard.capture.valgrind.measured`, named by the test's node id.
 
 Each test runs in a process forked from that child after collection
 (:class:`ForkEachTest`), so every test starts from the same state: in one
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from perfguard.capture.instructions import ENV_OUT, named_dumps, run_callgrind, valgrind_missing
+from perfguard.capture.valgrind import ENV_OUT, named_dumps, run_callgrind, valgrind_missing
 from perfguard.compare.units import human
 from perfguard.errors import PerfguardError
 
@@ -45,7 +45,7 @@ METRIC = "instructions"
 #: the CNN example's 20 steps took 8 min under Callgrind on the loaded 2-core VM)
 MAX_COUNTED_STEPS = 3
 #: heap layouts each test is counted in, its count their mean
-#: (:func:`perfguard.capture.instructions.layout_shift`): any code change moves every
+#: (:func:`perfguard.capture.valgrind.layout_shift`): any code change moves every
 #: later address, and with it a step's count by up to ~0.16 % (a small extra op is
 #: +0.3 %); the mean of 4 layouts moves about half as much (benchmarks/README.md)
 LAYOUTS = 4
@@ -105,7 +105,7 @@ def _fork_test(item: pytest.Item, layout: int) -> int:
         try:
             from _pytest.runner import runtestprotocol
 
-            from perfguard.capture.instructions import layout_shift
+            from perfguard.capture.valgrind import layout_shift
 
             _layout = layout
             kept = layout_shift(layout)
