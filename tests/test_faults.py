@@ -178,20 +178,25 @@ def test_an_xdist_worker_that_dies_loses_only_its_running_test(project: Path) ->
     assert saved == ["test_faults.py::test_a_fine", "test_faults.py::test_f_fine_too"]
 
 
-def _ctrl_c_reaches_it() -> None:
-    """In the child before exec: SIGINT handled as in a terminal's foreground job. A
-    suite started as a shell's background job (``pytest ... &``) ignores SIGINT, and
-    its children inherit that: the session would never see the signal, and the
-    hanging test would hang."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _ctrl_c_reaches_it(argv: list[str]) -> list[str]:
+    """``argv`` started with SIGINT handled as in a terminal's foreground job. A suite
+    started as a shell's background job (``pytest ... &``) ignores SIGINT, and its children
+    inherit that: the session would never see the signal, and the hanging test would hang.
+    A small exec wrapper, not ``preexec_fn``: a hook run between fork and exec fires the
+    at-fork handlers of whatever this worker imported (JAX's warns, an error under -W
+    error), so the test's result would depend on the tests that ran before it."""
+    reset = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", reset, *argv]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_interrupted_session_writes_reports_and_saves_nothing(project: Path, sig) -> None:
     proc = subprocess.Popen(
-        pytest_argv("--perfguard-save", "-k", "a_fine or e_hangs"),
+        _ctrl_c_reaches_it(pytest_argv("--perfguard-save", "-k", "a_fine or e_hangs")),
         cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=_ctrl_c_reaches_it,
     )  # fmt: skip
     partial = project / ".perfguard" / "results.json"
     deadline = time.monotonic() + 300
