@@ -296,7 +296,7 @@ def autosave(pytester: pytest.Pytester, *extra: str) -> None:
 def test_import_autosaved_history(pytester: pytest.Pytester, capsys) -> None:
     init_repo(pytester)
     shas = []
-    for i, pause in enumerate((0.002, 0.002, 0.006)):
+    for i, pause in enumerate((0.002, 0.002, 0.030)):  # 15x: a loaded box cannot close it
         pytester.makepyfile(test_slow=SLOW.format(pause=pause) + f"# commit {i}\n")
         shas.append(commit(pytester.path, f"commit {i}"))
         autosave(pytester, *(["--benchmark-save-data"] if i != 1 else []))

@@ -179,6 +179,7 @@ def test_ab_each_tree_runs_its_own_modules_and_fixtures(
     base = shas[0]
     done, doc = session(
         project, f"--perfguard-against={base}", "--perfguard-ab-pairs=4",
+        "--perfguard-ab-budget=0",  # four pairs, not more when a loaded box reads it wide
         f"--perfguard-ab-children={ab_children}", f"--perfguard-children={children}",
     )  # fmt: skip
     t = only(doc)
