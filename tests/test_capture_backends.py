@@ -322,7 +322,7 @@ def test_nsys_hang_is_stopped_with_its_children(fake_nsys, tmp_path: Path) -> No
     with pytest.raises(CaptureError) as err:
         NsysBackend(str(exe)).capture(HELLO, output_dir=tmp_path, timeout=2)
     elapsed = time.monotonic() - started
-    assert elapsed < 15, elapsed
+    assert elapsed < 60, elapsed  # a hang guard: the fake never exits on its own
     message = str(err.value)
     assert "within 2 s" in message and "\n" not in message
     assert f"{exe} profile -t cuda,nvtx" in message and "print(" in message
