@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import platform
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from perfguard.analysis.instructions import FUNCTION_COLUMNS
 from perfguard.environment import Environment
+
+if TYPE_CHECKING:
+    from perfguard.analysis import Analysis
 
 #: columns of :attr:`TestRecord.samples`: one row per recorded iteration
 #: (``cpu_time_ns``: the harness thread's CPU time, NA when not measured)
@@ -349,9 +352,25 @@ def instruction_counts(record: TestRecord) -> dict[str, float]:
     return {str(k): float(v) for k, v in rows.groupby("counter")["value"].sum().items()}
 
 
+def _whole_steps(analysis: Analysis, it: pd.DataFrame) -> pd.DataFrame:
+    """The iterations that are whole steps. DLProf's key-node rule (N key nodes, N+1
+    intervals) makes the first interval everything up to the first key node's end and the
+    last everything after the last one: each is part of a step (with the saxpy export, half
+    the GPU time of the others), so judged per iteration they would make every counter read
+    as varying between rounds, and nothing would be gated. Kept in the analysis (DLProf's
+    table); left out of the record when the whole capture was analysed and a whole step lies
+    between them. An explicit ``iter_start``/``iter_stop`` choice is the user's."""
+    window = analysis.window
+    if analysis.restricted or len(it) < 3 or window.empty:
+        return it
+    if not str(window["source"].iloc[0]).startswith("key node"):
+        return it
+    return it.iloc[1:-1]
+
+
 def record_from_analysis(
     nodeid: str,
-    analysis: Any,
+    analysis: Analysis,
     *,
     wall_times_ns: np.ndarray | None = None,
     cpu_times_ns: np.ndarray | None = None,
@@ -384,6 +403,7 @@ def record_from_analysis(
         rounds = None if rounds is None else np.asarray(rounds)[flags]
     it = analysis.iterations
     it = it[it["rank"] == it["rank"].min()] if len(it) and "rank" in it else it
+    it = _whole_steps(analysis, it)
     samples = pd.DataFrame(
         {
             "iteration": it["iteration"].to_numpy(dtype=np.int64),
