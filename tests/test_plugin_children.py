@@ -96,8 +96,11 @@ def test_ab_children_load_the_plugins_the_session_named(tmp_path: Path) -> None:
         tmp_path, f"--perfguard-against={base}", "--perfguard-ab-pairs=3", "--perfguard-ab-budget=0"
     )
     assert not [n for n in test["notes"] if "reported nothing" in n], test["notes"]
-    assert test["mode"] == "ab" and test["outcome"] == "regressed", out[-3000:]
+    # both trees measured in every pair (a crash read "crashed"); the verdict sees the head
+    # slower, and a box loaded enough to blur 3 pairs reads it noisy, never unchanged
+    assert test["mode"] == "ab" and test["outcome"] in ("regressed", "noisy"), out[-3000:]
     assert test["timing"]["n_current"] == test["timing"]["n_baseline"] == 3
+    assert test["timing"]["delta_pct"] > 100, test["timing"]  # +600 % on an idle box
     assert any("children fork from a server" in n for n in test["notes"])
 
 
