@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
+from perfguard import __version__
 from perfguard.errors import PerfguardError
 from perfguard.memory import reuse_freed_memory
 
@@ -46,8 +47,6 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from perfguard import __version__
-
     parser = _Parser(prog=PROG, description="Find and stop GPU performance regressions.")
     parser.add_argument("--version", action="version", version=f"perfguard {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
