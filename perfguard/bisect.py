@@ -47,6 +47,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfguard.baseline import git
+from perfguard.baseline.store import open_store, store_location
+from perfguard.compare.against import History, against_from_store, settings_for
+from perfguard.compare.judge import judge
 from perfguard.compare.units import format_ns, human, interval, percent
 from perfguard.errors import BaselineError, CompareError
 
@@ -269,12 +272,10 @@ class _StoreOracle:
     """Verdicts from stored runs: the candidate's latest comparable run against GOOD's."""
 
     def __init__(self, location: str | os.PathLike[str], good: str, nodeids: list[str]) -> None:
-        from perfguard.baseline.store import open_store
-
         self.store = open_store(location, create=False)
         self.nodeids = nodeids
         self.good = good
-        runs = self.store.runs()
+        runs = self.store.reader.runs()
         self.runs = runs
         self.good_runs = self._runs_with_tests(good, None)
         #: the machine the bisection compares on: GOOD's latest run with every test
@@ -298,7 +299,7 @@ class _StoreOracle:
         for run_id, theirs in zip(runs["run_id"], runs["fingerprint"], strict=True):
             if fingerprint is not None and fingerprint.incompatibility(theirs):
                 continue
-            have = set(self.store.load_run(int(run_id))[1]) if self.nodeids else set()
+            have = set(self.store.reader.load_run(int(run_id))[1]) if self.nodeids else set()
             if set(self.nodeids) <= have:
                 out.append(int(run_id))
         return out
@@ -310,13 +311,10 @@ class _StoreOracle:
         mine = self._runs_with_tests(sha, self.fingerprint)
         if not mine:
             return None
-        from perfguard.compare.against import History, against_from_store, settings_for
-        from perfguard.compare.judge import judge
-
         good = History(self.good, [self.good])  # GOOD itself, not an ancestor of it
         out = []
         for nodeid in self.nodeids:
-            current = self.store.load_test(mine[0], nodeid)
+            current = self.store.reader.load_test(mine[0], nodeid)
             assert current is not None
             # the plugin's own path: the same pooling, history, speed and -n rules
             against = against_from_store(
@@ -399,8 +397,6 @@ def bisect(settings: Settings, say: Callable[[str], None] = lambda line: None) -
         result.selected = _selected(tree, settings.pytest_args)
         store = None
         if settings.mode in ("auto", "store") and settings.store is not None:
-            from perfguard.baseline.store import store_location
-
             location = store_location(settings.store)
             if isinstance(location, Path) and not location.is_absolute():
                 location = (repo / location) if not location.exists() else location

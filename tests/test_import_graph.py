@@ -58,13 +58,27 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
 
 def _function_imports(path: Path) -> int:
     """How many import statements ``path`` makes inside functions."""
+    return len(_function_imported(path))
+
+
+def _function_imported(path: Path) -> set[str]:
+    """The modules ``path`` imports inside functions (``if TYPE_CHECKING:`` aside)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return sum(
-        isinstance(node, ast.Import | ast.ImportFrom)
-        for fn in ast.walk(tree)
-        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
-        for node in ast.walk(fn)
-    )
+    found = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        stack: list[ast.AST] = list(fn.body)
+        while stack:
+            node = stack.pop()
+            if _type_checking(node):
+                continue
+            if isinstance(node, ast.ImportFrom):
+                found.add(node.module or "")
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            stack.extend(ast.iter_child_nodes(node))
+    return found
 
 
 @functools.cache
@@ -169,3 +183,42 @@ def test_the_flop_formulas_import_at_the_top() -> None:
     found = {p.name: _function_imports(p) for p in (ROOT / "analysis" / "flops").glob("*.py")}
     assert len(found) > 5
     assert {name: n for name, n in found.items() if n} == {}
+
+
+#: what may still be imported inside a function: optional frameworks and drivers (torch,
+#: TensorFlow, JAX, nvtx, psycopg), GitPython (it runs ``git version`` when imported),
+#: protobuf (read only for an XSpace) and fcntl (Unix only)
+LAZY_ROOTS = ("torch", "tensorflow", "jax", "nvtx", "psycopg", "git", "google", "fcntl")
+#: ... and perfguard modules that load numpy and pandas, from modules every pytest run
+#: imports through the plugin (tests/test_light_imports.py)
+LIGHT_PATH = {
+    "capture/capturers.py": {"perfguard.capture.nsys", "perfguard.capture.sites",
+                             "perfguard.trace.site_pass"},
+    "capture/model_facts.py": {"perfguard.trace.call_sites"},
+    "capture/torch_profiler.py": {"perfguard.capture.torch_results"},
+}  # fmt: skip
+#: the packages whose imports are at the top (plugin, compare, report and publish: not yet)
+AT_THE_TOP = ("analysis", "baseline", "capture", "commands", "trace", "bisect.py", "cli.py",
+              "environment.py", "errors.py", "arrays.py")  # fmt: skip
+
+
+def test_imports_are_at_the_top() -> None:
+    """A dependency hidden in a function is one a reader of the module's head does not see;
+    only an optional or costly one is, and the exceptions are named here."""
+    found = {}
+    for name in AT_THE_TOP:
+        for path in (ROOT / name).rglob("*.py") if (ROOT / name).is_dir() else [ROOT / name]:
+            rel = path.relative_to(ROOT).as_posix()
+            lazy = {m for m in _function_imported(path) if m.split(".")[0] not in LAZY_ROOTS}
+            if lazy - LIGHT_PATH.get(rel, set()):
+                found[rel] = sorted(lazy - LIGHT_PATH.get(rel, set()))
+    assert found == {}
+
+
+def test_the_top_import_check_sees_an_import_in_a_function(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "def f():\n    import torch\n    if TYPE_CHECKING:\n        import os\n"
+        "    from perfguard.compare import b\n"
+    )
+    assert _function_imported(tmp_path / "m.py") == {"torch", "perfguard.compare"}

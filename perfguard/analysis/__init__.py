@@ -22,25 +22,31 @@ from perfguard.analysis.attribution import attribute, gpu_activities, graph_repl
 from perfguard.analysis.call_sites import with_call_sites
 from perfguard.analysis.cpu_only import CpuOnly, needs_row
 from perfguard.analysis.enrich import add_flops, add_tensor_cores, range_flops
+from perfguard.analysis.expert import Thresholds, detect
+from perfguard.analysis.groups import aggregate_groups
 from perfguard.analysis.iterations import (
     assign_iteration,
     iteration_intervals,
     iteration_numbers,
     select_window,
 )
-from perfguard.analysis.kernels import aggregate_kernels
+from perfguard.analysis.kernels import aggregate_kernels, tensor_core_ops
 from perfguard.analysis.metrics import gpu_time
 from perfguard.analysis.ops import (
     OpCodes,
     _gpu_per_instance,
+    aggregate_op_types,
     aggregate_ops,
     api_time_inside,
+    by_gpu_share,
     deep_range_note,
     fold_cpu_only,
     instance_rows,
     op_id_by_key,
     op_instances,
+    tc_missed,
 )
+from perfguard.analysis.ranks import rank_figures, straggler
 from perfguard.analysis.summary import RunSummary, iteration_table, run_summary
 from perfguard.arrays import narrow
 from perfguard.trace.model import INDEX, Trace
@@ -107,60 +113,44 @@ class Analysis:
     @cached_property
     def op_types(self) -> pd.DataFrame:
         """One row per op type (:func:`perfguard.analysis.ops.aggregate_op_types`)."""
-        from perfguard.analysis.ops import aggregate_op_types
-
         return aggregate_op_types(self.kept_instances, self.cpu_only)
 
     @cached_property
     def group_nodes(self) -> pd.DataFrame:
         """Inclusive roll-ups over the op hierarchy (:mod:`perfguard.analysis.groups`)."""
-        from perfguard.analysis.groups import aggregate_groups
-
         return aggregate_groups(self.trace, self.activities, self.kept_instances, self.cpu_only)
 
     @cached_property
     def tensor_ops(self) -> pd.DataFrame:
         """The TC-eligible ops with their TC and non-TC kernel counts and names
         (:func:`perfguard.analysis.kernels.tensor_core_ops`)."""
-        from perfguard.analysis.kernels import tensor_core_ops
-
         return tensor_core_ops(self.ops, self.kernels)
 
     @cached_property
     def ranks(self) -> pd.DataFrame:
         """One row per rank (:mod:`perfguard.analysis.ranks`)."""
-        from perfguard.analysis.ranks import rank_figures
-
         return rank_figures(self)
 
     @cached_property
     def straggler(self) -> Straggler | None:
         """The straggler of a multi-rank run, None for one rank."""
-        from perfguard.analysis.ranks import straggler
-
         return straggler(self.ranks)
 
     @cached_property
     def findings(self) -> pd.DataFrame:
         """The expert detectors' findings under the default thresholds."""
-        from perfguard.analysis.expert import Thresholds, detect
-
         return detect(self, Thresholds())
 
     @cached_property
     def top_ops(self) -> pd.DataFrame:
         """``ops`` by GPU time, most first, with ``gpu_share``: each op's share in % of
         the run's GPU time (NaN for a run without GPU time)."""
-        from perfguard.analysis.ops import by_gpu_share
-
         return by_gpu_share(self.ops)
 
     @cached_property
     def tc_missed_ops(self) -> pd.DataFrame:
         """``top_ops`` that are Tensor Core eligible, ran GPU work and used no Tensor Core
         kernel (:func:`perfguard.analysis.ops.tc_missed`)."""
-        from perfguard.analysis.ops import tc_missed
-
         return tc_missed(self.top_ops)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.enrich import activity_rows
+from perfguard.analysis.intervals import union_length
 from perfguard.analysis.metrics import gpu_time
 from perfguard.arrays import per_distinct
 from perfguard.trace.model import with_category
@@ -231,8 +232,6 @@ def dataloader_bound(a: Analysis, th: Thresholds) -> list[Finding]:
     wall = float(a.summary.wall_time)
     if dl.empty or wall <= 0:
         return []
-    from perfguard.analysis.intervals import union_length
-
     spent = float(
         union_length(dl["start"].to_numpy(), dl["end"].to_numpy(), dl["rank"].to_numpy()).max()
     )

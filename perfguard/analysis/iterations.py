@@ -17,6 +17,8 @@ because the CPU decides which iteration issued the work.
 
 from __future__ import annotations
 
+import difflib
+
 import numpy as np
 import pandas as pd
 
@@ -111,8 +113,6 @@ def _key_node_intervals(trace: Trace, key_node: str) -> pd.DataFrame:
 
 
 def _suggest(ranges: pd.DataFrame, key_node: str) -> str:
-    import difflib
-
     names = ranges["name"].dropna().unique().tolist()
     close = difflib.get_close_matches(key_node, names, n=3)
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfguard import __version__
 from perfguard.baseline.nvidia_smi import SmiReport
 from perfguard.baseline.record import Fingerprint
 
@@ -108,8 +109,6 @@ def machine_fingerprint(
     ``smi``: the session's ``nvidia-smi -q`` report, when it has one (its GPUs and driver,
     without asking ``nvidia-smi`` a second time).
     """
-    from perfguard import __version__
-
     torch_info = _torch_info()
     smi_info: dict[str, Any] = {}
     if smi is not None:

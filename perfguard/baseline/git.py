@@ -177,7 +177,7 @@ def repo_state(path: Where = ".") -> GitState:
 
     Read with GitPython (the design's git library): HEAD and its branch come from the
     repository's files, with no process started; the dirty flag is git's own diff."""
-    import git as gitpython
+    import git as gitpython  # runs `git version` when imported: only when a state is read
 
     root = toplevel(path)
     try:
@@ -275,7 +275,7 @@ def find_baseline(
     """
     walk = first_parent_commits(repo_path, ref, max_depth=max_depth)
     match, _ = match_runs(
-        store.runs(), walk, ref, fingerprint, exclude_run_id=exclude_run_id, only=only,
+        store.reader.runs(), walk, ref, fingerprint, exclude_run_id=exclude_run_id, only=only,
         environment=environment, across=across,
     )  # fmt: skip
     return match

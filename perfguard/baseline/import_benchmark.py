@@ -49,7 +49,8 @@ from perfguard.baseline.record import (
     TestRecord,
     empty_frame,
 )
-from perfguard.baseline.store import Imported, Store
+from perfguard.baseline.store import Store
+from perfguard.baseline.writer import Imported
 from perfguard.errors import BaselineError
 
 #: the backend of an imported run's fingerprint (never compatible with perfguard's own)
@@ -165,7 +166,7 @@ def import_benchmarks(store: Store, path: str | Path) -> list[FileImport]:
         except BaselineError as exc:
             out.append(FileImport(file, error=str(exc)))
             continue
-        out.append(FileImport(file, store.add_runs([(run.run, run.records)]), run))
+        out.append(FileImport(file, store.writer.add_runs([(run.run, run.records)]), run))
     return out
 
 

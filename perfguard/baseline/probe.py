@@ -18,6 +18,8 @@ from functools import partial
 from importlib import metadata
 from pathlib import Path
 
+from perfguard import __version__
+from perfguard.baseline.fingerprint import cpu_model
 from perfguard.baseline.nvidia_smi import SmiReport
 from perfguard.environment import Environment
 
@@ -139,9 +141,6 @@ def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", mount: str = "/sys/fs/cgro
 def machine_environment(smi: SmiReport | None = None) -> Environment:
     """This machine's environment; ``smi``: the session's ``nvidia-smi -q`` report (None
     where there is no NVIDIA driver)."""
-    from perfguard import __version__
-    from perfguard.baseline.fingerprint import cpu_model
-
     gpu = smi.environment() if smi is not None else Environment()
     libs = _torch_libraries()
     for name, wheels in _WHEELS.items():  # the installed package, where torch did not say

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis.call_sites import op_sites
+from perfguard.analysis.counters import op_counters
 from perfguard.analysis.instructions import FUNCTION_COLUMNS
 from perfguard.environment import Environment
 
@@ -479,8 +481,6 @@ def site_meta(analysis: Any, iterations: int) -> dict[str, Any]:
     (:mod:`perfguard.compare.sites`): ``op_sites``, columns of calls and GPU/CPU time
     per iteration; and ``site_details``, each site's function, source text and stack
     (from the call-site pass, where it ran)."""
-    from perfguard.analysis.call_sites import op_sites
-
     table = op_sites(analysis.trace.ranges, analysis.kept_instances, analysis.cpu_only)
     out: dict[str, Any] = {}
     if len(table):
@@ -552,8 +552,6 @@ def _timing_rows(
 
 
 def op_counters_of(analysis: Any) -> pd.DataFrame:
-    from perfguard.analysis.counters import op_counters
-
     return op_counters(analysis)
 
 

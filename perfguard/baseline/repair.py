@@ -43,6 +43,7 @@ from perfguard.baseline.schema import (
     SCHEMA_VERSION,
     tables_at,
 )
+from perfguard.baseline.store import Store, open_database
 from perfguard.errors import BaselineError, DamagedStoreError
 
 __all__ = ["Check", "Recovery", "check", "recover", "value_problems"]
@@ -125,8 +126,6 @@ def check(location: str | os.PathLike[str]) -> Check:
     against its table) and :func:`value_problems`; a server store gets the value checks
     only (its pages are the server's). A store that cannot be opened at all is the usual
     one-line BaselineError."""
-    from perfguard.baseline.store import open_database
-
     start = time.perf_counter()
     db = open_database(location, create=False)
     try:
@@ -341,8 +340,6 @@ def _count(conn: sqlite3.Connection, table: str) -> int | None:
 def recover(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Recovery:
     """Copy every readable, whole record of the SQLite store ``src`` into a new store
     ``dest`` (module docstring); the source is only read."""
-    from perfguard.baseline.store import Store
-
     if is_url(src) or is_url(dest):
         raise BaselineError(
             f"{src}: recover copies a SQLite file into a new one; a PostgreSQL server's "

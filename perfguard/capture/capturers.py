@@ -19,22 +19,29 @@ profiler in process, or nsys around a child pytest.
   profiler failure is then an *error* of that test, with the reason) and
   does not run the test body itself.
 
-Imports torch, nvtx and the capture layer lazily: the child process imports
-this module with nothing heavy loaded.
+Imports torch, nvtx, and the capture modules that load numpy and pandas, lazily: the
+child process and every pytest run (the plugin's import) load this module with nothing
+heavy loaded (tests/test_light_imports.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any, Protocol
+
+from perfguard.capture.torch_profiler import profile_torch
+from perfguard.errors import CaptureError
 
 #: environment variable that puts a pytest process in child mode; its value is the result file
 CHILD_ENV = "PERFGUARD_CHILD"
@@ -111,9 +118,6 @@ class TorchCapturer(_Syncing):
         return self.device == "cpu"
 
     def start(self) -> None:
-        from perfguard.capture.torch_profiler import profile_torch
-        from perfguard.errors import CaptureError
-
         try:
             self.path.unlink(missing_ok=True)
             # no Python tracer: the user's line behind each op comes from the call-site
@@ -133,6 +137,7 @@ class TorchCapturer(_Syncing):
         """The call-site pass over one step (:mod:`perfguard.capture.sites`), its file
         beside the capture; nothing where Dynamo compiled code (the mode would make it
         recompile)."""
+        # numpy and pandas: not at the plugin's import (tests/test_light_imports.py)
         from perfguard.capture.sites import SitePassRun, compiled_anything
         from perfguard.trace.site_pass import sites_path
 
@@ -147,7 +152,7 @@ class TorchCapturer(_Syncing):
     def iteration(self) -> AbstractContextManager[object]:
         if not self.started:
             return contextlib.nullcontext()
-        import torch.profiler
+        import torch.profiler  # optional and heavy: only when a torch capture runs
 
         return torch.profiler.record_function(ITERATION_RANGE)
 
@@ -209,9 +214,6 @@ def _cuda_profiler(which: str) -> None:
                 return
         except Exception as exc:
             raise RuntimeError(f"cudaProfiler{which} through torch failed: {exc}") from None
-    import ctypes
-    import ctypes.util
-
     names = [ctypes.util.find_library("cudart"), "libcudart.so", "libcudart.so.12"]
     for name in filter(None, names):
         try:
@@ -288,8 +290,7 @@ def run_nsys_child(
     Raises :class:`perfguard.errors.CaptureError` (one line) when nsys or the
     child fails, times out, or the child reports no result.
     """
-    from perfguard.capture.nsys import usable_nsys
-    from perfguard.errors import CaptureError
+    from perfguard.capture.nsys import usable_nsys  # the trace layer: not at the plugin's import
 
     name = capture_name(nodeid)
     result_file = output_dir / f"{name}.child.json"
@@ -320,7 +321,6 @@ def run_nsys_child(
 @contextlib.contextmanager
 def whole_call(capturer: Any) -> Iterator[list[int]]:
     """One recorded iteration around a whole test call (a marked test without the fixture)."""
-    import time
 
     walls: list[int] = []
     capturer.sync()

@@ -24,6 +24,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from perfguard.capture.capturers import TorchCapturer
+from perfguard.capture.jax import JaxCapturer
+from perfguard.capture.tensorflow import TensorFlowCapturer
+
 FRAMEWORKS = ("torch", "tf", "jax")
 #: spellings accepted for each framework (marker argument, CLI option)
 ALIASES = {
@@ -56,15 +60,9 @@ def make_capturer(framework: str, path: Path, device: str = "cpu") -> Any:
     """
     fw = normalise(framework)
     if fw == "tf":
-        from perfguard.capture.tensorflow import TensorFlowCapturer
-
         return TensorFlowCapturer(Path(path), device)
     if fw == "jax":
-        from perfguard.capture.jax import JaxCapturer
-
         return JaxCapturer(Path(path), device)
-    from perfguard.capture.capturers import TorchCapturer
-
     return TorchCapturer(Path(path), device)
 
 

@@ -550,7 +550,7 @@ def _bind_torch() -> Any:
     global _profiler_enabled, _ENUMS
     if _MODE_CLASS is not None:
         return _MODE_CLASS
-    import torch
+    import torch  # optional and heavy: only when instrumentation is switched on
     from torch.utils._python_dispatch import TorchDispatchMode
 
     _graph_task_id = torch._C._current_graph_task_id

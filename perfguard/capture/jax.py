@@ -24,17 +24,17 @@ class JaxCapturer(XSpaceCapturer):
     framework = "JAX"
 
     def _start(self, logdir: str) -> None:
-        import jax
+        import jax  # an optional framework: loaded only when a JAX test is captured
 
         jax.profiler.start_trace(logdir)
 
     def _stop(self) -> None:
-        import jax
+        import jax  # an optional framework: loaded only when a JAX test is captured
 
         jax.profiler.stop_trace()
 
     def _step(self, number: int) -> AbstractContextManager[Any]:
-        import jax
+        import jax  # an optional framework: loaded only when a JAX test is captured
 
         return jax.profiler.StepTraceAnnotation(ITERATION_RANGE, step_num=number)
 

@@ -24,6 +24,7 @@ from perfguard.capture import torch_profiler as _torch
 from perfguard.capture.base import Backend, CaptureResult, RunOptions, command_list
 from perfguard.capture.nsys import ExportMode, NsysBackend, usable_nsys
 from perfguard.capture.torch_profiler import TorchBackend
+from perfguard.capture.xspace_runner import XSpaceBackend
 from perfguard.errors import CaptureError
 
 BACKENDS = ("auto", "nsys", "torch", "tf", "jax")
@@ -59,8 +60,6 @@ def select_backend(
             raise CaptureError(reason)
         return TorchBackend(why="the torch backend was requested")
     if key in ("tf", "jax"):  # the TensorFlow / JAX profiler around a Python program
-        from perfguard.capture.xspace_runner import XSpaceBackend
-
         xspace = XSpaceBackend(key, why=f"the {key} backend was requested")
         ok, reason = xspace.available()
         if not ok:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfguard.capture.torch_profiler import start_profiler
 from perfguard.trace.call_sites import is_library_file, site_text
 from perfguard.trace.site_pass import ITERATION, MARKER, Site, SitePass, event_sites, write_sites
 
@@ -211,9 +212,7 @@ class SitePassRun(AbstractContextManager["SitePassRun"]):
 
     def __enter__(self) -> SitePassRun:
         try:
-            import torch
-
-            from perfguard.capture.torch_profiler import start_profiler
+            import torch  # optional and heavy: only when the pass runs
 
             self._prof = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU],

@@ -11,6 +11,8 @@ a capture starts.
 
 from __future__ import annotations
 
+import gc
+import linecache
 import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -31,14 +33,14 @@ class TensorFlowCapturer(XSpaceCapturer):
         self._gpus: bool | None = None
 
     def _start(self, logdir: str) -> None:
-        import tensorflow as tf
+        import tensorflow as tf  # optional: loaded only when a TF test is captured
 
         # TensorFlow's defaults: host ops, no Python tracer (far more events than ops, and
         # slower), device tracer on (CUPTI where there is a GPU)
         tf.profiler.experimental.start(logdir)
 
     def _stop(self) -> None:
-        import tensorflow as tf
+        import tensorflow as tf  # optional: loaded only when a TF test is captured
 
         tf.profiler.experimental.stop()
         try:  # the line that made each graph op: a note's worth, never the test's failure
@@ -50,7 +52,7 @@ class TensorFlowCapturer(XSpaceCapturer):
                   file=sys.stderr)  # fmt: skip
 
     def _step(self, number: int) -> AbstractContextManager[Any]:
-        import tensorflow as tf
+        import tensorflow as tf  # optional: loaded only when a TF test is captured
 
         return tf.profiler.experimental.Trace(ITERATION_RANGE, step_num=number, _r=1)
 
@@ -72,9 +74,6 @@ def graph_sites() -> SitePass:
     (:func:`perfguard.trace.site_pass.apply_sites`). The functions are found among the
     live objects (a Keras model's ``train_function`` too); the traces already made are
     read from their caches, so nothing is traced again."""
-    import gc
-    import linecache
-
     from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
 
     sites: list[Site] = []

@@ -421,6 +421,7 @@ def _export(prof: Any, out: Path, *, rename: Sequence[tuple[str, str]] = ()) -> 
 def _write_sidecar(prof: Any, out: Path) -> None:
     """Exact names and call sites from the in-memory results beside the trace
     (:mod:`perfguard.capture.torch_results`); the JSON stands without them."""
+    # numpy and pandas: this module is loaded by the plugin's import (test_light_imports.py)
     from perfguard.capture.torch_results import sidecar_path, write_sidecar
 
     try:

@@ -41,6 +41,7 @@ import fnmatch
 import gc
 import os
 import platform
+import random
 import re
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -200,8 +201,6 @@ def layout_shift(layout: int) -> list[object]:
     count of a block differs between layouts by the collisions of the type cache and of
     pointer-keyed tables and glibc's alignment-dependent paths; averaging a few layouts
     shrinks that noise, which any code change brings with it (it moves every address)."""
-    import random
-
     if layout <= 0:
         return []
     rng = random.Random(layout)

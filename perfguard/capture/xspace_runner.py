@@ -15,6 +15,7 @@ program already failed); 2 for usage errors.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +27,9 @@ from perfguard.capture.base import (
     python_runner_env,
     python_target,
 )
+from perfguard.capture.frameworks import make_capturer
 from perfguard.capture.process import Completed
+from perfguard.capture.torch_runner import run_target
 from perfguard.capture.xspace_capture import XPLANE_SUFFIX
 from perfguard.errors import CaptureError
 
@@ -39,9 +42,6 @@ _NEEDS = {"tf": ("tensorflow", 'pip install "perfguard[tf]"'),
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from perfguard.capture.frameworks import make_capturer
-    from perfguard.capture.torch_runner import run_target
-
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" not in args:
         print(f"{PROG}: error: put `--` before the program to run", file=sys.stderr)
@@ -77,8 +77,6 @@ class XSpaceBackend(Backend):
         super().__init__(why=why)
 
     def available(self) -> tuple[bool, str]:
-        import importlib.util
-
         module, hint = _NEEDS[self.framework]
         if importlib.util.find_spec(module) is None:
             return False, f"{module} is not installed: {hint}"

@@ -11,12 +11,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from perfguard.analysis import analyze
+from perfguard.analysis.ranks import rank_table, straggler
 from perfguard.commands import argtypes
+from perfguard.commands.progress import Progress
+from perfguard.commands.rank_report import analyze_per_rank
 from perfguard.errors import AnalysisError
 from perfguard.memory import release_free_pages
+from perfguard.report import format_summary, write_reports
+from perfguard.report.dlprof import ALL_REPORTS, FORMATS
+from perfguard.report.perfetto import FORMAT as PERFETTO
+from perfguard.report.writer import check_output
+from perfguard.trace import load_trace
+from perfguard.trace.gpu_ranges import RangeFilter
+from perfguard.trace.kineto_split import IMPORT_THREAD
+from perfguard.trace.loader import events_in
 
 if TYPE_CHECKING:
     from perfguard.trace.gpu_ranges import RangeFilter
@@ -73,9 +86,6 @@ def _file_name(text: str) -> str:
 
 def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     """Analysis options, shared by ``analyze`` and ``profile``."""
-    from perfguard.report.dlprof import ALL_REPORTS, FORMATS
-    from perfguard.report.perfetto import FORMAT as PERFETTO
-
     parser.add_argument("--key-node", "--key_node", dest="key_node", metavar="NAME",
                         help="range name that ends each iteration (DLProf: N instances give "
                              "N+1 iterations)")  # fmt: skip
@@ -142,12 +152,8 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from perfguard.report.writer import check_output
-
     # refuse before the (possibly long) read when the reports could not be written anyway
     if getattr(args, "per_rank", False):
-        from perfguard.commands.rank_report import analyze_per_rank
-
         return analyze_per_rank(args)
     check_output(args.output_path, args.base_name, args.reports, args.formats, args.force)
     analyze_and_report(args)
@@ -157,12 +163,6 @@ def run_analyze(args: argparse.Namespace) -> int:
 def analyze_and_report(args: argparse.Namespace) -> None:
     """Load ``args.database``, analyse it with the analysis options, print the
     summary and notes, write the reports (shared by ``analyze`` and ``profile``)."""
-    from perfguard.analysis import analyze
-    from perfguard.analysis.ranks import rank_table, straggler
-    from perfguard.commands.progress import Progress
-    from perfguard.report import format_summary, write_reports
-    from perfguard.trace import load_trace
-
     if "html" in args.formats:
         _import_in_background("matplotlib.figure")
     with Progress(quiet=getattr(args, "quiet", False)) as progress:
@@ -207,15 +207,11 @@ def _range_filter(args: argparse.Namespace) -> RangeFilter | None:
     """``--gpu-ranges-only``'s filter, keeping the key node's ranges; None without it."""
     if not getattr(args, "gpu_ranges_only", False):
         return None
-    from perfguard.trace.gpu_ranges import RangeFilter
-
     return RangeFilter(keep_names=(args.key_node,) if args.key_node else ())
 
 
 def _what(path: str) -> str:
     """The capture's name and size (and events, for an nsys export) for the progress line."""
-    from perfguard.trace.loader import events_in
-
     name = os.path.basename(os.path.normpath(path))
     try:
         if not os.path.isfile(path):
@@ -230,14 +226,11 @@ def _what(path: str) -> str:
 def _import_in_background(module: str) -> None:
     """Import ``module`` on a daemon thread: the HTML page needs matplotlib (0.3-0.5 s
     to import), and while a capture is read the main thread mostly waits on SQLite."""
-    import threading
 
     def work() -> None:
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - the page's own import reports any real problem
             pass
-
-    from perfguard.trace.kineto_split import IMPORT_THREAD
 
     threading.Thread(target=work, name=IMPORT_THREAD, daemon=True).start()

@@ -7,6 +7,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from perfguard.compare.tolerance import parse_tolerance
+
 
 def integer(minimum: int, what: str = "an integer") -> Callable[[str], int]:
     """An int ``>= minimum``."""
@@ -36,8 +38,6 @@ def days(text: str) -> float:
 
 def tolerance(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05, as the marker and the pytest option spell it."""
-    from perfguard.compare.tolerance import parse_tolerance
-
     try:
         return parse_tolerance(text)
     except ValueError as exc:

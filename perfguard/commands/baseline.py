@@ -7,11 +7,23 @@ raises is one line naming the store or file (exit 2 via ``perfguard.cli``).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
+from perfguard.baseline.git import resolve
+from perfguard.baseline.git import run as git
+from perfguard.baseline.import_benchmark import import_benchmarks, is_benchmark_path
+from perfguard.baseline.repair import SHOWN, check, recover
+from perfguard.baseline.schema import SCHEMA_VERSION
+from perfguard.baseline.store import Store, open_store
 from perfguard.commands import argtypes
 from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
+from perfguard.compare.documents import run_document, runs_document
 from perfguard.compare.units import format_ns
+from perfguard.errors import BaselineError, DamagedStoreError
 
 DEFAULT_STORE = "baselines/perfguard.db"
 
@@ -150,16 +162,12 @@ def _machine(row: Any) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import open_store
-
     with open_store(args.store, create=False) as store:
-        runs = store.runs(commit=args.commit)
-        accepted = store.acceptances()
+        runs = store.reader.runs(commit=args.commit)
+        accepted = store.accepted.table()
     if args.commit:
         accepted = accepted[accepted["commit"].str.startswith(args.commit)]
     if args.json_out:
-        from perfguard.compare.documents import runs_document
-
         write_json(runs_document(runs, accepted), args.json_out)
         if to_stdout(args):
             return 0
@@ -189,22 +197,17 @@ def accepted_table(accepted: Any) -> str:
 
 
 def run_accept(args: argparse.Namespace) -> int:
-    from perfguard.baseline.git import resolve
-    from perfguard.baseline.git import run as git
-    from perfguard.baseline.store import open_store
-    from perfguard.errors import BaselineError
-
     commit = resolve(args.repo, args.at)
     author = args.author
     if author is None:  # git exits 1 when no email is set: no author, not an error
         author = git(args.repo, "config", "user.email", ok=None).stdout.strip() or None
     with open_store(args.store, create=False) as store:
-        if args.test not in store.nodeids():
+        if args.test not in store.reader.nodeids():
             raise BaselineError(
                 f"{store.name}: no stored run of {args.test!r} (perfguard history lists the "
                 "stored tests)"
             )
-        new = store.accept(args.test, commit, args.reason, author=author)
+        new = store.accepted.record(args.test, commit, args.reason, author=author)
     reason = " ".join(args.reason.split())
     print(f"accepted {args.test} at {commit[:12]} (acceptance {new}): {reason}")
     print(f"runs of {commit[:12]} and its descendants are compared with runs since it only")
@@ -212,18 +215,11 @@ def run_accept(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    import numpy as np
-    import pandas as pd
-
-    from perfguard.baseline.store import open_store
-
     with open_store(args.store, create=False) as store:
-        info, records = store.load_run(args.run_id)
-        row = store.runs(commit=info.commit)
+        info, records = store.reader.load_run(args.run_id)
+        row = store.reader.runs(commit=info.commit)
     row = row[row["run_id"] == args.run_id].iloc[0]
     if args.json_out:
-        from perfguard.compare.documents import run_document
-
         write_json(run_document(args.run_id, info, records), args.json_out)
         if to_stdout(args):
             return 0
@@ -252,8 +248,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import open_store
-
     with open_store(args.store, create=False) as store:
         count = store.export_json(args.output, args.run_ids or None)
     print(f"exported {count} run(s) to {args.output}")
@@ -263,12 +257,6 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     """One line per file: what it added, or why it was skipped; 2 if bad files left
     nothing imported."""
-    import sys
-
-    from perfguard.baseline.import_benchmark import is_benchmark_path
-    from perfguard.baseline.store import open_store
-    from perfguard.errors import BaselineError, DamagedStoreError
-
     added = failed = 0
     files, kinds = len(args.files), set()
     with open_store(args.store, create=True) as store:
@@ -284,7 +272,7 @@ def run_import(args: argparse.Namespace) -> int:
                 continue
             kinds.add("exports")
             try:
-                done = store.import_file(name)
+                done = store.writer.import_file(name)
             except DamagedStoreError:
                 raise  # the store's fault, not the file's: nothing more goes in
             except BaselineError as exc:  # one bad file does not stop the others
@@ -309,13 +297,9 @@ def run_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _import_benchmarks(store: Any, name: str, label: str) -> tuple[int, int, int]:
+def _import_benchmarks(store: Store, name: str, label: str) -> tuple[int, int, int]:
     """pytest-benchmark's saves at ``name``, a line per file: (runs added, files skipped,
     files read)."""
-    import sys
-
-    from perfguard.baseline.import_benchmark import import_benchmarks
-
     added = failed = 0
     done = import_benchmarks(store, name)
     if not done:
@@ -341,22 +325,18 @@ def _import_benchmarks(store: Any, name: str, label: str) -> tuple[int, int, int
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import open_store
-
     if args.keep_last is None and args.older_than is None and not args.commit:
         args._parser.error("give at least one of --keep-last, --older-than, --commit")
     with open_store(args.store, create=False) as store:
-        removed = store.prune(
+        removed = store.writer.prune(
             keep_last=args.keep_last, older_than_days=args.older_than, commits=args.commit
         )
-        left = len(store.runs())
+        left = len(store.reader.runs())
     print(f"pruned {removed} run(s) from {args.store}; {left} left")
     return 0
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import open_store
-
     with open_store(args.store, create=False) as source, open_store(args.to, create=True) as dest:
         added, present = dest.copy_from(source)
         name = dest.name
@@ -369,10 +349,6 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     """What the checks found; DamagedStoreError (exit 2) when anything."""
-    from perfguard.baseline.repair import SHOWN, check
-    from perfguard.baseline.schema import SCHEMA_VERSION
-    from perfguard.errors import DamagedStoreError
-
     found = check(args.store)
     counted = {t: n for t, n in found.rows.items() if n is not None}
     runs, tests = counted.get("runs"), counted.get("tests")
@@ -415,8 +391,6 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_recover(args: argparse.Namespace) -> int:
-    from perfguard.baseline.repair import recover
-
     done = recover(args.source, args.dest)
     print(f"recovered {done.source} into {done.dest}:")
     width = max(len(t) for t in done.kept) if done.kept else 0

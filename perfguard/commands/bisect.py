@@ -10,13 +10,18 @@ first bad commit was found, 1 when skipped commits left several candidates,
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
+from perfguard.bisect import Settings, bisect, format_markdown, format_text
 from perfguard.commands import argtypes
 from perfguard.commands.baseline import DEFAULT_STORE
 from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
+from perfguard.compare.documents import document
+from perfguard.errors import CompareError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -59,13 +64,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-    import sys
-
-    from perfguard.bisect import Settings, bisect, format_markdown, format_text
-    from perfguard.compare.documents import document
-    from perfguard.errors import CompareError
-
     pytest_args = [*args.tests, *shlex.split(args.pytest_args)]
     if args.keyword:
         pytest_args += ["-k", args.keyword]

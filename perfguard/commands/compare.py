@@ -33,15 +33,34 @@ regressed, 0 otherwise, and 2 on bad input (``perfguard.cli.main``).
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from perfguard.analysis import analyze
+from perfguard.baseline.db import is_url
+from perfguard.baseline.git import GitError, common_dir, prepare_worktree, toplevel
+from perfguard.baseline.record import record_from_analysis
+from perfguard.baseline.store import open_store
 from perfguard.commands import argtypes
 from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
+from perfguard.compare import Outcome, compare_records
+from perfguard.compare.against import history_levels, settings_for
+from perfguard.compare.documents import document
+from perfguard.compare.results import load_results
+from perfguard.compare.units import format_ns, interval, p_value, percent
 from perfguard.environment import Environment, parse_across
 from perfguard.environment import incompatibility as env_incompatibility
+from perfguard.errors import AnalysisError, CompareError, ReportError
+from perfguard.trace import load_trace
 
 
 def add_parser(subparsers: Any) -> None:
@@ -121,8 +140,6 @@ def add_parser(subparsers: Any) -> None:
 def _store_spec(text: str) -> tuple[Path | str, str] | None:
     """``(store, run id)`` when ``text`` is ``FILE#RUN`` and FILE exists, or ``URL#RUN``
     with a postgresql:// URL; else None."""
-    from perfguard.baseline.db import is_url
-
     if "#" not in text or Path(text).exists():
         return None
     path, _, run = text.rpartition("#")
@@ -137,8 +154,6 @@ class _Side:
     """One side of the comparison: records by nodeid, and what to check machines with."""
 
     def __init__(self, spec: str, key_node: str | None, nodeid: str) -> None:
-        from perfguard.errors import CompareError
-
         self.spec = spec
         self.commit: str | None = None
         self.fingerprint: Any = None
@@ -154,14 +169,8 @@ class _Side:
         path, run = stored
         if not run.strip().isdigit():
             raise CompareError(f"{spec}: run id must be an integer (see perfguard baseline list)")
-        try:
-            from perfguard.baseline.store import open_store
-        except ImportError:
-            raise CompareError(
-                f"{spec}: stored runs need the baseline store, which this perfguard does not have"
-            ) from None
         with open_store(path, create=False) as store:
-            info, self.records = store.load_run(int(run))
+            info, self.records = store.reader.load_run(int(run))
         self.store, self.run_id = path, int(run)
         self.commit = info.commit
         self.fingerprint = info.fingerprint
@@ -169,13 +178,6 @@ class _Side:
         self.is_run = True
 
     def _capture(self, spec: str, key_node: str | None, nodeid: str) -> Any:
-        import numpy as np
-
-        from perfguard.analysis import analyze
-        from perfguard.baseline.record import record_from_analysis
-        from perfguard.errors import AnalysisError
-        from perfguard.trace import load_trace
-
         trace = load_trace(spec)
         try:
             analysis = analyze(trace, key_node=key_node)
@@ -194,8 +196,6 @@ class _Side:
 def capture_nodeid(spec: str) -> str | None:
     """The test a capture belongs to, from the session's ``results.json`` that names it
     (the capture lies in its ``captures/`` folder); None when no session names it."""
-    import json
-
     path = Path(spec).resolve()
     for results in (path.parent.parent / "results.json", path.parent / "results.json"):
         try:
@@ -222,9 +222,6 @@ def _histories(current: _Side, baseline: _Side) -> dict[str, Any]:
     machine (the between-run noise its session judged with); else none."""
     if current.store is None or current.store != baseline.store or current.run_id is None:
         return {}
-    from perfguard.baseline.store import open_store
-    from perfguard.compare.against import history_levels
-
     with open_store(current.store, create=False) as store:
         return {
             nodeid: history_levels(store, rec, current.fingerprint, None,
@@ -234,10 +231,6 @@ def _histories(current: _Side, baseline: _Side) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perfguard.compare import Outcome, compare_records
-    from perfguard.compare.against import settings_for
-    from perfguard.errors import CompareError
-
     if args.against:
         return run_ab(args)
     if not (args.current and args.baseline):
@@ -296,8 +289,6 @@ def run(args: argparse.Namespace) -> int:
         for nodeid in gone:
             print(f"\nMISSING {nodeid}: in the baseline, not in the current run")
     if args.json_out:
-        from perfguard.compare.documents import document
-
         payload = {"mode": "records", "current": args.current, "baseline": args.baseline,
                    "tests": [r.to_dict() for r in results], "missing": gone}  # fmt: skip
         write_json(document("compare", payload), args.json_out)
@@ -308,14 +299,6 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ab(args: argparse.Namespace) -> int:
     """A/B mode for two commits: the plugin's A/B run in HEAD's tree, its verdicts printed."""
-    import shlex
-    import subprocess
-    import sys
-
-    from perfguard.baseline.git import GitError, common_dir, prepare_worktree, toplevel
-    from perfguard.compare.results import load_results
-    from perfguard.errors import CompareError, ReportError
-
     repo = Path(args.repo).resolve()
     try:
         root = toplevel(repo)
@@ -348,8 +331,6 @@ def run_ab(args: argparse.Namespace) -> int:
             print(f"\n{t.outcome.value.upper()} {t.nodeid}\n  {t.explained.text('    ')}")
         print(f"\nreport: {out / 'report.html'} (summary.md beside it)")
     if args.json_out:
-        from perfguard.compare.documents import document
-
         payload = {"mode": "ab", "current": args.head or "working tree",
                    "baseline": args.against, "tests": tests, "missing": [],
                    "results": str(out / "results.json")}  # fmt: skip
@@ -358,14 +339,10 @@ def run_ab(args: argparse.Namespace) -> int:
 
 
 def _renamed(record: Any, nodeid: str) -> Any:
-    from dataclasses import replace
-
     return replace(record, nodeid=nodeid)
 
 
 def _table(results: list[Any]) -> str:
-    from perfguard.compare.units import format_ns, interval, p_value, percent
-
     # the levels whose ratio is the change (geometric means of the rounds), not medians
     rows = [("outcome", "test", "baseline", "current", "change", "interval", "p", "n")]
     for r in results:
@@ -388,8 +365,6 @@ def _table(results: list[Any]) -> str:
 
 
 def _ops_table(ops: Any) -> str:
-    from perfguard.compare.units import format_ns, p_value, percent
-
     rows = [("  op", "dir", "status", "baseline", "current", "change", "p")]
     for o in ops.itertuples(index=False):
         rows.append(

@@ -14,10 +14,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import pandas as pd
+
+from perfguard.baseline.accept import Acceptance, since
+from perfguard.baseline.store import Store, open_store
 from perfguard.commands import argtypes
 from perfguard.commands.baseline import store_option
 from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
+from perfguard.compare.documents import document, history_document, history_summary
+from perfguard.compare.history import load_history
 from perfguard.compare.units import figure, format_ns, human, percent, signed
+from perfguard.errors import BaselineError, DamagedStoreError
 
 #: counters shown as columns when the records carry them, in this order
 SHOWN_COUNTERS = ("calls", "kernels", "flops", "syncs", "bytes")
@@ -47,16 +54,15 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _accepted_on(store: Any, nodeid: str, repo: str, ref: str) -> list[Any]:
+def _accepted_on(store: Store, nodeid: str, repo: str, ref: str) -> list[Any]:
     """The test's acceptances whose commit is on the history of ``ref``, oldest first."""
-    from perfguard.baseline.accept import Acceptance, since
-
     out = []
-    for a in store.acceptances(nodeid).itertuples(index=False):
+    for a in store.accepted.table(nodeid).itertuples(index=False):
         commits = since(repo, str(a.commit), ref)
         if commits is not None:
+            author = a.author if isinstance(a.author, str) else None
             out.append(Acceptance(str(a.nodeid), str(a.commit), str(a.reason), str(a.time),
-                                  a.author, commits))  # fmt: skip
+                                  author, commits))  # fmt: skip
     return out
 
 
@@ -66,8 +72,6 @@ def _level(metric: str, value: float) -> str:
 
 
 def _print_history(hist: Any, accepted: list[Any] = ()) -> None:  # type: ignore[assignment]
-    import pandas as pd
-
     levels, counters = hist.levels, hist.counters.set_index("run_id")
     shown = [c for c in SHOWN_COUNTERS if c in counters.columns]
     shown += sorted(c for c in counters.columns if c not in shown)[: max(0, 6 - len(shown))]
@@ -141,16 +145,11 @@ def _print_counter_steps(hist: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import open_store
-    from perfguard.compare.documents import document, history_document, history_summary
-    from perfguard.compare.history import load_history
-    from perfguard.errors import BaselineError, DamagedStoreError
-
     quiet = to_stdout(args)
     summaries = []
 
     with open_store(args.store, create=False) as store:
-        tests = [args.test] if args.test else store.nodeids()
+        tests = [args.test] if args.test else store.reader.nodeids()
         if not tests and not args.json_out:
             print(f"no runs in {store.name}")
             return 0

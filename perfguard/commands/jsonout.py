@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from perfguard.errors import PerfguardError
+
 STDOUT = "-"
 
 
@@ -32,8 +34,6 @@ def to_stdout(args: argparse.Namespace) -> bool:
 
 def write_json(doc: dict[str, Any], target: str) -> None:
     """``doc`` to ``target`` (a path, or ``-`` for stdout); a one-line error if it cannot."""
-    from perfguard.errors import PerfguardError
-
     text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
     if target == STDOUT:
         sys.stdout.write(text)

@@ -13,17 +13,21 @@ from __future__ import annotations
 import argparse
 import math
 
+from perfguard.capture import profile_command
+from perfguard.capture.base import RunOptions
 from perfguard.capture.torch_profiler import (
     DEFAULT_FALLBACK_S,
     DEFAULT_ITERATIONS,
     DEFAULT_WARMUP,
+    WHOLE_RUN,
 )
 from perfguard.commands import argtypes
+from perfguard.commands.analyze import add_analyze_options, analyze_and_report
+from perfguard.errors import CaptureError
+from perfguard.report.writer import check_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from perfguard.commands.analyze import add_analyze_options
-
     p = sub.add_parser(
         "profile",
         help="profile a command (nsys, the PyTorch profiler, or CPU-only) and analyse it",
@@ -78,8 +82,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _iterations(text: str) -> int:
-    from perfguard.capture.torch_profiler import WHOLE_RUN
-
     return WHOLE_RUN if text.strip().lower() == "all" else argtypes.integer(1)(text)
 
 
@@ -100,12 +102,6 @@ def size_text(nbytes: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perfguard.capture import profile_command
-    from perfguard.capture.base import RunOptions
-    from perfguard.commands.analyze import analyze_and_report
-    from perfguard.errors import CaptureError
-    from perfguard.report.writer import check_output
-
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from perfguard.baseline.store import store_location
 from perfguard.commands import argtypes
+from perfguard.publish import publish
 
 
 def add_parser(subparsers: Any) -> None:
@@ -41,9 +43,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perfguard.baseline.store import store_location
-    from perfguard.publish import publish
-
     done = publish(store_location(args.store), args.out_dir,
                    repo=None if args.by_time else args.repo, ref=args.ref,
                    report_url=args.report_url, tolerance=args.tolerance,

@@ -12,6 +12,9 @@ import argparse
 import pandas as pd
 
 from perfguard.analysis.ranks import straggler
+from perfguard.commands.progress import Progress
+from perfguard.report.rank_workers import AnalysisOptions, analyze_ranks
+from perfguard.report.writer import check_output, write_tables
 
 #: formats a rank-by-rank run cannot write: they need the run's events
 _EVENT_FORMATS = ("html", "perfetto")
@@ -19,10 +22,6 @@ _EVENT_FORMATS = ("html", "perfetto")
 
 def analyze_per_rank(args: argparse.Namespace) -> int:
     """Run ``analyze --per-rank``; returns the exit code."""
-    from perfguard.commands.progress import Progress
-    from perfguard.report.rank_workers import AnalysisOptions, analyze_ranks
-    from perfguard.report.writer import check_output, write_tables
-
     formats = [f for f in args.formats if f not in _EVENT_FORMATS]
     check_output(args.output_path, args.base_name, args.reports, formats, args.force)
     options = AnalysisOptions(key_node=args.key_node, iter_start=args.iter_start,

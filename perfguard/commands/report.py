@@ -18,7 +18,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from perfguard.baseline.db import is_url
 from perfguard.commands import argtypes
+from perfguard.compare.stored import results_from_store
+from perfguard.errors import ReportError
+from perfguard.report.html import load_results, write_session_html
+from perfguard.report.markdown import write_markdown
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -69,12 +74,6 @@ def _is_sqlite(path: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perfguard.baseline.db import is_url
-    from perfguard.compare.stored import results_from_store
-    from perfguard.errors import ReportError
-    from perfguard.report.html import load_results, write_session_html
-    from perfguard.report.markdown import write_markdown
-
     url = is_url(args.source)
     source = Path(args.source)
     if not url and not source.exists():

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.trace.nesting import group_codes
+from perfguard.trace.ranges import finalize_ranges
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,6 @@ def filter_finalized(
 ) -> pd.DataFrame:
     """The kept rows of a finalized ranges table, its tree rebuilt from them (a range
     keeps the backward direction it inherited)."""
-    from perfguard.trace.ranges import finalize_ranges  # ranges -> nesting; no cycle at import
-
     if not len(ranges):  # no NVTX (the table may lack columns then)
         return ranges
     cols = {c: ranges[c].to_numpy(np.int64) for c in ("pid", "tid", "start", "end")}

@@ -24,6 +24,9 @@ import re
 from functools import cache
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from perfguard.trace.call_sites import is_library_file, site_text
 
 _I64, _STR, _MSG, _BOOL, _I32 = "int64", "string", "message", "bool", "int32"
@@ -91,6 +94,7 @@ _PROGRAM = re.compile(r"^(.*)\((\d+)\)$")
 @cache
 def hlo_proto_class() -> Any:
     """The ``HloProto`` message class (built once per process)."""
+    # protobuf: loaded only when an XSpace is read, not by every trace reader
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     fdp = descriptor_pb2.FileDescriptorProto(
@@ -242,9 +246,6 @@ def range_costs(
 ) -> tuple[Any, Any]:
     """``(flops, call site)`` arrays for ranges named ``<module>::<instruction>``
     (NaN / None where the module's HLO is not in the capture), once per distinct name."""
-    import numpy as np
-    import pandas as pd
-
     codes, uniques = pd.factorize(pd.Series(names, dtype=object))
     flops = np.full(len(uniques), np.nan)
     sites = np.full(len(uniques), None, dtype=object)

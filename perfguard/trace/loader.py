@@ -12,6 +12,7 @@ into one Trace with a ``rank`` column, in rank-file order.
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import re
 import sqlite3
@@ -296,8 +297,6 @@ def map_ranks(
                 raise TraceError(f, problem)
             yield f, result
         return
-    import multiprocessing
-
     # forkserver: a fork of this process could inherit a lock held by one of its
     # threads; the server imports the module once and forks each worker from it
     ctx = multiprocessing.get_context("forkserver")

@@ -61,6 +61,7 @@ import pandas as pd
 
 from perfguard.arrays import factorize, levels
 from perfguard.trace.model import NO_PARENT
+from perfguard.trace.ranges import finalize_ranges
 
 __all__ = [
     "MODULE_MARKER",
@@ -243,8 +244,6 @@ def apply_markers(ranges: pd.DataFrame) -> pd.DataFrame:
     PyProf/DLProf markers; otherwise a new table without the wrappers,
     renumbered (the tree is recomputed by ``finalize``'s rules).
     """
-    from perfguard.trace.ranges import finalize_ranges  # ranges -> nesting; no cycle at import
-
     if "name" not in ranges or not len(ranges):
         return ranges
     name = ranges["name"]

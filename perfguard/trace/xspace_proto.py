@@ -82,6 +82,7 @@ def xspace_class(raw_events: bool = False) -> Any:
     to decode all at once (same wire format: a message field and a bytes
     field are both length-delimited).
     """
+    # protobuf: loaded only when an XSpace is read, not by every trace reader
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     package = _PACKAGE + (".raw" if raw_events else "")
@@ -111,7 +112,7 @@ def xspace_class(raw_events: bool = False) -> Any:
 
 def message_class(name: str) -> Any:
     """Another message class of the schema (``XEvent``, for events decoded one by one)."""
-    from google.protobuf import message_factory
+    from google.protobuf import message_factory  # as above: only when an XSpace is read
 
     pool = xspace_class().DESCRIPTOR.file.pool
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
