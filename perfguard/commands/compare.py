@@ -107,7 +107,7 @@ def add_parser(subparsers: Any) -> None:
         help="A/B mode: where the run's results.json, report.html and summary.md are "
         "written and kept (default: .perfguard/compare)",
     )
-    add_json_option(p, "the verdicts (perfguard.compare/1: results.json entries)")
+    add_json_option(p, "the verdicts (perfguard.compare/2: results.json schema 3 entries)")
     p.add_argument(
         "--ops",
         type=int,
