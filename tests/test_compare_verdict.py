@@ -263,7 +263,9 @@ def test_to_dict_is_json_safe(resnet: TestRecord) -> None:
     assert set(d["ops"][0]) == set(c.ops.columns)
     assert d["samples_baseline"] == [int(v) for v in resnet.values()]
     none = compare_records(resnet, None).to_dict()
-    assert none["timing"]["p_value"] is None and none["ops"] == [] and none["outcome"] == "no-baseline"
+    assert (
+        none["timing"]["p_value"] is None and none["ops"] == [] and none["outcome"] == "no-baseline"
+    )
 
 
 def test_op_p_values_match_scipy(resnet: TestRecord) -> None:

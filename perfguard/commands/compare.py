@@ -33,7 +33,6 @@ regressed, 0 otherwise, and 2 on bad input (``perfguard.cli.main``).
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -236,6 +235,7 @@ def _histories(current: _Side, baseline: _Side) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from perfguard.compare import Outcome, compare_records
     from perfguard.compare.against import settings_for
+    from perfguard.compare.outcomes import fails
     from perfguard.errors import CompareError
 
     if args.against:
@@ -303,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(document("compare", payload), args.json_out)
         if not to_stdout(args):
             print(f"\nJSON written: {args.json_out}")
-    return 1 if any(r.outcome is Outcome.REGRESSED for r in results) else 0
+    return 1 if any(fails(r.outcome) for r in results) else 0
 
 
 def run_ab(args: argparse.Namespace) -> int:
@@ -313,6 +313,7 @@ def run_ab(args: argparse.Namespace) -> int:
     import sys
 
     from perfguard.baseline.git import GitError, common_dir, prepare_worktree, toplevel
+    from perfguard.compare.outcomes import fails
     from perfguard.compare.results import load_results
     from perfguard.errors import CompareError, ReportError
 
@@ -354,7 +355,7 @@ def run_ab(args: argparse.Namespace) -> int:
                    "baseline": args.against, "tests": tests, "missing": [],
                    "results": str(out / "results.json")}  # fmt: skip
         write_json(document("compare", payload), args.json_out)
-    return 1 if any(t["outcome"] == "regressed" for t in tests) else 0
+    return 1 if any(fails(t.outcome) for t in results.tests) else 0
 
 
 def _renamed(record: Any, nodeid: str) -> Any:
@@ -376,8 +377,8 @@ def _table(results: list[Any]) -> str:
                 r.nodeid,
                 format_ns(r.level_baseline_ns),
                 format_ns(
-                    r.median_current_ns if math.isnan(r.level_current_ns) else r.level_current_ns
-                ),  # fmt: skip
+                    r.median_current_ns if r.level_current_ns is None else r.level_current_ns
+                ),
                 percent(r.delta_pct, True),
                 ci,
                 p_value(r.p_value),

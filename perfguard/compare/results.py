@@ -152,7 +152,7 @@ class HostCount:
         )
 
 
-class TestEntry(msgspec.Struct, TimingFigures, kw_only=True):
+class TestEntry(msgspec.Struct, TimingFigures):
     """One test of a session: its outcome with the reason, and the evidence.
 
     ``timing`` and ``gates`` are the two halves of the verdict
