@@ -396,15 +396,15 @@ def summarize(cond: str, raw: dict, nodeid: str = NODEID) -> dict[str, Any]:
     named = sorted({r.get("gate") for r in gates.get("regressions") or []})
     row.update(
         outcome=t.get("outcome"), message=(t.get("message") or "")[:400],
-        delta_pct=t.get("delta_pct"), ci_low_pct=t.get("ci_low_pct"),
-        ci_high_pct=t.get("ci_high_pct"), timing_outcome=timing.get("outcome"),
+        delta_pct=timing.get("delta_pct"), ci_low_pct=timing.get("ci_low_pct"),
+        ci_high_pct=timing.get("ci_high_pct"), timing_outcome=timing.get("outcome"),
         threshold_pct=timing.get("threshold_pct"), noise_pct=timing.get("noise_pct"),
         spread_pct=timing.get("spread_pct"), cpu_load=timing.get("load"),
         cpu_wait=timing.get("wait"),
         history_runs=timing.get("history_runs"), n_current=timing.get("n_current"),
         gates_outcome=gates.get("outcome"), gates_named=named,
-        median_current_ns=t.get("median_current_ns"),
-        median_baseline_ns=t.get("median_baseline_ns"),
+        median_current_ns=timing.get("median_current_ns"),
+        median_baseline_ns=timing.get("median_baseline_ns"),
     )  # fmt: skip
     c = CONDITIONS[cond]
     if c.kind == "det":

@@ -972,7 +972,7 @@ def judge_case(
         culprits=[f"{c.get('kind')}: {c.get('op')}" for c in culprits[:6]],
         timing=(entry.get("timing") or {}).get("outcome"),
         gates=(entry.get("gates") or {}).get("outcome"),
-        delta_pct=entry.get("delta_pct"),
+        delta_pct=(entry.get("timing") or {}).get("delta_pct"),
     )  # fmt: skip
     if case is not None:
         parts = components(row["first_op"])

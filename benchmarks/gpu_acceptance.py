@@ -1042,12 +1042,12 @@ def test_row(t: dict[str, Any]) -> dict[str, Any]:
     timing = t.get("timing") or {}
     gates = t.get("gates") or {}
     fired = sorted({r.get("gate") for r in gates.get("regressions") or []} - {None})
-    lo, hi = t.get("ci_low_pct"), t.get("ci_high_pct")
+    lo, hi = timing.get("ci_low_pct"), timing.get("ci_high_pct")  # the figures' one home
     return {
         "nodeid": t.get("nodeid"), "outcome": t.get("outcome"),
         "reason": (t.get("message") or t.get("error") or "")[:500],
-        "metric": t.get("metric"), "median_ns": t.get("median_current_ns"),
-        "baseline_ns": t.get("median_baseline_ns"), "delta_pct": t.get("delta_pct"),
+        "metric": timing.get("metric"), "median_ns": timing.get("median_current_ns"),
+        "baseline_ns": timing.get("median_baseline_ns"), "delta_pct": timing.get("delta_pct"),
         "ci_pct": [lo, hi] if lo is not None else None,
         "timing_outcome": timing.get("outcome"), "noise_pct": timing.get("noise_pct"),
         "history_runs": timing.get("history_runs"), "gates_outcome": gates.get("outcome"),

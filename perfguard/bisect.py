@@ -252,8 +252,8 @@ def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
     return TestVerdict(
         nodeid=str(entry.get("nodeid")), outcome=str(entry.get("outcome")),
         decided_by=str(decided), message=str(entry.get("message") or ""),
-        delta_pct=entry.get("delta_pct"), ci_low_pct=entry.get("ci_low_pct"),
-        ci_high_pct=entry.get("ci_high_pct"), gates=fired,
+        delta_pct=timing.get("delta_pct"), ci_low_pct=timing.get("ci_low_pct"),
+        ci_high_pct=timing.get("ci_high_pct"), gates=fired,
     )  # fmt: skip
 
 

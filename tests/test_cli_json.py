@@ -76,7 +76,7 @@ def test_compare_json(replayed, capsys, tmp_path):
     location, repo, shas, steps = replayed
     up = steps["up"] + 1  # run ids follow the commits
     doc = _json(capsys, "compare", f"{location}#{up}", f"{location}#1", "--json")
-    assert check(doc, "compare") == 1 and doc["mode"] == "records"
+    assert check(doc, "compare") == 2 and doc["mode"] == "records"
     (test,) = doc["tests"]
     assert test["nodeid"] == NODEID and test["outcome"] == "regressed"  # extra_work: calls up
     out = tmp_path / "c.json"  # the FILE form scripts already use

@@ -23,7 +23,7 @@ import pytest
 
 from perfguard.analysis import analyze
 from perfguard.baseline.record import Fingerprint, RunInfo, TestRecord, record_from_analysis
-from perfguard.compare import Outcome, compare_records, failed
+from perfguard.compare import Outcome, compare_records, fails
 from perfguard.compare.timing import between_run_sd
 from perfguard.compare.units import format_ns
 from perfguard.errors import CompareError
@@ -88,7 +88,7 @@ def test_identical_records_are_unchanged(resnet: TestRecord) -> None:
     assert c.ci_low_pct <= 0 <= c.ci_high_pct
     assert (c.ops["status"] == "unchanged").all() and c.kernel_changes.empty
     assert c.timing.mode == "store" and c.gates.outcome is Outcome.UNCHANGED
-    assert c.message.startswith("within the threshold") and not failed(c)
+    assert c.message.startswith("within the threshold") and not fails(c.outcome)
     # no history yet: the prior between-run noise of GPU time (1 %) is assumed and said
     assert "0 of the 5 runs needed" in c.timing.replicated and "1% assumed" in c.message
 
@@ -97,7 +97,7 @@ def test_scaled_op_is_a_regression_named_in_the_message(resnet: TestRecord) -> N
     op = _top_gpu_op(resnet)
     cur = _scale_op(resnet, op, 1.5)
     c = compare_records(cur, resnet, baseline_commit="0123456789abcdef0123")
-    assert c.outcome is Outcome.REGRESSED and failed(c) and not failed(c, "never")
+    assert c.outcome is Outcome.REGRESSED and fails(c.outcome) and not fails(c.outcome, "never")
     assert c.timing.outcome is Outcome.REGRESSED and c.gates.outcome is Outcome.UNCHANGED
     assert c.delta_pct == pytest.approx(_log_change(cur, resnet))
     assert c.delta_pct > 5 and c.ci_low_pct > 0 and c.p_value < 0.01
@@ -122,7 +122,7 @@ def test_scaled_op_is_a_regression_named_in_the_message(resnet: TestRecord) -> N
 def test_improvement_is_symmetric(resnet: TestRecord) -> None:
     op = _top_gpu_op(resnet)
     c = compare_records(_scale_op(resnet, op, 0.5), resnet)
-    assert c.outcome is Outcome.IMPROVED and not failed(c)
+    assert c.outcome is Outcome.IMPROVED and not fails(c.outcome)
     assert c.ci_high_pct < 0 and c.ops.iloc[0]["op_id"] == op
     assert c.explanation.first.kind == "timing" and "(-50.0%" in c.explanation.first.text
     assert c.message.startswith("timing improved")
@@ -158,7 +158,7 @@ def test_rounds_that_disagree_are_noisy(resnet: TestRecord) -> None:
     assert c.delta_pct > 5 and c.ci_low_pct < 0
     assert c.timing.spread_pct > 5
     assert c.outcome is Outcome.NOISY and c.message.startswith("too noisy to resolve")
-    assert not failed(c)
+    assert not fails(c.outcome)
 
 
 def test_one_round_is_never_judged_on_timing(fixture_file, cached_trace) -> None:
@@ -167,7 +167,7 @@ def test_one_round_is_never_judged_on_timing(fixture_file, cached_trace) -> None
     c = compare_records(slower, rec)
     # three iterations of one run are not three runs: no timing verdict, and the
     # gates (same ops, launches, FLOPs) have nothing to say, so not judged
-    assert c.n_current == 1 and c.outcome is Outcome.NOT_JUDGED and not failed(c)
+    assert c.n_current == 1 and c.outcome is Outcome.NOT_JUDGED and not fails(c.outcome)
     assert c.timing.outcome is Outcome.NOT_JUDGED
     assert c.message.startswith("too few rounds to judge timing")
     assert c.gates.outcome is Outcome.UNCHANGED
@@ -184,7 +184,7 @@ def test_no_baseline_new_and_incomparable(resnet: TestRecord, fixture_file, cach
     )
     c = compare_records(_scale_op(resnet, _top_gpu_op(resnet), 2.0), resnet, incompatibility=reason)
     assert c.outcome is Outcome.INCOMPARABLE and "gpu_name differs" in c.message
-    assert not failed(c)
+    assert not fails(c.outcome)
     cpu = _copy(resnet)
     cpu.metric = "wall_time"
     c = compare_records(cpu, resnet)
@@ -192,7 +192,7 @@ def test_no_baseline_new_and_incomparable(resnet: TestRecord, fixture_file, cach
     with pytest.raises(CompareError):
         compare_records(resnet, resnet, alpha=1.5)
     with pytest.raises(CompareError):
-        failed(c, "always")
+        fails(c.outcome, "always")
 
 
 def test_ops_added_removed_and_sorted(resnet: TestRecord) -> None:
@@ -256,13 +256,16 @@ def test_deterministic_kernel_findings(resnet: TestRecord) -> None:
 def test_to_dict_is_json_safe(resnet: TestRecord) -> None:
     c = compare_records(_scale_op(resnet, _top_gpu_op(resnet), 1.5), resnet)
     d = json.loads(json.dumps(c.to_dict(), allow_nan=False))
-    assert d["outcome"] == "regressed" and d["ci_level_pct"] == 99
+    assert d["outcome"] == "regressed" and d["timing"]["ci_level_pct"] == 99
+    assert "delta_pct" not in d and d["timing"]["delta_pct"] == c.delta_pct  # one home
     assert d["timing"]["outcome"] == "regressed" and d["gates"]["outcome"] == "unchanged"
     assert len(d["ops"]) == len(c.ops)
     assert set(d["ops"][0]) == set(c.ops.columns)
     assert d["samples_baseline"] == [int(v) for v in resnet.values()]
     none = compare_records(resnet, None).to_dict()
-    assert none["p_value"] is None and none["ops"] == [] and none["outcome"] == "no-baseline"
+    assert (
+        none["timing"]["p_value"] is None and none["ops"] == [] and none["outcome"] == "no-baseline"
+    )
 
 
 def test_op_p_values_match_scipy(resnet: TestRecord) -> None:

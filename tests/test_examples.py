@@ -57,8 +57,8 @@ def test_first_run_saves_a_baseline_and_the_second_compares_with_it(runs) -> Non
         # regressed (noisy when the machine is too busy to resolve 5 %), never incomparable
         assert test["outcome"] in {"unchanged", "improved", "noisy"}, test["message"]
         assert test["gates"]["outcome"] == "unchanged", test["gates"]["message"]
-        assert test["metric"] == "wall_time"  # CPU-only capture: no GPU time to compare
-        assert test["n_current"] == test["n_baseline"] == 5  # rounds
+        assert test["timing"]["metric"] == "wall_time"  # CPU-only capture: no GPU time to compare
+        assert test["timing"]["n_current"] == test["timing"]["n_baseline"] == 5  # rounds
         assert len(test["samples_current"]) == 5 * 20  # of the markers' 20 iterations
     assert "perfguard" in second.stdout and "report: " in second.stdout
 

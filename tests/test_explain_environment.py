@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -15,7 +16,7 @@ from perfguard.baseline.git import match_runs
 from perfguard.baseline.record import Fingerprint
 from perfguard.compare.explanation import Explanation
 from perfguard.compare.outcomes import Outcome
-from perfguard.compare.results import SessionResults, TestEntry
+from perfguard.compare.results import Baseline, Run, SessionResults, TestEntry
 from perfguard.environment import Environment
 from perfguard.plugin.summary import results_lines
 from perfguard.report.markdown import render_markdown
@@ -66,9 +67,10 @@ def test_the_explanation_carries_and_renders_the_changes():
     why = _explained()
     assert why.environment_line == LINE
     assert why.text() == f"unchanged: -0.4 %\n  - timing: -0.4 %\n  - {LINE}"
-    again = Explanation.from_dict(why.to_dict())
+    again = msgspec.json.decode(msgspec.json.encode(why), type=Explanation)
     assert again == why and again.environment[0].across == "driver"
-    assert Explanation.from_dict({"headline": "x"}).environment == ()  # older results.json
+    older = msgspec.convert({"outcome": "new", "headline": "x"}, Explanation)
+    assert older.environment == ()  # an older results.json
 
 
 def _results() -> SessionResults:
@@ -76,7 +78,9 @@ def _results() -> SessionResults:
         TestEntry(nodeid=f"t.py::test_{k}", outcome=Outcome.UNCHANGED, explanation=_explained())
         for k in ("a", "b")
     ]
-    return SessionResults(tests=entries, run={"commit": "a" * 40}, baseline={"commit": "b" * 40})
+    return SessionResults(
+        tests=entries, run=Run(commit="a" * 40), baseline=Baseline(commit="b" * 40)
+    )
 
 
 def test_terminal_and_summary_say_it():

@@ -18,7 +18,7 @@ from test_compare_verdict import RESNET, _copy, _scale_op, _top_gpu_op, rounds_r
 from perfguard.analysis import analyze
 from perfguard.baseline.record import TestRecord
 from perfguard.compare import Outcome, compare_records
-from perfguard.compare.results import SessionResults, TestEntry
+from perfguard.compare.results import Run, SessionResults
 from perfguard.plugin.summary import results_lines
 from perfguard.report.html import write_session_html
 from perfguard.report.markdown import render_markdown
@@ -35,7 +35,7 @@ def _name(record: TestRecord, op_id: str) -> str:
 
 def _views(c, tmp_path) -> dict[str, str]:
     """What a reviewer reads of one comparison: terminal, summary.md, report.html."""
-    doc = SessionResults(tests=[TestEntry.from_comparison(c)], run={"commit": "c" * 40})
+    doc = SessionResults(tests=[c.entry()], run=Run(commit="c" * 40))
     doc = SessionResults.from_dict(doc.to_dict())  # as every report reads it: checked
     page = write_session_html(doc, tmp_path / "report.html")
     return {

@@ -307,7 +307,7 @@ def test_every_view_shows_the_count_beside_timing_and_gates(dumps, tmp_path):
     import html
 
     from perfguard.baseline.record import instruction_counts
-    from perfguard.compare.results import SessionResults, TestEntry
+    from perfguard.compare.results import Run, SessionResults, TestEntry
     from perfguard.plugin.summary import results_lines
     from perfguard.report.html import write_session_html
     from perfguard.report.markdown import render_markdown
@@ -323,7 +323,7 @@ def test_every_view_shows_the_count_beside_timing_and_gates(dumps, tmp_path):
         counted=instruction_counts(more),
     )  # fmt: skip
     plain = TestEntry("t.py::test_other", Outcome.UNCHANGED, "within tolerance")
-    doc = SessionResults(tests=[entry, plain], run={"commit": "c" * 40})
+    doc = SessionResults(tests=[entry, plain], run=Run(commit="c" * 40))
     doc = SessionResults.from_dict(doc.to_dict())  # as every report reads it
     host = doc.tests[0].host_count
     assert host is not None and host.baseline == b and host.current == c

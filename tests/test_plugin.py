@@ -155,7 +155,7 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert doc["run"]["commit"] == sha_a and doc["run"]["dirty"] is False
     assert doc["run"]["fingerprint"]["backend"] == "cpu"
     whole = entry(doc, WHOLE)
-    assert whole["n_current"] == 1
+    assert whole["timing"]["n_current"] == 1
     assert "captured as one iteration" in " ".join(whole["notes"])
     assert store_runs(repo) == [(1, sha_a, 0)]
     r.stdout.fnmatch_lines(["*= perfguard =*", f"*{TRAIN}*no-baseline*", "*saved run 1*"])
@@ -181,10 +181,12 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     r.assert_outcomes(passed=2)
     doc = results(repo)
     # the walk starts at HEAD (B, no run yet) and finds A one first-parent step back
-    assert doc["baseline"] == {"ref": sha_b, "commit": sha_a, "run_id": 1}
+    assert doc["baseline"] == {"ref": sha_b, "commit": sha_a, "run_id": 1, "ab": False}
     train = entry(doc, TRAIN)
     assert train["outcome"] in ("unchanged", "noisy"), train["message"]
-    assert train["n_current"] == train["n_baseline"] == 4  # rounds are the replicates
+    assert (
+        train["timing"]["n_current"] == train["timing"]["n_baseline"] == 4
+    )  # rounds are the replicates
     assert len(train["samples_current"]) == 16
     assert train["gates"]["outcome"] == "unchanged", train["gates"]["message"]
     assert "syncs" in train["gates"]["checked"] and "calls" in train["gates"]["checked"]
@@ -241,7 +243,9 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     rounds_cur = [np.min(cur[k * 4 : (k + 1) * 4]) for k in range(4)]
     assert train["rounds_current"] == pytest.approx(rounds_cur, abs=1)
     rb, rc = np.log(train["rounds_baseline"]), np.log(train["rounds_current"])
-    assert train["delta_pct"] == pytest.approx(100 * np.expm1(rc.mean() - rb.mean()), rel=1e-6)
+    assert train["timing"]["delta_pct"] == pytest.approx(
+        100 * np.expm1(rc.mean() - rb.mean()), rel=1e-6
+    )
     # the samples are nanoseconds and hold the step's waits: a sleep never returns early,
     # so every current iteration took 30 + 10 ms at least and every baseline one 30 ms (no
     # upper bound: a loaded machine only adds); that the 10 ms is new is the ops' verdict
@@ -274,7 +278,7 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
         for p in case.iter("property")
     }
     assert props["perfguard_outcome"] == "regressed"
-    assert float(props["perfguard_delta_pct"]) == pytest.approx(train["delta_pct"])
+    assert float(props["perfguard_delta_pct"]) == pytest.approx(train["timing"]["delta_pct"])
 
     # fail-on=never reports the regression without failing
     r = run(repo, "--perfguard-fail-on=never")
@@ -322,7 +326,7 @@ def test_no_baseline_in_store_is_no_baseline(repo: pytest.Pytester) -> None:
     assert doc["baseline"] is None and doc["counts"] == {"no-baseline": 1}
     only = doc["tests"][0]
     # 5 rounds (the default) of 6 iterations: the rounds are what a verdict counts
-    assert only["n_current"] == 5 and len(only["samples_current"]) == 30
+    assert only["timing"]["n_current"] == 5 and len(only["samples_current"]) == 30
     assert only["baseline_commit"] is None
     assert not (repo.path / "baselines").exists()  # nothing saved without --perfguard-save
     r.stdout.fnmatch_lines(["*baseline: no baseline: no store at*"])
@@ -644,7 +648,7 @@ def test_xdist_workers_capture_and_the_controller_saves_one_run(repo: pytest.Pyt
     doc = results(repo)
     assert doc["counts"] == {"no-baseline": 3}
     assert {t["worker"] for t in doc["tests"]} <= {"gw0", "gw1"}
-    medians = {t["nodeid"]: t["median_current_ns"] for t in doc["tests"]}
+    medians = {t["nodeid"]: t["timing"]["median_current_ns"] for t in doc["tests"]}
     samples = {t["nodeid"]: len(t["samples_current"]) for t in doc["tests"]}
     for ms in (1, 2, 3):
         nodeid = f"test_par.py::test_sleep[{ms}]"
@@ -769,11 +773,11 @@ def test_nsys_backend_reruns_each_test_in_a_child_pytest(
     r.assert_outcomes(passed=1)
     (ok,) = results(repo)["tests"]
     assert ok["outcome"] == "no-baseline" and ok["backend"] == "nsys"
-    assert ok["metric"] == "gpu_time"  # the export has kernels
+    assert ok["timing"]["metric"] == "gpu_time"  # the export has kernels
     # 5 saxpy key-node instances -> 6 iterations (DLProf's rule), in one capture: one round;
     # the first and the last are parts of a step (half the GPU time), the record keeps the 4
     # whole steps between them, alike
-    assert len(ok["samples_current"]) == 4 and ok["n_current"] == 1
+    assert len(ok["samples_current"]) == 4 and ok["timing"]["n_current"] == 1
     assert max(ok["samples_current"]) < 1.01 * min(ok["samples_current"])
     assert "15 timed iterations but 6 in the capture" in " ".join(ok["notes"])
     assert ok["capture"].endswith(".sqlite")
@@ -918,7 +922,7 @@ def test_cpu_time_metric_is_recorded_stored_and_judged(repo: pytest.Pytester) ->
     commit(path, "A")
     run(repo, "--perfguard-save").assert_outcomes(passed=1)
     first = entry(results(repo), "test_cpu.py::test_cpu_step")
-    assert first["metric"] == "cpu_time" and first["n_current"] == 4  # rounds
+    assert first["timing"]["metric"] == "cpu_time" and first["timing"]["n_current"] == 4  # rounds
     with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
         rows = db.execute("SELECT cpu_time_ns, round FROM samples WHERE profiled = 0").fetchall()
         profiled = db.execute("SELECT round FROM samples WHERE profiled = 1").fetchall()
@@ -934,11 +938,11 @@ def test_cpu_time_metric_is_recorded_stored_and_judged(repo: pytest.Pytester) ->
     r = run(repo)
     r.assert_outcomes(failed=1)
     slower = entry(results(repo), "test_cpu.py::test_cpu_step")
-    assert slower["outcome"] == "regressed" and slower["metric"] == "cpu_time"
+    assert slower["outcome"] == "regressed" and slower["timing"]["metric"] == "cpu_time"
     # four times the matmuls: +300% on an idle machine; CPU contention inflates the fixed
     # per-step costs (profiler, wake-ups) of both sides, so only a clear rise is asserted;
     # the gates see the 36 extra matmuls per step whatever the load
-    assert slower["delta_pct"] > 30
+    assert slower["timing"]["delta_pct"] > 30
     calls = {f["gate"]: f for f in slower["gates"]["regressions"]}
     assert calls["calls"]["current"] - calls["calls"]["baseline"] >= 36
     r.stdout.fnmatch_lines(["*test_cpu.py::test_cpu_step*regressed*"])

@@ -172,7 +172,9 @@ def test_benchmark_tests_measured_judged_and_regressed(project: pytest.Pytester)
     doc = results(project)
     assert sorted(t["nodeid"] for t in doc["tests"]) == [FORWARD, FRESH]
     fwd, fresh = entry(doc, FORWARD), entry(doc, FRESH)
-    assert fwd["metric"] == "wall_time" and fwd["n_current"] == 3  # the marker's rounds
+    assert (
+        fwd["timing"]["metric"] == "wall_time" and fwd["timing"]["n_current"] == 3
+    )  # the marker's rounds
     assert len(fwd["samples_current"]) == 12  # 3 rounds of 4 timed calls
     ops, _ = stored_ops(project, FORWARD)
     assert any("addmm" in op for op in ops), ops  # the profiled round captured the forward
@@ -212,7 +214,7 @@ def test_option_selects_every_benchmark_test(project: pytest.Pytester) -> None:
     assert sorted(t["nodeid"] for t in doc["tests"]) == [FORWARD, FRESH, NUMPY]
     assert doc["settings"]["benchmarks"] is True
     numpy_test = entry(doc, NUMPY)
-    assert numpy_test["n_current"] == 5  # no marker: perfguard's default rounds
+    assert numpy_test["timing"]["n_current"] == 5  # no marker: perfguard's default rounds
     assert len(numpy_test["samples_current"]) == 5 * 30  # and iterations
     # a numpy step runs no torch op: said, not judged silently
     assert "captured no ops" in numpy_test["message"], numpy_test["message"]

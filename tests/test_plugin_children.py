@@ -120,7 +120,10 @@ def test_isolated_children_load_the_plugins_the_session_named(
     assert "/isolated/" in test["capture"]  # measured in the child
     out, test = _session(tmp_path, *isolate, autoload_env=autoload_env)
     assert test["outcome"] in JUDGED_SAME, out[-3000:]
-    assert test["n_current"] == test["n_baseline"] == 3 and "/isolated/" in test["capture"]
+    assert (
+        test["timing"]["n_current"] == test["timing"]["n_baseline"] == 3
+        and "/isolated/" in test["capture"]
+    )
 
 
 @pytest.mark.skipif(valgrind_missing() is not None, reason=str(valgrind_missing()))

@@ -80,7 +80,7 @@ def test_jax_step_is_captured_and_a_changed_step_regresses(tmp_path: Path) -> No
         tmp_path, JAX_TEST, "jnp.tanh(x @ w) @ w.T", "jnp.tanh(jnp.tanh(x @ w) @ w) @ w.T"
     )
     assert first["outcome"] == "no-baseline" and first["capture"].endswith(".xplane.pb")
-    assert len(first["samples_current"]) == 9 and first["n_current"] == 3
+    assert len(first["samples_current"]) == 9 and first["timing"]["n_current"] == 3
     assert second["outcome"] == "regressed", second["message"]
     calls = [f for f in second["gates"]["regressions"] if f["gate"] == "calls"]
     assert calls and calls[0]["op_name"].startswith("jit_step::"), second["gates"]

@@ -8,12 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from perfguard.analysis import analyze
 from perfguard.baseline.record import record_from_analysis
 from perfguard.compare.profile import TestProfile, profile_of, run_figures
-from perfguard.compare.results import SessionResults, TestEntry
+from perfguard.compare.results import Machine, Run, SessionResults, TestEntry
+from perfguard.compare.timing import not_judged
 from perfguard.report.html.session import render_session_html
 from perfguard.report.markdown import render_markdown
 from perfguard.report.profile import one_line
@@ -110,8 +112,9 @@ def test_cpu_profile_is_self_time_of_nested_ops() -> None:
 
 
 def _entry(profile: TestProfile, nodeid: str = "t.py::test", outcome: str = "no-baseline"):
+    timing = not_judged("gpu_time", "no baseline", 0.05, median_current_ns=1.2e6)
     return TestEntry.from_dict(
-        {"nodeid": nodeid, "outcome": outcome, "metric": "gpu_time", "median_current_ns": 1.2e6,
+        {"nodeid": nodeid, "outcome": outcome, "timing": msgspec.to_builtins(timing),
          "samples_current": [1.2e6 + 1e3 * k for k in range(20)],
          "rounds_current": [1.2e6] * 5, "profile": profile.to_dict()}
     )  # fmt: skip
@@ -131,8 +134,8 @@ def test_hundred_tests_keep_the_report_and_the_comment_small(tmp_path: Path) -> 
     doc = SessionResults(
         tests=[_entry(p, f"tests/test_model.py::test_case_{k:03d}", "unchanged")
                for k in range(100)],
-        run={"commit": "a" * 40, "branch": "main", "dirty": False, "time": "2026-01-01",
-             "fingerprint": {"gpu_name": "NVIDIA H200", "gpu_count": 1, "backend": "torch"}},
+        run=Run(commit="a" * 40, branch="main", dirty=False, time="2026-01-01",
+                fingerprint=Machine(gpu_name="NVIDIA H200", gpu_count=1, backend="torch")),
         settings={"tolerance": 0.05, "alpha": 0.01, "fail_on": "regression", "backend": "torch"},
     )  # fmt: skip
     html = render_session_html(doc)

@@ -28,7 +28,7 @@ import pytest
 from perfguard import analyze
 from perfguard.baseline.record import Fingerprint, RunInfo, TestRecord, record_from_analysis
 from perfguard.compare.explanation import shorten
-from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
+from perfguard.compare.results import OUTCOMES, Finding, HistoryRow, SessionResults, TestEntry
 from perfguard.errors import ReportError
 from perfguard.plugin.summary import results_lines
 from perfguard.report.html import (
@@ -264,8 +264,9 @@ def build_session(resnet: TestRecord, tmp: Path) -> dict[str, Any]:
             findings = [{"check": "bad_tensor_shape", "severity": "warning", "problem": EVIL_OP,
                          "evidence": "K=<7> & N=3",
                          "recommendation": "pad to a multiple of 8"}]  # fmt: skip
-        tests.append(TestEntry.from_comparison(
-            c, history=history, findings=findings, backend="torch", notes=[], worker=None,
+        tests.append(c.entry(
+            history=[HistoryRow(**h) for h in history], findings=[Finding.of(f) for f in findings],
+            backend="torch", notes=[], worker=None,
         ))  # fmt: skip
         records[cur.nodeid] = (cur, base)
     tests.append(TestEntry.not_judged(ERROR_TEST, "error", ERROR_REASON, backend="torch"))
@@ -581,7 +582,7 @@ def test_schema1_file_still_renders(session, tmp_path):
         ("{not json", "not valid JSON (line 1"),
         ("[1, 2]", "not perfguard results"),
         ('{"tests": []}', "no 'schema' key"),
-        ('{"schema": 3, "tests": []}', "newer perfguard (schema 3; this one reads up to 2)"),
+        ('{"schema": 4, "tests": []}', "newer perfguard (schema 4; this one reads up to 3)"),
         ('{"schema": 0, "tests": []}', "schema must be a positive integer"),
         ('{"schema": 2, "tests": [{"nodeid": "a", "outcome": "slower"}]}', "unknown outcome"),
         ('{"schema": 1, "tests": [{"nodeid": "a", "outcome": "new", "delta_pct": "5%"}]}',
@@ -670,6 +671,7 @@ def test_markdown_lines_details_and_link(session):
     ]
     slower = next(b for b in bullets if "test_slower" in b)
     t = next(t for t in session["results"]["tests"] if t["nodeid"].endswith("test_slower"))
+    t = t["timing"]  # the figures' one home in an entry
     block = md[md.index(slower) :].split("\n- ")[0]  # the bullet and its sub-bullets
     from perfguard.compare.culprits import format_ns as level_ns
 

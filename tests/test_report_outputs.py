@@ -82,7 +82,7 @@ def test_error_row_in_every_output(project: pytest.Pytester) -> None:
     )
     out = project.path / ".perfguard"
     doc = json.loads((out / "results.json").read_text())
-    assert doc["schema"] == 2 and doc["badge"] == "INCOMPLETE"
+    assert doc["schema"] == 3 and doc["badge"] == "INCOMPLETE"
     by_id = {t["nodeid"]: t for t in doc["tests"]}
     assert by_id[NEVER]["outcome"] == "error" and reason in by_id[NEVER]["error"]
     html = (out / "report.html").read_text()

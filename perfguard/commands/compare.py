@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
 from perfguard.compare import Outcome, compare_records
 from perfguard.compare.against import history_levels, settings_for
 from perfguard.compare.documents import document
+from perfguard.compare.outcomes import fails
 from perfguard.compare.results import load_results
 from perfguard.compare.units import format_ns, interval, p_value, percent
 from perfguard.environment import Environment, parse_across
@@ -126,7 +126,7 @@ def add_parser(subparsers: Any) -> None:
         help="A/B mode: where the run's results.json, report.html and summary.md are "
         "written and kept (default: .perfguard/compare)",
     )
-    add_json_option(p, "the verdicts (perfguard.compare/1: results.json entries)")
+    add_json_option(p, "the verdicts (perfguard.compare/2: results.json schema 3 entries)")
     p.add_argument(
         "--ops",
         type=int,
@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(document("compare", payload), args.json_out)
         if not to_stdout(args):
             print(f"\nJSON written: {args.json_out}")
-    return 1 if any(r.outcome is Outcome.REGRESSED for r in results) else 0
+    return 1 if any(fails(r.outcome) for r in results) else 0
 
 
 def run_ab(args: argparse.Namespace) -> int:
@@ -335,7 +335,7 @@ def run_ab(args: argparse.Namespace) -> int:
                    "baseline": args.against, "tests": tests, "missing": [],
                    "results": str(out / "results.json")}  # fmt: skip
         write_json(document("compare", payload), args.json_out)
-    return 1 if any(t["outcome"] == "regressed" for t in tests) else 0
+    return 1 if any(fails(t.outcome) for t in results.tests) else 0
 
 
 def _renamed(record: Any, nodeid: str) -> Any:
@@ -353,8 +353,8 @@ def _table(results: list[Any]) -> str:
                 r.nodeid,
                 format_ns(r.level_baseline_ns),
                 format_ns(
-                    r.median_current_ns if math.isnan(r.level_current_ns) else r.level_current_ns
-                ),  # fmt: skip
+                    r.median_current_ns if r.level_current_ns is None else r.level_current_ns
+                ),
                 percent(r.delta_pct, True),
                 ci,
                 p_value(r.p_value),

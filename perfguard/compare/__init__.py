@@ -23,14 +23,14 @@ if TYPE_CHECKING:
         TestComparison,
         classify,
         compare_ops,
-        failed,
         kernel_changes,
     )
     from perfguard.compare.judge import Against, JudgeSettings, compare_records, judge
+    from perfguard.compare.outcomes import fails
 
 #: where each lazily loaded name lives
 _HOME = {"Against": "judge", "JudgeSettings": "judge", "judge": "judge",
-         "compare_records": "judge"}  # fmt: skip
+         "compare_records": "judge", "fails": "outcomes"}  # fmt: skip
 
 __all__ = [
     "Against",
@@ -44,7 +44,7 @@ __all__ = [
     "classify",
     "compare_ops",
     "compare_records",
-    "failed",
+    "fails",
     "kernel_changes",
 ]
 

@@ -15,14 +15,12 @@ ops found on one side only are ``added`` or ``removed``. Per-op statuses are
 corrected for many comparisons (Benjamini-Hochberg). The test's own verdict uses
 no rank test: it is the interval of the level's change in :mod:`perfguard.compare.timing`.
 
-``TestComparison.to_dict()`` is one entry of ``results.json["tests"]``
-(:class:`perfguard.compare.results.TestEntry` reads it back): ``delta_pct`` is
-the judge's change, the ratio of ``level_current_ns`` to
-``level_baseline_ns`` (the geometric means of the rounds; A/B: the paired
-estimate applied to the base level); ``median_*_ns`` are the plain medians of
-the rounds, shown for reference. ``explanation`` is the
-:class:`~perfguard.compare.explanation.Explanation` every view renders, and
-``message`` its headline. Every NaN is ``null``.
+:meth:`TestComparison.entry` is the test's entry of ``results.json`` (a typed
+:class:`perfguard.compare.results.TestEntry`): its ``timing`` holds the judge's change, the
+ratio of ``level_current_ns`` to ``level_baseline_ns`` (the geometric means of the rounds;
+A/B: the paired estimate applied to the base level), with the rounds' plain medians for
+reference. ``explanation`` is the :class:`~perfguard.compare.explanation.Explanation` every
+view renders, and ``message`` its headline.
 """
 
 from __future__ import annotations
@@ -30,15 +28,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from perfguard.baseline.record import TestRecord, profiled_mask
+from perfguard.compare.explanation import Explanation
+from perfguard.compare.halves import GateVerdict, TimingFigures, TimingVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.stats import compare_samples
-from perfguard.errors import CompareError
+
+if TYPE_CHECKING:
+    from perfguard.compare.results import TestEntry
 
 #: fewer samples than this on either side: no statistics, outcome ``unchanged``
 MIN_SAMPLES = 5
@@ -56,26 +58,22 @@ CHANGE_KINDS = ("tc_lost", "tc_gained", "added", "removed", "count_changed", "fl
 
 
 @dataclass
-class TestComparison:
-    """The comparison of one test; ``to_dict()`` is its ``results.json`` entry."""
+class TestComparison(TimingFigures):
+    """The judge's verdict on one test, with its per-op evidence as tables (for a notebook
+    and ``perfguard compare``'s op table); :meth:`entry` is the session's typed
+    :class:`~perfguard.compare.results.TestEntry` of it. The figures (change, interval,
+    medians, levels) are the timing half's, read through properties, never copied."""
 
     __test__ = False  # not a pytest test class
 
     nodeid: str
     outcome: Outcome
-    metric: str
-    n_current: int
-    n_baseline: int
-    median_current_ns: float
-    median_baseline_ns: float
-    delta_pct: float
-    ci_low_pct: float
-    ci_high_pct: float
-    p_value: float
-    tolerance_pct: float
-    alpha: float
     message: str
-    p_exact: bool = False
+    timing: TimingVerdict
+    #: None: nothing to gate against
+    gates: GateVerdict | None
+    explanation: Explanation
+    alpha: float
     baseline_commit: str | None = None
     ops: pd.DataFrame = field(default_factory=lambda: _empty(OP_COLUMNS))
     kernel_changes: pd.DataFrame = field(default_factory=lambda: _empty(CHANGE_COLUMNS))
@@ -85,51 +83,34 @@ class TestComparison:
     rounds_current: list[int] = field(default_factory=list)
     rounds_baseline: list[int] = field(default_factory=list)
     mode: str = "store"  # "store" | "ab"
-    timing: Any = None  # perfguard.compare.timing.TimingVerdict
-    gates: Any = None  # perfguard.compare.gates.GateVerdict (None: nothing to gate against)
-    level_baseline_ns: float = math.nan
-    level_current_ns: float = math.nan
-    explanation: Any = None  # perfguard.compare.explanation.Explanation
 
     @property
     def ci_level_pct(self) -> float:
         return round(100.0 * (1.0 - self.alpha), 6)
 
+    def entry(self, **extras: Any) -> TestEntry:
+        """The session's entry of this verdict, typed as it is kept and written, plus the
+        session's ``extras`` (``findings``, ``history``, ``capture``, ``backend``, ``notes``,
+        ``worker``, ``accepted``, ``phase_s``, ``counted``, ``profile``, ``timeline``)."""
+        from perfguard.compare.results import KernelChange, OpRow, TestEntry
+
+        return TestEntry(
+            nodeid=self.nodeid, outcome=self.outcome, message=self.message, mode=self.mode,
+            alpha=self.alpha, baseline_commit=self.baseline_commit, timing=self.timing,
+            gates=self.gates, explanation=self.explanation,
+            ops=[OpRow(**r) for r in _records(self.ops, OP_COLUMNS)],
+            kernel_changes=[KernelChange(**r) for r in
+                            _records(self.kernel_changes, CHANGE_COLUMNS)],
+            samples_current=list(self.samples_current),
+            samples_baseline=list(self.samples_baseline),
+            rounds_current=list(self.rounds_current),
+            rounds_baseline=list(self.rounds_baseline),
+            **extras,
+        )  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe data (NaN -> None, numpy scalars -> Python); keys in the module docstring."""
-        scalars = {
-            "nodeid": self.nodeid,
-            "outcome": self.outcome.value,
-            "metric": self.metric,
-            "n_current": self.n_current,
-            "n_baseline": self.n_baseline,
-            "median_current_ns": self.median_current_ns,
-            "median_baseline_ns": self.median_baseline_ns,
-            "level_current_ns": self.level_current_ns,
-            "level_baseline_ns": self.level_baseline_ns,
-            "delta_pct": self.delta_pct,
-            "ci_low_pct": self.ci_low_pct,
-            "ci_high_pct": self.ci_high_pct,
-            "ci_level_pct": self.ci_level_pct,
-            "p_value": self.p_value,
-            "p_exact": self.p_exact,
-            "tolerance_pct": self.tolerance_pct,
-            "alpha": self.alpha,
-            "baseline_commit": self.baseline_commit,
-            "message": self.message,
-        }
-        out = {k: _json_value(v) for k, v in scalars.items()}
-        out["ops"] = _records(self.ops, OP_COLUMNS)
-        out["kernel_changes"] = _records(self.kernel_changes, CHANGE_COLUMNS)
-        out["samples_current"] = [int(v) for v in self.samples_current]
-        out["samples_baseline"] = [int(v) for v in self.samples_baseline]
-        out["rounds_current"] = [int(v) for v in self.rounds_current]
-        out["rounds_baseline"] = [int(v) for v in self.rounds_baseline]
-        out["mode"] = self.mode
-        out["timing"] = self.timing.to_dict() if self.timing is not None else None
-        out["gates"] = self.gates.to_dict() if self.gates is not None else None
-        out["explanation"] = self.explanation.to_dict() if self.explanation is not None else None
-        return out
+        """JSON-safe: the entry's ``results.json`` object."""
+        return self.entry().to_dict()
 
 
 def with_empty_capture(comparison: TestComparison, why: str) -> TestComparison:
@@ -143,21 +124,10 @@ def with_empty_capture(comparison: TestComparison, why: str) -> TestComparison:
     if outcome is Outcome.UNCHANGED:
         outcome = Outcome.NOT_JUDGED
     message = f"{why}; timing alone: {comparison.message}" if comparison.message else why
-    explanation = comparison.explanation
-    if explanation is not None:
-        head = explanation.headline
-        explanation = replace(explanation, outcome=outcome.value,
-                              headline=f"{why}; {head}" if head else why)  # fmt: skip
+    head = comparison.explanation.headline
+    explanation = replace(comparison.explanation, outcome=outcome.value,
+                          headline=f"{why}; {head}" if head else why)  # fmt: skip
     return replace(comparison, outcome=outcome, message=message, explanation=explanation)
-
-
-def failed(comparison: TestComparison, fail_on: str = "regression") -> bool:
-    """Whether this comparison fails its test: only a regression, and only if asked."""
-    if fail_on == "never":
-        return False
-    if fail_on != "regression":
-        raise CompareError(f"fail_on must be 'regression' or 'never', got {fail_on!r}")
-    return comparison.outcome is Outcome.REGRESSED
 
 
 def classify(

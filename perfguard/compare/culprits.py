@@ -634,11 +634,11 @@ def timing_clause(timing: TimingVerdict) -> str:
     label = _METRIC_LABEL.get(timing.metric, timing.metric)
     ci = (
         f" {interval(timing.ci_low_pct, timing.ci_high_pct)}"
-        if math.isfinite(timing.ci_low_pct) and math.isfinite(timing.ci_high_pct)
+        if timing.ci_low_pct is not None and timing.ci_high_pct is not None
         else ""
     )
     levels = ""
-    if math.isfinite(timing.level_baseline_ns) and math.isfinite(timing.level_current_ns):
+    if timing.level_baseline_ns is not None and timing.level_current_ns is not None:
         levels = f", level {format_ns(timing.level_baseline_ns)} → "
         levels += format_ns(timing.level_current_ns)
     n = f"{timing.n_baseline}/{timing.n_current} {'pairs' if timing.mode == 'ab' else 'rounds'}"

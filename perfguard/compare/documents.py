@@ -31,8 +31,9 @@ __all__ = ["VERSIONS", "check", "document", "history_document", "history_summary
            "run_document", "runs_document"]  # fmt: skip
 
 #: the version of each kind this perfguard writes (and the newest it reads)
+#: compare/2: its tests are results.json schema 3 entries (the figures in ``timing`` only)
 VERSIONS = {"history": 1, "history-list": 1, "baseline-list": 1, "baseline-show": 1,
-            "compare": 1, "bisect": 1}  # fmt: skip
+            "compare": 2, "bisect": 1}  # fmt: skip
 
 
 def _plain(value: Any) -> Any:

@@ -21,15 +21,18 @@ An explanation holds:
   :mod:`perfguard.environment`), said by every view in one line
   (:attr:`Explanation.environment_line`) after the others.
 
-Standard library only: ``results.json`` is read back without numpy.
+Standard library only: ``results.json`` is read back without numpy; msgspec writes and
+reads these dataclasses as they are (:mod:`perfguard.compare.results`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from perfguard.environment import EnvironmentChange
+
+#: a culprit's before/after: a count, FLOPs, bytes, a time in ns, a flag or a dtype's text
+Scalar = bool | int | float | str | None
 
 
 def shorten(text: str, width: int) -> str:
@@ -74,8 +77,8 @@ class Culprit:
     kind: str
     op: str
     text: str
-    baseline: Any = None
-    current: Any = None
+    baseline: Scalar = None
+    current: Scalar = None
     budget: str = ""
     gated: bool = False
     impact_ns: float | None = None
@@ -91,30 +94,6 @@ class Culprit:
     def leaf(self) -> str:
         """The op's own name (the last part of its path)."""
         return self.op.rsplit("/", 1)[-1] if self.op else "the test"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe: a NaN is null, a numpy number a Python one."""
-        return {k: _plain(v) for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Culprit:
-        known: dict[str, Any] = {k: d.get(k) for k in cls.__dataclass_fields__ if k in d}
-        known["kind"] = str(known.get("kind") or "")
-        known["op"] = str(known.get("op") or "")
-        known["text"] = str(known.get("text") or "")
-        known["budget"] = str(known.get("budget") or "")
-        known["gated"] = bool(known.get("gated"))
-        known["site"] = str(known.get("site") or "")
-        known["consequence"] = bool(known.get("consequence"))
-        return cls(**known)
-
-
-def _plain(v: Any) -> Any:
-    if hasattr(v, "item") and not isinstance(v, str):  # a numpy scalar
-        v = v.item()
-    if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
-        return None
-    return v
 
 
 @dataclass(frozen=True)
@@ -163,35 +142,6 @@ class Explanation:
         message)."""
         lines = [*self.lines, self.environment_line] if self.environment else self.lines
         return "\n".join([self.headline, *(f"{indent}- {line}" for line in lines)])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "outcome": self.outcome,
-            "headline": self.headline,
-            "decided_by": self.decided_by,
-            "culprits": [c.to_dict() for c in self.culprits],
-            "lead": self.lead,
-            "lines": list(self.lines),
-            "timing": self.timing,
-            "environment": [c.to_dict() for c in self.environment],
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Explanation:
-        return cls(
-            outcome=str(d.get("outcome") or ""),
-            headline=str(d.get("headline") or ""),
-            decided_by=str(d.get("decided_by") or ""),
-            culprits=tuple(Culprit.from_dict(c) for c in d.get("culprits") or []),
-            lead=str(d.get("lead") or ""),
-            lines=tuple(str(x) for x in d.get("lines") or []),
-            timing=str(d.get("timing") or ""),
-            environment=tuple(
-                EnvironmentChange.from_dict(c)
-                for c in d.get("environment") or []
-                if isinstance(c, dict)
-            ),
-        )
 
     @classmethod
     def plain(cls, outcome: str, reason: str) -> Explanation:

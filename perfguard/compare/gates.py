@@ -32,8 +32,7 @@ kernels then, and say so; op calls, FLOPs, bytes, syncs and dtypes still gate.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,8 @@ import pandas as pd
 
 from perfguard.analysis.counters import COUNTERS
 from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
+from perfguard.compare.explanation import Scalar
+from perfguard.compare.halves import GateFinding, GateVerdict
 from perfguard.compare.host_functions import explain_move, layout_floor
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.tolerance import parse_tolerance
@@ -129,76 +130,14 @@ def parse_gates(spec: dict[str, Any] | None) -> dict[str, Budget | bool]:
     return out
 
 
-@dataclass(frozen=True)
-class GateFinding:
-    """One gate that moved: ``baseline``/``current`` per iteration, of the op ``op_name``,
-    or of the whole test (``whole_test``: ``op_name`` is then the op that moved most)."""
-
-    gate: str
-    op_name: str  # "" for the whole test
-    kernel_name: str
-    baseline: Any
-    current: Any
-    budget: str
-    message: str
-    whole_test: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k in ("baseline", "current"):
-            v = d[k]
-            if isinstance(v, float) and not math.isfinite(v):
-                d[k] = None
-            elif isinstance(v, np.generic):
-                d[k] = v.item()
-        return d
-
-
-@dataclass(frozen=True)
-class GateVerdict:
-    """The deterministic evidence of one test."""
-
-    outcome: Outcome  # regressed | improved | unchanged | not-judged
-    regressions: list[GateFinding] = field(default_factory=list)
-    improvements: list[GateFinding] = field(default_factory=list)
-    unstable: list[str] = field(default_factory=list)
-    checked: list[str] = field(default_factory=list)
-    message: str = ""
-    #: the whole-test counters both sides measured (:data:`WHOLE_TEST`: host instructions,
-    #: peak memory): ``[baseline, current]``, so a view can show them when they did not move
-    totals: dict[str, list[float]] = field(default_factory=dict)
-    #: a budget the gate widened, by counter: the text every view shows beside the figure
-    #: ("0.15%, widened to 0.93%: this step's count moves 0.33% between heap layouts")
-    widened: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "outcome": self.outcome.value,
-            "regressions": [f.to_dict() for f in self.regressions],
-            "improvements": [f.to_dict() for f in self.improvements],
-            "unstable": list(self.unstable),
-            "checked": list(self.checked),
-            "message": self.message,
-            "totals": {k: list(v) for k, v in self.totals.items()},
-            "widened": dict(self.widened),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GateVerdict:
-        return cls(
-            outcome=Outcome(d["outcome"]),
-            regressions=[GateFinding(**f) for f in d.get("regressions") or []],
-            improvements=[GateFinding(**f) for f in d.get("improvements") or []],
-            unstable=list(d.get("unstable") or []),
-            checked=list(d.get("checked") or []),
-            message=str(d.get("message") or ""),
-            totals={
-                str(k): [float(x) for x in v]
-                for k, v in (d.get("totals") or {}).items()
-                if isinstance(v, list) and len(v) == 2
-            },
-            widened={str(k): str(v) for k, v in (d.get("widened") or {}).items()},
-        )
+def _scalar(value: object) -> Scalar:
+    """A kernel change's before/after as a finding holds it (a count, a flag, or None)."""
+    if value is None or value is pd.NA or isinstance(value, bool | int | float | str):
+        return value  # type: ignore[return-value]
+    if isinstance(value, np.generic):
+        item: Scalar = value.item()
+        return item
+    return str(value)
 
 
 def _per_op(record: TestRecord, counter: str) -> pd.Series:
@@ -411,7 +350,7 @@ def _switch_gates(
             for row in changes[changes["kind"] == kind].itertuples():
                 (worse if kind == "added" else better).append(GateFinding(
                     "kernel_set", str(row.op_name), str(row.kernel_name or ""),
-                    row.baseline, row.current, "on",
+                    _scalar(row.baseline), _scalar(row.current), "on",
                     f"{_short(str(row.op_name))} {verb} {row.kernel_name}",
                 ))  # fmt: skip
     if budgets.get("dtypes"):

@@ -134,7 +134,7 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Tes
     wait = _num(current.meta.get("wait"))
     base_rec = against.records[0] if against.records else None
     common: dict[str, Any] = dict(
-        nodeid=current.nodeid, metric=current.metric, tolerance_pct=100 * tol, alpha=alpha,
+        nodeid=current.nodeid, alpha=alpha,
         baseline_commit=against.commit, samples_current=_ints(current.values()),
         rounds_current=_ints(cur_rounds), mode=against.mode,
     )  # fmt: skip
@@ -162,7 +162,7 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Tes
         plain = Explanation.plain(outcome.value, msg).with_environment(against.environment)
         return TestComparison(
             outcome=outcome, message=msg, timing=timing, gates=None, explanation=plain,
-            **_figures(timing), **common,
+            **common,
         )  # fmt: skip
 
     metric = current.metric
@@ -211,8 +211,7 @@ def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Tes
     return TestComparison(
         outcome=outcome, message=why.headline, timing=timing, gates=gates, ops=ops,
         kernel_changes=changes, samples_baseline=_ints(base_rec.values()),
-        rounds_baseline=_ints(base_rec.round_values(metric)), explanation=why,
-        **_figures(timing), **common,
+        rounds_baseline=_ints(base_rec.round_values(metric)), explanation=why, **common,
     )  # fmt: skip
 
 
@@ -249,17 +248,6 @@ def compare_records(
     )
     settings = JudgeSettings(tolerance=tolerance, alpha=alpha, gates=parse_gates(gates))
     return judge(current, against, settings)
-
-
-def _figures(t: TimingVerdict) -> dict[str, Any]:
-    """The flat figures the reports show next to the outcome (from the timing half)."""
-    return dict(
-        n_current=t.n_current, n_baseline=t.n_baseline,
-        median_current_ns=t.median_current_ns, median_baseline_ns=t.median_baseline_ns,
-        level_current_ns=t.level_current_ns, level_baseline_ns=t.level_baseline_ns,
-        delta_pct=t.delta_pct, ci_low_pct=t.ci_low_pct, ci_high_pct=t.ci_high_pct,
-        p_value=t.p_value,
-    )  # fmt: skip
 
 
 def _num(value: Any) -> float:

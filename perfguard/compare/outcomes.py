@@ -46,3 +46,17 @@ class Outcome(str, Enum):
 
 
 _ORDER = list(Outcome)
+
+#: what may fail a run: ``regression`` (the default) or ``never`` (advisory only)
+FAIL_ON = ("regression", "never")
+
+
+def fails(outcome: Outcome, fail_on: str = "regression") -> bool:
+    """The one fail rule: whether ``outcome`` fails its test and the run. Only a regression
+    does, and only under ``fail_on=regression``; the verdict's pytest failure, the session's
+    badge and exit status, and ``perfguard compare``'s exit status all ask this."""
+    if fail_on not in FAIL_ON:
+        from perfguard.errors import CompareError
+
+        raise CompareError(f"fail_on must be 'regression' or 'never', got {fail_on!r}")
+    return fail_on == "regression" and outcome is Outcome.REGRESSED

@@ -1,42 +1,41 @@
-"""The typed session document: ``results.json`` as dataclasses (schema 2).
+"""The typed session document: ``results.json`` declared once, as msgspec Structs (schema 3).
 
-The plugin builds it (:class:`SessionResults` of :class:`TestEntry`), writes
-it with :meth:`SessionResults.to_dict`, and every report (terminal table,
-``report.html``, ``summary.md``, ``perfguard report``) reads it back through
-:meth:`SessionResults.from_dict`, the one place a results document is
-checked. A file may come from another perfguard version months later, so
-loading is strict about what a report needs (a schema it knows, tests with
-a ``nodeid`` and one of :class:`Outcome`'s values, numbers where numbers
-belong) and lenient about the rest: every optional key gets a default.
-Schema 1 files (before rounds, the timing/gates halves and A/B mode) still
-load; an ``unchanged`` that schema 1 gave a test it could not judge (too few
-samples) becomes ``not-judged``. A bad file is one
-:class:`~perfguard.errors.ReportError` line naming the file and the key.
+The judge's verdict (:class:`~perfguard.compare.comparison.TestComparison`) becomes a
+:class:`TestEntry` (:meth:`TestComparison.entry`) that the session keeps as it is; the
+writer serialises the :class:`SessionResults` with ``msgspec.json.encode`` and every report
+(terminal table, ``report.html``, ``summary.md``, ``perfguard report``) reads a file back
+with :func:`load_results`: ``msgspec.json.decode(..., type=SessionResults)``, msgspec's own
+validation, its error said as one :class:`~perfguard.errors.ReportError` line naming the
+file and the key. Every optional key has a default, unknown keys are ignored (a newer minor
+addition), numbers are None when unknown, never NaN.
 
-Standard library only at import (the plugin's summary imports it); the
-timing and gates halves are built when a document holds them.
+The timing figures (the change, its interval, the medians and the levels) live in one place,
+the entry's ``timing`` (:class:`~perfguard.compare.timing.TimingVerdict`); the entry's
+properties of the same names read them there. An older document is upgraded on reading
+(:func:`upgrade`), as the store upgrades its schema: schema 1 (before rounds, the halves and
+A/B; an ``unchanged`` it gave a test with too few samples reads ``not-judged``) and schema 2
+(the figures written twice: flat on the entry and in ``timing``) become schema 3.
+
+Standard library and msgspec at import (the plugin's summary imports it).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from perfguard.compare.explanation import Explanation
-from perfguard.compare.outcomes import Outcome
+import msgspec
+
+from perfguard.compare.explanation import Explanation, Scalar
+from perfguard.compare.halves import BUSY_WAIT, GateVerdict, TimingFigures, TimingVerdict
+from perfguard.compare.outcomes import Outcome, fails
 from perfguard.compare.profile import TestProfile
 from perfguard.errors import ReportError
 
-if TYPE_CHECKING:
-    from perfguard.compare.comparison import TestComparison
-    from perfguard.compare.gates import GateVerdict
-    from perfguard.compare.timing import TimingVerdict
-
-#: the ``schema`` this perfguard writes; it reads every schema up to it
-SCHEMA = 2
+#: the ``schema`` this perfguard writes; it reads (and upgrades) every schema up to it
+SCHEMA = 3
 #: outcome values, worst first (the order every report lists them in)
 OUTCOMES = tuple(o.value for o in Outcome)
 #: schema 1 judged nothing with fewer samples a side than this, yet said ``unchanged``
@@ -44,25 +43,73 @@ _SCHEMA1_MIN_SAMPLES = 5
 
 BADGES = ("FAIL", "ADVISORY", "INCOMPLETE", "NOT JUDGED", "PASS")
 
-_FIGURES = (
-    "median_current_ns", "median_baseline_ns", "level_current_ns", "level_baseline_ns",
-    "delta_pct", "ci_low_pct", "ci_high_pct",
-    "ci_level_pct", "p_value", "tolerance_pct", "alpha", "load",
-)  # fmt: skip
-_COUNTS = ("n_current", "n_baseline")
-_TEXTS = ("metric", "capture", "backend", "error", "worker", "baseline_commit", "timeline")
-_SERIES = ("samples_current", "samples_baseline", "rounds_current", "rounds_baseline")
-_OP_NUMBERS = (
-    "baseline_ns", "current_ns", "delta_pct", "ci_low_pct", "ci_high_pct", "p_value",
-    "calls_baseline", "calls_current", "tc_util_baseline", "tc_util_current",
-    "flop_eff_baseline", "flop_eff_current",
-)  # fmt: skip
-_OP_TEXTS = ("op_id", "op_name", "direction", "status", "call_site")
-_KERNEL_CHANGE_TEXTS = ("kind", "op_name", "kernel_name")
-_FINDING_TEXTS = ("check", "severity", "problem", "evidence", "recommendation")
-_GATE_FINDING_TEXTS = ("gate", "op_name", "kernel_name", "budget", "message")
-_FINGERPRINT_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "perfguard", "backend",
-                     "host", "python", "cpu")  # fmt: skip
+
+class OpRow(msgspec.Struct, kw_only=True):
+    """One op of a judged test (:data:`perfguard.compare.comparison.OP_COLUMNS`): per-iteration
+    medians, the op's change with its interval and corrected p, calls, Tensor Core use."""
+
+    op_id: str | None = None
+    op_name: str | None = None
+    direction: str | None = None
+    status: str | None = None
+    baseline_ns: float | None = None
+    current_ns: float | None = None
+    delta_pct: float | None = None
+    ci_low_pct: float | None = None
+    ci_high_pct: float | None = None
+    p_value: float | None = None
+    calls_baseline: float | None = None
+    calls_current: float | None = None
+    tc_util_baseline: float | None = None
+    tc_util_current: float | None = None
+    flop_eff_baseline: float | None = None
+    flop_eff_current: float | None = None
+    call_site: str | None = None
+
+
+class KernelChange(msgspec.Struct, kw_only=True):
+    """A change found without statistics (:func:`perfguard.compare.comparison.kernel_changes`)."""
+
+    kind: str | None = None
+    op_name: str | None = None
+    kernel_name: str | None = None
+    baseline: Scalar = None
+    current: Scalar = None
+
+
+class Finding(msgspec.Struct, kw_only=True):
+    """An expert-system finding on the test's capture."""
+
+    check: str | None = None
+    severity: str | None = None
+    problem: str | None = None
+    evidence: str | None = None
+    recommendation: str | None = None
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Finding:
+        """A finding from the expert system's row (its texts as text)."""
+        return cls(
+            **{f: None if row.get(f) is None else str(row[f]) for f in cls.__struct_fields__}
+        )
+
+
+class HistoryRow(msgspec.Struct, kw_only=True):
+    """One stored run of the test on this machine (``against.history_rows``)."""
+
+    commit: str | None = None
+    time: str | None = None
+    median_ns: float | None = None
+    change: str | None = None
+
+
+class Acceptance(msgspec.Struct, kw_only=True):
+    """The acceptance a test was judged under (:mod:`perfguard.baseline.accept`)."""
+
+    commit: str
+    reason: str
+    time: str | None = None
+    author: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,15 +152,13 @@ class HostCount:
         )
 
 
-@dataclass
-class TestEntry:
+class TestEntry(msgspec.Struct, TimingFigures):
     """One test of a session: its outcome with the reason, and the evidence.
 
-    The flat figures (medians, change, interval) come from the timing half;
     ``timing`` and ``gates`` are the two halves of the verdict
-    (:mod:`perfguard.compare.judge`), None where nothing was judged. ``ops``,
-    ``kernel_changes``, ``findings`` and ``history`` are tables: lists of
-    row objects. Numbers are None when unknown, never NaN.
+    (:mod:`perfguard.compare.judge`), None where nothing was judged; the figures every view
+    shows (change, interval, medians, levels) are ``timing``'s, read through the properties
+    of the same names. ``ops``, ``kernel_changes``, ``findings`` and ``history`` are tables.
     """
 
     __test__ = False  # not a pytest test class
@@ -121,63 +166,42 @@ class TestEntry:
     nodeid: str
     outcome: Outcome
     message: str = ""
-    metric: str | None = None
-    n_current: int | None = None
-    n_baseline: int | None = None
-    median_current_ns: float | None = None
-    median_baseline_ns: float | None = None
-    #: the levels ``delta_pct`` is the change between (compare.timing.TimingVerdict)
-    level_current_ns: float | None = None
-    level_baseline_ns: float | None = None
-    delta_pct: float | None = None
-    ci_low_pct: float | None = None
-    ci_high_pct: float | None = None
-    ci_level_pct: float | None = None
-    p_value: float | None = None
-    p_exact: bool = False
-    tolerance_pct: float | None = None
-    alpha: float | None = None
     mode: str = "store"
+    #: the significance level the test was judged at (a setting; None where none applied)
+    alpha: float | None = None
+    baseline_commit: str | None = None
     timing: TimingVerdict | None = None
     gates: GateVerdict | None = None
-    ops: list[dict[str, Any]] = field(default_factory=list)
-    kernel_changes: list[dict[str, Any]] = field(default_factory=list)
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    samples_current: list[float] = field(default_factory=list)
-    samples_baseline: list[float] = field(default_factory=list)
-    rounds_current: list[float] = field(default_factory=list)
-    rounds_baseline: list[float] = field(default_factory=list)
+    #: the judge's explanation (compare.culprits); None for a test nothing judged
+    explanation: Explanation | None = None
+    ops: list[OpRow] = []
+    kernel_changes: list[KernelChange] = []
+    findings: list[Finding] = []
+    history: list[HistoryRow] = []
+    samples_current: list[float] = []
+    samples_baseline: list[float] = []
+    rounds_current: list[float] = []
+    rounds_baseline: list[float] = []
     capture: str | None = None
     backend: str | None = None
     error: str | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = []
     worker: str | None = None
-    load: float | None = None
-    baseline_commit: str | None = None
     #: a regressed test's capture as a Perfetto/Chrome trace, relative to the report
     timeline: str | None = None
-    #: the acceptance this test was judged under: commit, reason, time, author
-    accepted: dict[str, Any] | None = None
-    #: the judge's explanation (compare.culprits); None for a test nothing judged
-    explanation: Explanation | None = None
+    #: the acceptance this test was judged under
+    accepted: Acceptance | None = None
     #: wall seconds of the measurement's parts (warmup, timing, profiled, analysis,
     #: findings, compare, timeline, history): where a test's time under perfguard went
-    phase_s: dict[str, float] = field(default_factory=dict)
+    phase_s: dict[str, float] = {}
     #: this run's whole-test counts per iteration measured outside the trace (host
     #: ``instructions`` and ``est_cycles`` under Callgrind), whether or not anything compared them
-    counted: dict[str, float] = field(default_factory=dict)
+    counted: dict[str, float] = {}
     #: where the step's time goes (:mod:`perfguard.compare.profile`): every measured
     #: test's, whatever its outcome; None for a test nothing was measured of
     profile: TestProfile | None = None
 
     # ------------------------------------------------------------------ build
-    @classmethod
-    def from_comparison(cls, c: TestComparison, **extras: Any) -> TestEntry:
-        """The entry of a judged test: ``c``'s figures and halves plus the plugin's extras
-        (``findings``, ``history``, ``capture``, ``backend``, ``notes``, ``worker``, ``load``)."""
-        return cls.from_dict({**c.to_dict(), **extras})
-
     @classmethod
     def not_judged(
         cls, nodeid: str, outcome: Outcome | str, reason: str, **extras: Any
@@ -187,12 +211,35 @@ class TestEntry:
         (``backend``, ``capture``, ``worker``, ``notes``)."""
         o = Outcome(outcome)
         if o.judged:
-            raise ValueError(f"{nodeid}: {o.value} is a verdict; build it with from_comparison")
+            raise ValueError(f"{nodeid}: {o.value} is a verdict; build it with the judge")
         reason = " ".join(str(reason).split()) or o.value
         error = reason if o in (Outcome.ERROR, Outcome.CRASHED) else None
         return cls(**{"nodeid": nodeid, "outcome": o, "message": reason, "error": error, **extras})
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe data: one entry of ``results.json["tests"]``, as a script reads it."""
+        return _builtins(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "results") -> TestEntry:
+        """A checked entry of this schema from one decoded ``tests`` object."""
+        return _convert(data, cls, source)
+
+    @property
+    def ci_level_pct(self) -> float | None:
+        return None if self.alpha is None else round(100.0 * (1.0 - self.alpha), 6)
+
+    @property
+    def load_high(self) -> bool:
+        """The machine was busy enough to stretch a CPU timing (see compare.timing)."""
+        return self.wait is not None and self.wait > BUSY_WAIT
+
     # ------------------------------------------------------------------ read
+    @property
+    def fails(self) -> bool:
+        """Whether this test's outcome fails under the default rule (:func:`fails`)."""
+        return fails(self.outcome)
+
     @property
     def reason(self) -> str:
         """One line on why the test has its outcome (the error for error/crashed)."""
@@ -211,7 +258,7 @@ class TestEntry:
     def accepted_text(self) -> str:
         """``accepted at <sha>: <reason>`` when judged under an acceptance, else ""."""
         a = self.accepted
-        return f"accepted at {(a.get('commit') or '')[:12]}: {a.get('reason')}" if a else ""
+        return f"accepted at {a.commit[:12]}: {a.reason}" if a else ""
 
     @property
     def host_count(self) -> HostCount | None:
@@ -223,168 +270,83 @@ class TestEntry:
         widened = self.gates.widened.get("instructions", "") if self.gates is not None else ""
         return HostCount(current, pair[0] if pair else None, widened)
 
-    @property
-    def wait(self) -> float | None:
-        """Share of the rounds' time the test's thread waited for a CPU (busy machine)."""
-        value = getattr(self.timing, "wait", None)
-        return None if value is None or value != value else float(value)
 
-    @property
-    def load_high(self) -> bool:
-        """The machine was busy enough to stretch a CPU timing (see compare.timing)."""
-        from perfguard.compare.timing import BUSY_WAIT
+class Machine(msgspec.Struct, kw_only=True):
+    """The run's machine (:class:`~perfguard.baseline.record.Fingerprint`) the views name."""
 
-        return self.wait is not None and self.wait > BUSY_WAIT
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe data: one entry of ``results.json["tests"]``."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "outcome":
-                v = v.value
-            elif f.name in ("timing", "gates", "explanation", "profile"):
-                v = v.to_dict() if v is not None else None
-            elif isinstance(v, float) and not math.isfinite(v):
-                v = None
-            elif isinstance(v, (list, dict)):
-                v = type(v)(v)
-            out[f.name] = v
-        return out
-
-    @classmethod
-    def from_dict(
-        cls, test: Any, source: str = "results", where: str = "test", schema: int = SCHEMA
-    ) -> TestEntry:
-        """A checked entry from one ``tests`` object; :class:`ReportError` names the key."""
-        _need(isinstance(test, dict), source, where, "an object", test)
-        nodeid = test.get("nodeid")
-        _need(isinstance(nodeid, str) and bool(nodeid), source, f"{where}.nodeid", "a string",
-              nodeid)  # fmt: skip
-        where = f"{where} ({nodeid})"
-        raw = test.get("outcome")
-        try:
-            outcome = Outcome(raw)
-        except ValueError:
-            raise ReportError(
-                f"{source}: {where}: unknown outcome {raw!r}; expected one of {', '.join(OUTCOMES)}"
-            ) from None
-        vals: dict[str, Any] = {"nodeid": nodeid, "outcome": outcome}
-        vals["message"] = " ".join((_text(test.get("message"), source, f"{where}.message")
-                                    or "").split())  # fmt: skip
-        for key in _FIGURES:
-            vals[key] = _number(test.get(key), source, f"{where}.{key}")
-        for key in _COUNTS:
-            n = _number(test.get(key), source, f"{where}.{key}")
-            vals[key] = None if n is None else int(n)
-        for key in _TEXTS:
-            vals[key] = _text(test.get(key), source, f"{where}.{key}")
-        vals["p_exact"] = bool(test.get("p_exact", False))
-        vals["mode"] = _text(test.get("mode"), source, f"{where}.mode") or "store"
-        vals["ops"] = _rows(test.get("ops"), source, f"{where}.ops", _OP_TEXTS, _OP_NUMBERS)
-        changes = _rows(
-            test.get("kernel_changes"), source, f"{where}.kernel_changes", _KERNEL_CHANGE_TEXTS, ()
-        )
-        for row in changes:  # before/after: a count, a flag or a name, shown as text
-            row.setdefault("baseline", None)
-            row.setdefault("current", None)
-        vals["kernel_changes"] = changes
-        vals["findings"] = _rows(test.get("findings"), source, f"{where}.findings",
-                                 _FINDING_TEXTS, ())  # fmt: skip
-        vals["history"] = _rows(
-            test.get("history"),
-            source,
-            f"{where}.history",
-            ("commit", "time", "change"),
-            ("median_ns",),
-        )
-        for key in _SERIES:
-            vals[key] = _series(test.get(key), source, f"{where}.{key}")
-        vals["notes"] = _notes(test.get("notes"), source, f"{where}.notes")
-        vals["phase_s"] = _phases(test.get("phase_s"), source, f"{where}.phase_s")
-        vals["counted"] = _phases(test.get("counted"), source, f"{where}.counted", "a count")
-        vals["timing"] = _timing(test.get("timing"), source, f"{where}.timing")
-        vals["gates"] = _gates(test.get("gates"), source, f"{where}.gates")
-        vals["accepted"] = _accepted(test.get("accepted"), source, f"{where}.accepted")
-        vals["explanation"] = (  # schema 1 had none: its message is its reason
-            _explanation(test.get("explanation"), source, f"{where}.explanation")
-            if schema >= 2
-            else None
-        )
-        vals["profile"] = _profile(test.get("profile"), source, f"{where}.profile")
-        entry = cls(**vals)
-        if schema < 2:
-            _from_schema1(entry)
-        return entry
+    gpu_name: str | None = None
+    gpu_count: int | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    perfguard: str | None = None
+    backend: str | None = None
+    host: str | None = None
+    python: str | None = None
+    cpu: str | None = None
+    workers: int | None = None
 
 
-def _explanation(value: Any, source: str, where: str) -> Explanation | None:
-    if value is None:
-        return None
-    _need(isinstance(value, dict), source, where, "an object or null", value)
-    _need(isinstance(value.get("headline"), str), source, f"{where}.headline", "a string",
-          value.get("headline"))  # fmt: skip
-    culprits = value.get("culprits") or []
-    _need(isinstance(culprits, list) and all(isinstance(c, dict) for c in culprits), source,
-          f"{where}.culprits", "a list of objects", culprits)  # fmt: skip
-    return Explanation.from_dict(value)
+class Run(msgspec.Struct, kw_only=True):
+    """What was run (:class:`perfguard.baseline.record.RunInfo`): commit, branch, time, machine."""
+
+    commit: str | None = None
+    branch: str | None = None
+    dirty: bool = False
+    time: str | None = None
+    fingerprint: Machine = msgspec.field(default_factory=Machine)
+    environment: dict[str, str] = {}
 
 
-def _profile(value: Any, source: str, where: str) -> TestProfile | None:
-    if value is None:
-        return None
-    _need(isinstance(value, dict), source, where, "an object or null", value)
-    try:
-        return TestProfile.from_dict(value)
-    except (TypeError, ValueError) as exc:
-        raise ReportError(f"{source}: {where}: {exc}") from None
+class Baseline(msgspec.Struct, kw_only=True):
+    """What the session compared with: a stored run for a ref, or A/B's base tree (``ab``)."""
+
+    ref: str | None = None
+    commit: str | None = None
+    run_id: int | str | None = None
+    ab: bool = False
 
 
-def _accepted(value: Any, source: str, where: str) -> dict[str, Any] | None:
-    """An acceptance: ``commit`` and ``reason`` (text), ``time`` and ``author`` (text or null)."""
-    if value is None:
-        return None
-    _need(isinstance(value, dict), source, where, "an object", value)
-    out = {}
-    for key in ("commit", "reason", "time", "author"):
-        text = _text(value.get(key), source, f"{where}.{key}")
-        _need(key not in ("commit", "reason") or bool(text), source, f"{where}.{key}",
-              "a string", value.get(key))  # fmt: skip
-        out[key] = text
-    return out
+class Replaced(msgspec.Struct, kw_only=True):
+    """Test records of earlier runs of this commit that a save replaced."""
+
+    tests: int = 0
+    runs: list[int] = []
 
 
-def _from_schema1(entry: TestEntry) -> None:
-    """Schema 1 said ``unchanged`` for a test it could not judge (fewer than 5 samples a
-    side): that is ``not-judged``. Its per-iteration samples stay; it had no rounds."""
-    if entry.outcome is not Outcome.UNCHANGED:
-        return
-    few = any(n is not None and n < _SCHEMA1_MIN_SAMPLES for n in (entry.n_current,
-                                                                    entry.n_baseline))  # fmt: skip
-    if few or "not judged" in entry.message or entry.message.startswith("statistics impossible"):
-        entry.outcome = Outcome.NOT_JUDGED
-        entry.notes.append("schema 1 called this unchanged; it had too few samples to judge")
+class Saved(msgspec.Struct, kw_only=True):
+    """The run ``--perfguard-save`` stored, and what it replaced."""
+
+    run_id: int | None = None
+    store: str | None = None
+    replaced: Replaced | None = None
 
 
-@dataclass
-class SessionResults:
-    """One session's document: what was run, against what, and every test's entry."""
+class SessionResults(msgspec.Struct, kw_only=True):
+    """One session's document: what was run, against what, and every test's entry.
 
-    tests: list[TestEntry] = field(default_factory=list)
+    ``badge`` and ``counts`` are derived (they cannot go stale) and written beside the
+    fields for a script's sake (:meth:`to_dict`)."""
+
     schema: int = SCHEMA
-    perfguard_version: str | None = None
-    run: dict[str, Any] = field(default_factory=dict)
-    baseline: dict[str, Any] | None = None
-    baseline_status: str | None = None
-    saved: dict[str, Any] | None = None
-    save_error: str | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    mode: str = "store"  # "store" | "ab"
     complete: bool = True  # false while the session runs (rewritten after every test)
+    perfguard_version: str | None = None
+    mode: str = "store"  # "store" | "ab"
+    run: Run = msgspec.field(default_factory=Run)
+    baseline: Baseline | None = None
+    baseline_status: str | None = None
+    saved: Saved | None = None
+    save_error: str | None = None
+    settings: dict[str, Any] = {}
+    notes: list[str] = []
     #: wall seconds of the session's own parts (start-up, A/B measurement, results
     #: written after each test, save): perfguard's cost beyond each test's
-    phase_s: dict[str, float] = field(default_factory=dict)
+    phase_s: dict[str, float] = {}
+    tests: list[TestEntry] = []
+
+    def __post_init__(self) -> None:
+        for key in ("tolerance", "alpha", "fail_on", "backend"):  # what every view names
+            self.settings.setdefault(key, None)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -396,15 +358,18 @@ class SessionResults:
 
     @property
     def fail_on(self) -> str:
-        return str(self.settings.get("fail_on") or "regression")
+        """The session's ``fail_on`` (``regression`` where the document does not say)."""
+        return "never" if self.settings.get("fail_on") == "never" else "regression"
 
     def badge(self) -> str:
         """The session's verdict: FAIL (a regression fails the run), ADVISORY (one regressed
         under ``fail_on=never``), INCOMPLETE (a test errored or crashed), NOT JUDGED
         (nothing was compared), else PASS: every judged test passed."""
         outcomes = {t.outcome for t in self.tests}
-        if Outcome.REGRESSED in outcomes:
-            return "ADVISORY" if self.fail_on == "never" else "FAIL"
+        if any(fails(o, self.fail_on) for o in outcomes):
+            return "FAIL"
+        if any(fails(o) for o in outcomes):  # would fail the run, were it asked to
+            return "ADVISORY"
         if outcomes & {Outcome.ERROR, Outcome.CRASHED}:
             return "INCOMPLETE"
         if not any(o.judged for o in outcomes):
@@ -438,307 +403,299 @@ class SessionResults:
         """Worst outcome first (:attr:`Outcome.severity`), then by node id."""
         return sorted(self.tests, key=lambda t: (t.outcome.severity, t.nodeid))
 
+    def header(self) -> dict[str, Any]:
+        """The document less its tests, with the derived ``badge`` and ``counts``."""
+        head = _builtins(msgspec.structs.replace(self, tests=[]))
+        head.pop("tests")
+        head["schema"] = SCHEMA
+        head["badge"] = self.badge()
+        head["counts"] = {o: n for o, n in self.counts.items() if n}
+        return head
+
     def to_dict(self) -> dict[str, Any]:
-        """The ``results.json`` document (JSON-safe; counts list the outcomes present)."""
-        return {
-            "schema": SCHEMA,
-            "complete": self.complete,
-            "perfguard_version": self.perfguard_version,
-            "mode": self.mode,
-            "run": self.run,
-            "baseline": self.baseline,
-            "baseline_status": self.baseline_status,
-            "saved": self.saved,
-            "save_error": self.save_error,
-            "settings": self.settings,
-            "badge": self.badge(),
-            "counts": {o: n for o, n in self.counts.items() if n},
-            "notes": list(self.notes),
-            "phase_s": dict(self.phase_s),
-            "tests": [t.to_dict() for t in self.tests],
-        }
+        """The ``results.json`` document as JSON-safe builtins."""
+        return {**self.header(), "tests": [t.to_dict() for t in self.tests]}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "results") -> SessionResults:
-        """A checked document from ``data`` (not changed); ``source`` names it in errors."""
+        """A checked document from decoded JSON ``data`` (not changed), upgraded to this
+        schema; ``source`` names it in errors."""
         if isinstance(data, SessionResults):
             return data
-        if not isinstance(data, dict):
-            raise ReportError(f"{source}: not perfguard results (expected a JSON object)")
-        if "schema" not in data or "tests" not in data:
-            missing = "schema" if "schema" not in data else "tests"
-            raise ReportError(f"{source}: not perfguard results (no {missing!r} key)")
-        schema = data["schema"]
-        if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
-            raise ReportError(f"{source}: schema must be a positive integer, got {schema!r}")
-        if schema > SCHEMA:
-            raise ReportError(
-                f"{source}: written by a newer perfguard (schema {schema}; this one reads "
-                f"up to {SCHEMA}); upgrade perfguard to render it"
-            )
-        tests = data["tests"]
-        _need(isinstance(tests, list), source, "tests", "a list", tests)
-        entries = [
-            TestEntry.from_dict(t, source, f"tests[{i}]", schema) for i, t in enumerate(tests)
-        ]
-        baseline = data.get("baseline")
-        if baseline is not None:
-            _need(isinstance(baseline, dict), source, "baseline", "an object or null", baseline)
-            baseline = dict(baseline)
-            for key in ("ref", "commit", "run_id"):
-                value = baseline.get(key)
-                baseline[key] = None if value is None else str(value)
-            baseline["ab"] = bool(baseline.get("ab"))  # A/B's base tree, not a stored run
-        settings = data.get("settings") or {}
-        _need(isinstance(settings, dict), source, "settings", "an object", settings)
-        settings = dict(settings)
-        for key in ("tolerance", "alpha"):
-            settings[key] = _number(settings.get(key), source, f"settings.{key}")
-        for key in ("fail_on", "backend"):
-            value = settings.get(key)
-            settings[key] = None if value is None else str(value)
-        saved = data.get("saved")
-        _need(saved is None or isinstance(saved, dict), source, "saved", "an object or null",
-              saved)  # fmt: skip
-        counts = data.get("counts")
-        _need(counts is None or isinstance(counts, dict), source, "counts", "an object", counts)
-        notes = _notes(data.get("notes"), source, "notes")
-        if schema < SCHEMA:
-            notes.append(
-                f"read from a schema {schema} results.json (an older perfguard): per-iteration "
-                "samples only, no rounds and no timing/gates evidence"
-            )
-        mode = _text(data.get("mode"), source, "mode")
-        if mode is None:
-            mode = "ab" if any(t.mode == "ab" for t in entries) else "store"
-        return cls(
-            tests=entries,
-            schema=SCHEMA,
-            perfguard_version=_text(data.get("perfguard_version"), source, "perfguard_version"),
-            run=_run(data.get("run"), source, "run"),
-            baseline=baseline,
-            baseline_status=_text(data.get("baseline_status"), source, "baseline_status"),
-            saved=dict(saved) if saved else None,
-            save_error=_text(data.get("save_error"), source, "save_error"),
-            settings=settings,
-            notes=notes,
-            mode=mode,
-            complete=bool(data.get("complete", True)),
-            phase_s=_phases(data.get("phase_s"), source, "phase_s"),
-        )
+        return _convert(upgrade(data, source), cls, source)
+
+
+def encode(value: Any) -> bytes:
+    """``value`` (the document, an entry) as ``results.json`` writes it (indented UTF-8;
+    NaN as null; a lone surrogate from a test's output as U+FFFD, which UTF-8 cannot hold)."""
+    try:
+        text = msgspec.json.encode(value, enc_hook=_enc_hook)
+    except UnicodeEncodeError:
+        text = msgspec.json.encode(_utf8(msgspec.to_builtins(value, enc_hook=_enc_hook)))
+    return msgspec.json.format(text, indent=1)
+
+
+def _utf8(value: Any) -> Any:
+    """Builtins with every text made encodable (lone surrogates replaced)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_utf8(v) for v in value]
+    return value
 
 
 def load_results(path: str | Path) -> SessionResults:
-    """``results.json`` at ``path``, checked.
+    """``results.json`` at ``path``, checked (and upgraded from an older schema).
 
     Raises :class:`ReportError` (``<path>: <problem>``) for a missing or
     unreadable file, invalid JSON, or content that is not perfguard results.
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ReportError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise ReportError(f"{path}: is a directory, expected a results.json file") from None
-    except UnicodeDecodeError:
-        raise ReportError(f"{path}: not a text file, expected results.json") from None
     except OSError as exc:
         raise ReportError(f"{path}: cannot read ({exc.strerror})") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        head = msgspec.json.decode(raw, type=_Head)
+    except msgspec.ValidationError:  # not an object, or a schema that is not a number
+        head = _Head(schema=None)
+    except msgspec.DecodeError as exc:
+        return SessionResults.from_dict(_python_json(raw, exc, path), source=str(path))
+    if head.schema == SCHEMA and type(head.schema) is int:
+        try:  # this schema: typed straight from the bytes
+            return msgspec.json.decode(raw, type=SessionResults)
+        except msgspec.ValidationError as exc:
+            raise ReportError(f"{path}: {_where(exc, raw)}") from None
+    return SessionResults.from_dict(msgspec.json.decode(raw), source=str(path))
+
+
+# ---------------------------------------------------------------------------- upgrade
+
+
+class _Head(msgspec.Struct):
+    """The one key read before the rest: which schema the document is."""
+
+    schema: Any = None
+
+
+class _OldFigures(msgspec.Struct, kw_only=True):
+    """A schema 1 or 2 entry's flat figures (checked before they move into ``timing``)."""
+
+    nodeid: str
+    outcome: Outcome
+    metric: str | None = None
+    n_current: float | None = None
+    n_baseline: float | None = None
+    median_current_ns: float | None = None
+    median_baseline_ns: float | None = None
+    level_current_ns: float | None = None
+    level_baseline_ns: float | None = None
+    delta_pct: float | None = None
+    ci_low_pct: float | None = None
+    ci_high_pct: float | None = None
+    ci_level_pct: float | None = None
+    p_value: float | None = None
+    tolerance_pct: float | None = None
+    alpha: float | None = None
+    load: float | None = None
+    message: str | None = None
+    timing: dict[str, Any] | None = None
+    accepted: dict[str, Any] | None = None
+
+
+#: the figures schema 2 wrote flat on an entry as well as in its ``timing``
+_FLAT = ("metric", "n_current", "n_baseline", "median_current_ns", "median_baseline_ns",
+         "level_current_ns", "level_baseline_ns", "delta_pct", "ci_low_pct", "ci_high_pct",
+         "ci_level_pct", "p_value", "p_exact", "tolerance_pct", "load", "wait")  # fmt: skip
+
+
+def upgrade(data: Any, source: str = "results") -> dict[str, Any]:
+    """A decoded ``results.json`` of any schema this perfguard reads, as schema 3 data (a new
+    dict; ``data`` is not changed). Schema 1 and 2 entries' flat figures move into
+    ``timing`` (schema 1 had none: it is built from them); schema 1's ``unchanged`` with too
+    few samples reads ``not-judged``; a note says an older file was read."""
+    if not isinstance(data, dict):
+        raise ReportError(f"{source}: not perfguard results (expected a JSON object)")
+    if "schema" not in data or "tests" not in data:
+        missing = "schema" if "schema" not in data else "tests"
+        raise ReportError(f"{source}: not perfguard results (no {missing!r} key)")
+    schema = data["schema"]
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+        raise ReportError(f"{source}: schema must be a positive integer, got {schema!r}")
+    if schema > SCHEMA:
         raise ReportError(
-            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
-    return SessionResults.from_dict(data, source=str(path))
+            f"{source}: written by a newer perfguard (schema {schema}; this one reads "
+            f"up to {SCHEMA}); upgrade perfguard to render it"
+        )
+    if schema == SCHEMA:
+        return data
+    tests = data["tests"]
+    if not isinstance(tests, list):
+        raise ReportError(f"{source}: tests: expected a list, got {_shown(tests)}")
+    old = _convert({"tests": tests}, _OldTests, source)
+    out = {k: v for k, v in data.items() if k not in ("badge", "counts")}
+    out["schema"] = SCHEMA
+    out["tests"] = [_upgrade_entry(t, f, schema) for t, f in zip(tests, old.tests, strict=True)]
+    notes = data.get("notes") or []
+    out["notes"] = [notes] if isinstance(notes, str) else list(notes)
+    if schema < 2:  # schema 2 lost nothing: its figures are only moved, and said the same
+        out["notes"].append(
+            "read from a schema 1 results.json (an older perfguard): per-iteration "
+            "samples only, no rounds and no timing/gates evidence"
+        )
+    if out.get("mode") is None:
+        out["mode"] = "ab" if any(t.get("mode") == "ab" for t in out["tests"]) else "store"
+    return out
+
+
+class _OldTests(msgspec.Struct):
+    tests: list[_OldFigures]
+
+
+def _upgrade_entry(test: dict[str, Any], flat: _OldFigures, schema: int) -> dict[str, Any]:
+    """One schema 1/2 entry as schema 3: its figures in ``timing`` only."""
+    entry = {k: v for k, v in test.items() if k not in _FLAT}
+    entry["message"] = " ".join((flat.message or "").split())
+    if schema < 2:  # its message is its reason; it had no explanation, rounds or halves
+        entry.pop("explanation", None)
+    if flat.accepted is not None and flat.accepted.get("commit") is None:
+        entry["accepted"] = None
+    timing = flat.timing
+    if timing is None and (flat.outcome.judged or flat.n_current is not None):
+        # schema 1 (or a verdict without its half): the flat figures are the timing's
+        timing = {
+            "outcome": flat.outcome.value, "mode": test.get("mode") or "store",
+            "metric": flat.metric or "", "message": entry["message"], "replicated": "",
+            "n_current": int(flat.n_current or 0), "n_baseline": int(flat.n_baseline or 0),
+            "history_runs": 0, "threshold_pct": None, "noise_pct": None, "spread_pct": None,
+            "wait": test.get("wait"),
+            **{k: getattr(flat, k) for k in (
+                "median_current_ns", "median_baseline_ns", "level_current_ns",
+                "level_baseline_ns", "delta_pct", "ci_low_pct", "ci_high_pct", "ci_level_pct",
+                "p_value", "tolerance_pct", "load")},
+        }  # fmt: skip
+        if timing["ci_level_pct"] is None and flat.alpha is not None:
+            timing["ci_level_pct"] = round(100.0 * (1.0 - flat.alpha), 6)
+    entry["timing"] = timing
+    if schema < 2 and flat.outcome is Outcome.UNCHANGED:
+        few = any(n is not None and n < _SCHEMA1_MIN_SAMPLES
+                  for n in (flat.n_current, flat.n_baseline))  # fmt: skip
+        msg = entry["message"]
+        if few or "not judged" in msg or msg.startswith("statistics impossible"):
+            entry["outcome"] = Outcome.NOT_JUDGED.value
+            if timing is not None:
+                entry["timing"] = {**timing, "outcome": Outcome.NOT_JUDGED.value}
+            notes = test.get("notes") or []
+            entry["notes"] = [
+                *([notes] if isinstance(notes, str) else notes),
+                "schema 1 called this unchanged; it had too few samples to judge",
+            ]
+    return entry
 
 
 # ---------------------------------------------------------------------------- checks
 
 
-def _need(ok: bool, source: str, where: str, expected: str, value: Any) -> None:
-    if not ok:
-        shown = repr(value)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise ReportError(f"{source}: {where}: expected {expected}, got {shown}")
-
-
-def _number(value: Any, source: str, where: str) -> float | None:
-    """A finite float, or None for null/NaN; anything else is an error."""
-    if value is None:
-        return None
-    if type(value) is float:  # the common case, checked first: reports have 10^5 numbers
-        return value if math.isfinite(value) else None
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    _need(ok, source, where, "a number or null", value)
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _text(value: Any, source: str, where: str) -> str | None:
-    if value is None:
-        return None
-    _need(isinstance(value, str | int | float), source, where, "a string", value)
-    return str(value)
-
-
-def _phases(value: Any, source: str, where: str, unit: str = "seconds") -> dict[str, float]:
-    """Amounts by name (seconds of a part, counts of a counter): finite, not negative."""
-    if value is None:
-        return {}
-    _need(isinstance(value, dict), source, where, "an object", value)
-    out = {}
-    for key, seconds in value.items():
-        n = _number(seconds, source, f"{where}.{key}")
-        _need(n is not None and n >= 0, source, f"{where}.{key}", f"{unit} (>= 0)", seconds)
-        out[str(key)] = float(n)  # type: ignore[arg-type]
+def _builtins(value: Any) -> dict[str, Any]:
+    """``value`` as the JSON text holds it (NaN as null): for a script or a ``--json``
+    document, never between the session's own steps."""
+    out: dict[str, Any] = _finite(msgspec.to_builtins(value, enc_hook=_enc_hook))
     return out
 
 
-def _notes(notes: Any, source: str, where: str) -> list[str]:
-    notes = notes or []
-    notes = [notes] if isinstance(notes, str) else notes
-    _need(isinstance(notes, list), source, where, "a list of strings", notes)
-    return [str(n) for n in notes if n]
+def _finite(value: Any) -> Any:
+    """Builtins with NaN and infinities as None (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
-def _series(values: Any, source: str, where: str) -> list[float]:
-    values = values or []
-    _need(isinstance(values, list), source, where, "a list", values)
-    if not all(type(x) is float or type(x) is int for x in values):
-        for i, x in enumerate(values):
-            _number(x, source, f"{where}[{i}]")  # raises on the first bad one
-    return [float(x) for x in values if x is not None and math.isfinite(x)]
+def _enc_hook(value: Any) -> Any:
+    """numpy's scalars as Python's (a verdict's figures come from numpy)."""
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        return value.item()
+    raise NotImplementedError(f"cannot write {type(value).__name__} into results.json")
 
 
-def _run(run: Any, source: str, where: str) -> dict[str, Any]:
-    run = {} if run is None else run
-    _need(isinstance(run, dict), source, where, "an object", run)
-    run = dict(run)
-    for key in ("commit", "branch", "time"):
-        run[key] = _text(run.get(key), source, f"{where}.{key}")
-    run["dirty"] = bool(run.get("dirty", False))
-    fp = run.get("fingerprint") or {}
-    _need(isinstance(fp, dict), source, f"{where}.fingerprint", "an object", fp)
-    fp = {k: fp.get(k) for k in _FINGERPRINT_KEYS} | fp
-    run["fingerprint"] = {
-        k: (v if k == "gpu_count" else _text(v, source, f"{where}.fingerprint.{k}"))
-        for k, v in fp.items()
-    }
-    return run
-
-
-def _rows(
-    rows: Any, source: str, where: str, texts: tuple[str, ...], numbers: tuple[str, ...]
-) -> list[dict[str, Any]]:
-    rows = [] if rows is None else rows
-    _need(isinstance(rows, list), source, where, "a list", rows)
-    out = []
-    for i, row in enumerate(rows):
-        _need(isinstance(row, dict), source, f"{where}[{i}]", "an object", row)
-        row = dict(row)
-        for key in texts:
-            value = row.get(key)
-            if value is not None and type(value) is not str:  # the location is built on error only
-                row[key] = _text(value, source, f"{where}[{i}].{key}")
-            else:
-                row[key] = value
-        for key in numbers:
-            value = row.get(key)
-            if value is not None and (type(value) is not float or not math.isfinite(value)):
-                value = _number(value, source, f"{where}[{i}].{key}")
-            row[key] = value
-        out.append(row)
-    return out
-
-
-def _outcome(value: Any, source: str, where: str) -> Outcome:
+def _convert(data: Any, kind: type[Any], source: str) -> Any:
+    """``data`` (decoded JSON) as ``kind``, checked by msgspec; one line naming the key."""
     try:
-        return Outcome(value)
+        return msgspec.convert(data, kind, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise ReportError(f"{source}: {_where(exc, data)}") from None
+
+
+def _python_json(raw: bytes, exc: msgspec.DecodeError, path: Path) -> Any:
+    """What msgspec refused, read by Python's parser: an older file's lone surrogate escape
+    (``\\udc80``, which msgspec does not take); else the JSON error with its line and
+    column, as Python's parser says them."""
+    import json
+
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not a text file, expected results.json") from None
+    except json.JSONDecodeError as err:
+        raise ReportError(
+            f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})"
+        ) from None
     except ValueError:
-        raise ReportError(f"{source}: {where}: unknown outcome {value!r}") from None
+        raise ReportError(f"{path}: not valid JSON ({exc})") from None
 
 
-def _timing(d: Any, source: str, where: str) -> TimingVerdict | None:
-    if d is None:
-        return None
-    from perfguard.compare.timing import _FIELDS, _FLOATS, TimingVerdict
-
-    _need(isinstance(d, dict), source, where, "an object or null", d)
-    _outcome(d.get("outcome"), source, f"{where}.outcome")
-    vals = dict(d)
-    for key in _FIELDS:
-        if key in _FLOATS or key in ("n_current", "n_baseline", "history_runs"):
-            vals[key] = _number(d.get(key), source, f"{where}.{key}")
-        elif key != "outcome":
-            vals[key] = _text(d.get(key), source, f"{where}.{key}")
-    return TimingVerdict.from_dict(vals)
+_TYPE_WORDS = {"float | null": "a number or null", "float": "a number", "int": "an integer",
+               "str": "a string", "str | null": "a string or null", "object": "an object",
+               "object | null": "an object or null", "array": "a list", "bool": "true or false",
+               "int | null": "an integer or null", "array | null": "a list or null"}  # fmt: skip
 
 
-def _gates(d: Any, source: str, where: str) -> GateVerdict | None:
-    if d is None:
-        return None
-    from perfguard.compare.gates import GateFinding, GateVerdict
+def _where(exc: msgspec.ValidationError, data: Any) -> str:
+    """msgspec's ``Expected `float | null`, got `str` - at `$.tests[0].delta_pct``` as this
+    file's words: ``tests[0] (a).delta_pct: expected a number or null, got 'big'``."""
+    import re
 
-    _need(isinstance(d, dict), source, where, "an object or null", d)
-    outcome = _outcome(d.get("outcome"), source, f"{where}.outcome")
-
-    def findings(key: str) -> list[GateFinding]:
-        rows = _rows(d.get(key), source, f"{where}.{key}", _GATE_FINDING_TEXTS, ())
-        return [
-            GateFinding(
-                gate=r["gate"] or "",
-                op_name=r["op_name"] or "",
-                kernel_name=r["kernel_name"] or "",
-                baseline=_scalar(r.get("baseline")),
-                current=_scalar(r.get("current")),
-                budget=r["budget"] or "",
-                message=r["message"] or "",
-            )  # fmt: skip
-            for r in rows
-        ]
-
-    return GateVerdict(
-        outcome=outcome,
-        regressions=findings("regressions"),
-        improvements=findings("improvements"),
-        unstable=_notes(d.get("unstable"), source, f"{where}.unstable"),
-        checked=_notes(d.get("checked"), source, f"{where}.checked"),
-        message=_text(d.get("message"), source, f"{where}.message") or "",
-        totals=_totals(d.get("totals"), source, f"{where}.totals"),
-        widened=_widened(d.get("widened"), source, f"{where}.widened"),
-    )
-
-
-def _widened(value: Any, source: str, where: str) -> dict[str, str]:
-    """A gate's widened budgets: ``{counter: text}``."""
-    if value is None:
-        return {}
-    _need(isinstance(value, dict), source, where, "an object", value)
-    for k, v in value.items():
-        _need(isinstance(v, str), source, f"{where}.{k}", "a string", v)
-    return {str(k): str(v) for k, v in value.items()}
+    text = str(exc)
+    text, _, path = text.partition(" - at `")
+    path = path.rstrip("`").removeprefix("$").removeprefix(".")
+    value: Any = data if not isinstance(data, bytes) else None
+    shown_path: list[str] = []
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        index = part[1:-1] if part.startswith("[") else None
+        if isinstance(value, list) and index is not None and int(index) < len(value):
+            value = value[int(index)]
+        elif isinstance(value, dict) and index is None:
+            value = value.get(part)
+        else:
+            value = None
+        shown_path.append(part if index is not None or not shown_path else "." + part)
+        if (len(shown_path) == 2 and shown_path[0] == "tests" and isinstance(value, dict)
+                and isinstance(value.get("nodeid"), str)):  # fmt: skip
+            shown_path.append(f" ({value['nodeid']})")
+    where = "".join(shown_path) or "document"
+    m = re.match(r"Expected `(.+?)`, got `(.+?)`", text)
+    if m:
+        expected = _TYPE_WORDS.get(m.group(1), m.group(1))
+        got = _shown(value) if value is not None else m.group(2)
+        return f"{where}: expected {expected}, got {got}"
+    m = re.match(r"Invalid enum value (.+)", text)
+    if m and where.endswith("outcome"):
+        return f"{where}: unknown outcome {m.group(1)}; expected one of {', '.join(OUTCOMES)}"
+    m = re.match(r"Object missing required field `(.+)`", text)
+    if m:
+        return f"{where}: no {m.group(1)!r} key"
+    return f"{where}: {text[:1].lower()}{text[1:]}"
 
 
-def _totals(value: Any, source: str, where: str) -> dict[str, list[float]]:
-    """A gate's whole-test counters: ``{counter: [baseline, current]}``, counts >= 0."""
-    if value is None:
-        return {}
-    _need(isinstance(value, dict), source, where, "an object", value)
-    out = {}
-    for key, pair in value.items():
-        ok = isinstance(pair, list) and len(pair) == 2
-        _need(ok, source, f"{where}.{key}", "[baseline, current]", pair)
-        nums = [_number(x, source, f"{where}.{key}") for x in pair]
-        _need(all(n is not None and n >= 0 for n in nums), source, f"{where}.{key}",
-              "two counts (>= 0)", pair)  # fmt: skip
-        out[str(key)] = [float(n) for n in nums if n is not None]
-    return out
-
-
-def _scalar(v: Any) -> Any:
-    """A gate's before/after: a number, a flag or a name; anything else as text."""
-    if v is None or isinstance(v, bool | int | float | str):
-        return v
-    return json.dumps(v)
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from perfguard.compare.results import SessionResults, TestEntry
+import msgspec
+
+from perfguard.compare.results import Baseline, HistoryRow, Run, SessionResults
 
 __all__ = ["results_from_store"]
 
@@ -44,7 +46,7 @@ def results_from_store(
     with open_store(store_path, create=False) as store:
         info, records = store.load_run(run_id)
         fp = info.fingerprint
-        baseline: dict[str, Any] | None = None
+        baseline: Baseline | None = None
         walk = History.of(repo, baseline_ref) if baseline_ref is not None else None
         base_records: dict[str, Any] = {}
         base_reason = base_timing = base_commit = None
@@ -56,14 +58,14 @@ def results_from_store(
             base_timing = fp.timing_incompatibility(base_info.fingerprint)
             changes = info.environment.changes_since(base_info.environment)
             base_reason = base_reason or env_incompatibility(changes)
-            baseline = {"ref": None, "commit": base_info.commit, "run_id": str(baseline_run)}
+            baseline = Baseline(commit=base_info.commit, run_id=baseline_run)
         tests = []
         for nodeid, record in records.items():
             if walk is not None:
                 against = against_from_store(store, walk, record, fp, exclude_run_id=run_id,
                                              environment=info.environment)  # fmt: skip
                 if baseline is None and against.commit:
-                    baseline = {"ref": baseline_ref, "commit": against.commit, "run_id": None}
+                    baseline = Baseline(ref=baseline_ref, commit=against.commit)
             elif baseline_run is not None:
                 base = base_records.get(nodeid)
                 against = Against(
@@ -76,18 +78,16 @@ def results_from_store(
             else:
                 against = Against()
             c = judge(record, against, settings_for(record, tolerance, alpha))
-            tests.append(TestEntry.from_comparison(
-                c,
-                history=history_rows(store, nodeid, fp),
+            capture = record.meta.get("capture")
+            tests.append(c.entry(
+                history=[HistoryRow(**h) for h in history_rows(store, nodeid, fp)],
                 backend=fp.backend,
-                capture=record.meta.get("capture"),
-                load=record.meta.get("load"),
-                wait=record.meta.get("wait"),
+                capture=None if capture is None else str(capture),
             ))  # fmt: skip
     return SessionResults(
         tests=tests,
         perfguard_version=__version__,
-        run=info.to_dict(),
+        run=msgspec.convert(info.to_dict(), Run),
         baseline=baseline,
         settings={
             "tolerance": tolerance,

@@ -41,11 +41,12 @@ judged.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from perfguard.compare.halves import BUSY_WAIT, TimingVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.student import t_ppf, t_sf
 from perfguard.compare.units import interval, percent
@@ -54,9 +55,6 @@ from perfguard.compare.units import interval, percent
 MIN_HISTORY = 5
 #: rounds a side needs before any timing is judged
 MIN_ROUNDS = 3
-#: excess wait (share of round time the thread waited for a CPU, over the baseline's)
-#: above which a timing is called busy rather than quiet
-BUSY_WAIT = 0.02
 #: A/B: the share of the smallest and of the largest paired differences that Yuen's
 #: trimmed mean sets aside (trimmed_interval); nothing is trimmed below 5 pairs
 AB_TRIM = 0.2
@@ -70,61 +68,6 @@ SPEED_DIFF = 0.05
 PRIOR_RUN_SD = {"gpu_time": 0.01, "wall_time": 0.03, "cpu_time": 0.03}
 #: MAD -> standard deviation for a normal distribution
 _MAD_SD = 1.4826
-
-
-@dataclass(frozen=True)
-class TimingVerdict:
-    """The timing evidence of one test; figures in % of the baseline, NaN when unknown."""
-
-    outcome: Outcome
-    mode: str  # "store" | "ab" | "none"
-    metric: str
-    n_current: int  # rounds (A/B: pairs)
-    n_baseline: int
-    median_current_ns: float
-    median_baseline_ns: float
-    #: the levels the change is the ratio of: the geometric mean of the baseline's
-    #: rounds, and the current level = baseline level x (1 + delta) (store mode: the
-    #: geometric mean of this session's rounds; A/B: the paired estimate applied)
-    level_baseline_ns: float
-    level_current_ns: float
-    delta_pct: float
-    ci_low_pct: float
-    ci_high_pct: float
-    ci_level_pct: float
-    p_value: float
-    tolerance_pct: float
-    threshold_pct: float
-    noise_pct: float  # between-run (store) or between-pair (A/B) standard deviation
-    spread_pct: float  # this session's rounds: (max - min) / median
-    history_runs: int
-    load: float  # other processes' share of the CPU during this session's rounds
-    wait: float  # share of this session's round time its thread waited for a CPU
-    replicated: str  # what was replicated, and how many times
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["outcome"] = self.outcome.value
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in d.items()}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TimingVerdict:
-        nan = math.nan
-        vals: dict[str, Any] = {
-            k: (nan if d.get(k) is None and k in _FLOATS else d.get(k)) for k in _FIELDS
-        }
-        vals["outcome"] = Outcome(d["outcome"])
-        for k in ("n_current", "n_baseline", "history_runs"):
-            vals[k] = int(vals[k] or 0)
-        for k in ("mode", "metric", "replicated", "message"):
-            vals[k] = str(vals[k] or "")
-        return cls(**vals)
-
-
-_FIELDS = tuple(TimingVerdict.__dataclass_fields__)
-_FLOATS = {k for k, f in TimingVerdict.__dataclass_fields__.items() if f.type == "float"}
 
 
 def not_judged(metric: str, reason: str, tolerance: float, **figures: Any) -> TimingVerdict:
@@ -457,19 +400,17 @@ def ab_resolved(verdict: TimingVerdict, tolerance: float) -> bool:
     if verdict.outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
         return True
     lo, hi = verdict.ci_low_pct, verdict.ci_high_pct
-    return math.isfinite(lo) and math.isfinite(hi) and (hi - lo) / 2 < 100 * tolerance
+    return lo is not None and hi is not None and (hi - lo) / 2 < 100 * tolerance
 
 
 def _with_message(
     v: TimingVerdict, busy: bool, baseline_wait: float, speed: float = math.nan
 ) -> TimingVerdict:
-    from dataclasses import replace
-
     threshold, tolerance = percent(v.threshold_pct), percent(v.tolerance_pct, digits=None)
     change = (
         f"{v.metric} {percent(v.delta_pct, True)} {interval(v.ci_low_pct, v.ci_high_pct)} "
         f"({percent(v.ci_level_pct, digits=0)} interval, {v.replicated})"
-        if math.isfinite(v.ci_low_pct)
+        if v.ci_low_pct is not None
         else f"{v.metric} {percent(v.delta_pct, True)} ({v.replicated})"
     )
     o = v.outcome
@@ -487,8 +428,9 @@ def _with_message(
         )
     elif o is Outcome.NOISY and busy:
         base = percent(100 * baseline_wait, digits=0)
+        waited = percent(100 * (v.wait or 0.0), digits=0)
         why = (
-            f"machine busy: the test waited for a CPU {percent(100 * v.wait, digits=0)} of its "
+            f"machine busy: the test waited for a CPU {waited} of its "
             f"rounds' time (baseline {'unknown' if base == 'n/a' else base}), which can "
             f"explain a change up to the threshold {threshold}; use A/B mode or rely on the "
             "gates here"
@@ -507,4 +449,4 @@ def _with_message(
         )
     else:
         why = f"within the threshold {threshold} (tolerance {tolerance})"
-    return replace(v, message=f"{why}: {change}")
+    return msgspec.structs.replace(v, message=f"{why}: {change}")

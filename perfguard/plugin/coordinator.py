@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -208,10 +207,10 @@ class Coordinator:
         """A test's change so far, for the progress line."""
         verdict = self._verdict(ab)
         name = nodeid.rsplit("::", 1)[-1]
-        if verdict is None or not math.isfinite(verdict.delta_pct):
+        if verdict is None or verdict.delta_pct is None:
             return ""  # fewer pairs than a change is estimated from
         ci = ""
-        if verdict.ci_low_pct == verdict.ci_low_pct:
+        if verdict.ci_low_pct is not None:
             ci = f" {interval(verdict.ci_low_pct, verdict.ci_high_pct)}"
         return f"{name} {percent(verdict.delta_pct, True)}{ci}"
 

@@ -22,9 +22,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from perfguard.baseline.record import TestRecord
-from perfguard.compare.results import SessionResults, TestEntry
-from perfguard.errors import PerfguardError, ReportError
+from perfguard.compare.results import (
+    Baseline,
+    Replaced,
+    Run,
+    Saved,
+    SessionResults,
+    TestEntry,
+    encode,
+)
+from perfguard.errors import PerfguardError
 from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.phases import timed
 
@@ -52,7 +62,7 @@ class SessionOutputs:
         self.report_path: Path | None = None
         #: what went wrong while writing, for the terminal summary
         self.notes: list[str] = []
-        self._texts: dict[str, str] = {}  # nodeid -> the entry's JSON, made once
+        self._texts: dict[str, bytes] = {}  # nodeid -> the entry's JSON, made once
         #: wall seconds of the session's own parts (:attr:`SessionResults.phase_s`)
         self.phase_s: dict[str, float] = {}
         self.clear_spool()  # an earlier session's
@@ -62,7 +72,7 @@ class SessionOutputs:
         """Keep a test's entry (and record), then write the partial document (on an xdist
         worker: spool them for the controller)."""
         self._keep(entry, record)
-        self._spool(("entry", entry.to_dict(), record))
+        self._spool(("entry", entry, record))
         if self.context.worker_id is None and not self.context.round_child:
             with timed(self.phase_s, "results"):
                 self.partial()
@@ -121,10 +131,10 @@ class SessionOutputs:
                     if kind == "started":
                         running = data
                         continue
-                    entry = TestEntry.from_dict(data, "results", str(data.get("nodeid")))
-                    self._keep(entry, record)
+                    self._keep(data, record)
+                    entry = data
                     running = None if entry.nodeid == running else running
-        except (OSError, pickle.UnpicklingError, ValueError, ReportError) as exc:
+        except (OSError, pickle.UnpicklingError, ValueError, AttributeError) as exc:
             self.notes.append(f"the output of worker {worker} is lost: {path}: {exc}")
         if running is not None and running not in self.entries:
             why = " ".join(str(error or "").split()) or "no message"
@@ -139,15 +149,15 @@ class SessionOutputs:
     def merge_worker(self, data: dict[str, Any]) -> None:
         """A worker's entries and records, checked once as they arrive."""
         for nodeid, entry in data["entries"].items():
-            self._keep(TestEntry.from_dict(entry, "results", nodeid), None)
+            self._keep(TestEntry.from_dict(entry, f"worker output ({nodeid})"), None)
         for blob in data["records"]:
             record = pickle.loads(base64.b64decode(blob))
             self.records[record.nodeid] = record
 
     # ------------------------------------------------------------------ the document
     def document(self, complete: bool = True) -> SessionResults:
-        """The session document (:class:`~perfguard.compare.results.SessionResults`,
-        schema 2); ``complete`` is false while the session runs."""
+        """The session document (:class:`~perfguard.compare.results.SessionResults`);
+        ``complete`` is false while the session runs."""
         from perfguard import __version__
 
         ctx = self.context
@@ -160,15 +170,16 @@ class SessionOutputs:
         }
         mode = settings.get("mode")
         saved = self.saved
+        base = ctx.baseline_dict()
         return SessionResults(
             tests=tests,
             perfguard_version=__version__,
-            run=ctx.run.to_dict(),
-            baseline=ctx.baseline_dict(),
+            run=msgspec.convert(ctx.run.to_dict(), Run),
+            baseline=Baseline(**base) if base is not None else None,
             baseline_status=ctx.baseline_status(),
             saved=(
-                {"run_id": saved.run_id, "store": str(ctx.settings.store),
-                 **({"replaced": saved.replaced} if saved.replaced else {})}
+                Saved(run_id=saved.run_id, store=str(ctx.settings.store),
+                      replaced=Replaced(**saved.replaced) if saved.replaced else None)
                 if saved.run_id is not None
                 else None
             ),
@@ -181,28 +192,24 @@ class SessionOutputs:
             phase_s=dict(self.phase_s),
         )  # fmt: skip
 
-    def _text(self, doc: SessionResults) -> str:
-        """The document as JSON; each entry's text is made once and reused."""
-        head = doc.to_dict()
-        head.pop("tests")
+    def _text(self, doc: SessionResults) -> bytes:
+        """The document as JSON (:func:`~perfguard.compare.results.encode`); each entry's
+        text is made once and reused."""
         parts = []
         for entry in doc.tests:
             text = self._texts.get(entry.nodeid)
             if text is None:
-                text = self._texts[entry.nodeid] = json.dumps(
-                    entry.to_dict(), indent=1, allow_nan=False
-                )
+                text = self._texts[entry.nodeid] = encode(entry)
             parts.append(text)
-        return json.dumps(head, indent=1, allow_nan=False)[:-2] + (
-            ',\n "tests": [\n' + ",\n".join(parts) + "\n ]\n}"
-        )
+        head = json.dumps(doc.header(), indent=1, allow_nan=False).encode()
+        return head[:-2] + b',\n "tests": [\n' + b",\n".join(parts) + b"\n ]\n}"
 
     def _write_json(self, doc: SessionResults) -> Path:
         """``results.json``, atomically (a reader never sees half a file)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / RESULTS
         tmp = path.with_name(RESULTS + ".tmp")
-        tmp.write_text(self._text(doc))
+        tmp.write_bytes(self._text(doc))
         tmp.replace(path)
         return path
 

@@ -13,14 +13,13 @@ explanation's words; :meth:`Verdicts.error` records a test nothing could be judg
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from perfguard.baseline.record import TestRecord, instruction_counts
 from perfguard.capture.capturers import capture_name
-from perfguard.compare.explanation import Explanation
-from perfguard.compare.outcomes import Outcome
+from perfguard.compare.outcomes import Outcome, fails
 from perfguard.compare.results import TestEntry
 from perfguard.errors import DamagedStoreError, PerfguardError
 from perfguard.plugin.context import SessionContext
@@ -28,6 +27,9 @@ from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.outputs import SessionOutputs
 from perfguard.plugin.phases import timed
 from perfguard.plugin.runner import CaptureResult, CaptureRunner
+
+if TYPE_CHECKING:
+    from perfguard.compare.comparison import TestComparison
 
 #: a capture failure, raised as the test's teardown error
 _error_key = pytest.StashKey[str]()
@@ -83,7 +85,7 @@ class Verdicts:
         self.finish(item, done.record, comparison, done.findings, capture.path, capture.backend,
                     capture.notes, timeline, phases)  # fmt: skip
 
-    def compare(self, record: TestRecord) -> Any:
+    def compare(self, record: TestRecord) -> TestComparison:
         """The verdict, from :func:`perfguard.compare.judge` (store mode) on the input
         :func:`perfguard.compare.against.against_from_store` builds, as every entry point."""
         from perfguard.compare.against import settings_for
@@ -161,7 +163,7 @@ class Verdicts:
         self,
         item: pytest.Item,
         record: TestRecord,
-        comparison: Any,
+        comparison: TestComparison,
         findings: list[dict[str, Any]],
         capture: Any,
         backend: str,
@@ -180,30 +182,26 @@ class Verdicts:
             self.context.store_damaged(exc)
             self.not_judged_damaged(item, record, capture, backend)
             return
-        entry = comparison.to_dict()
+        from perfguard.compare.profile import profile_of
+        from perfguard.compare.results import Acceptance, Finding, HistoryRow
+
         accepted = self.accepted.get(item.nodeid) if comparison.mode == "store" else None
-        if accepted is not None:
-            entry["accepted"] = accepted.to_dict()
-        entry.update(
+        entry = comparison.entry(
+            accepted=Acceptance(**accepted.to_dict()) if accepted is not None else None,
             timeline=timeline,
-            load=record.meta.get("load"),
-            wait=record.meta.get("wait"),
-            findings=findings,
-            history=history,
+            findings=[Finding.of(f) for f in findings],
+            history=[HistoryRow(**h) for h in history],
             capture=str(capture) if capture else None,
             backend=backend,
-            error=None,
             notes=notes,
             worker=self.context.worker_id,
             phase_s=phases,
             counted=instruction_counts(record),
-            profile=_profile(record),
+            profile=profile_of(record),
         )
-        self.outputs.add(TestEntry.from_dict(entry, "results", item.nodeid), record)
+        self.outputs.add(entry, record)
         _add_properties(item, entry)
-        from perfguard.compare.comparison import failed
-
-        if failed(comparison, self.context.settings.fail_on):
+        if fails(entry.outcome, self.context.settings.fail_on):
             commit = comparison.baseline_commit or ""
             what = "the base tree" if comparison.mode == "ab" else "the baseline"
             pytest.fail(
@@ -255,26 +253,16 @@ class Verdicts:
             pytest.fail(f"perfguard: capture of {item.nodeid} failed: {error}", pytrace=False)
 
 
-def _profile(record: TestRecord) -> dict[str, Any] | None:
-    """The test's profile (every measured test's, whatever its outcome), as results.json
-    holds it."""
-    from perfguard.compare.profile import profile_of
-
-    profile = profile_of(record)
-    return profile.to_dict() if profile is not None else None
-
-
-def _add_properties(item: pytest.Item, entry: dict[str, Any]) -> None:
+def _add_properties(item: pytest.Item, entry: TestEntry) -> None:
     """JUnit properties (``--junitxml``): the figures and the explanation's own words."""
-    for key in ("outcome", "delta_pct", "ci_low_pct", "ci_high_pct", "p_value",
+    item.user_properties.append(("perfguard_outcome", entry.outcome.value))
+    for key in ("delta_pct", "ci_low_pct", "ci_high_pct", "p_value",
                 "level_baseline_ns", "level_current_ns"):  # fmt: skip
-        value = entry.get(key)
+        value = getattr(entry, key)
         item.user_properties.append((f"perfguard_{key}", "" if value is None else value))
-    why = entry.get("explanation") or {}
-    item.user_properties.append(("perfguard_explanation", why.get("headline") or ""))
-    for k, culprit in enumerate((why.get("culprits") or [])[:3], 1):
-        item.user_properties.append((f"perfguard_culprit_{k}", culprit.get("text") or ""))
-    changes = why.get("environment") or []
-    if changes:  # the environment since the baseline, in the explanation's words
-        line = Explanation.from_dict({"environment": changes}).environment_line
-        item.user_properties.append(("perfguard_environment", line))
+    why = entry.explanation
+    item.user_properties.append(("perfguard_explanation", why.headline if why else ""))
+    for k, culprit in enumerate(why.culprits[:3] if why else (), 1):
+        item.user_properties.append((f"perfguard_culprit_{k}", culprit.text))
+    if why is not None and why.environment:  # the environment since the baseline, its words
+        item.user_properties.append(("perfguard_environment", why.environment_line))

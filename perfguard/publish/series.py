@@ -443,7 +443,7 @@ def _latest(s: Series, steps: list[CounterStepView], tolerance: float) -> tuple[
     elif at_last and outcome in ("unchanged", "noisy", "not-judged"):
         outcome = "improved"
         reason = "; ".join(_step_text(st) for st in at_last)
-    return outcome, reason, float(verdict.delta_pct)
+    return outcome, reason, math.nan if verdict.delta_pct is None else verdict.delta_pct
 
 
 def _step_text(st: CounterStepView) -> str:

@@ -26,6 +26,8 @@ import numpy as np
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, never at start-up
     from matplotlib.typing import RcKeyType
 
+    from perfguard.compare.results import HistoryRow
+
 _RC: dict[RcKeyType, Any] = {
     "svg.fonttype": "none",  # text as <text>, not paths: smaller, selectable
     "svg.hashsalt": "perfguard",  # stable ids between runs
@@ -97,16 +99,16 @@ class SessionFigures:
                 ("current", groups[1] / scale, CURRENT_COLOR)]  # fmt: skip
         return strip_box(rows, f"{unit_label} ({unit})", label)
 
-    def trend(self, history: Sequence[dict[str, Any]], label: str) -> str | None:
+    def trend(self, history: Sequence[HistoryRow], label: str) -> str | None:
         """Median per stored commit (oldest first), or None with fewer than two points."""
         from perfguard.report.svg import line
 
-        points = [h for h in history if h.get("median_ns") is not None]
+        points = [h for h in history if h.median_ns is not None]
         if len(points) < 2:
             return None
-        y = np.array([float(h["median_ns"]) for h in points])
+        y = np.array([float(h.median_ns) for h in points if h.median_ns is not None])
         scale, unit = time_unit(float(y.max()))
-        commits = [str(p.get("commit") or "?")[:7] for p in points]
+        commits = [str(p.commit or "?")[:7] for p in points]
         return line(y / scale, commits, f"median ({unit})", label, CURRENT_COLOR)
 
 

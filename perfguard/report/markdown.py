@@ -108,19 +108,19 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
            ""]  # fmt: skip
 
     run, base = results.run, results.baseline
-    fp = run.get("fingerprint") or {}
-    where = [f"commit {_code((run.get('commit') or 'unknown')[:12])}"]
+    fp = run.fingerprint
+    where = [f"commit {_code((run.commit or 'unknown')[:12])}"]
     if base:
-        what = "vs base commit" if base.get("ab") else "vs baseline"
-        where.append(f"{what} {_code((base.get('commit') or 'unknown')[:12])}")
-        if base.get("ref"):
-            where.append(f"({_code(base['ref'])})")
+        what = "vs base commit" if base.ab else "vs baseline"
+        where.append(f"{what} {_code((base.commit or 'unknown')[:12])}")
+        if base.ref:
+            where.append(f"({_code(base.ref)})")
     else:
         where.append("(no baseline)")
     if results.mode == "ab":
         where.append("(A/B: both measured in turn on one machine)")
-    machine = fp.get("gpu_name") or (f"CPU {fp['cpu']}" if fp.get("cpu") else "")
-    backend = fp.get("backend") or results.settings.get("backend")
+    machine = fp.gpu_name or (f"CPU {fp.cpu}" if fp.cpu else "")
+    backend = fp.backend or results.settings.get("backend")
     extra = [_text(x) for x in (machine, backend) if x]
     out += [" ".join(where) + (" on " + ", ".join(extra) if extra else ""), ""]
 

@@ -21,8 +21,19 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from perfguard.compare.culprits import dtype_change
-from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
+from perfguard.compare.explanation import Scalar
+from perfguard.compare.results import (
+    OUTCOMES,
+    Baseline,
+    Machine,
+    OpRow,
+    Run,
+    SessionResults,
+    TestEntry,
+)
 from perfguard.compare.units import human
 from perfguard.report.html.render import render, write_text
 from perfguard.report.profile import ProfileView, profile_view
@@ -41,8 +52,8 @@ class GateRow:
     gate: str
     op_name: str
     kernel_name: str
-    baseline: Any
-    current: Any
+    baseline: Scalar
+    current: Scalar
     budget: str
     message: str
 
@@ -87,8 +98,8 @@ class SessionPage:
     badge: str  # PASS | FAIL | ADVISORY | INCOMPLETE | NOT JUDGED
     badge_class: str  # the CSS class of the badge: pass, fail, advisory, ...
     badge_reason: str
-    run: dict[str, Any]
-    baseline: dict[str, Any] | None
+    run: Run
+    baseline: Baseline | None
     baseline_status: str | None
     mode: str
     machine: list[tuple[str, str]]  # (label, value) pairs of the fingerprint
@@ -102,9 +113,9 @@ class SessionPage:
     counted: bool = False
 
 
-def op_delta_ns(op: dict[str, Any]) -> float | None:
+def op_delta_ns(op: OpRow) -> float | None:
     """Current minus baseline time of an op; an op on one side only counts in full."""
-    base, cur = op.get("baseline_ns"), op.get("current_ns")
+    base, cur = op.baseline_ns, op.current_ns
     if base is not None and cur is not None:
         return cur - base
     if cur is not None:
@@ -114,9 +125,9 @@ def op_delta_ns(op: dict[str, Any]) -> float | None:
     return None
 
 
-def rank_ops(ops: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], list[dict]]:
+def rank_ops(ops: list[OpRow], limit: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(shown, hidden)``: ops by |Δ time| (notable statuses first), split at ``limit``."""
-    rows = [dict(op, delta_ns=op_delta_ns(op)) for op in ops]
+    rows = [dict(msgspec.structs.asdict(op), delta_ns=op_delta_ns(op)) for op in ops]
 
     def key(op: dict[str, Any]) -> tuple[int, float, float]:
         d, pct = op["delta_ns"], op.get("delta_pct")
@@ -130,18 +141,18 @@ def rank_ops(ops: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]
     return rows[:limit], rows[limit:]
 
 
-def _machine(fp: dict[str, Any]) -> list[tuple[str, str]]:
-    gpu = fp.get("gpu_name") or ""
-    count = fp.get("gpu_count") or 0
+def _machine(fp: Machine) -> list[tuple[str, str]]:
+    gpu = fp.gpu_name or ""
+    count = fp.gpu_count or 0
     items = [
         ("GPU", f"{gpu} × {count}" if gpu and count and count != 1 else (gpu or "none (CPU only)")),
-        ("CPU", fp.get("cpu") or ""),
-        ("Driver", fp.get("driver") or ""),
-        ("CUDA", fp.get("cuda") or ""),
-        ("PyTorch", fp.get("torch") or ""),
-        ("Python", fp.get("python") or ""),
-        ("Host", fp.get("host") or ""),
-        ("perfguard", fp.get("perfguard") or ""),
+        ("CPU", fp.cpu or ""),
+        ("Driver", fp.driver or ""),
+        ("CUDA", fp.cuda or ""),
+        ("PyTorch", fp.torch or ""),
+        ("Python", fp.python or ""),
+        ("Host", fp.host or ""),
+        ("perfguard", fp.perfguard or ""),
     ]
     return [(k, str(v)) for k, v in items if v]
 
@@ -221,7 +232,7 @@ def session_page(results: SessionResults | dict[str, Any], *, max_ops: int = 50)
         baseline=results.baseline,
         baseline_status=results.baseline_status,
         mode=results.mode,
-        machine=_machine(results.run.get("fingerprint") or {}),
+        machine=_machine(results.run.fingerprint),
         settings=results.settings,
         counts=list(counts.items()),
         total=len(results.tests),
