@@ -40,6 +40,7 @@ from typing import Any
 
 from perfguard.commands import argtypes
 from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
+from perfguard.compare.tolerance import ALPHA
 from perfguard.environment import Environment, parse_across
 from perfguard.environment import incompatibility as env_incompatibility
 
@@ -82,8 +83,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--alpha",
         type=argtypes.alpha,
-        default=0.01,
-        help="significance level of the change's interval (default: 0.01)",
+        default=ALPHA,
+        help=f"significance level of the change's interval (default: {ALPHA:g})",
     )
     p.add_argument(
         "--compare-across",

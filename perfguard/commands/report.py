@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.commands import argtypes
+from perfguard.compare.tolerance import ALPHA
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -53,8 +54,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--tolerance", type=argtypes.tolerance, default=None, metavar="PCT",
                    help="store only: slowdown that counts, e.g. 5%% (default: each test's "
                         "marker, else the session's, else 5%%)")  # fmt: skip
-    p.add_argument("--alpha", type=argtypes.alpha, default=0.01, metavar="P",
-                   help="store only: significance level (default 0.01)")  # fmt: skip
+    p.add_argument("--alpha", type=argtypes.alpha, default=ALPHA, metavar="P",
+                   help=f"store only: significance level (default {ALPHA:g})")  # fmt: skip
     p.add_argument("--max-ops", type=argtypes.integer(1), default=50, metavar="N",
                    help="ops listed per test, largest change first (default 50)")  # fmt: skip
     p.set_defaults(func=run)

@@ -41,7 +41,8 @@ from perfguard.baseline.git import first_parent_commits, match_runs
 from perfguard.baseline.record import Fingerprint, TestRecord
 from perfguard.baseline.store import Store
 from perfguard.compare.gates import parse_gates
-from perfguard.compare.judge import ALPHA, TOLERANCE, Against, JudgeSettings
+from perfguard.compare.judge import Against, JudgeSettings
+from perfguard.compare.tolerance import ALPHA, TOLERANCE
 from perfguard.environment import Environment, EnvironmentChange
 
 #: stored runs of a test read for its between-run noise (the judge's history)

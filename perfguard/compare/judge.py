@@ -35,14 +35,10 @@ from perfguard.compare.timing import (
     judge_store,
     not_judged,
 )
+from perfguard.compare.tolerance import ALPHA, TOLERANCE
 from perfguard.compare.units import format_ns
 from perfguard.environment import EnvironmentChange
 from perfguard.errors import CompareError
-
-#: significance level of every interval and test (one place for the default)
-ALPHA = 0.01
-#: the tolerance when neither the marker nor the session sets one
-TOLERANCE = 0.05
 
 
 @dataclass
@@ -220,8 +216,8 @@ def compare_records(
     current: TestRecord,
     baseline: TestRecord | None,
     *,
-    tolerance: float = 0.05,
-    alpha: float = 0.01,
+    tolerance: float = TOLERANCE,
+    alpha: float = ALPHA,
     incompatibility: str | None = None,
     baseline_commit: str | None = None,
     baseline_run_exists: bool = False,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.compare.results import SessionResults, TestEntry
+from perfguard.compare.tolerance import ALPHA
 
 __all__ = ["results_from_store"]
 
@@ -20,7 +21,7 @@ def results_from_store(
     baseline_ref: str | None = None,
     repo: str | Path = ".",
     tolerance: float | None = None,
-    alpha: float = 0.01,
+    alpha: float = ALPHA,
 ) -> SessionResults:
     """The session document of stored run ``run_id``, judged as the plugin judges it.
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from perfguard.baseline.git import common_dir, prepare_worktree
+from perfguard.compare.tolerance import ALPHA
 from perfguard.compare.units import interval, percent
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import (
@@ -39,7 +40,7 @@ from perfguard.plugin.context import SessionContext
 from perfguard.plugin.forkserver import preload_names
 from perfguard.plugin.interleave import ab_env
 from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, plugin_args
-from perfguard.plugin.outputs import ALPHA, SessionOutputs
+from perfguard.plugin.outputs import SessionOutputs
 from perfguard.plugin.valgrind_child import InstructionSession
 from perfguard.plugin.verdicts import Verdicts
 
