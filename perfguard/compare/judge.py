@@ -67,6 +67,9 @@ class Against:
     timing_incompatibility: str | None = None
     history: np.ndarray = field(default_factory=lambda: np.zeros(0))
     environment: tuple[EnvironmentChange, ...] = ()
+    #: the test's stored levels as the reports list them (store mode, when asked for:
+    #: read with ``history``, :func:`perfguard.compare.against.against_from_store`)
+    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

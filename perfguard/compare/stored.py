@@ -37,6 +37,7 @@ def results_from_store(
         against_from_store,
         history_levels,
         history_rows,
+        read_history,
         settings_for,
     )
     from perfguard.compare.judge import Against, judge
@@ -62,24 +63,26 @@ def results_from_store(
         for nodeid, record in records.items():
             if walk is not None:
                 against = against_from_store(store, walk, record, fp, exclude_run_id=run_id,
-                                             environment=info.environment)  # fmt: skip
+                                             environment=info.environment, rows=True)  # fmt: skip
                 if baseline is None and against.commit:
                     baseline = {"ref": baseline_ref, "commit": against.commit, "run_id": None}
             elif baseline_run is not None:
                 base = base_records.get(nodeid)
+                frame = read_history(store, nodeid, fp)  # read once: levels and rows
                 against = Against(
                     records=[base] if base is not None else [], commit=base_commit,
                     run_found=True, incompatibility=base_reason,
                     timing_incompatibility=base_timing,
-                    history=history_levels(store, record, fp, None, before_run_id=run_id),
-                    environment=changes,
+                    history=history_levels(store, record, fp, None, before_run_id=run_id,
+                                           rows=frame),
+                    environment=changes, rows=history_rows(store, nodeid, fp, frame),
                 )  # fmt: skip
             else:
-                against = Against()
+                against = Against(rows=history_rows(store, nodeid, fp))
             c = judge(record, against, settings_for(record, tolerance, alpha))
             tests.append(TestEntry.from_comparison(
                 c,
-                history=history_rows(store, nodeid, fp),
+                history=against.rows,
                 backend=fp.backend,
                 capture=record.meta.get("capture"),
                 load=record.meta.get("load"),
