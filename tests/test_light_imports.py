@@ -2,6 +2,8 @@
 ``pytest11`` entry point) at start-up, with or without ``--perfguard``, and its options, marker
 and iteration loop come with it. None of them may import numpy or pandas (0.1-0.3 s and tens
 of MB per pytest process, and per xdist worker); those load only when a test is measured.
+The core's loop and spec come with them (light too); the core's measurement and verdict are
+library calls that load no pytest.
 
 Each module is imported alone in a fresh interpreter, so nothing a test imported before counts.
 """
@@ -22,6 +24,8 @@ LIGHT = (
     "perfguard.plugin.options",
     "perfguard.plugin.marker",
     "perfguard.plugin.iterate",
+    "perfguard.core.loop",
+    "perfguard.core.spec",
 )
 HEAVY = ("numpy", "pandas")
 
@@ -55,6 +59,15 @@ def test_a_light_module_imports_neither_numpy_nor_pandas(module: str, bare: set[
     loaded = _loaded(module)
     assert "perfguard" in loaded
     assert sorted((loaded - bare) & set(HEAVY)) == []
+
+
+@pytest.mark.parametrize("module", ["perfguard.core.measure", "perfguard.core.verdict"])
+def test_the_core_runs_without_pytest(module: str, bare: set[str]) -> None:
+    """The measurement and the verdict are library calls: neither they nor anything they
+    import loads pytest (the plugin translates pytest's events into them)."""
+    loaded = _loaded(module)
+    assert "numpy" in loaded  # the whole core came: not vacuous
+    assert sorted((loaded - bare) & {"pytest", "_pytest"}) == []
 
 
 def test_the_fence_sees_a_heavy_import(bare: set[str]) -> None:

@@ -25,7 +25,9 @@ import sqlite3
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,6 +36,7 @@ import torch  # noqa: F401
 # Loaded here, before pytester snapshots sys.modules: the in-process runs would
 # otherwise drop torch after each run and the next import of it crashes.
 import perfguard.plugin.session  # noqa: F401
+from perfguard.baseline.store import Store
 from perfguard.capture.capturers import capture_name
 from perfguard.capture.torch_profiler import TRACE_SUFFIX
 from perfguard.compare.tolerance import parse_tolerance
@@ -946,3 +949,48 @@ def test_cpu_time_metric_is_recorded_stored_and_judged(repo: pytest.Pytester) ->
     calls = {f["gate"]: f for f in slower["gates"]["regressions"]}
     assert calls["calls"]["current"] - calls["calls"]["baseline"] >= 36
     r.stdout.fnmatch_lines(["*test_cpu.py::test_cpu_step*regressed*"])
+
+
+STEP_ONCE = """
+import pytest
+import torch
+
+A = torch.randn(16, 16)
+
+
+@pytest.mark.gpuprofile(iterations=2, warmup=1, rounds=3, metrics=("wall_time",))
+def test_step(gpuprofile):
+    for _ in gpuprofile.iterations():
+        A @ A
+"""
+STEP_NODEID = "test_step.py::test_step"
+
+
+def test_one_history_read_per_judged_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One judged test reads its history from the store once: the same rows give the
+    timing's between-run noise and the report's history rows (Store.history counted)."""
+    init_repo(pytester)
+    pytester.makepyfile(test_step=STEP_ONCE)
+    sha_a = commit(pytester.path, "A")
+    args = ("--perfguard", "-p", "no:cacheprovider", "--perfguard-save")
+    pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)
+    pytester.makepyfile(test_step=STEP_ONCE + "\n# no change to the step\n")
+    commit(pytester.path, "B")
+
+    reads: Counter[str] = Counter()
+    history = Store.history
+
+    def counted(self: Store, nodeid: str, **kw: Any) -> Any:
+        reads[nodeid] += 1
+        return history(self, nodeid, **kw)
+
+    monkeypatch.setattr(Store, "history", counted)
+    pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)
+    doc = json.loads((pytester.path / ".perfguard" / "results.json").read_text())
+    (entry,) = doc["tests"]
+    assert entry["baseline_commit"] == sha_a  # judged against run A
+    assert [h["commit"] for h in entry["history"]] == [sha_a]  # the rows, from that read
+    assert "1 of the 5 runs needed" in entry["timing"]["replicated"]  # the noise, from it too
+    assert reads == {STEP_NODEID: 1}

@@ -22,7 +22,7 @@ from perfguard.baseline.record import profiled_mask, record_from_analysis, timin
 from perfguard.baseline.store import Store  # noqa: E402
 from perfguard.capture import speed  # noqa: E402
 from perfguard.capture.capturers import TorchCapturer  # noqa: E402
-from perfguard.plugin import iterate  # noqa: E402
+from perfguard.core import loop  # noqa: E402
 from perfguard.plugin.iterate import GpuProfile  # noqa: E402
 from perfguard.plugin.marker import ProfileSpec  # noqa: E402
 from perfguard.trace import load_trace  # noqa: E402
@@ -49,7 +49,7 @@ def steady_machine(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     appends to the returned list, in order."""
     script: list[int] = []
     monkeypatch.setattr(speed, "reference_ns", lambda: script.pop(0) if script else 1_000_000)
-    monkeypatch.setattr(iterate, "RETRY_PAUSE_S", 0.0)
+    monkeypatch.setattr(loop, "RETRY_PAUSE_S", 0.0)
     return script
 
 

@@ -56,6 +56,7 @@ from perfguard.compare.against import history_levels, settings_for
 from perfguard.compare.documents import document
 from perfguard.compare.outcomes import fails
 from perfguard.compare.results import load_results
+from perfguard.compare.tolerance import ALPHA
 from perfguard.compare.units import format_ns, interval, p_value, percent
 from perfguard.environment import Environment, parse_across
 from perfguard.environment import incompatibility as env_incompatibility
@@ -101,8 +102,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--alpha",
         type=argtypes.alpha,
-        default=0.01,
-        help="significance level of the change's interval (default: 0.01)",
+        default=ALPHA,
+        help=f"significance level of the change's interval (default: {ALPHA:g})",
     )
     p.add_argument(
         "--compare-across",

@@ -10,6 +10,7 @@ from typing import Any
 
 from perfguard.baseline.store import store_location
 from perfguard.commands import argtypes
+from perfguard.compare.tolerance import TOLERANCE
 from perfguard.publish import publish
 
 
@@ -35,7 +36,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--report-url", metavar="TEMPLATE",
                    help="link each run to its report: a URL or path with {commit}, {run_id} "
                         "and {machine} filled in (e.g. a CI artifact URL)")  # fmt: skip
-    p.add_argument("--tolerance", type=argtypes.tolerance, default=0.05, metavar="PCT",
+    p.add_argument("--tolerance", type=argtypes.tolerance, default=TOLERANCE, metavar="PCT",
                    help="slowdown of the latest run that counts (default: 5%%)")  # fmt: skip
     p.add_argument("-j", "--jobs", type=argtypes.integer(1), metavar="N",
                    help="worker processes building pages (default: one per core)")  # fmt: skip

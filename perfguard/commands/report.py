@@ -21,6 +21,7 @@ from typing import Any
 from perfguard.baseline.db import is_url
 from perfguard.commands import argtypes
 from perfguard.compare.stored import results_from_store
+from perfguard.compare.tolerance import ALPHA
 from perfguard.errors import ReportError
 from perfguard.report.html import load_results, write_session_html
 from perfguard.report.markdown import write_markdown
@@ -58,8 +59,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--tolerance", type=argtypes.tolerance, default=None, metavar="PCT",
                    help="store only: slowdown that counts, e.g. 5%% (default: each test's "
                         "marker, else the session's, else 5%%)")  # fmt: skip
-    p.add_argument("--alpha", type=argtypes.alpha, default=0.01, metavar="P",
-                   help="store only: significance level (default 0.01)")  # fmt: skip
+    p.add_argument("--alpha", type=argtypes.alpha, default=ALPHA, metavar="P",
+                   help=f"store only: significance level (default {ALPHA:g})")  # fmt: skip
     p.add_argument("--max-ops", type=argtypes.integer(1), default=50, metavar="N",
                    help="ops listed per test, largest change first (default 50)")  # fmt: skip
     p.set_defaults(func=run)

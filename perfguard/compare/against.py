@@ -21,10 +21,14 @@ so the same store, record and settings give the same outcome and figures.
   unless the session compares across that group; what differs between the chosen
   baseline run and this one is handed to the judge, which lists it with the verdict
   (:mod:`perfguard.environment`).
-* **Settings from the record.** The marker's tolerance and gates were stored
-  with the record; an explicit tolerance (a CLI flag, the session's option
-  when the marker has none) is the only override, and every default is
-  :mod:`perfguard.compare.judge`'s.
+* **Settings from the record.** The test's tolerance was resolved once, when its
+  record was made (the marker's, else the session's: ``meta["tolerance"]``), and its
+  gates stored with it; an explicit tolerance (a CLI flag) is the only override of a
+  tolerance the marker did not set, and every default is
+  :mod:`perfguard.compare.tolerance`'s.
+* **One read of the history.** The test's stored levels are read once
+  (:func:`read_history`) for both the noise the timing is judged with
+  (:func:`history_levels`) and the rows the reports list (:func:`history_rows`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from perfguard.baseline.git import first_parent_commits, match_runs
 from perfguard.baseline.record import Fingerprint, TestRecord
 from perfguard.baseline.store import Store
 from perfguard.compare.gates import parse_gates
-from perfguard.compare.judge import ALPHA, TOLERANCE, Against, JudgeSettings
+from perfguard.compare.history import change_marks, with_machine
+from perfguard.compare.judge import Against, JudgeSettings
+from perfguard.compare.tolerance import ALPHA, TOLERANCE
 from perfguard.environment import Environment, EnvironmentChange
 
 #: stored runs of a test read for its between-run noise (the judge's history)
@@ -90,15 +96,19 @@ def against_from_store(
     only: Collection[str] | None = None,
     environment: Environment | None = None,
     across: Collection[str] = (),
+    rows: bool = False,
 ) -> Against:
     """The judge's input for ``record`` (module docstring).
 
     ``exclude_run_id``: the run being judged, when it is stored already.
     ``only``: the commits an acceptance allows (runs before it no longer count).
     ``environment``: this run's (None: not checked); ``across``: the blocking groups
-    compared across anyway (``--perfguard-compare-across``).
+    compared across anyway (``--perfguard-compare-across``). ``rows``: also the history
+    rows the reports list (``Against.rows``), from the same read of the history.
     """
     nodeid = record.nodeid
+    frame = read_history(store, nodeid, fingerprint) if rows else None
+    listed = history_rows(store, nodeid, fingerprint, frame) if frame is not None else []
     match, pooled = match_runs(
         store.runs_with_test(nodeid), history.commits, history.ref, fingerprint,
         exclude_run_id=exclude_run_id, only=only, environment=environment, across=across,
@@ -109,9 +119,9 @@ def against_from_store(
             store.runs(), history.commits, history.ref, fingerprint,
             exclude_run_id=exclude_run_id, only=only, environment=environment, across=across,
         )  # fmt: skip
-        return Against(run_found=anyone.found)
+        return Against(run_found=anyone.found, rows=listed)
     if match.status == "incomparable":
-        return Against(incompatibility=match.reason, run_found=True)
+        return Against(incompatibility=match.reason, run_found=True, rows=listed)
     commit = str(match.commit)
     # timing pools only runs measured like this one (same -n); the gates need one record
     timing_ok = [fingerprint.timing_incompatibility(fp) is None for fp in pooled["fingerprint"]]
@@ -138,9 +148,17 @@ def against_from_store(
     return Against(
         records=records, commit=commit, run_found=True, incompatibility=reason,
         timing_incompatibility=timing_reason,
-        history=history_levels(store, record, fingerprint, only, before_run_id=exclude_run_id),
-        environment=changes,
+        history=history_levels(store, record, fingerprint, only, before_run_id=exclude_run_id,
+                               rows=frame),
+        environment=changes, rows=listed,
     )  # fmt: skip
+
+
+def read_history(store: Store, nodeid: str, fingerprint: Fingerprint) -> pd.DataFrame:
+    """The test's latest :data:`HISTORY_RUNS` run levels on machines like ``fingerprint``
+    (:meth:`Store.history`): the one read behind both :func:`history_levels` and
+    :func:`history_rows`."""
+    return store.history(nodeid, fingerprint=fingerprint, limit=HISTORY_RUNS)
 
 
 def history_levels(
@@ -150,11 +168,14 @@ def history_levels(
     only: Collection[str] | None,
     *,
     before_run_id: int | None = None,
+    rows: pd.DataFrame | None = None,
 ) -> np.ndarray:
     """The test's run levels measured like this one (machine and ``-n``), oldest first; since
     the acceptance, when ``only`` names its commits. ``before_run_id``: a stored run being
-    judged again sees the history its session saw (the runs saved before it)."""
-    rows = store.history(record.nodeid, fingerprint=fingerprint, limit=HISTORY_RUNS)
+    judged again sees the history its session saw (the runs saved before it). ``rows``:
+    :func:`read_history`'s, when read already."""
+    if rows is None:
+        rows = read_history(store, record.nodeid, fingerprint)
     if before_run_id is not None:
         rows = rows[rows["run_id"] < before_run_id]
     rows = rows[rows["metric"] == record.metric]
@@ -163,13 +184,16 @@ def history_levels(
     return rows["median_ns"].to_numpy(dtype=np.float64)
 
 
-def history_rows(store: Store, nodeid: str, fingerprint: Fingerprint) -> list[dict[str, Any]]:
+def history_rows(
+    store: Store, nodeid: str, fingerprint: Fingerprint, rows: pd.DataFrame | None = None
+) -> list[dict[str, Any]]:
     """The test's stored levels as the reports list them (commit, time, median_ns, and
     ``change``: the timing and counter change points at that run, and a run measured on an
-    unusual machine, :func:`perfguard.compare.history.change_marks`)."""
-    from perfguard.compare.history import change_marks, with_machine
+    unusual machine, :func:`perfguard.compare.history.change_marks`). ``rows``:
+    :func:`read_history`'s, when read already."""
 
-    rows = store.history(nodeid, fingerprint=fingerprint, limit=HISTORY_RUNS)
+    if rows is None:
+        rows = read_history(store, nodeid, fingerprint)
     rows = rows[rows["median_ns"].notna()].reset_index(drop=True)
     levels = pd.DataFrame({"run_id": rows["run_id"], "commit": rows["commit"].astype(str),
                            "value": rows["median_ns"].astype(np.float64)})  # fmt: skip

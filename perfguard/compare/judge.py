@@ -35,14 +35,10 @@ from perfguard.compare.timing import (
     judge_store,
     not_judged,
 )
+from perfguard.compare.tolerance import ALPHA, TOLERANCE
 from perfguard.compare.units import format_ns
 from perfguard.environment import EnvironmentChange
 from perfguard.errors import CompareError
-
-#: significance level of every interval and test (one place for the default)
-ALPHA = 0.01
-#: the tolerance when neither the marker nor the session sets one
-TOLERANCE = 0.05
 
 
 @dataclass
@@ -71,6 +67,9 @@ class Against:
     timing_incompatibility: str | None = None
     history: np.ndarray = field(default_factory=lambda: np.zeros(0))
     environment: tuple[EnvironmentChange, ...] = ()
+    #: the test's stored levels as the reports list them (store mode, when asked for:
+    #: read with ``history``, :func:`perfguard.compare.against.against_from_store`)
+    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -219,8 +218,8 @@ def compare_records(
     current: TestRecord,
     baseline: TestRecord | None,
     *,
-    tolerance: float = 0.05,
-    alpha: float = 0.01,
+    tolerance: float = TOLERANCE,
+    alpha: float = ALPHA,
     incompatibility: str | None = None,
     baseline_commit: str | None = None,
     baseline_run_exists: bool = False,

@@ -44,6 +44,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from perfguard.compare.tolerance import ALPHA
+
 #: largest m*n for which the exact null distribution of U is used (no ties)
 EXACT_MAX_PAIRS = 10_000
 #: largest m*n for which all pairwise differences are formed per row
@@ -256,7 +258,7 @@ class ShiftResult:
     level: float
 
 
-def compare_samples(x: np.ndarray, y: np.ndarray, alpha: float = 0.01) -> ShiftResult:
+def compare_samples(x: np.ndarray, y: np.ndarray, alpha: float = ALPHA) -> ShiftResult:
     """Baseline rows ``x`` (k x m) against current rows ``y`` (k x n): change, interval, p.
 
     ``delta`` is the ratio of the sample medians minus 1 (the figure a reader

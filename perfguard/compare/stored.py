@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from perfguard.compare.results import Baseline, HistoryRow, Run, SessionResults
+from perfguard.compare.tolerance import ALPHA
 
 __all__ = ["results_from_store"]
 
@@ -22,7 +23,7 @@ def results_from_store(
     baseline_ref: str | None = None,
     repo: str | Path = ".",
     tolerance: float | None = None,
-    alpha: float = 0.01,
+    alpha: float = ALPHA,
 ) -> SessionResults:
     """The session document of stored run ``run_id``, judged as the plugin judges it.
 
@@ -38,6 +39,7 @@ def results_from_store(
         against_from_store,
         history_levels,
         history_rows,
+        read_history,
         settings_for,
     )
     from perfguard.compare.judge import Against, judge
@@ -63,24 +65,26 @@ def results_from_store(
         for nodeid, record in records.items():
             if walk is not None:
                 against = against_from_store(store, walk, record, fp, exclude_run_id=run_id,
-                                             environment=info.environment)  # fmt: skip
+                                             environment=info.environment, rows=True)  # fmt: skip
                 if baseline is None and against.commit:
                     baseline = Baseline(ref=baseline_ref, commit=against.commit)
             elif baseline_run is not None:
                 base = base_records.get(nodeid)
+                frame = read_history(store, nodeid, fp)  # read once: levels and rows
                 against = Against(
                     records=[base] if base is not None else [], commit=base_commit,
                     run_found=True, incompatibility=base_reason,
                     timing_incompatibility=base_timing,
-                    history=history_levels(store, record, fp, None, before_run_id=run_id),
-                    environment=changes,
+                    history=history_levels(store, record, fp, None, before_run_id=run_id,
+                                           rows=frame),
+                    environment=changes, rows=history_rows(store, nodeid, fp, frame),
                 )  # fmt: skip
             else:
-                against = Against()
+                against = Against(rows=history_rows(store, nodeid, fp))
             c = judge(record, against, settings_for(record, tolerance, alpha))
             capture = record.meta.get("capture")
             tests.append(c.entry(
-                history=[HistoryRow(**h) for h in history_rows(store, nodeid, fp)],
+                history=[HistoryRow(**h) for h in against.rows],
                 backend=fp.backend,
                 capture=None if capture is None else str(capture),
             ))  # fmt: skip

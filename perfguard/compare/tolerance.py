@@ -1,7 +1,9 @@
-"""Tolerances as users write them: ``"5%"`` or ``0.05``.
+"""Tolerances as users write them: ``"5%"`` or ``0.05``; and the one home of the two
+defaults every verdict is judged with, :data:`TOLERANCE` and :data:`ALPHA`.
 
 One parser for the marker, the pytest options and the CLI, so the three
-accept and refuse exactly the same spellings.
+accept and refuse exactly the same spellings. Standard library only: the plugin's
+options and marker import it whenever pytest starts.
 """
 
 from __future__ import annotations
@@ -9,6 +11,11 @@ from __future__ import annotations
 import math
 import re
 from typing import Any
+
+#: the tolerance when neither the marker nor the session (nor a CLI flag) sets one
+TOLERANCE = 0.05
+#: significance level of every interval and test (the judge's, the ops', the CLI's default)
+ALPHA = 0.01
 
 _PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*%\s*$")
 

@@ -21,7 +21,14 @@ import numpy as np
 import pytest
 
 from perfguard.baseline.git import common_dir, prepare_worktree
+from perfguard.baseline.record import merge_rounds, round_value
+from perfguard.compare.against import settings_for
+from perfguard.compare.judge import Against
+from perfguard.compare.timing import ab_resolved, judge_ab
+from perfguard.compare.tolerance import ALPHA
 from perfguard.compare.units import interval, percent
+from perfguard.core.record import Measured
+from perfguard.core.verdict import verdict
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import (
     AB_FOREIGN_ENV,
@@ -37,8 +44,9 @@ from perfguard.plugin.ab import (
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.forkserver import preload_names
 from perfguard.plugin.interleave import ab_env
+from perfguard.plugin.items import spec_of
 from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, plugin_args
-from perfguard.plugin.outputs import ALPHA, SessionOutputs
+from perfguard.plugin.outputs import SessionOutputs
 from perfguard.plugin.valgrind_child import InstructionSession
 from perfguard.plugin.verdicts import Verdicts
 
@@ -173,9 +181,6 @@ class Coordinator:
 
     def _verdict(self, ab: TestAB) -> Any:
         """The timing verdict of the pairs measured so far (None while a side has none)."""
-        from perfguard.baseline.record import round_value
-        from perfguard.compare.timing import judge_ab
-
         if ab.base.failure or ab.head.failure or not ab.base.records or not ab.head.records:
             return None
         metric = ab.head.records[0].metric
@@ -193,26 +198,22 @@ class Coordinator:
     def _tolerance(self, ab: TestAB) -> float:
         """The test's own tolerance (its marker's, else the session's), as the final judge
         takes it: auto-sampling must resolve the change that verdict will be asked about."""
-        from perfguard.compare.against import settings_for
-
         return settings_for(ab.head.records[0], self.context.settings.tolerance).tolerance
 
     def _unresolved(self, nodeid: str, ab: TestAB) -> bool:
-        from perfguard.compare.timing import ab_resolved
-
-        verdict = self._verdict(ab)
-        return verdict is not None and not ab_resolved(verdict, self._tolerance(ab))
+        so_far = self._verdict(ab)
+        return so_far is not None and not ab_resolved(so_far, self._tolerance(ab))
 
     def _status(self, nodeid: str, ab: TestAB) -> str:
         """A test's change so far, for the progress line."""
-        verdict = self._verdict(ab)
+        so_far = self._verdict(ab)
         name = nodeid.rsplit("::", 1)[-1]
-        if verdict is None or verdict.delta_pct is None:
+        if so_far is None or so_far.delta_pct is None:
             return ""  # fewer pairs than a change is estimated from
         ci = ""
-        if verdict.ci_low_pct is not None:
-            ci = f" {interval(verdict.ci_low_pct, verdict.ci_high_pct)}"
-        return f"{name} {percent(verdict.delta_pct, True)}{ci}"
+        if so_far.ci_low_pct is not None:
+            ci = f" {interval(so_far.ci_low_pct, so_far.ci_high_pct)}"
+        return f"{name} {percent(so_far.delta_pct, True)}{ci}"
 
     # ------------------------------------------------------------------ per test
     def isolate(self, item: pytest.Item) -> bool:
@@ -248,10 +249,6 @@ class Coordinator:
 
     def _judge_ab(self, item: pytest.Item) -> None:
         """The A/B verdict of one test from its rounds in both trees."""
-        from perfguard.baseline.record import merge_rounds
-        from perfguard.compare.against import settings_for
-        from perfguard.compare.judge import Against, judge
-
         ab = self.results.get(item.nodeid)
         if ab is None:
             return
@@ -264,8 +261,6 @@ class Coordinator:
         notes: list[str] = []
         base = merge_rounds(ab.base.records) if ab.base.records else None
         if self.head_instructions is not None and self.base_instructions is not None:
-            from perfguard.plugin.items import spec_of
-
             iterations = spec_of(item).iterations
             head = self.head_instructions.counted(head, iterations, notes)
             if base is not None:
@@ -283,9 +278,12 @@ class Coordinator:
             run_found=True,  # the base tree was measured: a test it lacks is new
             incompatibility=reason,
         )  # fmt: skip
-        comparison = judge(head, against, settings_for(head, self.context.settings.tolerance))
-        self.verdicts.finish(item, head, comparison, [], head.meta.get("capture"), backend,
-                             notes)  # fmt: skip
+        # the head's rounds ran in children, which know the marker's tolerance but not the
+        # session's --perfguard-tolerance: it is resolved for them here
+        settings = settings_for(head, self.context.settings.tolerance)
+        measured = Measured(head, capture=head.meta.get("capture"), backend=backend, notes=notes)
+        entry = verdict(head, against, settings, measured, worker=self.context.worker_id)
+        self.verdicts.finish(item, head, entry)
 
     def _judge_isolated(self, item: pytest.Item) -> None:
         """Store mode on the record the test's own child process made."""
@@ -294,13 +292,8 @@ class Coordinator:
             return
         record = ab.head.records[0]
         backend = str(record.meta.get("backend") or self.context.backend.label)
-        try:
-            comparison = self.verdicts.compare(record)
-        except (PerfguardError, ValueError, KeyError) as exc:
-            self.verdicts.error(item, " ".join(str(exc).split()), self.context.backend.label)
-            return
-        self.verdicts.finish(item, record, comparison, [], record.meta.get("capture"), backend,
-                             [])  # fmt: skip
+        measured = Measured(record, capture=record.meta.get("capture"), backend=backend)
+        self.verdicts.judge_record(item, record, measured)
 
 
 class RoundChild:

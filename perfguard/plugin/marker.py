@@ -1,4 +1,5 @@
-"""The ``gpuprofile`` marker: its documented signature and the check of its arguments.
+"""The ``gpuprofile`` marker: its documented signature and the check of its arguments,
+which make a :class:`~perfguard.core.spec.ProfileSpec`.
 
 ``@pytest.mark.gpuprofile(iterations=30, warmup=5, tolerance="5%",
 metrics=("gpu_time",), key_node=None, backend=None)``. Arguments are
@@ -10,19 +11,21 @@ Standard library and pytest only: imported whenever the plugin loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from perfguard.compare.tolerance import parse_tolerance
+from perfguard.core.spec import INSTRUCTIONS, ProfileSpec
 from perfguard.plugin.options import BACKEND_CHOICES
+
+__all__ = ["MARKER", "MARKER_HELP", "METRIC_NAMES", "ProfileSpec", "parse_marker"]
 
 MARKER = "gpuprofile"
 #: the metric names a marker may ask for: the timings (keys of
 #: perfguard.baseline.record.METRICS), and the host instructions counted under Callgrind
 #: (perfguard.plugin.valgrind_child), gated beside them
-METRIC_NAMES = ("gpu_time", "wall_time", "cpu_time", "instructions")
+METRIC_NAMES = ("gpu_time", "wall_time", "cpu_time", INSTRUCTIONS)
 MARKER_HELP = (
     "gpuprofile(iterations=30, warmup=5, rounds=5, tolerance='5%', metrics=('gpu_time',), "
     "gates=None, framework=None, key_node=None, backend=None): profile this benchmark test "
@@ -33,36 +36,6 @@ MARKER_HELP = (
     "test, and so does a deterministic counter (calls, launches, FLOPs, syncs, copies, "
     "Tensor Cores, dtypes, peak memory) beyond its budget in `gates`."
 )
-
-
-@dataclass(frozen=True)
-class ProfileSpec:
-    """A marker's checked arguments; ``tolerance`` None leaves it to the session's option."""
-
-    iterations: int = 30
-    warmup: int = 5
-    rounds: int = 5  # the session's --perfguard-rounds wins over the default, not a marker's
-    rounds_given: bool = False
-    gates: dict[str, Any] | None = None
-    framework: str | None = None  # torch | tf | jax; None: what the test's module imported
-    tolerance: float | None = None
-    metrics: tuple[str, ...] = ("gpu_time",)
-    key_node: str | None = None
-    backend: str | None = None
-    marked: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "iterations": self.iterations,
-            "warmup": self.warmup,
-            "rounds": self.rounds,
-            "gates": self.gates,
-            "framework": self.framework,
-            "tolerance": self.tolerance,
-            "metrics": list(self.metrics),
-            "key_node": self.key_node,
-            "backend": self.backend,
-        }
 
 
 def _count(value: Any, name: str, minimum: int) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from perfguard.compare.tolerance import parse_tolerance
+from perfguard.compare.tolerance import TOLERANCE, parse_tolerance
 from perfguard.environment import parse_across
 
 BACKEND_CHOICES = ("auto", "torch", "nsys", "cpu")
@@ -42,7 +42,6 @@ AB_CHILDREN_CHOICES = ("pair", "separate")
 METRIC_CHOICES = ("instructions",)
 DEFAULT_STORE = "baselines/perfguard.db"
 DEFAULT_OUTPUT = ".perfguard"
-DEFAULT_TOLERANCE = 0.05
 #: rounds of a test's loop per session (store mode): enough for a spread and a
 #: t interval, few enough that a CI run stays practical
 DEFAULT_ROUNDS = 5
@@ -302,9 +301,7 @@ def read_settings(config: pytest.Config) -> Settings:
             elif dest == "perfguard_fail_on":
                 values[dest] = _choice(str(value or "regression"), FAIL_ON_CHOICES, "fail-on")
             elif dest == "perfguard_tolerance":
-                values[dest] = (
-                    DEFAULT_TOLERANCE if value is None else parse_tolerance(value, "tolerance")
-                )
+                values[dest] = TOLERANCE if value is None else parse_tolerance(value, "tolerance")
             elif dest == "perfguard_baseline":
                 ref = None if value is None else str(value).strip()
                 if ref is not None and (not ref or ref.startswith("-")):

@@ -9,13 +9,15 @@ pandas and the analysis get imported. The parts, along a test's life:
 * :class:`~perfguard.plugin.coordinator.Coordinator` — tests measured in child processes:
   A/B mode measures both trees after collection; ``--perfguard-isolate`` runs each test
   in a child at set-up. :class:`~perfguard.plugin.coordinator.RoundChild` is such a child.
-* :class:`~perfguard.plugin.runner.CaptureRunner` — tests captured here: the fixture's
-  loop, nsys at **setup** (the test re-run alone in a child pytest under nsys; the parent
-  then skips the body and reports the child's outcome; a crash, hang or profiler failure
-  is the test's setup *error*), a marked test without the fixture captured whole at
-  **call**; after the body a typed :class:`~perfguard.plugin.runner.CaptureResult`.
+* :class:`~perfguard.plugin.runner.CaptureRunner` — tests captured here: what each item
+  asks for (once per test), the fixture's loop, nsys at **setup** (the test re-run alone
+  in a child pytest under nsys; the parent then skips the body and reports the child's
+  outcome; a crash, hang or profiler failure is the test's setup *error*), a marked test
+  without the fixture captured whole at **call**; after the body a typed
+  :class:`~perfguard.core.record.CaptureResult`.
 * :class:`~perfguard.plugin.verdicts.Verdicts` — right after the body, in the
-  ``pytest_runtest_call`` wrapper: analysed, compared, kept; a regression is raised there,
+  ``pytest_runtest_call`` wrapper: the core's record and verdict (:mod:`perfguard.core`),
+  kept; a regression is raised there,
   so the failure, its message and ``-ra`` line belong to that test's call report, and
   ``user_properties`` (hence ``--junitxml``) carry the figures. A capture that failed is
   raised at **teardown** as the test's *error*, with the reason; the session goes on.
@@ -39,15 +41,15 @@ from typing import Any
 
 import pytest
 
+from perfguard.core.phases import timed
+from perfguard.core.spec import ProfileSpec
 from perfguard.errors import PerfguardError
 from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.coordinator import Coordinator, RoundChild
-from perfguard.plugin.items import uses_loop
+from perfguard.plugin.items import profiled, spec_of, uses_loop
 from perfguard.plugin.iterate import GpuProfile
-from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.options import Settings, plugin_args
 from perfguard.plugin.outputs import SessionOutputs
-from perfguard.plugin.phases import timed
 from perfguard.plugin.runner import CaptureRunner
 from perfguard.plugin.valgrind_child import METRIC, InstructionSession
 from perfguard.plugin.verdicts import Verdicts
@@ -70,7 +72,7 @@ class PerfguardSession:
             settings.output, settings.timeout, keep_env=settings.instructions_env,
             plugin_args=plugin_args(config),
         )  # fmt: skip
-        self.runner.instructions = self.instructions
+        self.verdicts.instructions = self.instructions
         self.child = RoundChild(self.context.round_child) if self.context.round_child else None
         self.coordinator: Coordinator | None = None
         if self.child is not None:
@@ -102,8 +104,6 @@ class PerfguardSession:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """A/B: every selected marked test measured in both trees, up front. Store mode:
         the instructions of the tests that ask for them, counted in one Callgrind child."""
-        from perfguard.plugin.items import profiled
-
         if self.coordinator is None:
             return
         settings = self.context.settings
@@ -135,8 +135,6 @@ class PerfguardSession:
         try:
             what = self.runner.captures(item)
         except PerfguardError as exc:  # the marker's backend= cannot run here
-            from perfguard.plugin.items import spec_of
-
             backend = spec_of(item).backend or "?"
             self.verdicts.error(item, str(exc), backend, at_teardown=False)
             pytest.fail(f"perfguard: backend {backend!r} of {item.nodeid}: {exc}", pytrace=False)
@@ -198,7 +196,7 @@ class PerfguardSession:
         if what is not None:
             capture = self.runner.result(item, what[0])
             if capture is not None:
-                self.verdicts.judge_capture(item, what[0], capture, self.runner)
+                self.verdicts.judge_capture(item, what[0], capture)
         return result
 
     @pytest.hookimpl(trylast=True)
@@ -267,8 +265,6 @@ class PerfguardSession:
 def _wants_instructions(item: pytest.Item, settings: Settings) -> bool:
     """The test asks for host instructions: its marker's ``metrics=`` or the session's
     ``--perfguard-metric``; a bad marker is its own setup error later, not counted."""
-    from perfguard.plugin.items import spec_of
-
     if settings.metric == METRIC:
         return True
     try:

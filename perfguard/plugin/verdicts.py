@@ -1,35 +1,37 @@
 """A test's verdict in the session: compared, kept, and a regression raised as its failure.
 
-Store mode compares a record with what :func:`perfguard.compare.against.against_from_store`
-builds from the session's store (the nearest run at or before the baseline ref that
-measured the test, on a compatible machine, since its acceptance when one applies) through
-the one :func:`perfguard.compare.judge.judge`, as ``perfguard report``, ``compare`` and
-``bisect`` do. A/B mode hands its own :class:`~perfguard.compare.judge.Against` to
-:meth:`Verdicts.finish`. Either way :meth:`Verdicts.finish` keeps the entry with the
-session's outputs, adds the JUnit properties, and fails a regressed test with the
-explanation's words; :meth:`Verdicts.error` records a test nothing could be judged on.
+Store mode: the capture becomes a record (:func:`perfguard.core.record.analyse`, with the
+session's Callgrind counts), judged by :func:`perfguard.core.verdict.verdict` against what
+:func:`perfguard.compare.against.against_from_store` builds from the session's store (the
+nearest run at or before the baseline ref that measured the test, on a compatible machine,
+since its acceptance when one applies; the test's history read once, for its noise and its
+rows), as ``perfguard report``, ``compare`` and ``bisect`` do. A/B mode makes its entry
+with its own :class:`~perfguard.compare.judge.Against`. Either way :meth:`Verdicts.finish`
+keeps the entry with the session's outputs, adds the JUnit properties, and fails a
+regressed test with the explanation's words; :meth:`Verdicts.error` records a test
+nothing could be judged on.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-from perfguard.baseline.record import TestRecord, instruction_counts
-from perfguard.capture.capturers import capture_name
-from perfguard.compare.outcomes import Outcome, fails
+from perfguard.baseline.accept import applicable
+from perfguard.baseline.record import TestRecord
+from perfguard.compare.against import History, against_from_store, settings_for
+from perfguard.compare.judge import Against
+from perfguard.compare.outcomes import fails
 from perfguard.compare.results import TestEntry
+from perfguard.core.phases import timed
+from perfguard.core.record import CaptureResult, Measured, analyse, timing_record
+from perfguard.core.spec import ProfileSpec
+from perfguard.core.verdict import verdict
 from perfguard.errors import DamagedStoreError, PerfguardError
 from perfguard.plugin.context import SessionContext
-from perfguard.plugin.marker import ProfileSpec
 from perfguard.plugin.outputs import SessionOutputs
-from perfguard.plugin.phases import timed
-from perfguard.plugin.runner import CaptureResult, CaptureRunner
-
-if TYPE_CHECKING:
-    from perfguard.compare.comparison import TestComparison
+from perfguard.plugin.valgrind_child import InstructionSession
 
 #: a capture failure, raised as the test's teardown error
 _error_key = pytest.StashKey[str]()
@@ -44,63 +46,59 @@ class Verdicts:
         #: nodeid -> the acceptance (perfguard.baseline.accept) it was judged under
         self.accepted: dict[str, Any] = {}
         self._walk: Any = None  # the baseline ref's first-parent history, walked once
+        #: the session's Callgrind counts (:mod:`perfguard.plugin.valgrind_child`), if any
+        self.instructions: InstructionSession | None = None
 
     # ------------------------------------------------------------------ store mode
-    def judge_capture(
-        self, item: pytest.Item, spec: ProfileSpec, capture: CaptureResult, runner: CaptureRunner
-    ) -> None:
-        """Analyse the capture, compare it, record the result; raise a regression as a failure."""
+    def judge_capture(self, item: pytest.Item, spec: ProfileSpec, capture: CaptureResult) -> None:
+        """Analyse the capture, judge its record, keep the entry; raise a regression as a
+        failure."""
         if capture.error:
             self.error(item, capture.error, capture.backend, capture.path)
             return
-        phases = capture.phase_s
         if capture.timing_only:  # an A/B pair child's timing rounds: the parent judges
-            self.outputs.records[item.nodeid] = runner.timing_record(spec, capture, item.nodeid)
+            self.outputs.records[item.nodeid] = timing_record(spec, capture, item.nodeid)
             return
         try:
-            done = runner.analyse(spec, capture, item.nodeid)
-            if self.context.damaged is not None:
-                self.not_judged_damaged(item, done.record, capture.path, capture.backend)
-                return
-            with timed(phases, "compare"):
-                comparison = self.compare(done.record)
-                if done.analysis.ops.empty:  # nothing attributed or gated: never silently
-                    from perfguard.capture.frameworks import empty_capture_reason
-                    from perfguard.compare.comparison import with_empty_capture
-
-                    why = empty_capture_reason(capture.framework)
-                    comparison = with_empty_capture(comparison, why)
-        except DamagedStoreError as exc:
-            self.context.store_damaged(exc)
-            self.not_judged_damaged(item, done.record, capture.path, capture.backend)
-            return
+            measured = analyse(spec, capture, item.nodeid)
+            record = measured.record
+            if self.instructions is not None:  # the loop's Callgrind counts, when made
+                record = self.instructions.counted(record, spec.iterations, measured.notes)
         except (PerfguardError, ValueError, KeyError) as exc:
             msg = " ".join(str(exc).split()) or type(exc).__name__
             self.error(item, msg, capture.backend, capture.path)
             return
-        timeline = None
-        if comparison.outcome is Outcome.REGRESSED:
-            with timed(phases, "timeline"):
-                timeline = self._timeline(done.analysis, capture.path, item.nodeid)
-        self.finish(item, done.record, comparison, done.findings, capture.path, capture.backend,
-                    capture.notes, timeline, phases)  # fmt: skip
+        self.judge_record(item, record, measured)
 
-    def compare(self, record: TestRecord) -> TestComparison:
-        """The verdict, from :func:`perfguard.compare.judge` (store mode) on the input
-        :func:`perfguard.compare.against.against_from_store` builds, as every entry point."""
-        from perfguard.compare.against import settings_for
-        from perfguard.compare.judge import judge
+    def judge_record(self, item: pytest.Item, record: TestRecord, measured: Measured) -> None:
+        """Store mode: ``record`` judged against the session's store (its baseline and its
+        history, read once), the entry kept; a regression raised as the test's failure."""
+        ctx = self.context
+        if ctx.damaged is not None:
+            self.not_judged_damaged(item, record, measured.capture, str(measured.backend))
+            return
+        try:
+            with timed(measured.phase_s, "history"):  # the store's reads
+                against = self._against(record)
+            entry = verdict(
+                record, against, settings_for(record), measured,
+                accepted=self.accepted.get(item.nodeid), worker=ctx.worker_id,
+                output=ctx.settings.output,
+            )  # fmt: skip
+        except DamagedStoreError as exc:
+            ctx.store_damaged(exc)
+            self.not_judged_damaged(item, record, measured.capture, str(measured.backend))
+            return
+        except (PerfguardError, ValueError, KeyError) as exc:
+            msg = " ".join(str(exc).split()) or type(exc).__name__
+            self.error(item, msg, str(measured.backend), measured.capture)
+            return
+        self.finish(item, record, entry)
 
-        tolerance = self.context.settings.tolerance
-        return judge(record, self._against(record), settings_for(record, tolerance))
-
-    def _against(self, record: TestRecord) -> Any:
+    def _against(self, record: TestRecord) -> Against:
         """The nearest stored run at or before the baseline ref that measured this test on
-        a compatible machine (pooled with that commit's other runs of it), and its history;
-        since the test's acceptance, when one applies."""
-        from perfguard.compare.against import History, against_from_store
-        from perfguard.compare.judge import Against
-
+        a compatible machine (pooled with that commit's other runs of it), and its history
+        (its noise and its rows, one read); since the test's acceptance, when one applies."""
         ctx = self.context
         if ctx.store is None or ctx.git is None or not ctx.baseline_ref:
             return Against()
@@ -110,14 +108,12 @@ class Verdicts:
         return against_from_store(
             ctx.store, self._walk, record, ctx.fingerprint,
             only=accepted.commits if accepted is not None else None,
-            environment=ctx.environment, across=ctx.settings.compare_across,
+            environment=ctx.environment, across=ctx.settings.compare_across, rows=True,
         )  # fmt: skip
 
     def _acceptance(self, nodeid: str) -> Any:
         """The acceptance of ``nodeid`` that applies to HEAD (store mode), remembered for
         the test's entry; None when there is none (or no store or git to ask)."""
-        from perfguard.baseline.accept import applicable
-
         ctx = self.context
         if ctx.store is None or ctx.git is None or not ctx.baseline_ref:
             return None
@@ -131,82 +127,18 @@ class Verdicts:
             self.accepted[nodeid] = found
         return found
 
-    def _history(self, nodeid: str) -> list[dict[str, Any]]:
-        from perfguard.compare.against import history_rows
-
-        ctx = self.context
-        if ctx.store is None:
-            return []
-        try:
-            return history_rows(ctx.store, nodeid, ctx.fingerprint)
-        except DamagedStoreError:
-            raise  # never a verdict shown with part of its history
-        except PerfguardError:
-            return []
-
-    def _timeline(self, analysis: Any, capture: Path, nodeid: str) -> str | None:
-        """A regressed test's capture as a Perfetto trace beside it (the report links it):
-        the reviewer opens the evidence in ui.perfetto.dev, op to kernel. Named after the
-        test (one file per test: a name cut from the capture's would be its module's)."""
-        from perfguard.report.perfetto import write_perfetto
-
-        name = capture_name(nodeid) + ".perfetto.json.gz"
-        output = self.context.settings.output
-        try:
-            path = write_perfetto(analysis, capture.with_name(name))
-            return str(Path(path).resolve().relative_to(output.resolve()))
-        except (OSError, ValueError, PerfguardError):
-            return None  # the verdict stands without its timeline
-
     # ------------------------------------------------------------------ every mode
-    def finish(
-        self,
-        item: pytest.Item,
-        record: TestRecord,
-        comparison: TestComparison,
-        findings: list[dict[str, Any]],
-        capture: Any,
-        backend: str,
-        notes: list[str],
-        timeline: str | None = None,
-        phases: dict[str, float] | None = None,
-    ) -> None:
-        """Keep the record and the verdict; a regression fails the test here. ``phases``:
-        the wall seconds of the measurement's parts so far; the history's and the
-        results' own are added here."""
-        phases = dict(phases or {})
-        try:
-            with timed(phases, "history"):
-                history = self._history(item.nodeid)
-        except DamagedStoreError as exc:
-            self.context.store_damaged(exc)
-            self.not_judged_damaged(item, record, capture, backend)
-            return
-        from perfguard.compare.profile import profile_of
-        from perfguard.compare.results import Acceptance, Finding, HistoryRow
-
-        accepted = self.accepted.get(item.nodeid) if comparison.mode == "store" else None
-        entry = comparison.entry(
-            accepted=Acceptance(**accepted.to_dict()) if accepted is not None else None,
-            timeline=timeline,
-            findings=[Finding.of(f) for f in findings],
-            history=[HistoryRow(**h) for h in history],
-            capture=str(capture) if capture else None,
-            backend=backend,
-            notes=notes,
-            worker=self.context.worker_id,
-            phase_s=phases,
-            counted=instruction_counts(record),
-            profile=profile_of(record),
-        )
+    def finish(self, item: pytest.Item, record: TestRecord, entry: TestEntry) -> None:
+        """Keep the record and its entry (:func:`perfguard.core.verdict.verdict`'s); a
+        regression fails the test here (the one fail rule, :func:`fails`)."""
         self.outputs.add(entry, record)
         _add_properties(item, entry)
         if fails(entry.outcome, self.context.settings.fail_on):
-            commit = comparison.baseline_commit or ""
-            what = "the base tree" if comparison.mode == "ab" else "the baseline"
+            commit = entry.baseline_commit or ""
+            what = "the base tree" if entry.mode == "ab" else "the baseline"
             pytest.fail(
                 f"perfguard: {item.nodeid} regressed against {what} at {commit[:12]}: "
-                f"{comparison.explanation.text()}",
+                f"{entry.explained.text()}",
                 pytrace=False,
             )
 

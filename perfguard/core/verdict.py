@@ -1,0 +1,101 @@
+"""A test's verdict: its record judged against what it is compared with, as its entry.
+
+:func:`verdict` is the one call from a record to a
+:class:`~perfguard.compare.results.TestEntry`: the judge's outcome and figures
+(:func:`perfguard.compare.judge.judge`), a capture that saw no op never silently passing,
+a regressed test's capture written as a Perfetto timeline, and beside the verdict what
+the entry shows of how the record was made (:class:`~perfguard.core.record.Measured`) and
+the test's stored history (``Against.rows``: read once with its noise levels,
+:func:`perfguard.compare.against.against_from_store`). Every mode of the plugin (store,
+A/B, isolation) makes its entries here; no pytest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from perfguard.baseline.record import TestRecord, instruction_counts
+from perfguard.capture.capturers import capture_name
+from perfguard.capture.frameworks import empty_capture_reason
+from perfguard.compare.comparison import TestComparison, with_empty_capture
+from perfguard.compare.judge import Against, JudgeSettings, judge
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.profile import profile_of
+from perfguard.compare.results import Acceptance, Finding, HistoryRow, TestEntry
+from perfguard.core.phases import timed
+from perfguard.core.record import Measured
+from perfguard.errors import PerfguardError
+from perfguard.report.perfetto import write_perfetto
+
+
+def verdict(
+    record: TestRecord,
+    against: Against,
+    settings: JudgeSettings,
+    measured: Measured | None = None,
+    *,
+    accepted: Any = None,
+    worker: str | None = None,
+    output: Path | None = None,
+) -> TestEntry:
+    """The entry of ``record`` judged against ``against`` with ``settings``.
+
+    ``measured``: how the record was made (its analysis, findings, capture, notes and
+    phases; None: the record alone). ``accepted``: the acceptance the test was judged
+    under (store mode); ``worker``: the xdist worker that measured it; ``output``: the
+    folder a regressed test's timeline is written under (None: none written)."""
+    m = measured if measured is not None else Measured(record)
+    phases = dict(m.phase_s)
+    with timed(phases, "compare"):
+        comparison = judge(record, against, settings)
+        if m.analysis is not None and m.analysis.ops.empty:
+            # nothing attributed or gated: never silently
+            comparison = with_empty_capture(comparison, empty_capture_reason(m.framework))
+    timeline = None
+    if comparison.outcome is Outcome.REGRESSED and m.analysis is not None and m.capture:
+        with timed(phases, "timeline"):
+            timeline = _timeline(m.analysis, Path(m.capture), record.nodeid, output)
+    return _entry(record, comparison, against.rows, m, phases, accepted, worker, timeline)
+
+
+def _entry(
+    record: TestRecord,
+    comparison: TestComparison,
+    history: list[dict[str, Any]],
+    m: Measured,
+    phases: dict[str, float],
+    accepted: Any,
+    worker: str | None,
+    timeline: str | None,
+) -> TestEntry:
+    """The verdict, typed as it is kept and written, with what the entry shows beside it."""
+    accepted = accepted if comparison.mode == "store" else None
+    return comparison.entry(
+        accepted=Acceptance(**accepted.to_dict()) if accepted is not None else None,
+        timeline=timeline,
+        findings=[Finding.of(f) for f in m.findings],
+        history=[HistoryRow(**h) for h in history],
+        capture=str(m.capture) if m.capture else None,
+        backend=m.backend,
+        notes=m.notes,
+        worker=worker,
+        phase_s=phases,
+        counted=instruction_counts(record),
+        profile=profile_of(record),
+    )
+
+
+def _timeline(analysis: Any, capture: Path, nodeid: str, output: Path | None) -> str | None:
+    """A regressed test's capture as a Perfetto trace beside it (the report links it):
+    the reviewer opens the evidence in ui.perfetto.dev, op to kernel. Named after the
+    test (one file per test: a name cut from the capture's would be its module's); its
+    path relative to ``output``, the folder the reports are written in."""
+    if output is None:
+        return None
+    name = capture_name(nodeid) + ".perfetto.json.gz"
+    try:
+        path = write_perfetto(analysis, capture.with_name(name))
+        return str(Path(path).resolve().relative_to(output.resolve()))
+    except (OSError, ValueError, PerfguardError):
+        return None  # the verdict stands without its timeline
