@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from perfguard.compare.explanation import shorten
+from perfguard.compare.listing import detail_lines, headline, shared_environment
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.compare.units import interval, percent, seconds
@@ -99,20 +100,17 @@ def results_lines(results: SessionResults) -> list[str]:
         lines += format_table(table_rows(tests), header(tests))
         counts = results.counts
         lines.append(", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]))
-        others: dict[str, list[str]] = {}  # environment line -> the other tests saying it
+        rest = []
         for e in tests:  # what changed, in the judge's words (the failure message's)
             if e.outcome in (Outcome.REGRESSED, Outcome.IMPROVED) and e.explanation is not None:
-                lines.append(f"{e.outcome.value} {e.nodeid}: {e.explanation.headline}")
-                lines += [f"  - {line}" for line in e.explanation.lines]
-                if e.explanation.environment:
-                    lines.append(f"  - {e.explanation.environment_line}")
+                lines.append(f"{e.outcome.value} {e.nodeid}: {headline(e)}")
+                lines += [f"  - {line}" for line in detail_lines(e)]
             else:
+                rest.append(e)
                 full = _printable(why(e))
                 if len(full) > MAX_WHY:  # its cell was shortened: the whole line here
                     lines.append(_printable(f"{e.outcome.value} {e.nodeid}: {full}"))
-                if e.explanation is not None and e.explanation.environment:
-                    others.setdefault(e.explanation.environment_line, []).append(e.nodeid)
-        for line, nodeids in others.items():  # said once for the tests that share it
+        for line, nodeids in shared_environment(rest).items():  # once for the tests sharing it
             who = nodeids[0] if len(nodeids) == 1 else f"{len(nodeids)} tests"
             lines.append(f"{line} ({who})")
     else:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.compare.explanation import shorten
+from perfguard.compare.listing import detail_lines, headline, shared_environment
 from perfguard.compare.results import OUTCOMES, SessionResults, TestEntry
 from perfguard.compare.units import format_ns, p_value, percent
 from perfguard.errors import ReportError
@@ -72,19 +73,11 @@ def _text(text: Any, limit: int | None = None) -> str:
 
 
 def _line(t: TestEntry) -> str:
-    """One listed test: the explanation's headline and its lines (the timing's figures are
-    its last line)."""
+    """One listed test: its headline and the lines under it (:mod:`~perfguard.compare.listing`,
+    as the terminal lists them)."""
     o = t.outcome.value
-    why = t.explained
-    out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(why.headline) or o}"]
-    out += [f"  - {_text(line)}" for line in why.lines]
-    host = t.host_count
-    if host is not None and not any("host instructions" in line for line in why.lines):
-        out.append(f"  - {_text(host.text())}")
-    if why.environment:
-        out.append(f"  - {_text(why.environment_line)}")
-    if t.accepted:
-        out.append(f"  - {_text(t.accepted_text)}")
+    out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(headline(t))}"]
+    out += [f"  - {_text(line)}" for line in detail_lines(t)]
     return "\n".join(out)
 
 
@@ -132,10 +125,7 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
         out.append("")
 
     rest = [t for t in tests if t.outcome.value not in _LISTED]
-    shared: dict[str, list[str]] = {}  # what changed anyway, said once for the tests sharing it
-    for t in rest:
-        if t.explained.environment:
-            shared.setdefault(t.explained.environment_line, []).append(t.nodeid)
+    shared = shared_environment(rest)  # what changed anyway, said once for the tests sharing it
     for line, nodeids in shared.items():
         who = _code(nodeids[0]) if len(nodeids) == 1 else f"{len(nodeids)} tests"
         out.append(f"- {_text(line)} ({who})")
