@@ -38,6 +38,7 @@ from perfguard.compare.explanation import Explanation
 from perfguard.compare.halves import GateVerdict, TimingFigures, TimingVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.stats import compare_samples
+from perfguard.compare.tolerance import ALPHA, TOLERANCE
 
 if TYPE_CHECKING:
     from perfguard.compare.results import TestEntry
@@ -190,8 +191,8 @@ def compare_ops(
     current: TestRecord,
     baseline: TestRecord,
     *,
-    tolerance: float = 0.05,
-    alpha: float = 0.01,
+    tolerance: float = TOLERANCE,
+    alpha: float = ALPHA,
     statistics: bool = True,
 ) -> pd.DataFrame:
     """One row per op of either record (:data:`OP_COLUMNS`), largest |delta time| first.

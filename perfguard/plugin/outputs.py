@@ -34,6 +34,7 @@ from perfguard.compare.results import (
     TestEntry,
     encode,
 )
+from perfguard.compare.tolerance import ALPHA
 from perfguard.errors import PerfguardError
 from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.phases import timed
@@ -44,8 +45,6 @@ RESULTS = "results.json"
 #: the test it was running, which the controller then reports ``crashed``
 SPOOL = ".workers"
 REPORTS = ("report.html", "summary.md")
-#: the two-sided level of every interval and test the session reports
-ALPHA = 0.01
 
 
 class SessionOutputs:

@@ -32,6 +32,7 @@ from perfguard.baseline.record import MACHINE_EVIDENCE
 from perfguard.compare.counter_steps import numeric_steps, set_steps
 from perfguard.compare.history import ChangePoint, OpMove, find_change_points
 from perfguard.compare.timing import judge_store
+from perfguard.compare.tolerance import ALPHA, TOLERANCE
 from perfguard.compare.units import human
 from perfguard.publish.data import StoreTables
 
@@ -430,7 +431,7 @@ def _latest(s: Series, steps: list[CounterStepView], tolerance: float) -> tuple[
     # for the machine's speed is not an improvement or regression here either
     wait, speed = (runs[k].to_numpy() for k in ("wait", "speed_ns"))
     verdict = judge_store(current, baseline, history, metric=s.metric, tolerance=tolerance,
-                          alpha=0.01, baseline_runs=len(base_runs), wait=float(wait[last]),
+                          alpha=ALPHA, baseline_runs=len(base_runs), wait=float(wait[last]),
                           baseline_wait=_median(wait[base_runs]),
                           speed_ns=float(speed[last]),
                           baseline_speed_ns=_median(speed[base_runs]))  # fmt: skip
@@ -483,7 +484,7 @@ def points_from_json(found: list[dict[str, Any]]) -> list[ChangePoint]:
 def analyse(
     s: Series,
     *,
-    tolerance: float = 0.05,
+    tolerance: float = TOLERANCE,
     top_ops: int = TOP_OPS,
     known: dict[str, Any] | None = None,
 ) -> Analysed:

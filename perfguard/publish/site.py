@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from perfguard.compare.tolerance import TOLERANCE
 from perfguard.errors import BaselineError, PerfguardError
 from perfguard.publish.data import can_fork, load_index, load_records
 from perfguard.publish.pages import IndexRow, front_page, index_row, machine_page, test_page
@@ -179,7 +180,7 @@ def publish(
     repo: str | os.PathLike[str] | None = ".",
     ref: str = "HEAD",
     report_url: str | None = None,
-    tolerance: float = 0.05,
+    tolerance: float = TOLERANCE,
     jobs: int | None = None,
 ) -> Published:
     """Publish the store at ``store_location`` as a static site in ``out_dir``.
