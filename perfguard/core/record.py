@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from perfguard.analysis import analyze
+from perfguard.analysis import Analysis, analyze
 from perfguard.baseline.record import TestRecord, record_from_analysis, record_from_timings
 from perfguard.compare.profile import run_figures
 from perfguard.core.loop import Loop
@@ -59,7 +59,7 @@ class Measured:
     Only ``record`` is known for a record made elsewhere (an A/B or isolation child)."""
 
     record: TestRecord
-    analysis: Any = None
+    analysis: Analysis | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
     capture: str | Path | None = None
     backend: str | None = None
@@ -129,7 +129,9 @@ def analyse(spec: ProfileSpec, capture: CaptureResult, nodeid: str) -> Measured:
     )  # fmt: skip
 
 
-def _record(spec: ProfileSpec, capture: CaptureResult, analysis: Any, nodeid: str) -> TestRecord:
+def _record(
+    spec: ProfileSpec, capture: CaptureResult, analysis: Analysis, nodeid: str
+) -> TestRecord:
     """The test's record from its analysed capture."""
     path, walls, notes = capture.path, capture.walls, capture.notes
     cpu_times, rounds, env = capture.cpu_times, capture.rounds, capture.env
@@ -224,7 +226,7 @@ def _autotuned() -> list[str]:
     return ["cudnn.benchmark"] if on else []
 
 
-def _findings(analysis: Any) -> list[dict[str, Any]]:
+def _findings(analysis: Analysis) -> list[dict[str, Any]]:
     """The expert system's findings on this capture (``[]`` when it cannot run on it)."""
     try:
         from perfguard.analysis.expert import run_detectors

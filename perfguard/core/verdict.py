@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from perfguard.analysis import Analysis
+from perfguard.baseline.accept import Acceptance as Accepted
 from perfguard.baseline.record import TestRecord, instruction_counts
 from perfguard.capture.capturers import capture_name
 from perfguard.capture.frameworks import empty_capture_reason
@@ -35,7 +37,7 @@ def verdict(
     settings: JudgeSettings,
     measured: Measured | None = None,
     *,
-    accepted: Any = None,
+    accepted: Accepted | None = None,
     worker: str | None = None,
     output: Path | None = None,
 ) -> TestEntry:
@@ -65,7 +67,7 @@ def _entry(
     history: list[dict[str, Any]],
     m: Measured,
     phases: dict[str, float],
-    accepted: Any,
+    accepted: Accepted | None,
     worker: str | None,
     timeline: str | None,
 ) -> TestEntry:
@@ -86,7 +88,7 @@ def _entry(
     )
 
 
-def _timeline(analysis: Any, capture: Path, nodeid: str, output: Path | None) -> str | None:
+def _timeline(analysis: Analysis, capture: Path, nodeid: str, output: Path | None) -> str | None:
     """A regressed test's capture as a Perfetto trace beside it (the report links it):
     the reviewer opens the evidence in ui.perfetto.dev, op to kernel. Named after the
     test (one file per test: a name cut from the capture's would be its module's); its

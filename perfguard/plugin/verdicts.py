@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from perfguard.baseline.accept import Acceptance as Accepted
 from perfguard.baseline.accept import applicable
 from perfguard.baseline.record import TestRecord
 from perfguard.compare.against import History, against_from_store, settings_for
@@ -44,7 +45,7 @@ class Verdicts:
         self.context = context
         self.outputs = outputs
         #: nodeid -> the acceptance (perfguard.baseline.accept) it was judged under
-        self.accepted: dict[str, Any] = {}
+        self.accepted: dict[str, Accepted | None] = {}
         self._walk: Any = None  # the baseline ref's first-parent history, walked once
         #: the session's Callgrind counts (:mod:`perfguard.plugin.valgrind_child`), if any
         self.instructions: InstructionSession | None = None
