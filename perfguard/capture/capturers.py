@@ -101,8 +101,8 @@ class _Syncing:
 class TorchCapturer(_Syncing):
     """``torch.profiler`` around the recorded iterations; ``path`` is the Kineto trace."""
 
-    def __init__(self, path: Path, device: str) -> None:
-        self.path = path
+    def __init__(self, path: str | Path, device: str) -> None:
+        self.path = Path(path)
         self.device = device
         self.error: str | None = None
         self.started = False
