@@ -36,6 +36,7 @@ import torch  # noqa: F401
 # Loaded here, before pytester snapshots sys.modules: the in-process runs would
 # otherwise drop torch after each run and the next import of it crashes.
 import perfguard.plugin.session  # noqa: F401
+from perfguard.baseline.reader import Reader
 from perfguard.baseline.store import Store
 from perfguard.capture.capturers import capture_name
 from perfguard.capture.torch_profiler import TRACE_SUFFIX
@@ -660,8 +661,6 @@ def test_xdist_workers_capture_and_the_controller_saves_one_run(repo: pytest.Pyt
         assert samples[nodeid] == 5 * (ms + 3)
         assert medians[nodeid] >= ms * 1e6
     assert store_runs(repo) == [(1, sha, 0)]  # one run, saved by the controller
-    from perfguard.baseline.store import Store
-
     with Store(repo.path / "baselines" / "perfguard.db", create=False) as store:
         _, records = store.load_run(1)
     assert sorted(records) == sorted(medians)
@@ -970,7 +969,7 @@ def test_one_history_read_per_judged_test(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One judged test reads its history from the store once: the same rows give the
-    timing's between-run noise and the report's history rows (Store.history counted)."""
+    timing's between-run noise and the report's history rows (Reader.history counted)."""
     init_repo(pytester)
     pytester.makepyfile(test_step=STEP_ONCE)
     sha_a = commit(pytester.path, "A")
@@ -980,13 +979,13 @@ def test_one_history_read_per_judged_test(
     commit(pytester.path, "B")
 
     reads: Counter[str] = Counter()
-    history = Store.history
+    history = Reader.history  # the store's one query of a test's history
 
-    def counted(self: Store, nodeid: str, **kw: Any) -> Any:
+    def counted(self: Reader, nodeid: str, **kw: Any) -> Any:
         reads[nodeid] += 1
         return history(self, nodeid, **kw)
 
-    monkeypatch.setattr(Store, "history", counted)
+    monkeypatch.setattr(Reader, "history", counted)
     pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)
     doc = json.loads((pytester.path / ".perfguard" / "results.json").read_text())
     (entry,) = doc["tests"]

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfguard.baseline.accept import Acceptance, applicable
 from perfguard.baseline.git import first_parent_commits, match_runs
 from perfguard.baseline.record import Fingerprint, TestRecord
 from perfguard.baseline.store import Store
@@ -49,6 +50,7 @@ from perfguard.compare.history import change_marks, with_machine
 from perfguard.compare.judge import Against, JudgeSettings
 from perfguard.compare.tolerance import ALPHA, TOLERANCE
 from perfguard.environment import Environment, EnvironmentChange
+from perfguard.errors import DamagedStoreError, PerfguardError
 
 #: stored runs of a test read for its between-run noise (the judge's history)
 HISTORY_RUNS = 50
@@ -152,6 +154,43 @@ def against_from_store(
                                rows=frame),
         environment=changes, rows=listed,
     )  # fmt: skip
+
+
+@dataclass
+class StoreBaseline:
+    """What a session's tests are judged against (store mode): its store, the baseline ref
+    and the commit being measured, its machine and environment. :meth:`against` is one
+    test's whole lookup (the acceptance that applies to HEAD, the nearest run, the history
+    read once), so the plugin makes one call per test; the ref's first-parent walk is
+    made once, for the session's first test."""
+
+    store: Store
+    repo: str | os.PathLike[str]
+    ref: str
+    head: str
+    fingerprint: Fingerprint
+    environment: Environment | None = None
+    across: Collection[str] = ()
+    _walk: History | None = None
+
+    def against(self, record: TestRecord) -> tuple[Against, Acceptance | None]:
+        """``record``'s input to the judge and the acceptance it is judged under (None:
+        none applies). A damaged store raises :class:`DamagedStoreError`: the test is not
+        judged against it, nor without the acceptance it could not read."""
+        try:
+            accepted = applicable(self.store, self.repo, record.nodeid, self.head)
+        except DamagedStoreError:
+            raise
+        except PerfguardError:
+            accepted = None
+        if self._walk is None:
+            self._walk = History.of(self.repo, self.ref)
+        against = against_from_store(
+            self.store, self._walk, record, self.fingerprint,
+            only=accepted.commits if accepted is not None else None,
+            environment=self.environment, across=self.across, rows=True,
+        )  # fmt: skip
+        return against, accepted
 
 
 def read_history(store: Store, nodeid: str, fingerprint: Fingerprint) -> pd.DataFrame:

@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 
 from perfguard.baseline.accept import Acceptance as Accepted
-from perfguard.baseline.accept import applicable
 from perfguard.baseline.record import TestRecord
-from perfguard.compare.against import History, against_from_store, settings_for
+from perfguard.compare.against import StoreBaseline, settings_for
 from perfguard.compare.judge import Against
 from perfguard.compare.outcomes import fails
 from perfguard.compare.results import TestEntry
@@ -44,9 +43,7 @@ class Verdicts:
     def __init__(self, context: SessionContext, outputs: SessionOutputs) -> None:
         self.context = context
         self.outputs = outputs
-        #: nodeid -> the acceptance (perfguard.baseline.accept) it was judged under
-        self.accepted: dict[str, Accepted | None] = {}
-        self._walk: Any = None  # the baseline ref's first-parent history, walked once
+        self._baseline: StoreBaseline | None = None  # made for the first judged test
         #: the session's Callgrind counts (:mod:`perfguard.plugin.valgrind_child`), if any
         self.instructions: InstructionSession | None = None
 
@@ -80,11 +77,10 @@ class Verdicts:
             return
         try:
             with timed(measured.phase_s, "history"):  # the store's reads
-                against = self._against(record)
+                against, accepted = self._against(record)
             entry = verdict(
-                record, against, settings_for(record), measured,
-                accepted=self.accepted.get(item.nodeid), worker=ctx.worker_id,
-                output=ctx.settings.output,
+                record, against, settings_for(record), measured, accepted=accepted,
+                worker=ctx.worker_id, output=ctx.settings.output,
             )  # fmt: skip
         except DamagedStoreError as exc:
             ctx.store_damaged(exc)
@@ -96,37 +92,19 @@ class Verdicts:
             return
         self.finish(item, record, entry)
 
-    def _against(self, record: TestRecord) -> Against:
-        """The nearest stored run at or before the baseline ref that measured this test on
-        a compatible machine (pooled with that commit's other runs of it), and its history
-        (its noise and its rows, one read); since the test's acceptance, when one applies."""
+    def _against(self, record: TestRecord) -> tuple[Against, Accepted | None]:
+        """What ``record`` is judged against and the acceptance it is judged under, from
+        the session's store (:class:`~perfguard.compare.against.StoreBaseline`: one call);
+        nothing without a store, git or a baseline ref."""
         ctx = self.context
         if ctx.store is None or ctx.git is None or not ctx.baseline_ref:
-            return Against()
-        accepted = self._acceptance(record.nodeid)
-        if self._walk is None:
-            self._walk = History.of(ctx.git.root, ctx.baseline_ref)
-        return against_from_store(
-            ctx.store, self._walk, record, ctx.fingerprint,
-            only=accepted.commits if accepted is not None else None,
-            environment=ctx.environment, across=ctx.settings.compare_across, rows=True,
-        )  # fmt: skip
-
-    def _acceptance(self, nodeid: str) -> Any:
-        """The acceptance of ``nodeid`` that applies to HEAD (store mode), remembered for
-        the test's entry; None when there is none (or no store or git to ask)."""
-        ctx = self.context
-        if ctx.store is None or ctx.git is None or not ctx.baseline_ref:
-            return None
-        try:
-            found = applicable(ctx.store, ctx.git.root, nodeid, ctx.git.commit)
-        except DamagedStoreError:
-            raise  # the test is not judged against a damaged store, not judged without it
-        except PerfguardError:
-            return None
-        if found is not None:
-            self.accepted[nodeid] = found
-        return found
+            return Against(), None
+        if self._baseline is None:
+            self._baseline = StoreBaseline(
+                ctx.store, ctx.git.root, ctx.baseline_ref, ctx.git.commit, ctx.fingerprint,
+                ctx.environment, ctx.settings.compare_across,
+            )  # fmt: skip
+        return self._baseline.against(record)
 
     # ------------------------------------------------------------------ every mode
     def finish(self, item: pytest.Item, record: TestRecord, entry: TestEntry) -> None:
@@ -189,9 +167,10 @@ class Verdicts:
 def _add_properties(item: pytest.Item, entry: TestEntry) -> None:
     """JUnit properties (``--junitxml``): the figures and the explanation's own words."""
     item.user_properties.append(("perfguard_outcome", entry.outcome.value))
+    timing = entry.timing  # the figures' one home
     for key in ("delta_pct", "ci_low_pct", "ci_high_pct", "p_value",
                 "level_baseline_ns", "level_current_ns"):  # fmt: skip
-        value = getattr(entry, key)
+        value = None if timing is None else getattr(timing, key)
         item.user_properties.append((f"perfguard_{key}", "" if value is None else value))
     why = entry.explanation
     item.user_properties.append(("perfguard_explanation", why.headline if why else ""))
