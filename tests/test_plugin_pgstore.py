@@ -58,7 +58,7 @@ def test_sessions_save_to_and_compare_with_a_server_store(pytester, postgres_ser
         r.assert_outcomes(passed=1)
         doc = json.loads((pytester.path / ".perfguard" / "results.json").read_text())
         assert doc["saved"] == {"run_id": i + 1, "store": url}
-        want = None if i == 0 else {"ref": shas[1], "commit": shas[0], "run_id": 1}
+        want = None if i == 0 else {"ref": shas[1], "commit": shas[0], "run_id": 1, "ab": False}
         assert doc["baseline"] == want
         (test,) = doc["tests"]
         judged = ("unchanged", "regressed", "improved", "noisy")

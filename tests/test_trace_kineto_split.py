@@ -8,12 +8,15 @@ the meta with the one-process reader's.
 from __future__ import annotations
 
 import gzip
+import sys
 import threading
+import types
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from perfguard.forking import can_fork
 from perfguard.trace import kineto, kineto_split, kineto_stream
 from perfguard.trace.kineto import read_kineto
 from perfguard.trace.model import Trace
@@ -21,6 +24,15 @@ from perfguard.trace.model import Trace
 NCCL = "kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz"
 KERNEL = '"cat": "kernel", "name": "'
 TABLES = ("ranges", "api_calls", "kernels", "memops", "threads", "devices")
+
+
+@pytest.fixture(autouse=True)
+def _forkable() -> None:
+    """These tests make perfguard fork; it never forks a process that imported JAX or
+    TensorFlow (:mod:`perfguard.forking`), which an earlier in-process framework test of this
+    worker may have done (the framework suite, beside the main one in a full venv)."""
+    if not can_fork():
+        pytest.skip("this process imported JAX or TensorFlow: perfguard never forks it")
 
 
 @pytest.fixture
@@ -162,3 +174,18 @@ def test_the_fork_waits_for_the_commands_background_import(
     _read(plain, monkeypatch, split=True)
     t.join()
     assert done[:1] == ["imported"]  # the import finished before the split was planned
+
+
+def test_a_process_with_a_threaded_runtime_reads_alone(
+    plain: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big plain capture is read by two processes, except in one that imported JAX or
+    TensorFlow (a fork copies one of their threads: JAX warns of a deadlock): the same
+    trace, read here."""
+    monkeypatch.setattr(kineto_split, "SPLIT_BYTES", 1 << 20)
+    monkeypatch.setattr(kineto_split, "_cpus", lambda: 2)
+    assert plain.stat().st_size >= kineto_split.SPLIT_BYTES
+    assert kineto_split.split_worthwhile(plain)
+    monkeypatch.setitem(sys.modules, "jax", types.ModuleType("jax"))
+    assert not kineto_split.split_worthwhile(plain)
+    _same(read_kineto(plain), _read(plain, monkeypatch, split=False))

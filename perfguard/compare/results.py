@@ -314,8 +314,9 @@ class Replaced(msgspec.Struct, kw_only=True):
     runs: list[int] = []
 
 
-class Saved(msgspec.Struct, kw_only=True):
-    """The run ``--perfguard-save`` stored, and what it replaced."""
+class Saved(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The run ``--perfguard-save`` stored, and what it replaced (written only when it did,
+    as before schema 3)."""
 
     run_id: int | None = None
     store: str | None = None

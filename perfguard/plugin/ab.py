@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.baseline.record import PAIR_STATISTIC
-from perfguard.plugin.forkserver import FORK_UNSAFE, ForkServer, preload_names
+from perfguard.forking import FORK_UNSAFE
+from perfguard.plugin.forkserver import ForkServer, preload_names
 from perfguard.plugin.options import AB_CHILD_ROUNDS
 
 #: the child's output file (a pickle of :class:`RoundOutput`); set => round-child mode

@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: packages never imported before a fork: their runtimes start threads at import
-FORK_UNSAFE = frozenset({"tensorflow", "keras", "tf_keras", "tensorboard", "jax", "jaxlib"})
+from perfguard.forking import FORK_UNSAFE
+
 #: seconds the server may take to import its preload list
 START_TIMEOUT = 300.0
 
@@ -52,7 +52,7 @@ START_TIMEOUT = 300.0
 def preload_names(exclude_roots: list[Path]) -> list[str]:
     """Names of the modules this process has loaded from files outside ``exclude_roots``
     (the trees: their code must be imported fresh by each child), minus
-    :data:`FORK_UNSAFE` ones, in load order."""
+    :data:`~perfguard.forking.FORK_UNSAFE` ones, in load order."""
     roots = [os.path.realpath(r) + os.sep for r in exclude_roots]
     names = []
     for name, mod in list(sys.modules.items()):

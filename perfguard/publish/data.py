@@ -33,7 +33,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,6 +47,7 @@ from perfguard.baseline.record import (
     METRICS,
     round_statistic,
 )
+from perfguard.forking import can_fork
 
 if TYPE_CHECKING:
     from perfguard.baseline.store import Store
@@ -315,18 +315,6 @@ def _per_iteration(ops: pd.DataFrame, tests: pd.DataFrame, iters: pd.Series) -> 
         out[name] = np.where(values < 0, np.nan, values) / per
     out["using_tc"] = ops["using_tc"].to_numpy() > 0
     return out
-
-
-#: runtimes whose thread pools a fork cannot copy (JAX warns that a fork "will likely lead
-#: to a deadlock"; TensorFlow's pools likewise): a process that loaded one never forks
-FORK_UNSAFE = ("jax", "jaxlib", "tensorflow")
-
-
-def can_fork() -> bool:
-    """Whether worker processes may be forked from this one: not after a runtime of
-    :data:`FORK_UNSAFE` was imported (a library caller's process); the work then runs
-    here, with the same results (the CLI never loads one)."""
-    return not any(name in sys.modules for name in FORK_UNSAFE)
 
 
 #: records from which reading in parallel pays for the forks

@@ -30,7 +30,8 @@ import numpy as np
 
 from perfguard.compare.tolerance import TOLERANCE
 from perfguard.errors import BaselineError, PerfguardError
-from perfguard.publish.data import can_fork, load_index, load_records
+from perfguard.forking import can_fork
+from perfguard.publish.data import load_index, load_records
 from perfguard.publish.pages import IndexRow, front_page, index_row, machine_page, test_page
 from perfguard.publish.series import (
     Series,

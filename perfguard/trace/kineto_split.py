@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol
 
+from perfguard.forking import can_fork
 from perfguard.trace.kineto_repair import repair_notes
 from perfguard.trace.kineto_stream import BETWEEN_EVENTS, Event, EventStream
 
@@ -74,6 +75,7 @@ def split_worthwhile(path: Path) -> bool:
         and magic != b"\x1f\x8b"  # a gzip stream cannot be entered in the middle
         and _cpus() >= 2
         and _only_our_threads()
+        and can_fork()  # no runtime whose native threads a fork would copy half of
         and sys.platform.startswith("linux")  # fork without exec is unsafe on macOS
     )
 
