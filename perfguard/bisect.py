@@ -54,7 +54,7 @@ from perfguard.compare.units import format_ns, human, interval, percent
 from perfguard.errors import BaselineError, CompareError
 
 if TYPE_CHECKING:
-    from perfguard.baseline.fingerprint import Fingerprint
+    from perfguard.baseline.record import Fingerprint
 
 __all__ = ["BisectResult", "Settings", "Step", "TestVerdict", "bisect", "mark_of"]
 

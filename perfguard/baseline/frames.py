@@ -18,9 +18,9 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis.instructions import FUNCTION_COLUMNS
 from perfguard.baseline.record import (
     COUNTER_COLUMNS,
-    FUNCTION_COLUMNS,
     KERNEL_COLUMNS,
     OP_COLUMNS,
     OP_SAMPLE_COLUMNS,

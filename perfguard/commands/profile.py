@@ -27,7 +27,7 @@ from perfguard.errors import CaptureError
 from perfguard.report.writer import check_output
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "profile",
         help="profile a command (nsys, the PyTorch profiler, or CPU-only) and analyse it",

@@ -19,14 +19,13 @@ if TYPE_CHECKING:
         CHANGE_COLUMNS,
         MIN_SAMPLES,
         OP_COLUMNS,
-        Outcome,
         TestComparison,
         classify,
         compare_ops,
         kernel_changes,
     )
     from perfguard.compare.judge import Against, JudgeSettings, compare_records, judge
-    from perfguard.compare.outcomes import fails
+    from perfguard.compare.outcomes import Outcome, fails
 
 #: where each lazily loaded name lives
 _HOME = {"Against": "judge", "JudgeSettings": "judge", "judge": "judge",

@@ -38,7 +38,8 @@ import pandas as pd
 
 from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
 from perfguard.compare.explanation import KIND_ORDER, RANKED_AS, SHOWN, Culprit, Explanation
-from perfguard.compare.gates import LABELS, Budget, GateVerdict
+from perfguard.compare.gates import LABELS, Budget
+from perfguard.compare.halves import GateVerdict, TimingVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.sites import (
     SiteTable,
@@ -47,7 +48,6 @@ from perfguard.compare.sites import (
     parameter_change,
     place_of,
 )
-from perfguard.compare.timing import TimingVerdict
 from perfguard.compare.units import count, format_ns, human, interval, percent
 from perfguard.trace.call_sites import names_function
 

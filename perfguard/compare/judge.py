@@ -27,10 +27,10 @@ from perfguard.baseline.record import METRICS, TestRecord
 from perfguard.compare.comparison import TestComparison, compare_ops, kernel_changes
 from perfguard.compare.culprits import Evidence, explain
 from perfguard.compare.explanation import Explanation
-from perfguard.compare.gates import Budget, GateVerdict, judge_gates, parse_gates
+from perfguard.compare.gates import Budget, judge_gates, parse_gates
+from perfguard.compare.halves import GateVerdict, TimingVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.timing import (
-    TimingVerdict,
     judge_ab,
     judge_store,
     not_judged,

@@ -334,7 +334,7 @@ class Loop:
         for values, n in zip(self._per_round_lists(), marks, strict=True):
             del values[n:]
 
-    def _per_round_lists(self) -> tuple[list, ...]:
+    def _per_round_lists(self) -> tuple[list[Any], ...]:
         return (self.wall_times_ns, self.cpu_times_ns, self.round_of, self.profiled,
                 self.wait_ns, self.load_ticks)  # fmt: skip
 

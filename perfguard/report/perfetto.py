@@ -259,7 +259,7 @@ class _Processes:
         return np.concatenate(out)
 
 
-def _lookup(table: pd.DataFrame, keys: list[str], values: dict) -> np.ndarray:
+def _lookup(table: pd.DataFrame, keys: list[str], values: dict[str, Any]) -> np.ndarray:
     probe = pd.DataFrame({k: np.asarray(v, dtype=np.int64) for k, v in values.items()})
     return probe.merge(table, on=keys, how="left")["id"].fillna(0).to_numpy(np.int64)
 
@@ -330,10 +330,10 @@ def _range_events(
     return np.concatenate(events)
 
 
-def _closing_fields(f: pd.DataFrame, spec: tuple) -> np.ndarray:
+def _closing_fields(f: pd.DataFrame, spec: tuple[Any, ...]) -> np.ndarray:
     """The tail of an event: ``args`` fields (``(key, formatter)`` pairs, long text last),
     the closing brace, ``cat`` (``kind``) and ``name``."""
-    parts: list = []
+    parts: list[Any] = []
     for key, fmt in spec:
         parts += [f',"{key}":', fmt(f[key])]
     return _cat(*parts, '},"cat":', _quoted(f["kind"]), ',"name":', _quoted(f["name"]), "}")

@@ -55,6 +55,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -148,7 +149,7 @@ def parse_markers(names: pd.Series) -> pd.DataFrame:
     return pd.DataFrame(out, index=u.index, copy=False)
 
 
-def _parse_one(text: str) -> tuple | None:
+def _parse_one(text: str) -> tuple[Any, ...] | None:
     try:
         d = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -175,7 +176,7 @@ def _parse_one(text: str) -> tuple | None:
     return ("args", f"{mod}.{op}", op_type, shapes, dtypes, concrete, None)
 
 
-def _call_site(frames: list) -> str | None:
+def _call_site(frames: list[Any]) -> str | None:
     """The innermost ``file:line`` of the user's code (the stack is outermost first)."""
     for frame in reversed(frames):
         if isinstance(frame, str) and not _INTERNAL.search(frame):
@@ -183,7 +184,7 @@ def _call_site(frames: list) -> str | None:
     return None
 
 
-def _arguments(op: str, args: list[dict]) -> tuple[str, str, str]:
+def _arguments(op: str, args: list[dict[str, Any]]) -> tuple[str, str, str]:
     """Kineto-style ``Input Dims``, ``Input type``, ``Concrete Inputs`` as compact JSON."""
     sig = _SIGNATURES.get(op)
     if sig is not None:
@@ -211,7 +212,9 @@ def _arguments(op: str, args: list[dict]) -> tuple[str, str, str]:
     return (_json(shapes), _json(dtypes), _json(concrete))
 
 
-def _in_schema_order(args: list[dict], order: tuple[str, ...], defaults: dict) -> list[dict]:
+def _in_schema_order(
+    args: list[dict[str, Any]], order: tuple[str, ...], defaults: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Positional arguments first, then kwargs by name, then defaults, in schema order."""
     positional = [a for a in args if not a.get("name")]
     named = {a.get("name"): a for a in args if a.get("name")}
