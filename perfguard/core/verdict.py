@@ -20,6 +20,7 @@ from perfguard.baseline.accept import Acceptance as Accepted
 from perfguard.baseline.record import TestRecord, instruction_counts
 from perfguard.capture.capturers import capture_name
 from perfguard.capture.frameworks import empty_capture_reason
+from perfguard.compare.against import StoreBaseline, settings_for
 from perfguard.compare.comparison import TestComparison, with_empty_capture
 from perfguard.compare.judge import Against, JudgeSettings, judge
 from perfguard.compare.outcomes import Outcome
@@ -59,6 +60,23 @@ def verdict(
         with timed(phases, "timeline"):
             timeline = _timeline(m.analysis, Path(m.capture), record.nodeid, output)
     return _entry(record, comparison, against.rows, m, phases, accepted, worker, timeline)
+
+
+def verdict_in_store(
+    record: TestRecord,
+    measured: Measured,
+    baseline: StoreBaseline | None,
+    *,
+    worker: str | None = None,
+    output: Path | None = None,
+) -> TestEntry:
+    """Store mode: ``record`` judged against what ``baseline`` (the session's store; None:
+    no store, git or baseline ref) holds for it, one lookup whose time is the record's
+    ``history`` phase, with the settings the record carries (:func:`settings_for`)."""
+    with timed(measured.phase_s, "history"):  # the store's reads
+        against, accepted = (Against(), None) if baseline is None else baseline.against(record)
+    return verdict(record, against, settings_for(record), measured, accepted=accepted,
+                   worker=worker, output=output)  # fmt: skip
 
 
 def _entry(

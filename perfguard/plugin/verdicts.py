@@ -18,16 +18,13 @@ from typing import Any
 
 import pytest
 
-from perfguard.baseline.accept import Acceptance as Accepted
 from perfguard.baseline.record import TestRecord
-from perfguard.compare.against import StoreBaseline, settings_for
-from perfguard.compare.judge import Against
+from perfguard.compare.against import StoreBaseline
 from perfguard.compare.outcomes import fails
 from perfguard.compare.results import TestEntry
-from perfguard.core.phases import timed
 from perfguard.core.record import CaptureResult, Measured, analyse, timing_record
 from perfguard.core.spec import ProfileSpec
-from perfguard.core.verdict import verdict
+from perfguard.core.verdict import verdict_in_store
 from perfguard.errors import DamagedStoreError, PerfguardError
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.outputs import SessionOutputs
@@ -76,12 +73,8 @@ class Verdicts:
             self.not_judged_damaged(item, record, measured.capture, str(measured.backend))
             return
         try:
-            with timed(measured.phase_s, "history"):  # the store's reads
-                against, accepted = self._against(record)
-            entry = verdict(
-                record, against, settings_for(record), measured, accepted=accepted,
-                worker=ctx.worker_id, output=ctx.settings.output,
-            )  # fmt: skip
+            entry = verdict_in_store(record, measured, self._store_baseline(),
+                                     worker=ctx.worker_id, output=ctx.settings.output)  # fmt: skip
         except DamagedStoreError as exc:
             ctx.store_damaged(exc)
             self.not_judged_damaged(item, record, measured.capture, str(measured.backend))
@@ -92,19 +85,18 @@ class Verdicts:
             return
         self.finish(item, record, entry)
 
-    def _against(self, record: TestRecord) -> tuple[Against, Accepted | None]:
-        """What ``record`` is judged against and the acceptance it is judged under, from
-        the session's store (:class:`~perfguard.compare.against.StoreBaseline`: one call);
-        nothing without a store, git or a baseline ref."""
+    def _store_baseline(self) -> StoreBaseline | None:
+        """The session's store as every store-mode test's baseline (made for the first one);
+        None without a store, git or a baseline ref."""
         ctx = self.context
         if ctx.store is None or ctx.git is None or not ctx.baseline_ref:
-            return Against(), None
+            return None
         if self._baseline is None:
             self._baseline = StoreBaseline(
                 ctx.store, ctx.git.root, ctx.baseline_ref, ctx.git.commit, ctx.fingerprint,
                 ctx.environment, ctx.settings.compare_across,
             )  # fmt: skip
-        return self._baseline.against(record)
+        return self._baseline
 
     # ------------------------------------------------------------------ every mode
     def finish(self, item: pytest.Item, record: TestRecord, entry: TestEntry) -> None:
