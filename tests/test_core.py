@@ -17,6 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from perfguard.baseline import Fingerprint, RunInfo  # noqa: E402
+from perfguard.baseline.store import Store  # noqa: E402
 from perfguard.capture.capturers import TorchCapturer  # noqa: E402
 from perfguard.capture.torch_profiler import TRACE_SUFFIX  # noqa: E402
 from perfguard.compare.against import settings_for  # noqa: E402
@@ -87,3 +89,33 @@ def test_an_identical_step_does_not_regress(records) -> None:
 def test_without_a_baseline_the_verdict_says_so(records) -> None:
     entry = verdict(records["same"], Against(), settings_for(records["same"]))
     assert entry.outcome is Outcome.NO_BASELINE
+
+
+def test_a_capture_with_no_op_is_not_judged_live_or_stored(tmp_path: Path) -> None:
+    """A pure-Python step leaves the profiler nothing to attribute: the record says why
+    when it is made, and the judge says it for that record whether it is judged live or
+    read back from a store later (a stored comparison read ``unchanged`` where the live
+    session read ``not-judged``)."""
+
+    def python_step() -> None:
+        sum(i * i for i in range(20_000))
+
+    def made(name: str):
+        capturer = TorchCapturer(tmp_path / f"{name}{TRACE_SUFFIX}", "cpu")
+        return measure(SPEC, capturer, python_step, nodeid=NODEID)
+
+    base, head = made("base"), made("head")
+    assert "captured no ops" in head.meta["empty_capture"]
+    store_path = tmp_path / "store.db"
+    with Store(store_path) as store:
+        for i, rec in enumerate((base, head)):
+            info = RunInfo(f"{i}" * 40, "main", False, f"2026-01-0{i + 1}T00:00:00Z", Fingerprint())
+            store.save_run(info, [rec])
+    with Store(store_path, create=False) as store:
+        stored = [store.load_test(run_id, NODEID) for run_id in (1, 2)]
+    for old, new in ((base, head), stored):
+        assert old is not None and new is not None
+        against = Against(records=[old], commit="0" * 40, run_found=True)
+        entry = verdict(new, against, settings_for(new))
+        assert entry.outcome is not Outcome.UNCHANGED  # never silently
+        assert entry.message.startswith("captured no ops"), entry.message

@@ -24,7 +24,12 @@ from typing import Any
 import numpy as np
 
 from perfguard.baseline.record import METRICS, TestRecord
-from perfguard.compare.comparison import TestComparison, compare_ops, kernel_changes
+from perfguard.compare.comparison import (
+    TestComparison,
+    compare_ops,
+    kernel_changes,
+    with_empty_capture,
+)
 from perfguard.compare.culprits import Evidence, explain
 from perfguard.compare.explanation import Explanation
 from perfguard.compare.gates import Budget, judge_gates, parse_gates
@@ -124,7 +129,15 @@ def _iterations(record: TestRecord) -> int:
 
 
 def judge(current: TestRecord, against: Against, settings: JudgeSettings) -> TestComparison:
-    """The verdict on ``current``."""
+    """The verdict on ``current``. A record whose capture saw no op (its ``meta``'s
+    ``empty_capture``: why, said when it was analysed) is never judged silently
+    (:func:`with_empty_capture`): the same rule live and for a stored run compared later."""
+    comparison = _judge(current, against, settings)
+    reason = current.meta.get("empty_capture")
+    return with_empty_capture(comparison, str(reason)) if reason else comparison
+
+
+def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> TestComparison:
     if current.metric not in METRICS:
         raise CompareError(f"{current.nodeid}: unknown metric {current.metric!r}")
     tol, alpha = settings.tolerance, settings.alpha

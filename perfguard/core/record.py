@@ -18,7 +18,12 @@ from typing import Any
 import numpy as np
 
 from perfguard.analysis import Analysis, analyze
-from perfguard.baseline.record import TestRecord, record_from_analysis, record_from_timings
+from perfguard.baseline.record import (
+    TestRecord,
+    record_from_analysis,
+    record_from_timings,
+)
+from perfguard.capture.frameworks import empty_capture_reason
 from perfguard.compare.profile import run_figures
 from perfguard.core.loop import Loop
 from perfguard.core.phases import timed
@@ -178,6 +183,8 @@ def _record(
         profiled=profiled if walls and int(profiled.sum()) == n_ranges else None,
     )
     record.meta["profile"] = run_figures(analysis)  # kept with the run: its profile's
+    if analysis.ops.empty:  # nothing to attribute or gate: why, kept for every later verdict
+        record.meta["empty_capture"] = empty_capture_reason(capture.framework)
     return record
 
 

@@ -19,9 +19,8 @@ from perfguard.analysis import Analysis
 from perfguard.baseline.accept import Acceptance as Accepted
 from perfguard.baseline.record import TestRecord, instruction_counts
 from perfguard.capture.capturers import capture_name
-from perfguard.capture.frameworks import empty_capture_reason
 from perfguard.compare.against import StoreBaseline, settings_for
-from perfguard.compare.comparison import TestComparison, with_empty_capture
+from perfguard.compare.comparison import TestComparison
 from perfguard.compare.judge import Against, JudgeSettings, judge
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.profile import profile_of
@@ -51,10 +50,7 @@ def verdict(
     m = measured if measured is not None else Measured(record)
     phases = dict(m.phase_s)
     with timed(phases, "compare"):
-        comparison = judge(record, against, settings)
-        if m.analysis is not None and m.analysis.ops.empty:
-            # nothing attributed or gated: never silently
-            comparison = with_empty_capture(comparison, empty_capture_reason(m.framework))
+        comparison = judge(record, against, settings)  # an empty capture said there too
     timeline = None
     if comparison.outcome is Outcome.REGRESSED and m.analysis is not None and m.capture:
         with timed(phases, "timeline"):
