@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: where a failed run's output is kept (set from --out) and the runs made so far
+OUT_STEM: list[str] = ["suite_repeat"]
+RUNS_SEEN: list[int] = []
 
 
 def spin(stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
@@ -45,7 +48,11 @@ def one_run(args: list[str]) -> dict[str, object]:
     wall = time.monotonic() - t0
     lines = done.stdout.strip().splitlines()
     summary = lines[-1] if lines else ""
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, flags=re.M)
+    # each failure with pytest's one-line reason; a failed run's report kept beside --out
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+)$", done.stdout, flags=re.M)
+    if done.returncode != 0:
+        keep = Path(f"{OUT_STEM[0]}.run{len(RUNS_SEEN) + 1}.log")
+        keep.write_text(done.stdout[-200_000:] + done.stderr[-20_000:])
     counts = {
         k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed)", summary)
     }
@@ -67,6 +74,7 @@ def main() -> int:
     ap.add_argument("--no-spinner", action="store_true")
     ap.add_argument("pytest_args", nargs="*", help="passed to pytest (default: the whole suite)")
     ns = ap.parse_args()
+    OUT_STEM[0] = str(ns.out.with_suffix(""))
     stop = multiprocessing.Event()
     spinner = None if ns.no_spinner else multiprocessing.Process(target=spin, args=(stop,))
     if spinner is not None:
@@ -79,6 +87,7 @@ def main() -> int:
     try:
         for i in range(ns.runs):
             runs.append(one_run(ns.pytest_args))
+            RUNS_SEEN.append(i)
             r = runs[-1]
             line = (
                 f"run {i + 1}/{ns.runs}: {r['summary']} ({r['wall_s']} s, load {r['load_after']})"

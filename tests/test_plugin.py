@@ -991,5 +991,6 @@ def test_one_history_read_per_judged_test(
     (entry,) = doc["tests"]
     assert entry["baseline_commit"] == sha_a  # judged against run A
     assert [h["commit"] for h in entry["history"]] == [sha_a]  # the rows, from that read
-    assert "1 of the 5 runs needed" in entry["timing"]["replicated"]  # the noise, from it too
-    assert reads == {STEP_NODEID: 1}
+    # the noise, from it too: one stored run (its wording changes with the machine's load)
+    assert entry["timing"]["history_runs"] == 1, entry["timing"]
+    assert reads == {STEP_NODEID: 1}, (reads, entry["message"])
