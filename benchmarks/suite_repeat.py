@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 #: where a failed run's output is kept (set from --out) and the runs made so far
@@ -29,7 +30,7 @@ OUT_STEM: list[str] = ["suite_repeat"]
 RUNS_SEEN: list[int] = []
 
 
-def spin(stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
+def spin(stop: Any) -> None:
     """Keep one core busy until told to stop."""
     n = 0
     while not stop.is_set():
