@@ -68,8 +68,6 @@ class Measured:
     findings: list[dict[str, Any]] = field(default_factory=list)
     capture: str | Path | None = None
     backend: str | None = None
-    #: whose profiler captured it (None: nsys, or not known)
-    framework: str | None = None
     notes: list[str] = field(default_factory=list)
     phase_s: dict[str, float] = field(default_factory=dict)
 
@@ -130,7 +128,7 @@ def analyse(spec: ProfileSpec, capture: CaptureResult, nodeid: str) -> Measured:
         findings = _findings(analysis)
     return Measured(
         record, analysis, findings, capture=capture.path, backend=capture.backend,
-        framework=capture.framework, notes=capture.notes, phase_s=capture.phase_s,
+        notes=capture.notes, phase_s=capture.phase_s,
     )  # fmt: skip
 
 
