@@ -282,22 +282,28 @@ def test_the_child_gets_the_configuring_environment_only():
 
 @needs_valgrind
 def test_a_ci_runs_own_variables_do_not_move_the_count(tmp_path):
-    """Two children that differ only in variables a CI run sets (an id, a temp path of
+    """Children that differ only in variables a CI run sets (an id, a temp path of
     another length) count the same, to a few instructions in 22 M (13 measured once; 3,000
-    bytes more of environment passed on moved a step by ~1e-4: ten times the bound)."""
+    bytes more of environment passed on moved a step by ~1e-4: ten times the bound).
+
+    The long-environment child is held against the nearer of two short-environment ones:
+    a child's heap can differ for a reason of its own (CI once read one short child 794
+    instructions off both others, 3.4e-5, while the long one sat 13 from the first), and
+    one such child must not fail the test; a leaking environment moves it off both."""
     import os
 
     root = str(Path(__file__).resolve().parents[1])
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(root=root, iterations=5))
     counts = []
-    # the first child may compile a module the others load from its .pyc (another heap): it
-    # is the warm-up, as collection is in a session (the parent imports the tests first)
+    # the first child may compile a module the others load from its .pyc (another heap), so
+    # it alone cannot be the reference: two short children, and the nearer one counts
     for k, extra in enumerate(("0", "1", "9" * 3000)):
         env = {**os.environ, "GITHUB_RUN_ID": extra, "RUNNER_TEMP": f"/tmp/{extra}"}
         run = run_callgrind([sys.executable, str(script)], tmp_path / f"r{k}", env=env)
         counts.append(read_callgrind(run.dumps["more"]).totals["Ir"])
-    assert abs(counts[2] / counts[1] - 1) < 1e-5, counts
+    nearest = min(abs(counts[2] / short - 1) for short in counts[:2])
+    assert nearest < 1e-5, counts
 
 
 @needs_valgrind
