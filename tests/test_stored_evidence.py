@@ -10,6 +10,7 @@ comment-only commit read ``improved -65.8 %`` on the published page and in ``com
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,6 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from test_plugin_store_rules import git, new_repo, session
+
+from perfguard.baseline.store import open_store
+from perfguard.compare.halves import BUSY_WAIT
+from perfguard.compare.timing import SPEED_DIFF
 
 NODEID = "test_bench.py::test_step"
 BENCH = """
@@ -103,11 +108,26 @@ def test_a_run_saved_under_a_cpu_spinner_is_judged_afterwards_as_it_was_live(
     summary = Path(f"{out}.md").read_text()
     assert live[3]["outcome"] in summary and "improved" not in summary.split("Profiles")[0]
 
-    # history: the spinner run's level is marked as the machine's
+    # history: a run's level is marked as the machine's when what its session stored of the
+    # machine is off the series' usual (its median run), recomputed here from the store. The
+    # spinner run is marked unless a neighbour waited as long: on a box busy with other
+    # work (a full suite beside a spinner once) the usual run is itself a busy one
     done = perfguard(repo, "history", NODEID, "--store", str(store), "--json", "-")
     assert done.returncode == 0, done.stdout + done.stderr
-    runs = {r["run_id"]: r for r in json.loads(done.stdout)["runs"]}
-    assert runs[2]["machine"] and "machine" in runs[2]["machine"]
+    doc = json.loads(done.stdout)
+    runs = {r["run_id"]: r for r in doc["runs"]}
+    with open_store(store, create=False) as opened:
+        evidence = opened.machine_evidence(NODEID).set_index("run_id")
+    wait, speed = evidence["wait"], evidence["speed_ns"]
+    assert wait.notna().all() and (speed > 0).all(), evidence  # every session kept both
+    # what the live session judged run 2 busy by is in the store
+    assert abs(wait[2] - wait[1]) > BUSY_WAIT or abs(math.log(speed[2] / speed[1])) > SPEED_DIFF
+    for run_id, row in runs.items():
+        off_wait = abs(wait[run_id] - wait.median()) > BUSY_WAIT
+        off_speed = abs(math.log(speed[run_id] / speed.median())) > SPEED_DIFF
+        assert bool(row["machine"]) == (off_wait or off_speed), (run_id, row, evidence)
+    if wait[2] - max(wait[1], wait[3]) > BUSY_WAIT:  # the neighbours were quieter
+        assert "machine" in runs[2]["machine"], runs[2]
 
     # publish: the latest run (a comment after the busy run) is judged with the evidence
     done = perfguard(repo, "publish", str(store), str(tmp_path / "site"), "--repo", str(repo))
