@@ -159,6 +159,9 @@ class TorchWindow:
         self.thread = threading.get_ident()
         self.guard = _StepAside(torch, self._ours, self._step_aside, out)
         self._undo: list[Callable[[], None]] = []
+        #: the program's ``record_function`` ranges open now, outermost first (see
+        #: :meth:`_split_open_ranges`)
+        self.ranges: list[Any] = []
 
     # --- the program's side: hooks -------------------------------------------------
 
@@ -189,6 +192,7 @@ class TorchWindow:
             if window.watching():
                 window._before_enter()
                 out = enter(rf)
+                window.ranges.append(rf)
                 window._entered(rf.name)
                 return out
             return enter(rf)
@@ -197,8 +201,10 @@ class TorchWindow:
             if window.watching():
                 window._before_exit()
                 out = leave(rf, *exc)
+                window._forget(rf)
                 window._exited(rf.name)
                 return out
+            window._forget(rf)
             return leave(rf, *exc)
 
         cls.__enter__, cls.__exit__ = __enter__, __exit__
@@ -207,6 +213,30 @@ class TorchWindow:
             cls.__enter__, cls.__exit__ = enter, leave
 
         self._undo.append(undo)
+
+    def _forget(self, rf: Any) -> None:
+        for k in range(len(self.ranges) - 1, -1, -1):
+            if self.ranges[k] is rf:
+                del self.ranges[k]
+                return
+
+    def _split_open_ranges(self, switch: Callable[[], None]) -> None:
+        """Run ``switch`` (a session stops or starts) with the program's open ranges ended
+        before it and begun again after it, so each range's records stay in one session.
+
+        A range begun under one session and ended while another recorded made torch
+        write through freed memory (a segfault in a later garbage collection: a loop
+        inside a ``record_function`` that ended inside the window). Split, the stopped
+        session sees the range end at the switch and the next one sees it begin there.
+        """
+        ops = self.torch.ops.profiler
+        split = [rf for rf in self.ranges if getattr(rf, "record", None) is not None]
+        for rf in reversed(split):  # innermost first, as ranges nest
+            with self.torch._C.DisableTorchFunctionSubclass():
+                ops._record_function_exit._RecordFunction(rf.record)
+        switch()
+        for rf in split:
+            rf.record = ops._record_function_enter_new(rf.name, rf.args)
 
     def _hook_optimizer(self) -> None:
         try:
@@ -342,7 +372,8 @@ class TorchWindow:
         """Stop the session recording now, if any; returns the name of the step left open."""
         open_step = self._close_step()
         if self.prof is not None:
-            self.prof.stop()  # still ours while it stops (the step-aside guard asks)
+            # still ours while it stops (the step-aside guard asks)
+            self._split_open_ranges(self.prof.stop)
             self.prof = None
         return open_step
 
@@ -353,7 +384,8 @@ class TorchWindow:
         self._stop()
         self.opened_at = self.n
         self.prof = self.new_session(self.with_stack)
-        start_profiler(self.torch, self.prof)
+        prof = self.prof
+        self._split_open_ranges(lambda: start_profiler(self.torch, prof))
         self.phase = "window"
         for o in self.observers:
             o.window_opened()
