@@ -986,7 +986,10 @@ def test_one_history_read_per_judged_test(
         return history(self, nodeid, **kw)
 
     monkeypatch.setattr(Reader, "history", counted)
-    pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)
+    # the reads are counted whatever the verdict: a 16x16 matmul step of 6 us, judged on 3
+    # rounds against 1 stored run, once read +129 % on unchanged code under a full suite
+    # (round 18), so this session reports without failing the test
+    pytester.runpytest_inprocess(*args, "--perfguard-fail-on=never").assert_outcomes(passed=1)
     doc = json.loads((pytester.path / ".perfguard" / "results.json").read_text())
     (entry,) = doc["tests"]
     assert entry["baseline_commit"] == sha_a  # judged against run A
