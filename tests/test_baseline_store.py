@@ -401,8 +401,10 @@ def test_a_locked_store_is_retried_then_refused_in_one_line(tmp_path, records, m
     blocker.execute("BEGIN IMMEDIATE")  # another writer holds the write lock
     release = threading.Timer(0.6, lambda: blocker.execute("COMMIT"))
     with Store(path) as store:
-        release.start()
+        # the clock is read before the timer starts, so the 0.6 s wait lies inside the span
+        # however long this thread is held off the CPU between the two statements
         started = time.monotonic()
+        release.start()
         run_id = store.save_run(run("1" * 40, "2024-01-01T00:00:00Z"), [records["bert"]])
         assert time.monotonic() - started >= 0.5  # it waited for the lock, then wrote
         assert store.load_test(run_id, records["bert"].nodeid) is not None

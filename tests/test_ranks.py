@@ -13,6 +13,7 @@ import io
 import json
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -193,10 +194,10 @@ def test_progress_draws_on_a_terminal_and_clears() -> None:
     with Progress(stream, delay=0.0, interval=0.01) as p:
         p.phase("reading", "x.sqlite")
         p.events(1234567, "3/8 ranks")
-        for _ in range(200):  # the drawing thread runs every 10 ms
-            if "1,234,567 events read" in stream.getvalue():
-                break
-            threading_sleep(0.01)
+        # the drawing thread runs every 10 ms; 30 s is only a hang guard for a loaded box
+        deadline = time.monotonic() + 30
+        while "1,234,567 events read" not in stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
     text = stream.getvalue()
     assert "perfguard: reading, 3/8 ranks, 1,234,567 events read" in text
     assert text.endswith("\r")  # cleared: the summary on stdout starts on a clean line
@@ -208,7 +209,7 @@ def test_progress_silent_when_not_a_tty_or_quiet() -> None:
     for stream, quiet in ((io.StringIO(), False), (_Tty(), True)):
         with Progress(stream, quiet=quiet, delay=0.0, interval=0.01) as p:
             p.phase("analysing")
-            threading_sleep(0.05)
+            time.sleep(0.05)
         assert stream.getvalue() == ""
 
 
@@ -216,14 +217,8 @@ def test_progress_waits_before_drawing() -> None:
     stream = _Tty()
     with Progress(stream, delay=5.0, interval=0.01) as p:
         p.phase("analysing")
-        threading_sleep(0.05)
+        time.sleep(0.05)
     assert stream.getvalue() == ""
-
-
-def threading_sleep(seconds: float) -> None:
-    import time
-
-    time.sleep(seconds)
 
 
 def test_rank_table_empty_trace() -> None:
