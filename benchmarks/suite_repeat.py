@@ -49,8 +49,11 @@ def one_run(args: list[str]) -> dict[str, object]:
     wall = time.monotonic() - t0
     lines = done.stdout.strip().splitlines()
     summary = lines[-1] if lines else ""
-    # each failure with pytest's one-line reason; a failed run's report kept beside --out
-    failed = re.findall(r"^(?:FAILED|ERROR) (.+)$", done.stdout, flags=re.M)
+    # each failure with pytest's one-line reason, from the run's own summary (the last one:
+    # a pytester session's captured output holds summaries of its own); a failed run's
+    # report kept beside --out
+    own = done.stdout.rsplit("short test summary info", 1)[-1]
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+)$", own, flags=re.M)
     if done.returncode != 0:
         keep = Path(f"{OUT_STEM[0]}.run{len(RUNS_SEEN) + 1}.log")
         keep.write_text(done.stdout[-200_000:] + done.stderr[-20_000:])

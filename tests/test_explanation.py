@@ -179,7 +179,11 @@ def test_a_partial_save_never_hides_a_test(repo: pytest.Pytester) -> None:
     run(repo, "--perfguard-save").assert_outcomes(passed=2)
     (repo.path / "notes.txt").write_text("B\n")
     b = commit(repo.path, "B")
-    run(repo, "--perfguard-save", "-k", "two_heads").assert_outcomes(passed=1)
+    # unchanged code judged on 3 rounds against 1 stored run: the save is the point, not the
+    # timing (a step of microseconds can read slower after a move of its memory)
+    run(repo, "--perfguard-save", "-k", "two_heads", "--perfguard-fail-on=never").assert_outcomes(
+        passed=1
+    )
     model(repo, softmax="float64")
     commit(repo.path, "C: float64")
     run(repo).assert_outcomes(failed=2)

@@ -91,7 +91,9 @@ def test_another_driver_is_incomparable_and_compared_across_it_lists_the_changes
     assert "driver CUDA 12.9 → 12.2" in test["message"]
     assert "--perfguard-compare-across driver" in test["message"]
 
-    done, doc = _session(repo, bin_dir, "--perfguard-compare-across=driver")
+    # compared across the driver, judged whatever the timing of this microsecond step says
+    done, doc = _session(repo, bin_dir, "--perfguard-compare-across=driver",
+                         "--perfguard-fail-on=never")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     (test,) = doc["tests"]
     assert test["outcome"] != "incomparable", test["message"]
