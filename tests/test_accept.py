@@ -188,7 +188,8 @@ def test_an_accepted_slowdown_is_the_new_level_and_every_report_says_so(tmp_path
     done, test = session(repo, "--perfguard-fail-on=never")
     assert done.returncode == 0, done.stdout[-2000:]
     assert test["baseline_commit"] == c1 and test["gates"]["outcome"] == "unchanged"
-    assert not test["gates"]["regressions"]
+    # nothing but the timing may regress it: the accepted level holds for the whole verdict
+    assert test["outcome"] != "regressed" or test["timing"]["outcome"] == "regressed"
     shown = f"accepted at {c1[:12]}: we want the loss logged"
     assert shown in done.stdout  # the terminal table
     out = repo / ".perfguard"
