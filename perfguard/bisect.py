@@ -52,6 +52,7 @@ from perfguard.compare.against import History, against_from_store, settings_for
 from perfguard.compare.judge import judge
 from perfguard.compare.units import format_ns, human, interval, percent
 from perfguard.errors import BaselineError, CompareError
+from perfguard.jsonsafe import finite
 
 if TYPE_CHECKING:
     from perfguard.baseline.record import Fingerprint
@@ -129,17 +130,7 @@ class BisectResult:
     log: str = ""  # git bisect log
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite(asdict(self))
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and obj != obj:
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
+        return finite(asdict(self))
 
 
 # --------------------------------------------------------------------------- git

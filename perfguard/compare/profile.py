@@ -31,6 +31,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from perfguard.jsonsafe import finite
+
 #: ops a profile keeps, most time first (the rest are counted in ``other_ops``/``other_ns``)
 PROFILE_OPS = 25
 #: whole-test counters a profile shows, per iteration (op rows summed)
@@ -116,7 +118,7 @@ class TestProfile:
         return "GPU time" if self.basis == "gpu" else "self CPU time"
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite(asdict(self))
+        return finite(asdict(self))
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> TestProfile:
@@ -134,23 +136,12 @@ class TestProfile:
         return cls(**vals)
 
 
-def _finite(value: Any) -> Any:
-    """NaN and infinities as None, through dicts and lists (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
 def run_figures(analysis: Any) -> dict[str, Any]:
     """What only the analysis knows of a test's run, for the record's ``meta["profile"]``:
     the device, GPU idle over the window and the run-level Tensor Core utilization."""
     s = analysis.summary
     gpu = s.gpus_used > 0
-    return _finite(
+    return finite(
         {
             "device": s.gpu_names,
             "gpu_idle_pct": 100.0 - float(s.gpu_utilization) if gpu else None,

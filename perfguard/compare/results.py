@@ -21,7 +21,6 @@ Standard library and msgspec at import (the plugin's summary imports it).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from perfguard.compare.halves import BUSY_WAIT, GateVerdict, TimingFigures, Timi
 from perfguard.compare.outcomes import Outcome, fails
 from perfguard.compare.profile import TestProfile
 from perfguard.errors import ReportError
+from perfguard.jsonsafe import finite
 
 #: the ``schema`` this perfguard writes; it reads (and upgrades) every schema up to it
 SCHEMA = 3
@@ -606,19 +606,8 @@ def _upgrade_entry(test: dict[str, Any], flat: _OldFigures, schema: int) -> dict
 def _builtins(value: Any) -> dict[str, Any]:
     """``value`` as the JSON text holds it (NaN as null): for a script or a ``--json``
     document, never between the session's own steps."""
-    out: dict[str, Any] = _finite(msgspec.to_builtins(value, enc_hook=_enc_hook))
+    out: dict[str, Any] = finite(msgspec.to_builtins(value, enc_hook=_enc_hook))
     return out
-
-
-def _finite(value: Any) -> Any:
-    """Builtins with NaN and infinities as None (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _enc_hook(value: Any) -> Any:
