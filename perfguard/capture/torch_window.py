@@ -381,11 +381,19 @@ class TorchWindow:
         """Stop the provisional session (kept until the window holds an iteration) and
         start the window's."""
         self._disarm_timer()
-        self._stop()
+        self._close_step()
         self.opened_at = self.n
-        self.prof = self.new_session(self.with_stack)
-        prof = self.prof
-        self._split_open_ranges(lambda: start_profiler(self.torch, prof))
+        old, new = self.prof, self.new_session(self.with_stack)
+
+        def switch() -> None:
+            # one split for both halves: the ranges end in the provisional session and
+            # begin again in the window's (no exit and enter between the two)
+            if old is not None:
+                old.stop()  # still self.prof while it stops (the step-aside guard asks)
+            self.prof = new
+            start_profiler(self.torch, new)
+
+        self._split_open_ranges(switch)
         self.phase = "window"
         for o in self.observers:
             o.window_opened()
