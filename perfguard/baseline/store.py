@@ -13,8 +13,8 @@ tables), ``store.writer`` (:class:`~.writer.Writer`: saving a run, importing,
 copying, pruning; every run in one transaction, so a run is in the store whole
 or not at all) and ``store.accepted`` (:class:`~.accept.Acceptances`). The JSON
 export is :mod:`.export`. The store's own methods of the same names (``runs``,
-``save``, ``accept``, ...) hand over to the part, so ``with Store(path) as store:
-store.runs()`` keeps working.
+``save``, ``accept``, ...) hand over to the part, so a user's ``with Store(path) as
+store: store.runs()`` keeps working; perfguard's own code calls the parts.
 
 The schema is versioned (``meta.schema_version``) and brought forward by an
 ordered list of migrations (:mod:`.schema`), the same on both engines;
@@ -236,7 +236,7 @@ class Store:
 
     # ----------------------------------------------------------------- the parts' methods
     # The names below (and those bound in __init__) are the store's methods from before it
-    # had parts; new code may call the part directly.
+    # had parts, kept for users' scripts; perfguard's own code calls the parts.
     def save_run(self, run: RunInfo, records: Sequence[TestRecord], *, replace: bool = True) -> int:
         """:meth:`Writer.save`, returning only the new run_id."""
         return self.writer.save(run, records, replace=replace).run_id

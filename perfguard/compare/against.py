@@ -112,13 +112,13 @@ def against_from_store(
     frame = read_history(store, nodeid, fingerprint) if rows else None
     listed = history_rows(store, nodeid, fingerprint, frame) if frame is not None else []
     match, pooled = match_runs(
-        store.runs_with_test(nodeid), history.commits, history.ref, fingerprint,
+        store.reader.runs_with_test(nodeid), history.commits, history.ref, fingerprint,
         exclude_run_id=exclude_run_id, only=only, environment=environment, across=across,
     )  # fmt: skip
     if match.status == "no-runs":
         # some run on this history, just not of this test: the test is new there
         anyone, _ = match_runs(
-            store.runs(), history.commits, history.ref, fingerprint,
+            store.reader.runs(), history.commits, history.ref, fingerprint,
             exclude_run_id=exclude_run_id, only=only, environment=environment, across=across,
         )  # fmt: skip
         return Against(run_found=anyone.found, rows=listed)
@@ -129,7 +129,7 @@ def against_from_store(
     timing_ok = [fingerprint.timing_incompatibility(fp) is None for fp in pooled["fingerprint"]]
     same = pooled[timing_ok]
     chosen = same if len(same) else pooled.head(1)
-    records = [r for r in (store.load_test(int(i), nodeid) for i in chosen["run_id"]) if r]
+    records = [r for r in (store.reader.load_test(int(i), nodeid) for i in chosen["run_id"]) if r]
     timing_reason = None
     if not len(same):
         why = fingerprint.timing_incompatibility(pooled.iloc[0]["fingerprint"])
@@ -197,7 +197,7 @@ def read_history(store: Store, nodeid: str, fingerprint: Fingerprint) -> pd.Data
     """The test's latest :data:`HISTORY_RUNS` run levels on machines like ``fingerprint``
     (:meth:`Store.history`): the one read behind both :func:`history_levels` and
     :func:`history_rows`."""
-    return store.history(nodeid, fingerprint=fingerprint, limit=HISTORY_RUNS)
+    return store.reader.history(nodeid, fingerprint=fingerprint, limit=HISTORY_RUNS)
 
 
 def history_levels(

@@ -141,12 +141,12 @@ def _members(store: Store, nodeid: str, run_ids: list[int]) -> tuple[pd.DataFram
     """kernel_set (kernel names), tc_ops (ops on Tensor Cores) and dtypes ("op: dtypes")
     per run, long form (run_id, counter, member), and the runs that recorded ops."""
     parts = []
-    kernels = store.test_rows(nodeid, "kernels", run_ids)
+    kernels = store.reader.test_rows(nodeid, "kernels", run_ids)
     if len(kernels):
         name = kernels["kernel_name"].astype(str)
         parts.append(pd.DataFrame({"run_id": kernels["run_id"], "counter": "kernel_set",
                                    "member": name, "key": name}))  # fmt: skip
-    ops = store.test_rows(nodeid, "ops", run_ids)
+    ops = store.reader.test_rows(nodeid, "ops", run_ids)
     if len(ops):
         tc = ops[ops["using_tc"].fillna(False).astype(bool)]
         name = tc["op_name"].astype(str)
@@ -170,7 +170,7 @@ def counter_steps(
     commit columns, history order), ordered by position then counter."""
     run_ids = levels["run_id"].to_numpy(np.int64)
     ids = [int(r) for r in run_ids]  # only these runs' rows are read: a store keeps many more
-    found = numeric_steps(store.test_rows(nodeid, "counters", ids), run_ids, top_ops=top_ops)
+    found = numeric_steps(store.reader.test_rows(nodeid, "counters", ids), run_ids, top_ops=top_ops)
     found += set_steps(*_members(store, nodeid, ids), run_ids)
     commits = levels["commit"].astype(str).to_numpy()
     return [

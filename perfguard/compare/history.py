@@ -131,7 +131,7 @@ class History:
 
 
 def _runs_on(store: Store, fingerprint: Fingerprint | None) -> pd.DataFrame:
-    runs = store.runs()
+    runs = store.reader.runs()
     if fingerprint is not None and len(runs):
         ok = [fingerprint.incompatibility(fp) is None for fp in runs["fingerprint"]]
         runs = runs[ok]
@@ -151,7 +151,7 @@ def run_levels(
     runs = _runs_on(store, fingerprint)
     if metric in INSTRUCTION_COUNTERS:
         return _counter_levels(store, nodeid, runs, metric)
-    samples = store.test_rows(nodeid, "samples")
+    samples = store.reader.test_rows(nodeid, "samples")
     samples = samples[samples["run_id"].isin(runs["run_id"])]
     cols = ["run_id", "commit", "time", "metric", "value", "n_rounds"]
     if samples.empty:
@@ -187,7 +187,7 @@ def run_levels(
 def _counter_levels(store: Store, nodeid: str, runs: pd.DataFrame, counter: str) -> pd.DataFrame:
     """:func:`run_levels` of a whole-test counter measured once per run (the host
     instructions per iteration): the run's value, one "round"."""
-    rows = store.test_rows(nodeid, "counters")
+    rows = store.reader.test_rows(nodeid, "counters")
     rows = rows[(rows["counter"] == counter) & (rows["op_id"] == "")]
     rows = rows[rows["run_id"].isin(runs["run_id"])]
     value = rows.groupby("run_id")["value"].sum()
@@ -217,7 +217,7 @@ def first_parent_order(
 def run_counters(store: Store, nodeid: str, run_ids: pd.Series) -> pd.DataFrame:
     """Per run, each counter summed over the test's ops (per iteration): run_id + a column
     per counter, in the order of ``run_ids``."""
-    rows = store.test_rows(nodeid, "counters", [int(r) for r in run_ids])
+    rows = store.reader.test_rows(nodeid, "counters", [int(r) for r in run_ids])
     if rows.empty:
         return pd.DataFrame({"run_id": run_ids.to_numpy(np.int64)})
     wide = rows.pivot_table(index="run_id", columns="counter", values="value", aggfunc="sum")
@@ -232,7 +232,7 @@ def _op_levels(store: Store, nodeid: str, levels: pd.DataFrame) -> pd.DataFrame:
     """Per (run, op): the op's median per-iteration time (an iteration without it counts 0),
     GPU time for a GPU-time history, else CPU time. Index run_id, columns op ids."""
     ids = [int(r) for r in levels["run_id"]]
-    ops = store.test_rows(nodeid, "op_samples", ids)
+    ops = store.reader.test_rows(nodeid, "op_samples", ids)
     if ops.empty:
         return pd.DataFrame(index=levels["run_id"])
     gpu = ops["metric"] == "gpu_time"
@@ -244,14 +244,14 @@ def _op_levels(store: Store, nodeid: str, levels: pd.DataFrame) -> pd.DataFrame:
         # pandas-stubs: fill_value is typed int | str | dict, pandas takes any scalar
         .unstack("op_id", fill_value=0.0)  # type: ignore[arg-type]
     )
-    samples = store.test_rows(nodeid, "samples", ids)
+    samples = store.reader.test_rows(nodeid, "samples", ids)
     full = pd.MultiIndex.from_frame(samples[profiled_mask(samples)][["run_id", "iteration"]])
     per_iter = per_iter.reindex(full, fill_value=0.0)
     return per_iter.groupby(level="run_id").median()
 
 
 def _op_names(store: Store, nodeid: str, run_ids: list[int]) -> dict[str, str]:
-    ops = store.test_rows(nodeid, "ops", run_ids)
+    ops = store.reader.test_rows(nodeid, "ops", run_ids)
     return dict(zip(ops["op_id"], ops["op_name"], strict=True))
 
 
@@ -342,7 +342,7 @@ def with_machine(store: Store, nodeid: str, levels: pd.DataFrame, metric: str) -
     from the evidence the session stored with the record), "" for a usual run."""
     from perfguard.compare.timing import machine_notes
 
-    evidence = store.machine_evidence(nodeid).drop_duplicates("run_id").set_index("run_id")
+    evidence = store.reader.machine_evidence(nodeid).drop_duplicates("run_id").set_index("run_id")
     ev = evidence.reindex(levels["run_id"].to_numpy())
     notes = machine_notes(metric, ev["speed_ns"].to_numpy(), ev["wait"].to_numpy())
     return levels.assign(machine=notes)
@@ -368,7 +368,7 @@ def load_history(
     levels = first_parent_order(run_levels(store, nodeid, None, metric), repo, ref)
     if levels.empty:
         raise BaselineError(f"{store.name}: no stored run of {nodeid} on the history of {ref}")
-    runs = store.runs().set_index("run_id")["fingerprint"]
+    runs = store.reader.runs().set_index("run_id")["fingerprint"]
     if fingerprint is None:
         fingerprint = runs[int(levels["run_id"].iloc[-1])]
     ok = [fingerprint.incompatibility(runs[int(r)]) is None for r in levels["run_id"]]

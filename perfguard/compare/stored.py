@@ -46,7 +46,7 @@ def results_from_store(
     from perfguard.environment import incompatibility as env_incompatibility
 
     with open_store(store_path, create=False) as store:
-        info, records = store.load_run(run_id)
+        info, records = store.reader.load_run(run_id)
         fp = info.fingerprint
         baseline: Baseline | None = None
         walk = History.of(repo, baseline_ref) if baseline_ref is not None else None
@@ -54,7 +54,7 @@ def results_from_store(
         base_reason = base_timing = base_commit = None
         changes: tuple[Any, ...] = ()
         if baseline_run is not None:
-            base_info, base_records = store.load_run(baseline_run)
+            base_info, base_records = store.reader.load_run(baseline_run)
             base_commit = base_info.commit
             base_reason = fp.incompatibility(base_info.fingerprint)
             base_timing = fp.timing_incompatibility(base_info.fingerprint)

@@ -235,7 +235,7 @@ class SessionContext:
         try:
             with open_store(self.settings.store, create=True) as store:
                 replace = self.settings.save_mode == "replace"
-                saved = store.save(self.run, [records[k] for k in sorted(records)],
+                saved = store.writer.save(self.run, [records[k] for k in sorted(records)],
                                    replace=replace)  # fmt: skip
         except (PerfguardError, ValueError) as exc:
             return SaveResult(error=" ".join(str(exc).split()))

@@ -353,7 +353,7 @@ def load_index(location: str | os.PathLike[str]) -> StoreIndex:
             tests = pd.DataFrame.from_records(
                 cur.fetchall(), columns=["test_id", "run_id", "nodeid", "metric"]
             )
-        acceptances = store.acceptances()
+        acceptances = store.accepted.table()
         name = store.name
         unknown = ~tests["metric"].isin(list(METRIC_CODES))
         if unknown.any():  # never drawn as another metric's record
