@@ -47,7 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("analysis",),
     ("capture",),
     ("trace",),
-    ("memory", "environment", "arrays", "errors", "__init__"),
+    ("forking", "memory", "environment", "arrays", "jsonsafe", "errors", "__init__"),
 )
 
 #: the hooks of the measured test the tracer follows, in pytest's order; tracing starts when
