@@ -16,8 +16,8 @@ import perfguard
 
 ROOT = Path(perfguard.__file__).parent
 #: every package and top-level module, lowest first: each may import only those before it
-LAYERS = ("errors", "jsonsafe", "arrays", "environment", "memory", "forking", "trace", "capture", "analysis",
-          "baseline", "compare", "report", "publish", "core", "plugin",
+LAYERS = ("errors", "jsonsafe", "arrays", "environment", "memory", "forking", "trace", "capture",
+          "analysis", "baseline", "compare", "report", "publish", "core", "plugin",
           "bisect", "commands", "cli", "__main__")  # fmt: skip
 
 
