@@ -454,10 +454,6 @@ def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
 
 
-def _ints(values: np.ndarray) -> list[int]:
-    return [int(v) for v in np.asarray(values, dtype=np.float64) if math.isfinite(v)]
-
-
 def _json_value(v: Any) -> Any:
     if v is None or v is pd.NA or v is pd.NaT:
         return None
