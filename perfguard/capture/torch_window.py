@@ -368,32 +368,31 @@ class TorchWindow:
         step.__exit__(None, None, None)
         return str(step.name)
 
-    def _stop(self) -> str | None:
-        """Stop the session recording now, if any; returns the name of the step left open."""
+    def _stop(self, start: Any = None) -> str | None:
+        """Stop the session recording now, if any, and start ``start`` (the window's
+        session) in the same switch, so the program's open ranges are split once; returns
+        the name of the step left open."""
         open_step = self._close_step()
-        if self.prof is not None:
-            # still ours while it stops (the step-aside guard asks)
-            self._split_open_ranges(self.prof.stop)
-            self.prof = None
+        old = self.prof
+        if old is None and start is None:
+            return open_step
+
+        def switch() -> None:
+            if old is not None:
+                old.stop()  # still self.prof while it stops (the step-aside guard asks)
+            self.prof = start
+            if start is not None:
+                start_profiler(self.torch, start)
+
+        self._split_open_ranges(switch)
         return open_step
 
     def _open(self) -> None:
         """Stop the provisional session (kept until the window holds an iteration) and
         start the window's."""
         self._disarm_timer()
-        self._close_step()
         self.opened_at = self.n
-        old, new = self.prof, self.new_session(self.with_stack)
-
-        def switch() -> None:
-            # one split for both halves: the ranges end in the provisional session and
-            # begin again in the window's (no exit and enter between the two)
-            if old is not None:
-                old.stop()  # still self.prof while it stops (the step-aside guard asks)
-            self.prof = new
-            start_profiler(self.torch, new)
-
-        self._split_open_ranges(switch)
+        self._stop(start=self.new_session(self.with_stack))
         self.phase = "window"
         for o in self.observers:
             o.window_opened()
