@@ -39,6 +39,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from suite_repeat import spin  # noqa: E402  (the series' spinner: one busy core)
 
 from perfguard.baseline.store import DEFAULT_STORE, open_store  # noqa: E402
 from perfguard.compare.judge import compare_records  # noqa: E402
@@ -79,13 +82,6 @@ def make_project(path: Path) -> None:
     subprocess.run(  # type: ignore[call-overload]
         ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "steps"], **run
     )
-
-
-def spin(stop: Any) -> None:
-    n = 0
-    while not stop.is_set():
-        for _ in range(100_000):
-            n += 1
 
 
 def session(project: Path, busy: bool) -> dict[str, Any]:
