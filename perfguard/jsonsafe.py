@@ -2,8 +2,9 @@
 
 JSON has no NaN and no infinity: ``json.dumps(..., allow_nan=False)`` (every document
 perfguard writes) raises on either, and a reader in another language cannot parse
-``NaN``/``Infinity``. Every ``to_dict`` goes through :func:`finite`, so a figure that
-could not be computed reads ``null`` in each document alike.
+``NaN``/``Infinity``. The documents' ``to_dict`` (a bisection, a test's profile, a
+session's results) go through :func:`finite`, so a figure that could not be computed
+reads ``null`` in each alike.
 """
 
 from __future__ import annotations
