@@ -38,7 +38,7 @@ import pandas as pd
 
 from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
 from perfguard.compare.explanation import KIND_ORDER, RANKED_AS, SHOWN, Culprit, Explanation
-from perfguard.compare.gates import LABELS, Budget
+from perfguard.compare.gates import LABELS, Budget, cost_text
 from perfguard.compare.halves import GateVerdict, TimingVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.sites import (
@@ -674,6 +674,7 @@ def explain(e: Evidence) -> Explanation:
             python_lines = _python_lines(e)
             if python_lines:  # work no op shows: the user's lines that ran more
                 rest.insert(0, python_lines)
+        rest += _immaterial_lines(e)
         return Explanation(
             outcome=outcome.value, headline=headline, decided_by=decided,
             culprits=tuple(culprits), lead=lead, lines=tuple(rest), timing=clause,
@@ -681,9 +682,25 @@ def explain(e: Evidence) -> Explanation:
     # not a regression or improvement: the reason, noise excuse included, is the headline
     parts = [timing.message]
     if gates is not None and (gates.outcome is not Outcome.UNCHANGED or outcome is
-                              Outcome.NOT_JUDGED):  # fmt: skip
+                              Outcome.NOT_JUDGED or gates.immaterial):  # fmt: skip
         parts.append(gates.message)
     return Explanation(
         outcome=outcome.value, headline="; ".join(p for p in parts if p),
-        timing=timing_clause(timing),
+        timing=timing_clause(timing), lines=tuple(_immaterial_lines(e)),
     )  # fmt: skip
+
+
+def _immaterial_lines(e: Evidence) -> list[str]:
+    """Each change that cost nothing measurable, at its line: shown, never failing."""
+    if e.gates is None or not e.gates.immaterial:
+        return []
+    where = _Placer(e)
+    lines = []
+    for f in e.gates.immaterial:
+        site = where(f.gate, f.op_name, None) if f.op_name else ""
+        cost = cost_text(f)
+        lines.append(
+            f"no measurable cost{f' {site}' if site else ''}: {f.message}"
+            + (f" (costs {cost}, not failing)" if cost else " (not failing)")
+        )
+    return lines

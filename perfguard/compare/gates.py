@@ -17,6 +17,13 @@ Budgets (the marker's ``gates=``, merged over :data:`DEFAULT_GATES`):
 * ``True``/``False`` (or ``None``): a yes/no gate on or off (``tc_lost``,
   ``kernel_set``, ``dtypes``); ``None`` or ``False`` also turns a counter off.
 
+Every finding is then weighed (:mod:`perfguard.compare.weigh`): a change that costs
+nothing measurable (its ops' time under the tolerance, its size under the budget as a
+share of the step's total) is listed with its line as ``immaterial`` and neither fails
+nor improves; a sync, a copy, a lost Tensor Core path and the whole-test totals always
+count, and so does every gate the marker makes strict (``gates={"strict": ["dtypes"]}``,
+or ``True`` for all).
+
 A decrease beyond the budget is reported as an improvement. A counter that
 moved between rounds of one run (``stable`` false: data-dependent work) is
 listed and never gates. Neither does the *kernel choice* of an op that a
@@ -46,6 +53,7 @@ from perfguard.compare.host_functions import explain_move, layout_floor
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.tolerance import parse_tolerance
 from perfguard.compare.units import count, human, percent
+from perfguard.compare.weigh import StepCosts, material, weigh
 
 #: the defaults, chosen so that the changes a reviewer always wants to hear about
 #: fail (a new sync, a lost Tensor Core path, more launches or copies, an op whose
@@ -72,6 +80,8 @@ DEFAULT_GATES: dict[str, Any] = {
     "dtypes": True,
 }
 SWITCHES = ("kernel_set", "tc_lost", "dtypes")
+#: the marker's key that makes gates strict (never weighed): True, or a list of gate names
+STRICT = "strict"
 #: how each counter is named in a message
 LABELS = {
     "calls": "op calls", "kernels": "kernel launches", "flops": "FLOPs", "bytes": "bytes",
@@ -106,7 +116,9 @@ class Budget:
 def parse_gates(spec: dict[str, Any] | None) -> dict[str, Budget | bool]:
     """The marker's ``gates=`` over the defaults; ValueError names a bad key or value."""
     merged = dict(DEFAULT_GATES)
-    for key, value in (spec or {}).items():
+    spec = dict(spec or {})
+    strict = spec.pop(STRICT, None)
+    for key, value in spec.items():
         if key not in DEFAULT_GATES:
             known = ", ".join(DEFAULT_GATES)
             raise ValueError(f"gates: unknown gate {key!r}; known: {known}")
@@ -127,7 +139,30 @@ def parse_gates(spec: dict[str, Any] | None) -> dict[str, Budget | bool]:
             raise ValueError(
                 f"gates: {key} takes a number (increase per iteration), 'N%' or None, got {value!r}"
             )
+    for name in _strict_names(strict):
+        out[f"{STRICT}.{name}"] = True
     return out
+
+
+def _strict_names(value: Any) -> list[str]:
+    """The gates the marker's ``strict`` names (True: all of them)."""
+    if value is None or value is False:
+        return []
+    if value is True:
+        return list(DEFAULT_GATES)
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple | set | frozenset):
+        raise ValueError(f"gates: strict is True or a list of gate names, got {value!r}")
+    unknown = [n for n in names if n not in DEFAULT_GATES]
+    if unknown:
+        raise ValueError(f"gates: strict names unknown gate(s) {unknown}; known: "
+                         f"{', '.join(DEFAULT_GATES)}")  # fmt: skip
+    return [str(n) for n in names]
+
+
+def is_strict(budgets: dict[str, Budget | bool], gate: str) -> bool:
+    """Whether the marker made ``gate`` strict: never weighed (:mod:`.weigh`)."""
+    return bool(budgets.get(f"{STRICT}.{gate}"))
 
 
 def _scalar(value: object) -> Scalar:
@@ -203,11 +238,13 @@ def judge_gates(
     baseline: TestRecord,
     budgets: dict[str, Budget | bool],
     changes: pd.DataFrame,
+    tolerance: float = 0.05,
 ) -> GateVerdict:
     """Compare the deterministic counters of ``current`` with ``baseline``'s.
 
     ``changes``: :func:`perfguard.compare.comparison.kernel_changes` of the two records
-    (the judge computes it once and shows it too).
+    (the judge computes it once and shows it too). ``tolerance``: the test's, the share of
+    the step a change's time must reach to fail (:mod:`perfguard.compare.weigh`).
     """
     cb, cc = _counter_table(baseline), _counter_table(current)
     tuned = autotuned_ops(current, baseline)
@@ -307,6 +344,8 @@ def judge_gates(
         )
         changes = changes[~moved]
     _switch_gates(current, baseline, budgets, changes, worse, better, checked)
+    costs = StepCosts(current, baseline, current.metric)
+    worse, better, immaterial = _weighed(worse, better, budgets, costs, tolerance)
     if worse:
         outcome = Outcome.REGRESSED
         msg = "gates: " + "; ".join(f.message for f in worse[:3])
@@ -316,9 +355,55 @@ def judge_gates(
     else:
         outcome = Outcome.UNCHANGED
         msg = f"gates unchanged ({', '.join(checked)})"
+    if immaterial:
+        msg += "; " + immaterial_text(immaterial)
     if unstable:
         msg += f"; not gated, they vary between rounds: {', '.join(sorted(unstable)[:5])}"
-    return GateVerdict(outcome, worse, better, sorted(unstable), checked, msg, totals, widened)
+    return GateVerdict(outcome, worse, better, sorted(unstable), checked, msg, totals, widened,
+                       immaterial)  # fmt: skip
+
+
+def _weighed(
+    worse: list[GateFinding],
+    better: list[GateFinding],
+    budgets: dict[str, Budget | bool],
+    costs: StepCosts,
+    tolerance: float,
+) -> tuple[list[GateFinding], list[GateFinding], list[GateFinding]]:
+    """The findings with their costs, split into those that count and those that cost
+    nothing measurable (:mod:`perfguard.compare.weigh`)."""
+    keep: tuple[list[GateFinding], list[GateFinding]] = ([], [])
+    immaterial: list[GateFinding] = []
+    for found, kept in ((worse, keep[0]), (better, keep[1])):
+        for f in found:
+            weighed = weigh(f, costs)
+            # a dtype is weighed by the bytes it moves: against the bytes gate's budget
+            budget = budgets.get("bytes" if f.gate == "dtypes" else f.gate)
+            rel = budget.value if isinstance(budget, Budget) and budget.kind == "rel" else None
+            if material(weighed, tolerance, rel, is_strict(budgets, f.gate)):
+                kept.append(weighed)
+            else:
+                immaterial.append(weighed)
+    return keep[0], keep[1], immaterial
+
+
+def cost_text(finding: GateFinding) -> str:
+    """``0.4 % of the step's time`` (or its bytes, FLOPs): what a finding was weighed by."""
+    if finding.cost_pct is None:
+        return ""
+    what = {"time": "time", "bytes": "bytes", "flops": "FLOPs",
+            "memcpy_bytes": "memcpy bytes"}.get(finding.cost_basis, finding.cost_basis)  # fmt: skip
+    return f"{percent(finding.cost_pct, digits=None)} of the step's {what}"
+
+
+def immaterial_text(found: list[GateFinding]) -> str:
+    """One clause for the changes that cost nothing measurable (every view's words)."""
+    parts = []
+    for f in found[:3]:
+        cost = cost_text(f)
+        parts.append(f"{f.message}" + (f" (costs {cost})" if cost else ""))
+    more = f"; … and {len(found) - 3} more" if len(found) > 3 else ""
+    return "changed at no measurable cost, not failing: " + "; ".join(parts) + more
 
 
 def _switch_gates(

@@ -80,6 +80,11 @@ class GateFinding:
     budget: str
     message: str
     whole_test: bool = False
+    #: what the change costs, as a share of the step (%): its ops' time, or its FLOPs or
+    #: bytes against the step's (:mod:`perfguard.compare.weigh`); None where not weighed
+    cost_pct: float | None = None
+    #: how the cost was read ("time", "flops", "bytes", "kind", "strict", "total")
+    cost_basis: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,9 @@ class GateVerdict:
     #: a budget the gate widened, by counter: the text every view shows beside the figure
     #: ("0.15%, widened to 0.93%: this step's count moves 0.33% between heap layouts")
     widened: dict[str, str] = field(default_factory=dict)
+    #: counter changes that cost nothing measurable (:mod:`perfguard.compare.weigh`): shown
+    #: with their line in every view, never failing, never an improvement
+    immaterial: list[GateFinding] = field(default_factory=list)
 
 
 class TimingFigures:
