@@ -26,6 +26,12 @@ def _locate_fixtures() -> Path | None:
     return None
 
 
+#: the suite's own perfguard sessions (pytester, children) do not confirm suspect timings
+#: A/B unless a test asks (--perfguard-confirm-budget; tests/test_confirm.py): most judge
+#: injected changes whose timing is not what they test, and a confirmation per session
+#: would cost seconds each
+os.environ.setdefault("PERFGUARD_CONFIRM_BUDGET", "0")
+
 FIXTURES = _locate_fixtures()
 NO_FIXTURES = (
     "real capture fixtures not found: expected shared/fixtures next to the repository "

@@ -48,6 +48,7 @@ from perfguard.baseline.store import Store
 from perfguard.compare.gates import parse_gates
 from perfguard.compare.history import change_marks, with_machine
 from perfguard.compare.judge import Against, JudgeSettings
+from perfguard.compare.timing import MIN_HISTORY
 from perfguard.compare.tolerance import ALPHA, TOLERANCE
 from perfguard.environment import Environment, EnvironmentChange
 from perfguard.errors import DamagedStoreError, PerfguardError
@@ -99,6 +100,7 @@ def against_from_store(
     environment: Environment | None = None,
     across: Collection[str] = (),
     rows: bool = False,
+    head: tuple[str, bool] | None = None,
 ) -> Against:
     """The judge's input for ``record`` (module docstring).
 
@@ -107,6 +109,8 @@ def against_from_store(
     ``environment``: this run's (None: not checked); ``across``: the blocking groups
     compared across anyway (``--perfguard-compare-across``). ``rows``: also the history
     rows the reports list (``Against.rows``), from the same read of the history.
+    ``head``: the commit measured and whether its tree is dirty (the same clean commit is an
+    A/A: :func:`perfguard.compare.judge.same_code`).
     """
     nodeid = record.nodeid
     frame = read_history(store, nodeid, fingerprint) if rows else None
@@ -153,6 +157,8 @@ def against_from_store(
         history=history_levels(store, record, fingerprint, only, before_run_id=exclude_run_id,
                                rows=frame),
         environment=changes, rows=listed,
+        current_commit=head[0] if head else None, current_dirty=head[1] if head else True,
+        baseline_dirty=bool(chosen["dirty"].any()) if "dirty" in chosen else True,
     )  # fmt: skip
 
 
@@ -171,6 +177,8 @@ class StoreBaseline:
     fingerprint: Fingerprint
     environment: Environment | None = None
     across: Collection[str] = ()
+    #: the tree measured has uncommitted changes (unknown: dirty)
+    dirty: bool = True
     _walk: History | None = None
 
     def against(self, record: TestRecord) -> tuple[Against, Acceptance | None]:
@@ -189,6 +197,7 @@ class StoreBaseline:
             self.store, self._walk, record, self.fingerprint,
             only=accepted.commits if accepted is not None else None,
             environment=self.environment, across=self.across, rows=True,
+            head=(self.head, self.dirty),
         )  # fmt: skip
         return against, accepted
 
@@ -220,6 +229,12 @@ def history_levels(
     rows = rows[rows["metric"] == record.metric]
     if only is not None:
         rows = rows[rows["commit"].isin(list(only))]
+    if len(rows) >= MIN_HISTORY:
+        # a run the machine's evidence explains (another speed, a busy machine) teaches the
+        # noise of the machine, not of the test: a between-run noise learnt from sessions
+        # with and without a neighbour made every later interval that wide (issue 55)
+        notes = with_machine(store, record.nodeid, rows[["run_id"]], record.metric)["machine"]
+        rows = rows[(notes == "").to_numpy()]
     return rows["median_ns"].to_numpy(dtype=np.float64)
 
 

@@ -9,10 +9,17 @@ verdict has two halves, judged separately and reported side by side:
 * **gates** (:mod:`perfguard.compare.gates`): deterministic counters.
 
 The test's outcome combines them: a regression of either is a regression
-(each with its own reason); else an improvement of either; else the
+(each with its own reason); else an improvement of either, but only when
+neither half shows a significant slowdown (a counter that fell while the
+time rose says both, and the outcome follows the time); else the
 timing's ``noisy``; else ``unchanged`` when the timing was judged, and
 ``not-judged`` when it was not (the gates' figures are still shown): a
 test whose timing nobody could judge is never shown as passing.
+
+Two rules decide the store-mode timing before it is combined: a comparison of the
+same clean commit with an unchanged environment is an A/A by construction, so its
+timing reads at most ``noisy`` (:func:`same_code`); and a timing the same machine
+measured again A/B (:mod:`perfguard.compare.confirm`) is that measurement's.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from perfguard.baseline.record import METRICS, TestRecord
@@ -30,6 +38,7 @@ from perfguard.compare.comparison import (
     kernel_changes,
     with_empty_capture,
 )
+from perfguard.compare.confirm import Confirmation, confirmed
 from perfguard.compare.culprits import Evidence, explain
 from perfguard.compare.explanation import Explanation
 from perfguard.compare.gates import Budget, judge_gates, parse_gates
@@ -75,6 +84,34 @@ class Against:
     #: the test's stored levels as the reports list them (store mode, when asked for:
     #: read with ``history``, :func:`perfguard.compare.against.against_from_store`)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    #: the commit measured now and whether its tree, or any baseline run pooled, was dirty
+    #: (unknown: dirty): the same clean commit is an A/A by construction (:func:`same_code`)
+    current_commit: str | None = None
+    current_dirty: bool = True
+    baseline_dirty: bool = True
+    #: the same machine's A/B measurement of this test against ``commit`` (store mode),
+    #: which decides the timing half (:mod:`perfguard.compare.confirm`)
+    confirmation: Confirmation | None = None
+
+
+def same_code(against: Against) -> bool:
+    """The baseline measured this very code: the same commit, both trees clean, the
+    environment unchanged. Its timing can then only differ by the machine's doing."""
+    return (
+        against.mode == "store"
+        and against.commit is not None
+        and against.commit == against.current_commit
+        and not against.current_dirty
+        and not against.baseline_dirty
+        and not against.environment
+    )
+
+
+#: the reason an A/A comparison's timing reads at most noisy
+SAME_CODE = (
+    "same code as the baseline (the same clean commit, environment unchanged): a change "
+    "in its timing can only be the machine's, never a regression or an improvement"
+)
 
 
 @dataclass(frozen=True)
@@ -92,12 +129,18 @@ class JudgeSettings:
             raise CompareError(f"alpha must be in (0, 1), got {self.alpha!r}")
 
 
+def slower(timing: TimingVerdict) -> bool:
+    """The timing shows a significant slowdown, whatever its outcome (its interval lies
+    above zero)."""
+    return timing.ci_low_pct is not None and timing.ci_low_pct > 0
+
+
 def combine(timing: TimingVerdict, gates: GateVerdict | None) -> Outcome:
     """The test's outcome from its two halves (module docstring)."""
     halves = [timing.outcome] + ([gates.outcome] if gates is not None else [])
     if Outcome.REGRESSED in halves:
         return Outcome.REGRESSED
-    if Outcome.IMPROVED in halves:
+    if Outcome.IMPROVED in halves and not slower(timing):
         return Outcome.IMPROVED
     if timing.outcome is Outcome.NOISY:
         return Outcome.NOISY
@@ -212,8 +255,15 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
             wait=wait, baseline_wait=base_wait, iterations=_iterations(current),
             speed_ns=_num(current.meta.get("speed_ns")), baseline_speed_ns=base_speed,
         )  # fmt: skip
+        if against.confirmation is not None:
+            timing = confirmed(timing, against.confirmation, tolerance=tol, alpha=alpha,
+                               iterations=_iterations(current))  # fmt: skip
+        if same_code(against) and timing.outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
+            timing = msgspec.structs.replace(
+                timing, outcome=Outcome.NOISY, message=f"{SAME_CODE}: {timing.message}"
+            )
     changes = kernel_changes(current, base_rec)  # once: the gates and the report share it
-    gates = judge_gates(current, base_rec, settings.gates, changes)
+    gates = judge_gates(current, base_rec, settings.gates, changes, tol)
     outcome = combine(timing, gates)
     if outcome is Outcome.NOT_JUDGED and against.timing_incompatibility is not None:
         outcome = Outcome.INCOMPARABLE  # the timing could not be compared; the gates held

@@ -378,7 +378,31 @@ class SessionResults(msgspec.Struct, kw_only=True):
         return "PASS"
 
     def badge_reason(self) -> str:
-        """One line on why the badge is what it is."""
+        """One line on why the badge is what it is, and what the timing could see."""
+        reason, seen = self._badge_reason(), self.resolution()
+        return f"{reason}; {seen}" if seen else reason
+
+    def resolution(self) -> str:
+        """What the session's timing verdicts were worth: the smallest change each test's
+        timing could have seen (``threshold_pct``), over the suite, so that a PASS of blind
+        tests is not read as a clean bill."""
+        from perfguard.compare.units import percent
+
+        judged = [t.timing for t in self.tests
+                  if t.timing is not None and t.timing.threshold_pct is not None]  # fmt: skip
+        if not judged:
+            return ""
+        seen = sorted(v.threshold_pct or 0.0 for v in judged)
+        mid = seen[len(seen) // 2]
+        coarse = sum((v.threshold_pct or 0.0) > (v.tolerance_pct or 0.0) + 1e-9 for v in judged)
+        span = "" if len(seen) == 1 else f" ({percent(seen[0])} to {percent(seen[-1])})"
+        text = (f"smallest timing change this run could see: {percent(mid)} median over "
+                f"{len(seen)} test(s){span}")  # fmt: skip
+        if coarse:
+            text += f", {coarse} of them coarser than their tolerance"
+        return text
+
+    def _badge_reason(self) -> str:
         c = self.counts
         badge = self.badge()
         if badge == "FAIL":

@@ -12,6 +12,8 @@ A/B, isolation) makes its entries here; no pytest.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from perfguard.baseline.record import TestRecord, instruction_counts
 from perfguard.capture.capturers import capture_name
 from perfguard.compare.against import StoreBaseline, settings_for
 from perfguard.compare.comparison import TestComparison
+from perfguard.compare.confirm import Confirmation
 from perfguard.compare.judge import Against, JudgeSettings, judge
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.profile import profile_of
@@ -29,6 +32,10 @@ from perfguard.core.phases import timed
 from perfguard.core.record import Measured
 from perfguard.errors import PerfguardError
 from perfguard.report.perfetto import write_perfetto
+
+#: measures a judged test's timing again on this machine, or None when it need not
+#: (:class:`perfguard.plugin.confirm.Confirmer`)
+Confirmer = Callable[[TestComparison], Confirmation | None]
 
 
 def verdict(
@@ -40,17 +47,28 @@ def verdict(
     accepted: Accepted | None = None,
     worker: str | None = None,
     output: Path | None = None,
+    confirm: Confirmer | None = None,
 ) -> TestEntry:
     """The entry of ``record`` judged against ``against`` with ``settings``.
 
     ``measured``: how the record was made (its analysis, findings, capture, notes and
     phases; None: the record alone). ``accepted``: the acceptance the test was judged
     under (store mode); ``worker``: the xdist worker that measured it; ``output``: the
-    folder a regressed test's timeline is written under (None: none written)."""
+    folder a regressed test's timeline is written under (None: none written).
+    ``confirm``: measures a verdict's timing again on this machine when it asks for it
+    (:mod:`perfguard.compare.confirm`; None for a comparison, or when it need not), and
+    the test is judged again with that measurement: the same one judge."""
     m = measured if measured is not None else Measured(record)
     phases = dict(m.phase_s)
     with timed(phases, "compare"):
         comparison = judge(record, against, settings)  # an empty capture said there too
+    if confirm is not None:
+        with timed(phases, "confirm"):
+            confirmation = confirm(comparison)
+        if confirmation is not None:
+            against = replace(against, confirmation=confirmation)
+            with timed(phases, "compare"):
+                comparison = judge(record, against, settings)
     timeline = None
     if comparison.outcome is Outcome.REGRESSED and m.analysis is not None and m.capture:
         with timed(phases, "timeline"):
@@ -65,6 +83,7 @@ def verdict_in_store(
     *,
     worker: str | None = None,
     output: Path | None = None,
+    confirm: Confirmer | None = None,
 ) -> TestEntry:
     """Store mode: ``record`` judged against what ``baseline`` (the session's store; None:
     no store, git or baseline ref) holds for it, one lookup whose time is the record's
@@ -72,7 +91,7 @@ def verdict_in_store(
     with timed(measured.phase_s, "history"):  # the store's reads
         against, accepted = (Against(), None) if baseline is None else baseline.against(record)
     return verdict(record, against, settings_for(record), measured, accepted=accepted,
-                   worker=worker, output=output)  # fmt: skip
+                   worker=worker, output=output, confirm=confirm)  # fmt: skip
 
 
 def _entry(

@@ -173,6 +173,9 @@ class ABRunner:
         #: child loads the plugins the session did, autoloading on or off alike
         self.plugin_args = plugin_args
         self.server: ForkServer | None = None
+        #: every pair child times only (no profiled round): a confirmation of a test whose
+        #: ops and gates the session has judged already (perfguard.plugin.confirm)
+        self.timing_only = False
         self._learnt: list[str] = []  # modules children loaded that the server had not
         self._restarts = 0
 
@@ -319,7 +322,8 @@ class ABRunner:
             root = self.roots[side] / self.head_rel
             keys = (AB_OUT_ENV, AB_SELECT_ENV, AB_FOREIGN_ENV, AB_OWN_ENV)
             side_env = {k: prep.env[k] for k in keys}
-            if index > 0:  # the first pair child's profiled round gave the ops and gates
+            if index > 0 or self.timing_only:  # the first pair child's profiled round
+                # gave the ops and gates
                 side_env[AB_TIMING_ONLY_ENV] = "1"
             pair.append({"name": side, "root": str(self.roots[side]), "cwd": str(root),
                          "args": prep.argv[3:], "env": side_env,

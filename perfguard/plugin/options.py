@@ -60,6 +60,12 @@ DEFAULT_AB_BUDGET = 60.0
 #: start (python, torch, pytest: seconds) dwarfs a round, so extra rounds are nearly free
 #: and cut the within-process noise of the value the pair is judged on
 AB_CHILD_ROUNDS = 3
+#: store mode: seconds a session may spend measuring suspect timings again A/B against
+#: their baseline commit (perfguard.plugin.confirm); 0 turns confirmation off
+DEFAULT_CONFIRM_BUDGET = 120.0
+#: the confirmation budget's default for every session started in this environment (a CI
+#: job's, or a test suite's own pytester sessions); the option and ini key win over it
+CONFIRM_BUDGET_ENV = "PERFGUARD_CONFIRM_BUDGET"
 #: seconds one nsys child run (one test) may take before it is stopped
 DEFAULT_CAPTURE_TIMEOUT = 900.0
 
@@ -112,6 +118,11 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      f"A/B mode: seconds to keep adding pairs (up to {MAX_AB_PAIRS}) while a test's change "
      f"is unresolved (its interval wider than the tolerance); default {DEFAULT_AB_BUDGET:g}, "
      "0: no auto-sampling"),
+    ("perfguard_confirm_budget", "--perfguard-confirm-budget", "string",
+     "store mode: seconds the session may spend measuring a test whose timing reads "
+     "regressed or noisy again, A/B against its baseline commit on this machine (a timing "
+     f"regression fails only when that confirms it); default {DEFAULT_CONFIRM_BUDGET:g}, "
+     "0: off"),
     ("perfguard_metric", "--perfguard-metric", "string",
      "instructions: also count each measured test's host instructions under Valgrind's "
      "Callgrind (one child for the session) and gate them (default budget 0.15%); "
@@ -148,6 +159,7 @@ _METAVARS = {
     "perfguard_against": "REF",
     "perfguard_ab_pairs": "N",
     "perfguard_ab_budget": "SECONDS",
+    "perfguard_confirm_budget": "SECONDS",
     "perfguard_children": "{fork,spawn}",
     "perfguard_ab_children": "{pair,separate}",
     "perfguard_metric": "{instructions}",
@@ -195,6 +207,7 @@ class Settings:
     against: str | None = None
     ab_pairs: int = DEFAULT_AB_PAIRS
     ab_budget: float = DEFAULT_AB_BUDGET
+    confirm_budget: float = DEFAULT_CONFIRM_BUDGET
     isolate: bool = False
     timeout: float = DEFAULT_CAPTURE_TIMEOUT
     require_baseline: bool = False
@@ -315,6 +328,9 @@ def read_settings(config: pytest.Config) -> Settings:
                 values[dest] = None if value is None else _count(value, 3 if "ab" in dest else 1)
             elif dest == "perfguard_ab_budget":
                 values[dest] = DEFAULT_AB_BUDGET if value is None else _seconds(value)
+            elif dest == "perfguard_confirm_budget":
+                value = os.environ.get(CONFIRM_BUDGET_ENV) if value is None else value
+                values[dest] = DEFAULT_CONFIRM_BUDGET if value is None else _seconds(value)
             elif dest == "perfguard_timeout":
                 values[dest] = DEFAULT_CAPTURE_TIMEOUT if value is None else _seconds(value)
                 if values[dest] <= 0:
@@ -343,6 +359,7 @@ def read_settings(config: pytest.Config) -> Settings:
         against=values["perfguard_against"],
         ab_pairs=values["perfguard_ab_pairs"] or DEFAULT_AB_PAIRS,
         ab_budget=values["perfguard_ab_budget"],
+        confirm_budget=values["perfguard_confirm_budget"],
         isolate=values["perfguard_isolate"],
         timeout=values["perfguard_timeout"],
         require_baseline=values["perfguard_require_baseline"],

@@ -44,6 +44,7 @@ import pytest
 from perfguard.core.phases import timed
 from perfguard.core.spec import ProfileSpec
 from perfguard.errors import PerfguardError
+from perfguard.plugin.confirm import Confirmer
 from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.coordinator import Coordinator, RoundChild
 from perfguard.plugin.items import profiled, spec_of, uses_loop
@@ -80,11 +81,14 @@ class PerfguardSession:
         self.coordinator = Coordinator(self.context, self.verdicts)
         if not settings.against:
             self.context.find_baseline()
+            self.verdicts.confirmer = Confirmer(self.context, self.coordinator.say)
         if self.context.worker_id is None:  # last: a usage error above leaves no lock behind
             self.context.claim_output()
         self.outputs.phase_s["start"] = time.perf_counter() - t0  # the outputs began above
 
     def close(self) -> None:
+        if self.verdicts.confirmer is not None:
+            self.verdicts.confirmer.close()
         if self.coordinator is not None:
             self.coordinator.close()
         self.context.close()
@@ -227,6 +231,8 @@ class PerfguardSession:
         if ctx.worker_id is not None:
             self.config.workeroutput[OUTPUT_KEY] = outputs.worker_output()  # type: ignore[attr-defined]
             return
+        if self.verdicts.confirmer is not None:
+            self.verdicts.confirmer.note()
         outputs.clear_spool()  # every worker's output is merged by now
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
         if settings.save and interrupted:

@@ -26,6 +26,7 @@ from perfguard.core.record import CaptureResult, Measured, analyse, timing_recor
 from perfguard.core.spec import ProfileSpec
 from perfguard.core.verdict import verdict_in_store
 from perfguard.errors import DamagedStoreError, PerfguardError
+from perfguard.plugin.confirm import Confirmer
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.outputs import SessionOutputs
 from perfguard.plugin.valgrind_child import InstructionSession
@@ -43,6 +44,9 @@ class Verdicts:
         self._baseline: StoreBaseline | None = None  # made for the first judged test
         #: the session's Callgrind counts (:mod:`perfguard.plugin.valgrind_child`), if any
         self.instructions: InstructionSession | None = None
+        #: measures a suspect timing again on this machine (store mode in the session's own
+        #: process; None in a round child and in A/B mode)
+        self.confirmer: Confirmer | None = None
 
     # ------------------------------------------------------------------ store mode
     def judge_capture(self, item: pytest.Item, spec: ProfileSpec, capture: CaptureResult) -> None:
@@ -74,7 +78,8 @@ class Verdicts:
             return
         try:
             entry = verdict_in_store(record, measured, self._store_baseline(),
-                                     worker=ctx.worker_id, output=ctx.settings.output)  # fmt: skip
+                                     worker=ctx.worker_id, output=ctx.settings.output,
+                                     confirm=self.confirmer)  # fmt: skip
         except DamagedStoreError as exc:
             ctx.store_damaged(exc)
             self.not_judged_damaged(item, record, measured.capture, str(measured.backend))
@@ -94,7 +99,7 @@ class Verdicts:
         if self._baseline is None:
             self._baseline = StoreBaseline(
                 ctx.store, ctx.git.root, ctx.baseline_ref, ctx.git.commit, ctx.fingerprint,
-                ctx.environment, ctx.settings.compare_across,
+                ctx.environment, ctx.settings.compare_across, ctx.git.dirty,
             )  # fmt: skip
         return self._baseline
 

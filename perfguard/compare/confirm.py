@@ -1,0 +1,98 @@
+"""The same machine confirms a stored comparison's timing.
+
+A store-mode timing compares this session with runs measured at other moments, so a
+slow spell of the machine between them reads as a change: on a shared runner 107 of
+108 verdicts of unchanged code read ``noisy`` and +10 % changes were missed, while
+A/B mode, both trees measured in turn in one process, resolved ±1.5 % on the same
+suite (issue 55). So a test whose timing alone would read ``regressed``, or could not
+be resolved (``noisy``), is measured again in the same session against its baseline
+commit, A/B (:mod:`perfguard.plugin.confirm` measures; this module judges), and that
+measurement decides its timing: a regression fails only when the A/B confirms it.
+
+:class:`Confirmation` is the typed input (the pairs, or why none could be measured);
+:func:`confirmed` is the one rule of how it replaces the stored timing half. Pure: no
+store, no process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+
+from perfguard.compare.halves import TimingVerdict
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.timing import judge_ab
+from perfguard.compare.units import interval, percent
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """An A/B measurement of one test against its baseline commit on this machine.
+
+    ``base``/``head``: one value per pair (ns), paired by index; ``in_turn``: each pair
+    one process stepping both trees in turn. ``unavailable``: why nothing could be
+    measured (the stored verdict then stands, with this reason and its fix)."""
+
+    commit: str
+    base: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    head: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    in_turn: bool = True
+    unavailable: str = ""
+
+
+def _said(v: TimingVerdict) -> str:
+    ci = interval(v.ci_low_pct, v.ci_high_pct) if v.ci_low_pct is not None else ""
+    return f"{percent(v.delta_pct, True)}{f' {ci}' if ci else ''}"
+
+
+def confirmed(
+    stored: TimingVerdict,
+    confirmation: Confirmation,
+    *,
+    tolerance: float,
+    alpha: float,
+    iterations: int = 0,
+) -> TimingVerdict:
+    """The timing half once the same machine has measured it again (module docstring)."""
+    at = confirmation.commit[:12]
+    if confirmation.unavailable:
+        return msgspec.structs.replace(
+            stored,
+            message=f"{stored.message}; not confirmed on this machine against {at}: "
+            f"{confirmation.unavailable}",
+        )
+    ab = judge_ab(
+        confirmation.base, confirmation.head, metric=stored.metric, tolerance=tolerance,
+        alpha=alpha, load=stored.load if stored.load is not None else float("nan"),
+        wait=stored.wait if stored.wait is not None else float("nan"),
+        iterations=iterations, in_turn=confirmation.in_turn,
+    )  # fmt: skip
+    pairs = f"{ab.n_current} A/B pairs against {at}"
+    stored_read = f"the stored comparison read {_said(stored)} ({stored.outcome.value})"
+    if ab.outcome is Outcome.REGRESSED:
+        lead = f"confirmed on this machine: {_said(ab)} over {pairs}"
+    elif ab.outcome is Outcome.NOISY:
+        lead = f"not resolved on this machine either: {_said(ab)} over {pairs}"
+    elif ab.outcome is Outcome.NOT_JUDGED:
+        return msgspec.structs.replace(
+            stored, message=f"{stored.message}; not confirmed on this machine: {ab.message}"
+        )
+    else:
+        lead = (
+            f"not confirmed on this machine: {_said(ab)} over {pairs}; the stored "
+            "comparison's change was the machine's"
+        )
+    return msgspec.structs.replace(
+        ab, history_runs=stored.history_runs, message=f"{lead}; {stored_read}; {ab.message}"
+    )
+
+
+def wants_confirmation(timing: TimingVerdict | None, gates_regressed: bool) -> bool:
+    """Whether a verdict's timing should be measured again on this machine: a store-mode
+    timing that reads ``regressed`` or ``noisy`` and is not already failed by the gates
+    (their counters do not depend on the machine)."""
+    if timing is None or timing.mode != "store" or gates_regressed:
+        return False
+    return timing.outcome in (Outcome.REGRESSED, Outcome.NOISY)

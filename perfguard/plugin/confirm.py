@@ -1,0 +1,180 @@
+"""Store mode's timing confirmed by the same machine: an A/B of the suspect test.
+
+A test whose stored comparison reads its timing ``regressed`` or ``noisy`` (and whose
+gates did not already fail it) is measured again, right after its verdict and before
+its outcome is reported, against its baseline commit: that commit checked out into a
+worktree in the git folder (``.git/perfguard-confirm/``), the test run in A/B pair
+children (:class:`~perfguard.plugin.ab.ABRunner`, both trees stepping in turn in one
+process, timing only), :data:`CONFIRM_PAIRS` pairs and more while its change is not
+resolved. The judge then decides the timing on those pairs
+(:func:`perfguard.compare.confirm.confirmed`), so a regression fails only when the
+same machine confirms it, and a ``noisy`` stored comparison gets the A/B's answer.
+
+Within ``--perfguard-confirm-budget`` seconds a session (each xdist worker its own):
+tests are confirmed in the order they run; past the budget, and where the baseline
+commit cannot be checked out (a shallow clone), the stored verdict stands and says why
+and how to fix it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from perfguard.baseline.git import common_dir, prepare_worktree
+from perfguard.baseline.record import round_value
+from perfguard.compare.comparison import TestComparison
+from perfguard.compare.confirm import Confirmation, wants_confirmation
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.timing import ab_resolved, judge_ab
+from perfguard.compare.tolerance import ALPHA
+from perfguard.errors import PerfguardError
+from perfguard.plugin.ab import ABRunner, TestAB
+from perfguard.plugin.context import SessionContext
+from perfguard.plugin.options import plugin_args
+
+#: pairs measured first for a suspect test; then more, up to CONFIRM_MAX_PAIRS, while its
+#: change is unresolved and the budget lasts (A/B mode's 8 resolve ±3 % on small models;
+#: a confirmation needs only to tell the tolerance's change from none)
+CONFIRM_PAIRS = 6
+CONFIRM_MAX_PAIRS = 12
+#: how to get the baseline's commit where a clone lacks it
+_FETCH = (
+    "fetch the history so the baseline commit is here (actions/checkout with "
+    "'fetch-depth: 0', or 'git fetch --unshallow'), or set --perfguard-confirm-budget=0"
+)
+
+
+class Confirmer:
+    """Confirms suspect timings of one session on this machine (module docstring)."""
+
+    def __init__(self, context: SessionContext, say: Callable[[str], None]) -> None:
+        self.context = context
+        self.say = say
+        self.budget = context.settings.confirm_budget
+        self.spent = 0.0
+        self.tests = 0
+        #: per baseline commit: its runner, or why it cannot be checked out
+        self._runners: dict[str, ABRunner | str] = {}
+
+    def close(self) -> None:
+        for runner in self._runners.values():
+            if isinstance(runner, ABRunner):
+                runner.close()
+
+    def note(self) -> None:
+        """The session's note of what confirming cost (before its results are written)."""
+        if self.tests:
+            self.context.notes.append(
+                f"timing confirmed on this machine: {self.tests} test(s) measured again A/B "
+                f"against their baseline commit, {self.spent:.1f} s of the "
+                f"{self.budget:g} s budget (--perfguard-confirm-budget)"
+            )
+
+    def __call__(self, comparison: TestComparison) -> Confirmation | None:
+        gates = comparison.gates
+        regressed = gates is not None and gates.outcome is Outcome.REGRESSED
+        commit = comparison.baseline_commit
+        if self.budget <= 0 or not commit or not wants_confirmation(comparison.timing, regressed):
+            return None
+        git = self.context.git
+        if git is not None and commit == git.commit and not git.dirty:
+            return None  # the same code: an A/A by construction (judge.same_code)
+        if self.spent >= self.budget:
+            return Confirmation(
+                commit,
+                unavailable=f"the session's confirmation budget ({self.budget:g} s, "
+                "--perfguard-confirm-budget) was spent on earlier tests",
+            )
+        runner = self._runner(commit)
+        if isinstance(runner, str):
+            return Confirmation(commit, unavailable=runner)
+        nodeid = comparison.nodeid
+        name = nodeid.rsplit("::", 1)[-1]
+        self.say(f"perfguard: confirming {name}'s timing on this machine against {commit[:12]}")
+        t0 = time.monotonic()
+        left = max(self.budget - self.spent, 0.0)
+        try:
+            ab = runner.measure(
+                [nodeid], CONFIRM_PAIRS, budget=left, max_pairs=CONFIRM_MAX_PAIRS,
+                unresolved=lambda _n, sides: self._unresolved(sides, comparison),
+            )[nodeid]  # fmt: skip
+        finally:
+            runner.results.pop(nodeid, None)
+            self.spent += time.monotonic() - t0
+            self.tests += 1
+        why = _lost(ab)
+        if why:
+            return Confirmation(commit, unavailable=why)
+        base, head = _values(ab)
+        return Confirmation(commit, base=base, head=head, in_turn=True)
+
+    def _unresolved(self, sides: TestAB, comparison: TestComparison) -> bool:
+        if _lost(sides):
+            return False
+        base, head = _values(sides)
+        n = min(len(base), len(head))
+        tol = (comparison.timing.tolerance_pct or 5.0) / 100.0
+        so_far = judge_ab(base[:n], head[:n], metric=comparison.timing.metric, tolerance=tol,
+                          alpha=comparison.alpha or ALPHA)  # fmt: skip
+        return not ab_resolved(so_far, tol)
+
+    def _runner(self, commit: str) -> ABRunner | str:
+        if commit in self._runners:
+            return self._runners[commit]
+        ctx, settings = self.context, self.context.settings
+        git = ctx.git
+        if git is None:
+            return "no git repository"
+        worker = ctx.worker_id or "main"
+        folder = common_dir(git.root) / "perfguard-confirm" / worker
+        try:
+            base_root, _ = prepare_worktree(git.root, commit, folder)
+        except (PerfguardError, OSError) as exc:
+            first = " ".join(str(exc).split())[:200]
+            found: ABRunner | str = (
+                f"the baseline commit {commit[:12]} cannot be checked out here ({first}); {_FETCH}"
+            )
+        else:
+            rootdir = ctx.config.rootpath.resolve()
+            if not rootdir.is_relative_to(git.root.resolve()):
+                found = f"pytest's rootdir {rootdir} is outside the git repository {git.root}"
+            else:
+                found = ABRunner(
+                    head_root=git.root, base_root=base_root,
+                    head_rel=rootdir.relative_to(git.root.resolve()),
+                    output=Path(settings.output) / "confirm" / worker, backend=settings.backend,
+                    xdist=ctx.config.pluginmanager.hasplugin("xdist"), timeout=settings.timeout,
+                    children=settings.children, interleave=True,
+                    plugin_args=plugin_args(ctx.config),
+                )  # fmt: skip
+                found.timing_only = True
+        self._runners[commit] = found
+        return found
+
+
+def _lost(ab: TestAB) -> str:
+    """Why the pairs cannot judge the test (a side failed or reported nothing), or ""."""
+    for side, label in ((ab.base, "the baseline's tree"), (ab.head, "this tree")):
+        if side.failure:
+            return f"in {label} the test failed: {side.failure}"
+        if not side.records:
+            return f"no A/B pair reported the test in {label} ({side.crash or 'lost'})"
+    return ""
+
+
+def _values(ab: TestAB) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair's value per side: its timed steps reduced as the pair child reduces them."""
+
+    def value(r: object) -> float:
+        metric = r.metric  # type: ignore[attr-defined]
+        how = r.meta.get("round_statistic")  # type: ignore[attr-defined]
+        return round_value(r.values(metric), metric, how)  # type: ignore[attr-defined]
+
+    base = np.array([value(r) for r in ab.base.records])
+    head = np.array([value(r) for r in ab.head.records])
+    n = min(len(base), len(head))
+    return base[:n], head[:n]

@@ -1,0 +1,173 @@
+"""A red build is a regression, a green one is not (issue 55): real sessions in a real
+git repository, one rule each.
+
+* a change that costs nothing measurable (a 0-d tensor's dtype beside a matmul step) is
+  shown with its line and does not fail; the same change under a strict gate does;
+* the same clean commit measured again reads at most ``noisy`` whatever its timing did;
+* a store-mode timing is confirmed A/B on this machine: a real slowdown fails as
+  "confirmed", a slowdown of the session and not of the code is "not confirmed";
+* ``improved`` needs neither half to show a significant slowdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from perfguard.compare.halves import GateVerdict
+from perfguard.compare.judge import combine
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.timing import not_judged
+
+STEP = """
+import os
+import pytest
+import torch
+
+EXTRA = int(os.environ.get("TRUST_EXTRA", "0"))
+
+
+def spin(n):
+    s = 0
+    for i in range(n):
+        s += i * i
+    return s
+
+
+@pytest.mark.gpuprofile(iterations=10{marker})
+def test_step(gpuprofile):
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    x = torch.randn(64, 128)
+    w = torch.randn(128, 128)
+    s = torch.tensor({scalar})
+    for _ in gpuprofile.iterations():
+        h = torch.relu(x @ w)
+        h = h.add(s)
+        spin({work} + EXTRA)
+"""
+
+
+def git(path: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    done = subprocess.run(["git", *args], cwd=path, env=env, check=True, text=True,
+                          capture_output=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def write(root: Path, *, scalar: str = "0.0, dtype=torch.float64", work: int = 2000,
+          marker: str = "", message: str = "step") -> None:  # fmt: skip
+    (root / "test_step.py").write_text(
+        STEP.format(scalar=scalar, work=work, marker=marker), encoding="utf-8"
+    )
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", message)
+
+
+def session(root: Path, *args: str, extra: int = 0) -> dict:
+    env = {**os.environ, "TRUST_EXTRA": str(extra)}
+    env.pop("PERFGUARD_CONFIRM_BUDGET", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perfguard",
+         "--perfguard-rounds=5", *args],
+        cwd=root, env=env, text=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    results = json.loads((root / ".perfguard" / "results.json").read_text(encoding="utf-8"))
+    results["_stdout"] = done.stdout
+    results["_summary"] = (root / ".perfguard" / "summary.md").read_text(encoding="utf-8")
+    results["_rc"] = done.returncode
+    return results
+
+
+def entry(results: dict) -> dict:
+    (only,) = results["tests"]
+    return only
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    git(tmp_path, "init", "-q")
+    write(tmp_path)
+    return tmp_path
+
+
+def test_a_scalar_dtype_is_shown_at_its_line_and_does_not_fail(project: Path) -> None:
+    """fp64 → bool of a 0-d tensor beside a matmul (the x_transformers commit): exact,
+    with its line, at no measurable cost; the same change fails under a strict gate."""
+    first = session(project, "--perfguard-save", "--perfguard-confirm-budget=0")
+    assert first["_rc"] == 0, first["_stdout"][-2000:]
+    write(project, scalar="False", message="a scalar's dtype")
+    after = session(project, "--perfguard-confirm-budget=0", "--perfguard-fail-on=regression")
+    e = entry(after)
+    gates = e["gates"]
+    assert gates["outcome"] != "regressed", e["message"]
+    found = [f for f in gates["immaterial"] if f["gate"] == "dtypes"]
+    assert found, gates
+    assert found[0]["cost_basis"] in ("bytes", "time") and found[0]["cost_pct"] < 5
+    lines = e["explanation"]["lines"]
+    assert any("no measurable cost" in line and "test_step.py:" in line for line in lines), lines
+    assert "no measurable cost" in after["_summary"]
+    if e["outcome"] != "regressed":  # the timing may still judge what the gates let pass
+        assert after["_rc"] == 0
+
+    # strict: the marker keeps the gate exact
+    write(project, scalar="0.0, dtype=torch.float64", marker=', gates={"strict": ["dtypes"]}',
+          message="strict dtypes")  # fmt: skip
+    session(project, "--perfguard-save", "--perfguard-confirm-budget=0")
+    write(project, scalar="False", marker=', gates={"strict": ["dtypes"]}', message="again")
+    strict = entry(session(project, "--perfguard-confirm-budget=0"))
+    assert strict["gates"]["outcome"] == "regressed"
+    assert any(f["gate"] == "dtypes" for f in strict["gates"]["regressions"])
+
+
+def test_the_same_clean_commit_reads_at_most_noisy(project: Path) -> None:
+    """An A/A by construction: the step made 3x slower by the environment of the session,
+    not by its code, on the commit the baseline measured, is never ``regressed``."""
+    assert session(project, "--perfguard-save")["_rc"] == 0
+    again = entry(session(project, extra=6000))
+    assert again["timing"]["delta_pct"] > 50  # the session's step was slower
+    assert again["outcome"] == "noisy"
+    assert "same code as the baseline" in again["timing"]["message"]
+
+
+def test_confirmation_fails_a_real_slowdown_and_clears_the_machines(project: Path) -> None:
+    """Store mode's suspect timings measured again A/B against the baseline commit."""
+    assert session(project, "--perfguard-save")["_rc"] == 0
+    # a real slowdown: twice the Python work in the step
+    write(project, work=6000, message="slower")
+    slow = session(project, "--perfguard-confirm-budget=120")
+    e = entry(slow)
+    assert e["outcome"] == "regressed", e["message"]
+    assert e["timing"]["mode"] == "ab"
+    assert e["timing"]["message"].startswith("confirmed on this machine"), e["timing"]["message"]
+    assert slow["_rc"] == 1
+    assert "confirmed on this machine" in slow["_summary"]
+
+    # the code as the baseline had it, but this session's step slower (its environment):
+    # the stored comparison reads a slowdown that the same machine does not confirm
+    write(project, work=2000, message="back, a comment")
+    git(project, "commit", "--allow-empty", "-qm", "comment-only")
+    cleared = entry(session(project, "--perfguard-confirm-budget=120", extra=3000))
+    assert cleared["outcome"] != "regressed", cleared["message"]
+    stored = cleared["timing"]["message"]
+    if cleared["timing"]["mode"] == "ab":  # confirmed when the stored read was suspect
+        assert stored.startswith("not confirmed") or stored.startswith("not resolved"), stored
+
+
+def test_improved_needs_no_significant_slowdown() -> None:
+    """Op calls that fell while the time rose significantly: the outcome follows the time."""
+    rose = msgspec.structs.replace(
+        not_judged("wall_time", "", 0.05), outcome=Outcome.NOISY, mode="store",
+        delta_pct=61.5, ci_low_pct=21.5, ci_high_pct=114.6,
+    )  # fmt: skip
+    fell = GateVerdict(Outcome.IMPROVED, message="gates improved: op calls 34 → 27")
+    assert combine(rose, fell) is Outcome.NOISY
+    flat = msgspec.structs.replace(rose, ci_low_pct=-3.0)
+    assert combine(flat, fell) is Outcome.IMPROVED
