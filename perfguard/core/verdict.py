@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from perfguard.analysis import Analysis
 from perfguard.baseline.accept import Acceptance as Accepted
@@ -33,9 +33,19 @@ from perfguard.core.record import Measured
 from perfguard.errors import PerfguardError
 from perfguard.report.perfetto import write_perfetto
 
-#: measures a judged test's timing again on this machine, or None when it need not
-#: (:class:`perfguard.plugin.confirm.Confirmer`)
-Confirmer = Callable[[TestComparison], Confirmation | None]
+
+class Confirmer(Protocol):
+    """Measures a judged test's timing again on this machine
+    (:class:`perfguard.plugin.confirm.Confirmer`): at once, or later with other tests."""
+
+    def now(self, comparison: TestComparison) -> Confirmation | None:
+        """The confirmation to judge with now, or None (not needed, or kept for later)."""
+
+    def later(
+        self, comparison: TestComparison, rejudge: Callable[[Confirmation], TestEntry]
+    ) -> None:
+        """Keep ``rejudge`` (the same verdict with a confirmation) if this test's timing is
+        to be confirmed with the session's others, at its end."""
 
 
 def verdict(
@@ -64,11 +74,16 @@ def verdict(
         comparison = judge(record, against, settings)  # an empty capture said there too
     if confirm is not None:
         with timed(phases, "confirm"):
-            confirmation = confirm(comparison)
+            confirmation = confirm.now(comparison)
         if confirmation is not None:
             against = replace(against, confirmation=confirmation)
             with timed(phases, "compare"):
                 comparison = judge(record, against, settings)
+        else:
+            confirm.later(comparison, lambda c: verdict(
+                record, replace(against, confirmation=c), settings, measured,
+                accepted=accepted, worker=worker, output=output,
+            ))  # fmt: skip
     timeline = None
     if comparison.outcome is Outcome.REGRESSED and m.analysis is not None and m.capture:
         with timed(phases, "timeline"):

@@ -1,8 +1,10 @@
 """Store mode's timing confirmed by the same machine: an A/B of the suspect test.
 
 A test whose stored comparison reads its timing ``regressed`` or ``noisy`` (and whose
-gates did not already fail it) is measured again, right after its verdict and before
-its outcome is reported, against its baseline commit: that commit checked out into a
+gates did not already fail it) is measured again against its baseline commit (a
+``regressed`` one right after its verdict, before its outcome is reported, so that a
+confirmed failure is its own test's; the ``noisy`` ones together at the session's end,
+one A/B run for all of them, each pair child running every one): that commit checked out into a
 worktree in the git folder (``.git/perfguard-confirm/``), the test run in A/B pair
 children (:class:`~perfguard.plugin.ab.ABRunner`, both trees stepping in turn in one
 process, timing only), :data:`CONFIRM_PAIRS` pairs and more while its change is not
@@ -10,8 +12,8 @@ resolved. The judge then decides the timing on those pairs
 (:func:`perfguard.compare.confirm.confirmed`), so a regression fails only when the
 same machine confirms it, and a ``noisy`` stored comparison gets the A/B's answer.
 
-Within ``--perfguard-confirm-budget`` seconds a session (each xdist worker its own):
-tests are confirmed in the order they run; past the budget, and where the baseline
+Within ``--perfguard-confirm-budget`` seconds a session (each xdist worker its own);
+past the budget, and where the baseline
 commit cannot be checked out (a shallow clone), the stored verdict stands and says why
 and how to fix it.
 """
@@ -29,6 +31,7 @@ from perfguard.baseline.record import round_value
 from perfguard.compare.comparison import TestComparison
 from perfguard.compare.confirm import Confirmation, wants_confirmation
 from perfguard.compare.outcomes import Outcome
+from perfguard.compare.results import TestEntry
 from perfguard.compare.timing import ab_resolved, judge_ab
 from perfguard.compare.tolerance import ALPHA
 from perfguard.errors import PerfguardError
@@ -59,6 +62,8 @@ class Confirmer:
         self.tests = 0
         #: per baseline commit: its runner, or why it cannot be checked out
         self._runners: dict[str, ABRunner | str] = {}
+        #: noisy timings kept for the session's end: nodeid -> (verdict, its re-judgement)
+        self._later: dict[str, tuple[TestComparison, Callable[[Confirmation], TestEntry]]] = {}
 
     def close(self) -> None:
         for runner in self._runners.values():
@@ -74,7 +79,8 @@ class Confirmer:
                 f"{self.budget:g} s budget (--perfguard-confirm-budget)"
             )
 
-    def __call__(self, comparison: TestComparison) -> Confirmation | None:
+    def _wanted(self, comparison: TestComparison) -> str | None:
+        """The baseline commit to confirm ``comparison``'s timing against, or None."""
         gates = comparison.gates
         regressed = gates is not None and gates.outcome is Outcome.REGRESSED
         commit = comparison.baseline_commit
@@ -83,34 +89,89 @@ class Confirmer:
         git = self.context.git
         if git is not None and commit == git.commit and not git.dirty:
             return None  # the same code: an A/A by construction (judge.same_code)
-        if self.spent >= self.budget:
-            return Confirmation(
-                commit,
-                unavailable=f"the session's confirmation budget ({self.budget:g} s, "
-                "--perfguard-confirm-budget) was spent on earlier tests",
+        return commit
+
+    def _spent(self, commit: str) -> Confirmation | None:
+        if self.spent < self.budget:
+            return None
+        return Confirmation(
+            commit,
+            unavailable=f"the session's confirmation budget ({self.budget:g} s, "
+            "--perfguard-confirm-budget) was spent on earlier tests",
+        )
+
+    def now(self, comparison: TestComparison) -> Confirmation | None:
+        """A timing that reads ``regressed`` is confirmed at once, so that its failure, if
+        confirmed, is its own test's; a ``noisy`` one waits for the session's end."""
+        commit = self._wanted(comparison)
+        if commit is None or comparison.timing.outcome is not Outcome.REGRESSED:
+            return None
+        spent = self._spent(commit)
+        if spent is not None:
+            return spent
+        measured = self._measure(commit, [comparison])
+        return measured[comparison.nodeid]
+
+    def later(
+        self, comparison: TestComparison, rejudge: Callable[[Confirmation], TestEntry]
+    ) -> None:
+        """Keep a ``noisy`` timing for :meth:`finish` (one A/B run for all of them)."""
+        if self._wanted(comparison) is not None and comparison.timing.outcome is Outcome.NOISY:
+            self._later[comparison.nodeid] = (comparison, rejudge)
+
+    def finish(self) -> list[TestEntry]:
+        """The noisy timings kept, confirmed together against each baseline commit (one
+        A/B run each: a pair child runs all of them, so a suite pays for its children once,
+        not once per test): their new entries, in the order they ran."""
+        kept, self._later = self._later, {}
+        by_commit: dict[str, list[TestComparison]] = {}
+        for comparison, _ in kept.values():
+            by_commit.setdefault(str(comparison.baseline_commit), []).append(comparison)
+        out: list[TestEntry] = []
+        for commit, comparisons in by_commit.items():
+            found = self._spent(commit)
+            measured = (
+                {c.nodeid: found for c in comparisons}
+                if found is not None
+                else self._measure(commit, comparisons)
             )
+            for c in comparisons:
+                out.append(kept[c.nodeid][1](measured[c.nodeid]))
+        return out
+
+    def _measure(self, commit: str, comparisons: list[TestComparison]) -> dict[str, Confirmation]:
+        """Each test's pairs against ``commit``, or why there are none."""
         runner = self._runner(commit)
         if isinstance(runner, str):
-            return Confirmation(commit, unavailable=runner)
-        nodeid = comparison.nodeid
-        name = nodeid.rsplit("::", 1)[-1]
-        self.say(f"perfguard: confirming {name}'s timing on this machine against {commit[:12]}")
+            return {c.nodeid: Confirmation(commit, unavailable=runner) for c in comparisons}
+        nodeids = [c.nodeid for c in comparisons]
+        by_id = {c.nodeid: c for c in comparisons}
+        names = ", ".join(n.rsplit("::", 1)[-1] for n in nodeids[:4])
+        more = f" and {len(nodeids) - 4} more" if len(nodeids) > 4 else ""
+        self.say(f"perfguard: confirming the timing of {names}{more} on this machine, A/B "
+                 f"against {commit[:12]}")  # fmt: skip
         t0 = time.monotonic()
         left = max(self.budget - self.spent, 0.0)
         try:
-            ab = runner.measure(
-                [nodeid], CONFIRM_PAIRS, budget=left, max_pairs=CONFIRM_MAX_PAIRS,
-                unresolved=lambda _n, sides: self._unresolved(sides, comparison),
-            )[nodeid]  # fmt: skip
+            results = dict(runner.measure(  # a copy: the runner's own is emptied below
+                nodeids, CONFIRM_PAIRS, budget=left, max_pairs=CONFIRM_MAX_PAIRS,
+                unresolved=lambda n, sides: self._unresolved(sides, by_id[n]),
+            ))  # fmt: skip
         finally:
-            runner.results.pop(nodeid, None)
+            for n in nodeids:
+                runner.results.pop(n, None)
             self.spent += time.monotonic() - t0
-            self.tests += 1
-        why = _lost(ab)
-        if why:
-            return Confirmation(commit, unavailable=why)
-        base, head = _values(ab)
-        return Confirmation(commit, base=base, head=head, in_turn=True)
+            self.tests += len(nodeids)
+        out = {}
+        for n in nodeids:
+            ab = results.get(n, TestAB())
+            why = _lost(ab)
+            if why:
+                out[n] = Confirmation(commit, unavailable=why)
+            else:
+                base, head = _values(ab)
+                out[n] = Confirmation(commit, base=base, head=head, in_turn=True)
+        return out
 
     def _unresolved(self, sides: TestAB, comparison: TestComparison) -> bool:
         if _lost(sides):

@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+from perfguard.compare.outcomes import fails
 from perfguard.core.phases import timed
 from perfguard.core.spec import ProfileSpec
 from perfguard.errors import PerfguardError
@@ -228,11 +229,11 @@ class PerfguardSession:
         if self.child is not None:
             self.child.write(outputs)
             return
+        if exitstatus != pytest.ExitCode.INTERRUPTED:
+            self._confirm_noisy(session)
         if ctx.worker_id is not None:
             self.config.workeroutput[OUTPUT_KEY] = outputs.worker_output()  # type: ignore[attr-defined]
             return
-        if self.verdicts.confirmer is not None:
-            self.verdicts.confirmer.note()
         outputs.clear_spool()  # every worker's output is merged by now
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
         if settings.save and interrupted:
@@ -249,6 +250,30 @@ class PerfguardSession:
             ctx.notes.append("--perfguard-require-baseline: no test was compared with a baseline")
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         outputs.final()
+
+    def _confirm_noisy(self, session: pytest.Session) -> None:
+        """The tests whose timing was noisy, measured again together A/B against their
+        baseline commit (:mod:`perfguard.plugin.confirm`); a test that regressed once
+        confirmed fails the session, and every view shows its verdict (its pytest report
+        was made before: it is named in a note)."""
+        confirmer = self.verdicts.confirmer
+        if confirmer is None:
+            return
+        with timed(self.outputs.phase_s, "confirm"):
+            entries = confirmer.finish()
+        late = []
+        for entry in entries:
+            self.outputs.add(entry)
+            if fails(entry.outcome, self.context.settings.fail_on):
+                late.append(entry.nodeid)
+        confirmer.note()
+        if late:
+            self.context.notes.append(
+                f"{len(late)} test(s) regressed once their noisy timing was confirmed on this "
+                f"machine after they ran (their pytest result was reported before): "
+                + ", ".join(late[:5])
+            )
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _compared(self) -> bool:
         """Some test was compared with something (a judged timing or gates)."""
