@@ -767,6 +767,256 @@ REFACTORS: tuple[Case, ...] = (
         ("aten::gelu", "aten::to", "aten::_to_copy"),
     ),
 )
+#: changes that cost nothing measurable (issue 55's other side of the catalogue): none may
+#: fail; fixed before the first run. ``expected`` is empty: nothing should be named
+FREE: tuple[Case, ...] = (
+    Case(
+        "free_docstring",
+        "free: text",
+        "test_mlp_block",
+        "a docstring reworded",
+        (
+            _m(
+                '    """Pre-norm MLP with a residual: LayerNorm, Linear, GELU (tanh), Linear."""\n',
+                '    """An MLP with a pre-norm and a residual connection."""\n',
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_rename_attr",
+        "free: rename",
+        "test_mlp_block",
+        "a submodule renamed",
+        (
+            _m("        self.norm = nn.LayerNorm(d)\n", "        self.ln = nn.LayerNorm(d)\n"),
+            _m("        h = self.norm(x)\n", "        h = self.ln(x)\n"),
+        ),
+        (),
+    ),
+    Case(
+        "free_rename_class",
+        "free: rename",
+        "test_classifier_train_step",
+        "the model class renamed",
+        (
+            _m("class Classifier(nn.Module):\n", "class MLPClassifier(nn.Module):\n"),
+            _t("    model = models.Classifier()\n", "    model = models.MLPClassifier()\n"),
+        ),
+        (),
+    ),
+    Case(
+        "free_reorder_zero_grad",
+        "free: reorder",
+        "test_classifier_train_step",
+        "zero_grad moved after the forward pass (independent of it)",
+        (
+            _t(
+                "        opt.zero_grad(set_to_none=True)\n        logits = model(x)\n",
+                "        logits = model(x)\n        opt.zero_grad(set_to_none=True)\n",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_unused_default",
+        "free: default",
+        "test_attention",
+        "a constructor default added that nothing uses",
+        (
+            _m(
+                "    def __init__(self, d=D, heads=HEADS):\n",
+                "    def __init__(self, d=D, heads=HEADS, dropout=0.0):\n",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_helper_default",
+        "free: default",
+        "test_classifier_train_step",
+        "a helper's new keyword default, not passed by any caller",
+        (_h("def log_metric(name, value):\n", "def log_metric(name, value, every=1):\n"),),
+        (),
+    ),
+    Case(
+        "free_seed",
+        "free: data",
+        "test_mlp_block",
+        "another random seed (same shapes)",
+        (_t("    torch.manual_seed(0)\n", "    torch.manual_seed(1)\n"),),
+        (),
+    ),
+    Case(
+        "free_assert_message",
+        "free: text",
+        "test_attention",
+        "an assertion after the loop given a message",
+        (
+            _t(
+                "            y = model(x)\n    assert y.shape == x.shape\n\n\n"
+                "@pytest.mark.gpuprofile(**ROUNDS)\ndef test_mlp_block",
+                '            y = model(x)\n    assert y.shape == x.shape, "shape"\n\n\n'
+                "@pytest.mark.gpuprofile(**ROUNDS)\ndef test_mlp_block",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_type_hints",
+        "free: text",
+        "test_convnet",
+        "type hints on forward",
+        (
+            _m(
+                "    def forward(self, x):\n        x = F.max_pool2d(",
+                "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+                "        x = F.max_pool2d(",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_relu_spelling",
+        "free: same op",
+        "test_convnet",
+        "F.relu spelled torch.relu",
+        (_m("        x = F.relu(self.conv2(x))\n", "        x = torch.relu(self.conv2(x))\n"),),
+        (),
+    ),
+    Case(
+        "free_lengths_dtype",
+        "free: outside the step",
+        "test_attention_pool",
+        "the lengths tensor built as int32 (the mask is made once, before the loop)",
+        (
+            _t(
+                "    lengths = torch.tensor([models.T, models.T // 2])\n",
+                "    lengths = torch.tensor([models.T, models.T // 2], dtype=torch.int32)\n",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_scalar_fill",
+        "free: scalar",
+        "test_attention_pool",
+        "the padding fill value written -1e30 (a Python scalar either way)",
+        (
+            _m(
+                '        scores = scores.masked_fill(~mask, float("-inf"))\n',
+                "        scores = scores.masked_fill(~mask, -1e30)\n",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_metric_clone",
+        "free: bytes",
+        "test_classifier_train_step",
+        "the logged loss cloned (a 0-d tensor: 4 bytes a step)",
+        (
+            _h(
+                "    METRICS[name] = value.detach()\n",
+                "    METRICS[name] = value.detach().clone()\n",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_eval_dropped",
+        "free: no-op",
+        "test_attention",
+        ".eval() dropped on a model without dropout or norm statistics",
+        (
+            _t(
+                "    model = models.CausalSelfAttention().eval()\n",
+                "    model = models.CausalSelfAttention()\n",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_flatten_view",
+        "free: same op",
+        "test_convnet",
+        "flatten(1) written as reshape",
+        (
+            _m(
+                "        x = F.adaptive_avg_pool2d(x, 1).flatten(1)\n",
+                "        x = F.adaptive_avg_pool2d(x, 1).reshape(x.shape[0], -1)\n",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_comment_in_loop",
+        "free: text",
+        "test_gpt_train_step",
+        "a comment in the loop",
+        (
+            _t(
+                "        logits = model(idx)\n",
+                "        logits = model(idx)  # next-token logits\n",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_gelu_helper_rename",
+        "free: rename",
+        "test_mlp_block",
+        "the activation helper renamed at its definition and its call",
+        (
+            _h("def gelu(h):\n", "def activation(h):\n"),
+            _m("        h = helpers.gelu(h)\n", "        h = helpers.activation(h)\n"),
+        ),
+        (),
+    ),
+    Case(
+        "free_scale_constant",
+        "free: scalar",
+        "test_attention_pool",
+        "an integer class count written as a float and converted back",
+        (
+            _m(
+                "    def __init__(self, d=D, classes=10):\n        super().__init__()\n"
+                "        self.score",
+                "    def __init__(self, d=D, classes=int(10.0)):\n        super().__init__()\n"
+                "        self.score",
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_buffer_unused",
+        "free: unused",
+        "test_convnet",
+        "a buffer registered that forward never reads",
+        (
+            _m(
+                "        self.fc = nn.Linear(2 * channels, classes)\n",
+                "        self.fc = nn.Linear(2 * channels, classes)\n"
+                '        self.register_buffer("version", torch.tensor(2), persistent=False)\n',
+            ),
+        ),
+        (),
+    ),
+    Case(
+        "free_position_arange_once",
+        "free: tiny op",
+        "test_gpt_train_step",
+        "the position index's arange given an explicit dtype (the same int64)",
+        (
+            _m(
+                "        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))\n",
+                "        x = self.tok(idx) + self.pos(\n"
+                "            torch.arange(idx.shape[1], dtype=torch.long)\n        )\n",
+            ),
+        ),
+        (),
+    ),
+)
 TESTS = ("test_attention", "test_mlp_block", "test_attention_pool", "test_convnet",
          "test_classifier_train_step", "test_gpt_train_step")  # fmt: skip
 
@@ -1013,6 +1263,9 @@ def tally(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for mode in sorted({r["mode"] for r in rows}):
         cases = [r for r in rows if r["mode"] == mode and r["kind"] == "case"]
         aa = [r for r in rows if r["mode"] == mode and r["kind"] == "aa"]
+        free = [r for r in rows if r["mode"] == mode and r["kind"] == "free"]
+        for r in free:
+            r["failed"] = r["outcome"] == "regressed"
         for r in cases:
             r["detected"] = r["outcome"] == "regressed"
             # right only where a reviewer reads it: a failure message and summary.md line
@@ -1035,6 +1288,8 @@ def tally(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "views_name_first_op_of_detected": rate(found, "views_name_first_op"),
             "terminal_has_lead_of_detected": rate(found, "terminal_has_lead"),
             "aa_false_alarms": rate(aa, "false_alarm"),
+            "free_failed": rate(free, "failed"),
+            "free_outcomes": sorted(r["outcome"] for r in free),
             "aa_outcomes": sorted(r["outcome"] for r in aa),
             "wall_s": round(
                 sum(
@@ -1126,7 +1381,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cases",
         default="all",
         help="comma-separated case names, all, or refactors: "
-        f"{', '.join(c.name for c in (*CASES, *REFACTORS))}",
+        f"{', '.join(c.name for c in (*CASES, *REFACTORS))}; free: the costless catalogue",
     )
     p.add_argument("--modes", default="store,ab", help="store, ab or both (default store,ab)")
     p.add_argument(
@@ -1144,14 +1399,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.retally:
         return retally(a.out.resolve())
 
-    every = (*CASES, *REFACTORS)
+    every = (*CASES, *REFACTORS, *FREE)
     named = a.cases.split(",")
-    chosen = (
-        list(every)
-        if a.cases == "all"
-        else (list(REFACTORS) if a.cases == "refactors" else [c for c in every if c.name in named])
-    )
-    unknown = set(named) - {c.name for c in every} - {"all", "refactors"}
+    groups = {"all": [*CASES, *REFACTORS], "refactors": list(REFACTORS), "free": list(FREE),
+              "both": [*CASES, *REFACTORS, *FREE]}  # fmt: skip
+    chosen = groups.get(a.cases) or [c for c in every if c.name in named]
+    unknown = set(named) - {c.name for c in every} - set(groups)
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     modes = [m for m in a.modes.split(",") if m]
@@ -1204,7 +1457,8 @@ def main(argv: list[str] | None = None) -> int:
             session = run_session(proj, mode_args[mode], a.out / "sessions" / f"{name}-{mode}",
                                   tests, a.timeout)  # fmt: skip
             for j, test in enumerate(tests):
-                row = {"case": name, "kind": "case" if case else "aa", "mode": mode,
+                kind = "aa" if case is None else ("free" if case in FREE else "case")
+                row = {"case": name, "kind": kind, "mode": mode,
                        "category": case.category if case else "A/A",
                        "what": case.what if case else "a comment",
                        "expected": list(case.expected) if case else [],

@@ -171,3 +171,30 @@ def test_improved_needs_no_significant_slowdown() -> None:
     assert combine(rose, fell) is Outcome.NOISY
     flat = msgspec.structs.replace(rose, ci_low_pct=-3.0)
     assert combine(flat, fell) is Outcome.IMPROVED
+
+
+def test_runs_the_machine_explains_make_no_change_point_by_themselves() -> None:
+    """18 runs of unchanged code, the last four measured while the machine ran slow (their
+    ``machine`` column says so): their +30 % is the machine's, not a change point; the
+    same levels without the marks are one."""
+    import numpy as np
+    import pandas as pd
+
+    from perfguard.compare.history import find_change_points
+
+    rng = np.random.default_rng(0)
+    values = 1e6 * (1 + 0.01 * rng.standard_normal(18))
+    # the detector's own false alarms on short noise are not what this tests (13 of 200
+    # series of 14 runs have one): the 14 usual runs alone have no change point
+    assert find_change_points(pd.DataFrame({"run_id": np.arange(14), "value": values[:14],
+                                            "commit": ["c"] * 14})) == []  # fmt: skip
+    values[14:] *= 1.3
+    levels = pd.DataFrame({"run_id": np.arange(18), "commit": [f"c{i}" for i in range(18)],
+                           "value": values})  # fmt: skip
+    assert [cp.index for cp in find_change_points(levels)] == [14]
+    marked = levels.assign(machine=[""] * 14 + ["machine 30% slower"] * 4)
+    assert find_change_points(marked) == []
+    # a real step stays at its run when a marked run sits elsewhere in the history
+    real = levels.assign(value=np.r_[values[:9], values[9:14] * 1.3, values[14:]])
+    real = real.assign(machine=[""] * 3 + ["machine 20% slower"] + [""] * 14)
+    assert [cp.index for cp in find_change_points(real)] == [9]

@@ -679,28 +679,40 @@ def explain(e: Evidence) -> Explanation:
             outcome=outcome.value, headline=headline, decided_by=decided,
             culprits=tuple(culprits), lead=lead, lines=tuple(rest), timing=clause,
         )  # fmt: skip
-    # not a regression or improvement: the reason, noise excuse included, is the headline
+    # not a regression or improvement: the reason, noise excuse included, is the headline;
+    # a change of no measurable cost follows it with its line (the gates' own words lack it)
     parts = [timing.message]
     if gates is not None and (gates.outcome is not Outcome.UNCHANGED or outcome is
-                              Outcome.NOT_JUDGED or gates.immaterial):  # fmt: skip
-        parts.append(gates.message)
+                              Outcome.NOT_JUDGED):  # fmt: skip
+        parts.append(gates.message.split("; changed at no measurable cost")[0])
+    free = _immaterial_lines(e)
+    if free:
+        parts.append(free[0] + (f" (and {len(free) - 1} more)" if len(free) > 1 else ""))
     return Explanation(
         outcome=outcome.value, headline="; ".join(p for p in parts if p),
-        timing=timing_clause(timing), lines=tuple(_immaterial_lines(e)),
+        timing=timing_clause(timing), lines=tuple(free),
     )  # fmt: skip
 
 
 def _immaterial_lines(e: Evidence) -> list[str]:
-    """Each change that cost nothing measurable, at its line: shown, never failing."""
+    """Each change that cost nothing measurable, at its line, once (a change an op and the
+    ops inside it share, as ``aten::to`` and its ``copy_`` a dtype, is its outermost op's):
+    shown in every view, never failing."""
     if e.gates is None or not e.gates.immaterial:
         return []
     where = _Placer(e)
+    same = {(f.gate, f.op_name) for f in e.gates.immaterial}
     lines = []
     for f in e.gates.immaterial:
-        site = where(f.gate, f.op_name, None) if f.op_name else ""
+        parts = f.op_name.split("/")
+        if any((f.gate, "/".join(parts[:k])) in same for k in range(1, len(parts))):
+            continue
+        if f.gate in SWITCH_CULPRITS:
+            text = _switch_culprit(f, {}, where).text
+        else:
+            site = where(f.gate, f.op_name, None) if f.op_name else ""
+            text = f"{f.op_name}{f' {site}' if site else ''}: {f.message}"
         cost = cost_text(f)
-        lines.append(
-            f"no measurable cost{f' {site}' if site else ''}: {f.message}"
-            + (f" (costs {cost}, not failing)" if cost else " (not failing)")
-        )
+        lines.append(f"no measurable cost: {text}" + (f" (costs {cost}, not failing)"
+                                                       if cost else " (not failing)"))  # fmt: skip
     return lines

@@ -102,12 +102,16 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
 
     run, base = results.run, results.baseline
     fp = run.fingerprint
-    where = [f"commit {_code((run.commit or 'unknown')[:12])}"]
+    where = [f"current commit {_code((run.commit or 'unknown')[:12])}"]
     if base:
-        what = "vs base commit" if base.ab else "vs baseline"
+        what = "vs base commit" if base.ab else "vs baseline commit"
         where.append(f"{what} {_code((base.commit or 'unknown')[:12])}")
-        if base.ref:
-            where.append(f"({_code(base.ref)})")
+        ref = base.ref or ""
+        # the ref the baseline was looked up from, named once and only when it says more
+        # than the two commits do (a branch or tag; not the current commit's own sha)
+        same = bool(ref) and bool(run.commit) and (run.commit or "").startswith(ref)
+        if ref and not same and not ref.startswith(base.commit or "\0"):
+            where.append(f"(nearest stored run at or before {_code(ref)})")
     else:
         where.append("(no baseline)")
     if results.mode == "ab":
