@@ -622,9 +622,13 @@ def test_loader_does_not_change_its_input(session):
 def test_terminal_table_lists_every_outcome_worst_first_with_why(session):
     from perfguard.plugin.summary import MAX_WHY
 
-    lines = results_lines(SessionResults.from_dict(session["results"]))
+    results = SessionResults.from_dict(session["results"])
+    lines = results_lines(results)
     assert lines[0] == "perfguard: FAIL (3 regressed)"
-    header, rule, *rest = lines[1:]
+    # what the timing could see, under the badge (its one home: SessionResults.resolution)
+    assert lines[1].startswith("Smallest timing change this run could see: ")
+    assert lines[1][1:] == results.resolution()[1:]
+    header, rule, *rest = lines[2:]
     body, counts, explained = rest[: len(EXPECTED)], rest[len(EXPECTED)], rest[len(EXPECTED) + 1 :]
     assert header.split()[:2] == ["test", "outcome"]
     assert len(body) == len(EXPECTED)

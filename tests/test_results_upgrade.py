@@ -2,10 +2,12 @@
 reading to schema 3 (the figures in ``timing`` only), as the store upgrades its schema.
 
 The document is a real one: ``pytest --perfguard`` on ``examples/test_transformer_block.py``
-by perfguard 5d11b50 (schema 2), saved then compared. Beside it, the views perfguard
-70e34e3 (the last to write schema 2) rendered from it: the terminal listing, ``summary.md``
-and ``report.html``. The upgraded document must render them byte for byte, and so must the
-schema 3 file this perfguard writes of it.
+by perfguard 5d11b50 (schema 2), saved then compared. Beside it, the views rendered from
+it: the terminal listing, ``summary.md`` and ``report.html``, first by perfguard 70e34e3
+(the last to write schema 2), refreshed only where a view changed on purpose (round 20: the
+line of what the timing could see, each commit named once with its role), the diff read.
+The upgraded document must render them byte for byte, and so must the schema 3 file this
+perfguard writes of it.
 """
 
 from __future__ import annotations

@@ -294,10 +294,18 @@ def test_store_mode_gates_catch_what_timing_hides(
     found = {f["gate"]: f for f in t["gates"]["regressions"]}
     assert gate in found, t["gates"]
     if gate == "dtypes":
-        assert "double" in str(found["dtypes"]["current"]).lower(), found["dtypes"]
-    if gate == "flops":  # the op is named, with its own +100 %
-        per_op = [f for f in t["gates"]["regressions"] if f["gate"] == "flops" and f["op_name"]]
-        assert any(f["current"] == pytest.approx(2 * f["baseline"]) for f in per_op), per_op
+        current = str(found["dtypes"]["current"]).lower()
+        assert "double" in current or "fp64" in current, found["dtypes"]
+    if gate == "flops":
+        # the step's FLOPs grew beyond the budget, named by the op that moved most; the
+        # small op whose own FLOPs doubled (+100 %, 0.04 % of the step's) is shown as a
+        # change of no measurable cost, never failing (compare/weigh.py)
+        assert (
+            found["flops"]["whole_test"] and found["flops"]["current"] > found["flops"]["baseline"]
+        )
+        free = [f for f in t["gates"]["immaterial"] if f["gate"] == "flops"]
+        assert any(f["current"] == pytest.approx(2 * f["baseline"]) for f in free), free
+        assert all(f["cost_pct"] < 1 for f in free), free
     # the timing half is judged on its own and reported beside the gates
     assert t["timing"]["outcome"] in ("unchanged", "noisy", "regressed")
 

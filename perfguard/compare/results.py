@@ -377,15 +377,11 @@ class SessionResults(msgspec.Struct, kw_only=True):
             return "NOT JUDGED"
         return "PASS"
 
-    def badge_reason(self) -> str:
-        """One line on why the badge is what it is, and what the timing could see."""
-        reason, seen = self._badge_reason(), self.resolution()
-        return f"{reason}; {seen}" if seen else reason
-
     def resolution(self) -> str:
         """What the session's timing verdicts were worth: the smallest change each test's
         timing could have seen (``threshold_pct``), over the suite, so that a PASS of blind
-        tests is not read as a clean bill."""
+        tests is not read as a clean bill; the line under the badge in every view ("" when
+        no timing was judged)."""
         from perfguard.compare.units import percent
 
         judged = [t.timing for t in self.tests
@@ -402,7 +398,8 @@ class SessionResults(msgspec.Struct, kw_only=True):
             text += f", {coarse} of them coarser than their tolerance"
         return text
 
-    def _badge_reason(self) -> str:
+    def badge_reason(self) -> str:
+        """One line on why the badge is what it is."""
         c = self.counts
         badge = self.badge()
         if badge == "FAIL":

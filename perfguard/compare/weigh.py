@@ -62,7 +62,8 @@ def _per_iteration(record: TestRecord, column: str) -> pd.Series:
     n = max(int(s["iteration"].nunique()), 1)
     names = s["op_id"].map(_names(record)).fillna(s["op_id"]).astype(str)
     values = pd.to_numeric(s[column], errors="coerce").astype(np.float64)
-    return values.groupby(names.to_numpy()).sum() / n
+    # an op whose time the capture did not give stays NaN: unknown, never 0
+    return values.groupby(names.to_numpy()).sum(min_count=1) / n
 
 
 def _step_ns(record: TestRecord, column: str) -> float:
@@ -135,7 +136,7 @@ class StepCosts:
         inside it; None where none of them has the figure."""
         values = self.op_time(side) if not counter else self.counter(side, counter)
         ids = values.index.astype(str)
-        inside = values[(ids == op_id) | ids.str.startswith(op_id + "/")]
+        inside = values[(ids == op_id) | ids.str.startswith(op_id + "/")].dropna()
         return float(inside.sum()) if len(inside) else None
 
     def total(self, counter: str) -> float:
@@ -159,8 +160,10 @@ class StepCosts:
         units = (c if up else b).reindex(diff.index)
         total = 0.0
         for op in _top_most([str(i) for i in diff.index]):
-            t, n = float(times.get(op, 0.0)), float(units.get(op, 0.0))
-            if n > 0 and math.isfinite(t):
+            t, n = float(times.get(op, math.nan)), float(units.get(op, 0.0))
+            if n > 0 and not math.isfinite(t):
+                return math.nan  # an op the capture timed not: its cost cannot be read
+            if n > 0:
                 total += t * float(diff[op]) / n
         return total
 
@@ -186,7 +189,8 @@ def weigh(finding: GateFinding, costs: StepCosts) -> GateFinding:
                 # no bytes figure: what the op's time moved by (the profiled round's)
                 t_b, t_c = costs.subtree("baseline", "", op), costs.subtree("current", "", op)
                 step = costs.step_ns
-                moved = abs((t_c or 0.0) - (t_b or 0.0)) / step if step > 0 else math.nan
+                known = t_b is not None and t_c is not None and step > 0
+                moved = abs((t_c or 0.0) - (t_b or 0.0)) / step if known else math.nan
                 return replace(finding, cost_pct=_pct(moved), cost_basis="time")
             moved = abs((c or 0.0) - (b or 0.0)) / total
             return replace(finding, cost_pct=_pct(moved), cost_basis="bytes")

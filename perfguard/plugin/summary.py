@@ -96,6 +96,9 @@ def results_lines(results: SessionResults) -> list[str]:
     """The badge, the table (worst first) and the counts of a session document."""
     tests = results.sorted_tests()
     lines = [f"perfguard: {results.badge()} ({results.badge_reason()})"]
+    seen = results.resolution()
+    if seen:
+        lines.append(seen[0].upper() + seen[1:])
     if tests:
         lines += format_table(table_rows(tests), header(tests))
         counts = results.counts

@@ -99,6 +99,9 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
     parts = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]) or "no tests"
     out = [f"## perfguard {_BADGE_ICON[badge]} {badge}: {parts}", "", _text(results.badge_reason()),
            ""]  # fmt: skip
+    seen = results.resolution()
+    if seen:
+        out[-1:] = ["", _text(seen[0].upper() + seen[1:]), ""]
 
     run, base = results.run, results.baseline
     fp = run.fingerprint

@@ -98,6 +98,8 @@ class SessionPage:
     badge: str  # PASS | FAIL | ADVISORY | INCOMPLETE | NOT JUDGED
     badge_class: str  # the CSS class of the badge: pass, fail, advisory, ...
     badge_reason: str
+    #: what the session's timing could see (:meth:`SessionResults.resolution`), "" if none
+    resolution: str
     run: Run
     baseline: Baseline | None
     baseline_status: str | None
@@ -228,6 +230,7 @@ def session_page(results: SessionResults | dict[str, Any], *, max_ops: int = 50)
         badge=badge,
         badge_class=badge.lower().replace(" ", "-"),
         badge_reason=results.badge_reason(),
+        resolution=results.resolution(),
         run=results.run,
         baseline=results.baseline,
         baseline_status=results.baseline_status,
