@@ -8,9 +8,9 @@ file (:mod:`.schema`). Each migration step and each run is one transaction;
 PostgreSQL's DDL is transactional, so a failed migration leaves the store as
 it was and no backup copy is needed. Writers that read before they write
 (schema upgrades, imports, prunes) hold a transaction-level advisory lock;
-``save_run`` writers take one keyed by their commit and fingerprint (a save
-replaces that commit's earlier run), so saves of different commits do not
-wait for each other.
+``save_run`` writers take one keyed by their commit and dirty flag (a save
+replaces that commit's earlier run, or joins its run group's run, saved by jobs on
+other hosts), so saves of different commits do not wait for each other.
 
 psycopg 3 is imported only here, so a SQLite-only install never needs it.
 """
