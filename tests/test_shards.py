@@ -226,3 +226,18 @@ def test_two_commits_in_two_shards_are_one_run_each_and_one_merged_verdict(pytes
     bad = perfguard("merge", "c1s1/results.json", "bad.json", "-o", "b", cwd=root)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "bad.json" in bad.stderr
+
+
+def test_the_ci_example_is_a_sharded_matrix_with_one_merge_job():
+    yaml = pytest.importorskip("yaml")
+    flow = yaml.safe_load((REPO / "examples" / "github-actions.yml").read_text())
+    bench, merge_job = flow["jobs"]["benchmarks"], flow["jobs"]["merge"]
+    shards = bench["strategy"]["matrix"]["shard"]
+    assert shards == list(range(1, int(flow["env"]["SHARDS"]) + 1))
+    assert not bench["strategy"]["fail-fast"]
+    runs = " ".join(s.get("run", "") for s in bench["steps"])
+    assert "--perfguard-shard ${{ matrix.shard }}/${{ env.SHARDS }}" in runs
+    assert merge_job["needs"] == "benchmarks" and merge_job["if"] == "always()"
+    steps = " ".join(s.get("run", "") for s in merge_job["steps"])
+    assert "perfguard merge shards/*/results.json" in steps and "--expect-shards" in steps
+    assert "perfguard baseline merge" in steps and "--body-file merged/summary.md" in steps
