@@ -127,15 +127,18 @@ class PostgresDatabase(Database):
                 raise BaselineError(f"{self.name}: lost the server: {msg}") from None
             raise BaselineError(f"{self.name}: cannot use the baseline store: {msg}") from None
 
+    def lock_key(self, key: str) -> None:
+        digest = hashlib.sha256(f"perfguard-save:{key}".encode()).digest()
+        lock = int.from_bytes(digest[:8], "big", signed=True)
+        self.execute("SELECT pg_advisory_xact_lock(?)", (lock,))
+
     @contextmanager
     def write(self, *, exclusive: bool = False, key: str | None = None) -> Iterator[None]:
         with self.conn.transaction():
             if exclusive:
                 self.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
             if key is not None:  # one lock per key: saves of other commits do not wait
-                digest = hashlib.sha256(f"perfguard-save:{key}".encode()).digest()
-                lock = int.from_bytes(digest[:8], "big", signed=True)
-                self.execute("SELECT pg_advisory_xact_lock(?)", (lock,))
+                self.lock_key(key)
             yield
 
     @contextmanager

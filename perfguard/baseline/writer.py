@@ -83,6 +83,11 @@ def _fingerprint_json(fp: Fingerprint) -> str:
     return json.dumps(fp.to_dict(), sort_keys=True)
 
 
+def _commit_key(run: RunInfo) -> str:
+    """The lock key of the writers of ``run``'s commit (and dirty flag)."""
+    return f"{run.commit} {int(bool(run.dirty))}"
+
+
 def _machine_kind(fp: Fingerprint) -> str:
     """A fingerprint less its host: what the jobs of one run group must share to be one run."""
     return json.dumps({**fp.to_dict(), "host": None}, sort_keys=True)
@@ -157,7 +162,7 @@ class Writer:
         }  # before the transaction: a frame that cannot be stored fails without a lock held
 
         # one lock per commit: a grouped save's run is shared by jobs on other hosts
-        key = f"{run.commit} {int(bool(run.dirty))}" if replace or run.group else None
+        key = _commit_key(run) if replace or run.group else None
 
         def write() -> SavedRun:
             with self._write("save a run", key=key):
@@ -328,6 +333,8 @@ class Writer:
             with self._write("add runs", exclusive=True):  # exclusive: two imports add once
                 self.accepted.add_missing(acceptances)
                 for info, records, version in runs():
+                    if info.group is not None:  # saves of this commit may be joining it now
+                        self.db.lock_key(_commit_key(info))
                     group = self._group_run(info, ()) if info.group is not None else None
                     if group is not None:  # a shard of a run already here: its new tests
                         held = set(
