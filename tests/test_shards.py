@@ -228,6 +228,26 @@ def test_two_commits_in_two_shards_are_one_run_each_and_one_merged_verdict(pytes
     assert "bad.json" in bad.stderr
 
 
+def test_under_xdist_the_workers_split_alike_and_the_controller_records_it(pytester):
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_bench=BENCH)
+    out = pytester.path / "out"
+    r = pytester.runpytest_subprocess(
+        "-n", "2", "--perfguard", "--perfguard-backend=cpu", "-p", "no:cacheprovider",
+        "--perfguard-fail-on=never", f"--perfguard-output={out}", "--perfguard-shard=2/2",
+    )  # fmt: skip
+    r.assert_outcomes(passed=3)  # the unmarked test runs in shard 1 only
+    doc = load_results(out / "results.json")
+    assert [t.nodeid for t in doc.tests] == [MARKED[1], MARKED[3], MARKED[5]]  # dealt by count
+    plan = doc.settings["shard_plan"]
+    assert (plan["shard"], plan["measured"], plan["of"], plan["balanced_by"]) == (
+        "2/2",
+        3,
+        6,
+        "count",
+    )
+
+
 def test_the_ci_example_is_a_sharded_matrix_with_one_merge_job():
     yaml = pytest.importorskip("yaml")
     flow = yaml.safe_load((REPO / "examples" / "github-actions.yml").read_text())

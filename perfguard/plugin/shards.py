@@ -25,6 +25,7 @@ import hashlib
 import heapq
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,10 @@ CI_RUN_VARIABLES = (
     ("BUILD_BUILDID", "azure"),
     ("BUILD_TAG", "jenkins"),
 )
+
+
+#: the key of a pytest-xdist worker's output that carries its split to the controller
+WORKER_KEY = "perfguard_shard"
 
 
 def ci_run_group(environ: Mapping[str, str]) -> str | None:
@@ -141,3 +146,15 @@ class ShardSelector:
         if drop:
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
+
+    # pytest-xdist: the workers collect and split; the controller records the split
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None and self.plan:
+            workeroutput[WORKER_KEY] = dict(self.plan)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        plan = getattr(node, "workeroutput", {}).get(WORKER_KEY)
+        if isinstance(plan, dict) and not self.plan:
+            self.plan.update(plan)
