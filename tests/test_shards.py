@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 
 from perfguard.baseline.store import Store
-from perfguard.compare.results import load_results
+from perfguard.compare.merged import merge
+from perfguard.compare.outcomes import Outcome
+from perfguard.compare.results import Run, SessionResults, TestEntry, encode, load_results
+from perfguard.errors import ReportError
 from perfguard.plugin.shards import ci_run_group, parse_shard, plan_digest, split, weights_of
 
 pytest_plugins = ["pytester"]
@@ -73,6 +76,67 @@ def test_run_group_comes_from_the_ci_run_id_and_is_none_outside_ci():
     assert ci_run_group({"GITHUB_RUN_ID": "77", "GITHUB_RUN_ATTEMPT": "2"}) == "github:77"
     assert ci_run_group({"CI_PIPELINE_ID": "5"}) == "gitlab:5"
     assert ci_run_group({"HOME": "/root"}) is None
+
+
+# ---------------------------------------------------------------------------- merging
+def write_doc(path: Path, shard: str | None, tests: dict[str, str], **kw) -> Path:
+    """A results.json of a session that ran ``shard`` with ``tests`` (node id -> outcome)."""
+    settings = {"fail_on": kw.pop("fail_on", "regression")}
+    if shard:
+        settings["shard"] = shard
+    if "plan" in kw:
+        settings["shard_plan"] = {"shard": shard, "plan": kw.pop("plan")}
+    doc = SessionResults(
+        run=Run(commit=kw.pop("commit", "c" * 40)), settings=settings,
+        tests=[TestEntry(nodeid=n, outcome=Outcome(o)) for n, o in tests.items()], **kw,
+    )  # fmt: skip
+    path.write_bytes(encode(doc))
+    return path
+
+
+def test_merge_keeps_the_entries_and_fails_on_a_regression_as_a_session_does(tmp_path):
+    a = write_doc(tmp_path / "a.json", "1/2", {"t1": "unchanged"}, plan="p")
+    b = write_doc(tmp_path / "b.json", "2/2", {"t2": "regressed", "t3": "noisy"}, plan="p")
+    merged = merge([a, b])
+    assert [(t.nodeid, t.outcome.value) for t in merged.results.tests] == [
+        ("t1", "unchanged"), ("t2", "regressed"), ("t3", "noisy"),
+    ]  # fmt: skip
+    assert merged.measured_by == {"t1": "shard 1/2", "t2": "shard 2/2", "t3": "shard 2/2"}
+    assert merged.exit_status == 1 and merged.results.badge() == "FAIL"
+    never = [write_doc(tmp_path / f"{k}.json", f"{k}/2", t, fail_on="never")
+             for k, t in ((1, {"t1": "unchanged"}), (2, {"t2": "regressed"}))]  # fmt: skip
+    assert merge(never).exit_status == 0 and merge(never).results.badge() == "ADVISORY"
+
+
+def test_merge_says_when_the_shards_split_differently(tmp_path):
+    a = write_doc(tmp_path / "a.json", "1/2", {"t1": "unchanged"}, plan="p1")
+    b = write_doc(tmp_path / "b.json", "2/2", {"t2": "unchanged"}, plan="p2")
+    merged = merge([a, b])
+    assert merged.exit_status == 1 and "split the tests differently" in merged.results.notes[-1]
+
+
+@pytest.mark.parametrize(
+    ("docs", "problem"),
+    [
+        ([("1/2", {"t1": "unchanged"}, {}), ("1/2", {"t2": "unchanged"}, {})], "given twice"),
+        ([("1/2", {"t1": "unchanged"}, {}), ("2/2", {"t1": "noisy"}, {})], "is in two files"),
+        ([("1/2", {"t1": "unchanged"}, {}), ("2/3", {"t2": "noisy"}, {})], "different numbers"),
+        ([("1/2", {"t1": "unchanged"}, {}), ("2/2", {"t2": "noisy"}, {"commit": "d" * 40})],
+         "different commits"),
+    ],
+)  # fmt: skip
+def test_documents_that_are_not_one_run_are_one_line_naming_them(tmp_path, docs, problem):
+    paths = [write_doc(tmp_path / f"{i}.json", s, t, **kw) for i, (s, t, kw) in enumerate(docs)]
+    with pytest.raises(ReportError, match=problem) as info:
+        merge(paths)
+    assert "\n" not in str(info.value)
+
+
+def test_expecting_more_shards_than_the_files_recorded_is_refused(tmp_path):
+    a = write_doc(tmp_path / "a.json", "1/2", {"t1": "unchanged"})
+    with pytest.raises(ReportError, match="--expect-shards 3, but the files are shards of 2"):
+        merge([a], expect=3)
+    assert merge([a], expect=2).missing == ["2/2"]
 
 
 # ---------------------------------------------------------------------------- sessions

@@ -141,12 +141,15 @@ def merge(paths: Sequence[str | Path], expect: int | None = None) -> Merged:
         problems.append(why)
         tests.append(_missing_entry(f"shard {label}", why))
     plans = {s.plan for s in shards if s.plan}
+    unlisted = []  # a problem no row says
     if len(plans) > 1:
-        problems.append(
+        unlisted.append(
             "the shards split the tests differently (the store's durations changed between "
             "their starts): a test may have run in two shards or in none"
         )
-    return Merged(_document(shards, tests, total, problems), shards, measured_by, missing, problems)
+    problems += unlisted
+    doc = _document(shards, tests, total, not problems, unlisted)
+    return Merged(doc, shards, measured_by, missing, problems)
 
 
 def _check_one_run(shards: list[Shard]) -> None:
@@ -171,7 +174,11 @@ def _check_one_run(shards: list[Shard]) -> None:
 
 
 def _document(
-    shards: list[Shard], tests: list[TestEntry], total: int | None, problems: list[str]
+    shards: list[Shard],
+    tests: list[TestEntry],
+    total: int | None,
+    complete: bool,
+    problems: list[str],
 ) -> SessionResults:
     """One session's document from the shards': the first one's facts, every test."""
     first = shards[0].results
@@ -216,7 +223,7 @@ def _document(
     errors = [f"{s.name}: {s.results.save_error}" for s in shards if s.results.save_error]
     return msgspec.structs.replace(
         first,
-        complete=not problems,
+        complete=complete,
         saved=saved,
         save_error="; ".join(errors) or None,
         settings=settings,
