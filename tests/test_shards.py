@@ -49,6 +49,14 @@ def test_parse_shard_refuses_what_is_not_a_part(text, problem):
         parse_shard(text)
 
 
+def test_a_bad_shard_option_is_one_usage_error_naming_it(pytester):
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    r = pytester.runpytest_subprocess("--perfguard-shard=5/4", "-p", "no:cacheprovider")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    (line,) = [e for e in r.errlines if "perfguard-shard" in e]
+    assert "'5/4': K must be between 1 and N" in line
+
+
 def test_split_is_greedy_longest_first_into_the_lightest_part():
     weights = {"a": 5.0, "b": 4.0, "c": 3.0, "d": 3.0, "e": 1.0}
     # a -> 0 (5); b -> 1 (4); c -> 1 (7); d -> 0 (8); e -> 1 (8)
