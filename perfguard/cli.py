@@ -41,6 +41,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "perfguard.commands.baseline",
     "perfguard.commands.compare",
     "perfguard.commands.report",
+    "perfguard.commands.merge",
     "perfguard.commands.history",
     "perfguard.commands.bisect",
     "perfguard.commands.publish",

@@ -442,8 +442,9 @@ def _schema(location: Path | str) -> dict[str, list[str]]:
 def rewind_to_v1(location: Path | str) -> None:
     """What a v1 store looked like: no kernels table, fingerprint only as JSON, no
     per-iteration CPU time (v3), no rounds, dtypes or counters (v4), no profiled flag (v5),
-    no acceptances (v6), no Callgrind functions (v7), no environment (v8)."""
+    no acceptances (v6), no Callgrind functions (v7), no environment (v8), no run group (v9)."""
     statements = [
+        "ALTER TABLE runs DROP COLUMN run_group",
         "ALTER TABLE runs DROP COLUMN environment",
         "DROP TABLE functions",
         "DROP TABLE acceptances",

@@ -190,6 +190,10 @@ class Database:
         raise NotImplementedError
         yield  # pragma: no cover
 
+    def lock_key(self, key: str) -> None:
+        """Inside a write: wait for, then hold to its end, ``write(key=key)``'s lock too (an
+        import joining a run that keyed saves write). SQLite's writers are all exclusive."""
+
     @contextmanager
     def read(self) -> Iterator[None]:
         """A consistent snapshot for a read of several queries."""

@@ -8,9 +8,9 @@ file (:mod:`.schema`). Each migration step and each run is one transaction;
 PostgreSQL's DDL is transactional, so a failed migration leaves the store as
 it was and no backup copy is needed. Writers that read before they write
 (schema upgrades, imports, prunes) hold a transaction-level advisory lock;
-``save_run`` writers take one keyed by their commit and fingerprint (a save
-replaces that commit's earlier run), so saves of different commits do not
-wait for each other.
+``save_run`` writers take one keyed by their commit and dirty flag (a save
+replaces that commit's earlier run, or joins its run group's run, saved by jobs on
+other hosts), so saves of different commits do not wait for each other.
 
 psycopg 3 is imported only here, so a SQLite-only install never needs it.
 """
@@ -127,15 +127,18 @@ class PostgresDatabase(Database):
                 raise BaselineError(f"{self.name}: lost the server: {msg}") from None
             raise BaselineError(f"{self.name}: cannot use the baseline store: {msg}") from None
 
+    def lock_key(self, key: str) -> None:
+        digest = hashlib.sha256(f"perfguard-save:{key}".encode()).digest()
+        lock = int.from_bytes(digest[:8], "big", signed=True)
+        self.execute("SELECT pg_advisory_xact_lock(?)", (lock,))
+
     @contextmanager
     def write(self, *, exclusive: bool = False, key: str | None = None) -> Iterator[None]:
         with self.conn.transaction():
             if exclusive:
                 self.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
             if key is not None:  # one lock per key: saves of other commits do not wait
-                digest = hashlib.sha256(f"perfguard-save:{key}".encode()).digest()
-                lock = int.from_bytes(digest[:8], "big", signed=True)
-                self.execute("SELECT pg_advisory_xact_lock(?)", (lock,))
+                self.lock_key(key)
             yield
 
     @contextmanager

@@ -127,17 +127,18 @@ class Reader:
         """The :class:`RunInfo` of one run; BaselineError if there is no such run."""
         with self.db.guard():
             row = self.db.execute(
-                'SELECT "commit", branch, dirty, time, fingerprint, environment FROM runs '
-                "WHERE run_id=?",
+                'SELECT "commit", branch, dirty, time, fingerprint, environment, run_group '
+                "FROM runs WHERE run_id=?",
                 (int(run_id),),
             ).fetchone()
         if row is None:
             raise BaselineError(f"{self.db.name}: no run {run_id}")
-        commit, branch, dirty, when, fp, env = row
+        commit, branch, dirty, when, fp, env, group = row
         with self.db.decoding(f"run {run_id}"):
             return RunInfo(
                 commit, branch, bool(dirty), when, Fingerprint.from_dict(json.loads(fp)),
                 Environment.from_dict(json.loads(env)) if env else Environment(),
+                group=group if isinstance(group, str) else None,
             )  # fmt: skip
 
     def run_version(self, run_id: int) -> str | None:
@@ -263,6 +264,23 @@ class Reader:
             df["environment"] = _environments(df["environment"])
         df["fingerprint"] = self._fingerprints(df["fingerprint"])
         return df
+
+    def durations(self, commit: str) -> dict[str, float]:
+        """Seconds each test's timed steps took in the latest run of ``commit`` that holds it
+        (the sum of its samples' wall time, every round): the weights ``--perfguard-shard``
+        balances its parts by. Tests without samples are left out."""
+        df = self._query(
+            """SELECT t.nodeid, SUM(s.wall_time_ns) AS ns FROM tests t
+               JOIN samples s ON s.test_id = t.test_id
+               WHERE t.test_id IN (SELECT max(t2.test_id) FROM tests t2 JOIN runs r
+                                   ON r.run_id = t2.run_id WHERE r."commit" = ?
+                                   GROUP BY t2.nodeid)
+               GROUP BY t.nodeid""",
+            [commit],
+        )
+        self._texts(df, "tests", "nodeid")
+        return {str(n): float(ns) / 1e9 for n, ns in zip(df["nodeid"], df["ns"], strict=True)
+                if ns is not None and ns == ns and ns > 0}  # fmt: skip
 
     def nodeids(self) -> list[str]:
         """Every test with a record in the store, sorted."""

@@ -206,13 +206,19 @@ class RunInfo:
     time: str  # ISO 8601, UTC
     fingerprint: Fingerprint
     environment: Environment = field(default_factory=Environment)
+    #: the CI run whose jobs (a suite's shards) save into this one run (``--perfguard-run-group``);
+    #: None: the session is a run of its own
+    group: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe; ``environment`` only when known, so an older run's export is unchanged."""
-        d = {k: v for k, v in asdict(self).items() if k != "environment"}
+        """JSON-safe; ``environment`` and ``group`` only when known, so an older run's
+        export is unchanged."""
+        d = {k: v for k, v in asdict(self).items() if k not in ("environment", "group")}
         d["fingerprint"] = self.fingerprint.to_dict()
         if not self.environment.empty:
             d["environment"] = self.environment.to_dict()
+        if self.group is not None:
+            d["group"] = self.group
         return d
 
     @classmethod
@@ -224,6 +230,7 @@ class RunInfo:
             time=data["time"],
             fingerprint=Fingerprint.from_dict(data.get("fingerprint", {})),
             environment=Environment.from_dict(data.get("environment")),
+            group=data.get("group"),
         )
 
 

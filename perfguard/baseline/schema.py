@@ -198,6 +198,12 @@ def _v8_environment(db: SchemaTarget) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN environment TEXT")
 
 
+def _v9_run_group(db: SchemaTarget) -> None:
+    """v9: the run group (a CI run's id) that lets the jobs of one CI run, the shards of a
+    suite, save into one run; NULL for older runs (each its own)."""
+    db.execute("ALTER TABLE runs ADD COLUMN run_group TEXT")
+
+
 #: (version reached, migration), in order
 MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (1, _v1_initial),
@@ -208,6 +214,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[SchemaTarget], None]], ...] = (
     (6, _v6_acceptances),
     (7, _v7_functions),
     (8, _v8_environment),
+    (9, _v9_run_group),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

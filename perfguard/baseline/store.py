@@ -246,8 +246,9 @@ class Store:
         file order."""
         return list(self.writer.import_file(src).run_ids)
 
-    def copy_from(self, other: Store) -> tuple[int, int]:
-        """:meth:`Writer.copy_from`: every run and acceptance of ``other``; (added, skipped)."""
+    def copy_from(self, other: Store) -> Imported:
+        """:meth:`Writer.copy_from`: every run and acceptance of ``other`` (a run group's
+        runs joined); what it added, joined and skipped."""
         return self.writer.copy_from(other.reader, other.accepted)
 
     def export_json(

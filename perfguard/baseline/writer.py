@@ -41,6 +41,8 @@ class SavedRun:
     replaced_tests: int = 0
     #: those earlier runs (deleted where no test of theirs is left)
     replaced_runs: tuple[int, ...] = ()
+    #: the records were added to the run another job of the same run group saved
+    joined: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,16 @@ class Imported:
     run_ids: tuple[int, ...]
     #: the runs it added
     added: tuple[int, ...]
-    #: test records of the added runs
+    #: test records it added (to added runs, and to joined ones)
     tests: int
+    #: runs of a run group whose records went into the group's run already here
+    joined: tuple[int, ...] = ()
 
     @property
     def present(self) -> int:
-        """Runs of the file skipped as already in the store (same commit, time, host)."""
-        return len(self.run_ids) - len(self.added)
+        """Runs of the file skipped as already in the store (same commit, time, host; or a
+        group's run holding every test of theirs)."""
+        return len(self.run_ids) - len(self.added) - len(self.joined)
 
 
 def _db_rows(name: str, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
@@ -78,16 +83,31 @@ def _fingerprint_json(fp: Fingerprint) -> str:
     return json.dumps(fp.to_dict(), sort_keys=True)
 
 
+def _commit_key(run: RunInfo) -> str:
+    """The lock key of the writers of ``run``'s commit (and dirty flag)."""
+    return f"{run.commit} {int(bool(run.dirty))}"
+
+
+def _machine_kind(fp: Fingerprint) -> str:
+    """A fingerprint less its host: what the jobs of one run group must share to be one run."""
+    return json.dumps({**fp.to_dict(), "host": None}, sort_keys=True)
+
+
 def _environment_json(env: Environment) -> str | None:
     return json.dumps(env.to_dict(), sort_keys=True) if not env.empty else None
 
 
-def _imported(done: list[tuple[int, bool]], tests: Sequence[int]) -> Imported:
-    """What adding runs did: ``done`` is (run_id, added) per run, ``tests`` its record counts."""
+#: what adding one run did: its id here, "added" | "joined" | "present", records added
+Added = tuple[int, str, int]
+
+
+def _imported(done: list[Added]) -> Imported:
+    """What adding runs did, from each run's :data:`Added`."""
     return Imported(
-        run_ids=tuple(run_id for run_id, _ in done),
-        added=tuple(run_id for run_id, new in done if new),
-        tests=sum(n for n, (_, new) in zip(tests, done, strict=True) if new),
+        run_ids=tuple(run_id for run_id, _, _ in done),
+        added=tuple(run_id for run_id, how, _ in done if how == "added"),
+        tests=sum(n for _, _, n in done),
+        joined=tuple(run_id for run_id, how, _ in done if how == "joined"),
     )
 
 
@@ -121,8 +141,16 @@ class Writer:
         pools every stored run of the baseline commit and reads history as one
         level per run, where an accidental duplicate would count twice.
         ``replace=False`` keeps both (measuring a baseline commit on purpose
-        several times). Replacing writers of one commit and fingerprint wait for
-        each other (a lock per key), so two of them leave exactly one run.
+        several times). Writers of one commit wait for each other (a lock per
+        commit), so two of them leave exactly one run.
+
+        A run with a ``group`` (the CI run whose jobs are a suite's shards) joins the run
+        of its commit, dirty flag, group and machine kind (the fingerprint less the host:
+        a pool's runners differ in name only) when there is one: its records are added to
+        that run, so N shards saved one after another or at once are one run for
+        history, baseline lookup and publish (:attr:`SavedRun.joined`). The run keeps the
+        first job's time and host. With ``replace=False`` a group run that already holds
+        one of these tests is not joined (that test is measured twice on purpose).
         """
         nodeids = [r.nodeid for r in records]
         if len(set(nodeids)) != len(nodeids):
@@ -133,16 +161,40 @@ class Writer:
             for table in FRAME_TABLES
         }  # before the transaction: a frame that cannot be stored fails without a lock held
 
-        same_run = f"{run.commit} {int(bool(run.dirty))} {_fingerprint_json(run.fingerprint)}"
-        key = same_run if replace else None
+        # one lock per commit: a grouped save's run is shared by jobs on other hosts
+        key = _commit_key(run) if replace or run.group else None
 
         def write() -> SavedRun:
             with self._write("save a run", key=key):
                 replaced = self._supersede(run, nodeids) if replace else (0, [])
-                run_id = self._insert_run(run, records, frames=frames)
-            return SavedRun(run_id, replaced[0], tuple(replaced[1]))
+                joined = self._group_run(run, nodeids) if run.group is not None else None
+                if joined is None:
+                    run_id = self._insert_run(run, records, frames=frames)
+                else:
+                    run_id = joined
+                    self._insert_records(run_id, records, frames)
+            return SavedRun(run_id, replaced[0], tuple(replaced[1]), joined=joined is not None)
 
         return self.db.retry(write)
+
+    def _group_run(self, run: RunInfo, nodeids: Sequence[str]) -> int | None:
+        """The stored run ``run`` joins: same commit, dirty flag, group and machine kind (the
+        fingerprint less its host), first saved first; None when there is none, or when
+        it already holds one of ``nodeids`` (an append-mode save: both are kept)."""
+        rows = self.db.execute(
+            'SELECT run_id, fingerprint FROM runs WHERE "commit" = ? AND dirty = ? '
+            "AND run_group = ? ORDER BY run_id",
+            (run.commit, int(bool(run.dirty)), run.group),
+        ).fetchall()
+        kind = _machine_kind(run.fingerprint)
+        for run_id, fp in rows:
+            if _machine_kind(Fingerprint.from_dict(json.loads(fp))) != kind:
+                continue
+            held = self.db.query("SELECT nodeid FROM tests WHERE run_id = ?", (int(run_id),))
+            if set(held["nodeid"]) & set(nodeids):
+                return None
+            return int(run_id)
+        return None
 
     def _supersede(self, run: RunInfo, nodeids: Sequence[str]) -> tuple[int, list[int]]:
         """Delete the records of ``nodeids`` in earlier runs of ``run``'s commit, dirty flag
@@ -155,6 +207,13 @@ class Writer:
                ON r.run_id = t.run_id WHERE r."commit" = ? AND r.dirty = ? AND r.fingerprint = ?""",
             key,
         )
+        if run.group is not None:  # the group's run, saved by a job on another host
+            joined = self._group_run(run, ())
+            if joined is not None:
+                held = db.query(
+                    "SELECT test_id, run_id, nodeid FROM tests WHERE run_id = ?", (joined,)
+                )
+                old = pd.concat([old, held], ignore_index=True).drop_duplicates("test_id")
         old = old[old["nodeid"].isin(set(nodeids))]
         if len(old):
             ids = db.ids_param(old["test_id"])
@@ -167,6 +226,39 @@ class Writer:
             key,
         )
         return len(old), sorted({int(i) for i in old["run_id"]})
+
+    def _insert_records(
+        self,
+        run_id: int,
+        records: Sequence[TestRecord],
+        frames: dict[str, list[pd.DataFrame]] | None = None,
+    ) -> None:
+        """Add ``records`` to stored run ``run_id`` (none of its tests may be there yet)."""
+        if not records:
+            return
+        db = self.db
+        db.insert_rows(
+            "tests",
+            ("run_id", "nodeid", "metric", "meta"),
+            [(run_id, r.nodeid, r.metric, meta_json(r.meta)) for r in records],
+        )
+        wanted = {r.nodeid for r in records}
+        ids = {
+            n: i
+            for n, i in db.execute("SELECT nodeid, test_id FROM tests WHERE run_id=?", (run_id,))
+            if n in wanted
+        }
+        for table in FRAME_TABLES:
+            parts = (frames or {}).get(table) or [
+                conform_frame(table, getattr(r, table)) for r in records
+            ]
+            frame = pd.concat(
+                [p.assign(test_id=ids[r.nodeid]) for p, r in zip(parts, records, strict=True)],
+                ignore_index=True,
+            )
+            if len(frame):
+                columns = ["test_id", *FRAME_TYPES[table]]
+                db.insert_rows(table, columns, _db_rows(table, frame[columns]))
 
     def _insert_run(
         self,
@@ -187,6 +279,7 @@ class Writer:
             "perfguard_version": version or __version__,
             **{name: getattr(fp, name) for name in FINGERPRINT_COLUMNS},
             "environment": _environment_json(run.environment),
+            "run_group": run.group,
         }
         cols = ", ".join(f'"{c}"' for c in row)
         marks = ", ".join("?" * len(row))
@@ -194,25 +287,7 @@ class Writer:
             f"INSERT INTO runs ({cols}) VALUES ({marks}) RETURNING run_id", list(row.values())
         ).fetchone()
         run_id = int(run_id)
-        if not records:
-            return run_id
-        db.insert_rows(
-            "tests",
-            ("run_id", "nodeid", "metric", "meta"),
-            [(run_id, r.nodeid, r.metric, meta_json(r.meta)) for r in records],
-        )
-        ids = dict(db.execute("SELECT nodeid, test_id FROM tests WHERE run_id=?", (run_id,)))
-        for table in FRAME_TABLES:
-            parts = (frames or {}).get(table) or [
-                conform_frame(table, getattr(r, table)) for r in records
-            ]
-            frame = pd.concat(
-                [p.assign(test_id=ids[r.nodeid]) for p, r in zip(parts, records, strict=True)],
-                ignore_index=True,
-            )
-            if len(frame):
-                columns = ["test_id", *FRAME_TYPES[table]]
-                db.insert_rows(table, columns, _db_rows(table, frame[columns]))
+        self._insert_records(run_id, records, frames)
         return run_id
 
     # ----------------------------------------------------------------- adding runs
@@ -221,21 +296,21 @@ class Writer:
         nothing: :func:`~perfguard.baseline.export.read_export`); a run already here (same
         commit, time, host) is skipped. Says what it added and what it skipped."""
         parsed, accepted = read_export(src)
-        done = self._add_runs(lambda: iter(parsed), accepted)
-        return _imported(done, [len(p[1]) for p in parsed])
+        return _imported(self._add_runs(lambda: iter(parsed), accepted))
 
     def add_runs(self, runs: Sequence[tuple[RunInfo, list[TestRecord]]]) -> Imported:
         """Add runs made outside a perfguard session (pytest-benchmark's saved files,
         :mod:`perfguard.baseline.import_benchmark`) in one transaction, each unless a run
         of the same commit, time and host is here already: importing twice adds nothing."""
-        done = self._add_runs(lambda: ((info, records, None) for info, records in runs))
-        return _imported(done, [len(r[1]) for r in runs])
+        return _imported(self._add_runs(lambda: ((info, r, None) for info, r in runs)))
 
-    def copy_from(self, reader: Reader, accepted: Acceptances) -> tuple[int, int]:
+    def copy_from(self, reader: Reader, accepted: Acceptances) -> Imported:
         """Copy every run another store's ``reader`` holds, and its ``accepted``, into
         this store, losslessly (records, run info, the perfguard version that saved it), in
         one transaction; a run already here (same commit, time, host) is skipped, so a copy
-        can be repeated. Returns (added, skipped)."""
+        can be repeated. A run of a run group joins the group's run here (same commit,
+        dirty flag, group and machine kind: a shard's store merged into another's), adding
+        the tests that run does not hold yet."""
 
         def source() -> Iterator[ExportedRun]:
             versions = reader.runs().set_index("run_id")["perfguard_version"]
@@ -243,31 +318,44 @@ class Writer:
                 info, records = reader.load_run(int(cast(int, run_id)))
                 yield info, list(records.values()), version
 
-        added = [new for _, new in self._add_runs(source, accepted.rows())]
-        return sum(added), len(added) - sum(added)
+        return _imported(self._add_runs(source, accepted.rows()))
 
     def _add_runs(
         self,
         runs: Callable[[], Iterator[ExportedRun]],
         acceptances: Sequence[dict[str, Any]] = (),
-    ) -> list[tuple[int, bool]]:
+    ) -> list[Added]:
         """Add the runs ``runs()`` gives that are not here yet, and the acceptances, in one
-        transaction: (run_id, whether it was added) for each run."""
+        transaction: what was done with each run (:data:`Added`)."""
 
-        def write() -> list[tuple[int, bool]]:
-            out = []
+        def write() -> list[Added]:
+            out: list[Added] = []
             with self._write("add runs", exclusive=True):  # exclusive: two imports add once
                 self.accepted.add_missing(acceptances)
                 for info, records, version in runs():
+                    if info.group is not None:  # saves of this commit may be joining it now
+                        self.db.lock_key(_commit_key(info))
+                    group = self._group_run(info, ()) if info.group is not None else None
+                    if group is not None:  # a shard of a run already here: its new tests
+                        held = set(
+                            self.db.query("SELECT nodeid FROM tests WHERE run_id = ?", (group,))[
+                                "nodeid"
+                            ]
+                        )
+                        new = [r for r in records if r.nodeid not in held]
+                        self._insert_records(group, new)
+                        out.append((group, "joined" if new else "present", len(new)))
+                        continue
                     existing = self.db.execute(
                         'SELECT run_id FROM runs WHERE "commit"=? AND time=? '
                         "AND host IS NOT DISTINCT FROM ? ORDER BY run_id LIMIT 1",
                         (info.commit, info.time, info.fingerprint.host),
                     ).fetchone()
                     if existing is not None:
-                        out.append((int(existing[0]), False))
+                        out.append((int(existing[0]), "present", 0))
                     else:
-                        out.append((self._insert_run(info, records, version), True))
+                        run_id = self._insert_run(info, records, version)
+                        out.append((run_id, "added", len(records)))
             return out
 
         return self.db.retry(write)

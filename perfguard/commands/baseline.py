@@ -1,4 +1,4 @@
-"""``perfguard baseline list|show|export|import|prune|migrate``: look after the baseline store.
+"""``perfguard baseline list|show|export|import|prune|migrate|merge``: look after the store.
 
 A thin client of :class:`perfguard.baseline.store.Store`; every error it
 raises is one line naming the store or file (exit 2 via ``perfguard.cli``).
@@ -19,6 +19,7 @@ from perfguard.baseline.import_benchmark import import_benchmarks, is_benchmark_
 from perfguard.baseline.repair import SHOWN, check, recover
 from perfguard.baseline.schema import SCHEMA_VERSION
 from perfguard.baseline.store import Store, open_store
+from perfguard.baseline.writer import Imported
 from perfguard.commands import argtypes
 from perfguard.commands.jsonout import add_json_option, to_stdout, write_json
 from perfguard.compare.documents import run_document, runs_document
@@ -151,6 +152,18 @@ def add_parser(subparsers: Any) -> None:
         help="the store to copy into (created when empty); runs already there are skipped",
     )
     p.set_defaults(func=run_migrate)
+
+    p = sub.add_parser(
+        "merge",
+        help="merge stores (a CI run's shards) into one: a run group's runs become one run",
+        description="Copy every run of each SRC store into DEST (created when missing). The "
+        "runs that shards of one CI run saved (same commit, machine kind and run group: "
+        "--perfguard-run-group) become one run in DEST, each test once; a run already in "
+        "DEST is skipped, so merging again adds nothing.",
+    )
+    p.add_argument("dest", metavar="DEST", help="the store to merge into (path or URL)")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="stores to merge from")
+    p.set_defaults(func=run_merge)
 
 
 def _machine(row: Any) -> str:
@@ -338,12 +351,34 @@ def run_prune(args: argparse.Namespace) -> int:
 
 def run_migrate(args: argparse.Namespace) -> int:
     with open_store(args.store, create=False) as source, open_store(args.to, create=True) as dest:
-        added, present = dest.copy_from(source)
+        done = dest.copy_from(source)
         name = dest.name
-    print(
-        f"copied {added} run(s) from {args.store} to {name}"
-        + (f"; {present} already there" if present else "")
-    )
+    print(f"copied {len(done.added)} run(s) from {args.store} to {name}" + _joined(done))
+    return 0
+
+
+def _joined(done: Imported) -> str:
+    """The tail of a copy's line: shard runs joined, runs already there."""
+    out = ""
+    if done.joined:
+        out += f"; {len(done.joined)} joined their run group's run"
+    if done.present:
+        out += f"; {done.present} already there"
+    return out
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    """One line per SRC: runs added, shard runs joined, test records, runs already there."""
+    with open_store(args.dest, create=True) as dest:
+        for src in args.sources:
+            with open_store(src, create=False) as source:
+                done = dest.copy_from(source)
+            print(
+                f"{src}: {len(done.added)} run(s) added, {done.tests} test record(s) "
+                f"into {dest.name}" + _joined(done)
+            )
+        runs = dest.reader.runs()
+    print(f"{dest.name}: {len(runs)} run(s), {int(runs['n_tests'].sum())} test record(s)")
     return 0
 
 

@@ -296,6 +296,8 @@ class Run(msgspec.Struct, kw_only=True):
     time: str | None = None
     fingerprint: Machine = msgspec.field(default_factory=Machine)
     environment: dict[str, str] = {}
+    #: the CI run whose jobs saved into one stored run (``--perfguard-run-group``)
+    group: str | None = None
 
 
 class Baseline(msgspec.Struct, kw_only=True):

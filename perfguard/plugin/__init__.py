@@ -28,6 +28,7 @@ from perfguard.plugin.items import BENCHMARKS_ENV, FIXTURE, profile_key, profile
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.marker import MARKER, MARKER_HELP, ProfileSpec
 from perfguard.plugin.options import Settings, add_options, check_spaced_values, read_settings
+from perfguard.plugin.shards import ShardSelector
 from perfguard.plugin.valgrind_child import ForkEachTest, callgrind_child
 
 if TYPE_CHECKING:
@@ -84,6 +85,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[session_key] = session
         config.pluginmanager.register(session, "perfguard-session")
         benchmark_fixture.register(config, new_profile)
+        if settings.shard_part is not None and session.child is None:
+            shard = ShardSelector(settings.shard_part, profiled, session.context.stored_durations)
+            session.context.shard = shard.plan
+            config.pluginmanager.register(shard, "perfguard-shard")
+    elif settings.shard_part is not None:  # a plain run, split by count
+        config.pluginmanager.register(
+            ShardSelector(settings.shard_part, profiled, dict), "perfguard-shard"
+        )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -93,9 +102,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ.pop(BENCHMARKS_ENV, None)
         else:
             os.environ[BENCHMARKS_ENV] = before
-    override = config.pluginmanager.get_plugin(benchmark_fixture.PLUGIN_NAME)
-    if override is not None:
-        config.pluginmanager.unregister(override)
+    for name in (benchmark_fixture.PLUGIN_NAME, "perfguard-shard"):
+        extra = config.pluginmanager.get_plugin(name)
+        if extra is not None:
+            config.pluginmanager.unregister(extra)
     keys: tuple[pytest.StashKey[Any], ...] = (session_key, child_key)
     for key in keys:
         plugin: Any = config.stash.get(key, None)

@@ -28,6 +28,7 @@ from perfguard.baseline.git import (
     GitState,
     default_baseline_ref,
     find_baseline,
+    first_parent_commits,
     repo_state,
     resolve,
 )
@@ -136,7 +137,10 @@ class SessionContext:
             time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             fingerprint=self.fingerprint,
             environment=self.environment,
+            group=settings.run_group,
         )
+        #: ``--perfguard-shard``'s split, filled after collection (plugin/shards.py)
+        self.shard: dict[str, object] | None = None
 
     def backend_for(self, choice: str) -> ResolvedBackend:
         """The resolved backend for a session's or a marker's ``backend=`` (cached)."""
@@ -178,6 +182,25 @@ class SessionContext:
             self.store_damaged(exc)
         except PerfguardError as exc:
             raise pytest.UsageError(f"--perfguard-store: {exc}") from None
+
+    def stored_durations(self) -> dict[str, float]:
+        """Seconds each test's timed steps took in the stored run of the nearest commit on
+        the baseline ref's first-parent line other than HEAD (what ``--perfguard-shard``
+        balances by; any machine: only the ratios matter); empty without one. Never
+        HEAD's: the other jobs of this CI run save it while this one starts, and a re-run
+        job must split as its siblings did."""
+        if self.store is None or self.git is None or self.baseline_ref is None:
+            return {}
+        try:
+            stored = set(self.store.reader.runs()["commit"])
+            for commit in first_parent_commits(self.git.root, self.baseline_ref):
+                if commit != self.run.commit and commit in stored:
+                    return self.store.reader.durations(commit)
+        except DamagedStoreError as exc:
+            self.store_damaged(exc)
+        except PerfguardError:  # no git history to walk: balanced by count
+            pass
+        return {}
 
     def store_damaged(self, exc: DamagedStoreError) -> str:
         """The store turned out damaged (at open, or at a test's read): close it, judge
@@ -246,6 +269,11 @@ class SessionContext:
                 f"replaced {saved.replaced_tests} test record(s) of run(s) "
                 f"{', '.join(map(str, saved.replaced_runs))} saved earlier for this commit "
                 "on this machine (--perfguard-save-mode=append keeps both)"
+            )
+        if saved.joined:
+            self.notes.append(
+                f"saved into run {saved.run_id} with the other jobs of run group "
+                f"{self.run.group} (same commit and machine kind)"
             )
         return SaveResult(run_id=saved.run_id, replaced=replaced)
 

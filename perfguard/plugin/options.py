@@ -28,6 +28,7 @@ import pytest
 
 from perfguard.compare.tolerance import TOLERANCE, parse_tolerance
 from perfguard.environment import parse_across
+from perfguard.plugin.shards import ci_run_group, parse_shard
 
 BACKEND_CHOICES = ("auto", "torch", "nsys", "cpu")
 FAIL_ON_CHOICES = ("regression", "never")
@@ -143,6 +144,14 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "how A/B rounds and isolated tests start their child process: fork (default: from a "
      "warm server that imported the session's libraries once, never the trees' code) or "
      "spawn (a fresh interpreter each, seconds slower)"),
+    ("perfguard_shard", "--perfguard-shard", "string",
+     "K/N: run the K-th (1-based) of N parts of the measured tests, balanced by their "
+     "stored durations (by count without them); tests perfguard does not measure run in "
+     "shard 1 only; merge the jobs' results with perfguard merge"),
+    ("perfguard_run_group", "--perfguard-run-group", "string",
+     "the CI run this job belongs to: the saves of its jobs (same commit and machine kind) "
+     "are one stored run; default from the CI's run id (GITHUB_RUN_ID, CI_PIPELINE_ID, "
+     "...), none outside CI"),
 )  # fmt: skip
 
 
@@ -165,6 +174,8 @@ _METAVARS = {
     "perfguard_metric": "{instructions}",
     "perfguard_compare_across": "GROUP[,GROUP]",
     "perfguard_instructions_env": "PATTERNS",
+    "perfguard_shard": "K/N",
+    "perfguard_run_group": "ID",
 }
 
 
@@ -221,6 +232,15 @@ class Settings:
     compare_across: tuple[str, ...] = ()
     #: environment variables (fnmatch patterns) the Callgrind child passes on besides its own
     instructions_env: tuple[str, ...] = ()
+    #: "K/N": this job runs the K-th of N parts of the measured tests (plugin/shards.py)
+    shard: str | None = None
+    #: the CI run whose jobs save into one stored run (None: a run of its own)
+    run_group: str | None = None
+
+    @property
+    def shard_part(self) -> tuple[int, int] | None:
+        """``shard`` as (K, N)."""
+        return None if self.shard is None else parse_shard(self.shard)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -337,6 +357,11 @@ def read_settings(config: pytest.Config) -> Settings:
                     raise ValueError("must be a positive number of seconds")
             elif dest == "perfguard_compare_across":
                 values[dest] = tuple(sorted(parse_across(value or ())))
+            elif dest == "perfguard_shard":
+                values[dest] = None if value is None else "{}/{}".format(*parse_shard(value))
+            elif dest == "perfguard_run_group":
+                group = ci_run_group(os.environ) if value is None else str(value).strip()
+                values[dest] = group or None
             elif dest == "perfguard_against":
                 ref = None if value is None else str(value).strip()
                 if ref is not None and (not ref or ref.startswith("-")):
@@ -370,6 +395,8 @@ def read_settings(config: pytest.Config) -> Settings:
         metric=values["perfguard_metric"],
         compare_across=values["perfguard_compare_across"],
         instructions_env=values["perfguard_instructions_env"],
+        shard=values["perfguard_shard"],
+        run_group=values["perfguard_run_group"],
     )
 
 

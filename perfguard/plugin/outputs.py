@@ -167,6 +167,8 @@ class SessionOutputs:
             "resolved_backend": ctx.backend.label,
             "backend_why": ctx.backend.why,
         }
+        if ctx.shard:  # --perfguard-shard: this job's part and the split it belongs to
+            settings["shard_plan"] = dict(ctx.shard)
         mode = settings.get("mode")
         saved = self.saved
         base = ctx.baseline_dict()
