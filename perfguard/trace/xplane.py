@@ -67,6 +67,7 @@ from perfguard.trace.model import (
 from perfguard.trace.names import ITERATION_NAMES
 from perfguard.trace.ranges import finalize_ranges
 from perfguard.trace.site_pass import apply_sites, read_sites, site_details
+from perfguard.trace.tf_names import op_identities
 from perfguard.trace.xevents import DOUBLE_KIND, REF_KIND, TEXT_KINDS, Events, decode_events
 from perfguard.trace.xspace_proto import message_class, xspace_class
 
@@ -101,7 +102,24 @@ def read_xplane(path: str | Path) -> Trace:
     if space.errors:
         meta["profiler_errors"] = list(space.errors)[:20]
     costs = space_costs(space, _programs_run(events))
-    return _with_graph_sites(path, _with_xla_costs(_checked(path, events, planes, meta), costs))
+    trace = _with_graph_sites(path, _with_xla_costs(_checked(path, events, planes, meta), costs))
+    return _with_op_identities(trace)
+
+
+def _with_op_identities(trace: Trace) -> Trace:
+    """TensorFlow ops named by their identity across sessions
+    (:func:`perfguard.trace.tf_names.op_identities`: ``sequential_5/dense_1_2/BiasAdd`` ->
+    ``sequential/dense/BiasAdd``), the node name kept in ``node_name``. After the call sites,
+    which are tied to the node names."""
+    r = trace.ranges
+    names = r["name"].astype(object).to_numpy()
+    r["node_name"] = pd.Series(names, index=r.index, dtype=object)
+    tf = (r["category"] == "tf_op").to_numpy(bool)
+    if tf.any():
+        names = names.copy()
+        names[tf] = op_identities(pd.Series(names[tf], dtype=object)).to_numpy(dtype=object)
+        r["name"] = coded_text(names)
+    return trace
 
 
 def _with_graph_sites(path: Path, trace: Trace) -> Trace:
@@ -366,7 +384,7 @@ def read_xprof_json(path: str | Path) -> Trace:
     ).join(args)
     planes: dict[str, dict[str, Any]] = {name: {} for name in plane_of.values()}
     meta = {"format": "xprof-json", "version": "chrome-trace", "path": str(path)}
-    return _checked(path, events, planes, meta)
+    return _with_op_identities(_checked(path, events, planes, meta))
 
 
 # ---------------------------------------------------------------------------------------------
