@@ -90,3 +90,40 @@ def test_the_model_called_three_times_is_the_same_ops_three_times(tmp_path: Path
     assert set(layer["status"]) - {"added", "removed"} == set(layer["status"])
     assert (layer["calls_current"] == 3 * layer["calls_baseline"]).all()
     assert "sequential/dense/MatMul" in ops.index or "sequential/dense/Relu" in ops.index
+    # ... with three times the FLOPs, GEMMs and convolutions costed from the graph's shapes
+    flops_b, flops_c = (r.ops.set_index("op_id")["flops"] for r in (once, thrice))
+    ids = [i for i in layer["op_id"] if pd.notna(flops_b.get(i)) and flops_b[i] > 0]
+    assert len(ids) >= 8
+    assert all(flops_c[i] == 3 * flops_b[i] for i in ids)
+    assert c.gates is not None and c.gates.outcome.value == "regressed"
+    assert "flops" in {f.gate for f in c.gates.regressions}
+    assert c.outcome.value == "regressed"
+
+
+def test_gemm_and_conv_flops_equal_tensorflows_own_count(tmp_path: Path) -> None:
+    """TensorFlow's graph profiler (``float_ops``, on the graph the step traced) and the
+    layers' sizes by hand give the FLOPs of the GEMMs and the forward convolution the
+    capture's ops carry, fused by Grappler or not. (Its backprop convolutions it counts as
+    if the output kept the input's size: 55296 for this 3x3 VALID filter gradient, where
+    the work is 2 x 576 x 27 = 31104, so those are left out.)"""
+    from tensorflow.python.profiler import model_analyzer, option_builder
+
+    step = _keras_step(1)
+    a, gp = capture_steps("tf", tmp_path / "own", step, iterations=3)
+    graph = step.get_concrete_function().graph
+    options = (
+        option_builder.ProfileOptionBuilder(option_builder.ProfileOptionBuilder.float_operation())
+        .with_empty_output()
+        .build()
+    )
+    counted = {n.name: n.float_ops for n in model_analyzer.profile(graph, options=options).children}
+    kinds = {op.name: op.type for op in graph.get_operations()}
+    theirs = sum(v for k, v in counted.items() if kinds.get(k) in ("MatMul", "Conv2D"))
+    # conv 4x6x6x4 out, 3x3x3 window; dense 144->16, 16->2 on 4 rows: forward, then dx and dW
+    conv, dense = 2 * 576 * 27, 2 * 4 * 144 * 16 + 2 * 4 * 16 * 2
+    assert theirs == conv + 3 * dense == 87168
+    ops = a.ops
+    forward = ops["op_type"].astype(str).str.contains(r"MatMul|Conv2D$", regex=True)
+    assert float(ops.loc[forward, "flops"].sum()) / 3 == theirs
+    fused = ops[ops["op_type"].astype(str).str.contains("Fused")]
+    assert len(fused) >= 2 and (fused["flops"] > 0).all()

@@ -67,6 +67,7 @@ from perfguard.trace.model import (
 from perfguard.trace.names import ITERATION_NAMES
 from perfguard.trace.ranges import finalize_ranges
 from perfguard.trace.site_pass import apply_sites, read_sites, site_details
+from perfguard.trace.tf_graph import with_graph_facts
 from perfguard.trace.tf_names import op_identities
 from perfguard.trace.xevents import DOUBLE_KIND, REF_KIND, TEXT_KINDS, Events, decode_events
 from perfguard.trace.xspace_proto import message_class, xspace_class
@@ -103,14 +104,14 @@ def read_xplane(path: str | Path) -> Trace:
         meta["profiler_errors"] = list(space.errors)[:20]
     costs = space_costs(space, _programs_run(events))
     trace = _with_graph_sites(path, _with_xla_costs(_checked(path, events, planes, meta), costs))
-    return _with_op_identities(trace)
+    return _with_op_identities(with_graph_facts(path, trace))
 
 
 def _with_op_identities(trace: Trace) -> Trace:
     """TensorFlow ops named by their identity across sessions
     (:func:`perfguard.trace.tf_names.op_identities`: ``sequential_5/dense_1_2/BiasAdd`` ->
-    ``sequential/dense/BiasAdd``), the node name kept in ``node_name``. After the call sites,
-    which are tied to the node names."""
+    ``sequential/dense/BiasAdd``), the node name kept in ``node_name``. After the call sites
+    and the graph's shapes, which are tied to the node names."""
     r = trace.ranges
     names = r["name"].astype(object).to_numpy()
     r["node_name"] = pd.Series(names, index=r.index, dtype=object)
@@ -427,6 +428,11 @@ def _trace(events: pd.DataFrame, planes: dict[str, dict[str, Any]], meta: dict[s
     lines = events[events["plane"].isin([HOST_PLANE, CUPTI_PLANE])]
     threads = lines.drop_duplicates("line")
     meta["planes"] = sorted(p for p in planes if p)
+    # the tf.functions the capture ran (``__inference_step_970``): their graphs' shapes are
+    # the ones its ops had (:func:`perfguard.trace.tf_graph.with_graph_facts`)
+    ran = host.loc[(_numbers(host["is_func"]) == 1).to_numpy(bool), "eager_op"].dropna()
+    if len(ran):
+        meta["tf_functions"] = sorted({str(f) for f in ran})
     return Trace(
         ranges=finalize_ranges(ranges),
         api_calls=api_calls,
