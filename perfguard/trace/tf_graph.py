@@ -11,10 +11,12 @@ node as JSON text (``tf_facts``), which :mod:`perfguard.analysis.flops.tensorflo
 
 Grappler rewrites the graph it runs: a ``MatMul -> BiasAdd -> Relu`` chain runs as one
 ``_FusedMatMul`` (oneDNN: ``_MklNativeFusedMatMul``) named after the chain's last node
-(``dense/Relu``). Where the op's runtime type names a fusion of a type its node does not have,
-its facts carry the producer of that type (``core``: the ``MatMul`` a few inputs up), whose
-shapes the contraction's cost needs. Shapes are the graph's static shapes: a dimension the
-trace left unknown (``None``, an ``input_signature`` with a free batch) makes the figure NA.
+(``dense/Relu``); oneDNN runs ``Conv2D -> BiasAdd`` as ``_MklNativeConv2DWithBias`` named
+``BiasAdd`` even with the remapper off. Where the op's runtime type does not name its node's
+type, its facts carry the producer whose type it names (``core``: the ``MatMul`` a few inputs
+up), whose shapes the contraction's cost needs, and the nodes between them (``chain``). Shapes
+are the graph's static shapes: a dimension the trace left unknown (``None``, an
+``input_signature`` with a free batch) makes the figure NA.
 """
 
 from __future__ import annotations
@@ -116,30 +118,41 @@ def _lookup(name: str, nodes: dict[str, dict[str, Any]]) -> dict[str, Any] | Non
 
 
 def facts_of(name: str, op_type: str, nodes: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The facts of node ``name`` run as ``op_type``, with ``core`` for a fusion (module doc)."""
+    """The facts of node ``name`` run as ``op_type``; for a fusion also ``core`` and
+    ``chain``, each with its ``name`` (module doc)."""
     own = _lookup(name, nodes)
     if own is None:
         return None
     out = dict(own)
     node_type = str(own.get("type", ""))
-    if "Fused" in op_type and node_type not in op_type:
-        core = _fused_core(own, op_type, nodes)
-        if core is not None:
-            out["core"] = core
+    if node_type not in op_type:
+        found = _fusion(own, op_type, nodes)
+        if found is not None:
+            out["core"], out["chain"] = found
     return out
 
 
-def _fused_core(
+def _fusion(
     own: dict[str, Any], op_type: str, nodes: dict[str, dict[str, Any]]
-) -> dict[str, Any] | None:
+) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """The nearest producer whose type the fused ``op_type`` names (``MatMul`` in
-    ``_FusedMatMul``), at most :data:`_FUSED_DEPTH` inputs up."""
-    level = [own]
+    ``_FusedMatMul``, ``Conv2D`` in ``_MklNativeConv2DWithBias``), at most
+    :data:`_FUSED_DEPTH` inputs up, and the nodes between it and ``own`` (``BiasAdd`` of
+    ``MatMul -> BiasAdd -> Relu``), each with its name."""
+    level: list[tuple[str, list[str]]] = [("", [])]  # (node name, the names below it)
+    facts = {"": own}
     for _ in range(_FUSED_DEPTH):
-        above = [nodes.get(str(s)) for n in level for s in n.get("src") or ()]
-        level = [n for n in above if n is not None]
-        for n in level:
-            t = str(n.get("type", ""))
-            if t and op_type.endswith(t):
-                return n
+        above = []
+        for name, path in level:
+            for src in facts[name].get("src") or ():
+                node = nodes.get(str(src))
+                if node is None:
+                    continue
+                facts[str(src)] = node
+                t = str(node.get("type", ""))
+                if t and t in op_type:
+                    chain = [{**nodes[n], "name": n} for n in [*path, name] if n]
+                    return {**node, "name": str(src)}, chain
+                above.append((str(src), [*path, name] if name else path))
+        level = above
     return None

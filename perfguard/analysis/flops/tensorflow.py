@@ -2,15 +2,18 @@
 (:mod:`perfguard.trace.tf_graph`: a TF op range's ``tf_facts``).
 
 The conventions are the package's (reference §0, §3): 1 FMA = 2 FLOPs, algorithmic counts;
-bias and activation fused into a GEMM or convolution are not counted there; elementwise ops
-1 FLOP per output element, reductions 1 per input element; bytes are each input read once and
-each output written once. An unknown dimension makes the figure NA, never 0.
+elementwise ops 1 FLOP per output element, reductions 1 per input element; bytes are each
+input read once and each output written once. An unknown dimension makes the figure NA, never
+0. One exception, so that Grappler's rewrites do not move the step's FLOPs: a fused op counts
+the elementwise ops fused after its contraction (the ``BiasAdd`` and ``Relu`` of
+``_FusedMatMul``) as they count unfused, where the aten formulas leave a GEMM's bias out.
 
 An op is costed by its *runtime* type with oneDNN's and Grappler's decorations taken off
 (``_MklNativeFusedMatMul`` -> ``MatMul``, ``_MklNativeConv2DBackpropFilterWithBias`` ->
 ``Conv2DBackpropFilter``), so the same work reads the same FLOPs whether or not a rewrite
-fused it. A fused op's contraction is its ``core`` (the ``MatMul`` the fusion starts from);
-its bytes are the contraction's inputs, the fused op's other inputs (the bias) and its output.
+fused it. A fused op's contraction is its ``core`` (the ``MatMul`` the fusion starts from),
+the ops between them its ``chain``; its bytes are the contraction's inputs, the chain's other
+inputs (the bias) and its output.
 
 * ``MatMul``, ``BatchMatMul*``: ``2 x output elements x K`` (K the contracted size, after
   ``transpose_a``/``adj_x``);
@@ -154,33 +157,45 @@ def _compute(node: Facts) -> str | None:
 # --------------------------------------------------------------------------- contractions
 
 
-def _fused(node: Facts) -> tuple[Facts, int | None]:
-    """The contraction of ``node`` (its fusion's ``core``, else itself) and the op's bytes."""
+def _fused(node: Facts) -> tuple[Facts, int | None, int | None]:
+    """The contraction of ``node`` (its fusion's ``core``, else itself), the op's bytes and
+    the FLOPs of the elementwise ops fused after the contraction (0 unfused)."""
     core = node.get("core")
     if core is None:
-        return node, _bytes(node)
+        return node, _bytes(node), 0
     # the fused op reads the contraction's operands and the chain's other inputs (the bias),
-    # and writes its own output; the contraction's own output stays on chip
-    extra = sum(
-        math.prod(s) * d[1]
-        for i in range(1, len(node.get("in") or []))
-        if (s := _in(node, i)) is not None and (d := _dtype(node, "dt", i)) is not None
+    # and writes its own output; the contraction's and the chain's outputs stay on chip
+    steps = [node, *(node.get("chain") or [])]
+    inner = {str(core.get("name"))} | {str(n.get("name")) for n in steps[1:]}
+    extra: int | None = 0
+    flops: int | None = 0
+    for n in steps:
+        out = _out(n)
+        flops = None if out is None or flops is None else flops + math.prod(out)
+        for i, src in enumerate(n.get("src") or []):
+            shape, dt = _in(n, i), _dtype(n, "dt", i)
+            if str(src) in inner or extra is None:
+                continue
+            extra = None if shape is None or dt is None else extra + math.prod(shape) * dt[1]
+    inputs, written = _tensor_bytes(core, "in"), _tensor_bytes(node, "out")
+    nbytes = (
+        None if inputs is None or written is None or extra is None else inputs + extra + written
     )
-    inputs, out = _tensor_bytes(core, "in"), _tensor_bytes(node, "out")
-    return core, None if inputs is None or out is None else inputs + extra + out
+    return core, nbytes, flops
 
 
 @tf_formula("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 def _matmul(node: Facts) -> OpCost:
-    core, nbytes = _fused(node)
+    core, nbytes, fused = _fused(node)
     a, out = _in(core, 0), _out(core)
-    if a is None or out is None or len(a) < 2:
+    if a is None or out is None or len(a) < 2 or fused is None:
         return unknown(GEMM, "input shape not known in the graph", _compute(core))
     attr = core.get("attr") or {}
     flipped = attr.get("transpose_a") or attr.get("adj_x")
     k = a[-2] if flipped else a[-1]
-    flops = 2 * math.prod(out) * k
-    return OpCost(float(flops), nbytes, _compute(core), "2*out*K (TF graph shapes)", GEMM)
+    flops = 2 * math.prod(out) * k + fused
+    text = "2*out*K" + (" + fused elementwise" if fused else "") + " (TF graph shapes)"
+    return OpCost(float(flops), nbytes, _compute(core), text, GEMM)
 
 
 def _window(filter_shape: Shape) -> int:
@@ -190,21 +205,22 @@ def _window(filter_shape: Shape) -> int:
 
 @tf_formula("Conv2D", "Conv3D")
 def _conv(node: Facts) -> OpCost:
-    core, nbytes = _fused(node)
+    core, nbytes, fused = _fused(node)
     w, out = _in(core, 1), _out(core)
-    if w is None or out is None:
+    if w is None or out is None or fused is None:
         return unknown(CONV, "filter or output shape not known in the graph", _compute(core))
-    flops = 2 * math.prod(out) * _window(w)
-    return OpCost(float(flops), nbytes, _compute(core), "2*out*kh*kw*cin (TF graph shapes)", CONV)
+    flops = 2 * math.prod(out) * _window(w) + fused
+    text = "2*out*kh*kw*cin" + (" + fused elementwise" if fused else "") + " (TF graph shapes)"
+    return OpCost(float(flops), nbytes, _compute(core), text, CONV)
 
 
 @tf_formula("DepthwiseConv2dNative")
 def _depthwise(node: Facts) -> OpCost:
-    core, nbytes = _fused(node)
+    core, nbytes, fused = _fused(node)
     w, out = _in(core, 1), _out(core)
-    if w is None or out is None:
+    if w is None or out is None or fused is None:
         return unknown(CONV, "filter or output shape not known in the graph", _compute(core))
-    flops = 2 * math.prod(out) * math.prod(w[:-2])
+    flops = 2 * math.prod(out) * math.prod(w[:-2]) + fused
     return OpCost(float(flops), nbytes, _compute(core), "2*out*kh*kw (TF graph shapes)", CONV)
 
 
