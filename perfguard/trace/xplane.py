@@ -147,15 +147,21 @@ def _programs_run(events: pd.DataFrame) -> set[tuple[str, int]]:
 
 def _with_xla_costs(trace: Trace, costs: dict[str, Any]) -> Trace:
     """HLO ops get the FLOPs of their instruction (``xla_flops``, from the module's HLO in
-    the capture: :mod:`perfguard.trace.hlo_proto`) and its source line where XLA kept one."""
+    the capture: :mod:`perfguard.trace.hlo_proto`), its source line where XLA kept one, and,
+    for a fusion or call, what it holds in its ``op_type`` (``fusion (dot, add, maximum)``)."""
     r = trace.ranges
     if not costs or r.empty:
         return trace
     hlo = (r["category"] == "hlo_op").to_numpy(bool) if "category" in r else np.zeros(len(r), bool)
     flops = np.full(len(r), np.nan)
     if hlo.any():
-        f, site = range_costs(r["name"].astype(object).to_numpy()[hlo], costs)
+        f, site, held = range_costs(r["name"].astype(object).to_numpy()[hlo], costs)
         flops[hlo] = f
+        if not_none(held).any():  # a fusion's type says what it holds: fusion (dot, add)
+            kind = r["op_type"].astype(object).to_numpy().copy()
+            has = np.flatnonzero(hlo)[not_none(held)]
+            kind[has] = [f"{k} ({h})" for k, h in zip(kind[has], held[not_none(held)], strict=True)]
+            r["op_type"] = coded_text(kind)
         if "call_site" in r and not_none(site).any():
             cs = r["call_site"].astype(object).to_numpy().copy()
             cs[hlo] = np.where(not_none(site), site, cs[hlo])
