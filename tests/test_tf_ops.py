@@ -98,8 +98,18 @@ def test_the_model_called_three_times_is_the_same_ops_three_times(tmp_path: Path
     assert len(ids) >= 8
     assert all(flops_c[i] == 3 * flops_b[i] for i in ids)
     assert c.gates is not None and c.gates.outcome.value == "regressed"
-    assert "flops" in {f.gate for f in c.gates.regressions}
+    gated = {f.gate for f in c.gates.regressions}
+    assert "flops" in gated and "dtypes" not in gated  # one name, several nodes' dtypes
     assert c.outcome.value == "regressed"
+
+
+def test_the_same_step_in_two_sessions_reads_unchanged(tmp_path: Path) -> None:
+    """A/A: the second model of the process runs under other scope numbers
+    (``sequential_3``), its ops are the same ops with the same counters."""
+    first, second = _record(tmp_path / "a", 1), _record(tmp_path / "b", 1)
+    c = compare_records(second, first, tolerance=0.05)
+    assert c.gates is not None and c.gates.outcome.value == "unchanged", c.gates.message
+    assert not set(c.ops["status"]) & {"added", "removed"}
 
 
 @contextmanager

@@ -181,8 +181,20 @@ def _with_tf_costs(r: pd.DataFrame, by_range: pd.DataFrame | None) -> pd.DataFra
     for col, attr in (("compute_dtype", "compute_dtype"), ("flop_formula", "formula")):
         text = out[col].astype(object).to_numpy().copy()
         text[rows] = np.array([getattr(c, attr, None) for c in costs], dtype=object)[codes]
+        if col == "compute_dtype":
+            text[rows] = _every_dtype(r["name"].astype(object).to_numpy()[rows], text[rows])
         out[col] = coded_text(text)
     return out
+
+
+def _every_dtype(names: np.ndarray, dtypes: np.ndarray) -> np.ndarray:
+    """Each TF op's dtypes as those of every call of its name (``fp32, int64``): one name
+    is several nodes (:mod:`perfguard.trace.tf_names`: Adam's ``Add`` of fp32 moments and of
+    its int64 step), and the executor runs them in no fixed order, so the first call's
+    dtype, which an op's dtypes are, would change between runs of the same step."""
+    frame = pd.DataFrame({"n": names, "d": dtypes}).dropna()
+    every = frame.groupby("n")["d"].agg(lambda d: ", ".join(sorted(set(d))))
+    return pd.Series(names, dtype=object).map(every).to_numpy(dtype=object)
 
 
 def _with_xla_flops(r: pd.DataFrame, by_range: pd.DataFrame | None) -> pd.DataFrame:
