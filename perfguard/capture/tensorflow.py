@@ -166,6 +166,8 @@ def graph_facts() -> dict[str, dict[str, dict[str, Any]]]:
                 "odt": [t.dtype.name for t in op.outputs],
                 "attr": attrs,
             }
+            if op.type.endswith("PartitionedCall"):  # the function it runs (model.fit's step)
+                facts[op.name]["fn"] = op.get_attr("f").name
     return found
 
 

@@ -79,17 +79,20 @@ def with_graph_facts(path: Path, trace: Trace) -> Trace:
     """TF op ranges get ``tf_facts`` (JSON text, None where the graphs do not know the
     node: eager ops, the input pipeline's), from the file beside ``path``: the nodes of the
     functions the capture ran (``meta["tf_functions"]``; every function's where it names
-    none), the first that has a name giving its facts. Reads the ranges' node names (``name``
-    before :func:`perfguard.trace.tf_names.op_identities`)."""
+    none) and of the functions they call, the first that has a name giving its facts. Reads
+    the ranges' node names (``name`` before :func:`perfguard.trace.tf_names.op_identities`)."""
     functions = read_graph_facts(path, trace.notes)
     r = trace.ranges
     if not functions or r.empty:
         return trace
-    ran = trace.meta.get("tf_functions") or list(functions)
+    ran = list(trace.meta.get("tf_functions") or functions)
     nodes: dict[str, dict[str, Any]] = {}
-    for function in ran:
+    for function in ran:  # grows with the functions they call (``fn``: model.fit's step)
         for node_name, facts in functions.get(function, {}).items():
             nodes.setdefault(node_name, facts)
+            called = facts.get("fn")
+            if isinstance(called, str) and called in functions and called not in ran:
+                ran.append(called)
     tf = (r["category"] == "tf_op").to_numpy(bool)
     node = r["name"].astype(object).to_numpy()
     kind = r["op_type"].astype(object).to_numpy()
