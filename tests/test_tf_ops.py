@@ -178,3 +178,37 @@ def test_a_grappler_fusion_moves_calls_not_the_steps_flops_and_is_no_improvement
     assert gates is not None
     assert "calls" not in {f.gate for f in gates.improvements}
     assert not {"calls", "flops"} & {f.gate for f in gates.regressions}
+
+
+def test_flops_of_batched_matmul_strided_conv_mean_and_adam_by_hand(tmp_path: Path) -> None:
+    """Op by op against hand counts: a batched matmul with its first operand adjoint
+    (K from the transposed side), a stride-2 SAME convolution (the output's size, not the
+    input's), a mean, and TensorFlow's fused Adam update (14 per element)."""
+    a = tf.random.normal((2, 16, 8), seed=1)
+    b = tf.random.normal((2, 16, 4), seed=2)
+    image = tf.random.normal((1, 9, 9, 3), seed=3)
+    kernel = tf.random.normal((3, 3, 3, 5), seed=4)
+    var, m, v = (tf.Variable(tf.zeros((16, 4))) for _ in range(3))
+    grad = tf.ones((16, 4))
+
+    @tf.function
+    def step() -> Any:
+        prod = tf.linalg.matmul(a, b, adjoint_a=True)  # (2, 8, 4), K = 16
+        conv = tf.nn.conv2d(image, kernel, strides=2, padding="SAME")  # (1, 5, 5, 5)
+        tf.raw_ops.ResourceApplyAdam(
+            var=var.handle, m=m.handle, v=v.handle, beta1_power=0.9, beta2_power=0.999,
+            lr=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7, grad=grad,
+        )  # fmt: skip
+        return tf.reduce_mean(prod) + tf.reduce_mean(conv)
+
+    step()
+    analysis, _ = capture_steps("tf", tmp_path / "ops", step, iterations=2)
+    inst = analysis.instances
+    per_type = inst.groupby(inst["op_type"].astype(str))["flops"].first()
+    matmul = [k for k in per_type.index if "BatchMatMul" in k]
+    conv = [k for k in per_type.index if k.endswith("Conv2D")]
+    assert len(matmul) == 1 and per_type[matmul[0]] == 2 * 2 * 8 * 4 * 16
+    assert len(conv) == 1 and per_type[conv[0]] == 2 * 25 * 5 * 3 * 3 * 3
+    assert per_type["ResourceApplyAdam"] == 14 * 64
+    means = inst.loc[inst["op_type"] == "Mean", "flops"]
+    assert sorted(means.unique()) == [64, 125]
