@@ -109,3 +109,8 @@ def test_fit_under_the_tensorflow_profiler_has_one_iteration_per_batch(tmp_path:
     per_batch = graph.groupby("iteration")["name"].apply(sorted)
     assert len(per_batch) == 3 * EPOCHS and len(per_batch.iloc[0]) >= 10
     assert all(names == per_batch.iloc[0] for names in per_batch)
+    # the step body is a function the step calls (StatefulPartitionedCall): its ops have
+    # their graph's FLOPs; the first layer, 8 -> 4 on 16 rows, its bias and ReLU fused in
+    ops = a.ops.set_index("op_name")
+    (relu,) = [n for n in ops.index if n.endswith("sequential/dense/Relu")]
+    assert ops.loc[relu, "flops"] == 3 * EPOCHS * (2 * BATCH * 8 * 4 + 2 * BATCH * 4)

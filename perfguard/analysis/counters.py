@@ -43,6 +43,18 @@ SYNC_APIS = (
     "cudaMemset", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
     "cuMemcpyDtoH", "cuMemcpyHtoD", "cuMemcpy",
 )  # fmt: skip
+#: A graph compiler (TensorFlow's Grappler, XLA) decides how many ops and kernels a step
+#: runs: a fusion makes three ops one, with the same work. Where a capture's ops are the
+#: compiler's (:data:`COMPILED_FORMATS`; the record's ``meta[COMPILED_OPS]``), a fall of these
+#: counters is not an improvement (a rise still regresses: more dispatches for the same code)
+REWRITE_VARIANT = ("calls", "kernels")
+#: ... and these move between ops as the fusion moves the work (``Relu`` holding the GEMM it
+#: fused), while the step's total stays: per op they gate only when the total moved too
+REWRITE_SPLIT = ("flops", "bytes")
+#: the capture formats whose ops a graph compiler chose (XSpace: TensorFlow, JAX)
+COMPILED_FORMATS = ("xplane", "xprof-json")
+#: the record meta key that says its ops are a graph compiler's
+COMPILED_OPS = "compiled_ops"
 #: framework ops (leaf names) that read a tensor's value on the host
 HOST_READ_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::equal")
 

@@ -20,6 +20,7 @@ import pandas as pd
 from pandas.api.extensions import ExtensionArray
 
 from perfguard.analysis.flops import count_once, op_flops
+from perfguard.analysis.flops.tensorflow import tf_op_cost
 from perfguard.analysis.metrics import gpu_time
 from perfguard.analysis.ops import instance_rows
 from perfguard.analysis.peaks import match_gpu, peak_flops_series, why_unknown
@@ -147,7 +148,53 @@ def range_flops(trace: Trace) -> pd.DataFrame | None:
     by_range = _range_flops(r, shaped) if shaped.any() else None
     if "xla_flops" in r and r["xla_flops"].notna().any():
         by_range = _with_xla_flops(r, by_range)
+    if "tf_facts" in r and r["tf_facts"].notna().any():
+        by_range = _with_tf_costs(r, by_range)
     return by_range
+
+
+def _with_tf_costs(r: pd.DataFrame, by_range: pd.DataFrame | None) -> pd.DataFrame:
+    """TensorFlow graph ops (XSpace) costed from their graph's shapes
+    (:mod:`perfguard.analysis.flops.tensorflow`), once per distinct (type, facts); leaves
+    under the step, nothing to count twice."""
+    out = pd.DataFrame(_no_flops(len(r)), index=r.index) if by_range is None else by_range
+    rows = np.flatnonzero(r["tf_facts"].notna().to_numpy(bool))
+    kind = r["op_type"].astype(object).to_numpy()[rows]
+    facts = r["tf_facts"].astype(object).to_numpy()[rows]
+    codes, pairs = pd.factorize(
+        pd.Series([f"{k}\x1f{f}" for k, f in zip(kind, facts, strict=True)])
+    )
+    costs = [tf_op_cost(*p.split("\x1f", 1)) for p in pairs]
+    known = np.array([c is not None for c in costs] + [False])[codes]
+    rows, codes = rows[known], codes[known]
+    if not len(rows):
+        return out
+    columns = {
+        "flops": np.array([c.flops if c and c.flops is not None else np.nan for c in costs]),
+        "bytes": np.array([c.bytes if c and c.bytes is not None else np.nan for c in costs]),
+    }
+    for col, values in columns.items():
+        v = out[col].to_numpy(np.float64, na_value=np.nan).copy()
+        v[rows] = values[codes]
+        kept = np.where(np.isnan(v), NONE, v if col == "flops" else np.rint(v))
+        out[col] = pd.array(kept, dtype="Float64" if col == "flops" else "Int64")
+    for col, attr in (("compute_dtype", "compute_dtype"), ("flop_formula", "formula")):
+        text = out[col].astype(object).to_numpy().copy()
+        text[rows] = np.array([getattr(c, attr, None) for c in costs], dtype=object)[codes]
+        if col == "compute_dtype":
+            text[rows] = _every_dtype(r["name"].astype(object).to_numpy()[rows], text[rows])
+        out[col] = coded_text(text)
+    return out
+
+
+def _every_dtype(names: np.ndarray, dtypes: np.ndarray) -> np.ndarray:
+    """Each TF op's dtypes as those of every call of its name (``fp32, int64``): one name
+    is several nodes (:mod:`perfguard.trace.tf_names`: Adam's ``Add`` of fp32 moments and of
+    its int64 step), and the executor runs them in no fixed order, so the first call's
+    dtype, which an op's dtypes are, would change between runs of the same step."""
+    frame = pd.DataFrame({"n": names, "d": dtypes}).dropna()
+    every = frame.groupby("n")["d"].agg(lambda d: ", ".join(sorted(set(d))))
+    return pd.Series(names, dtype=object).map(every).to_numpy(dtype=object)
 
 
 def _with_xla_flops(r: pd.DataFrame, by_range: pd.DataFrame | None) -> pd.DataFrame:

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.analysis.call_sites import op_sites
-from perfguard.analysis.counters import op_counters
+from perfguard.analysis.counters import COMPILED_FORMATS, COMPILED_OPS, op_counters
 from perfguard.analysis.instructions import FUNCTION_COLUMNS
 from perfguard.environment import Environment
 
@@ -466,6 +466,8 @@ def record_from_analysis(
     )
     counters = reduce_counters(op_counters_of(analysis), samples, extra_counters or {})
     meta = dict(meta or {})
+    if analysis.trace.meta.get("format") in COMPILED_FORMATS:
+        meta[COMPILED_OPS] = True  # its calls follow the compiler's rewrites (gates)
     sites = call_sites_of(analysis.ops)
     if sites:  # the user's line behind each op: explanations name it (kept with the run)
         meta["call_sites"] = sites

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfguard.analysis.counters import COUNTERS
+from perfguard.analysis.counters import COMPILED_OPS, COUNTERS, REWRITE_SPLIT, REWRITE_VARIANT
 from perfguard.baseline.record import INSTRUCTION_COUNTERS, TestRecord
 from perfguard.compare.explanation import Scalar
 from perfguard.compare.halves import GateFinding, GateVerdict
@@ -260,6 +260,7 @@ def judge_gates(
     checked: list[str] = []
     totals: dict[str, list[float]] = {}
     widened: dict[str, str] = {}
+    compiled = any(r.meta.get(COMPILED_OPS) for r in (current, baseline))  # analysis/counters
     for counter in (*COUNTERS, *WHOLE_TEST):
         budget = budgets.get(counter)
         if not isinstance(budget, Budget) or budget.kind == "off":
@@ -319,9 +320,13 @@ def judge_gates(
             finding = GateFinding(counter, top_op, "", tb, tc, str(budget), msg, whole_test=True)
             if budget.exceeded(tb, tc) and up:
                 worse.append(finding)
-            elif budget.exceeded(tc, tb) and not up:
+            elif (
+                budget.exceeded(tc, tb) and not up and not (compiled and counter in REWRITE_VARIANT)
+            ):
                 better.append(finding)
-        if budget.kind == "rel":
+        if budget.kind == "rel" and not (
+            compiled and counter in REWRITE_SPLIT and not budget.exceeded(tb, tc)
+        ):
             both = ids[(vb > 0) & (vc > 0)]
             for i in both:
                 x, y = float(vb[i]), float(vc[i])

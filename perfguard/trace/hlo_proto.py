@@ -89,6 +89,12 @@ _MESSAGES: list[tuple[str, list[tuple[str, int, str, str, str | None]]]] = [
 _PACKAGE = "perfguard.hlo"
 #: a program's event metadata name on the metadata plane: ``jit_step(6)``
 _PROGRAM = re.compile(r"^(.*)\((\d+)\)$")
+#: opcodes that move or name data without computing: left out of what a fusion holds
+_PLUMBING = frozenset(
+    ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "broadcast", "reshape")
+)
+#: an instruction's FLOPs, its source line and the opcodes it holds (:func:`instruction_costs`)
+Cost = tuple[float, str | None, tuple[str, ...]]
 
 
 @cache
@@ -114,9 +120,11 @@ def hlo_proto_class() -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.HloProto"))
 
 
-def instruction_costs(blob: bytes) -> tuple[str, dict[str, tuple[float, str | None]]]:
-    """``(module name, {instruction name: (FLOPs, "file:line" or None)})`` for the
-    top-level instructions of the entry computation of a serialized ``HloProto``."""
+def instruction_costs(blob: bytes) -> tuple[str, dict[str, Cost]]:
+    """``(module name, {instruction name: (FLOPs, "file:line" or None, held)})`` for the
+    top-level instructions of the entry computation of a serialized ``HloProto``; ``held``:
+    the opcodes a fusion (or call) runs, in order, without :data:`_PLUMBING`, so a report
+    can say what ``fusion.3`` or XLA:CPU's ``ynn_fusion`` is: ``dot, add, maximum``."""
     proto = hlo_proto_class()()
     proto.ParseFromString(blob)
     module = proto.hlo_module
@@ -179,10 +187,21 @@ def instruction_costs(blob: bytes) -> tuple[str, dict[str, tuple[float, str | No
                     return found
         return None
 
-    out: dict[str, tuple[float, str | None]] = {}
+    def held(cid: int, found: dict[str, None], depth: int = 0) -> None:
+        """The opcodes computation ``cid`` runs, through what it calls, in order."""
+        for inner in comps[cid].instructions if cid in comps and depth < 16 else ():
+            if inner.opcode not in _PLUMBING:
+                found.setdefault(inner.opcode, None)
+            for c in inner.called_computation_ids:
+                held(c, found, depth + 1)
+
+    out: dict[str, Cost] = {}
     if entry is not None:
         for ins in entry.instructions:
-            out[ins.name] = (own_flops(ins, local[entry.id], 0), site_of(ins))
+            inside: dict[str, None] = {}
+            for cid in ins.called_computation_ids:
+                held(cid, inside)
+            out[ins.name] = (own_flops(ins, local[entry.id], 0), site_of(ins), tuple(inside))
     return module.name, out
 
 
@@ -212,16 +231,14 @@ def _dot_or_conv(ins: Any, by_id: dict[int, Any]) -> float:
     return 0.0
 
 
-def space_costs(
-    space: Any, ran: set[tuple[str, int]] | None = None
-) -> dict[str, dict[str, tuple[float, str | None]]]:
+def space_costs(space: Any, ran: set[tuple[str, int]] | None = None) -> dict[str, dict[str, Cost]]:
     """Per HLO module name, :func:`instruction_costs` of the program of that name that
     ran in the capture (``ran``: ``(module, program id)`` pairs of the host's HLO op
     events; the metadata plane lists every program the process loaded, named
     ``<module>(<program id>)``, and many share a name: ``jit__lambda``). A module
     name two programs of the capture share (one function run at two shapes) gets no
     FLOPs: the op names cannot tell them apart."""
-    found: dict[str, list[dict[str, tuple[float, str | None]]]] = {}
+    found: dict[str, list[dict[str, Cost]]] = {}
     for plane in space.planes:
         if plane.name != "/host:metadata":
             continue
@@ -241,21 +258,23 @@ def space_costs(
     return {module: c[0] for module, c in found.items() if len(c) == 1}
 
 
-def range_costs(
-    names: Any, costs: dict[str, dict[str, tuple[float, str | None]]]
-) -> tuple[Any, Any]:
-    """``(flops, call site)`` arrays for ranges named ``<module>::<instruction>``
-    (NaN / None where the module's HLO is not in the capture), once per distinct name."""
+def range_costs(names: Any, costs: dict[str, dict[str, Cost]]) -> tuple[Any, Any, Any]:
+    """``(flops, call site, held)`` arrays for ranges named ``<module>::<instruction>``
+    (NaN / None where the module's HLO is not in the capture; ``held`` the text
+    ``dot, add, maximum``, None where the op calls nothing), once per distinct name."""
     codes, uniques = pd.factorize(pd.Series(names, dtype=object))
     flops = np.full(len(uniques), np.nan)
     sites = np.full(len(uniques), None, dtype=object)
+    held = np.full(len(uniques), None, dtype=object)
     for i, u in enumerate(uniques):
         module, sep, op = str(u).partition("::")
         hit = costs.get(module, {}).get(op) if sep else None
         if hit is not None:
-            flops[i], sites[i] = hit
+            flops[i], sites[i] = hit[0], hit[1]
+            held[i] = ", ".join(hit[2]) or None
     ok = codes >= 0
     f = np.full(len(codes), np.nan)
     s = np.full(len(codes), None, dtype=object)
-    f[ok], s[ok] = flops[codes[ok]], sites[codes[ok]]
-    return f, s
+    h = np.full(len(codes), None, dtype=object)
+    f[ok], s[ok], h[ok] = flops[codes[ok]], sites[codes[ok]], held[codes[ok]]
+    return f, s, h

@@ -67,6 +67,8 @@ from perfguard.trace.model import (
 from perfguard.trace.names import ITERATION_NAMES
 from perfguard.trace.ranges import finalize_ranges
 from perfguard.trace.site_pass import apply_sites, read_sites, site_details
+from perfguard.trace.tf_graph import with_graph_facts
+from perfguard.trace.tf_names import op_identities
 from perfguard.trace.xevents import DOUBLE_KIND, REF_KIND, TEXT_KINDS, Events, decode_events
 from perfguard.trace.xspace_proto import message_class, xspace_class
 
@@ -101,7 +103,24 @@ def read_xplane(path: str | Path) -> Trace:
     if space.errors:
         meta["profiler_errors"] = list(space.errors)[:20]
     costs = space_costs(space, _programs_run(events))
-    return _with_graph_sites(path, _with_xla_costs(_checked(path, events, planes, meta), costs))
+    trace = _with_graph_sites(path, _with_xla_costs(_checked(path, events, planes, meta), costs))
+    return _with_op_identities(with_graph_facts(path, trace))
+
+
+def _with_op_identities(trace: Trace) -> Trace:
+    """TensorFlow ops named by their identity across sessions
+    (:func:`perfguard.trace.tf_names.op_identities`: ``sequential_5/dense_1_2/BiasAdd`` ->
+    ``sequential/dense/BiasAdd``), the node name kept in ``node_name``. After the call sites
+    and the graph's shapes, which are tied to the node names."""
+    r = trace.ranges
+    names = r["name"].astype(object).to_numpy()
+    r["node_name"] = pd.Series(names, index=r.index, dtype=object)
+    tf = (r["category"] == "tf_op").to_numpy(bool)
+    if tf.any():
+        names = names.copy()
+        names[tf] = op_identities(pd.Series(names[tf], dtype=object)).to_numpy(dtype=object)
+        r["name"] = coded_text(names)
+    return trace
 
 
 def _with_graph_sites(path: Path, trace: Trace) -> Trace:
@@ -128,15 +147,21 @@ def _programs_run(events: pd.DataFrame) -> set[tuple[str, int]]:
 
 def _with_xla_costs(trace: Trace, costs: dict[str, Any]) -> Trace:
     """HLO ops get the FLOPs of their instruction (``xla_flops``, from the module's HLO in
-    the capture: :mod:`perfguard.trace.hlo_proto`) and its source line where XLA kept one."""
+    the capture: :mod:`perfguard.trace.hlo_proto`), its source line where XLA kept one, and,
+    for a fusion or call, what it holds in its ``op_type`` (``fusion (dot, add, maximum)``)."""
     r = trace.ranges
     if not costs or r.empty:
         return trace
     hlo = (r["category"] == "hlo_op").to_numpy(bool) if "category" in r else np.zeros(len(r), bool)
     flops = np.full(len(r), np.nan)
     if hlo.any():
-        f, site = range_costs(r["name"].astype(object).to_numpy()[hlo], costs)
+        f, site, held = range_costs(r["name"].astype(object).to_numpy()[hlo], costs)
         flops[hlo] = f
+        if not_none(held).any():  # a fusion's type says what it holds: fusion (dot, add)
+            kind = r["op_type"].astype(object).to_numpy().copy()
+            has = np.flatnonzero(hlo)[not_none(held)]
+            kind[has] = [f"{k} ({h})" for k, h in zip(kind[has], held[not_none(held)], strict=True)]
+            r["op_type"] = coded_text(kind)
         if "call_site" in r and not_none(site).any():
             cs = r["call_site"].astype(object).to_numpy().copy()
             cs[hlo] = np.where(not_none(site), site, cs[hlo])
@@ -366,7 +391,7 @@ def read_xprof_json(path: str | Path) -> Trace:
     ).join(args)
     planes: dict[str, dict[str, Any]] = {name: {} for name in plane_of.values()}
     meta = {"format": "xprof-json", "version": "chrome-trace", "path": str(path)}
-    return _checked(path, events, planes, meta)
+    return _with_op_identities(_checked(path, events, planes, meta))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,6 +434,11 @@ def _trace(events: pd.DataFrame, planes: dict[str, dict[str, Any]], meta: dict[s
     lines = events[events["plane"].isin([HOST_PLANE, CUPTI_PLANE])]
     threads = lines.drop_duplicates("line")
     meta["planes"] = sorted(p for p in planes if p)
+    # the tf.functions the capture ran (``__inference_step_970``): their graphs' shapes are
+    # the ones its ops had (:func:`perfguard.trace.tf_graph.with_graph_facts`)
+    ran = host.loc[(_numbers(host["is_func"]) == 1).to_numpy(bool), "eager_op"].dropna()
+    if len(ran):
+        meta["tf_functions"] = sorted({str(f) for f in ran})
     return Trace(
         ranges=finalize_ranges(ranges),
         api_calls=api_calls,
