@@ -137,6 +137,8 @@ class StepCosts:
         values = self.op_time(side) if not counter else self.counter(side, counter)
         ids = values.index.astype(str)
         inside = values[(ids == op_id) | ids.str.startswith(op_id + "/")].dropna()
+        if not counter:
+            inside = inside[inside > 0]  # a time of 0 is none the capture gave
         return float(inside.sum()) if len(inside) else None
 
     def total(self, counter: str) -> float:
@@ -161,8 +163,10 @@ class StepCosts:
         total = 0.0
         for op in _top_most([str(i) for i in diff.index]):
             t, n = float(times.get(op, math.nan)), float(units.get(op, 0.0))
-            if n > 0 and not math.isfinite(t):
-                return math.nan  # an op the capture timed not: its cost cannot be read
+            if n > 0 and not (math.isfinite(t) and t > 0):
+                # an op the capture did not time, or timed as 0 (an aten op fused into a
+                # compiled kernel, whose time is the kernel's): its cost cannot be read
+                return math.nan
             if n > 0:
                 total += t * float(diff[op]) / n
         return total
