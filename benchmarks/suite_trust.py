@@ -418,7 +418,8 @@ def make_project(project: Path, frameworks: bool) -> None:
 
 def comment_commit(project: Path, label: str) -> str:
     """A commit that changes a comment only: code the same, a new sha."""
-    (project / "notes.py").write_text(f"# {label}\n")
+    # the time too: a session stopped after its commit would otherwise repeat the text
+    (project / "notes.py").write_text(f"# {label} ({time.time_ns()})\n")
     git(project, "commit", "-qam", label)
     return git(project, "rev-parse", "HEAD")
 

@@ -31,7 +31,7 @@ import pandas as pd
 from perfguard.baseline.record import MACHINE_EVIDENCE
 from perfguard.compare.counter_steps import numeric_steps, set_steps
 from perfguard.compare.history import ChangePoint, OpMove, find_change_points
-from perfguard.compare.timing import judge_store
+from perfguard.compare.timing import judge_store, machine_notes
 from perfguard.compare.tolerance import ALPHA, TOLERANCE
 from perfguard.compare.units import human
 from perfguard.publish.data import StoreTables
@@ -466,6 +466,8 @@ def _points_key(levels: pd.DataFrame, op_levels: pd.DataFrame, names: dict[str, 
     h.update(levels["run_id"].to_numpy(np.int64).tobytes())
     h.update("\0".join(levels["commit"]).encode())
     h.update(levels["value"].to_numpy(np.float64).tobytes())
+    if "machine" in levels.columns:  # which runs the search leaves out
+        h.update("\0".join(levels["machine"].astype(str)).encode())
     h.update(repr([list(map(str, op_levels.columns)), names]).encode())
     h.update(np.ascontiguousarray(op_levels.to_numpy(np.float64)).tobytes())
     return h.hexdigest()[:32]
@@ -495,6 +497,11 @@ def analyse(
     op_levels, names = _op_levels(s)
     levels = pd.DataFrame({"run_id": s.runs["run_id"], "commit": s.runs["commit"].astype(str),
                            "value": s.runs["level"]})  # fmt: skip
+    if {"speed_ns", "wait"} <= set(s.runs.columns):
+        # a run the machine explains makes no change point by itself, as in `history`
+        notes = machine_notes(s.metric, s.runs["speed_ns"].to_numpy(np.float64),
+                              s.runs["wait"].to_numpy(np.float64))  # fmt: skip
+        levels = levels.assign(machine=notes)
     key = _points_key(levels, op_levels, names)
     if known is not None and known.get("key") == key:
         points = points_from_json(known["points"])
