@@ -99,6 +99,8 @@ class TestVerdict:
     ci_low_pct: float | None = None
     ci_high_pct: float | None = None
     gates: list[dict[str, Any]] = field(default_factory=list)  # the findings that fired
+    #: the explanation's first culprit, with the user's line (what changed, and where)
+    culprit: str = ""
 
 
 @dataclass
@@ -245,6 +247,8 @@ def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
         decided_by=str(decided), message=str(entry.get("message") or ""),
         delta_pct=timing.get("delta_pct"), ci_low_pct=timing.get("ci_low_pct"),
         ci_high_pct=timing.get("ci_high_pct"), gates=fired,
+        culprit=str(((entry.get("explanation") or {}).get("culprits") or [{}])[0].get("text")
+                    or ""),
     )  # fmt: skip
 
 
@@ -491,11 +495,22 @@ def _step_line(step: Step) -> str:
             f"{step.subject[:50]}: {tests}")  # fmt: skip
 
 
+def _culprits(result: BisectResult) -> list[str]:
+    """The first bad commit's culprits, one per test it regressed: what changed, at which
+    line (the judge's first culprit at that step)."""
+    step = next((s for s in result.steps if s.commit == result.first_bad), None)
+    if step is None:
+        return []
+    return [f"{t.nodeid}: {t.culprit}" for t in step.tests if t.culprit and t.decided_by ==
+            "regressed"]  # fmt: skip
+
+
 def format_text(result: BisectResult) -> str:
     """The terminal report: the answer first, then each step's evidence."""
     lines = []
     if result.first_bad:
         lines.append(f"first bad commit: {result.first_bad} {result.subject}")
+        lines += [f"  {c}" for c in _culprits(result)]
     elif result.candidates:
         lines.append("skipped commits hide the first bad one; it is one of: "
                      + ", ".join(c[:12] for c in result.candidates))  # fmt: skip
@@ -513,6 +528,9 @@ def format_markdown(result: BisectResult) -> str:
     head = (f"**First bad commit:** `{result.first_bad[:12]}` {result.subject}"
             if result.first_bad else "**No single first bad commit** (skipped commits): "
             + ", ".join(f"`{c[:12]}`" for c in result.candidates))  # fmt: skip
+    culprits = _culprits(result)
+    if culprits:
+        head += "\n\n" + "\n".join(f"- {c}" for c in culprits)
     rows = ["| commit | subject | mark | mode | evidence |", "|---|---|---|---|---|"]
     for s in result.steps:
         ev = "<br>".join(f"`{t.nodeid}`: {_evidence(t)}" for t in s.tests) or s.note

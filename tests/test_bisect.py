@@ -69,6 +69,9 @@ def test_bisect_over_16_stored_commits_finds_the_regression(history, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     bad = shas[bisect_repo.REGRESSION]
     assert f"first bad commit: {bad} commit {bisect_repo.REGRESSION}:" in done.stdout
+    # and what it changed, at the user's line: the `.item()` the regression added
+    culprit = done.stdout.split("first bad commit:", 1)[1].splitlines()[1]
+    assert bisect_repo.NODEID in culprit and "test_bench.py:" in culprit, done.stdout
     doc = json.loads((out / "bisect.json").read_text())
     assert doc["first_bad"] == bad and doc["selected"] == [bisect_repo.NODEID]
     steps = {s["commit"]: s for s in doc["steps"]}
