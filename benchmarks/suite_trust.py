@@ -396,8 +396,13 @@ def test_jax_softmax(gpuprofile):
 
 
 def git(project: Path, *args: str) -> str:
+    """git in the project's own repository, never one around it (``--git-dir``: a project
+    whose ``.git`` went missing must fail here, not commit into the repository it lies in)."""
+    where = ["--git-dir", str(project / ".git"), "--work-tree", str(project)]
+    if args[:1] == ("init",):
+        where = []
     done = subprocess.run(
-        ["git", "-c", "user.name=b", "-c", "user.email=b@b", *args],
+        ["git", *where, "-c", "user.name=b", "-c", "user.email=b@b", *args],
         cwd=project, check=True, capture_output=True, text=True,
     )  # fmt: skip
     return done.stdout.strip()
@@ -410,6 +415,9 @@ def make_project(project: Path, frameworks: bool) -> None:
         (project / "test_tf_steps.py").write_text(TF_TESTS)
         (project / "test_jax_steps.py").write_text(JAX_TESTS)
     (project / "extra.json").write_text("{}\n")
+    # the project's own ini: pytest's rootdir is the project even where it lies inside
+    # another (this repository's benchmarks/out), as a real project's is
+    (project / "pytest.ini").write_text("[pytest]\n")
     (project / "notes.py").write_text("# session 0\n")
     git(project, "init", "-q", "-b", "main")
     git(project, "add", ".")
