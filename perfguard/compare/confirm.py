@@ -91,8 +91,9 @@ def confirmed(
 
 def wants_confirmation(timing: TimingVerdict | None, gates_regressed: bool) -> bool:
     """Whether a verdict's timing should be measured again on this machine: a store-mode
-    timing that reads ``regressed`` or ``noisy`` and is not already failed by the gates
-    (their counters do not depend on the machine)."""
+    timing that reads ``regressed``, ``noisy`` or ``improved`` (a speed-up the machine made
+    is as false as a slowdown) and is not already failed by the gates (their counters do
+    not depend on the machine)."""
     if timing is None or timing.mode != "store" or gates_regressed:
         return False
-    return timing.outcome in (Outcome.REGRESSED, Outcome.NOISY)
+    return timing.outcome in (Outcome.REGRESSED, Outcome.NOISY, Outcome.IMPROVED)

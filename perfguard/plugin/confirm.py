@@ -115,8 +115,10 @@ class Confirmer:
     def later(
         self, comparison: TestComparison, rejudge: Callable[[Confirmation], TestEntry]
     ) -> None:
-        """Keep a ``noisy`` timing for :meth:`finish` (one A/B run for all of them)."""
-        if self._wanted(comparison) is not None and comparison.timing.outcome is Outcome.NOISY:
+        """Keep a ``noisy`` (or ``improved``) timing for :meth:`finish` (one A/B run for all
+        of them)."""
+        wait = (Outcome.NOISY, Outcome.IMPROVED)
+        if self._wanted(comparison) is not None and comparison.timing.outcome in wait:
             self._later[comparison.nodeid] = (comparison, rejudge)
 
     def finish(self) -> list[TestEntry]:

@@ -121,9 +121,9 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "0: no auto-sampling"),
     ("perfguard_confirm_budget", "--perfguard-confirm-budget", "string",
      "store mode: seconds the session may spend measuring a test whose timing reads "
-     "regressed or noisy again, A/B against its baseline commit on this machine (a timing "
-     f"regression fails only when that confirms it); default {DEFAULT_CONFIRM_BUDGET:g}, "
-     "0: off"),
+     "regressed, noisy or improved again, A/B against its baseline commit on this machine "
+     f"(a timing regression fails only when that confirms it); default "
+     f"{DEFAULT_CONFIRM_BUDGET:g}, 0: off"),
     ("perfguard_metric", "--perfguard-metric", "string",
      "instructions: also count each measured test's host instructions under Valgrind's "
      "Callgrind (one child for the session) and gate them (default budget 0.15%); "
