@@ -206,13 +206,9 @@ def weigh(finding: GateFinding, costs: StepCosts) -> GateFinding:
     step = costs.step_ns
     if gate == "kernel_set":
         ns = _kernel_time(costs, finding)
-    elif finding.whole_test:
-        # the step's count moved: what the ops that grew cost, less what the ops that shrank
-        # saved (a refactor that swaps addmm for matmul + add moves calls, not time)
-        grew, shrank = costs.moved_time(gate, None, True), costs.moved_time(gate, None, False)
-        ns = max((grew - shrank) if up else (shrank - grew), 0.0)
     else:
-        ns = costs.moved_time(gate, [finding.op_name], up)
+        ops = None if finding.whole_test else [finding.op_name]
+        ns = costs.moved_time(gate, ops, up)
     share = ns / step if step > 0 else math.nan
     return replace(finding, cost_pct=_pct(share), cost_basis="time")
 
