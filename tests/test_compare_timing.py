@@ -124,10 +124,17 @@ def test_a_session_on_a_slower_machine_is_not_called_regressed(rng: np.random.Ge
     v = judge_store(base * 2.5, base, history, metric="wall_time", tolerance=0.05,
                     alpha=0.01, speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip
     assert v.outcome is Outcome.REGRESSED
-    # a faster machine does not make unchanged code "improved"
+    # a faster machine does not make unchanged code "improved": it is not slower, and the
+    # verdict says the machine was faster
     v = judge_store(base / 1.3, base, history, metric="wall_time", tolerance=0.05,
                     alpha=0.01, speed_ns=0.77e6, baseline_speed_ns=1.0e6)  # fmt: skip
-    assert v.outcome is Outcome.NOISY and "faster than when the baseline" in v.message
+    assert v.outcome is Outcome.UNCHANGED
+    assert "not slower by the tolerance 5%" in v.message
+    assert "faster than for the baseline" in v.message
+    # a slower machine: the same rounds slowed by what the machine explains read noisy
+    v = judge_store(base * 1.3, base, history, metric="wall_time", tolerance=0.05,
+                    alpha=0.01, speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    assert v.outcome is Outcome.NOISY and "slower than when the baseline" in v.message
     # GPU kernel time: the host's speed does not enter
     v = judge_store(slowed, base, history, metric="gpu_time", tolerance=0.05, alpha=0.01,
                     speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip

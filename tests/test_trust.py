@@ -18,12 +18,13 @@ import sys
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 
 from perfguard.compare.halves import GateVerdict
 from perfguard.compare.judge import combine
 from perfguard.compare.outcomes import Outcome
-from perfguard.compare.timing import not_judged
+from perfguard.compare.timing import judge_ab, not_judged
 
 STEP = """
 import os
@@ -171,6 +172,31 @@ def test_improved_needs_no_significant_slowdown() -> None:
     assert combine(rose, fell) is Outcome.NOISY
     flat = msgspec.structs.replace(rose, ci_low_pct=-3.0)
     assert combine(flat, fell) is Outcome.IMPROVED
+
+
+def test_red_needs_an_interval_that_resolves_the_tolerance() -> None:
+    """Pairs that spread as loaded pairs do (SD about 6 %): a +9.7 % whose 99 % interval
+    starts just above zero is what noise makes of a costless change, so it reads noisy;
+    +18 % whose low end clears the tolerance is a regression; an interval whose high end is
+    below the tolerance rules out the slowdown, however wide it is on the fast side."""
+    base = np.full(12, 1.0e6)
+    d = np.array([0.16, 0.0, 0.13, 0.01, 0.12, 0.03, 0.14, -0.01, 0.10, 0.02, 0.12, 0.01])
+
+    def judged(shift: float):  # type: ignore[no-untyped-def]
+        head = base * np.exp(d + shift)
+        return judge_ab(base, head, metric="wall_time", tolerance=0.05, alpha=0.01)
+
+    edge = judged(0.025)
+    assert edge.ci_low_pct is not None and 0 < edge.ci_low_pct < 5 < edge.delta_pct
+    assert edge.outcome is Outcome.NOISY
+    clear = judged(0.1)
+    assert clear.ci_low_pct is not None and clear.ci_low_pct > 5
+    assert clear.outcome is Outcome.REGRESSED
+    fast = judged(-0.13)
+    assert fast.ci_high_pct is not None and fast.ci_low_pct is not None
+    assert fast.ci_high_pct < 5 and fast.ci_high_pct - fast.ci_low_pct > 10
+    assert fast.outcome is Outcome.UNCHANGED
+    assert "not slower by the tolerance 5%" in fast.message
 
 
 def test_runs_the_machine_explains_make_no_change_point_by_themselves() -> None:

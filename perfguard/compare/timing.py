@@ -163,12 +163,29 @@ def _pct(log_ratio: float) -> float:
 
 
 def _decide(lo: float, hi: float, delta: float, tolerance: float, noisy: bool) -> Outcome:
+    """The timing's outcome from its interval (log scale); ``noisy``: the measurement is
+    not to be trusted at the tolerance's size (its rounds spread, the machine was busy).
+
+    Red must mean slower (issue 55): a change beyond the tolerance whose interval lies
+    above zero is a regression only where the interval resolves the tolerance (half as
+    wide as it or less), or where even its low end is beyond it. A wide interval whose
+    low end is barely above zero is what a burst of load makes of a change worth nothing
+    (two costless catalogue changes confirmed at +5.8 % [+0.1, +11.7] and +7.0 % [+0.5,
+    +13.9] over 12 loaded A/B pairs); it reads ``noisy``. Green must mean not slower: an
+    interval whose high end is below the tolerance rules out a slowdown of its size
+    however wide it is on the fast side, so it reads ``unchanged`` rather than ``noisy``.
+    """
     tol = math.log1p(tolerance)
-    if math.isfinite(lo) and lo > 0 and delta > tol:
+    wide = not (math.isfinite(lo) and math.isfinite(hi)) or (hi - lo) / 2 > tol
+    if math.isfinite(lo) and lo > 0 and delta > tol and (not wide or lo > tol):
         return Outcome.REGRESSED
-    if math.isfinite(hi) and hi < 0 and delta < -tol:
+    if math.isfinite(hi) and hi < 0 and delta < -tol and (not wide or hi < -tol):
         return Outcome.IMPROVED
-    return Outcome.NOISY if noisy else Outcome.UNCHANGED
+    if noisy and not (math.isfinite(hi) and hi < tol):
+        return Outcome.NOISY
+    if wide and math.isfinite(lo) and lo > 0:  # slower, by how much it cannot tell
+        return Outcome.NOISY
+    return Outcome.UNCHANGED
 
 
 def judge_store(
@@ -446,6 +463,19 @@ def _with_message(
         why = (
             f"too noisy to resolve a {tolerance} change: rounds spread "
             f"{percent(v.spread_pct)}, smallest change this run can see {threshold}"
+        )
+    elif (v.threshold_pct or 0.0) > (v.tolerance_pct or 0.0) and v.ci_high_pct is not None:
+        machine = ""
+        if busy and math.isfinite(speed) and abs(speed) > SPEED_DIFF:
+            machine = (
+                f" (the machine ran a fixed reference workload "
+                f"{percent(100 * math.expm1(abs(speed)), digits=0)} "
+                f"{'slower' if speed > 0 else 'faster'} than for the baseline)"
+            )
+        why = (
+            f"not slower by the tolerance {tolerance}: the interval's high end "
+            f"{percent(v.ci_high_pct, True)} is below it, though the run could not resolve a "
+            f"change smaller than {threshold} either way{machine}"
         )
     else:
         why = f"within the threshold {threshold} (tolerance {tolerance})"

@@ -44,7 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfguard.baseline.record import PAIR_STATISTIC
+import numpy as np
+
+from perfguard.baseline.record import PAIR_STATISTIC, round_value
 from perfguard.forking import FORK_UNSAFE
 from perfguard.plugin.forkserver import ForkServer, preload_names
 from perfguard.plugin.options import AB_CHILD_ROUNDS
@@ -64,6 +66,10 @@ AB_TIMING_ONLY_ENV = "PERFGUARD_AB_TIMING_ONLY"
 #: a fork server restarts to preload what its children imported at most this often,
 #: and only for at least this many new modules (one restart costs an import of them)
 MAX_SERVER_RESTARTS = 2
+#: auto-sampling looks at a test's interval after every this many extra pairs, not after
+#: each: every look is a chance for noise to read as a change (optional stopping), so a
+#: few looks keep a red verdict's false-alarm rate near its interval's level
+AB_LOOK_EVERY = 3
 MIN_NEW_MODULES = 20
 
 
@@ -468,8 +474,10 @@ class ABRunner:
             self._progress(2 * (k + 1), 2 * pairs, nodeids, status, pair_done=True)
         deadline = time.monotonic() + budget
         done = pairs
+        todo = nodeids
         while budget > 0 and done < max_pairs and time.monotonic() < deadline:
-            todo = [n for n in nodeids if unresolved(n, self.results[n])]
+            if (done - pairs) % AB_LOOK_EVERY == 0:  # a look: who is still unresolved
+                todo = [n for n in todo if unresolved(n, self.results[n])]
             if not todo:
                 break
             index = self._one_pair(todo, done, index)
@@ -480,6 +488,23 @@ class ABRunner:
         if budget > 0 and done > pairs:
             self.notes.append(f"A/B auto-sampling: {done} pairs for the unresolved test(s)")
         return self.results
+
+
+def pair_values(ab: TestAB) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each pair's value per side (ns), paired by index: a child's timed steps reduced as
+    :func:`~perfguard.baseline.record.merge_rounds` makes a round of them. None while a
+    side failed or has no pair yet."""
+    if ab.base.failure or ab.head.failure or not ab.base.records or not ab.head.records:
+        return None
+    metric = ab.head.records[0].metric
+
+    def value(r: Any) -> float:
+        return round_value(r.values(metric), metric, r.meta.get("round_statistic"))
+
+    a = np.array([value(r) for r in ab.base.records])
+    b = np.array([value(r) for r in ab.head.records])
+    n = min(len(a), len(b))
+    return a[:n], b[:n]
 
 
 @dataclass

@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from perfguard.baseline.git import common_dir, prepare_worktree
-from perfguard.baseline.record import round_value
 from perfguard.compare.comparison import TestComparison
 from perfguard.compare.confirm import Confirmation, wants_confirmation
 from perfguard.compare.outcomes import Outcome
@@ -35,7 +34,7 @@ from perfguard.compare.results import TestEntry
 from perfguard.compare.timing import ab_resolved, judge_ab
 from perfguard.compare.tolerance import ALPHA
 from perfguard.errors import PerfguardError
-from perfguard.plugin.ab import ABRunner, TestAB
+from perfguard.plugin.ab import ABRunner, TestAB, pair_values
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.options import plugin_args
 
@@ -171,17 +170,16 @@ class Confirmer:
             if why:
                 out[n] = Confirmation(commit, unavailable=why)
             else:
-                base, head = _values(ab)
+                base, head = pair_values(ab) or (np.zeros(0), np.zeros(0))
                 out[n] = Confirmation(commit, base=base, head=head, in_turn=True)
         return out
 
     def _unresolved(self, sides: TestAB, comparison: TestComparison) -> bool:
-        if _lost(sides):
+        values = None if _lost(sides) else pair_values(sides)
+        if values is None:
             return False
-        base, head = _values(sides)
-        n = min(len(base), len(head))
         tol = (comparison.timing.tolerance_pct or 5.0) / 100.0
-        so_far = judge_ab(base[:n], head[:n], metric=comparison.timing.metric, tolerance=tol,
+        so_far = judge_ab(*values, metric=comparison.timing.metric, tolerance=tol,
                           alpha=comparison.alpha or ALPHA)  # fmt: skip
         return not ab_resolved(so_far, tol)
 
@@ -227,17 +225,3 @@ def _lost(ab: TestAB) -> str:
         if not side.records:
             return f"no A/B pair reported the test in {label} ({side.crash or 'lost'})"
     return ""
-
-
-def _values(ab: TestAB) -> tuple[np.ndarray, np.ndarray]:
-    """Each pair's value per side: its timed steps reduced as the pair child reduces them."""
-
-    def value(r: object) -> float:
-        metric = r.metric  # type: ignore[attr-defined]
-        how = r.meta.get("round_statistic")  # type: ignore[attr-defined]
-        return round_value(r.values(metric), metric, how)  # type: ignore[attr-defined]
-
-    base = np.array([value(r) for r in ab.base.records])
-    head = np.array([value(r) for r in ab.head.records])
-    n = min(len(base), len(head))
-    return base[:n], head[:n]

@@ -17,11 +17,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from perfguard.baseline.git import common_dir, prepare_worktree
-from perfguard.baseline.record import merge_rounds, round_value
+from perfguard.baseline.record import merge_rounds
 from perfguard.compare.against import settings_for
 from perfguard.compare.judge import Against
 from perfguard.compare.timing import ab_resolved, judge_ab
@@ -38,6 +37,7 @@ from perfguard.plugin.ab import (
     RoundOutput,
     TestAB,
     foreign_modules,
+    pair_values,
     tree_lead,
     write_round_output,
 )
@@ -181,19 +181,11 @@ class Coordinator:
 
     def _verdict(self, ab: TestAB) -> Any:
         """The timing verdict of the pairs measured so far (None while a side has none)."""
-        if ab.base.failure or ab.head.failure or not ab.base.records or not ab.head.records:
+        values = pair_values(ab)
+        if values is None:
             return None
-        metric = ab.head.records[0].metric
-
-        # a child's value: its timing iterations reduced as merge_rounds makes a round of them
-        def value(r: Any) -> float:
-            return round_value(r.values(metric), metric, r.meta.get("round_statistic"))
-
-        a = np.array([value(r) for r in ab.base.records])
-        b = np.array([value(r) for r in ab.head.records])
-        n = min(len(a), len(b))
-        return judge_ab(a[:n], b[:n], metric=metric, tolerance=self._tolerance(ab),
-                        alpha=ALPHA)  # fmt: skip
+        return judge_ab(*values, metric=ab.head.records[0].metric,
+                        tolerance=self._tolerance(ab), alpha=ALPHA)  # fmt: skip
 
     def _tolerance(self, ab: TestAB) -> float:
         """The test's own tolerance (its marker's, else the session's), as the final judge
