@@ -162,6 +162,49 @@ def test_confirmation_fails_a_real_slowdown_and_clears_the_machines(project: Pat
         assert stored.startswith("not confirmed") or stored.startswith("not resolved"), stored
 
 
+SPLIT = """
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+@pytest.mark.gpuprofile(iterations=10)
+def test_step(gpuprofile):
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    x, w1, b1 = torch.randn(16, 256), torch.randn(256, 256), torch.randn(256)
+    w2, b2 = torch.randn(8, 256), torch.randn(8)
+    for _ in gpuprofile.iterations():
+        y = F.linear(x, w1, b1)
+        h = {head}
+        sum(i * i for i in range({work}))  # Python work beside the ops
+"""
+
+
+def test_a_fused_op_split_into_its_parts_is_not_an_improvement(project: Path) -> None:
+    """A model's small head written as matmul + add instead of ``F.linear`` (the culprit
+    catalogue's addmm_split): the step's op calls fall, and Δcalls × ``aten::linear``'s
+    time per call (averaged with the large projection) read as most of the step saved,
+    so the gates read ``improved``. The step did not get faster (here: more Python work
+    beside it), so that saving is set against what was added and shown, not counted."""
+    (project / "test_step.py").write_text(
+        SPLIT.format(head="F.linear(y, w2, b2)", work=2000), encoding="utf-8"
+    )
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "linear head")
+    assert session(project, "--perfguard-save", "--perfguard-confirm-budget=0")["_rc"] == 0
+    split = SPLIT.format(head="y @ w2.t() + b2", work=8000)
+    (project / "test_step.py").write_text(split, encoding="utf-8")
+    git(project, "commit", "-qam", "split head")
+    e = entry(session(project, "--perfguard-confirm-budget=0"))
+    gates = e["gates"]
+    assert gates["outcome"] != "improved", gates["message"]
+    offset = [f for f in gates["immaterial"] if f["cost_basis"] == "net time"]
+    assert offset and offset[0]["gate"] == "calls", gates["immaterial"]
+    assert "net of the ops it added" in gates["message"]
+    assert e["outcome"] != "improved", e["message"]
+
+
 def test_improved_needs_no_significant_slowdown() -> None:
     """Op calls that fell while the time rose significantly: the outcome follows the time."""
     rose = msgspec.structs.replace(

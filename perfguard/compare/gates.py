@@ -39,7 +39,7 @@ kernels then, and say so; op calls, FLOPs, bytes, syncs and dtypes still gate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,7 @@ from perfguard.compare.host_functions import explain_move, layout_floor
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.tolerance import parse_tolerance
 from perfguard.compare.units import count, human, percent
-from perfguard.compare.weigh import StepCosts, material, weigh
+from perfguard.compare.weigh import BY_SIZE, SIZE_SHARE, StepCosts, material, weigh
 
 #: the defaults, chosen so that the changes a reviewer always wants to hear about
 #: fail (a new sync, a lost Tensor Core path, more launches or copies, an op whose
@@ -376,7 +376,15 @@ def _weighed(
     tolerance: float,
 ) -> tuple[list[GateFinding], list[GateFinding], list[GateFinding]]:
     """The findings with their costs, split into those that count and those that cost
-    nothing measurable (:mod:`perfguard.compare.weigh`)."""
+    nothing measurable (:mod:`perfguard.compare.weigh`).
+
+    A time an improvement saves is set against the time of every op the change added or
+    grew: ``nn.Linear``'s addmm written as ``matmul`` + ``add`` lowered the step's op
+    calls 40 → 38, which weighed by the removed ops' time alone read ``improved`` in the
+    culprit catalogue (the addmm_split case) though the new ops took that time back.
+    What is left after the offset must itself pass the tolerance. Likewise a
+    FLOPs or bytes improvement of one op counts only where the step's total fell by the
+    budget: the split op's FLOPs had moved to its parts."""
     keep: tuple[list[GateFinding], list[GateFinding]] = ([], [])
     immaterial: list[GateFinding] = []
     for found, kept in ((worse, keep[0]), (better, keep[1])):
@@ -385,10 +393,27 @@ def _weighed(
             # a dtype is weighed by the bytes it moves: against the bytes gate's budget
             budget = budgets.get("bytes" if f.gate == "dtypes" else f.gate)
             rel = budget.value if isinstance(budget, Budget) and budget.kind == "rel" else None
-            if material(weighed, tolerance, rel, is_strict(budgets, f.gate)):
+            strict = is_strict(budgets, f.gate)
+            share = rel if rel is not None else SIZE_SHARE
+            moved_only = found is better and weighed.cost_basis in BY_SIZE and not strict
+            moved_only = moved_only and costs.fell(weighed.cost_basis) < share
+            if material(weighed, tolerance, rel, strict) and not moved_only:
                 kept.append(weighed)
             else:
                 immaterial.append(weighed)
+    saved = [
+        f
+        for f in keep[1]
+        if f.gate in ("calls", "kernels") and f.cost_basis == "time"
+        if not is_strict(budgets, f.gate)
+    ]
+    nets = {f.gate: costs.net_saved(f.gate) for f in saved}
+    offset = [f for f in saved if nets[f.gate] < tolerance]
+    if offset:  # the ops it added or grew took back what it saved
+        immaterial.extend(
+            replace(f, cost_pct=100 * max(nets[f.gate], 0.0), cost_basis="net time") for f in offset
+        )
+        keep = (keep[0], [f for f in keep[1] if f not in offset])
     return keep[0], keep[1], immaterial
 
 
@@ -396,8 +421,13 @@ def cost_text(finding: GateFinding) -> str:
     """``0.4 % of the step's time`` (or its bytes, FLOPs): what a finding was weighed by."""
     if finding.cost_pct is None:
         return ""
-    what = {"time": "time", "bytes": "bytes", "flops": "FLOPs",
-            "memcpy_bytes": "memcpy bytes"}.get(finding.cost_basis, finding.cost_basis)  # fmt: skip
+    what = {
+        "time": "time",
+        "net time": "time, net of the ops it added",
+        "bytes": "bytes",
+        "flops": "FLOPs",
+        "memcpy_bytes": "memcpy bytes",
+    }.get(finding.cost_basis, finding.cost_basis)
     return f"{percent(finding.cost_pct, digits=None)} of the step's {what}"
 
 

@@ -83,7 +83,8 @@ class GateFinding:
     #: what the change costs, as a share of the step (%): its ops' time, or its FLOPs or
     #: bytes against the step's (:mod:`perfguard.compare.weigh`); None where not weighed
     cost_pct: float | None = None
-    #: how the cost was read ("time", "flops", "bytes", "kind", "strict", "total")
+    #: how the cost was read ("time", "flops", "bytes", "kind", "strict", "total"; "net
+    #: time": an improvement set against the ops the change added, gates._weighed)
     cost_basis: str = ""
 
 

@@ -146,6 +146,33 @@ class StepCosts:
         return max(float(self.counter("current", counter).sum()),
                    float(self.counter("baseline", counter).sum()))  # fmt: skip
 
+    def fell(self, counter: str) -> float:
+        """How much the step's total of ``counter`` fell, as a share of the larger side's
+        (negative: it grew). FLOPs that moved from one op to others did not fall."""
+        b = float(self.counter("baseline", counter).sum())
+        c = float(self.counter("current", counter).sum())
+        top = max(b, c)
+        return (b - c) / top if top > 0 else 0.0
+
+    def net_saved(self, counter: str) -> float:
+        """The share of the step an improvement of ``counter`` can be seen to save: the
+        time of the ops it moved down less that of the ops it moved up, and no more than
+        the profiled step itself fell by. Infinite where nothing can be read (the saving
+        counts). Δcalls × time per call assumes an op's calls alike: ``aten::linear``
+        averaged over a model's large projections and its small head made the head's
+        removal (``addmm`` → ``matmul`` + ``add``) look like 47 % of the step saved,
+        while the step was 3.8 % slower."""
+        step = self.step_ns
+        if not step > 0:
+            return math.inf
+        down, up = self.moved_time(counter, None, False), self.moved_time(counter, None, True)
+        net = (down - up) / step if math.isfinite(down - up) else math.inf
+        col = "gpu_time_ns" if self.metric == "gpu_time" else "wall_time_ns"
+        before = _step_ns(self.baseline, col)
+        if math.isfinite(before) and before > 0:
+            net = min(net, (before - step) / before)
+        return net
+
     def moved_time(self, counter: str, op_ids: list[str] | None, up: bool) -> float:
         """Time per iteration (ns) of the ops ``counter`` moved ``up`` (or down): each op's
         time per unit of the counter, times how many units it moved; over the top-most
