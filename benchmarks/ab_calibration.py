@@ -111,9 +111,12 @@ out["unit_ns"] = float(np.median(blocks))
 print(json.dumps(out))
 """
     done = subprocess.run(
-        [sys.executable, "-c", code, str(HERE), str(reps)], env=child_env(),
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [sys.executable, "-c", code, str(HERE), str(reps)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -145,8 +148,14 @@ def build_project(out: Path, tolerance: str) -> dict[str, Any]:
         (proj / TEST_FILE).write_text(render(cond, units, tolerance))
         git(proj, "commit", "-q", "-am", f"{cond}")
         commits[cond] = git(proj, "rev-parse", "HEAD")
-    state = {"project": str(proj), "commits": commits, "sizes_ns": sizes, "units": units_by,
-             "tolerance": tolerance, "made": now()}  # fmt: skip
+    state = {
+        "project": str(proj),
+        "commits": commits,
+        "sizes_ns": sizes,
+        "units": units_by,
+        "tolerance": tolerance,
+        "made": now(),
+    }
     state_file.write_text(json.dumps(state, indent=1))
     return state
 
@@ -154,13 +163,31 @@ def build_project(out: Path, tolerance: str) -> dict[str, Any]:
 def run_session(state: dict, cond: str, extra: list[str], folder: Path, timeout: float) -> dict:
     proj = Path(state["project"])
     git(proj, "checkout", "-q", "-f", state["commits"][cond])
-    argv = [sys.executable, "-m", "pytest", TEST_FILE, "-q", "-p", "no:cacheprovider",
-            f"--perfguard-against={state['commits']['c0']}", f"--perfguard-output={folder}",
-            "--perfguard-fail-on=never", f"--rootdir={proj}", *extra]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        TEST_FILE,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--perfguard-against={state['commits']['c0']}",
+        f"--perfguard-output={folder}",
+        "--perfguard-fail-on=never",
+        f"--rootdir={proj}",
+        *extra,
+    ]
     before, t0 = loadavg(), time.monotonic()
     try:
-        done = subprocess.run(argv, cwd=proj, env=child_env(), capture_output=True, text=True,
-                              timeout=timeout, check=False)  # fmt: skip
+        done = subprocess.run(
+            argv,
+            cwd=proj,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         code, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
     except subprocess.TimeoutExpired:
         code, tail = -1, f"timed out after {timeout:g} s"
@@ -172,16 +199,25 @@ def run_session(state: dict, cond: str, extra: list[str], folder: Path, timeout:
         for t in doc["tests"]:
             timing = t.get("timing") or {}
             tests[t["nodeid"].rsplit("test_", 1)[-1]] = {
-                "outcome": t["outcome"], "timing_outcome": timing.get("outcome"),
-                "delta_pct": timing.get("delta_pct"), "ci_low_pct": timing.get("ci_low_pct"),
+                "outcome": t["outcome"],
+                "timing_outcome": timing.get("outcome"),
+                "delta_pct": timing.get("delta_pct"),
+                "ci_low_pct": timing.get("ci_low_pct"),
                 "ci_high_pct": timing.get("ci_high_pct"),
                 "threshold_pct": timing.get("threshold_pct"),
-                "noise_pct": timing.get("noise_pct"), "n": timing.get("n_current"),
+                "noise_pct": timing.get("noise_pct"),
+                "n": timing.get("n_current"),
                 "gates": (t.get("gates") or {}).get("outcome"),
-            }  # fmt: skip
-    return {"cond": cond, "returncode": code, "wall_s": round(wall, 1), "load_before": before,
-            "load_after": loadavg(), "tests": tests,
-            "tail": tail[-800:] if not tests else ""}  # fmt: skip
+            }
+    return {
+        "cond": cond,
+        "returncode": code,
+        "wall_s": round(wall, 1),
+        "load_before": before,
+        "load_after": loadavg(),
+        "tests": tests,
+        "tail": tail[-800:] if not tests else "",
+    }
 
 
 def tally(rows: list[dict]) -> list[dict[str, Any]]:
@@ -200,16 +236,25 @@ def tally(rows: list[dict]) -> list[dict[str, Any]]:
                     if t["ci_low_pct"] is not None and math.isfinite(t["ci_low_pct"])
                 ]
                 deltas = [t["delta_pct"] for t in ts if t["delta_pct"] is not None]
-                lines.append({
-                    "load": load, "cond": cond, "model": model, "sessions": len(ts),
-                    "regressed": outs.count("regressed"), "improved": outs.count("improved"),
-                    "noisy": outs.count("noisy"), "unchanged": outs.count("unchanged"),
-                    "other": len(outs) - sum(outs.count(o) for o in
-                                             ("regressed", "improved", "noisy", "unchanged")),
-                    "delta_median": float(np.median(deltas)) if deltas else None,
-                    "half_width_median": float(np.median(half)) if half else None,
-                    "wall_s_median": float(np.median([r["wall_s"] for r in sel])),
-                })  # fmt: skip
+                lines.append(
+                    {
+                        "load": load,
+                        "cond": cond,
+                        "model": model,
+                        "sessions": len(ts),
+                        "regressed": outs.count("regressed"),
+                        "improved": outs.count("improved"),
+                        "noisy": outs.count("noisy"),
+                        "unchanged": outs.count("unchanged"),
+                        "other": len(outs)
+                        - sum(
+                            outs.count(o) for o in ("regressed", "improved", "noisy", "unchanged")
+                        ),
+                        "delta_median": float(np.median(deltas)) if deltas else None,
+                        "half_width_median": float(np.median(half)) if half else None,
+                        "wall_s_median": float(np.median([r["wall_s"] for r in sel])),
+                    }
+                )
     return lines
 
 
@@ -265,12 +310,15 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 said = ", ".join(
                     f"{m} {t['outcome']} {t['delta_pct']:+.1f}%"
-                    if t["delta_pct"] is not None else f"{m} {t['outcome']}"
+                    if t["delta_pct"] is not None
+                    else f"{m} {t['outcome']}"
                     for m, t in row["tests"].items()
-                )  # fmt: skip
-                print(f"{row['at']} {args.load} {cond} #{i}: {row['wall_s']} s, load "
-                      f"{row['load_before'][0]:.2f}: {said or row['tail']}",
-                      flush=True)  # fmt: skip
+                )
+                print(
+                    f"{row['at']} {args.load} {cond} #{i}: {row['wall_s']} s, load "
+                    f"{row['load_before'][0]:.2f}: {said or row['tail']}",
+                    flush=True,
+                )
     sel = [r for r in rows if r.get("tag", "") == args.tag]
     md = markdown(tally(sel), state)
     (args.out / f"summary{('-' + args.tag) if args.tag else ''}.md").write_text(md)

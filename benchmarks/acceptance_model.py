@@ -107,8 +107,9 @@ def export(prof: Any, out: Path, name: str, meta: dict[str, Any], **fields: Any)
     print(f"wrote {path} ({path.stat().st_size} bytes)", flush=True)
 
 
-def profiled_loop(step: Any, static: torch.Tensor, inputs: list[torch.Tensor], iters: int,
-                  device: str) -> None:  # fmt: skip
+def profiled_loop(
+    step: Any, static: torch.Tensor, inputs: list[torch.Tensor], iters: int, device: str
+) -> None:
     """``iters`` iterations, each a ``perfguard.iteration`` range: copy the input, step."""
     for i in range(iters):
         with record_function(ITERATION):
@@ -150,19 +151,35 @@ def run_traces(args: argparse.Namespace, device: str, dtype: torch.dtype) -> Non
                 graph = None
         with profile(activities=acts, record_shapes=True) as prof:
             profiled_loop(lambda: model(static), static, inputs, args.iters, device)
-        export(prof, args.out, "eager", meta, iterations=args.iters,
-               regions={ITERATION: "copy_ of the input into the static buffer, then the "
-                        "model's forward op by op"})  # fmt: skip
+        export(
+            prof,
+            args.out,
+            "eager",
+            meta,
+            iterations=args.iters,
+            regions={
+                ITERATION: "copy_ of the input into the static buffer, then the "
+                "model's forward op by op"
+            },
+        )
         mm_table(args.out, device, dtype)
         if graph is None:
             print("no CUDA graph: the replay trace is skipped", flush=True)
             return
         with profile(activities=acts, record_shapes=True) as prof:
             profiled_loop(graph.replay, static, inputs, args.iters, device)
-        export(prof, args.out, "graph_replay", meta, iterations=args.iters,
-               regions={ITERATION: "copy_ of the input, then graph.replay() "
-                        "(cudaGraphLaunch) of the model's forward captured before the "
-                        "profile started"})  # fmt: skip
+        export(
+            prof,
+            args.out,
+            "graph_replay",
+            meta,
+            iterations=args.iters,
+            regions={
+                ITERATION: "copy_ of the input, then graph.replay() "
+                "(cudaGraphLaunch) of the model's forward captured before the "
+                "profile started"
+            },
+        )
 
 
 def run_graph_capture(args: argparse.Namespace, device: str, dtype: torch.dtype) -> None:
@@ -187,18 +204,31 @@ def run_graph_capture(args: argparse.Namespace, device: str, dtype: torch.dtype)
                 graph.replay()
             sync(device)
             profiled_loop(graph.replay, static, inputs, args.iters, device)
-        export(prof, args.out, "graph_capture", meta, iterations=args.iters,
-               regions={"graph.capture": "the forward recorded into a CUDA graph: ops and "
-                        "launch calls, no kernels run",
-                        "graph.first_replay": "one replay outside the iterations",
-                        ITERATION: "copy_ of the input, then graph.replay()"})  # fmt: skip
+        export(
+            prof,
+            args.out,
+            "graph_capture",
+            meta,
+            iterations=args.iters,
+            regions={
+                "graph.capture": "the forward recorded into a CUDA graph: ops and "
+                "launch calls, no kernels run",
+                "graph.first_replay": "one replay outside the iterations",
+                ITERATION: "copy_ of the input, then graph.replay()",
+            },
+        )
 
 
 def device_us(event: Any) -> float:
     """Device (or, on the CPU, host) time of a key_averages row in microseconds, whatever
     this torch calls the attribute."""
-    names = ("self_device_time_total", "self_cuda_time_total", "device_time_total",
-             "cuda_time_total", "cpu_time_total")  # fmt: skip
+    names = (
+        "self_device_time_total",
+        "self_cuda_time_total",
+        "device_time_total",
+        "cuda_time_total",
+        "cpu_time_total",
+    )
     for name in names:
         value = getattr(event, name, None)
         if value:
@@ -224,8 +254,11 @@ def mm_table(out: Path, device: str, dtype: torch.dtype, reps: int = 20) -> None
             continue
         n = int(row.input_shapes[0][0])
         rows[n] = device_us(row) / max(int(row.count), 1)
-    table = {"device": device, "dtype": str(dtype).removeprefix("torch."),
-             "us_per_mm": {str(n): rows.get(n) for n in MM_SIZES}}  # fmt: skip
+    table = {
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "us_per_mm": {str(n): rows.get(n) for n in MM_SIZES},
+    }
     (out / "mm_sizes.json").write_text(json.dumps(table, indent=1))
     print(f"wrote {out / 'mm_sizes.json'}", flush=True)
 
@@ -275,10 +308,18 @@ def run_compile(args: argparse.Namespace, device: str, dtype: torch.dtype) -> No
     what = "the compiled forward: Inductor's fused kernels"
     if mode == "reduce-overhead":
         what += ", replayed from CUDA graphs (cudagraph trees)"
-    export(prof, args.out, name, meta, iterations=args.iters, compile_mode=args.compile_mode,
-           compile_s=round(compile_s, 2), provenance=provenance,
-           inductor_debug_dir=os.environ.get("TORCH_COMPILE_DEBUG_DIR"),
-           regions={ITERATION: f"copy_ of the input, then {what}"})  # fmt: skip
+    export(
+        prof,
+        args.out,
+        name,
+        meta,
+        iterations=args.iters,
+        compile_mode=args.compile_mode,
+        compile_s=round(compile_s, 2),
+        provenance=provenance,
+        inductor_debug_dir=os.environ.get("TORCH_COMPILE_DEBUG_DIR"),
+        regions={ITERATION: f"copy_ of the input, then {what}"},
+    )
 
 
 def run_plain(args: argparse.Namespace, device: str, dtype: torch.dtype) -> None:
@@ -307,8 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":
         torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    modes = {"traces": run_traces, "graph-capture": run_graph_capture,
-             "compile": run_compile, "run": run_plain}  # fmt: skip
+    modes = {
+        "traces": run_traces,
+        "graph-capture": run_graph_capture,
+        "compile": run_compile,
+        "run": run_plain,
+    }
     modes[args.mode](args, device, dtype)
     return 0
 

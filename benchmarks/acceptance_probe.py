@@ -125,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             doc["steps"][name] = {"error": traceback.format_exc()[-1500:]}
         doc["steps"][name]["wall_s"] = round(time.perf_counter() - t, 2)
         a.out.write_text(json.dumps(doc, indent=1))  # a timeout keeps the steps done
-        print(f"{name}: {doc['steps'][name].get('plain_ms')} ms, "
-              f"{doc['steps'][name].get('flops_total')} FLOP", flush=True)  # fmt: skip
+        print(
+            f"{name}: {doc['steps'][name].get('plain_ms')} ms, "
+            f"{doc['steps'][name].get('flops_total')} FLOP",
+            flush=True,
+        )
     return 0
 
 

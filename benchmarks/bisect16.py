@@ -34,11 +34,23 @@ def main() -> int:
         root = Path(tmp) / "repo"
         shas = bisect_repo.build(root, slow=True)
         out = Path(tmp) / "out"
-        cmd = [sys.executable, "-m", "perfguard", "bisect", shas[0], shas[-1],
-               bisect_repo.NODEID, "--oracle", args.oracle, "--mode", "ab",
-               "--output", str(out),
-               "--pytest-args", f"--perfguard-ab-pairs={args.pairs} "
-               f"--perfguard-ab-budget={args.budget:g}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "bisect",
+            shas[0],
+            shas[-1],
+            bisect_repo.NODEID,
+            "--oracle",
+            args.oracle,
+            "--mode",
+            "ab",
+            "--output",
+            str(out),
+            "--pytest-args",
+            f"--perfguard-ab-pairs={args.pairs} --perfguard-ab-budget={args.budget:g}",
+        ]
         t0 = time.monotonic()
         done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
         wall = time.monotonic() - t0
@@ -47,9 +59,11 @@ def main() -> int:
         found = (out / "bisect.json").read_text() if (out / "bisect.json").is_file() else ""
         want = shas[bisect_repo.REGRESSION]
         ok = f'"first_bad": "{want}"' in found
-        print(f"oracle {args.oracle}, {args.pairs} pairs: exit {done.returncode}, "
-              f"{wall:.0f} s; first bad is commit {bisect_repo.REGRESSION} ({want[:10]}): "
-              f"{'yes' if ok else 'NO'}")  # fmt: skip
+        print(
+            f"oracle {args.oracle}, {args.pairs} pairs: exit {done.returncode}, "
+            f"{wall:.0f} s; first bad is commit {bisect_repo.REGRESSION} ({want[:10]}): "
+            f"{'yes' if ok else 'NO'}"
+        )
         print((out / "bisect.md").read_text() if (out / "bisect.md").is_file() else "")
         return 0 if ok else 1
 

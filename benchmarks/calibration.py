@@ -139,7 +139,7 @@ CONDITIONS = {
             "side matmul with doubled FLOPs (32x32 instead of 32x16)",
             gates=("flops",),
         ),
-    )  # fmt: skip
+    )
 }
 
 # The test file: the places a condition changes are the ``{...}`` fields.
@@ -259,10 +259,20 @@ def loadavg() -> list[float]:
 
 def git(repo: Path, *args: str) -> str:
     done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=calibration",
-         "-c", "user.email=calibration@perfguard.invalid", *args],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=calibration",
+            "-c",
+            "user.email=calibration@perfguard.invalid",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"calibration: git {' '.join(args)} failed in {repo}: {done.stderr}")
     return done.stdout.strip()
@@ -352,15 +362,30 @@ def run_session(project: Project, args: list[str], folder: Path, timeout: float)
     # "--opt=PATH", not "--opt PATH": pytest takes the rootdir from every existing path
     # among its arguments, option values included, and an absolute output folder would
     # move the rootdir (and the git state perfguard reads) out of the project
-    argv = [sys.executable, "-m", "pytest", TEST_FILE, "-q", "--perfguard",
-            f"--perfguard-output={folder}", f"--perfguard-store={project.store}",
-            "--perfguard-fail-on=never", f"--rootdir={project.dir}", *args]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        TEST_FILE,
+        "-q",
+        "--perfguard",
+        f"--perfguard-output={folder}",
+        f"--perfguard-store={project.store}",
+        "--perfguard-fail-on=never",
+        f"--rootdir={project.dir}",
+        *args,
+    ]
     before, t0 = loadavg(), time.monotonic()
     try:
         done = subprocess.run(
-            argv, cwd=project.dir, env=child_env(), capture_output=True, text=True,
-            timeout=timeout, check=False,
-        )  # fmt: skip
+            argv,
+            cwd=project.dir,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         code, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
     except subprocess.TimeoutExpired:
         code, tail = -1, f"timed out after {timeout:g} s"
@@ -376,17 +401,24 @@ def run_session(project: Project, args: list[str], folder: Path, timeout: float)
     path = folder / "results.json"
     if path.is_file():
         results = json.loads(path.read_text())
-    return {"argv": argv[3:], "returncode": code, "wall_s": round(wall, 2),
-            "loadavg_before": before, "loadavg_after": loadavg(), "results": results,
-            "log_tail": tail[-600:] if results is None or code not in (0, 1) else ""}  # fmt: skip
+    return {
+        "argv": argv[3:],
+        "returncode": code,
+        "wall_s": round(wall, 2),
+        "loadavg_before": before,
+        "loadavg_after": loadavg(),
+        "results": results,
+        "log_tail": tail[-600:] if results is None or code not in (0, 1) else "",
+    }
 
 
 def summarize(cond: str, raw: dict, nodeid: str = NODEID) -> dict[str, Any]:
     """The figures of one judged session that the tables count (for test ``nodeid``)."""
     res = raw.get("results") or {}
     tests = [t for t in res.get("tests", []) if t.get("nodeid") == nodeid]
-    row: dict[str, Any] = {k: raw[k] for k in ("returncode", "wall_s", "loadavg_before",
-                                               "loadavg_after")}  # fmt: skip
+    row: dict[str, Any] = {
+        k: raw[k] for k in ("returncode", "wall_s", "loadavg_before", "loadavg_after")
+    }
     if not tests:
         row.update(outcome="crashed", message=(raw.get("log_tail") or "no results.json")[-400:])
         return row
@@ -395,17 +427,24 @@ def summarize(cond: str, raw: dict, nodeid: str = NODEID) -> dict[str, Any]:
     gates = t.get("gates") or {}
     named = sorted({r.get("gate") for r in gates.get("regressions") or []})
     row.update(
-        outcome=t.get("outcome"), message=(t.get("message") or "")[:400],
-        delta_pct=timing.get("delta_pct"), ci_low_pct=timing.get("ci_low_pct"),
-        ci_high_pct=timing.get("ci_high_pct"), timing_outcome=timing.get("outcome"),
-        threshold_pct=timing.get("threshold_pct"), noise_pct=timing.get("noise_pct"),
-        spread_pct=timing.get("spread_pct"), cpu_load=timing.get("load"),
+        outcome=t.get("outcome"),
+        message=(t.get("message") or "")[:400],
+        delta_pct=timing.get("delta_pct"),
+        ci_low_pct=timing.get("ci_low_pct"),
+        ci_high_pct=timing.get("ci_high_pct"),
+        timing_outcome=timing.get("outcome"),
+        threshold_pct=timing.get("threshold_pct"),
+        noise_pct=timing.get("noise_pct"),
+        spread_pct=timing.get("spread_pct"),
+        cpu_load=timing.get("load"),
         cpu_wait=timing.get("wait"),
-        history_runs=timing.get("history_runs"), n_current=timing.get("n_current"),
-        gates_outcome=gates.get("outcome"), gates_named=named,
+        history_runs=timing.get("history_runs"),
+        n_current=timing.get("n_current"),
+        gates_outcome=gates.get("outcome"),
+        gates_named=named,
         median_current_ns=timing.get("median_current_ns"),
         median_baseline_ns=timing.get("median_baseline_ns"),
-    )  # fmt: skip
+    )
     c = CONDITIONS[cond]
     if c.kind == "det":
         row["expected_gate"] = bool(set(named) & set(c.gates))
@@ -467,8 +506,12 @@ def seed_store(project: Project, n: int, timeout: float, log: Path) -> None:
         i = len(have)
         # append: the seeds are one commit measured n times on purpose (a plain save
         # would replace the last one: one run per commit and machine)
-        raw = run_session(project, ["--perfguard-save", "--perfguard-save-mode=append"],
-                          project.out / "runs" / f"seed-{i}", timeout)  # fmt: skip
+        raw = run_session(
+            project,
+            ["--perfguard-save", "--perfguard-save-mode=append"],
+            project.out / "runs" / f"seed-{i}",
+            timeout,
+        )
         res = raw.get("results") or {}
         tests = [t for t in res.get("tests", []) if t.get("nodeid") == NODEID]
         if not res.get("saved") or not tests:
@@ -484,8 +527,11 @@ def seed_store(project: Project, n: int, timeout: float, log: Path) -> None:
             }
         )
         project.save()
-        say(log, f"seed {i + 1}/{n}: median {median / 1e6:.2f} ms per step, "
-                 f"{raw['wall_s']:.1f} s, load avg {raw['loadavg_before'][0]:.2f}")  # fmt: skip
+        say(
+            log,
+            f"seed {i + 1}/{n}: median {median / 1e6:.2f} ms per step, "
+            f"{raw['wall_s']:.1f} s, load avg {raw['loadavg_before'][0]:.2f}",
+        )
 
 
 def unit_seconds(workload: Workload, reps: int = 3000) -> float:
@@ -497,8 +543,9 @@ def unit_seconds(workload: Workload, reps: int = 3000) -> float:
         "    t0 = time.perf_counter_ns(); _extra_work(1); ts.append(time.perf_counter_ns() - t0)\n"
         "ts.sort(); print(ts[len(ts) // 2])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=child_env(), check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), check=True
+    ).stdout
     return int(out.strip().splitlines()[-1]) / 1e9
 
 
@@ -538,8 +585,9 @@ for b in range({blocks}):
 print((np.median(extra) - np.median(plain)) / {units})
 """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=child_env(), check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), check=True
+    ).stdout
     return float(out.strip().splitlines()[-1]) / 1e9
 
 
@@ -556,33 +604,42 @@ def size_slowdowns(project: Project, log: Path) -> None:
             sizing["units"][name] = max(1, round(c.size * step / unit))
     project.state["sizing"] = sizing
     project.save()
-    say(log, f"sizing: step {step * 1e3:.2f} ms, unit {unit * 1e6:.1f} us, units "
-             f"{sizing['units']}")  # fmt: skip
+    say(log, f"sizing: step {step * 1e3:.2f} ms, unit {unit * 1e6:.1f} us, units {sizing['units']}")
 
 
-def schedule(plan: dict[tuple[str, str, str], int], modes: list[str], load: str,
-             conds: list[str]) -> list[tuple[str, str, int]]:  # fmt: skip
+def schedule(
+    plan: dict[tuple[str, str, str], int], modes: list[str], load: str, conds: list[str]
+) -> list[tuple[str, str, int]]:
     """(mode, cond, i) interleaved: session i of everything before session i + 1."""
     top = max([plan[(m, load, c)] for m in modes for c in conds] or [0])
-    return [(m, c, i) for i in range(top) for c in conds for m in modes
-            if i < plan[(m, load, c)]]  # fmt: skip
+    return [(m, c, i) for i in range(top) for c in conds for m in modes if i < plan[(m, load, c)]]
 
 
-def run_judged(project: Project, plan: dict, modes: list[str], loads: list[str],
-               conds: list[str], pairs: int, timeout: float, deadline: float | None,
-               log: Path) -> None:  # fmt: skip
+def run_judged(
+    project: Project,
+    plan: dict,
+    modes: list[str],
+    loads: list[str],
+    conds: list[str],
+    pairs: int,
+    timeout: float,
+    deadline: float | None,
+    log: Path,
+) -> None:
     """Every planned judged session not yet in ``sessions.jsonl``."""
     sessions = project.out / "sessions.jsonl"
     done = done_keys(sessions)
     c0 = project.state["c0"]
     for load in loads:
-        todo = [(m, c, i) for m, c, i in schedule(plan, modes, load, conds)
-                if f"{load}/{m}/{c}/{i}" not in done]  # fmt: skip
+        todo = [
+            (m, c, i)
+            for m, c, i in schedule(plan, modes, load, conds)
+            if f"{load}/{m}/{c}/{i}" not in done
+        ]
         if not todo:
             continue
         with busy_load(load) as spinners:
-            say(log, f"{load}: {len(todo)} sessions, spinners {spinners}, "
-                     f"load avg {loadavg()}")  # fmt: skip
+            say(log, f"{load}: {len(todo)} sessions, spinners {spinners}, load avg {loadavg()}")
             for k, (mode, cond, i) in enumerate(todo):
                 if deadline is not None and time.time() > deadline:
                     say(log, "deadline reached: stopping (rerun with the same --out to resume)")
@@ -594,18 +651,30 @@ def run_judged(project: Project, plan: dict, modes: list[str], loads: list[str],
                 else:
                     args = [f"--perfguard-against={c0}", f"--perfguard-ab-pairs={pairs}"]
                 key = f"{load}/{mode}/{cond}/{i}"
-                raw = run_session(project, args, project.out / "runs" / key.replace("/", "-"),
-                                  timeout)  # fmt: skip
-                row = {"key": key, "load": load, "mode": mode, "cond": cond, "i": i,
-                       "time": now(), "spinners": len(spinners), **summarize(cond, raw),
-                       "control": summarize("aa", raw, CONTROL),
-                       "pairs": pairs if mode == "ab" else None}  # fmt: skip
+                raw = run_session(
+                    project, args, project.out / "runs" / key.replace("/", "-"), timeout
+                )
+                row = {
+                    "key": key,
+                    "load": load,
+                    "mode": mode,
+                    "cond": cond,
+                    "i": i,
+                    "time": now(),
+                    "spinners": len(spinners),
+                    **summarize(cond, raw),
+                    "control": summarize("aa", raw, CONTROL),
+                    "pairs": pairs if mode == "ab" else None,
+                }
                 append(sessions, row)
-                say(log, f"[{k + 1}/{len(todo)}] {key}: {row['outcome']} "
-                         f"delta {fmt(row.get('delta_pct'))}% "
-                         f"[{fmt(row.get('ci_low_pct'))}, {fmt(row.get('ci_high_pct'))}] "
-                         f"gates {row.get('gates_named')} {row['wall_s']:.1f} s "
-                         f"load avg {row['loadavg_before'][0]:.2f}")  # fmt: skip
+                say(
+                    log,
+                    f"[{k + 1}/{len(todo)}] {key}: {row['outcome']} "
+                    f"delta {fmt(row.get('delta_pct'))}% "
+                    f"[{fmt(row.get('ci_low_pct'))}, {fmt(row.get('ci_high_pct'))}] "
+                    f"gates {row.get('gates_named')} {row['wall_s']:.1f} s "
+                    f"load avg {row['loadavg_before'][0]:.2f}",
+                )
 
 
 def fmt(v: Any, digits: int = 1) -> str:
@@ -653,8 +722,13 @@ def tally(rows: list[dict]) -> list[dict[str, Any]]:
         for r in rs:
             counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
         n = len(rs)
-        line: dict[str, Any] = {"mode": mode, "load": load, "cond": cond, "n": n,
-                                "counts": dict(sorted(counts.items()))}  # fmt: skip
+        line: dict[str, Any] = {
+            "mode": mode,
+            "load": load,
+            "cond": cond,
+            "n": n,
+            "counts": dict(sorted(counts.items())),
+        }
         if c.kind == "aa":
             hits = sum(counts.get(o, 0) for o in FALSE_ALARMS)
             line.update(metric="false alarms", hits=hits)
@@ -756,8 +830,7 @@ def ab_pairs_of(out: Path, row: dict, nodeid: str) -> tuple[np.ndarray, np.ndarr
     path = out / "runs" / row["key"].replace("/", "-") / "results.json"
     if not path.is_file():
         return None
-    tests = [t for t in json.loads(path.read_text()).get("tests", [])
-             if t.get("nodeid") == nodeid]  # fmt: skip
+    tests = [t for t in json.loads(path.read_text()).get("tests", []) if t.get("nodeid") == nodeid]
     if not tests or not tests[0].get("rounds_baseline") or not tests[0].get("rounds_current"):
         return None
     a = np.asarray(tests[0]["rounds_baseline"], dtype=np.float64)
@@ -766,8 +839,9 @@ def ab_pairs_of(out: Path, row: dict, nodeid: str) -> tuple[np.ndarray, np.ndarr
     return a[:n], b[:n]
 
 
-def rejudge_ab(out: Path, rows: list[dict], tolerance: float, alpha: float,
-               first: tuple[int, ...] = (4, 6, 8)) -> list[dict[str, Any]]:  # fmt: skip
+def rejudge_ab(
+    out: Path, rows: list[dict], tolerance: float, alpha: float, first: tuple[int, ...] = (4, 6, 8)
+) -> list[dict[str, Any]]:
     """Every idle/busy A/B session's test and control pairs judged again by each candidate
     judge on its first k pairs: the same measured sessions, only the statistic differs.
 
@@ -793,8 +867,10 @@ def rejudge_ab(out: Path, rows: list[dict], tolerance: float, alpha: float,
                 mean, sd = float(dk.mean()), float(dk.std(ddof=1))
                 half = float(sps.t.ppf(1 - alpha / 2, k - 1)) * sd / math.sqrt(k)
                 est, lo, hi, _ = trimmed_interval(dk, alpha)
-                for name, (e, low, high) in (("t", (mean, mean - half, mean + half)),
-                                             ("trim20", (est, lo, hi))):  # fmt: skip
+                for name, (e, low, high) in (
+                    ("t", (mean, mean - half, mean + half)),
+                    ("trim20", (est, lo, hi)),
+                ):
                     up = math.isfinite(low) and low > 0 and e > tol
                     down = math.isfinite(high) and high < 0 and e < -tol
                     cells.setdefault((stratum(r["load"], r), cond, name, k), []).append(
@@ -802,19 +878,33 @@ def rejudge_ab(out: Path, rows: list[dict], tolerance: float, alpha: float,
                     )
     lines = []
     for (load, cond, name, k), v in sorted(cells.items()):
-        lines.append({"load": load, "cond": cond, "judge": name, "pairs": k, "n": len(v),
-                      "regressed": sum(x[0] for x in v), "improved": sum(x[1] for x in v),
-                      "ci_excludes_0": sum(x[2] for x in v)})  # fmt: skip
+        lines.append(
+            {
+                "load": load,
+                "cond": cond,
+                "judge": name,
+                "pairs": k,
+                "n": len(v),
+                "regressed": sum(x[0] for x in v),
+                "improved": sum(x[1] for x in v),
+                "ci_excludes_0": sum(x[2] for x in v),
+            }
+        )
     return lines
 
 
 def rejudge_markdown(lines: list[dict[str, Any]]) -> str:
-    rows = ["| load | condition | judge | first pairs | sessions | regressed | improved | "
-            "interval > 0 |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| load | condition | judge | first pairs | sessions | regressed | improved | "
+        "interval > 0 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for ln in lines:
-        rows.append(f"| {ln['load']} | {ln['cond']} | {ln['judge']} | {ln['pairs']} | "
-                    f"{ln['n']} | {ln['regressed']} | {ln['improved']} | "
-                    f"{ln['ci_excludes_0']} |")  # fmt: skip
+        rows.append(
+            f"| {ln['load']} | {ln['cond']} | {ln['judge']} | {ln['pairs']} | "
+            f"{ln['n']} | {ln['regressed']} | {ln['improved']} | "
+            f"{ln['ci_excludes_0']} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -832,9 +922,17 @@ def fixtures_dir() -> Path | None:
     return None
 
 
-def gpu_simulation(trials: int, seed: int, sigma_session: float, sigma_round: float,
-                   pairs: int, seeds: int, tolerance: float, conds: list[str],
-                   log: Path) -> dict[str, Any]:  # fmt: skip
+def gpu_simulation(
+    trials: int,
+    seed: int,
+    sigma_session: float,
+    sigma_round: float,
+    pairs: int,
+    seeds: int,
+    tolerance: float,
+    conds: list[str],
+    log: Path,
+) -> dict[str, Any]:
     """GPU sessions simulated from a real capture and judged by ``judge``.
 
     The model (also written to the output):
@@ -885,7 +983,7 @@ def gpu_simulation(trials: int, seed: int, sigma_session: float, sigma_round: fl
             ).to_numpy(np.float64)
             for it in iters
         ]
-    )  # fmt: skip  (iterations x launch slots)
+    )  # (iterations x launch slots)
     # cross-check: the slots' sums are the analysis's per-iteration GPU time
     check = np.abs(dur.sum(axis=1) - analysis.iterations["gpu_time"].to_numpy()).max()
     rng = np.random.default_rng(seed)
@@ -901,12 +999,15 @@ def gpu_simulation(trials: int, seed: int, sigma_session: float, sigma_round: fl
 
     def record(values: np.ndarray, template: Any) -> Any:
         r, i = values.shape
-        samples = pd.DataFrame({
-            "iteration": np.arange(r * i), "gpu_time_ns": values.ravel().astype(np.int64),
-            "wall_time_ns": values.ravel().astype(np.int64),
-            "cpu_time_ns": pd.array([pd.NA] * (r * i), dtype="Int64"),
-            "round": np.repeat(np.arange(r), i),
-        })  # fmt: skip
+        samples = pd.DataFrame(
+            {
+                "iteration": np.arange(r * i),
+                "gpu_time_ns": values.ravel().astype(np.int64),
+                "wall_time_ns": values.ravel().astype(np.int64),
+                "cpu_time_ns": pd.array([pd.NA] * (r * i), dtype="Int64"),
+                "round": np.repeat(np.arange(r), i),
+            }
+        )
         return replace(template, samples=samples)
 
     def changed(cond: str) -> tuple[Any, float]:
@@ -924,8 +1025,10 @@ def gpu_simulation(trials: int, seed: int, sigma_session: float, sigma_round: fl
             extra = [(busiest, name, "host_reads", 1.0, True), (busiest, name, "syncs", 1.0, True)]
             counters = pd.concat([counters, pd.DataFrame(extra, columns=counters.columns)])
         elif cond == "copy":
-            extra = [(busiest, name, "memcpy", 1.0, True),
-                     (busiest, name, "memcpy_bytes", 4.0 * 2**20, True)]  # fmt: skip
+            extra = [
+                (busiest, name, "memcpy", 1.0, True),
+                (busiest, name, "memcpy_bytes", 4.0 * 2**20, True),
+            ]
             counters = pd.concat([counters, pd.DataFrame(extra, columns=counters.columns)])
         elif cond == "flops2":
             fl = counters[counters["counter"] == "flops"]
@@ -946,45 +1049,69 @@ def gpu_simulation(trials: int, seed: int, sigma_session: float, sigma_round: fl
         for mode in MODES:
             for k in range(n_trials):
                 if mode == "store":
-                    base_runs = [run_values(rounds, math.exp(rng.normal(0, sigma_session)))
-                                 for _ in range(seeds)]  # fmt: skip
+                    base_runs = [
+                        run_values(rounds, math.exp(rng.normal(0, sigma_session)))
+                        for _ in range(seeds)
+                    ]
                     history = np.array([np.median(v) for v in base_runs])
                     head = run_values(rounds, math.exp(rng.normal(0, sigma_session))) * factor
-                    against = Against(records=[record(v, real) for v in base_runs],
-                                      mode="store", commit="c0", run_found=True,
-                                      history=history)  # fmt: skip
+                    against = Against(
+                        records=[record(v, real) for v in base_runs],
+                        mode="store",
+                        commit="c0",
+                        run_found=True,
+                        history=history,
+                    )
                 else:
                     session = math.exp(rng.normal(0, sigma_session))
                     base_v = run_values(pairs, session)
                     head = run_values(pairs, session) * factor
-                    against = Against(records=[record(base_v, real)], mode="ab", commit="c0",
-                                      run_found=True)  # fmt: skip
+                    against = Against(
+                        records=[record(base_v, real)], mode="ab", commit="c0", run_found=True
+                    )
                 verdict = judge(record(head, template), against, settings)
                 gates = verdict.gates
                 named = sorted({f.gate for f in gates.regressions}) if gates else []
-                rows.append({
-                    "mode": mode, "load": "sim", "cond": cond, "i": k,
-                    "outcome": verdict.outcome.value, "delta_pct": _num(verdict.delta_pct),
-                    "ci_low_pct": _num(verdict.ci_low_pct),
-                    "ci_high_pct": _num(verdict.ci_high_pct),
-                    "threshold_pct": _num(verdict.timing.threshold_pct),
-                    "gates_named": named, "wall_s": 0.0, "loadavg_before": None,
-                    "expected_gate": bool(set(named) & set(CONDITIONS[cond].gates)),
-                })  # fmt: skip
-            say(log, f"gpu-sim {cond} {mode}: {n_trials} trials "
-                     f"({time.monotonic() - t0:.0f} s so far)")  # fmt: skip
+                rows.append(
+                    {
+                        "mode": mode,
+                        "load": "sim",
+                        "cond": cond,
+                        "i": k,
+                        "outcome": verdict.outcome.value,
+                        "delta_pct": _num(verdict.delta_pct),
+                        "ci_low_pct": _num(verdict.ci_low_pct),
+                        "ci_high_pct": _num(verdict.ci_high_pct),
+                        "threshold_pct": _num(verdict.timing.threshold_pct),
+                        "gates_named": named,
+                        "wall_s": 0.0,
+                        "loadavg_before": None,
+                        "expected_gate": bool(set(named) & set(CONDITIONS[cond].gates)),
+                    }
+                )
+            say(
+                log,
+                f"gpu-sim {cond} {mode}: {n_trials} trials ({time.monotonic() - t0:.0f} s so far)",
+            )
     model = {
         "fixture": GPU_FIXTURE,
         "activities_per_iteration": int(dur.shape[1]),
         "captured_iterations": len(iters),
         "iteration_gpu_ms": [round(float(x) / 1e6, 3) for x in dur.sum(axis=1)],
         "slot_sum_vs_analysis_max_abs_ns": float(check),
-        "sigma_session": sigma_session, "sigma_round": sigma_round,
-        "iterations_per_round": n_it, "rounds_store": rounds, "pairs_ab": pairs,
-        "seed_runs_store": seeds, "tolerance": tolerance, "trials": trials, "seed": seed,
-        "description": (gpu_simulation.__doc__ or "").split("The model (also written to the "
-                                                            "output):")[-1].strip(),
-    }  # fmt: skip
+        "sigma_session": sigma_session,
+        "sigma_round": sigma_round,
+        "iterations_per_round": n_it,
+        "rounds_store": rounds,
+        "pairs_ab": pairs,
+        "seed_runs_store": seeds,
+        "tolerance": tolerance,
+        "trials": trials,
+        "seed": seed,
+        "description": (gpu_simulation.__doc__ or "")
+        .split("The model (also written to the output):")[-1]
+        .strip(),
+    }
     return {"model": model, "rows": rows}
 
 
@@ -1013,8 +1140,10 @@ def gpu_markdown(sim: dict, lines: list[dict]) -> str:
         rate = f"{ln['metric']} {ln['hits']}/{ln['n']} ({100 * ln['hits'] / ln['n']:.0f} %)"
         excl = f"{ln['ci_excludes_0']}/{ln['n']}" if "ci_excludes_0" in ln else ""
         d = ln["delta_pct_median"]
-        rows.append(f"| {ln['mode']} | {ln['cond']} | {ln['n']} | {counts} | {rate} | {excl} | "
-                    f"{'-' if d is None else f'{d:+.2f}'} |")  # fmt: skip
+        rows.append(
+            f"| {ln['mode']} | {ln['cond']} | {ln['n']} | {counts} | {rate} | {excl} | "
+            f"{'-' if d is None else f'{d:+.2f}'} |"
+        )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
@@ -1027,8 +1156,13 @@ def write_outputs(out: Path, state: dict, settings: dict, sim: dict | None) -> N
     seen = sorted({r["pairs"] for r in rows if r.get("pairs")})
     # what the sessions ran with, not this invocation's --pairs
     settings = {**settings, "pairs": "/".join(str(x) for x in seen) or "-"}
-    doc: dict[str, Any] = {"written": now(), "settings": settings, "state": state,
-                           "table": lines, "sessions": rows}  # fmt: skip
+    doc: dict[str, Any] = {
+        "written": now(),
+        "settings": settings,
+        "state": state,
+        "table": lines,
+        "sessions": rows,
+    }
     md = "## Real sessions\n\n" + markdown(lines, state, settings) if rows else ""
     if any(r.get("mode") == "ab" for r in rows):
         from perfguard.compare.judge import ALPHA
@@ -1037,8 +1171,7 @@ def write_outputs(out: Path, state: dict, settings: dict, sim: dict | None) -> N
         tol = parse_tolerance(state.get("workload", {}).get("tolerance", "2%"), "tolerance")
         again = rejudge_ab(out, rows, tol, ALPHA)
         doc["ab_judges"] = again
-        md += ("\n## A/B sessions judged again on their first k pairs\n\n"
-               + rejudge_markdown(again))  # fmt: skip
+        md += "\n## A/B sessions judged again on their first k pairs\n\n" + rejudge_markdown(again)
     if sim is not None:
         sim_lines = tally(sim["rows"])
         doc["gpu_simulation"] = {"model": sim["model"], "table": sim_lines, "trials": sim["rows"]}
@@ -1102,8 +1235,11 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in a.modes.split(",") if m]
     loads = [x for x in a.loads.split(",") if x]
     conds = [c for c in a.conditions.split(",") if c]
-    for vals, known, what in ((modes, MODES, "mode"), (loads, LOADS, "load"),
-                              (conds, tuple(CONDITIONS), "condition")):  # fmt: skip
+    for vals, known, what in (
+        (modes, MODES, "mode"),
+        (loads, LOADS, "load"),
+        (conds, tuple(CONDITIONS), "condition"),
+    ):
         bad = [v for v in vals if v not in known]
         if bad:
             p.error(f"unknown {what}(s) {bad}; known: {', '.join(known)}")
@@ -1118,10 +1254,17 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     log = a.out / "calibration.log"
     workload = Workload()
-    settings = {"pairs": a.pairs, "seeds": a.seeds, "modes": modes, "loads": loads,
-                "conditions": conds, "plan": {":".join(k): v for k, v in plan.items()},
-                "python": sys.version.split()[0], "cpus": os.cpu_count(),
-                "nice": os.nice(0)}  # fmt: skip
+    settings = {
+        "pairs": a.pairs,
+        "seeds": a.seeds,
+        "modes": modes,
+        "loads": loads,
+        "conditions": conds,
+        "plan": {":".join(k): v for k, v in plan.items()},
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "nice": os.nice(0),
+    }
     deadline = None
     if a.stop_at:
         hh, mm = (int(x) for x in a.stop_at.split(":"))
@@ -1141,8 +1284,17 @@ def main(argv: list[str] | None = None) -> int:
         from perfguard.compare.tolerance import parse_tolerance
 
         tolerance = parse_tolerance(workload.tolerance, "tolerance")
-        sim = gpu_simulation(a.gpu_trials, a.seed, a.gpu_sigma_session, a.gpu_sigma_round,
-                             max(a.pairs, 3), a.seeds, tolerance, conds, log)  # fmt: skip
+        sim = gpu_simulation(
+            a.gpu_trials,
+            a.seed,
+            a.gpu_sigma_session,
+            a.gpu_sigma_round,
+            max(a.pairs, 3),
+            a.seeds,
+            tolerance,
+            conds,
+            log,
+        )
         sim_path.write_text(json.dumps(sim))
     write_outputs(a.out, project.state, settings, sim)
     print((a.out / "calibration.md").read_text())

@@ -225,9 +225,12 @@ class Worker:
 
     def __init__(self, python: str, name: str) -> None:
         self.proc = subprocess.Popen(
-            [python, __file__, "--worker", name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, bufsize=1,
-        )  # fmt: skip
+            [python, __file__, "--worker", name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         self.last_seconds = self.last_cpu = 0.0
 
     def __call__(self, x: np.ndarray) -> list[int]:
@@ -249,8 +252,10 @@ def worker(name: str) -> int:
 
 def detectors(spa_python: str | None) -> dict[str, Callable[[np.ndarray], list[int]]]:
     out: dict[str, Callable[[np.ndarray], list[int]]] = {"perfguard": perfguard}
-    for name, fn, module in (("Otava 0.8", otava, "otava"), ("ruptures BinSeg", ruptures_binseg,
-                             "ruptures")):  # fmt: skip
+    for name, fn, module in (
+        ("Otava 0.8", otava, "otava"),
+        ("ruptures BinSeg", ruptures_binseg, "ruptures"),
+    ):
         try:
             __import__(module)
             out[name] = fn
@@ -263,8 +268,10 @@ def detectors(spa_python: str | None) -> dict[str, Callable[[np.ndarray], list[i
         if spa_python:
             out["MongoDB e-divisive"] = Worker(spa_python, "spa")
         else:
-            print("MongoDB e-divisive: signal_processing_algorithms not importable and no "
-                  "--spa-python, left out")  # fmt: skip
+            print(
+                "MongoDB e-divisive: signal_processing_algorithms not importable and no "
+                "--spa-python, left out"
+            )
     return out
 
 
@@ -300,10 +307,14 @@ def tune_half(n: int, seed: int = HALF_SEED) -> set[int]:
 
 
 def run_points(name: str, suite: list[Series], dets: dict, margin: int) -> dict[str, dict]:
-    print(f"\n## {name}: {len(suite)} series, {sum(len(t) for _, _, t, _ in suite)} changes, "
-          f"margin {margin}")  # fmt: skip
-    print("| detector | precision | recall | F1 | F1 tune half | F1 held-out half "
-          "| regression-and-fix found | ms / series |")  # fmt: skip
+    print(
+        f"\n## {name}: {len(suite)} series, {sum(len(t) for _, _, t, _ in suite)} changes, "
+        f"margin {margin}"
+    )
+    print(
+        "| detector | precision | recall | F1 | F1 tune half | F1 held-out half "
+        "| regression-and-fix found | ms / series |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     results = {}
     tune = tune_half(len(suite))
@@ -323,11 +334,19 @@ def run_points(name: str, suite: list[Series], dets: dict, margin: int) -> dict[
         p, r, f = prf(*(a + b for a, b in zip(*counts.values(), strict=True)))
         f_tune, f_held = (prf(*c)[2] for c in counts.values())
         fixes = f"{fix_found}/{fix_total}" if fix_total else "-"
-        results[det] = {"precision": p, "recall": r, "f1": f, "f1_tune": f_tune,
-                        "f1_held_out": f_held, "fix": fixes,
-                        "ms": 1000 * seconds / len(suite)}  # fmt: skip
-        print(f"| {det} | {p:.3f} | {r:.3f} | {f:.3f} | {f_tune:.3f} | {f_held:.3f} | {fixes} "
-              f"| {1000 * seconds / len(suite):.1f} |")  # fmt: skip
+        results[det] = {
+            "precision": p,
+            "recall": r,
+            "f1": f,
+            "f1_tune": f_tune,
+            "f1_held_out": f_held,
+            "fix": fixes,
+            "ms": 1000 * seconds / len(suite),
+        }
+        print(
+            f"| {det} | {p:.3f} | {r:.3f} | {f:.3f} | {f_tune:.3f} | {f_held:.3f} | {fixes} "
+            f"| {1000 * seconds / len(suite):.1f} |"
+        )
     return results
 
 
@@ -338,8 +357,10 @@ def run_tcpd(suite: list, dets: dict) -> dict[str, float]:
     tune = np.array([i in tune_half(len(suite)) for i in range(len(suite))])
 
     def line(name: str, scores: np.ndarray, ms: str) -> None:
-        print(f"| {name} | {scores.mean():.3f} | {scores[tune].mean():.3f} "
-              f"| {scores[~tune].mean():.3f} | {ms} |")  # fmt: skip
+        print(
+            f"| {name} | {scores.mean():.3f} | {scores[tune].mean():.3f} "
+            f"| {scores[~tune].mean():.3f} | {ms} |"
+        )
 
     zero = np.array([tcpd_f1(ann, []) for _, _, ann in suite])
     line("no change point (zero)", zero, "-")
@@ -363,8 +384,10 @@ def run_speed(dets: dict, n_series: int = 35) -> None:
     for det, fn in dets.items():
         times = np.array([timed_cpu(fn, x)[1:] for _, x, _, _ in suite])
         wall, cpu = times[:, 0], times[:, 1]
-        print(f"| {det} | {1000 * wall.mean():.1f} | {1000 * wall.max():.1f} | "
-              f"{1000 * cpu.mean():.1f} |")  # fmt: skip
+        print(
+            f"| {det} | {1000 * wall.mean():.1f} | {1000 * wall.max():.1f} | "
+            f"{1000 * cpu.mean():.1f} |"
+        )
 
 
 def calibrate(n_series: int = 600, seed: int = 2) -> None:
@@ -403,8 +426,11 @@ def main() -> int:
     ap.add_argument("--tcpd", type=Path, help="a checkout of the Turing Change Point Dataset")
     ap.add_argument("--spa-python", help="interpreter with signal_processing_algorithms")
     ap.add_argument("--only", nargs="+", choices=("otava", "ci", "tcpd", "speed"))
-    ap.add_argument("--calibrate", action="store_true",
-                    help="the bars' null quantiles (pure normal noise), then exit")  # fmt: skip
+    ap.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="the bars' null quantiles (pure normal noise), then exit",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:

@@ -24,9 +24,15 @@ def conv_net(classes: int = 10) -> nn.Module:
         return [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
 
     return nn.Sequential(
-        *block(3, 16), *block(16, 32), nn.MaxPool2d(2), *block(32, 32), nn.MaxPool2d(2),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes),
-    )  # fmt: skip
+        *block(3, 16),
+        *block(16, 32),
+        nn.MaxPool2d(2),
+        *block(32, 32),
+        nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, classes),
+    )
 
 
 def main() -> None:

@@ -1017,8 +1017,14 @@ FREE: tuple[Case, ...] = (
         (),
     ),
 )
-TESTS = ("test_attention", "test_mlp_block", "test_attention_pool", "test_convnet",
-         "test_classifier_train_step", "test_gpt_train_step")  # fmt: skip
+TESTS = (
+    "test_attention",
+    "test_mlp_block",
+    "test_attention_pool",
+    "test_convnet",
+    "test_classifier_train_step",
+    "test_gpt_train_step",
+)
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -1036,10 +1042,22 @@ def uptime() -> str:
 
 def git(repo: Path, *args: str) -> str:
     done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=culprits", "-c",
-         "user.email=culprits@perfguard.invalid", "-c", "commit.gpgsign=false", *args],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=culprits",
+            "-c",
+            "user.email=culprits@perfguard.invalid",
+            "-c",
+            "commit.gpgsign=false",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"culprits: git {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -1059,8 +1077,12 @@ def check_import(cwd: Path) -> str:
     """Where a child imports perfguard from; it must be this checkout."""
     done = subprocess.run(
         [sys.executable, "-c", "import perfguard.plugin as p; print(p.__file__)"],
-        cwd=cwd, env=child_env(), capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     path = done.stdout.strip()
     if not path.startswith(str(ROOT)):
         raise SystemExit(f"culprits: a child imports perfguard from {path!r}, not {ROOT}")
@@ -1105,8 +1127,9 @@ def apply(repo: Path, edits: tuple[Edit, ...]) -> None:
         path = repo / e.file
         text = path.read_text()
         if text.count(e.old) != 1:
-            raise SystemExit(f"culprits: edit of {e.file} matches {text.count(e.old)} times:\n"
-                             f"{e.old}")  # fmt: skip
+            raise SystemExit(
+                f"culprits: edit of {e.file} matches {text.count(e.old)} times:\n{e.old}"
+            )
         path.write_text(text.replace(e.old, e.new))
 
 
@@ -1131,8 +1154,9 @@ class Project:
         git(self.dir, "checkout", "-q", "--detach", self.base)
         before = {e.file: (self.dir / e.file).read_text() for e in edits}
         apply(self.dir, edits)
-        self.lines[name] = {f: changed_lines(text, (self.dir / f).read_text())
-                            for f, text in before.items()}  # fmt: skip
+        self.lines[name] = {
+            f: changed_lines(text, (self.dir / f).read_text()) for f, text in before.items()
+        }
         git(self.dir, "commit", "-q", "-am", f"{name}: {message}")
         self.commits[name] = git(self.dir, "rev-parse", "HEAD")
         return self.commits[name]
@@ -1149,13 +1173,29 @@ def run_session(
     folder.mkdir(parents=True)
     # "--opt=PATH": pytest would take an absolute path given as its own argument as a
     # candidate rootdir, and the rootdir is where perfguard reads the git state
-    argv = [sys.executable, "-m", "pytest", *(f"{project.TESTS_FILE}::{t}" for t in tests),
-            "-q", "--perfguard", f"--perfguard-output={folder}",
-            f"--perfguard-store={proj.store}", f"--rootdir={proj.dir}", *args]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *(f"{project.TESTS_FILE}::{t}" for t in tests),
+        "-q",
+        "--perfguard",
+        f"--perfguard-output={folder}",
+        f"--perfguard-store={proj.store}",
+        f"--rootdir={proj.dir}",
+        *args,
+    ]
     load, t0 = uptime(), time.monotonic()
     try:
-        done = subprocess.run(argv, cwd=proj.dir, env=child_env(), capture_output=True,
-                              text=True, timeout=timeout, check=False)  # fmt: skip
+        done = subprocess.run(
+            argv,
+            cwd=proj.dir,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         code, stdout = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
         code, stdout = -1, f"timed out after {timeout:g} s\n{exc.stdout or ''}"
@@ -1167,8 +1207,15 @@ def run_session(
     if (folder / "results.json").is_file():
         doc = json.loads((folder / "results.json").read_text())
     summary = (folder / "summary.md").read_text() if (folder / "summary.md").is_file() else ""
-    return {"argv": argv[3:], "returncode": code, "wall_s": round(wall, 1), "load": load,
-            "stdout": stdout, "results": doc, "summary": summary}  # fmt: skip
+    return {
+        "argv": argv[3:],
+        "returncode": code,
+        "wall_s": round(wall, 1),
+        "load": load,
+        "stdout": stdout,
+        "results": doc,
+        "summary": summary,
+    }
 
 
 # --------------------------------------------------------------------------- judging
@@ -1201,13 +1248,16 @@ def judge_case(
     lines: dict[str, dict[str, list[int]]] | None = None,
 ) -> dict[str, Any]:
     """One test of one session: outcome, first culprit, right or not, views agreeing."""
-    row: dict[str, Any] = {"test": test, "outcome": "missing", "returncode":
-                           session["returncode"], "wall_s": session["wall_s"]}  # fmt: skip
+    row: dict[str, Any] = {
+        "test": test,
+        "outcome": "missing",
+        "returncode": session["returncode"],
+        "wall_s": session["wall_s"],
+    }
     doc = session["results"]
     entry = None
     if doc:
-        entry = next((t for t in doc.get("tests", []) if t["nodeid"].endswith(f"::{test}")),
-                     None)  # fmt: skip
+        entry = next((t for t in doc.get("tests", []) if t["nodeid"].endswith(f"::{test}")), None)
     if entry is None:
         row["error"] = session["stdout"][-1500:]
         return row
@@ -1215,15 +1265,18 @@ def judge_case(
     culprits = why.get("culprits") or []
     first = culprits[0] if culprits else {}
     row.update(
-        outcome=entry["outcome"], decided_by=why.get("decided_by", ""),
-        headline=why.get("headline", ""), lead=why.get("lead", ""),
-        first_op=first.get("op", ""), first_kind=first.get("kind", ""),
+        outcome=entry["outcome"],
+        decided_by=why.get("decided_by", ""),
+        headline=why.get("headline", ""),
+        lead=why.get("lead", ""),
+        first_op=first.get("op", ""),
+        first_kind=first.get("kind", ""),
         first_text=first.get("text", ""),
         culprits=[f"{c.get('kind')}: {c.get('op')}" for c in culprits[:6]],
         timing=(entry.get("timing") or {}).get("outcome"),
         gates=(entry.get("gates") or {}).get("outcome"),
         delta_pct=(entry.get("timing") or {}).get("delta_pct"),
-    )  # fmt: skip
+    )
     if case is not None:
         parts = components(row["first_op"])
         row["right"] = bool(parts) and any(p in case.expected for p in parts)
@@ -1298,7 +1351,7 @@ def tally(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     if r["mode"] == mode and r.get("first_of_session", True)
                 ),
                 1,
-            ),  # fmt: skip
+            ),
         }
     return out
 
@@ -1329,25 +1382,37 @@ def markdown(rows: list[dict[str, Any]], rates: dict[str, Any], meta: dict[str, 
             if r.get("right_and_detected") and not r.get("line_right"):
                 mark = " **line wrong**"
             agree = "" if r.get("views_agree") or not r.get("detected") else " (views differ)"
-            op = f" {r.get('first_kind', '')} `{_cell(r.get('first_op'), 60)}`" if r.get(
-                "first_op") else ""  # fmt: skip
+            op = (
+                f" {r.get('first_kind', '')} `{_cell(r.get('first_op'), 60)}`"
+                if r.get("first_op")
+                else ""
+            )
             cells.append(f"{r['outcome']}:{op}{mark}{agree}")
-        out.append(f"| {name} | {any_row['category']} | {any_row['test']} | "
-                   + " | ".join(cells) + " |")  # fmt: skip
-    out += ["", "| mode | cases | detected | first culprit right | of detected | op and line "
-            "right | refactors: op and line right | views agree (of detected) | A/A false "
-            "alarms |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        out.append(
+            f"| {name} | {any_row['category']} | {any_row['test']} | " + " | ".join(cells) + " |"
+        )
+    out += [
+        "",
+        "| mode | cases | detected | first culprit right | of detected | op and line "
+        "right | refactors: op and line right | views agree (of detected) | A/A false "
+        "alarms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for mode, t in rates.items():
-        out.append(f"| {mode} | {t['cases']} | {t['detected']} | {t['first_culprit_right']} | "
-                   f"{t['first_culprit_right_of_detected']} | {t.get('op_and_line_right')} | "
-                   f"{t.get('refactors_op_and_line_right')} | {t['views_agree_of_detected']} | "
-                   f"{t['aa_false_alarms']} |")  # fmt: skip
-    out += ["", f"Load: before `{meta['uptime_before']}`; after `{meta['uptime_after']}`; "
-            f"duration {meta['duration_s']:.0f} s."]  # fmt: skip
+        out.append(
+            f"| {mode} | {t['cases']} | {t['detected']} | {t['first_culprit_right']} | "
+            f"{t['first_culprit_right_of_detected']} | {t.get('op_and_line_right')} | "
+            f"{t.get('refactors_op_and_line_right')} | {t['views_agree_of_detected']} | "
+            f"{t['aa_false_alarms']} |"
+        )
+    out += [
+        "",
+        f"Load: before `{meta['uptime_before']}`; after `{meta['uptime_after']}`; "
+        f"duration {meta['duration_s']:.0f} s.",
+    ]
     wrong = [r for r in rows if r["kind"] == "case" and not r.get("op_and_line_right")]
     if wrong:
-        out += ["", "Wrong or missing first culprits or lines (the test's line in summary.md):",
-                ""]  # fmt: skip
+        out += ["", "Wrong or missing first culprits or lines (the test's line in summary.md):", ""]
         for r in wrong:
             said = r.get("summary_line") or r.get("lead") or r.get("headline")
             out.append(f"- {r['case']} ({r['mode']}, {r['outcome']}): {_cell(said, 400)}")
@@ -1401,8 +1466,12 @@ def main(argv: list[str] | None = None) -> int:
 
     every = (*CASES, *REFACTORS, *FREE)
     named = a.cases.split(",")
-    groups = {"all": [*CASES, *REFACTORS], "refactors": list(REFACTORS), "free": list(FREE),
-              "both": [*CASES, *REFACTORS, *FREE]}  # fmt: skip
+    groups = {
+        "all": [*CASES, *REFACTORS],
+        "refactors": list(REFACTORS),
+        "free": list(FREE),
+        "both": [*CASES, *REFACTORS, *FREE],
+    }
     chosen = groups.get(a.cases) or [c for c in every if c.name in named]
     unknown = set(named) - {c.name for c in every} - set(groups)
     if unknown:
@@ -1438,8 +1507,9 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )
         proj.checkout(proj.base)
-        saved = run_session(proj, ["--perfguard-save"], a.out / "sessions" / "base-save",
-                            list(TESTS), a.timeout)  # fmt: skip
+        saved = run_session(
+            proj, ["--perfguard-save"], a.out / "sessions" / "base-save", list(TESTS), a.timeout
+        )
         print(f"  base saved in {saved['wall_s']} s (exit {saved['returncode']})", flush=True)
         if saved["returncode"] != 0:
             raise SystemExit(f"culprits: saving the baseline failed:\n{saved['stdout'][-3000:]}")
@@ -1454,18 +1524,23 @@ def main(argv: list[str] | None = None) -> int:
             name = case.name if case else f"aa{i}"
             proj.checkout(proj.commits[case.name] if case else aa_sha)
             tests = [case.test] if case else list(TESTS)
-            session = run_session(proj, mode_args[mode], a.out / "sessions" / f"{name}-{mode}",
-                                  tests, a.timeout)  # fmt: skip
+            session = run_session(
+                proj, mode_args[mode], a.out / "sessions" / f"{name}-{mode}", tests, a.timeout
+            )
             for j, test in enumerate(tests):
                 kind = "aa" if case is None else ("free" if case in FREE else "case")
-                row = {"case": name, "kind": kind, "mode": mode,
-                       "category": case.category if case else "A/A",
-                       "what": case.what if case else "a comment",
-                       "expected": list(case.expected) if case else [],
-                       "load": session["load"], "first_of_session": j == 0,
-                       "refactor": case in REFACTORS if case else False,
-                       **judge_case(case, test, session,
-                                    proj.lines.get(case.name) if case else None)}  # fmt: skip
+                row = {
+                    "case": name,
+                    "kind": kind,
+                    "mode": mode,
+                    "category": case.category if case else "A/A",
+                    "what": case.what if case else "a comment",
+                    "expected": list(case.expected) if case else [],
+                    "load": session["load"],
+                    "first_of_session": j == 0,
+                    "refactor": case in REFACTORS if case else False,
+                    **judge_case(case, test, session, proj.lines.get(case.name) if case else None),
+                }
                 rows.append(row)
                 with log.open("a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -1481,14 +1556,24 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     meta = {
-        "date": now(), "uptime_before": before, "uptime_after": uptime(),
-        "duration_s": round(time.monotonic() - t_start, 1), "perfguard": imported,
-        "python": sys.version.split()[0], "cpus": os.cpu_count(),
-        "settings": {"iterations": iterations, "rounds": rounds, "warmup": warmup,
-                     "ab_pairs": pairs, "aa_sessions_per_mode": aa_runs, "modes": modes,
-                     "quick": a.quick},
+        "date": now(),
+        "uptime_before": before,
+        "uptime_after": uptime(),
+        "duration_s": round(time.monotonic() - t_start, 1),
+        "perfguard": imported,
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "settings": {
+            "iterations": iterations,
+            "rounds": rounds,
+            "warmup": warmup,
+            "ab_pairs": pairs,
+            "aa_sessions_per_mode": aa_runs,
+            "modes": modes,
+            "quick": a.quick,
+        },
         "cases": [asdict(c) for c in chosen],
-    }  # fmt: skip
+    }
     write_outputs(a.out, rows, meta)
     print(
         f"culprits: {meta['duration_s']:.0f} s; load after {meta['uptime_after']}; "

@@ -74,24 +74,46 @@ def fixture_files(root: Path | None = None, max_mb: float | None = None) -> list
 
 #: tables whose damage the nsys reader must survive
 _KEY_TABLES = (
-    "StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS",
-    "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET", "TARGET_INFO_GPU",
-    "TARGET_INFO_CUDA_GPU", "ThreadNames", "META_DATA_EXPORT",
-)  # fmt: skip
+    "StringIds",
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "NVTX_EVENTS",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "TARGET_INFO_GPU",
+    "TARGET_INFO_CUDA_GPU",
+    "ThreadNames",
+    "META_DATA_EXPORT",
+)
 #: key columns per table
 _KEY_COLUMNS = {
     "StringIds": ("id", "value"),
-    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "correlationId", "globalPid", "demangledName",
-                                   "shortName", "deviceId", "streamId", "gridX", "blockX"),
+    "CUPTI_ACTIVITY_KIND_KERNEL": (
+        "start",
+        "end",
+        "correlationId",
+        "globalPid",
+        "demangledName",
+        "shortName",
+        "deviceId",
+        "streamId",
+        "gridX",
+        "blockX",
+    ),
     "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "correlationId", "globalTid", "nameId"),
     "NVTX_EVENTS": ("start", "end", "globalTid", "text", "textId", "eventType", "domainId"),
     "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "correlationId", "bytes", "copyKind"),
     "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "correlationId", "bytes"),
     "TARGET_INFO_GPU": ("id", "name", "smCount"),
     "ThreadNames": ("nameId", "globalTid"),
-}  # fmt: skip
-_TIMED = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS",
-          "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")  # fmt: skip
+}
+_TIMED = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "NVTX_EVENTS",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+)
 _HUGE = (2**31, 2**32 + 7, 2**53 + 1, 2**62, 2**63 - 1, -(2**63), -(2**31))
 _WRONG = ("'abc'", "''", "1.5", "X'00ff'", "'12x'", "-0.0", "'\u00e9\u6f22'")
 
@@ -117,12 +139,17 @@ def _pick_column(db: sqlite3.Connection, rng: random.Random, table: str) -> str 
 
 def _some_rows(rng: random.Random) -> str:
     """A WHERE clause picking a random share of the rows (one row up to all)."""
-    return rng.choice(["rowid = (SELECT min(rowid) FROM {t})", "rowid % 7 = 3", "rowid % 2 = 0",
-                       "1"])  # fmt: skip
+    return rng.choice(
+        ["rowid = (SELECT min(rowid) FROM {t})", "rowid % 7 = 3", "rowid % 2 = 0", "1"]
+    )
 
 
-def _sql_update(db: sqlite3.Connection, rng: random.Random, values: Callable[[str], str],
-                tables: Iterable[str] = _KEY_COLUMNS) -> str:  # fmt: skip
+def _sql_update(
+    db: sqlite3.Connection,
+    rng: random.Random,
+    values: Callable[[str], str],
+    tables: Iterable[str] = _KEY_COLUMNS,
+) -> str:
     table = _pick_table(db, rng, tables)
     if table is None:
         return "no table"
@@ -201,8 +228,12 @@ def sq_huge_string_id(db: sqlite3.Connection, rng: random.Random) -> str:
     if rng.random() < 0.5 and "StringIds" in _tables(db):
         db.execute(f"INSERT OR REPLACE INTO StringIds (id, value) VALUES ({big}, 'huge id')")
         return f"StringIds row with id {big}"
-    refs = {"CUPTI_ACTIVITY_KIND_KERNEL": "demangledName", "CUPTI_ACTIVITY_KIND_RUNTIME": "nameId",
-            "NVTX_EVENTS": "textId", "ThreadNames": "nameId"}  # fmt: skip
+    refs = {
+        "CUPTI_ACTIVITY_KIND_KERNEL": "demangledName",
+        "CUPTI_ACTIVITY_KIND_RUNTIME": "nameId",
+        "NVTX_EVENTS": "textId",
+        "ThreadNames": "nameId",
+    }
     t = _pick_table(db, rng, refs)
     if t is None or refs[t] not in _columns(db, t):
         return "no reference column"
@@ -218,9 +249,11 @@ def sq_unclosed(db: sqlite3.Connection, rng: random.Random) -> str:
         return f"NVTX end = NULL where {where}"
     n = rng.choice([100, 5000, 20000])
     if "NVTX_EVENTS" not in _tables(db):
-        db.execute("CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER,"
-                   " eventType INTEGER NOT NULL, text TEXT, globalTid INTEGER, textId INTEGER,"
-                   " domainId INTEGER, endGlobalTid INTEGER)")  # fmt: skip
+        db.execute(
+            "CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER,"
+            " eventType INTEGER NOT NULL, text TEXT, globalTid INTEGER, textId INTEGER,"
+            " domainId INTEGER, endGlobalTid INTEGER)"
+        )
     t0 = 0
     for table in _TIMED:
         if table in _tables(db) and "start" in _columns(db, table):
@@ -228,9 +261,12 @@ def sq_unclosed(db: sqlite3.Connection, rng: random.Random) -> str:
             if isinstance(lo, int):
                 t0 = lo
                 break
-    (gtid,) = db.execute("SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 1").fetchone() \
-        if "CUPTI_ACTIVITY_KIND_RUNTIME" in _tables(db) and \
-        "globalTid" in _columns(db, "CUPTI_ACTIVITY_KIND_RUNTIME") else (0,)  # fmt: skip
+    (gtid,) = (
+        db.execute("SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 1").fetchone()
+        if "CUPTI_ACTIVITY_KIND_RUNTIME" in _tables(db)
+        and "globalTid" in _columns(db, "CUPTI_ACTIVITY_KIND_RUNTIME")
+        else (0,)
+    )
     cols = set(_columns(db, "NVTX_EVENTS"))
     names = ["start", "eventType"] + [c for c in ("text", "globalTid") if c in cols]
     rows = [(t0 + 1000 * i, _NVTX_PUSH, f"open {i}", gtid)[: len(names)] for i in range(n)]
@@ -252,8 +288,17 @@ def sq_empty_strings(db: sqlite3.Connection, rng: random.Random) -> str:
 
 def sq_bad_text(db: sqlite3.Connection, rng: random.Random) -> str:
     """Names that are not text: integers, blobs, invalid UTF-8 (a lone surrogate)."""
-    value = rng.choice(["12345", "X'ffff'", "CAST(X'eda080' AS TEXT)", "CAST(X'c3' AS TEXT)",
-                        "'a\"b''c'", "char(0)", "4.5"])  # fmt: skip
+    value = rng.choice(
+        [
+            "12345",
+            "X'ffff'",
+            "CAST(X'eda080' AS TEXT)",
+            "CAST(X'c3' AS TEXT)",
+            "'a\"b''c'",
+            "char(0)",
+            "4.5",
+        ]
+    )
     t = _pick_table(db, rng, ("StringIds", "NVTX_EVENTS", "TARGET_INFO_GPU"))
     col = {"StringIds": "value", "NVTX_EVENTS": "text", "TARGET_INFO_GPU": "name"}.get(t or "")
     if t is None or col not in _columns(db, t):
@@ -388,7 +433,7 @@ def kj_unclosed(doc: dict, rng: random.Random) -> str:
             "pid": pid,
             "tid": tid,
             "ts": t0 + i,
-        }  # fmt: skip
+        }
         for i in range(n)
     )
     return f"{n} unclosed B events"
@@ -522,8 +567,19 @@ def _child(capture: Path, out_dir: Path, log: Path, mem_bytes: int, kill_s: floa
         sys.stderr = sys.stdout
         from perfguard.cli import main
 
-        rc = main(["analyze", "-d", str(capture), "--output-path", str(out_dir),
-                   "--formats", "csv,json", "--reports", "all"])  # fmt: skip
+        rc = main(
+            [
+                "analyze",
+                "-d",
+                str(capture),
+                "--output-path",
+                str(out_dir),
+                "--formats",
+                "csv,json",
+                "--reports",
+                "all",
+            ]
+        )
     except MemoryError:
         rc = 98
     except BaseException as exc:  # noqa: BLE001 - anything escaping the CLI is a bug
@@ -735,8 +791,10 @@ def summarize(cases: list[Case]) -> str:
     lines.append(f"{len(cases)} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(by.items())))
     bugs = sum(by[b] for b in BUGS)
     lines.append(f"bugs: {bugs}")
-    for label, secs in (("wall s", sorted(c.seconds for c in cases)),
-                        ("CPU s", sorted(c.cpu_seconds for c in cases))):  # fmt: skip
+    for label, secs in (
+        ("wall s", sorted(c.seconds for c in cases)),
+        ("CPU s", sorted(c.cpu_seconds for c in cases)),
+    ):
         if secs:
             lines.append(
                 f"{label}: median {secs[len(secs) // 2]:.2f}, "
@@ -754,8 +812,9 @@ def summarize(cases: list[Case]) -> str:
         fmt[(family, c.kind)][c.outcome] += 1
     lines.append("per mutation kind:")
     for (family, kind), counts in sorted(fmt.items()):
-        lines.append(f"  {family:6} {kind:18} " + ", ".join(f"{k} {v}" for k, v in
-                                                           sorted(counts.items())))  # fmt: skip
+        lines.append(
+            f"  {family:6} {kind:18} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        )
     examples: dict[tuple[str, str], Case] = {}
     for c in cases:
         if c.outcome in BUGS:
@@ -818,8 +877,11 @@ def main(argv: list[str] | None = None) -> int:
             log.write(json.dumps(asdict(case)) + "\n")
             log.flush()
         if not opts.quiet and case.outcome in BUGS:
-            print(f"[{case.outcome}] case {case.index} {case.fixture} {case.kind} ({case.what}): "
-                  f"{case.message}", flush=True)  # fmt: skip
+            print(
+                f"[{case.outcome}] case {case.index} {case.fixture} {case.kind} ({case.what}): "
+                f"{case.message}",
+                flush=True,
+            )
 
     cases = run(opts, emit)
     print(summarize(cases))

@@ -103,21 +103,44 @@ PACK_LIMIT = 15 * 1024 * 1024
 PACK_RESERVE = 10.0
 #: perfguard's [project] dependencies and the module each is imported as
 DEPENDENCIES = {
-    "pandas": "pandas", "numpy": "numpy", "nvtx": "nvtx", "sqlite-utils": "sqlite_utils",
-    "jinja2": "jinja2", "matplotlib": "matplotlib", "pytest": "pytest",
-    "scipy": "scipy", "msgspec": "msgspec", "protobuf": "google.protobuf",
-}  # fmt: skip
+    "pandas": "pandas",
+    "numpy": "numpy",
+    "nvtx": "nvtx",
+    "sqlite-utils": "sqlite_utils",
+    "jinja2": "jinja2",
+    "matplotlib": "matplotlib",
+    "pytest": "pytest",
+    "scipy": "scipy",
+    "msgspec": "msgspec",
+    "protobuf": "google.protobuf",
+}
 #: expected seconds of each step on one H100/H200 (see the module docstring); a step is
 #: skipped when less than this is left before the deadline
 GPU_ESTIMATE_S = {
-    "env": 10, "save": 30, "traces": 40, "graph_capture": 30, "aa": 20, "noise": 0,
-    "change": 20, "compile": 60, "compile_ro": 50, "ncu": 45,
-}  # fmt: skip
+    "env": 10,
+    "save": 30,
+    "traces": 40,
+    "graph_capture": 30,
+    "aa": 20,
+    "noise": 0,
+    "change": 20,
+    "compile": 60,
+    "compile_ro": 50,
+    "ncu": 45,
+}
 #: the same on this project's 2-core CPU machine in --dry mode
 DRY_ESTIMATE_S = {
-    "env": 4, "save": 18, "traces": 10, "graph_capture": 0, "aa": 18, "noise": 0,
-    "change": 18, "compile": 16, "compile_ro": 0, "ncu": 0,
-}  # fmt: skip
+    "env": 4,
+    "save": 18,
+    "traces": 10,
+    "graph_capture": 0,
+    "aa": 18,
+    "noise": 0,
+    "change": 18,
+    "compile": 16,
+    "compile_ro": 0,
+    "ncu": 0,
+}
 #: the model suite's steps on one H100/H200 (benchmarks/README.md, "Expected duration"): a
 #: session of the five tests is its start (Python, torch, transformers, CUDA: ~12 s), two
 #: block compiles (Triton, cold: ~20 + 15 s; from Inductor's caches later: ~8 s each),
@@ -159,40 +182,70 @@ CHANGES = {
     c.name: c
     for c in (
         Change(
-            "work5", "test_transformer_block.py",
-            (("    x = torch.randn(8, 64, 128, device=device)\n",
-              "    x = torch.randn(8, 64, 128, device=device)\n"
-              "    extra_dtype = torch.bfloat16 if device == \"cuda\" else torch.float32\n"
-              "    extra = torch.randn({n}, {n}, device=device, dtype=extra_dtype)"
-              "  # injected: ~5 % more kernel work\n"),
-             ("            y = model(x)\n",
-              "            y = model(x)\n            torch.mm(extra, extra)\n")),
+            "work5",
+            "test_transformer_block.py",
+            (
+                (
+                    "    x = torch.randn(8, 64, 128, device=device)\n",
+                    "    x = torch.randn(8, 64, 128, device=device)\n"
+                    '    extra_dtype = torch.bfloat16 if device == "cuda" else torch.float32\n'
+                    "    extra = torch.randn({n}, {n}, device=device, dtype=extra_dtype)"
+                    "  # injected: ~5 % more kernel work\n",
+                ),
+                (
+                    "            y = model(x)\n",
+                    "            y = model(x)\n            torch.mm(extra, extra)\n",
+                ),
+            ),
             "an extra n x n matmul per step, sized to ~5 % of the test's GPU time",
-            TRANSFORMER, "timing (+5 %), calls, flops", True,
+            TRANSFORMER,
+            "timing (+5 %), calls, flops",
+            True,
         ),
         Change(
-            "item", "test_cnn_train_step.py",
-            (("        losses.append(loss.detach())\n",
-              "        losses.append(loss.detach())\n"
-              "        loss.item()  # injected: a host read (and a sync) per step\n"),),
-            "an added loss.item() in the training loop", CNN, "host_reads, syncs", True,
+            "item",
+            "test_cnn_train_step.py",
+            (
+                (
+                    "        losses.append(loss.detach())\n",
+                    "        losses.append(loss.detach())\n"
+                    "        loss.item()  # injected: a host read (and a sync) per step\n",
+                ),
+            ),
+            "an added loss.item() in the training loop",
+            CNN,
+            "host_reads, syncs",
+            True,
         ),
         Change(
-            "fp32", "test_transformer_block.py",
+            "fp32",
+            "test_transformer_block.py",
             (('enabled=device == "cuda"', "enabled=False"),),
-            "the bf16 autocast off: the block runs in float32", TRANSFORMER,
-            "dtypes, kernel_set, tc_lost, timing", False,
+            "the bf16 autocast off: the block runs in float32",
+            TRANSFORMER,
+            "dtypes, kernel_set, tc_lost, timing",
+            False,
         ),
         Change(
-            "tf32", "conftest.py",
-            (("torch.backends.cuda.matmul.allow_tf32 = True",
-              "torch.backends.cuda.matmul.allow_tf32 = False"),
-             ("torch.backends.cudnn.allow_tf32 = True",
-              "torch.backends.cudnn.allow_tf32 = False")),
-            "TF32 off for matmuls and cuDNN", CNN, "tc_lost, kernel_set, timing", False,
+            "tf32",
+            "conftest.py",
+            (
+                (
+                    "torch.backends.cuda.matmul.allow_tf32 = True",
+                    "torch.backends.cuda.matmul.allow_tf32 = False",
+                ),
+                (
+                    "torch.backends.cudnn.allow_tf32 = True",
+                    "torch.backends.cudnn.allow_tf32 = False",
+                ),
+            ),
+            "TF32 off for matmuls and cuDNN",
+            CNN,
+            "tc_lost, kernel_set, timing",
+            False,
         ),
     )
-}  # fmt: skip
+}
 
 
 #: the model project (issue 44): benchmarks/gpu_models/, copied into a fresh repository
@@ -213,55 +266,91 @@ MODEL_CHANGES = {
     c.name: c
     for c in (
         Change(
-            "eager_attn", "models.py",
+            "eager_attn",
+            "models.py",
             (('attn_implementation="sdpa"', 'attn_implementation="eager"'),),
             "the Llama's attention path from SDPA (flash) to eager (matmul, softmax, matmul)",
-            LM_TRAIN, "calls, kernel_set, flops/bytes, timing", True, also=(LM_FORWARD,),
+            LM_TRAIN,
+            "calls, kernel_set, flops/bytes, timing",
+            True,
+            also=(LM_FORWARD,),
         ),
         Change(
-            "contiguous", "models.py",
+            "contiguous",
+            "models.py",
             (("memory_format=torch.channels_last", "memory_format=torch.contiguous_format"),),
-            "the CNN and its images back from channels-last to NCHW", CNN_TRAIN,
-            "kernel_set (layout transforms), timing", True,
+            "the CNN and its images back from channels-last to NCHW",
+            CNN_TRAIN,
+            "kernel_set (layout transforms), timing",
+            True,
         ),
         Change(
-            "graph_break", "models.py",
-            (("        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))\n",
-              "        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))\n"
-              "        print(\"block\", tuple(x.shape))  # a debug print: a graph break\n"),),
+            "graph_break",
+            "models.py",
+            (
+                (
+                    "        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))\n",
+                    "        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))\n"
+                    '        print("block", tuple(x.shape))  # a debug print: a graph break\n',
+                ),
+            ),
             "a debug print in the compiled block's forward: a graph break, two graphs",
-            COMPILED, "calls (a second compiled graph), kernels, timing", True,
+            COMPILED,
+            "calls (a second compiled graph), kernels, timing",
+            True,
             also=(COMPILED_RO,),
         ),
         Change(
-            "item", "models.py",
-            (("            loss = F.cross_entropy(model(images), labels)\n",
-              "            loss = F.cross_entropy(model(images), labels)\n"
-              "        log.info(\"loss %.4f\", loss.item())  # log the loss every step\n"),),
-            "the CNN's loss logged with .item() every step: a host read and sync", CNN_TRAIN,
-            "host_reads, syncs, calls", True,
+            "item",
+            "models.py",
+            (
+                (
+                    "            loss = F.cross_entropy(model(images), labels)\n",
+                    "            loss = F.cross_entropy(model(images), labels)\n"
+                    '        log.info("loss %.4f", loss.item())  # log the loss every step\n',
+                ),
+            ),
+            "the CNN's loss logged with .item() every step: a host read and sync",
+            CNN_TRAIN,
+            "host_reads, syncs, calls",
+            True,
         ),
         Change(
-            "no_compile", "models.py",
+            "no_compile",
+            "models.py",
             (("COMPILE = True", "COMPILE = False"),),
-            "torch.compile switched off for the block (eager, no CUDA graphs)", COMPILED,
-            "calls, kernel_set, timing", True, also=(COMPILED_RO,),
+            "torch.compile switched off for the block (eager, no CUDA graphs)",
+            COMPILED,
+            "calls, kernel_set, timing",
+            True,
+            also=(COMPILED_RO,),
         ),
         Change(
-            "fp32", "models.py",
-            (("with torch.inference_mode(), torch.autocast(device, dtype=AMP):",
-              "with torch.inference_mode(), torch.autocast(device, dtype=AMP, enabled=False):"),),
+            "fp32",
+            "models.py",
+            (
+                (
+                    "with torch.inference_mode(), torch.autocast(device, dtype=AMP):",
+                    "with torch.inference_mode(), "
+                    "torch.autocast(device, dtype=AMP, enabled=False):",
+                ),
+            ),
             "the LM's inference forward without bf16 autocast (fp32, TF32 on a GPU)",
-            LM_FORWARD, "dtypes, kernel_set, bytes, timing", True,
+            LM_FORWARD,
+            "dtypes, kernel_set, bytes, timing",
+            True,
         ),
         Change(
-            "adamw_foreach", "models.py",
+            "adamw_foreach",
+            "models.py",
             (("weight_decay=0.1, fused=True)", "weight_decay=0.1, foreach=False)"),),
-            "AdamW from the fused kernel to the per-parameter loop", LM_TRAIN,
-            "calls, kernels, timing", True,
+            "AdamW from the fused kernel to the per-parameter loop",
+            LM_TRAIN,
+            "calls, kernels, timing",
+            True,
         ),
     )
-}  # fmt: skip
+}
 
 
 class Terminated(Exception):
@@ -356,13 +445,22 @@ class Acceptance:
             for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
                 env[var] = "1"
         if self.args.pretend_no_git:  # test the no-git path on a machine that has git
-            keep = [d for d in env.get("PATH", "").split(os.pathsep)
-                    if d and not Path(d, "git").exists()]  # fmt: skip
+            keep = [
+                d
+                for d in env.get("PATH", "").split(os.pathsep)
+                if d and not Path(d, "git").exists()
+            ]
             env["PATH"] = os.pathsep.join(keep)
         return env
 
-    def run(self, argv: list[str], name: str, timeout: float, cwd: Path | None = None,
-            env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    def run(
+        self,
+        argv: list[str],
+        name: str,
+        timeout: float,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         """Run a child in its own process group (a timeout kills all of it); its output goes
         to ``logs/<name>.log``. Returns rc (None: timed out), wall seconds and the tail."""
         timeout = max(1.0, min(timeout, self.left() + PACK_RESERVE / 2))
@@ -371,9 +469,13 @@ class Acceptance:
         t = time.monotonic()
         with open(log, "wb") as f:
             self.child = subprocess.Popen(
-                argv, cwd=cwd, env=env or self.env(), stdout=f, stderr=subprocess.STDOUT,
+                argv,
+                cwd=cwd,
+                env=env or self.env(),
+                stdout=f,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
             try:
                 rc: int | None = self.child.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -400,8 +502,13 @@ class Acceptance:
         child.wait()
 
     # ------------------------------------------------------------------ steps
-    def step(self, name: str, fn: Callable[[Step], None], kind: str | None = None,
-             needs: str | None = None) -> Step:  # fmt: skip
+    def step(
+        self,
+        name: str,
+        fn: Callable[[Step], None],
+        kind: str | None = None,
+        needs: str | None = None,
+    ) -> Step:
         """Run ``fn`` as step ``name`` unless its estimate no longer fits or ``needs`` (a
         reason) says it cannot run; record the outcome and rewrite the summary."""
         st = Step(name)
@@ -414,8 +521,10 @@ class Acceptance:
             st.status, st.note = "skipped", needs
         elif self.left() < estimate:
             st.status = "skipped"
-            st.note = (f"deadline: {max(self.left(), 0):.0f} s left of {self.deadline:.0f} s, "
-                       f"the step needs about {estimate} s")  # fmt: skip
+            st.note = (
+                f"deadline: {max(self.left(), 0):.0f} s left of {self.deadline:.0f} s, "
+                f"the step needs about {estimate} s"
+            )
         if st.status == "skipped":
             self.say(f"== {name}: skipped ({st.note})")
             self.checkpoint()
@@ -459,8 +568,10 @@ class Acceptance:
     # ------------------------------------------------------------------ packing
     def pack(self) -> None:
         packed = {}
-        for name, folder in (("artifacts.tar.gz", self.artifacts),
-                             ("fixtures.tar.gz", self.fixtures)):  # fmt: skip
+        for name, folder in (
+            ("artifacts.tar.gz", self.artifacts),
+            ("fixtures.tar.gz", self.fixtures),
+        ):
             packed[name] = pack_folder(folder, self.out / name, PACK_LIMIT)
         ours = {*packed, "summary.json", "summary.md", "log.txt"}
         extra = sorted(p.name for p in self.out.iterdir() if p.name not in ours)
@@ -471,20 +582,28 @@ class Acceptance:
         info: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable}
         for label, argv in (
             ("git", ["git", "--version"]),
-            ("nvidia_smi_clocks", ["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.mem,"
-                                   "clocks.max.sm,power.draw,temperature.gpu,driver_version",
-                                   "--format=csv"]),
+            (
+                "nvidia_smi_clocks",
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,clocks.sm,clocks.mem,"
+                    "clocks.max.sm,power.draw,temperature.gpu,driver_version",
+                    "--format=csv",
+                ],
+            ),
             ("ncu", ["ncu", "--version"]),
             ("nvcc", ["nvcc", "--version"]),
             ("cxx", ["c++", "--version"]),
             ("cc", ["cc", "--version"]),  # Triton builds its launcher with it
-        ):  # fmt: skip
+        ):
             info[label] = quick(argv)
         self.git_ok = info["git"]["rc"] == 0 and not self.args.pretend_no_git
         if not self.git_ok:
             why = "pretended (--pretend-no-git)" if self.args.pretend_no_git else "not found"
-            self.say(f"!! git {why}: sessions run without saving or a baseline; changes are "
-                     "judged by perfguard compare of captures instead")  # fmt: skip
+            self.say(
+                f"!! git {why}: sessions run without saving or a baseline; changes are "
+                "judged by perfguard compare of captures instead"
+            )
         smi = quick(["nvidia-smi", "-q"], timeout=30, keep=200_000)
         (self.artifacts / "nvidia-smi-q.txt").write_text(smi.pop("output", "") or "")
         info["nvidia_smi_q_rc"] = smi["rc"]
@@ -518,8 +637,14 @@ class Acceptance:
             "    t['perfguard_error'] = f'{type(e).__name__}: {e}'[:300]\n"
             "print(json.dumps({'deps': out, 'torch': t}))\n"
         )
-        done = subprocess.run([sys.executable, "-c", code], env=self.env(), capture_output=True,
-                              text=True, timeout=min(120, self.left()), check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=min(120, self.left()),
+            check=False,
+        )
         if done.returncode == 0:
             info.update(json.loads(done.stdout.strip().splitlines()[-1]))
         else:
@@ -557,19 +682,33 @@ class Acceptance:
             git(self.project, "commit", "-q", "-m", f"base: the perfguard {self.suite}")
             self.base_sha = git(self.project, "rev-parse", "HEAD")
 
-    def session(self, st: Step, name: str, kind: str, flags: list[str],
-                change: str | None = None) -> dict[str, Any]:  # fmt: skip
+    def session(
+        self, st: Step, name: str, kind: str, flags: list[str], change: str | None = None
+    ) -> dict[str, Any]:
         """One ``pytest --perfguard`` session in the project; its record in the summary."""
         folder = self.work / "sessions" / name
         shutil.rmtree(folder, ignore_errors=True)
         backend = "torch" if self.device == "cuda" else "cpu"
         # "--opt=PATH": pytest takes its rootdir from any existing path among the
         # arguments, and an outside output folder would move it (and the git state)
-        argv = [sys.executable, "-m", "pytest", "-p", "perfguard.plugin", "-p",
-                "no:cacheprovider", "-q", "--perfguard", f"--perfguard-backend={backend}",
-                f"--perfguard-store={self.store}", f"--perfguard-output={folder}",
-                "--perfguard-fail-on=never", f"--rootdir={self.project}",
-                f"--perfguard-rounds={self.args.rounds}", *flags]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "perfguard.plugin",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--perfguard",
+            f"--perfguard-backend={backend}",
+            f"--perfguard-store={self.store}",
+            f"--perfguard-output={folder}",
+            "--perfguard-fail-on=never",
+            f"--rootdir={self.project}",
+            f"--perfguard-rounds={self.args.rounds}",
+            *flags,
+        ]
         done = self.run(argv, f"session-{name}", self.args.session_timeout, cwd=self.project)
         # sessions slower than planned: start none that cannot end (a models change runs
         # only its tests, so it learns from change sessions alone)
@@ -578,8 +717,14 @@ class Acceptance:
             kinds = ("aa", "change")
         for k in kinds:
             self.estimates[k] = max(self.estimates[k], math.ceil(done["wall_s"]))
-        rec: dict[str, Any] = {"name": name, "kind": kind, "change": change, "rc": done["rc"],
-                               "wall_s": done["wall_s"], "flags": flags}  # fmt: skip
+        rec: dict[str, Any] = {
+            "name": name,
+            "kind": kind,
+            "change": change,
+            "rc": done["rc"],
+            "wall_s": done["wall_s"],
+            "flags": flags,
+        }
         keep = self.artifacts / "sessions" / name
         keep.mkdir(parents=True, exist_ok=True)
         shutil.copy(self.logs / done["log"], keep / "pytest.log")
@@ -592,9 +737,13 @@ class Acceptance:
             captures = folder / "captures"
             if captures.is_dir():  # a few hundred kB: real GPU pytest captures, kept
                 shutil.copytree(captures, keep / "captures", dirs_exist_ok=True)
-            rec.update(badge=doc.get("badge"), complete=doc.get("complete"),
-                       notes=doc.get("notes"), tests=[test_row(t) for t in doc["tests"]],
-                       baseline_status=doc.get("baseline_status"))  # fmt: skip
+            rec.update(
+                badge=doc.get("badge"),
+                complete=doc.get("complete"),
+                notes=doc.get("notes"),
+                tests=[test_row(t) for t in doc["tests"]],
+                baseline_status=doc.get("baseline_status"),
+            )
             rec["captures"] = {t["nodeid"]: t.get("capture") for t in doc["tests"]}
         else:
             rec["error"] = done["tail"]
@@ -662,34 +811,60 @@ class Acceptance:
             per_test = {}
             for nodeid in change.tests:
                 hit = tests.get(nodeid) or {
-                    "outcome": "not run", "reason": "not in the session's results.json "
-                    "(skipped or not collected: the pytest log says which)"}  # fmt: skip
+                    "outcome": "not run",
+                    "reason": "not in the session's results.json "
+                    "(skipped or not collected: the pytest log says which)",
+                }
                 per_test[nodeid] = {
-                    **{k: hit.get(k) for k in ("outcome", "decided_by", "timing_outcome",
-                                               "delta_pct", "ci_pct", "gates_fired", "reason")},
+                    **{
+                        k: hit.get(k)
+                        for k in (
+                            "outcome",
+                            "decided_by",
+                            "timing_outcome",
+                            "delta_pct",
+                            "ci_pct",
+                            "gates_fired",
+                            "reason",
+                        )
+                    },
                     **culprit(md, nodeid),
-                }  # fmt: skip
+                }
             hit = per_test[change.test]
             row = {
-                "change": change.name, "what": change.what, "test": change.test,
-                "session": name, "expect": change.expect, "outcome": hit["outcome"],
+                "change": change.name,
+                "what": change.what,
+                "test": change.test,
+                "session": name,
+                "expect": change.expect,
+                "outcome": hit["outcome"],
                 "caught": hit["outcome"] == "regressed",
-                "timing_outcome": hit["timing_outcome"], "delta_pct": hit["delta_pct"],
-                "ci_pct": hit["ci_pct"], "gates_fired": hit["gates_fired"],
-                "decided_by": hit["decided_by"], "culprit": hit.get("culprit"),
-                "call_site": hit.get("call_site"), "reason": hit["reason"],
+                "timing_outcome": hit["timing_outcome"],
+                "delta_pct": hit["delta_pct"],
+                "ci_pct": hit["ci_pct"],
+                "gates_fired": hit["gates_fired"],
+                "decided_by": hit["decided_by"],
+                "culprit": hit.get("culprit"),
+                "call_site": hit.get("call_site"),
+                "reason": hit["reason"],
                 "matmul_n": size if change.name == "work5" else None,
                 "planned_pct": planned if change.name == "work5" else None,
                 "tests": per_test,
                 "others": {k: v["outcome"] for k, v in tests.items() if k not in changed},
-            }  # fmt: skip
+            }
             self.summary["changes"].append(row)
-            outcomes = ", ".join(f"{k.split('::')[-1]}: {v['outcome']}"
-                                 for k, v in per_test.items())  # fmt: skip
-            notes.append(f"{change.name}: {outcomes} (decided by {hit['decided_by'] or '-'}, "
-                         f"gates {hit['gates_fired']})")  # fmt: skip
-        st.data.update(caught={r["change"]: r["caught"] for r in self.summary["changes"]
-                               if r["session"] == name})  # fmt: skip
+            outcomes = ", ".join(
+                f"{k.split('::')[-1]}: {v['outcome']}" for k, v in per_test.items()
+            )
+            notes.append(
+                f"{change.name}: {outcomes} (decided by {hit['decided_by'] or '-'}, "
+                f"gates {hit['gates_fired']})"
+            )
+        st.data.update(
+            caught={
+                r["change"]: r["caught"] for r in self.summary["changes"] if r["session"] == name
+            }
+        )
         st.note = "; ".join(notes)
 
     def size_work5(self) -> tuple[int, float | None]:
@@ -722,8 +897,7 @@ class Acceptance:
         if not cur_cap or not base_cap:
             return {"nodeid": nodeid, "outcome": None, "reason": "no capture to compare"}
         out = self.artifacts / "sessions" / rec["name"] / "compare.json"
-        argv = [sys.executable, "-m", "perfguard", "compare", cur_cap, base_cap,
-                "--json", str(out)]  # fmt: skip
+        argv = [sys.executable, "-m", "perfguard", "compare", cur_cap, base_cap, "--json", str(out)]
         done = self.run(argv, f"compare-{rec['name']}", 120, cwd=self.work)
         if not out.is_file():
             return {"nodeid": nodeid, "outcome": None, "reason": done["tail"][-300:]}
@@ -748,11 +922,15 @@ class Acceptance:
         for nodeid, rows in by_test.items():
             levels = np.array([r["median_ns"] for r in rows], dtype=float)
             metric = rows[0].get("metric")
-            within = [float(np.std(np.log(r["rounds"]), ddof=1)) for r in rows
-                      if len(r.get("rounds") or []) >= 2]  # fmt: skip
+            within = [
+                float(np.std(np.log(r["rounds"]), ddof=1))
+                for r in rows
+                if len(r.get("rounds") or []) >= 2
+            ]
             n = len(levels)
             out[nodeid] = {
-                "metric": metric, "sessions": n,
+                "metric": metric,
+                "sessions": n,
                 "levels_ns": [round(float(x), 1) for x in levels],
                 "mean_ns": round(float(levels.mean()), 1),
                 "sd_over_mean_pct": pct(np.std(levels, ddof=1) / levels.mean()) if n > 1 else None,
@@ -760,36 +938,62 @@ class Acceptance:
                 "successive_mad_sd_pct": pct(between_run_sd(levels)),
                 "within_session_round_sd_pct": pct(float(np.median(within))) if within else None,
                 "assumed_prior_sd_pct": pct(PRIOR_RUN_SD.get(metric or "", math.nan)),
-            }  # fmt: skip
+            }
         self.summary["noise"] = {"tests": out, "assumed": assumed_sigmas()}
 
     # ------------------------------------------------------------------ 3/6. traces
     def step_traces(self, st: Step) -> None:
-        self.capture_program(st, ["traces", "--iters", str(self.args.trace_iters)], "traces",
-                             self.args.trace_timeout)  # fmt: skip
+        self.capture_program(
+            st, ["traces", "--iters", str(self.args.trace_iters)], "traces", self.args.trace_timeout
+        )
 
     def step_graph_capture(self, st: Step) -> None:
-        self.capture_program(st, ["graph-capture", "--iters", str(self.args.trace_iters)],
-                             "graph-capture", self.args.graph_timeout)  # fmt: skip
+        self.capture_program(
+            st,
+            ["graph-capture", "--iters", str(self.args.trace_iters)],
+            "graph-capture",
+            self.args.graph_timeout,
+        )
 
     def step_compile(self, st: Step, mode: str) -> None:
         if self.device == "cpu" and not (shutil.which("c++") or shutil.which("g++")):
             st.status, st.note = "skipped", "no C++ compiler: Inductor cannot build CPU kernels"
             return
         debug = self.work / f"inductor-{mode}"
-        env = {**self.env(), "TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": str(debug),
-               "TORCH_LOGS": "output_code"}  # fmt: skip
-        self.capture_program(st, ["compile", "--compile-mode", mode, "--iters",
-                                  str(self.args.trace_iters)], f"compile-{mode}",
-                             self.args.compile_timeout, env=env)  # fmt: skip
+        env = {
+            **self.env(),
+            "TORCH_COMPILE_DEBUG": "1",
+            "TORCH_COMPILE_DEBUG_DIR": str(debug),
+            "TORCH_LOGS": "output_code",
+        }
+        self.capture_program(
+            st,
+            ["compile", "--compile-mode", mode, "--iters", str(self.args.trace_iters)],
+            f"compile-{mode}",
+            self.args.compile_timeout,
+            env=env,
+        )
         kept = keep_inductor_debug(debug, self.fixtures / f"inductor_{mode.replace('-', '_')}")
         st.data["inductor_files"] = kept
 
-    def capture_program(self, st: Step, args: list[str], name: str, timeout: float,
-                        env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def capture_program(
+        self,
+        st: Step,
+        args: list[str],
+        name: str,
+        timeout: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
         before = set(manifest_lines(self.fixtures))
-        argv = [sys.executable, str(MODEL), *args, "--out", str(self.fixtures),
-                "--device", self.device]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(MODEL),
+            *args,
+            "--out",
+            str(self.fixtures),
+            "--device",
+            self.device,
+        ]
         done = self.run(argv, name, timeout, cwd=self.work, env=env)
         if name.startswith("compile"):  # TORCH_LOGS=output_code: the kernels' source
             shutil.copy(self.logs / done["log"], self.fixtures / f"{name}.log")
@@ -811,9 +1015,22 @@ class Acceptance:
         path = trace if isinstance(trace, Path) else self.fixtures / trace
         base = base or path.name.removesuffix(".pt.trace.json.gz")
         folder = self.artifacts / "analyze"
-        argv = [sys.executable, "-m", "perfguard", "analyze", "-d", str(path),
-                "--output-path", str(folder), "--base-name", base, "--formats", "csv,json",
-                "-q", "-f"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "analyze",
+            "-d",
+            str(path),
+            "--output-path",
+            str(folder),
+            "--base-name",
+            base,
+            "--formats",
+            "csv,json",
+            "-q",
+            "-f",
+        ]
         done = self.run(argv, f"analyze-{base}", self.args.analyze_timeout, cwd=self.work)
         res: dict[str, Any] = {"rc": done["rc"], "wall_s": done["wall_s"]}
         if done["rc"] != 0:
@@ -852,16 +1069,36 @@ class Acceptance:
         attempts.append(["--launch-skip", "20", "--launch-count", "1"])
         results: list[dict[str, Any]] = []  # the attempts made: those after a success are not
         for i, extra in enumerate(attempts):
-            argv = ["ncu", "--target-processes", "all", "--clock-control", "none", "--section",
-                    "SpeedOfLight", "--csv", "--kernel-name-base", "demangled", *extra,
-                    sys.executable, str(MODEL), "run",
-                    "--iters", "3", "--device", self.device]  # fmt: skip
+            argv = [
+                "ncu",
+                "--target-processes",
+                "all",
+                "--clock-control",
+                "none",
+                "--section",
+                "SpeedOfLight",
+                "--csv",
+                "--kernel-name-base",
+                "demangled",
+                *extra,
+                sys.executable,
+                str(MODEL),
+                "run",
+                "--iters",
+                "3",
+                "--device",
+                self.device,
+            ]
             done = self.run(argv, f"ncu-{i}", self.args.ncu_timeout, cwd=self.work)
             text = (self.logs / done["log"]).read_text(errors="replace")
             rows = [ln for ln in text.splitlines() if ln.startswith('"')]
-            result = {"argv": argv, "rc": done["rc"], "csv_rows": len(rows),
-                      "counters_read": len(rows) > 1 and "ERR_NVGPUCTRPERM" not in text,
-                      "tail": done["tail"][-800:]}  # fmt: skip
+            result = {
+                "argv": argv,
+                "rc": done["rc"],
+                "csv_rows": len(rows),
+                "counters_read": len(rows) > 1 and "ERR_NVGPUCTRPERM" not in text,
+                "tail": done["tail"][-800:],
+            }
             results.append(result)
             if result["counters_read"]:
                 (self.artifacts / "ncu.csv").write_text("\n".join(rows) + "\n")
@@ -878,8 +1115,18 @@ class Acceptance:
         env = self.env()
         if self.device == "cpu":  # the sessions' compiled C++ (and Inductor's cache key)
             env["TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"] = "1"
-        argv = [sys.executable, str(PROBE), "--project", str(self.project), "--device",
-                self.device, "--out", str(out), "--steps", "3" if self.dry else "10"]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(PROBE),
+            "--project",
+            str(self.project),
+            "--device",
+            self.device,
+            "--out",
+            str(out),
+            "--steps",
+            "3" if self.dry else "10",
+        ]
         done = self.run(argv, "probe", self.args.probe_timeout, cwd=self.work, env=env)
         doc = json.loads(out.read_text()) if out.is_file() else {}
         self.summary["probe"] = doc
@@ -913,8 +1160,9 @@ class Acceptance:
             folder = self.artifacts / "analyze"
             res["gemms"] = gemm_rows(folder / f"{short}_detail.csv")
             res["detail_flops"] = op_flops(folder / f"{short}_detail.csv")
-            res["graph_replay"] = graph_replay(res.get("notes") or [],
-                                               folder / f"{short}_detail.csv")  # fmt: skip
+            res["graph_replay"] = graph_replay(
+                res.get("notes") or [], folder / f"{short}_detail.csv"
+            )
             res.pop("top_kernels", None)
             self.summary["models"].setdefault(nodeid, {})["analyze"] = res
             (done if res.get("rc") == 0 else bad).append(short)
@@ -937,25 +1185,38 @@ class Acceptance:
             short = nodeid.split("::")[-1]
             row = next((t for t in save.get("tests") or [] if t["nodeid"] == nodeid), None)
             m["save"] = row and {k: row[k] for k in ("outcome", "median_ns", "metric")}
-            m["aa"] = [t["outcome"] for s in self.summary["sessions"] if s["kind"] == "aa"
-                       for t in s.get("tests") or [] if t["nodeid"] == nodeid]  # fmt: skip
+            m["aa"] = [
+                t["outcome"]
+                for s in self.summary["sessions"]
+                if s["kind"] == "aa"
+                for t in s.get("tests") or []
+                if t["nodeid"] == nodeid
+            ]
             m["noise"] = ((self.summary.get("noise") or {}).get("tests") or {}).get(nodeid)
-            m["changes"] = [{"change": c["change"], **c["tests"][nodeid]}
-                            for c in self.summary["changes"] if nodeid in c["tests"]]  # fmt: skip
+            m["changes"] = [
+                {"change": c["change"], **c["tests"][nodeid]}
+                for c in self.summary["changes"]
+                if nodeid in c["tests"]
+            ]
             p = probe.get(short) or {}
-            m["probe"] = p and {k: p.get(k) for k in ("plain_ms", "flops_total", "source",
-                                                      "skipped", "error", "counted")}  # fmt: skip
+            m["probe"] = p and {
+                k: p.get(k)
+                for k in ("plain_ms", "flops_total", "source", "skipped", "error", "counted")
+            }
             m["cost"] = round_cost(row, p.get("plain_ms")) if row else None
             a = m.get("analyze") or {}
             iters = ((a.get("summary") or {}).get("Iterations")) or None
             m["flops"] = flop_check(a.get("detail_flops") or {}, iters, p.get("flops_by_op"))
-            m["gemms"] = [{**g, **gemm_check(g, peak.get("tflops"), spec)}
-                          for g in a.get("gemms") or []]  # fmt: skip
+            m["gemms"] = [
+                {**g, **gemm_check(g, peak.get("tflops"), spec)} for g in a.get("gemms") or []
+            ]
 
     # ------------------------------------------------------------------ the run
     def main(self) -> None:
-        self.say(f"perfguard GPU acceptance run{' (dry, CPU)' if self.dry else ''}: out "
-                 f"{self.out}, work {self.work}, deadline {self.deadline:.0f} s")  # fmt: skip
+        self.say(
+            f"perfguard GPU acceptance run{' (dry, CPU)' if self.dry else ''}: out "
+            f"{self.out}, work {self.work}, deadline {self.deadline:.0f} s"
+        )
         self.device = "cpu"
         env = self.step("env", self.step_env)
         if env.status != "ok" and not self.dry:
@@ -968,19 +1229,22 @@ class Acceptance:
             self.main_models(no_session)
             return
         self.step("traces", self.step_traces)
-        self.step("graph_capture", self.step_graph_capture,
-                  needs="CUDA graphs need a GPU" if self.device != "cuda" else None)  # fmt: skip
+        self.step(
+            "graph_capture",
+            self.step_graph_capture,
+            needs="CUDA graphs need a GPU" if self.device != "cuda" else None,
+        )
         for i in range(1, self.args.aa + 1):
-            self.step(f"aa{i}", lambda st, i=i: self.step_aa(st, i), kind="aa",
-                      needs=no_session)  # fmt: skip
+            self.step(f"aa{i}", lambda st, i=i: self.step_aa(st, i), kind="aa", needs=no_session)
         self.step("noise", lambda st: self.noise(), needs=no_session)
         for name in self.args.changes:
             change = CHANGES[name]
             needs = no_session
             if self.dry and not change.on_cpu:
                 needs = "changes nothing on the CPU (CUDA-only code path)"
-            self.step(name, lambda st, c=change: self.step_changes(st, [c]), kind="change",
-                      needs=needs)  # fmt: skip
+            self.step(
+                name, lambda st, c=change: self.step_changes(st, [c]), kind="change", needs=needs
+            )
         self.step("compile", lambda st: self.step_compile(st, "default"))
         self.step(
             "compile_ro",
@@ -1002,9 +1266,12 @@ class Acceptance:
         if self.args.aa:
             aa(1)
         for batch in change_batches([MODEL_CHANGES[n] for n in self.args.changes]):
-            self.step("+".join(c.name for c in batch),
-                      lambda st, b=batch: self.step_changes(st, b), kind="change",
-                      needs=no_session)  # fmt: skip
+            self.step(
+                "+".join(c.name for c in batch),
+                lambda st, b=batch: self.step_changes(st, b),
+                kind="change",
+                needs=no_session,
+            )
         for i in range(2, self.args.aa + 1):
             aa(i)
         self.step("noise", lambda st: self.noise(), needs=no_session)
@@ -1017,10 +1284,21 @@ def pct(x: float) -> float | None:
 
 def git(repo: Path, *args: str) -> str:
     done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=perfguard-acceptance",
-         "-c", "user.email=acceptance@perfguard.invalid", *args],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=perfguard-acceptance",
+            "-c",
+            "user.email=acceptance@perfguard.invalid",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -1044,20 +1322,26 @@ def test_row(t: dict[str, Any]) -> dict[str, Any]:
     fired = sorted({r.get("gate") for r in gates.get("regressions") or []} - {None})
     lo, hi = timing.get("ci_low_pct"), timing.get("ci_high_pct")  # the figures' one home
     return {
-        "nodeid": t.get("nodeid"), "outcome": t.get("outcome"),
+        "nodeid": t.get("nodeid"),
+        "outcome": t.get("outcome"),
         "reason": (t.get("message") or t.get("error") or "")[:500],
-        "metric": timing.get("metric"), "median_ns": timing.get("median_current_ns"),
-        "baseline_ns": timing.get("median_baseline_ns"), "delta_pct": timing.get("delta_pct"),
+        "metric": timing.get("metric"),
+        "median_ns": timing.get("median_current_ns"),
+        "baseline_ns": timing.get("median_baseline_ns"),
+        "delta_pct": timing.get("delta_pct"),
         "ci_pct": [lo, hi] if lo is not None else None,
-        "timing_outcome": timing.get("outcome"), "noise_pct": timing.get("noise_pct"),
-        "history_runs": timing.get("history_runs"), "gates_outcome": gates.get("outcome"),
+        "timing_outcome": timing.get("outcome"),
+        "noise_pct": timing.get("noise_pct"),
+        "history_runs": timing.get("history_runs"),
+        "gates_outcome": gates.get("outcome"),
         "gates_fired": fired,
         "gate_messages": [r.get("message") for r in gates.get("regressions") or []][:6],
         "rounds": t.get("rounds_current") or [],
         "samples": len(t.get("samples_current") or []),
         "decided_by": (t.get("explanation") or {}).get("decided_by"),
-        "lead": (t.get("explanation") or {}).get("lead"), "phase_s": t.get("phase_s") or {},
-    }  # fmt: skip
+        "lead": (t.get("explanation") or {}).get("lead"),
+        "phase_s": t.get("phase_s") or {},
+    }
 
 
 #: a call site as the explanation writes it: ``at models.py:12 in Net.forward`` (the call-site
@@ -1125,20 +1409,33 @@ def _num(value: str | None) -> float | None:
 def gemm_rows(detail_csv: Path, n: int = 5) -> list[dict[str, Any]]:
     """The ``n`` Tensor-Core-eligible ops with FLOPs that took the most GPU time (CPU time
     where the capture has no GPU), from ``perfguard analyze``'s detail report."""
-    rows = [r for r in read_detail(detail_csv)
-            if r.get("TC Eligibility") == "True" and (_num(r.get("FLOPs")) or 0) > 0]  # fmt: skip
+    rows = [
+        r
+        for r in read_detail(detail_csv)
+        if r.get("TC Eligibility") == "True" and (_num(r.get("FLOPs")) or 0) > 0
+    ]
     on_gpu = any((_num(r.get("Total GPU Time (ns)")) or 0) > 0 for r in rows)
     key = "Total GPU Time (ns)" if on_gpu else "Total CPU Time (ns)"
     rows.sort(key=lambda r: -(_num(r.get(key)) or 0))
-    return [{
-        "op": r["Op Name"], "direction": r.get("Direction"), "dtype": r.get("Data Type"),
-        "shapes": (r.get("Input Shapes") or "")[:120], "calls": _num(r.get("No. Calls")),
-        "gpu_ns": _num(r.get("Total GPU Time (ns)")), "cpu_ns": _num(r.get("Total CPU Time (ns)")),
-        "kernels": _num(r.get("No. Kernels")), "using_tc": r.get("Using TC") == "True",
-        "tc_pct": _num(r.get("TC Utilization (%)")), "flops": _num(r.get("FLOPs")),
-        "tflops": _num(r.get("Achieved TFLOP/s")), "eff_pct": _num(r.get("FLOP Efficiency (%)")),
-        "call_site": r.get("Call Site") or None,
-    } for r in rows[:n]]  # fmt: skip
+    return [
+        {
+            "op": r["Op Name"],
+            "direction": r.get("Direction"),
+            "dtype": r.get("Data Type"),
+            "shapes": (r.get("Input Shapes") or "")[:120],
+            "calls": _num(r.get("No. Calls")),
+            "gpu_ns": _num(r.get("Total GPU Time (ns)")),
+            "cpu_ns": _num(r.get("Total CPU Time (ns)")),
+            "kernels": _num(r.get("No. Kernels")),
+            "using_tc": r.get("Using TC") == "True",
+            "tc_pct": _num(r.get("TC Utilization (%)")),
+            "flops": _num(r.get("FLOPs")),
+            "tflops": _num(r.get("Achieved TFLOP/s")),
+            "eff_pct": _num(r.get("FLOP Efficiency (%)")),
+            "call_site": r.get("Call Site") or None,
+        }
+        for r in rows[:n]
+    ]
 
 
 def op_flops(detail_csv: Path) -> dict[str, list[Any]]:
@@ -1156,8 +1453,9 @@ def op_flops(detail_csv: Path) -> dict[str, list[Any]]:
 MATRIX_OP = re.compile(r"attention|convolution|matmul|einsum|linear|mm")
 
 
-def flop_check(detail: dict[str, list[Any]], iterations: int | None,
-               counted: dict[str, int] | None) -> dict[str, Any] | None:  # fmt: skip
+def flop_check(
+    detail: dict[str, list[Any]], iterations: int | None, counted: dict[str, int] | None
+) -> dict[str, Any] | None:
     """perfguard's FLOPs per iteration beside FlopCounterMode's per step, op by op: an op
     path counts for a counted aten op when it names that op (perfguard gives an op's
     FLOPs once, to one range of its chain); ``unmatched`` is the matrix FLOPs (a Tensor-
@@ -1172,8 +1470,11 @@ def flop_check(detail: dict[str, list[Any]], iterations: int | None,
         paths = [p for p in detail if op in p.split("/")]
         matched.update(paths)
         ours = sum(detail[p][0] for p in paths) / iterations
-        per_op[op] = {"perfguard": ours, "flop_counter": ref,
-                      "ratio": round(ours / ref, 4) if ref else None}  # fmt: skip
+        per_op[op] = {
+            "perfguard": ours,
+            "flop_counter": ref,
+            "ratio": round(ours / ref, 4) if ref else None,
+        }
     ours = sum(v["perfguard"] for v in per_op.values())
     ref = sum(counted.values())
     rest: dict[str, float] = {}
@@ -1181,8 +1482,13 @@ def flop_check(detail: dict[str, list[Any]], iterations: int | None,
         leaf = p.split("/")[-1]
         if p not in matched and (eligible or MATRIX_OP.search(leaf)):
             rest[leaf] = rest.get(leaf, 0.0) + f / iterations
-    return {"per_op": per_op, "perfguard": ours, "flop_counter": ref,
-            "ratio": round(ours / ref, 4) if ref else None, "unmatched": rest}  # fmt: skip
+    return {
+        "per_op": per_op,
+        "perfguard": ours,
+        "flop_counter": ref,
+        "ratio": round(ours / ref, 4) if ref else None,
+        "unmatched": rest,
+    }
 
 
 def gemm_check(g: dict[str, Any], measured: float | None, spec: float | None) -> dict[str, Any]:
@@ -1194,8 +1500,9 @@ def gemm_check(g: dict[str, Any], measured: float | None, spec: float | None) ->
         "of_measured_pct": round(100 * tf / measured, 2) if tf and measured else None,
         "of_spec_pct": round(100 * tf / spec, 2) if tf and spec else None,
     }
-    out["plausible"] = None if not tf else bool((eff or 0) <= 100 and
-                                                (not measured or tf <= 1.1 * measured))  # fmt: skip
+    out["plausible"] = (
+        None if not tf else bool((eff or 0) <= 100 and (not measured or tf <= 1.1 * measured))
+    )
     return out
 
 
@@ -1212,12 +1519,19 @@ def graph_replay(notes: list[str], detail_csv: Path) -> dict[str, Any] | None:
         if not m:
             continue
         tied = TIED.search(note)
-        untied = [r["Op Name"] for r in read_detail(detail_csv)
-                  if r["Op Name"].split("/")[-1].startswith("graph_replay_")]  # fmt: skip
-        return {"activities": int(m[1]), "replayed_pct_of_gpu": float(m[2]),
-                "tied": int(tied[1]) if tied else 0,
-                "named_pct_of_replayed": float(tied[2]) if tied else 0.0,
-                "untied_ops": untied[:5], "note": note[:600]}  # fmt: skip
+        untied = [
+            r["Op Name"]
+            for r in read_detail(detail_csv)
+            if r["Op Name"].split("/")[-1].startswith("graph_replay_")
+        ]
+        return {
+            "activities": int(m[1]),
+            "replayed_pct_of_gpu": float(m[2]),
+            "tied": int(tied[1]) if tied else 0,
+            "named_pct_of_replayed": float(tied[2]) if tied else 0.0,
+            "untied_ops": untied[:5],
+            "note": note[:600],
+        }
     return None
 
 
@@ -1231,10 +1545,14 @@ def round_cost(row: dict[str, Any], plain_ms: float | None) -> dict[str, Any]:
     separate = "timing" in ph
     prof_rounds = 1 if separate else rounds
     out: dict[str, Any] = {
-        "iterations": iters, "profiled_s": ph.get("profiled"), "profiled_rounds": prof_rounds,
-        "timed_s": ph.get("timing"), "timed_rounds": rounds if separate else 0,
-        "warmup_s": ph.get("warmup"), "analysis_s": ph.get("analysis"),
-    }  # fmt: skip
+        "iterations": iters,
+        "profiled_s": ph.get("profiled"),
+        "profiled_rounds": prof_rounds,
+        "timed_s": ph.get("timing"),
+        "timed_rounds": rounds if separate else 0,
+        "warmup_s": ph.get("warmup"),
+        "analysis_s": ph.get("analysis"),
+    }
     prof = ph.get("profiled")
     out["profiled_round_s"] = prof / prof_rounds if prof else None
     out["timed_round_s"] = ph["timing"] / rounds if separate else None
@@ -1273,9 +1591,16 @@ def top_kernels(csv_path: Path, n: int = 5) -> list[dict[str, Any]]:
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
     rows.sort(key=lambda r: -float(r.get("Total GPU Time (ns)") or 0))
-    return [{"name": r.get("Kernel Name"), "short_name": r.get("Kernel Short Name"),
-             "op": r.get("Op Name"), "gpu_ns": float(r.get("Total GPU Time (ns)") or 0),
-             "calls": r.get("No. Calls")} for r in rows[:n]]  # fmt: skip
+    return [
+        {
+            "name": r.get("Kernel Name"),
+            "short_name": r.get("Kernel Short Name"),
+            "op": r.get("Op Name"),
+            "gpu_ns": float(r.get("Total GPU Time (ns)") or 0),
+            "calls": r.get("No. Calls"),
+        }
+        for r in rows[:n]
+    ]
 
 
 def kernel_word(name: str) -> str:
@@ -1289,11 +1614,18 @@ def keep_inductor_debug(debug: Path, dest: Path, limit: int = 2 * 1024 * 1024) -
     ``limit`` bytes, smallest first."""
     if not debug.is_dir():
         return []
-    wanted = ("output_code.py", "inductor_provenance_tracking_node_mappings.json",
-              "fx_graph_readable.py", "fx_graph_transformed.py", "ir_post_fusion.txt",
-              "ir_pre_fusion.txt")  # fmt: skip
-    files = sorted((p for p in debug.rglob("*") if p.is_file() and p.name in wanted),
-                   key=lambda p: p.stat().st_size)  # fmt: skip
+    wanted = (
+        "output_code.py",
+        "inductor_provenance_tracking_node_mappings.json",
+        "fx_graph_readable.py",
+        "fx_graph_transformed.py",
+        "ir_post_fusion.txt",
+        "ir_pre_fusion.txt",
+    )
+    files = sorted(
+        (p for p in debug.rglob("*") if p.is_file() and p.name in wanted),
+        key=lambda p: p.stat().st_size,
+    )
     kept, used = [], 0
     for p in files:
         size = p.stat().st_size
@@ -1370,15 +1702,22 @@ def markdown(s: dict[str, Any]) -> str:
         note = st["note"] or ""
         if st["error"]:
             note += " " + st["error"].strip().splitlines()[-1]
-        lines.append(f"| {st['name']} | {st['status']} | {_fmt(st['wall_s'], 1)} | "
-                     f"{note.strip().replace('|', '/')[:300]} |")  # fmt: skip
+        lines.append(
+            f"| {st['name']} | {st['status']} | {_fmt(st['wall_s'], 1)} | "
+            f"{note.strip().replace('|', '/')[:300]} |"
+        )
     deps = env.get("deps") or {}
     missing = [d for d, v in deps.items() if not v.get("imports")]
     if deps:
         lines += ["", f"Dependencies that do not import: {', '.join(missing) or 'none'}."]
-    lines += ["", "## Sessions", "", "| session | rc | s | test | outcome | metric | median "
-              "| delta % | interval % | timing | gates fired |", "|---|---|---|---|---|---|---|"
-              "---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Sessions",
+        "",
+        "| session | rc | s | test | outcome | metric | median "
+        "| delta % | interval % | timing | gates fired |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for ses in s["sessions"]:
         for row in ses.get("tests") or [{}]:
             lines.append(
@@ -1389,9 +1728,14 @@ def markdown(s: dict[str, Any]) -> str:
                 f"{row.get('timing_outcome', '-')} | {_fmt(row.get('gates_fired'))} |"
             )
     if s["changes"]:
-        lines += ["", "## Injected changes", "", "| change | test | expected | outcome | decided "
-                  "by | timing | delta % | gates fired | other tests |", "|---|---|---|---|---|"
-                  "---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "## Injected changes",
+            "",
+            "| change | test | expected | outcome | decided "
+            "by | timing | delta % | gates fired | other tests |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         culprits = []
         for c in s["changes"]:
             others = ", ".join(f"{k.split('::')[-1]}: {v}" for k, v in c["others"].items())
@@ -1404,17 +1748,21 @@ def markdown(s: dict[str, Any]) -> str:
                 )
                 if t.get("culprit"):
                     site = f" (call site: `{t['call_site']}`)" if t.get("call_site") else ""
-                    culprits.append(f"- {c['change']}, {nodeid.split('::')[-1]}{site}: "
-                                    f"`{t['culprit']}`")  # fmt: skip
+                    culprits.append(
+                        f"- {c['change']}, {nodeid.split('::')[-1]}{site}: `{t['culprit']}`"
+                    )
         if culprits:
-            lines += ["", "First culprit line of each changed test's `summary.md`:", "",
-                      *culprits]  # fmt: skip
+            lines += ["", "First culprit line of each changed test's `summary.md`:", "", *culprits]
     noise = (s.get("noise") or {}).get("tests") or {}
     if noise:
-        lines += ["", "## Between-session noise of unchanged code", "",
-                  "| test | metric | sessions | mean ns | sd/mean % | log sd % | successive-MAD "
-                  "sd % (the judge's) | within-session round sd % | assumed prior % |",
-                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "## Between-session noise of unchanged code",
+            "",
+            "| test | metric | sessions | mean ns | sd/mean % | log sd % | successive-MAD "
+            "sd % (the judge's) | within-session round sd % | assumed prior % |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for nodeid, n in noise.items():
             lines.append(
                 f"| {nodeid.split('::')[-1]} | {n['metric']} | {n['sessions']} | "
@@ -1424,8 +1772,13 @@ def markdown(s: dict[str, Any]) -> str:
             )
         lines += ["", f"Assumed: `{json.dumps(s['noise'].get('assumed'))}`."]
     if s["traces"]:
-        lines += ["", "## Traces (fixtures.tar.gz)", "", "| trace | bytes | analyze | top kernel "
-                  "| its op |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "## Traces (fixtures.tar.gz)",
+            "",
+            "| trace | bytes | analyze | top kernel | its op |",
+            "|---|---|---|---|---|",
+        ]
         for tr in s["traces"]:
             a = tr.get("analyze") or {}
             k = (a.get("top_kernels") or [{}])[0]
@@ -1439,37 +1792,63 @@ def markdown(s: dict[str, Any]) -> str:
     for a in s.get("ncu") or []:
         if not isinstance(a, dict):
             continue
-        lines += ["", f"ncu: rc {a.get('rc')}, {a.get('csv_rows')} CSV rows, counters read: "
-                  f"{a.get('counters_read')}"]  # fmt: skip
+        lines += [
+            "",
+            f"ncu: rc {a.get('rc')}, {a.get('csv_rows')} CSV rows, counters read: "
+            f"{a.get('counters_read')}",
+        ]
     packed = (s.get("packed") or {}).get("files") or {}
     if packed:
-        lines += ["", "Packed: " + ", ".join(
-            f"{k} {v['bytes']} bytes ({v['files']} files"
-            + (f", left out: {'; '.join(v['left_out_too_big'])}" if v["left_out_too_big"] else "")
-            + ")" for k, v in packed.items())]  # fmt: skip
+        lines += [
+            "",
+            "Packed: "
+            + ", ".join(
+                f"{k} {v['bytes']} bytes ({v['files']} files"
+                + (
+                    f", left out: {'; '.join(v['left_out_too_big'])}"
+                    if v["left_out_too_big"]
+                    else ""
+                )
+                + ")"
+                for k, v in packed.items()
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 
 def models_markdown(s: dict[str, Any]) -> list[str]:
     """The per-model sections of summary.md (issue 44 item 2)."""
     found = s.get("models") or {}
-    models = {k: found[k] for k in MODEL_TESTS
-              if k in found and (found[k].get("save") or found[k].get("probe"))}  # fmt: skip
+    models = {
+        k: found[k]
+        for k in MODEL_TESTS
+        if k in found and (found[k].get("save") or found[k].get("probe"))
+    }
     if not models:
         return []
     peak = (s.get("probe") or {}).get("matmul") or {}
-    lines = ["", "## Per model", "",
-             f"Measured bf16 matmul ({peak.get('n')}^3): {peak.get('tflops')} TFLOP/s.", "",
-             "| test | implementation | A/A outcomes | between-session sd % (judge's) | "
-             "profiled round s | timed round s | plain round s | profiled / timed | "
-             "profiled / plain | FLOPs per step, perfguard / FlopCounterMode | replayed "
-             "GPU time named % |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        "## Per model",
+        "",
+        f"Measured bf16 matmul ({peak.get('n')}^3): {peak.get('tflops')} TFLOP/s.",
+        "",
+        "| test | implementation | A/A outcomes | between-session sd % (judge's) | "
+        "profiled round s | timed round s | plain round s | profiled / timed | "
+        "profiled / plain | FLOPs per step, perfguard / FlopCounterMode | replayed "
+        "GPU time named % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for nodeid, m in models.items():
         p, c, n = m.get("probe") or {}, m.get("cost") or {}, m.get("noise") or {}
         f, g = m.get("flops") or {}, (m.get("analyze") or {}).get("graph_replay") or {}
         impl = p.get("source") or p.get("skipped") or ("error" if p.get("error") else "-")
-        flops = (f"{_fmt(f.get('perfguard'), 0)} / {_fmt(f.get('flop_counter'), 0)} "
-                 f"({_fmt(f.get('ratio'), 3)})" if f else "-")  # fmt: skip
+        flops = (
+            f"{_fmt(f.get('perfguard'), 0)} / {_fmt(f.get('flop_counter'), 0)} "
+            f"({_fmt(f.get('ratio'), 3)})"
+            if f
+            else "-"
+        )
         lines.append(
             f"| {nodeid.split('::')[-1]} | {impl} | {_fmt(m.get('aa'))} | "
             f"{_fmt(n.get('sd_over_mean_pct'))} ({_fmt(n.get('successive_mad_sd_pct'))}) | "
@@ -1481,10 +1860,14 @@ def models_markdown(s: dict[str, Any]) -> list[str]:
         gemms = m.get("gemms") or []
         if not gemms:
             continue
-        lines += ["", f"Top GEMMs of {nodeid.split('::')[-1]} (perfguard analyze):", "",
-                  "| op | dtype | calls | TC % | TFLOP/s | FLOP eff % | implied peak | % of "
-                  "measured | % of spec | plausible |", "|---|---|---|---|---|---|---|---|---|"
-                  "---|"]  # fmt: skip
+        lines += [
+            "",
+            f"Top GEMMs of {nodeid.split('::')[-1]} (perfguard analyze):",
+            "",
+            "| op | dtype | calls | TC % | TFLOP/s | FLOP eff % | implied peak | % of "
+            "measured | % of spec | plausible |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in gemms:
             lines.append(
                 f"| {r['op'].split('/')[-1]} ({r['direction']}) | {r['dtype']} | "
@@ -1521,9 +1904,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="folder for the packed results (at most 8 files come back)",
     )
     p.add_argument("--work", type=Path, help="working folder (default: a new temp folder)")
-    p.add_argument("--suite", choices=("models", "examples"), default="models",
-                   help="models: real model code (issue 44, the default); examples: "
-                   "perfguard's examples, traces, compile and ncu (issue 32)")  # fmt: skip
+    p.add_argument(
+        "--suite",
+        choices=("models", "examples"),
+        default="models",
+        help="models: real model code (issue 44, the default); examples: "
+        "perfguard's examples, traces, compile and ncu (issue 32)",
+    )
     p.add_argument(
         "--dry",
         action="store_true",
@@ -1537,9 +1924,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--aa", type=int, help="A/A sessions after the save (default: models 2, examples 5; dry 1)"
     )
-    p.add_argument("--changes", help=f"comma list of {','.join(MODEL_CHANGES)} (models) or "
-                   f"{','.join(CHANGES)} (examples) (default all; dry: those that change "
-                   "something on the CPU)")  # fmt: skip
+    p.add_argument(
+        "--changes",
+        help=f"comma list of {','.join(MODEL_CHANGES)} (models) or "
+        f"{','.join(CHANGES)} (examples) (default all; dry: those that change "
+        "something on the CPU)",
+    )
     p.add_argument("--only", help="comma list of steps (or kinds: aa, change) to run")
     p.add_argument("--rounds", type=int, help="--perfguard-rounds (default 5, dry 3)")
     p.add_argument("--trace-iters", type=int, help="profiled iterations per trace (10, dry 3)")

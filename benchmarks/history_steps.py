@@ -67,20 +67,26 @@ def main() -> int:
     print(f"metric {hist.metric}; level before the first step {base / 1e6:.3f} ms")
     for row in levels.itertuples():
         extra = history_repo.extra_at(int(row.position), args.up, args.down)
-        print(f"  {int(row.position):3d} {row.commit[:10]} extra={extra:2d} "
-              f"{row.value / 1e6:8.3f} ms ({100 * (row.value / base - 1):+5.1f} %)")  # fmt: skip
+        print(
+            f"  {int(row.position):3d} {row.commit[:10]} extra={extra:2d} "
+            f"{row.value / 1e6:8.3f} ms ({100 * (row.value / base - 1):+5.1f} %)"
+        )
     print("change points:")
     for cp in hist.change_points:
         pos = int(levels["position"].iloc[cp.index])
         levels_ms = f"{cp.before_ns / 1e6:.3f} -> {cp.after_ns / 1e6:.3f} ms"
-        print(f"  at commit {pos} ({cp.commit[:10]}): {cp.change_pct:+.1f} % "
-              f"({levels_ms}, p={cp.p_value:.3f})")  # fmt: skip
+        print(
+            f"  at commit {pos} ({cp.commit[:10]}): {cp.change_pct:+.1f} % "
+            f"({levels_ms}, p={cp.p_value:.3f})"
+        )
         for op in cp.ops:
             print(f"      {op.op_name}: {op.before_ns / 1e6:.3f} -> {op.after_ns / 1e6:.3f} ms")
     found = sorted(int(levels["position"].iloc[cp.index]) for cp in hist.change_points)
     ok = found == [args.up, args.down]
-    print(f"expected change points at {[args.up, args.down]}, found {found}: "
-          f"{'EXACT' if ok else 'MISMATCH'}")  # fmt: skip
+    print(
+        f"expected change points at {[args.up, args.down]}, found {found}: "
+        f"{'EXACT' if ok else 'MISMATCH'}"
+    )
     return 0 if ok else 1
 
 
@@ -107,21 +113,27 @@ def four(repo: Path | None, commits: int, export: Path | None) -> int:
     calls = hist.counters.set_index("run_id")["calls"]
     print(f"metric {hist.metric}")
     for row in levels.itertuples():
-        print(f"  {int(row.position):3d} {row.commit[:10]} {row.value / 1e6:8.3f} ms "
-              f"calls {calls[row.run_id]:6.0f}")  # fmt: skip
+        print(
+            f"  {int(row.position):3d} {row.commit[:10]} {row.value / 1e6:8.3f} ms "
+            f"calls {calls[row.run_id]:6.0f}"
+        )
     position = levels["position"].to_numpy()
     timing = sorted(int(position[cp.index]) for cp in hist.change_points)
     counter = sorted({int(position[s.index]) for s in hist.counter_steps})
     for cp in hist.change_points:
-        print(f"  timing at commit {position[cp.index]}: {cp.kind} {cp.change_pct:+.1f} % "
-              f"(z={cp.z:.1f})")  # fmt: skip
+        print(
+            f"  timing at commit {position[cp.index]}: {cp.kind} {cp.change_pct:+.1f} % "
+            f"(z={cp.z:.1f})"
+        )
     for st in hist.counter_steps:
         print(
             f"  counter at commit {position[st.index]}: {st.counter} {st.before:g} -> {st.after:g}"
         )
     ok = timing == truth["timing"] and counter == truth["counter"]
-    print(f"timing expected {truth['timing']}, found {timing}; counters expected "
-          f"{truth['counter']}, found {counter}: {'EXACT' if ok else 'MISMATCH'}")  # fmt: skip
+    print(
+        f"timing expected {truth['timing']}, found {timing}; counters expected "
+        f"{truth['counter']}, found {counter}: {'EXACT' if ok else 'MISMATCH'}"
+    )
     return 0 if ok else 1
 
 

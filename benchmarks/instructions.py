@@ -63,9 +63,12 @@ def _model(variant: str):  # noqa: ANN202 - torch is imported in the child only
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+        torch.nn.Linear(64, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
         torch.nn.Linear(256, 10),
-    )  # fmt: skip
+    )
     if variant == "blas_layout":
         w = model[0].weight.detach()
         model[0].weight = torch.nn.Parameter(w.t().contiguous().t())  # same values, F-order
@@ -192,14 +195,16 @@ def sessions_in_one_child(
     env = {**os.environ, **DETERMINISTIC_ENV}
     walls, loads = {}, {}
     for k in ks:
-        timed = subprocess.run([*me, "--child-time", spec], env=env, capture_output=True,
-                               text=True, check=True)  # fmt: skip
+        timed = subprocess.run(
+            [*me, "--child-time", spec], env=env, capture_output=True, text=True, check=True
+        )
         walls[k], loads[k] = json.loads(timed.stdout), os.getloadavg()[0]
     out_doc = []
     with tempfile.TemporaryDirectory(prefix="pg-cg-") as out:
         arg = json.dumps({"sessions": ks, "layouts": layouts, "variants": list(variants)})
-        run = run_callgrind([*me, "--child-count", spec, arg], out, cache_sim=cache_sim,
-                            timeout=4 * 3600)  # fmt: skip
+        run = run_callgrind(
+            [*me, "--child-count", spec, arg], out, cache_sim=cache_sim, timeout=4 * 3600
+        )
         for k in ks:
             counts, tops = {}, {}
             for variant in variants:
@@ -210,9 +215,16 @@ def sessions_in_one_child(
                 figures, table = mean_of(each)
                 counts[variant] = {**figures, "per_layout": [f["instructions"] for f, _ in each]}
                 tops[variant] = table.head(40).to_dict("list")
-            out_doc.append({"session": k, "wall_ns": walls[k], "counts": counts,
-                            "callgrind_s": run.wall_time_s / len(ks), "functions": tops,
-                            "load": loads[k]})  # fmt: skip
+            out_doc.append(
+                {
+                    "session": k,
+                    "wall_ns": walls[k],
+                    "counts": counts,
+                    "callgrind_s": run.wall_time_s / len(ks),
+                    "functions": tops,
+                    "load": loads[k],
+                }
+            )
     return out_doc
 
 
@@ -237,25 +249,32 @@ def main() -> None:
     print(f"spins {spins}", file=sys.stderr)
     hogs = []
     if args.busy:
-        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(os.cpu_count() or 1)]  # fmt: skip
+        hogs = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 1)
+        ]
     variants = tuple(args.variants.split(",")) if args.variants else VARIANTS
     ids = list(range(args.first, args.first + args.sessions))
     chunks = [ids[j :: args.jobs] for j in range(args.jobs)]
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
             parts = pool.map(
-                lambda ks: sessions_in_one_child(ks, spins, args.cache_sim, args.layouts,
-                                                 variants),
+                lambda ks: sessions_in_one_child(ks, spins, args.cache_sim, args.layouts, variants),
                 [c for c in chunks if c],
-            )  # fmt: skip
+            )
             results = sorted((r for part in parts for r in part), key=lambda r: r["session"])
     finally:
         for h in hogs:
             h.terminate()
             h.wait()
-    doc = {"spins": spins, "busy": args.busy, "cache_sim": args.cache_sim,
-           "layouts": args.layouts, "variants": list(variants), "sessions": results}  # fmt: skip
+    doc = {
+        "spins": spins,
+        "busy": args.busy,
+        "cache_sim": args.cache_sim,
+        "layouts": args.layouts,
+        "variants": list(variants),
+        "sessions": results,
+    }
     Path(args.out).write_text(json.dumps(doc))
     print(json.dumps(table(doc), indent=1))
 
@@ -267,11 +286,16 @@ def table(doc: dict) -> dict:
     alone: what the plugin measured before it averaged layouts."""
     s = doc["sessions"]
     variants = doc.get("variants") or list(VARIANTS)
-    out: dict[str, object] = {"sessions": len(s), "busy": doc["busy"],
-                              "layouts": doc.get("layouts", 1),
-                              "load_median": sorted(r["load"] for r in s)[len(s) // 2]}  # fmt: skip
-    metrics = {"instructions": lambda r, v: r["counts"][v]["instructions"],
-               "wall": lambda r, v: r["wall_ns"][v]}  # fmt: skip
+    out: dict[str, object] = {
+        "sessions": len(s),
+        "busy": doc["busy"],
+        "layouts": doc.get("layouts", 1),
+        "load_median": sorted(r["load"] for r in s)[len(s) // 2],
+    }
+    metrics = {
+        "instructions": lambda r, v: r["counts"][v]["instructions"],
+        "wall": lambda r, v: r["wall_ns"][v],
+    }
     if doc.get("layouts", 1) > 1:
         metrics["instructions_1_layout"] = lambda r, v: r["counts"][v]["per_layout"][0]
     if doc.get("cache_sim"):
@@ -325,8 +349,9 @@ if __name__ == "__main__":
         print(json.dumps(table(json.loads(Path(sys.argv[2]).read_text())), indent=1))
     elif len(sys.argv) == 4 and sys.argv[1] == "--child-count":
         what = json.loads(sys.argv[3])
-        child_count(json.loads(sys.argv[2]), what["sessions"], what["layouts"],
-                    tuple(what["variants"]))  # fmt: skip
+        child_count(
+            json.loads(sys.argv[2]), what["sessions"], what["layouts"], tuple(what["variants"])
+        )
     elif len(sys.argv) == 3 and sys.argv[1] == "--child-time":
         print(json.dumps(child_time(json.loads(sys.argv[2]))))
     else:

@@ -100,10 +100,19 @@ def make_hta_venv(dest: Path) -> Path:
 def measure(name: str, cmd: list[str], mem_limit_gb: float) -> dict[str, Any]:
     rc, wall, rss, cpu, text, error = _run(cmd, mem_limit_gb)
     tree = max(LAST_TREE_KB[0], rss)  # the sampler may miss a short peak
-    print(f"  {name}: {wall:.2f} s, {_mb(rss)}, process tree {_mb(tree)}"
-          + (f" FAILED: {error}" if rc else ""))  # fmt: skip
-    return {"tool": name, "rc": rc, "wall_s": wall, "peak_kb": rss, "tree_kb": tree,
-            "cpu_s": cpu, "out": text}  # fmt: skip
+    print(
+        f"  {name}: {wall:.2f} s, {_mb(rss)}, process tree {_mb(tree)}"
+        + (f" FAILED: {error}" if rc else "")
+    )
+    return {
+        "tool": name,
+        "rc": rc,
+        "wall_s": wall,
+        "peak_kb": rss,
+        "tree_kb": tree,
+        "cpu_s": cpu,
+        "out": text,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    rows = [["kernels", "events", "file", "tool", "wall s", "CPU s", "peak RSS", "tree RSS",
-             "target"]]  # fmt: skip
+    rows = [
+        ["kernels", "events", "file", "tool", "wall s", "CPU s", "peak RSS", "tree RSS", "target"]
+    ]
     failed = False
     for kernels in args.kernels:
         cap_dir = work / f"k{kernels}"
@@ -144,12 +154,24 @@ def main(argv: list[str] | None = None) -> int:
         results = [
             measure(
                 "perfguard",
-                [sys.executable, "-m", "perfguard", "analyze", "--database", str(dest),
-                 "--reports", "kernel", "--formats", "csv", "--output-path",
-                 str(work / "reports"), "--force"],
+                [
+                    sys.executable,
+                    "-m",
+                    "perfguard",
+                    "analyze",
+                    "--database",
+                    str(dest),
+                    "--reports",
+                    "kernel",
+                    "--formats",
+                    "csv",
+                    "--output-path",
+                    str(work / "reports"),
+                    "--force",
+                ],
                 args.mem_limit_gb,
             )
-        ]  # fmt: skip
+        ]
         if hta_py and not args.skip_hta and kernels <= args.hta_max:
             results.append(measure("HTA", [str(hta_py), "-c", _HTA, str(cap_dir)], 40))
         if not args.skip_json:
@@ -169,11 +191,19 @@ def main(argv: list[str] | None = None) -> int:
                 ok = r["rc"] == 0 and r["wall_s"] <= wall_t and r["tree_kb"] * 1024 <= rss_t
                 failed |= not ok
                 target = f"<= {wall_t:g} s, <= {rss_t / 1e6:,.0f} MB: {'met' if ok else 'MISSED'}"
-            rows.append([
-                f"{kernels:,}", f"{built['events']:,}", f"{built['bytes'] / 1e6:,.0f} MB",
-                r["tool"], f"{r['wall_s']:.2f}" + ("" if r["rc"] == 0 else " (failed)"),
-                f"{r['cpu_s']:.2f}", _mb(r["peak_kb"]), _mb(r["tree_kb"]), target,
-            ])  # fmt: skip
+            rows.append(
+                [
+                    f"{kernels:,}",
+                    f"{built['events']:,}",
+                    f"{built['bytes'] / 1e6:,.0f} MB",
+                    r["tool"],
+                    f"{r['wall_s']:.2f}" + ("" if r["rc"] == 0 else " (failed)"),
+                    f"{r['cpu_s']:.2f}",
+                    _mb(r["peak_kb"]),
+                    _mb(r["tree_kb"]),
+                    target,
+                ]
+            )
     load = os.getloadavg()
     print(f"load average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
     print(_table(rows))

@@ -115,9 +115,12 @@ def keep_owner_ranges(conn: sqlite3.Connection, cupti: list[str]) -> int:
     launch, instead of ``emit_nvtx``'s range per aten op.
     """
     launches = " UNION ALL ".join(
-        _LAUNCHES.format(activity=t) for t in cupti if t != "CUPTI_ACTIVITY_KIND_RUNTIME"
-        and "correlationId" in _columns(conn, t) and "globalPid" in _columns(conn, t)
-    )  # fmt: skip
+        _LAUNCHES.format(activity=t)
+        for t in cupti
+        if t != "CUPTI_ACTIVITY_KIND_RUNTIME"
+        and "correlationId" in _columns(conn, t)
+        and "globalPid" in _columns(conn, t)
+    )
     conn.execute(f"CREATE INDEX _bench_nvtx ON {NVTX_TABLE}(globalTid, start)")
     conn.execute(
         f"CREATE TEMP TABLE _owners AS SELECT DISTINCT (SELECT n.rowid FROM {NVTX_TABLE} AS n"
@@ -486,16 +489,33 @@ def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for j, r in enumerate(rows):
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                               enumerate(zip(r, widths, strict=True))))  # fmt: skip
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def report(cases: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> str:
-    head = ["case", "kernels", "ranges", "file", "build s", "import s", "load s", "analyze s",
-            "report s", "CLI wall s", "CLI CPU s", "CLI peak RSS", "peak after load"]  # fmt: skip
+    head = [
+        "case",
+        "kernels",
+        "ranges",
+        "file",
+        "build s",
+        "import s",
+        "load s",
+        "analyze s",
+        "report s",
+        "CLI wall s",
+        "CLI CPU s",
+        "CLI peak RSS",
+        "peak after load",
+    ]
     rows = [head]
     for name, built, m in cases:
         ph, cli = m["phase"], m["cli"]
@@ -584,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure the nsys capture with `analyze --gpu-ranges-only` (only the NVTX "
         "ranges that enclose GPU work), right after the default run",
     )
-    args = p.parse_args(argv)  # fmt: skip
+    args = p.parse_args(argv)
 
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="perfguard-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -679,8 +699,10 @@ def _reuse(dest: Path, args: argparse.Namespace, kernels: int) -> dict[str, Any]
 
 
 def _describe(name: str, built: dict[str, Any]) -> None:
-    print(f"{name}: {built['path']} ({built['bytes'] / 1e6:,.0f} MB, built in "
-          f"{built['build_s']:.1f} s, {built.get('copies', '?')} copies)")  # fmt: skip
+    print(
+        f"{name}: {built['path']} ({built['bytes'] / 1e6:,.0f} MB, built in "
+        f"{built['build_s']:.1f} s, {built.get('copies', '?')} copies)"
+    )
     for table, n in (built.get("rows") or {}).items():
         was = (built.get("rows_before") or {}).get(table)
         print(f"  {table:<40} {n:>12,}" + (f"  (fixture {was:,})" if was else ""))

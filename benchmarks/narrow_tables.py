@@ -33,10 +33,21 @@ import pandas as pd
 
 INT32 = (-(2**31), 2**31)
 #: integer columns bounded by the number of rows, ops or devices
-NARROW_INTS = frozenset({
-    "rank", "device_id", "depth", "parent_id", "range_id", "kernel_row", "instance",
-    "instance_row", "op_key", "kernel_count", "memop_count",
-})  # fmt: skip
+NARROW_INTS = frozenset(
+    {
+        "rank",
+        "device_id",
+        "depth",
+        "parent_id",
+        "range_id",
+        "kernel_row",
+        "instance",
+        "instance_row",
+        "op_key",
+        "kernel_count",
+        "memop_count",
+    }
+)
 
 
 def table_bytes(df: pd.DataFrame) -> int:

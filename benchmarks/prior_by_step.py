@@ -96,17 +96,35 @@ def session(project: Path, busy: bool) -> dict[str, Any]:
     t0 = time.monotonic()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perfguard",
-         "--perfguard-save", "--perfguard-save-mode=append", "--perfguard-fail-on=never"],
-        cwd=project, capture_output=True, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--perfguard",
+            "--perfguard-save",
+            "--perfguard-save-mode=append",
+            "--perfguard-fail-on=never",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.monotonic() - t0
     stop.set()
     for p in spinners:
         p.join()
     tail = done.stdout.strip().splitlines()[-1:] or [""]
-    return {"busy": busy, "load_before": load, "wall_s": wall, "rc": done.returncode,
-            "summary": tail[0]}  # fmt: skip
+    return {
+        "busy": busy,
+        "load_before": load,
+        "wall_s": wall,
+        "rc": done.returncode,
+        "summary": tail[0],
+    }
 
 
 def analyse(project: Path, sessions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -149,7 +167,7 @@ def analyse(project: Path, sessions: list[dict[str, Any]]) -> dict[str, Any]:
             "largest": [
                 {"delta_pct": round(d, 1), "baseline": i, "current": j, "outcome": k}
                 for d, i, j, k in worst[:4]
-            ],  # fmt: skip
+            ],
         }
     return out
 
@@ -177,8 +195,12 @@ def table(result: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=16)
-    ap.add_argument("--busy-every", type=int, default=2,
-                    help="every Nth session beside one spinner per core (0: none)")  # fmt: skip
+    ap.add_argument(
+        "--busy-every",
+        type=int,
+        default=2,
+        help="every Nth session beside one spinner per core (0: none)",
+    )
     ap.add_argument("--out", type=Path, default=Path("prior_by_step"))
     ap.add_argument("--analyse-only", action="store_true")
     args = ap.parse_args()
@@ -194,8 +216,11 @@ def main() -> None:
             s = session(project, busy)
             sessions.append(s)
             log.write_text(json.dumps(sessions, indent=1))
-            print(f"session {k}: busy={busy} load={s['load_before']:.2f} "
-                  f"{s['wall_s']:.1f}s {s['summary']}", flush=True)  # fmt: skip
+            print(
+                f"session {k}: busy={busy} load={s['load_before']:.2f} "
+                f"{s['wall_s']:.1f}s {s['summary']}",
+                flush=True,
+            )
     result = {
         "sessions": sessions,
         "cpu_count": os.cpu_count(),

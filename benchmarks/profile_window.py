@@ -59,10 +59,29 @@ def count_events(trace: Path) -> tuple[int, int]:
 
 def profile(steps: int, *options: str, out: Path, batch: int = 16) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "perfguard", "profile", "--backend", "torch", *options,
-            "--output-path", str(out), "--reports", "summary", "--formats", "csv", "--force",
-            "--", sys.executable, str(SCRIPT), "--steps", str(steps),
-            "--batch", str(batch)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "perfguard",
+        "profile",
+        "--backend",
+        "torch",
+        *options,
+        "--output-path",
+        str(out),
+        "--reports",
+        "summary",
+        "--formats",
+        "csv",
+        "--force",
+        "--",
+        sys.executable,
+        str(SCRIPT),
+        "--steps",
+        str(steps),
+        "--batch",
+        str(batch),
+    ]
     t0, cpu0 = time.perf_counter(), _children_cpu()
     run = subprocess.run(argv, capture_output=True, text=True, env=env)
     wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
@@ -73,8 +92,15 @@ def profile(steps: int, *options: str, out: Path, batch: int = 16) -> dict[str, 
     events, python = count_events(trace)
     summary = (out / "dlprof_summary.csv").read_text().splitlines()
     iterations = next((ln.split(",", 1)[1] for ln in summary if ln.startswith("Iterations,")), "")
-    return {"wall_s": wall, "cpu_s": cpu, "bytes": trace.stat().st_size, "events": events,
-            "python": python, "iterations": iterations, "line": line}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "bytes": trace.stat().st_size,
+        "events": events,
+        "python": python,
+        "iterations": iterations,
+        "line": line,
+    }
 
 
 def _children_cpu() -> float:
@@ -87,8 +113,11 @@ def _children_cpu() -> float:
 def plain(steps: int, batch: int) -> tuple[float, float]:
     """Wall and CPU seconds of the script without a profiler."""
     t0, cpu0 = time.perf_counter(), _children_cpu()
-    subprocess.run([sys.executable, str(SCRIPT), "--steps", str(steps), "--batch", str(batch)],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "--steps", str(steps), "--batch", str(batch)],
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0, _children_cpu() - cpu0
 
 
@@ -108,25 +137,43 @@ def main() -> None:
             f"the {args.steps}-step script without a profiler: {wall:.1f} s wall, {cpu:.1f} s CPU"
         )
         if not args.skip_before:
-            rows.append((f"before: {args.steps} steps, whole run + stacks",
-                         profile(args.steps, "--iterations", "all", "--with-stack",
-                                 out=Path(tmp) / "before")))  # fmt: skip
-        rows.append((f"after: {args.steps} steps, default window",
-                     profile(args.steps, out=Path(tmp) / "after")))  # fmt: skip
+            rows.append(
+                (
+                    f"before: {args.steps} steps, whole run + stacks",
+                    profile(
+                        args.steps, "--iterations", "all", "--with-stack", out=Path(tmp) / "before"
+                    ),
+                )
+            )
+        rows.append(
+            (
+                f"after: {args.steps} steps, default window",
+                profile(args.steps, out=Path(tmp) / "after"),
+            )
+        )
         if not args.skip_long:
-            rows.append((f"after: {args.long_steps} steps, default window",
-                         profile(args.long_steps, out=Path(tmp) / "long",
-                                 batch=args.long_batch)))  # fmt: skip
+            rows.append(
+                (
+                    f"after: {args.long_steps} steps, default window",
+                    profile(args.long_steps, out=Path(tmp) / "long", batch=args.long_batch),
+                )
+            )
             wall, cpu = plain(args.long_steps, args.long_batch)
-            print(f"the {args.long_steps}-step script without a profiler: "
-                  f"{wall:.1f} s wall, {cpu:.1f} s CPU")  # fmt: skip
+            print(
+                f"the {args.long_steps}-step script without a profiler: "
+                f"{wall:.1f} s wall, {cpu:.1f} s CPU"
+            )
     print(f"load after: {loadavg()}")
-    print(f"{'case':<42} {'wall s':>7} {'CPU s':>7} {'MB (gz)':>8} {'events':>10} "
-          f"{'python':>10} {'iters':>5}")  # fmt: skip
+    print(
+        f"{'case':<42} {'wall s':>7} {'CPU s':>7} {'MB (gz)':>8} {'events':>10} "
+        f"{'python':>10} {'iters':>5}"
+    )
     for name, r in rows:
-        print(f"{name:<42} {r['wall_s']:>7.1f} {r['cpu_s']:>7.1f} "
-              f"{int(r['bytes']) / 1e6:>8.2f} {r['events']:>10,} {r['python']:>10,} "  # type: ignore[call-overload]
-              f"{r['iterations']:>5}")  # fmt: skip
+        print(
+            f"{name:<42} {r['wall_s']:>7.1f} {r['cpu_s']:>7.1f} "
+            f"{int(r['bytes']) / 1e6:>8.2f} {r['events']:>10,} {r['python']:>10,} "  # type: ignore[call-overload]
+            f"{r['iterations']:>5}"
+        )
     for name, r in rows:
         print(f"{name}: {r['line']}")
 

@@ -88,32 +88,65 @@ def build(root: Path, store: str, n_commits: int) -> list[str]:
     """Commit and measure the project's versions; shas oldest first."""
     shas, env = resume_project(root)
     for i in range(len(shas), n_commits):
-        text = MODEL.format(gate=i >= ADD_OP, batch=96 if i >= BIGGER else 64,
-                            add_op=ADD_OP, bigger=BIGGER)  # fmt: skip
+        text = MODEL.format(
+            gate=i >= ADD_OP, batch=96 if i >= BIGGER else 64, add_op=ADD_OP, bigger=BIGGER
+        )
         (root / "model.py").write_text(text + f"# commit {i}\n")
         (root / "test_block.py").write_text(TESTS)
         git(root, "add", "-A")
-        git(root, "commit", "-q", "-m", f"commit {i}" + (": SiLU gate" if i == ADD_OP else "")
-            + (": batch 96" if i == BIGGER else ""))  # fmt: skip
+        git(
+            root,
+            "commit",
+            "-q",
+            "-m",
+            f"commit {i}"
+            + (": SiLU gate" if i == ADD_OP else "")
+            + (": batch 96" if i == BIGGER else ""),
+        )
         shas.append(git(root, "rev-parse", "HEAD"))
-        cmd = [sys.executable, "-m", "pytest", "--perfguard", "--perfguard-save",
-               f"--perfguard-store={store}", "--perfguard-fail-on=never", "--perfguard-rounds=3",
-               "-p", "no:cacheprovider", "-p", "no:xdist", "-q"]  # fmt: skip
-        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env,
-                              timeout=900)  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--perfguard",
+            "--perfguard-save",
+            f"--perfguard-store={store}",
+            "--perfguard-fail-on=never",
+            "--perfguard-rounds=3",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-q",
+        ]
+        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=900)
         if done.returncode != 0:
             raise SystemExit(f"session {i} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
         print(f"commit {i} measured", flush=True)
         if i == BIGGER:
-            perfguard("baseline", "accept", "test_block.py::test_train_step", "--at", "HEAD",
-                      "--reason", "batch 96: more samples per step, intended",
-                      "--store", store, cwd=root)  # fmt: skip
+            perfguard(
+                "baseline",
+                "accept",
+                "test_block.py::test_train_step",
+                "--at",
+                "HEAD",
+                "--reason",
+                "batch 96: more samples per step, intended",
+                "--store",
+                store,
+                cwd=root,
+            )
     return shas
 
 
 def perfguard(*args: str, cwd: Path) -> str:
-    done = subprocess.run([sys.executable, "-m", "perfguard", *args], cwd=cwd,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "perfguard", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"perfguard {args[0]} failed: {done.stderr}")
     return done.stdout
@@ -135,8 +168,16 @@ def copy_and_publish(store: str, out: Path) -> None:
     try:
         url = server.new_database()
         print(perfguard("baseline", "migrate", "--store", store, "--to", url, cwd=out))
-        print(perfguard("publish", url, str(out / "site-postgresql"), "--repo",
-                        str(out / "project"), cwd=out))  # fmt: skip
+        print(
+            perfguard(
+                "publish",
+                url,
+                str(out / "site-postgresql"),
+                "--repo",
+                str(out / "project"),
+                cwd=out,
+            )
+        )
     finally:
         server.stop()
 
@@ -146,12 +187,17 @@ def main() -> None:
     ap.add_argument("out", type=Path, help="folder: project/, site/ (and store.db)")
     ap.add_argument("--store", help="store URL or path (default: OUT/store.db)")
     ap.add_argument("--commits", type=int, default=30)
-    ap.add_argument("--copy-to-postgres", action="store_true",
-                    help="then copy the store onto a throwaway PostgreSQL server (baseline "
-                         "migrate) and publish that too, to OUT/site-postgresql")  # fmt: skip
-    ap.add_argument("--postgres", action="store_true",
-                    help="a throwaway PostgreSQL server (tests/pgserver.py) holds the "
-                         "store")  # fmt: skip
+    ap.add_argument(
+        "--copy-to-postgres",
+        action="store_true",
+        help="then copy the store onto a throwaway PostgreSQL server (baseline "
+        "migrate) and publish that too, to OUT/site-postgresql",
+    )
+    ap.add_argument(
+        "--postgres",
+        action="store_true",
+        help="a throwaway PostgreSQL server (tests/pgserver.py) holds the store",
+    )
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -159,8 +205,9 @@ def main() -> None:
     try:
         store = server.new_database() if server else (args.store or str(out / "store.db"))
         build(out / "project", store, args.commits)
-        print(perfguard("publish", store, str(out / "site"), "--repo", str(out / "project"),
-                        cwd=out))  # fmt: skip
+        print(
+            perfguard("publish", store, str(out / "site"), "--repo", str(out / "project"), cwd=out)
+        )
         if args.copy_to_postgres:
             copy_and_publish(store, out)
     finally:

@@ -45,13 +45,28 @@ from perfguard.baseline.schema import FINGERPRINT_COLUMNS  # noqa: E402
 from perfguard.baseline.store import open_store  # noqa: E402
 
 MACHINES = (
-    (Fingerprint(gpu_name="NVIDIA H100 80GB HBM3", gpu_count=1, backend="nsys", host="gpu-a",
-                 cpu="x86_64"), "gpu_time"),
-    (Fingerprint(gpu_name="NVIDIA A100-SXM4-80GB", gpu_count=1, backend="torch", host="gpu-b",
-                 cpu="x86_64"), "gpu_time"),
-    (Fingerprint(gpu_name="", gpu_count=0, backend="cpu", host="ci-cpu", cpu="x86_64"),
-     "cpu_time"),
-)  # fmt: skip
+    (
+        Fingerprint(
+            gpu_name="NVIDIA H100 80GB HBM3",
+            gpu_count=1,
+            backend="nsys",
+            host="gpu-a",
+            cpu="x86_64",
+        ),
+        "gpu_time",
+    ),
+    (
+        Fingerprint(
+            gpu_name="NVIDIA A100-SXM4-80GB",
+            gpu_count=1,
+            backend="torch",
+            host="gpu-b",
+            cpu="x86_64",
+        ),
+        "gpu_time",
+    ),
+    (Fingerprint(gpu_name="", gpu_count=0, backend="cpu", host="ci-cpu", cpu="x86_64"), "cpu_time"),
+)
 OPS = ("aten::linear", "aten::layer_norm", "aten::gelu", "aten::softmax", "aten::add")
 ROUNDS, ITERS = 5, 4
 START = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -73,10 +88,18 @@ def make_repo(root: Path, n: int) -> list[str]:
         if i:
             lines.append(f"from :{i}")
         lines.append(f"M 644 inline f.txt\ndata {len(str(i))}\n{i}")
-    subprocess.run(["git", "-C", str(root), "fast-import", "--quiet"],
-                   input="\n".join(lines) + "\n", text=True, check=True)  # fmt: skip
-    out = subprocess.run(["git", "-C", str(root), "rev-list", "--reverse", "main"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(root), "fast-import", "--quiet"],
+        input="\n".join(lines) + "\n",
+        text=True,
+        check=True,
+    )
+    out = subprocess.run(
+        ["git", "-C", str(root), "rev-list", "--reverse", "main"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.split()
 
 
@@ -91,8 +114,10 @@ class Plan:
         self.noise = rng.uniform(0.01, 0.03, n_tests)
         edge = n_commits // 20 + 6  # a step has runs on both sides
         where = np.arange(edge, n_commits - edge)
-        self.steps = [sorted(rng.choice(where, rng.integers(0, 3), replace=False).tolist())
-                      for _ in range(n_tests)]  # fmt: skip
+        self.steps = [
+            sorted(rng.choice(where, rng.integers(0, 3), replace=False).tolist())
+            for _ in range(n_tests)
+        ]
         self.sizes = [rng.choice([-0.08, 0.1, 0.15, 0.25], len(s)) for s in self.steps]
         self.added = rng.integers(n_commits // 4, n_commits, n_tests)  # commit adding an op
         self.has_added = rng.random(n_tests) < 0.3
@@ -137,13 +162,23 @@ def write_store(
                     next_run += 1
                     when = (START + timedelta(minutes=c, seconds=m)).isoformat()
                     fpd = fp.to_dict()
-                    runs.append((next_run, shas[c], "main", 0, when,
-                                 json.dumps(fpd, sort_keys=True), "bench",
-                                 *[fpd[k] for k in FINGERPRINT_COLUMNS]))  # fmt: skip
+                    runs.append(
+                        (
+                            next_run,
+                            shas[c],
+                            "main",
+                            0,
+                            when,
+                            json.dumps(fpd, sort_keys=True),
+                            "bench",
+                            *[fpd[k] for k in FINGERPRINT_COLUMNS],
+                        )
+                    )
                     ids = np.arange(next_test + 1, next_test + 1 + n_t)
                     next_test += n_t
-                    tests += [(int(i), next_run, nodeids[t], metric, "{}")
-                              for t, i in enumerate(ids)]  # fmt: skip
+                    tests += [
+                        (int(i), next_run, nodeids[t], metric, "{}") for t, i in enumerate(ids)
+                    ]
                     lv = np.array([plan.level(t, c) for t in range(n_t)]) * (1 + 0.2 * m)
                     run_lv = lv * np.exp(plan.noise[:n_t] * rng.standard_normal(n_t))
                     timed = metric != "gpu_time"
@@ -175,33 +210,93 @@ def write_store(
                             op = OPS[k]
                             calls = 2.0 if k == 0 else 1.0
                             flops = 1e9 * (k + 1) * (1 + t % 7)
-                            counters += [(int(i), f"op{k}", op, "calls", calls, 1),
-                                         (int(i), f"op{k}", op, "kernels", calls, 1),
-                                         (int(i), f"op{k}", op, "flops", flops, 1),
-                                         (int(i), f"op{k}", op, "bytes", flops / 8, 1)]  # fmt: skip
-                            ops.append((int(i), f"op{k}", op, "fprop", "x", int(calls * ITERS),
-                                        int(calls * ITERS), int(share * ITERS), int(share * ITERS),
-                                        1, int(k == 0), flops * ITERS, int(flops / 8 * ITERS),
-                                        "float32"))  # fmt: skip
+                            counters += [
+                                (int(i), f"op{k}", op, "calls", calls, 1),
+                                (int(i), f"op{k}", op, "kernels", calls, 1),
+                                (int(i), f"op{k}", op, "flops", flops, 1),
+                                (int(i), f"op{k}", op, "bytes", flops / 8, 1),
+                            ]
+                            ops.append(
+                                (
+                                    int(i),
+                                    f"op{k}",
+                                    op,
+                                    "fprop",
+                                    "x",
+                                    int(calls * ITERS),
+                                    int(calls * ITERS),
+                                    int(share * ITERS),
+                                    int(share * ITERS),
+                                    1,
+                                    int(k == 0),
+                                    flops * ITERS,
+                                    int(flops / 8 * ITERS),
+                                    "float32",
+                                )
+                            )
                         counters.append((int(i), "", "", "peak_memory", 1e8 * (1 + t % 5), 1))
             with db.write():
-                db.insert_rows("runs", ("run_id", "commit", "branch", "dirty", "time",
-                                        "fingerprint", "perfguard_version",
-                                        *FINGERPRINT_COLUMNS), runs)  # fmt: skip
+                db.insert_rows(
+                    "runs",
+                    (
+                        "run_id",
+                        "commit",
+                        "branch",
+                        "dirty",
+                        "time",
+                        "fingerprint",
+                        "perfguard_version",
+                        *FINGERPRINT_COLUMNS,
+                    ),
+                    runs,
+                )
                 db.insert_rows("tests", ("test_id", "run_id", "nodeid", "metric", "meta"), tests)
-                db.insert_rows("samples", ("test_id", "iteration", "gpu_time_ns",
-                                           "wall_time_ns", "cpu_time_ns", "round",
-                                           "profiled"), samples)  # fmt: skip
-                db.insert_rows("counters", ("test_id", "op_id", "op_name", "counter", "value",
-                                            "stable"), counters)  # fmt: skip
-                db.insert_rows("ops", ("test_id", "op_id", "op_name", "direction", "op_type",
-                                       "calls", "kernel_count", "cpu_time_total",
-                                       "gpu_time_total", "tc_eligible", "using_tc", "flops",
-                                       "bytes", "dtypes"), ops)  # fmt: skip
+                db.insert_rows(
+                    "samples",
+                    (
+                        "test_id",
+                        "iteration",
+                        "gpu_time_ns",
+                        "wall_time_ns",
+                        "cpu_time_ns",
+                        "round",
+                        "profiled",
+                    ),
+                    samples,
+                )
+                db.insert_rows(
+                    "counters",
+                    ("test_id", "op_id", "op_name", "counter", "value", "stable"),
+                    counters,
+                )
+                db.insert_rows(
+                    "ops",
+                    (
+                        "test_id",
+                        "op_id",
+                        "op_name",
+                        "direction",
+                        "op_type",
+                        "calls",
+                        "kernel_count",
+                        "cpu_time_total",
+                        "gpu_time_total",
+                        "tc_eligible",
+                        "using_tc",
+                        "flops",
+                        "bytes",
+                        "dtypes",
+                    ),
+                    ops,
+                )
         if start == 0:
             for t, c in plan.accepted():
-                store.accept(nodeids[t], shas[c], "bigger model, intended",
-                             time=f"2025-02-01T00:00:{t % 60:02d}+00:00")  # fmt: skip
+                store.accept(
+                    nodeids[t],
+                    shas[c],
+                    "bigger model, intended",
+                    time=f"2025-02-01T00:00:{t % 60:02d}+00:00",
+                )
     return time.perf_counter() - t0
 
 
@@ -210,17 +305,24 @@ def publish(store: Path, out: Path, repo: Path) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "perfguard", "publish", str(store), str(out),
-                           "--repo", str(repo)], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "perfguard", "publish", str(store), str(out), "--repo", str(repo)],
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"publish failed: {done.stderr[-3000:]}")
     pages = list(out.rglob("*.html"))
-    return {"wall_s": wall, "cpu_s": (after.ru_utime + after.ru_stime)
-            - (before.ru_utime + before.ru_stime), "load": load, "pages": len(pages),
-            "largest_kb": max(p.stat().st_size for p in pages) / 1024,
-            "summary": done.stdout.strip().splitlines()[-1]}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+        "load": load,
+        "pages": len(pages),
+        "largest_kb": max(p.stat().st_size for p in pages) / 1024,
+        "summary": done.stdout.strip().splitlines()[-1],
+    }
 
 
 def main() -> None:
@@ -228,8 +330,11 @@ def main() -> None:
     ap.add_argument("--commits", type=int, default=1000)
     ap.add_argument("--tests", type=int, default=200)
     ap.add_argument("--keep", type=Path, help="build (or reuse) the store and repo here")
-    ap.add_argument("--build-only", action="store_true",
-                    help="build the store and repo (--keep) and publish nothing")  # fmt: skip
+    ap.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the store and repo (--keep) and publish nothing",
+    )
     args = ap.parse_args()
     if args.build_only and args.keep is None:
         ap.error("--build-only needs --keep DIR")
@@ -243,8 +348,12 @@ def main() -> None:
         print(f"store: {store.stat().st_size / 1e9:.2f} GB written in {secs:.0f} s")
     if args.build_only:
         return
-    shas = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "main"],
-                          capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    shas = subprocess.run(
+        ["git", "-C", str(repo), "rev-list", "--reverse", "main"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     with open_store(store) as s:  # a kept store is measured as built: without "one more"
         if s.prune(commits=[shas[-1]]):
             print("removed the partial run an earlier measurement added")

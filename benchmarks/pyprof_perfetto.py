@@ -57,8 +57,10 @@ def main() -> int:
             load_raw = time.perf_counter() - t
         finally:
             nsys_reader.apply_markers = real
-        print(f"ranges: {len(raw.ranges):,} raw -> {len(trace.ranges):,} after folding; "
-              f"kernels {len(trace.kernels):,}")  # fmt: skip
+        print(
+            f"ranges: {len(raw.ranges):,} raw -> {len(trace.ranges):,} after folding; "
+            f"kernels {len(trace.kernels):,}"
+        )
         del raw
         t = time.perf_counter()
         result = perfguard.analyze(trace)
@@ -68,8 +70,10 @@ def main() -> int:
         render = time.perf_counter() - t
         size = out.stat().st_size
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"load_trace {load:.2f} s (without the marker step {load_raw:.2f} s: "
-          f"step {load - load_raw:.2f} s)")  # fmt: skip
+    print(
+        f"load_trace {load:.2f} s (without the marker step {load_raw:.2f} s: "
+        f"step {load - load_raw:.2f} s)"
+    )
     print(f"analyze {analyse:.2f} s; write_perfetto (.json.gz) {render:.2f} s, {size / 1e6:.0f} MB")
     print(f"peak RSS {rss:.0f} MiB")
     return 0

@@ -51,8 +51,16 @@ from large_capture import FIXTURES, NSYS_FIXTURE, build_nsys, process_tree, rank
 from perfguard.report.dlprof import RANK_COLUMNS  # noqa: E402
 
 #: rank-report columns that add up over ranks
-_SUMS = ("gpu_time", "kernel_time", "comm_time", "compute_time", "memop_time", "gpu_busy",
-         "idle_time", "iterations")  # fmt: skip
+_SUMS = (
+    "gpu_time",
+    "kernel_time",
+    "comm_time",
+    "compute_time",
+    "memop_time",
+    "gpu_busy",
+    "idle_time",
+    "iterations",
+)
 _WORKERS_CHILD = r"""
 import json, sys
 from perfguard.report.rank_workers import AnalysisOptions, analyze_ranks
@@ -96,9 +104,15 @@ def run(cmd: list[str]) -> dict[str, Any]:
         print(f"  ! {' '.join(cmd[:4])} exited {rc}: {errors.strip()[-300:]}")
     server = [kb for role, kb in peaks.values() if role == "helper"]
     workers = [kb for role, kb in peaks.values() if role == "worker"]
-    return {"rc": rc, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_kb": usage.ru_maxrss, "workers_kb": sorted(workers),
-            "helper_kb": max(server, default=0), "stdout": text}  # fmt: skip
+    return {
+        "rc": rc,
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_kb": usage.ru_maxrss,
+        "workers_kb": sorted(workers),
+        "helper_kb": max(server, default=0),
+        "stdout": text,
+    }
 
 
 def _rank_rows(path: Path) -> list[dict[str, str]]:
@@ -125,13 +139,41 @@ def main(argv: list[str] | None = None) -> int:
         ranks = rank_dir(one, work / f"ranks_{args.ranks}", args.ranks)
         py = [sys.executable, "-m", "perfguard", "analyze", "--force", "-q"]
         cases = {
-            "single": py + ["-d", str(ranks / "rank-0.sqlite"), "--output-path", str(work / "o1"),
-                            "--reports", "summary,kernel,rank", "--formats", "csv"],
-            "merged": py + ["-d", str(ranks), "--output-path", str(work / "om"),
-                            "--reports", "summary,kernel,rank", "--formats", "csv"],
-            "per-rank": py + ["-d", str(ranks), "--per-rank", "--output-path", str(work / "op"),
-                              "--reports", "summary,kernel,rank", "--formats", "csv"],
-        }  # fmt: skip
+            "single": py
+            + [
+                "-d",
+                str(ranks / "rank-0.sqlite"),
+                "--output-path",
+                str(work / "o1"),
+                "--reports",
+                "summary,kernel,rank",
+                "--formats",
+                "csv",
+            ],
+            "merged": py
+            + [
+                "-d",
+                str(ranks),
+                "--output-path",
+                str(work / "om"),
+                "--reports",
+                "summary,kernel,rank",
+                "--formats",
+                "csv",
+            ],
+            "per-rank": py
+            + [
+                "-d",
+                str(ranks),
+                "--per-rank",
+                "--output-path",
+                str(work / "op"),
+                "--reports",
+                "summary,kernel,rank",
+                "--formats",
+                "csv",
+            ],
+        }
         if args.skip_merged:
             del cases["merged"]
         results = {}
@@ -139,18 +181,28 @@ def main(argv: list[str] | None = None) -> int:
             load = os.getloadavg()[0]
             results[name] = r = run(cmd)
             w = r["workers_kb"]
-            print(f"{name:>9}: rc {r['rc']}, wall {r['wall_s']:.2f} s, CPU (command) "
-                  f"{r['cpu_s']:.2f} s, command peak {r['peak_kb'] / 1024:,.0f} MiB, "
-                  f"{len(w)} workers peak {max(w, default=0) / 1024:,.0f} MiB "
-                  f"(min {min(w, default=0) / 1024:,.0f}), fork server "
-                  f"{r['helper_kb'] / 1024:,.0f} MiB; load {load:.1f} before")  # fmt: skip
+            print(
+                f"{name:>9}: rc {r['rc']}, wall {r['wall_s']:.2f} s, CPU (command) "
+                f"{r['cpu_s']:.2f} s, command peak {r['peak_kb'] / 1024:,.0f} MiB, "
+                f"{len(w)} workers peak {max(w, default=0) / 1024:,.0f} MiB "
+                f"(min {min(w, default=0) / 1024:,.0f}), fork server "
+                f"{r['helper_kb'] / 1024:,.0f} MiB; load {load:.1f} before"
+            )
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        own = subprocess.run([sys.executable, "-c", _WORKERS_CHILD, str(ranks)], env=env,
-                             capture_output=True, text=True, check=False, cwd=REPO)  # fmt: skip
+        own = subprocess.run(
+            [sys.executable, "-c", _WORKERS_CHILD, str(ranks)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=REPO,
+        )
         if own.returncode == 0:
             peaks = json.loads(own.stdout.strip().splitlines()[-1])
-            print("workers' own ru_maxrss (MiB): "
-                  + ", ".join(f"rank {k}: {v / 2**20:,.0f}" for k, v in peaks.items()))  # fmt: skip
+            print(
+                "workers' own ru_maxrss (MiB): "
+                + ", ".join(f"rank {k}: {v / 2**20:,.0f}" for k, v in peaks.items())
+            )
         ok = all(r["rc"] == 0 for r in results.values())
         if ok:
             single = _rank_rows(work / "o1" / "dlprof_rank.csv")[0]
@@ -160,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                 want = args.ranks * int(single[header])
                 same = total == want
                 ok &= same
-                print(f"  {header:<26} sum over ranks {total:>16,}  {args.ranks} x single "
-                      f"{want:>16,}  {'equal' if same else 'DIFFERENT'}")  # fmt: skip
+                print(
+                    f"  {header:<26} sum over ranks {total:>16,}  {args.ranks} x single "
+                    f"{want:>16,}  {'equal' if same else 'DIFFERENT'}"
+                )
             if "merged" in results:
                 merged = _rank_rows(work / "om" / "dlprof_rank.csv")
                 same = merged == per_rank

@@ -256,13 +256,20 @@ prof.export_chrome_trace(out)
 print(time.perf_counter() - t0)
 """
 
-TEST_NAMES = {"test_hf_gpt2_train": "hf_gpt2", "test_mingpt_train": "mingpt",
-              "test_resnet_train": "resnet", "test_compiled_block": "compiled"}  # fmt: skip
+TEST_NAMES = {
+    "test_hf_gpt2_train": "hf_gpt2",
+    "test_mingpt_train": "mingpt",
+    "test_resnet_train": "resnet",
+    "test_compiled_block": "compiled",
+}
 
 
 def _git(root: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(root), "-c", "user.name=b", "-c", "user.email=b@b", *args],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=b", "-c", "user.email=b@b", *args],
+        check=True,
+        capture_output=True,
+    )
 
 
 def make_project(root: Path) -> None:
@@ -287,8 +294,9 @@ def env_for(checkout: Path | None) -> dict[str, str]:
 def run(root: Path, argv: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
     """(wall s, CPU s of the child and its children, exit code, stdout) of one process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     out = proc.communicate()[0]
     wall = time.perf_counter() - t0
     usage = os.times()
@@ -302,8 +310,13 @@ def pytest_argv(*args: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--checkout", type=Path, action="append", default=[],
-                    help="a perfguard tree to time (repeatable; default: this one)")  # fmt: skip
+    ap.add_argument(
+        "--checkout",
+        type=Path,
+        action="append",
+        default=[],
+        help="a perfguard tree to time (repeatable; default: this one)",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/out/real_model_cost.json"))
     ap.add_argument("-k", default="", help="pytest -k of the tests to time")
     args = ap.parse_args()
@@ -333,9 +346,16 @@ def main() -> int:
         rows["plain"].append({"wall": wall, "cpu": cpu, "code": code})
         for i, c in enumerate(checkouts):
             t0 = os.times()
-            wall, _, code, out = run(root, pytest_argv(
-                "--perfguard", f"--perfguard-output=.perfguard{i}",
-                f"--perfguard-store=baselines{i}/perfguard.db", *sel), env_for(c))  # fmt: skip
+            wall, _, code, out = run(
+                root,
+                pytest_argv(
+                    "--perfguard",
+                    f"--perfguard-output=.perfguard{i}",
+                    f"--perfguard-store=baselines{i}/perfguard.db",
+                    *sel,
+                ),
+                env_for(c),
+            )
             cpu = sum(os.times()[2:4]) - sum(t0[2:4])
             doc = json.loads((root / f".perfguard{i}" / "results.json").read_text())
             tests = {t["nodeid"].split("::")[-1]: t.get("phase_s") or {} for t in doc["tests"]}
@@ -378,8 +398,11 @@ def report(rows: dict[str, list[dict[str, object]]], checkouts: list[Path]) -> N
         runs = rows[str(c)]
         wall = med(float(r["wall"]) for r in runs)  # type: ignore[arg-type]
         tests = sorted({t for r in runs for t in r["tests"]})  # type: ignore[union-attr]
-        own = sum(med(float(r["tests"][t].get(k, 0.0)) for r in runs)  # type: ignore[index]
-                  for t in tests for k in ("warmup", "timing"))  # fmt: skip
+        own = sum(
+            med(float(r["tests"][t].get(k, 0.0)) for r in runs)  # type: ignore[index]
+            for t in tests
+            for k in ("warmup", "timing")
+        )
         print(
             f"\n{c}: session {wall:.1f} s wall = {wall / plain:.1f}x plain; "
             f"target 2x plain + own rounds = {2 * plain + own:.1f} s"

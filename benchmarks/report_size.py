@@ -203,12 +203,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep:
             Path(args.keep).write_bytes(html.read_bytes())
     best = [min(r[i] for r in runs) for i in range(4)]
-    print(f"results: {args.tests} tests x {args.ops} ops, {args.samples} samples/side, "
-          f"{args.history} history points; {args.max_ops} ops listed per test")  # fmt: skip
-    print(f"report.html: {size / 1e6:.3f} MB ({size:,} bytes)   target < 2 MB: "
-          f"{'ok' if size < 2e6 else 'MISSED'}")  # fmt: skip
-    print(f"render (best of {args.repeat}): wall {best[0]:.3f} s, cpu {best[1]:.3f} s   "
-          f"target < 2 s: {'ok' if best[0] < 2 else 'MISSED'}")  # fmt: skip
+    print(
+        f"results: {args.tests} tests x {args.ops} ops, {args.samples} samples/side, "
+        f"{args.history} history points; {args.max_ops} ops listed per test"
+    )
+    print(
+        f"report.html: {size / 1e6:.3f} MB ({size:,} bytes)   target < 2 MB: "
+        f"{'ok' if size < 2e6 else 'MISSED'}"
+    )
+    print(
+        f"render (best of {args.repeat}): wall {best[0]:.3f} s, cpu {best[1]:.3f} s   "
+        f"target < 2 s: {'ok' if best[0] < 2 else 'MISSED'}"
+    )
     print(f"summary.md: {md_size:,} bytes, wall {best[2] * 1e3:.1f} ms, cpu {best[3] * 1e3:.1f} ms")
     print(f"cold import of the report modules: {_cold_import_s():.2f} s", flush=True)
     return 0

@@ -31,9 +31,10 @@ def seeded_tests() -> dict:
     return {
         name: fn
         for name, fn in vars(module).items()
-        if name.startswith("test_") and callable(fn)
+        if name.startswith("test_")
+        and callable(fn)
         and list(inspect.signature(fn).parameters) == ["rng"]
-    }  # fmt: skip
+    }
 
 
 def _where(exc: AssertionError) -> str:

@@ -139,8 +139,10 @@ def main() -> int:
     for name, values in rows.items():
         walls = [w for w, _ in values]
         cpus = [c for _, c in values]
-        print(f"{name:<8} {statistics.median(walls):>16.2f} {statistics.median(cpus):>15.2f}  "
-              + ", ".join(f"{w:.1f}/{c:.1f}" for w, c in values))  # fmt: skip
+        print(
+            f"{name:<8} {statistics.median(walls):>16.2f} {statistics.median(cpus):>15.2f}  "
+            + ", ".join(f"{w:.1f}/{c:.1f}" for w, c in values)
+        )
     extra_wall = statistics.median(w for w, _ in rows["store"]) - statistics.median(
         w for w, _ in rows["plain"]
     )
@@ -166,8 +168,9 @@ def main() -> int:
     share = statistics.median(own_total) + session_total / n_tests
     print(f"perfguard's own share per test (its parts + the session's / {n_tests}): {share:.2f} s")
     if args.ab:
-        wall, cpu, code = run(root, "--perfguard", "--perfguard-against=HEAD~1",
-                              "-k", "mlp_forward or conv")  # fmt: skip
+        wall, cpu, code = run(
+            root, "--perfguard", "--perfguard-against=HEAD~1", "-k", "mlp_forward or conv"
+        )
         print(f"\nA/B, 2 tests x 8 pairs: {wall:.1f} s wall, {cpu:.1f} s CPU (exit {code})")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.keep is None:

@@ -59,17 +59,31 @@ def sh(*args: str, cwd: Path) -> str:
 
 
 def pytest_args(store: str, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perfguard",
-            "--perfguard-save", "--perfguard-backend=cpu", "--perfguard-fail-on=never",
-            f"--perfguard-store={store}", f"--perfguard-output={out}", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--perfguard",
+        "--perfguard-save",
+        "--perfguard-backend=cpu",
+        "--perfguard-fail-on=never",
+        f"--perfguard-store={store}",
+        f"--perfguard-output={out}",
+        *extra,
+    ]
 
 
 def run_jobs(root: Path, commands: list[list[str]]) -> float:
     """Start every command at once; wait for all; the wall seconds."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "GITHUB_STEP_SUMMARY": ""}
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(c, cwd=root, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for c in commands]  # fmt: skip
+    procs = [
+        subprocess.Popen(c, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for c in commands
+    ]
     for p in procs:
         p.wait()
     return time.perf_counter() - t0
@@ -77,8 +91,13 @@ def run_jobs(root: Path, commands: list[list[str]]) -> float:
 
 def perfguard(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "GITHUB_STEP_SUMMARY": ""}
-    return subprocess.run([sys.executable, "-m", "perfguard", *args], cwd=root, env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "perfguard", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def runs_per_commit(location: str | Path) -> dict[str, tuple[int, list[int]]]:
@@ -130,16 +149,24 @@ def main() -> None:
     merged = perfguard(root, "merge", *files, "-o", "merged")
     doc = load_results(root / "merged" / "results.json")
     same = sum(one.get(t.nodeid) == t.outcome.value for t in doc.tests)
-    diff = [(t.nodeid, one.get(t.nodeid), t.outcome.value) for t in doc.tests
-            if one.get(t.nodeid) != t.outcome.value]  # fmt: skip
+    diff = [
+        (t.nodeid, one.get(t.nodeid), t.outcome.value)
+        for t in doc.tests
+        if one.get(t.nodeid) != t.outcome.value
+    ]
     plans = {load_results(root / f).settings["shard_plan"]["plan"] for f in files}
     sizes = [len(load_results(root / f).tests) for f in files]
-    print(f"c1: {n} shards in parallel: {t_shards:.1f} s, tests per shard {sizes}, "
-          f"one split ({len(plans)} digest); merge exit {merged.returncode}")  # fmt: skip
-    gates = sum(one_gates.get(t.nodeid) == (t.gates.outcome.value if t.gates else None)
-                for t in doc.tests)  # fmt: skip
-    print(f"  merged {len(doc.tests)} tests: {same} with the one job's outcome, {gates} with its "
-          f"gates' outcome; differing outcomes: {diff}")  # fmt: skip
+    print(
+        f"c1: {n} shards in parallel: {t_shards:.1f} s, tests per shard {sizes}, "
+        f"one split ({len(plans)} digest); merge exit {merged.returncode}"
+    )
+    gates = sum(
+        one_gates.get(t.nodeid) == (t.gates.outcome.value if t.gates else None) for t in doc.tests
+    )
+    print(
+        f"  merged {len(doc.tests)} tests: {same} with the one job's outcome, {gates} with its "
+        f"gates' outcome; differing outcomes: {diff}"
+    )
     regressed = [t.nodeid for t in doc.tests if t.outcome.value == "regressed"]
     print(f"  regressed in the merge: {regressed}; badge {doc.badge()}")
     perfguard(root, "baseline", "merge", "m.db", *map(str, stores))
@@ -160,11 +187,17 @@ def main() -> None:
     try:
         url = server.new_database()
         perfguard(root, "baseline", "migrate", "--store", str(base), "--to", url)
-        commands = [pytest_args(url, root / f"pg{k}", f"--perfguard-shard={k}/{n}",
-                                "--perfguard-run-group=ci:2") for k in range(1, n + 1)]  # fmt: skip
+        commands = [
+            pytest_args(
+                url, root / f"pg{k}", f"--perfguard-shard={k}/{n}", "--perfguard-run-group=ci:2"
+            )
+            for k in range(1, n + 1)
+        ]
         t_pg = run_jobs(root, commands)
-        print(f"c1: {n} shards in parallel into PostgreSQL: {t_pg:.1f} s; runs per commit "
-              f"{runs_per_commit(url)}")  # fmt: skip
+        print(
+            f"c1: {n} shards in parallel into PostgreSQL: {t_pg:.1f} s; runs per commit "
+            f"{runs_per_commit(url)}"
+        )
     finally:
         server.stop()
 

@@ -82,8 +82,10 @@ def check(
         runs = store.runs()
         keys = list(zip(runs["commit"], runs["host"], strict=True))
         stored = set(keys)
-        rows = {t: int(store.db.query(f"SELECT count(*) AS n FROM {t}")["n"].iloc[0])
-                for t in ("tests", *FRAME_TYPES)}  # fmt: skip
+        rows = {
+            t: int(store.db.query(f"SELECT count(*) AS n FROM {t}")["n"].iloc[0])
+            for t in ("tests", *FRAME_TYPES)
+        }
         corrupt = checksums(store, recs)
         chosen = (
             runs["run_id"] if not sample else runs["run_id"].iloc[:: max(1, len(runs) // sample)]
@@ -116,9 +118,13 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
     ap.add_argument("--url", help="an empty PostgreSQL database (default: a throwaway cluster)")
-    ap.add_argument("--sample", type=int, default=0,
-                    help="load and compare only this many runs whole (default: all); every "
-                         "run's rows are checksummed in SQL either way")  # fmt: skip
+    ap.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        help="load and compare only this many runs whole (default: all); every "
+        "run's rows are checksummed in SQL either way",
+    )
     args = ap.parse_args()
     recs = []
     for key, rel in CAPTURES.items():
@@ -150,8 +156,10 @@ def main() -> int:
             result = check(location, recs, args.workers, args.runs, ids, args.sample)
             n = args.workers * args.runs
             rate = f"{n / took:.1f} runs/s, incl. interpreter start"
-            print(f"{backend}: {args.workers} writers x {args.runs} runs = {n} runs in "
-                  f"{took:.1f} s ({rate}); {result}")  # fmt: skip
+            print(
+                f"{backend}: {args.workers} writers x {args.runs} runs = {n} runs in "
+                f"{took:.1f} s ({rate}); {result}"
+            )
             failed |= any(result.values())
     finally:
         if server is not None:

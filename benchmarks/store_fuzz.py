@@ -130,9 +130,20 @@ def session_seed(root: Path, sessions: int = 3) -> Path:
         (repo / "test_three.py").write_text(SESSION_TEST + f"# commit {i}\n")
         _git(repo, "add", "-A")
         _git(repo, "commit", "-q", "-m", f"commit {i}")
-        cmd = [sys.executable, "-m", "pytest", "--perfguard", "--perfguard-save",
-               "--perfguard-fail-on", "never", "-p", "no:cacheprovider", "-p", "no:xdist",
-               "-q"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--perfguard",
+            "--perfguard-save",
+            "--perfguard-fail-on",
+            "never",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-q",
+        ]
         done = subprocess.run(cmd, cwd=repo, env=_env(), capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"seed session {i} failed: {done.stdout[-1500:]}{done.stderr}")
@@ -213,39 +224,68 @@ def _sql(path: Path, sql: str, params: tuple = ()) -> None:
 
 
 def drop_table(path: Path, rng: random.Random) -> str:
-    table = rng.choice(("runs", "tests", "samples", "ops", "counters", "kernels", "acceptances",
-                        "op_samples", "functions"))  # fmt: skip
+    table = rng.choice(
+        (
+            "runs",
+            "tests",
+            "samples",
+            "ops",
+            "counters",
+            "kernels",
+            "acceptances",
+            "op_samples",
+            "functions",
+        )
+    )
     _sql(path, f"DROP TABLE {table}")
     return f"table {table} dropped"
 
 
 def negative_time(path: Path, rng: random.Random) -> str:
     col = rng.choice(("wall_time_ns", "cpu_time_ns", "gpu_time_ns"))
-    _sql(path, f"UPDATE samples SET {col} = -{rng.randint(1, 10**9)} "
-               "WHERE rowid IN (SELECT rowid FROM samples ORDER BY random() LIMIT 3)")  # fmt: skip
+    _sql(
+        path,
+        f"UPDATE samples SET {col} = -{rng.randint(1, 10**9)} "
+        "WHERE rowid IN (SELECT rowid FROM samples ORDER BY random() LIMIT 3)",
+    )
     return f"negative samples.{col}"
 
 
 def nan_value(path: Path, rng: random.Random) -> str:
-    table, col = rng.choice((("samples", "wall_time_ns"), ("samples", "cpu_time_ns"),
-                             ("ops", "flops"), ("counters", "value")))  # fmt: skip
-    _sql(path, f"UPDATE {table} SET {col} = 'NaN' "
-               f"WHERE rowid IN (SELECT rowid FROM {table} ORDER BY random() LIMIT 2)")  # fmt: skip
+    table, col = rng.choice(
+        (
+            ("samples", "wall_time_ns"),
+            ("samples", "cpu_time_ns"),
+            ("ops", "flops"),
+            ("counters", "value"),
+        )
+    )
+    _sql(
+        path,
+        f"UPDATE {table} SET {col} = 'NaN' "
+        f"WHERE rowid IN (SELECT rowid FROM {table} ORDER BY random() LIMIT 2)",
+    )
     return f"{table}.{col} = 'NaN'"
 
 
 def inf_value(path: Path, rng: random.Random) -> str:
     table, col = rng.choice((("counters", "value"), ("ops", "flops")))
-    _sql(path, f"UPDATE {table} SET {col} = 1e999 "
-               f"WHERE rowid IN (SELECT rowid FROM {table} ORDER BY random() LIMIT 2)")  # fmt: skip
+    _sql(
+        path,
+        f"UPDATE {table} SET {col} = 1e999 "
+        f"WHERE rowid IN (SELECT rowid FROM {table} ORDER BY random() LIMIT 2)",
+    )
     return f"{table}.{col} = inf"
 
 
 def future_schema(path: Path, rng: random.Random) -> str:
     from perfguard.baseline.schema import SCHEMA_VERSION
 
-    _sql(path, "UPDATE meta SET value = ? WHERE key = 'schema_version'",
-         (str(SCHEMA_VERSION + rng.randint(1, 5)),))  # fmt: skip
+    _sql(
+        path,
+        "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+        (str(SCHEMA_VERSION + rng.randint(1, 5)),),
+    )
     return "schema_version from a newer perfguard"
 
 
@@ -263,8 +303,11 @@ def huge_test_id(path: Path, rng: random.Random) -> str:
         ).fetchone()
         cols = [r[1] for r in conn.execute("PRAGMA table_info(samples)") if r[1] != "test_id"]
         names = ", ".join(f'"{c}"' for c in cols)
-        conn.execute(f"INSERT INTO samples (test_id, {names}) SELECT ?, {names} FROM samples "
-                     "WHERE test_id = ?", (new, src))  # fmt: skip
+        conn.execute(
+            f"INSERT INTO samples (test_id, {names}) SELECT ?, {names} FROM samples "
+            "WHERE test_id = ?",
+            (new, src),
+        )
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -273,8 +316,11 @@ def huge_test_id(path: Path, rng: random.Random) -> str:
 
 def bad_json(path: Path, rng: random.Random) -> str:
     table, col = rng.choice((("runs", "fingerprint"), ("tests", "meta"), ("runs", "environment")))
-    _sql(path, f"UPDATE {table} SET {col} = '{{not json' "
-               f"WHERE rowid IN (SELECT rowid FROM {table} ORDER BY random() LIMIT 1)")  # fmt: skip
+    _sql(
+        path,
+        f"UPDATE {table} SET {col} = '{{not json' "
+        f"WHERE rowid IN (SELECT rowid FROM {table} ORDER BY random() LIMIT 1)",
+    )
     return f"{table}.{col} is not JSON"
 
 
@@ -284,10 +330,18 @@ def bad_metric(path: Path, rng: random.Random) -> str:
 
 
 MUTATIONS: dict[str, Callable[[Path, random.Random], str]] = {
-    "flip": flip_bytes, "garbage": garbage_page, "truncate": truncate, "drop_table": drop_table,
-    "negative": negative_time, "nan": nan_value, "inf": inf_value, "future_schema": future_schema,
-    "huge_test_id": huge_test_id, "bad_json": bad_json, "bad_metric": bad_metric,
-}  # fmt: skip
+    "flip": flip_bytes,
+    "garbage": garbage_page,
+    "truncate": truncate,
+    "drop_table": drop_table,
+    "negative": negative_time,
+    "nan": nan_value,
+    "inf": inf_value,
+    "future_schema": future_schema,
+    "huge_test_id": huge_test_id,
+    "bad_json": bad_json,
+    "bad_metric": bad_metric,
+}
 #: byte-level mutations are drawn this much more often: they are what a disk does
 WEIGHTS = {"flip": 4, "garbage": 4, "truncate": 2}
 
@@ -314,8 +368,17 @@ def commands(seed: str, store: Path, repo: Path, out: Path) -> dict[str, list[st
     }
     if seed == "session":
         first, bad = _git(repo, "rev-list", "--reverse", "HEAD").split()[0], "HEAD"
-        cmds["bisect"] = ["bisect", "--mode", "store", "--store", s, "--output",
-                          str(out / "bisect"), first, bad]  # fmt: skip
+        cmds["bisect"] = [
+            "bisect",
+            "--mode",
+            "store",
+            "--store",
+            s,
+            "--output",
+            str(out / "bisect"),
+            first,
+            bad,
+        ]
     return cmds
 
 
@@ -363,8 +426,9 @@ def _child(argv: list[str], cwd: Path, stdout: Path, stderr: Path, open_check: b
         os._exit(99)
 
 
-def run_command(argv: list[str], cwd: Path, work: Path, open_check: bool,
-                timeout: float) -> tuple[int, str, str]:  # fmt: skip
+def run_command(
+    argv: list[str], cwd: Path, work: Path, open_check: bool, timeout: float
+) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of ``perfguard argv`` in a fork (-signal if killed)."""
     out, err = work / "stdout.txt", work / "stderr.txt"
     sys.stdout.flush()
@@ -406,12 +470,24 @@ def plugin_session(repo: Path, store: Path, work: Path, timeout: float) -> tuple
     """A real pytest session of the seed's project against ``store``, saving: (outcome, why)."""
     before = store.read_bytes() if store.exists() else None
     out = work / "pg-out"
-    cmd = [sys.executable, "-m", "pytest", "--perfguard", f"--perfguard-store={store}",
-           "--perfguard-save", f"--perfguard-output={out}", "-p", "no:cacheprovider",
-           "-p", "no:xdist", "-q"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--perfguard",
+        f"--perfguard-store={store}",
+        "--perfguard-save",
+        f"--perfguard-output={out}",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        "-q",
+    ]
     try:
-        done = subprocess.run(cmd, cwd=repo, env=_env(), capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            cmd, cwd=repo, env=_env(), capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return "crash", "timed out"
     text = done.stdout + done.stderr
@@ -449,8 +525,9 @@ class Run:
     message: str
 
 
-def plan(index: int, seed: int, names: list[str],
-         kinds: list[str] | None = None) -> tuple[str, str, random.Random]:  # fmt: skip
+def plan(
+    index: int, seed: int, names: list[str], kinds: list[str] | None = None
+) -> tuple[str, str, random.Random]:
     """Case ``index``'s seed store, mutation and random source (the same every run); with
     ``kinds``, those mutations in turn."""
     rng = random.Random(f"{seed}:{index}")
@@ -462,8 +539,9 @@ def plan(index: int, seed: int, names: list[str],
     return rng.choice(names), kind, rng
 
 
-def baseline_counts(seeds: dict[str, Path], work: Path, timeout: float,
-                    only: list[str] | None = None) -> dict[str, dict]:  # fmt: skip
+def baseline_counts(
+    seeds: dict[str, Path], work: Path, timeout: float, only: list[str] | None = None
+) -> dict[str, dict]:
     """Per seed, what each command shows of the undamaged store: the bar for ``result``."""
     out: dict[str, dict] = {}
     for name, repo in seeds.items():
@@ -480,8 +558,9 @@ def baseline_counts(seeds: dict[str, Path], work: Path, timeout: float,
     return out
 
 
-def run_case(index: int, opts: argparse.Namespace, seeds: dict[str, Path], want: dict,
-             work: Path) -> list[Run]:  # fmt: skip
+def run_case(
+    index: int, opts: argparse.Namespace, seeds: dict[str, Path], want: dict, work: Path
+) -> list[Run]:
     name, kind, rng = plan(index, opts.seed, sorted(seeds), opts.kinds)
     repo = seeds[name]
     case_dir = work / f"case{index}"
@@ -516,8 +595,10 @@ def summarize(runs: list[Run]) -> str:
     lines = []
     cases = {r.case for r in runs}
     by = collections.Counter(r.outcome for r in runs)
-    lines.append(f"{len(cases)} cases, {len(runs)} command runs: "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(by.items())))  # fmt: skip
+    lines.append(
+        f"{len(cases)} cases, {len(runs)} command runs: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(by.items()))
+    )
     lines.append(f"bugs: {sum(by[b] for b in BUGS)}")
     for label, key in (("per mutation", "kind"), ("per command", "command")):
         lines.append(f"{label}:")
@@ -534,8 +615,10 @@ def summarize(runs: list[Run]) -> str:
         lines.append("examples:")
         for (outcome, kind, cmd), r in sorted(examples.items()):
             check = "open check" if r.open_check else "no open check"
-            lines.append(f"  [{outcome}] case {r.case} {r.seed} {kind} ({r.what}) {cmd} "
-                         f"({check}): exit {r.rc}: {r.message}")  # fmt: skip
+            lines.append(
+                f"  [{outcome}] case {r.case} {r.seed} {kind} ({r.what}) {cmd} "
+                f"({check}): exit {r.rc}: {r.message}"
+            )
     return "\n".join(lines)
 
 
@@ -558,11 +641,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", type=int, nargs="*", help="run only these case indices")
     p.add_argument("--seeds", type=Path, help="build (or reuse) the seed stores here")
     p.add_argument("--only", type=lambda t: t.split(","), help="only these seeds (a,b)")
-    p.add_argument("--kinds", type=lambda t: t.split(","),
-                   help="only these mutations, in turn (a,b): a quick run of each")  # fmt: skip
+    p.add_argument(
+        "--kinds",
+        type=lambda t: t.split(","),
+        help="only these mutations, in turn (a,b): a quick run of each",
+    )
     p.add_argument("--commands", type=lambda t: t.split(","), help="only these commands (a,b)")
-    p.add_argument("--plugin-every", type=int, default=5,
-                   help="a plugin session every N-th session-seed case (0: never)")  # fmt: skip
+    p.add_argument(
+        "--plugin-every",
+        type=int,
+        default=5,
+        help="a plugin session every N-th session-seed case (0: never)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="wall seconds a command may take")
     p.add_argument("--log", help="append one JSON line per command run here")
     p.add_argument("--summarize", nargs="*", help="summarize these JSONL logs and exit")
@@ -573,8 +663,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     opts = _parser().parse_args(argv)
     if opts.summarize:
-        runs = [Run(**json.loads(line)) for f in opts.summarize
-                for line in Path(f).read_text().splitlines() if line.strip()]  # fmt: skip
+        runs = [
+            Run(**json.loads(line))
+            for f in opts.summarize
+            for line in Path(f).read_text().splitlines()
+            if line.strip()
+        ]
         print(summarize(runs))
         return 0
     with tempfile.TemporaryDirectory(prefix="store-fuzz-") as tmp:

@@ -189,11 +189,13 @@ def sizes(tree: Path) -> Json:
         "store_methods": None if methods is None else methods[0],
         "store_methods_with_bases": None if methods is None else methods[1],
         "baseline_largest_class": {
-            "name": biggest.name, "file": biggest.file,
-            "lines": biggest.lines, "methods": biggest.methods,
+            "name": biggest.name,
+            "file": biggest.file,
+            "lines": biggest.lines,
+            "methods": biggest.methods,
         },
         "baseline_files": {str(p.relative_to(tree)): lines(p) for p in baseline},
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------------------------- imports
@@ -372,8 +374,12 @@ def mypy(tree: Path) -> Json:
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "perfguard", "--cache-dir", str(cache)],
-        cwd=tree, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     out = done.stdout + done.stderr
     errors = re.search(r"Found (\d+) errors? in (\d+) files?", out)
     if errors is None and "Success" not in out:
@@ -516,10 +522,24 @@ def _pytest(
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "--perfguard", *args],
-        cwd=project, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "--perfguard",
+            *args,
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return done, time.perf_counter() - started
 
 
@@ -546,8 +566,12 @@ def trace_test(tree: Path, work: Path) -> Traced:
     (project / "pytest.ini").write_text("[pytest]\n")
     (project / "test_step.py").write_text(PROJECT_TEST)
     (work / "structure_tracer.py").write_text(tracer_source())
-    for args in (("init", "-q", "-b", "main"), ("config", "user.email", "ci@example.com"),
-                 ("config", "user.name", "CI"), ("config", "commit.gpgsign", "false")):  # fmt: skip
+    for args in (
+        ("init", "-q", "-b", "main"),
+        ("config", "user.email", "ci@example.com"),
+        ("config", "user.name", "CI"),
+        ("config", "commit.gpgsign", "false"),
+    ):
         _git(project, *args)
     _git(project, "add", "-A")
     _git(project, "commit", "-q", "-m", "A")
@@ -575,11 +599,16 @@ def trace_test(tree: Path, work: Path) -> Traced:
     doc = json.loads((project / ".perfguard" / "results.json").read_text())
     (entry,) = [t for t in doc["tests"] if t["nodeid"] == dump["item"]]
     return Traced(
-        item=dump["item"], perfguard=dump["perfguard"], codes=dump["codes"],
-        events=dump["events"], main=int(dump["main"]), outcome=entry.get("outcome"),
+        item=dump["item"],
+        perfguard=dump["perfguard"],
+        codes=dump["codes"],
+        events=dump["events"],
+        main=int(dump["main"]),
+        outcome=entry.get("outcome"),
         samples=len(entry.get("samples_current") or []),
-        baseline=doc.get("baseline"), seconds=round(seconds, 1),
-    )  # fmt: skip
+        baseline=doc.get("baseline"),
+        seconds=round(seconds, 1),
+    )
 
 
 def collapse(modules: Sequence[str]) -> list[str]:
@@ -685,9 +714,13 @@ def path(tree: Path, depths: Sequence[int]) -> Json:
     modules = [module_name(tree, p) if p.is_relative_to(root) else "?" for p in codes]
     figures = path_figures(dump.events, modules, dump.main, depths)
     figures.update(
-        item=dump.item, outcome=dump.outcome, samples=dump.samples, baseline=dump.baseline,
-        traced_session_s=dump.seconds, unplaced_packages=unplaced(modules),
-    )  # fmt: skip
+        item=dump.item,
+        outcome=dump.outcome,
+        samples=dump.samples,
+        baseline=dump.baseline,
+        traced_session_s=dump.seconds,
+        unplaced_packages=unplaced(modules),
+    )
     return figures
 
 

@@ -44,8 +44,11 @@ def one_run(args: list[str]) -> dict[str, object]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", *args],
-        cwd=ROOT, capture_output=True, text=True, env=env,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.monotonic() - t0
     lines = done.stdout.strip().splitlines()
     summary = lines[-1] if lines else ""
@@ -83,10 +86,15 @@ def main() -> int:
     spinner = None if ns.no_spinner else multiprocessing.Process(target=spin, args=(stop,))
     if spinner is not None:
         spinner.start()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
-    doc: dict[str, object] = {"commit": commit, "cpus": os.cpu_count(),
-                              "spinner": spinner is not None, "runs": []}  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    doc: dict[str, object] = {
+        "commit": commit,
+        "cpus": os.cpu_count(),
+        "spinner": spinner is not None,
+        "runs": [],
+    }
     runs: list[dict[str, object]] = doc["runs"]  # type: ignore[assignment]
     try:
         for i in range(ns.runs):

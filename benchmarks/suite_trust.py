@@ -41,9 +41,15 @@ from suite_repeat import spin  # noqa: E402  (the series' spinner: one busy core
 
 #: the tests that get timing-only changes (pure-Python work added to their step)
 CHANGED = (
-    "test_mm64", "test_mm256", "test_mlp_small", "test_conv_small", "test_layernorm",
-    "test_attention_small", "test_py_loop_small", "test_sort",
-)  # fmt: skip
+    "test_mm64",
+    "test_mm256",
+    "test_mlp_small",
+    "test_conv_small",
+    "test_layernorm",
+    "test_attention_small",
+    "test_py_loop_small",
+    "test_sort",
+)
 
 TORCH_TESTS = """
 import json
@@ -403,8 +409,11 @@ def git(project: Path, *args: str) -> str:
         where = []
     done = subprocess.run(
         ["git", *where, "-c", "user.name=b", "-c", "user.email=b@b", *args],
-        cwd=project, check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=project,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return done.stdout.strip()
 
 
@@ -443,9 +452,11 @@ def run_session(project: Path, args: list[str], busy: bool) -> dict[str, Any]:
     t0 = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perfguard", *args],
-        cwd=project, capture_output=True, text=True,
+        cwd=project,
+        capture_output=True,
+        text=True,
         env={k: v for k, v in os.environ.items() if k != "PERFGUARD_CONFIRM_BUDGET"},
-    )  # fmt: skip
+    )
     wall = time.monotonic() - t0
     stop.set()
     if neighbour is not None:
@@ -468,8 +479,13 @@ def run_session(project: Path, args: list[str], busy: bool) -> dict[str, Any]:
             "confirm_s": (t.get("phase_s") or {}).get("confirm", 0.0),
             "why": (t.get("explanation") or {}).get("headline", "")[:300],
         }
-    return {"busy": busy, "load": load, "wall_s": round(wall, 1), "rc": done.returncode,
-            "tests": tests}  # fmt: skip
+    return {
+        "busy": busy,
+        "load": load,
+        "wall_s": round(wall, 1),
+        "rc": done.returncode,
+        "tests": tests,
+    }
 
 
 #: the stored comparison's own outcome, kept in a confirmed timing's message
@@ -539,8 +555,15 @@ def main() -> None:
             if kind == "history":
                 git(project, "checkout", "-q", "main")
                 comment_commit(project, label)
-                s = run_session(project, ["--perfguard-save", "--perfguard-fail-on=never",
-                                          "--perfguard-confirm-budget=0"], busy)  # fmt: skip
+                s = run_session(
+                    project,
+                    [
+                        "--perfguard-save",
+                        "--perfguard-fail-on=never",
+                        "--perfguard-confirm-budget=0",
+                    ],
+                    busy,
+                )
             else:
                 git(project, "checkout", "-q", "-B", f"pr{k}", "main")
                 extra = {}
@@ -551,18 +574,25 @@ def main() -> None:
                 (project / "extra.json").write_text(json.dumps(extra) + "\n")
                 comment_commit(project, label)
                 s = run_session(
-                    project, ["--perfguard-baseline=main", "--perfguard-fail-on=never",
-                              f"--perfguard-confirm-budget={args.confirm_budget}"], busy,
-                )  # fmt: skip
+                    project,
+                    [
+                        "--perfguard-baseline=main",
+                        "--perfguard-fail-on=never",
+                        f"--perfguard-confirm-budget={args.confirm_budget}",
+                    ],
+                    busy,
+                )
                 git(project, "checkout", "-q", "--", ".")
                 git(project, "checkout", "-q", "main")
             s.update(kind=kind, size=size, label=label)
             sessions.append(s)
             log.write_text(json.dumps(doc, indent=1))
             outs = [t["outcome"] for t in s["tests"].values()]
-            print(f"{label}: busy={busy} load={s['load'][0]:.2f} {s['wall_s']:.0f}s "
-                  f"regressed={outs.count('regressed')} noisy={outs.count('noisy')}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{label}: busy={busy} load={s['load'][0]:.2f} {s['wall_s']:.0f}s "
+                f"regressed={outs.count('regressed')} noisy={outs.count('noisy')}",
+                flush=True,
+            )
     result = analyse(doc)
     (args.out / "trust.json").write_text(json.dumps(result, indent=1))
     print(table(result))
@@ -585,9 +615,11 @@ def analyse(doc: dict[str, Any]) -> dict[str, Any]:
                 if name in CHANGED:
                     caught.setdefault(size, []).append(int(t[field] == "regressed"))
         other_false = sum(
-            t[field] == "regressed" for s in changed for n, t in s["tests"].items()
+            t[field] == "regressed"
+            for s in changed
+            for n, t in s["tests"].items()
             if n not in CHANGED
-        )  # fmt: skip
+        )
         out[key] = {
             "unchanged_verdicts": len(verdicts),
             "false_regressed": false,
@@ -602,8 +634,11 @@ def analyse(doc: dict[str, Any]) -> dict[str, Any]:
         for busy in (False, True):
             w = [s["wall_s"] for s in doc["sessions"] if s["kind"] == kind and s["busy"] == busy]
             if w:
-                walls[f"{kind} {'busy' if busy else 'quiet'}"] = [min(w), sorted(w)[len(w) // 2],
-                                                                  max(w)]  # fmt: skip
+                walls[f"{kind} {'busy' if busy else 'quiet'}"] = [
+                    min(w),
+                    sorted(w)[len(w) // 2],
+                    max(w),
+                ]
     out["wall_s_min_median_max"] = walls
     out["load_1min"] = [s["load"][0] for s in doc["sessions"]]
     out["thresholds_pct"] = _thresholds(unchanged)
@@ -621,8 +656,11 @@ def _thresholds(sessions: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["| judged by | false regressed (verdicts) | red sessions | noisy | caught +5% | "
-             "caught +10% |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| judged by | false regressed (verdicts) | red sessions | noisy | caught +5% | "
+        "caught +10% |",
+        "|---|---|---|---|---|---|",
+    ]
     for key in ("stored_only", "product"):
         r = result[key]
         c5, c10 = r["caught"].get("+5%", [0, 0]), r["caught"].get("+10%", [0, 0])

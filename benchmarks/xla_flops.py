@@ -30,8 +30,9 @@ def steps() -> dict[str, tuple]:
     img, ker = jnp.ones((8, 32, 32, 16)), jnp.ones((3, 3, 16, 32))
 
     def conv(a, b):
-        return jax.lax.conv_general_dilated(a, b, (1, 1), "SAME",
-                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jax.lax.conv_general_dilated(
+            a, b, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
 
     return {
         "two matmuls": (lambda x, a, b: (x @ a) @ b, (x, w1, w2)),

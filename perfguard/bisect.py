@@ -243,13 +243,18 @@ def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
         for f in (gates.get("regressions") or [])[:TOP_FINDINGS]
     ]
     return TestVerdict(
-        nodeid=str(entry.get("nodeid")), outcome=str(entry.get("outcome")),
-        decided_by=str(decided), message=str(entry.get("message") or ""),
-        delta_pct=timing.get("delta_pct"), ci_low_pct=timing.get("ci_low_pct"),
-        ci_high_pct=timing.get("ci_high_pct"), gates=fired,
-        culprit=str(((entry.get("explanation") or {}).get("culprits") or [{}])[0].get("text")
-                    or ""),
-    )  # fmt: skip
+        nodeid=str(entry.get("nodeid")),
+        outcome=str(entry.get("outcome")),
+        decided_by=str(decided),
+        message=str(entry.get("message") or ""),
+        delta_pct=timing.get("delta_pct"),
+        ci_low_pct=timing.get("ci_low_pct"),
+        ci_high_pct=timing.get("ci_high_pct"),
+        gates=fired,
+        culprit=str(
+            ((entry.get("explanation") or {}).get("culprits") or [{}])[0].get("text") or ""
+        ),
+    )
 
 
 def _instructions_outcome(gates: dict[str, Any]) -> str:
@@ -275,9 +280,8 @@ class _StoreOracle:
         self.good_runs = self._runs_with_tests(good, None)
         #: the machine the bisection compares on: GOOD's latest run with every test
         self.fingerprint: Fingerprint | None = (
-            runs.set_index("run_id")["fingerprint"][self.good_runs[0]]
-            if self.good_runs else None
-        )  # fmt: skip
+            runs.set_index("run_id")["fingerprint"][self.good_runs[0]] if self.good_runs else None
+        )
         if self.fingerprint is not None:
             self.good_runs = self._runs_with_tests(good, self.fingerprint)
 
@@ -325,16 +329,27 @@ def _ab_step(tree: Path, good: str, settings: Settings, out: Path) -> tuple[list
     out.mkdir(parents=True, exist_ok=True)
     # every value as --opt=value: pytest takes a bare argument outside the tree as a path
     # when it picks the rootdir, which would put the session outside the git worktree
-    argv = [sys.executable, "-m", "pytest", *settings.pytest_args, "--perfguard",
-            f"--perfguard-against={good}", f"--perfguard-output={out.resolve()}",
-            "--perfguard-fail-on=never", "-p", "no:cacheprovider", "-q"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *settings.pytest_args,
+        "--perfguard",
+        f"--perfguard-against={good}",
+        f"--perfguard-output={out.resolve()}",
+        "--perfguard-fail-on=never",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+    ]
     if settings.tolerance is not None:
         argv.append(f"--perfguard-tolerance={settings.tolerance}")
     if settings.oracle == "instructions":
         argv.append("--perfguard-metric=instructions")
     try:
-        done = subprocess.run(argv, cwd=tree, capture_output=True, text=True,
-                              timeout=settings.timeout, check=False)  # fmt: skip
+        done = subprocess.run(
+            argv, cwd=tree, capture_output=True, text=True, timeout=settings.timeout, check=False
+        )
         log = (done.stdout or "") + (done.stderr or "")
         code: int | str = done.returncode
     except subprocess.TimeoutExpired:
@@ -354,8 +369,16 @@ def _ab_step(tree: Path, good: str, settings: Settings, out: Path) -> tuple[list
 
 def _selected(tree: Path, pytest_args: tuple[str, ...]) -> list[str]:
     """The node ids the selection names (pytest's own collection, in BAD's tree)."""
-    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-            *pytest_args]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *pytest_args,
+    ]
     done = subprocess.run(argv, cwd=tree, capture_output=True, text=True, check=False)
     ids = [ln.strip() for ln in done.stdout.splitlines() if "::" in ln and " " not in ln.strip()]
     if not ids:
@@ -491,8 +514,10 @@ def _evidence(t: TestVerdict) -> str:
 
 def _step_line(step: Step) -> str:
     tests = "; ".join(f"{t.nodeid}: {_evidence(t)}" for t in step.tests) or step.note
-    return (f"{step.commit[:10]} {step.mark:<4} [{step.mode}, {format_ns(step.seconds * 1e9)}] "
-            f"{step.subject[:50]}: {tests}")  # fmt: skip
+    return (
+        f"{step.commit[:10]} {step.mark:<4} [{step.mode}, {format_ns(step.seconds * 1e9)}] "
+        f"{step.subject[:50]}: {tests}"
+    )
 
 
 def _culprits(result: BisectResult) -> list[str]:
@@ -501,8 +526,9 @@ def _culprits(result: BisectResult) -> list[str]:
     step = next((s for s in result.steps if s.commit == result.first_bad), None)
     if step is None:
         return []
-    return [f"{t.nodeid}: {t.culprit}" for t in step.tests if t.culprit and t.decided_by ==
-            "regressed"]  # fmt: skip
+    return [
+        f"{t.nodeid}: {t.culprit}" for t in step.tests if t.culprit and t.decided_by == "regressed"
+    ]
 
 
 def format_text(result: BisectResult) -> str:
@@ -512,12 +538,16 @@ def format_text(result: BisectResult) -> str:
         lines.append(f"first bad commit: {result.first_bad} {result.subject}")
         lines += [f"  {c}" for c in _culprits(result)]
     elif result.candidates:
-        lines.append("skipped commits hide the first bad one; it is one of: "
-                     + ", ".join(c[:12] for c in result.candidates))  # fmt: skip
+        lines.append(
+            "skipped commits hide the first bad one; it is one of: "
+            + ", ".join(c[:12] for c in result.candidates)
+        )
     else:
         lines.append("no first bad commit found")
-    lines.append(f"GOOD {result.good[:12]}  BAD {result.bad[:12]}  oracle: {result.oracle}; "
-                 f"tests: {', '.join(result.selected)}")  # fmt: skip
+    lines.append(
+        f"GOOD {result.good[:12]}  BAD {result.bad[:12]}  oracle: {result.oracle}; "
+        f"tests: {', '.join(result.selected)}"
+    )
     lines.append(f"{len(result.steps)} commit(s) judged:")
     lines += [f"  {_step_line(s)}" for s in result.steps]
     return "\n".join(lines)
@@ -525,9 +555,12 @@ def format_text(result: BisectResult) -> str:
 
 def format_markdown(result: BisectResult) -> str:
     """The same as Markdown (a PR comment or an issue)."""
-    head = (f"**First bad commit:** `{result.first_bad[:12]}` {result.subject}"
-            if result.first_bad else "**No single first bad commit** (skipped commits): "
-            + ", ".join(f"`{c[:12]}`" for c in result.candidates))  # fmt: skip
+    head = (
+        f"**First bad commit:** `{result.first_bad[:12]}` {result.subject}"
+        if result.first_bad
+        else "**No single first bad commit** (skipped commits): "
+        + ", ".join(f"`{c[:12]}`" for c in result.candidates)
+    )
     culprits = _culprits(result)
     if culprits:
         head += "\n\n" + "\n".join(f"- {c}" for c in culprits)
@@ -535,10 +568,20 @@ def format_markdown(result: BisectResult) -> str:
     for s in result.steps:
         ev = "<br>".join(f"`{t.nodeid}`: {_evidence(t)}" for t in s.tests) or s.note
         ev = ev.replace("|", "\\|")
-        rows.append(f"| `{s.commit[:10]}` | {s.subject.replace('|', '/')} | **{s.mark}** | "
-                    f"{s.mode} | {ev} |")  # fmt: skip
-    return "\n".join([
-        "# perfguard bisect", "", head, "",
-        f"GOOD `{result.good[:12]}`, BAD `{result.bad[:12]}`, oracle: {result.oracle}; "
-        f"tests: {', '.join(f'`{n}`' for n in result.selected)}", "", *rows, "",
-    ])  # fmt: skip
+        rows.append(
+            f"| `{s.commit[:10]}` | {s.subject.replace('|', '/')} | **{s.mark}** | "
+            f"{s.mode} | {ev} |"
+        )
+    return "\n".join(
+        [
+            "# perfguard bisect",
+            "",
+            head,
+            "",
+            f"GOOD `{result.good[:12]}`, BAD `{result.bad[:12]}`, oracle: {result.oracle}; "
+            f"tests: {', '.join(f'`{n}`' for n in result.selected)}",
+            "",
+            *rows,
+            "",
+        ]
+    )

@@ -114,11 +114,16 @@ class Environment:
             if not before or not after or before == after:
                 continue
             blocks = spec.group is not None and spec.key(before) != spec.key(after)
-            out.append(EnvironmentChange(
-                field=spec.name, label=spec.label, before=before, after=after,
-                blocking=blocks and spec.group not in groups,
-                across=spec.group if blocks and spec.group in groups else "",
-            ))  # fmt: skip
+            out.append(
+                EnvironmentChange(
+                    field=spec.name,
+                    label=spec.label,
+                    before=before,
+                    after=after,
+                    blocking=blocks and spec.group not in groups,
+                    across=spec.group if blocks and spec.group in groups else "",
+                )
+            )
         return tuple(out)
 
     def to_dict(self) -> dict[str, str]:
@@ -152,16 +157,25 @@ class EnvironmentChange:
         return f"{said} (compared across {self.across})" if self.across else said
 
     def to_dict(self) -> dict[str, Any]:
-        return {"field": self.field, "label": self.label, "before": self.before,
-                "after": self.after, "blocking": self.blocking, "across": self.across}  # fmt: skip
+        return {
+            "field": self.field,
+            "label": self.label,
+            "before": self.before,
+            "after": self.after,
+            "blocking": self.blocking,
+            "across": self.across,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EnvironmentChange:
         return cls(
-            field=str(d.get("field") or ""), label=str(d.get("label") or d.get("field") or ""),
-            before=str(d.get("before") or ""), after=str(d.get("after") or ""),
-            blocking=bool(d.get("blocking")), across=str(d.get("across") or ""),
-        )  # fmt: skip
+            field=str(d.get("field") or ""),
+            label=str(d.get("label") or d.get("field") or ""),
+            before=str(d.get("before") or ""),
+            after=str(d.get("after") or ""),
+            blocking=bool(d.get("blocking")),
+            across=str(d.get("across") or ""),
+        )
 
 
 def _same(value: str) -> str:
@@ -239,8 +253,9 @@ def incompatibility(changes: Iterable[EnvironmentChange]) -> str | None:
     blocking = [c for c in changes if c.blocking]
     if not blocking:
         return None
-    groups = ",".join(dict.fromkeys(g.group for c in blocking for g in FIELDS
-                                    if g.name == c.field and g.group))  # fmt: skip
+    groups = ",".join(
+        dict.fromkeys(g.group for c in blocking for g in FIELDS if g.name == c.field and g.group)
+    )
     said = "; ".join(c.text for c in blocking)
     return (
         f"environment differs from the baseline's: {said}; to compare anyway: "

@@ -79,10 +79,15 @@ def build(root: Path, *, slow: bool = False) -> list[str]:
     shas = []
     for i in range(N_COMMITS):
         bad = i >= REGRESSION
-        (root / "model.py").write_text(MODEL.format(
-            i=i, what=WHAT[i], helper=f"STEPS_{i % 3}", n=BASE + (EXTRA if bad and slow else 0),
-            regression=REGRESSION_LINES if bad else "",
-        ))  # fmt: skip
+        (root / "model.py").write_text(
+            MODEL.format(
+                i=i,
+                what=WHAT[i],
+                helper=f"STEPS_{i % 3}",
+                n=BASE + (EXTRA if bad and slow else 0),
+                regression=REGRESSION_LINES if bad else "",
+            )
+        )
         git(root, "add", "-A")
         git(root, "commit", "-q", "-m", f"commit {i}: {WHAT[i]}")
         shas.append(git(root, "rev-parse", "HEAD"))

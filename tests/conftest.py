@@ -59,9 +59,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             )
         else:
             metafunc.parametrize(
-                name, [pytest.param(None, marks=pytest.mark.skip(reason=NO_FIXTURES))],
+                name,
+                [pytest.param(None, marks=pytest.mark.skip(reason=NO_FIXTURES))],
                 scope="module",
-            )  # fmt: skip
+            )
 
 
 @pytest.fixture(scope="session")

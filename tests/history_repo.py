@@ -148,9 +148,23 @@ def build_plan(root: Path, plan: list[Version], *, nice: int = 10) -> list[str]:
         git(root, "commit", "-q", "-m", f"commit {i}: extra={v.extra} tiny={v.tiny} spin={v.spin}")
         shas.append(git(root, "rev-parse", "HEAD"))
         # fail-on never: the step commits are regressions the gate would (rightly) fail
-        cmd = ["nice", "-n", str(nice), sys.executable, "-m", "pytest", "--perfguard",
-               "--perfguard-save", "--perfguard-fail-on", "never", "-p", "no:cacheprovider",
-               "-q", "-p", "no:xdist"]  # fmt: skip
+        cmd = [
+            "nice",
+            "-n",
+            str(nice),
+            sys.executable,
+            "-m",
+            "pytest",
+            "--perfguard",
+            "--perfguard-save",
+            "--perfguard-fail-on",
+            "never",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-p",
+            "no:xdist",
+        ]
         done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"session {i} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")

@@ -15,21 +15,40 @@ class KinetoBuilder:
         self.devices: list[dict] = []
 
     def op(
-        self, name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1,
+        self,
+        name: str,
+        ts: float,
+        dur: float,
+        cat: str = "cpu_op",
+        tid: int = 1,
         args: dict | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A CPU event; ``args`` adds e.g. ``Input Dims`` / ``Input type``."""
         self.events.append(
-            {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-             "args": {"External id": len(self.events) + 1, **(args or {})}}
-        )  # fmt: skip
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": 1,
+                "tid": tid,
+                "ts": ts,
+                "dur": dur,
+                "args": {"External id": len(self.events) + 1, **(args or {})},
+            }
+        )
 
     def device(self, name: str, major: int, minor: int, memory: int = 40 << 30) -> None:
         """Describe device 0 as Kineto's ``deviceProperties`` does."""
         self.devices.append(
-            {"id": 0, "name": name, "computeMajor": major, "computeMinor": minor,
-             "totalGlobalMem": memory, "numSms": 108}
-        )  # fmt: skip
+            {
+                "id": 0,
+                "name": name,
+                "computeMajor": major,
+                "computeMinor": minor,
+                "totalGlobalMem": memory,
+                "numSms": 108,
+            }
+        )
 
     def launch(
         self,
@@ -45,9 +64,17 @@ class KinetoBuilder:
         self.corr += 1
         c = self.corr
         self.events.append(
-            {"ph": "X", "cat": "cuda_runtime", "name": api, "pid": 1, "tid": tid,
-             "ts": call[0], "dur": call[1], "args": {"correlation": c}}
-        )  # fmt: skip
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": api,
+                "pid": 1,
+                "tid": tid,
+                "ts": call[0],
+                "dur": call[1],
+                "args": {"correlation": c},
+            }
+        )
         if gpu is not None:
             args = {"device": 0, "stream": stream, "correlation": c}
             if cat == "kernel":
@@ -55,9 +82,17 @@ class KinetoBuilder:
             else:
                 args["bytes"] = 4096
             self.events.append(
-                {"ph": "X", "cat": cat, "name": kernel, "pid": 0, "tid": stream,
-                 "ts": gpu[0], "dur": gpu[1], "args": args}
-            )  # fmt: skip
+                {
+                    "ph": "X",
+                    "cat": cat,
+                    "name": kernel,
+                    "pid": 0,
+                    "tid": stream,
+                    "ts": gpu[0],
+                    "dur": gpu[1],
+                    "args": args,
+                }
+            )
         return c
 
     def write(self, path: Path) -> Path:

@@ -15,8 +15,15 @@ from pathlib import Path
 
 #: the export whose schema and GPU (an H200, nsys 2024.6.2) the built files take
 TEMPLATE = "nsys/nsys2024.6.2_nvfuser-matmul-gtest_nvtx_h200.sqlite"
-_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
-           "TARGET_INFO_GPU", "META_DATA_EXPORT", "ThreadNames")  # fmt: skip
+_TABLES = (
+    "StringIds",
+    "NVTX_EVENTS",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "TARGET_INFO_GPU",
+    "META_DATA_EXPORT",
+    "ThreadNames",
+)
 NVTX_PUSH_POP = 59
 RUNTIME_EVENT_CLASS = 1
 
@@ -62,38 +69,67 @@ class NsysBuilder:
         )
 
     def thread(self, tid: int, name: str) -> None:
-        self._insert("ThreadNames", {"nameId": self.string(name),
-                                     "globalTid": global_tid(self.pid, tid)})  # fmt: skip
+        self._insert(
+            "ThreadNames", {"nameId": self.string(name), "globalTid": global_tid(self.pid, tid)}
+        )
 
     def range(self, start: int, end: int, text: str, tid: int) -> None:
         """An NVTX push/pop range with its text inline (as ``torch.cuda.nvtx`` writes it)."""
         self._insert(
             "NVTX_EVENTS",
-            {"start": start, "end": end, "eventType": NVTX_PUSH_POP, "text": text,
-             "globalTid": global_tid(self.pid, tid)},
-        )  # fmt: skip
+            {
+                "start": start,
+                "end": end,
+                "eventType": NVTX_PUSH_POP,
+                "text": text,
+                "globalTid": global_tid(self.pid, tid),
+            },
+        )
 
     def launch(
-        self, call: tuple[int, int], gpu: tuple[int, int], kernel: str, tid: int, stream: int = 7,
-        grid: tuple[int, int, int] = (1, 1, 1), block: tuple[int, int, int] = (128, 1, 1),
-    ) -> None:  # fmt: skip
+        self,
+        call: tuple[int, int],
+        gpu: tuple[int, int],
+        kernel: str,
+        tid: int,
+        stream: int = 7,
+        grid: tuple[int, int, int] = (1, 1, 1),
+        block: tuple[int, int, int] = (128, 1, 1),
+    ) -> None:
         """A ``cudaLaunchKernel`` call on ``tid`` and the kernel it launched."""
         self.corr += 1
         self._insert(
             "CUPTI_ACTIVITY_KIND_RUNTIME",
-            {"start": call[0], "end": call[1], "eventClass": RUNTIME_EVENT_CLASS,
-             "globalTid": global_tid(self.pid, tid), "correlationId": self.corr,
-             "nameId": self.string("cudaLaunchKernel_v7000")},
-        )  # fmt: skip
+            {
+                "start": call[0],
+                "end": call[1],
+                "eventClass": RUNTIME_EVENT_CLASS,
+                "globalTid": global_tid(self.pid, tid),
+                "correlationId": self.corr,
+                "nameId": self.string("cudaLaunchKernel_v7000"),
+            },
+        )
         short = kernel.split("<")[0].split("(")[0].removeprefix("void ")
         self._insert(
             "CUPTI_ACTIVITY_KIND_KERNEL",
-            {"start": gpu[0], "end": gpu[1], "deviceId": 0, "contextId": 1, "streamId": stream,
-             "correlationId": self.corr, "globalPid": global_tid(self.pid, 0),
-             "demangledName": self.string(kernel), "shortName": self.string(short),
-             "gridX": grid[0], "gridY": grid[1], "gridZ": grid[2],
-             "blockX": block[0], "blockY": block[1], "blockZ": block[2]},
-        )  # fmt: skip
+            {
+                "start": gpu[0],
+                "end": gpu[1],
+                "deviceId": 0,
+                "contextId": 1,
+                "streamId": stream,
+                "correlationId": self.corr,
+                "globalPid": global_tid(self.pid, 0),
+                "demangledName": self.string(kernel),
+                "shortName": self.string(short),
+                "gridX": grid[0],
+                "gridY": grid[1],
+                "gridZ": grid[2],
+                "blockX": block[0],
+                "blockY": block[1],
+                "blockZ": block[2],
+            },
+        )
 
     def close(self) -> Path:
         self.con.commit()

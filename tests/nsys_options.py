@@ -64,13 +64,29 @@ _PROFILE_2024: Options = {
     "export": (None, frozenset({"sqlite", "hdf", "json", "text", "arrow", "none"})),
     # ... and so did the range ends (repeat-shutdown:N)
     "capture-range-end": (
-        None, frozenset({"none", "stop", "stop-shutdown", "repeat", "repeat-shutdown"})),
-}  # fmt: skip
+        None,
+        frozenset({"none", "stop", "stop-shutdown", "repeat", "repeat-shutdown"}),
+    ),
+}
 _PROFILE_2026: Options = {
     **_PROFILE_2024,
-    "export": (None, frozenset({"sqlite", "hdf", "json", "text", "arrow", "arrowdir",
-                                "parquetdir", "jsonlines", "none"})),
-}  # fmt: skip
+    "export": (
+        None,
+        frozenset(
+            {
+                "sqlite",
+                "hdf",
+                "json",
+                "text",
+                "arrow",
+                "arrowdir",
+                "parquetdir",
+                "jsonlines",
+                "none",
+            }
+        ),
+    ),
+}
 # nsys export: -t/--type (sqlite among others), -o/--output, -f/--force-overwrite
 _EXPORT: Options = {
     "type": ("t", frozenset({"sqlite", "hdf", "json", "text"})),

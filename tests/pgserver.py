@@ -73,14 +73,35 @@ class PgServer:
             raise RuntimeError(f"{' '.join(args[:2])} failed: {done.stderr.strip()[-2000:]}")
 
     def start(self) -> PgServer:
-        self._run("initdb", "-D", str(self.data), "-U", self.user, "--auth=trust",
-                  "--no-sync", "-E", "UTF8", "--locale=C")  # fmt: skip
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            self.user,
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        )
         opts = (
             f"-c listen_addresses='' -c unix_socket_directories='{self.root}' "
             "-c fsync=off -c max_connections=200 -c shared_buffers=32MB"
         )
-        self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-w", "-t", "60",
-                  "-l", str(self.root / "server.log"), "start")  # fmt: skip
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            opts,
+            "-w",
+            "-t",
+            "60",
+            "-l",
+            str(self.root / "server.log"),
+            "start",
+        )
         return self
 
     def url(self, dbname: str = "postgres", user: str | None = None) -> str:

@@ -129,15 +129,22 @@ BACKWARD_NODES = [
     ),
 ]
 #: the user's line that called each op (model.py line of FORWARD's entry)
-CALL_SITES = {"conv2d": f"{SITE_PREFIX}model.py:12", "relu": f"{SITE_PREFIX}model.py:13",
-              "linear": f"{SITE_PREFIX}model.py:15"}  # fmt: skip
+CALL_SITES = {
+    "conv2d": f"{SITE_PREFIX}model.py:12",
+    "relu": f"{SITE_PREFIX}model.py:13",
+    "linear": f"{SITE_PREFIX}model.py:15",
+}
 
 
 def _stack(op: str, torch_frame: str) -> list[str]:
     """What ``traceback.extract_stack()`` gives inside the wrapper, outermost first."""
-    return ["/usr/lib/python3.10/runpy.py:196", f"{SITE_PREFIX}train.py:34",
-            f"{_TORCH}nn/modules/module.py:1501", CALL_SITES[op],
-            f"{_TORCH}{torch_frame}"]  # fmt: skip
+    return [
+        "/usr/lib/python3.10/runpy.py:196",
+        f"{SITE_PREFIX}train.py:34",
+        f"{_TORCH}nn/modules/module.py:1501",
+        CALL_SITES[op],
+        f"{_TORCH}{torch_frame}",
+    ]
 
 
 def _nest(b: NsysBuilder, t0: int, names: list[str], tid: int, kernels: list, gpu_t: int) -> int:

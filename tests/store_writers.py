@@ -85,7 +85,7 @@ def run_writers(
             stderr=subprocess.PIPE,
             text=True,
             env=env,
-        )  # fmt: skip
+        )
         for w in range(n_workers)
     ]
     outs = [p.communicate(timeout=timeout) for p in procs]

@@ -53,8 +53,13 @@ def location(request, tmp_path):
 
 def test_acceptances_are_stored_exported_imported_and_copied(location, tmp_path):
     with open_store(location) as store:
-        first = store.accept(NODEID, "a" * 40, "  bigger model:\n on purpose ", author="ann",
-                             time="2026-01-01T00:00:00+00:00")  # fmt: skip
+        first = store.accept(
+            NODEID,
+            "a" * 40,
+            "  bigger model:\n on purpose ",
+            author="ann",
+            time="2026-01-01T00:00:00+00:00",
+        )
         second = store.accept("t.py::other", "b" * 40, "new kernel")
         assert second > first
         with pytest.raises(BaselineError, match="needs a reason"):
@@ -146,10 +151,25 @@ ITEM = "        x.sum().item()  # log the loss\n"
 
 def session(repo: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--perfguard", "--perfguard-rounds=3",
-         "-p", "no:cacheprovider", "-p", "no:xdist", "-q", *args],
-        cwd=repo, env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--perfguard",
+            "--perfguard-rounds=3",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-q",
+            *args,
+        ],
+        cwd=repo,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     doc = json.loads((repo / ".perfguard" / "results.json").read_text())
     (test,) = doc["tests"]
     return done, test
@@ -168,8 +188,13 @@ def test_an_accepted_slowdown_is_the_new_level_and_every_report_says_so(tmp_path
     assert test["accepted"] is None
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "perfguard", *args], cwd=repo, env=ENV,
-                              capture_output=True, text=True)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "perfguard", *args],
+            cwd=repo,
+            env=ENV,
+            capture_output=True,
+            text=True,
+        )
 
     bad = cli("baseline", "accept", "test_bench.py::nope", "--reason", "x")
     assert bad.returncode == 2 and "no stored run of 'test_bench.py::nope'" in bad.stderr

@@ -78,8 +78,22 @@ def test_factorize_of_coded_text_is_pandas_factorize_of_its_values():
 
 def test_strip_op_ids_matches_the_regex_on_every_name():
     rng = random.Random(1)
-    parts = ["aten::add", ", op_id = ", "12", "\n", "", "é", "x", ", op_id = 5", "seq = 3",
-             "9", ",", " op_id = 1", "日本", "\x01"]  # fmt: skip
+    parts = [
+        "aten::add",
+        ", op_id = ",
+        "12",
+        "\n",
+        "",
+        "é",
+        "x",
+        ", op_id = 5",
+        "seq = 3",
+        "9",
+        ",",
+        " op_id = 1",
+        "日本",
+        "\x01",
+    ]
     for _ in range(5000):
         names = [
             "".join(rng.choice(parts) for _ in range(rng.randint(0, 5)))
@@ -143,8 +157,11 @@ def _push_pop_ranges(rng: np.random.Generator, n_threads: int = 3):
             end.append(t)
             group.append(g)
     order = np.random.default_rng(int(rng.integers(1 << 30))).permutation(len(start))
-    return (np.asarray(start, dtype=np.int64)[order], np.asarray(end, dtype=np.int64)[order],
-            np.asarray(group, dtype=np.int64)[order])  # fmt: skip
+    return (
+        np.asarray(start, dtype=np.int64)[order],
+        np.asarray(end, dtype=np.int64)[order],
+        np.asarray(group, dtype=np.int64)[order],
+    )
 
 
 def test_range_tree_is_the_definition_by_brute_force():

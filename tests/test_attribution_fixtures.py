@@ -96,14 +96,21 @@ def _ours(a, with_name: bool):
     cols = [r["rank"], r["pid"], r["tid"], r["start"], r["end"]] + (
         [r["name"]] if with_name else []
     )
-    key_of = {int(i): tuple(x if isinstance(x, str) else int(x) for x in row)
-              for i, *row in zip(r["range_id"], *cols, strict=True)}  # fmt: skip
+    key_of = {
+        int(i): tuple(x if isinstance(x, str) else int(x) for x in row)
+        for i, *row in zip(r["range_id"], *cols, strict=True)
+    }
     acts = a.activities
     out = Counter()
     for kind, rank, corr, s, e, rid in zip(
-        acts["activity"], acts["rank"], acts["correlation_id"], acts["start"], acts["end"],
-        acts["range_id"], strict=True,
-    ):  # fmt: skip
+        acts["activity"],
+        acts["rank"],
+        acts["correlation_id"],
+        acts["start"],
+        acts["end"],
+        acts["range_id"],
+        strict=True,
+    ):
         owner = key_of[int(rid)] if rid >= 0 else None
         out[(kind, int(rank), int(corr), int(s), int(e)), owner] += 1
     return out
@@ -115,9 +122,17 @@ def _instance_totals(a, with_name: bool):
     names = a.trace.ranges.set_index("range_id")["name"]
     out: dict = defaultdict(lambda: [0, 0, 0])
     for i, rank, pid, tid, s, e, g, k, m in zip(
-        inst["instance"], inst["rank"], inst["pid"], inst["tid"], inst["start"], inst["end"],
-        inst["gpu_time"], inst["kernel_count"], inst["memop_count"], strict=True,
-    ):  # fmt: skip
+        inst["instance"],
+        inst["rank"],
+        inst["pid"],
+        inst["tid"],
+        inst["start"],
+        inst["end"],
+        inst["gpu_time"],
+        inst["kernel_count"],
+        inst["memop_count"],
+        strict=True,
+    ):
         key = (int(rank), int(pid), int(tid), int(s), int(e))
         if with_name:
             key += (names[i],)
@@ -173,8 +188,11 @@ class NsysExpected:
                 "SELECT 'memset', rowid, start, end, (globalPid >> 24) & 0xFFFFFF,"
                 " correlationId, NULL FROM CUPTI_ACTIVITY_KIND_MEMSET"
             )
-        api_where = "WHERE eventClass IN (0, 1)" if "eventClass" in _cols(
-            conn, "CUPTI_ACTIVITY_KIND_RUNTIME") else ""  # fmt: skip
+        api_where = (
+            "WHERE eventClass IN (0, 1)"
+            if "eventClass" in _cols(conn, "CUPTI_ACTIVITY_KIND_RUNTIME")
+            else ""
+        )
         if "NVTX_EVENTS" in tables:
             end_tid = "endGlobalTid" if "endGlobalTid" in _cols(conn, "NVTX_EVENTS") else "NULL"
             rng = (
@@ -316,9 +334,14 @@ def test_nsys_launching_call_is_joined_on_pid_and_correlation(nsys_case):
     acts = a.activities
     got = Counter()
     for kind, corr, s, e, tid, t in zip(
-        acts["activity"], acts["correlation_id"], acts["start"], acts["end"],
-        acts["launch_tid"], acts["launch_start"], strict=True,
-    ):  # fmt: skip
+        acts["activity"],
+        acts["correlation_id"],
+        acts["start"],
+        acts["end"],
+        acts["launch_tid"],
+        acts["launch_start"],
+        strict=True,
+    ):
         launch = None if pd.isna(t) else (int(tid), int(t))
         got[(kind, int(corr), int(s), int(e)), launch] += 1
     assert got == exp.launches()
@@ -468,8 +491,7 @@ class KinetoExpected:
                 corr = (ev.get("args") or {}).get("correlation")
                 if corr is not None:
                     assert corr not in launch, f"correlation {corr} launched twice"
-                    launch[corr] = (_int(ev["pid"]), _int(ev["tid"]), _ns(ev["ts"]),
-                                    ev.get("name"))  # fmt: skip
+                    launch[corr] = (_int(ev["pid"]), _int(ev["tid"]), _ns(ev["ts"]), ev.get("name"))
             elif cat in KERNEL_CATS or cat in MEMOP_CATS:
                 gpu.append(ev)
         index = {}
@@ -562,9 +584,14 @@ def test_kineto_totals_and_unassociated(kineto_case):
     orphan = a.activities[a.activities["range_id"] < 0]
     got = Counter()
     for kind, rank, corr, s, e, op_name in zip(
-        orphan["activity"], orphan["rank"], orphan["correlation_id"], orphan["start"],
-        orphan["end"], orphan["op_name"], strict=True,
-    ):  # fmt: skip
+        orphan["activity"],
+        orphan["rank"],
+        orphan["correlation_id"],
+        orphan["start"],
+        orphan["end"],
+        orphan["op_name"],
+        strict=True,
+    ):
         got[(kind, int(rank), int(corr), int(s), int(e)), op_name] += 1
     raw_of = dict(exp.orphans)
     assert Counter(k for k, _ in got.elements()) == Counter(k for k, _ in exp.orphans)

@@ -71,8 +71,10 @@ def python_for(name: str) -> list[str]:
     if code == "import sys\n":
         return [sys.executable]
     # sys.argv is ["-c", "-m", MODULE, ARGS...]: run MODULE as -m would, with ARGS
-    run = ("import runpy\nmodule = sys.argv[2]\ndel sys.argv[1:3]\n"
-           "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")  # fmt: skip
+    run = (
+        "import runpy\nmodule = sys.argv[2]\ndel sys.argv[1:3]\n"
+        "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+    )
     return [sys.executable, "-c", code + run]
 
 
@@ -146,10 +148,26 @@ def _kineto_events(*events: dict) -> str:
     return json.dumps({"schemaVersion": 1, "traceEvents": list(events)})
 
 
-KERNEL = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5,
-          "args": {"correlation": 1, "device": 0, "stream": 7}}  # fmt: skip
-LAUNCH = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-          "ts": 5, "dur": 2, "args": {"correlation": 1}}  # fmt: skip
+KERNEL = {
+    "ph": "X",
+    "cat": "kernel",
+    "name": "k",
+    "pid": 0,
+    "tid": 7,
+    "ts": 10,
+    "dur": 5,
+    "args": {"correlation": 1, "device": 0, "stream": 7},
+}
+LAUNCH = {
+    "ph": "X",
+    "cat": "cuda_runtime",
+    "name": "cudaLaunchKernel",
+    "pid": 1,
+    "tid": 1,
+    "ts": 5,
+    "dur": 2,
+    "args": {"correlation": 1},
+}
 
 
 def _make_inputs(root: Path, fixtures: Path | None) -> dict[str, tuple[Path, Path | None]]:
@@ -312,8 +330,13 @@ def trace_error(name: str, path: Path) -> tuple[bool, str, str, str]:
         err = info.value
         return type(err) is perfguard.TraceError, str(err), err.path, err.problem
     code = preamble(name) + LOAD_IN_CHILD
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
-                          text=True, timeout=TIMEOUT, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=REPO,
+    )
     assert done.returncode == 0 and done.stdout, (done.returncode, done.stderr)
     exact, message, err_path, problem = json.loads(done.stdout)
     return exact, message, err_path, problem
@@ -347,8 +370,10 @@ def test_unreadable_file_is_unreadable_in_its_child(bad_inputs) -> None:
     shutil.copyfile(EXAMPLE, readable)
     done = subprocess.run(
         [sys.executable, "-c", preamble(UNREADABLE) + PROBE, str(path), str(readable)],
-        capture_output=True, text=True, timeout=TIMEOUT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(path), "refused", str(readable), "read"]
 
@@ -519,10 +544,22 @@ def _run_broken(tmp_path: Path, debug: bool) -> subprocess.CompletedProcess:
     if debug:
         env["PERFGUARD_DEBUG"] = "1"
     return subprocess.run(
-        [sys.executable, "-c", _BREAK_ANALYZE, "analyze", "--database", str(EXAMPLE),
-         "--output-path", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            _BREAK_ANALYZE,
+            "analyze",
+            "--database",
+            str(EXAMPLE),
+            "--output-path",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def test_internal_error_is_exit_3_and_one_line(tmp_path: Path) -> None:
@@ -556,8 +593,10 @@ def test_cli_out_of_memory_is_one_line_naming_the_file(fixture_file) -> None:
     with tempfile.TemporaryDirectory() as out:
         run = subprocess.run(
             [sys.executable, "-c", code, str(trace), out],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert run.returncode == 2, run.stderr
     (line,) = run.stderr.strip().splitlines()
     assert line.startswith(f"perfguard: error: {trace}: not enough memory to read this capture (")

@@ -368,9 +368,17 @@ def test_a_writer_killed_during_save_run_leaves_no_partial_run(tmp_path, records
     flag = tmp_path / "inside-save-run"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, str(tmp_path / "killed.py"), str(path), str(tmp_path / "recs.pkl"),
-         str(flag)], env=env, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(tmp_path / "killed.py"),
+            str(path),
+            str(tmp_path / "recs.pkl"),
+            str(flag),
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -809,8 +817,9 @@ def test_the_environment_is_kept_with_the_run_and_through_exports(new_store, rec
     env = Environment(driver="535.161.08", power_limit="700 W", ecc="on", cudnn="9.1.0.70")
     rec = [records["bert"]]
     with Store(new_store()) as store:
-        with_env = store.save_run(replace(run("a" * 40, "2024-01-01T00:00:00Z"),
-                                          environment=env), rec)  # fmt: skip
+        with_env = store.save_run(
+            replace(run("a" * 40, "2024-01-01T00:00:00Z"), environment=env), rec
+        )
         without = store.save_run(run("b" * 40, "2024-01-02T00:00:00Z"), rec)
         assert store.run_info(with_env).environment == env
         assert store.load_run(without)[0].environment.empty

@@ -26,17 +26,39 @@ ENV.pop("PYTEST_XDIST_WORKER", None)
 
 
 def perfguard(root: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "perfguard", *args], cwd=root, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "perfguard", *args],
+        cwd=root,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def save_run(root: Path, sha: str) -> None:
     bisect_repo.git(root, "checkout", "-q", sha)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--perfguard", "--perfguard-save", "--perfguard-rounds=3",
-         "--perfguard-fail-on=never", "-p", "no:cacheprovider", "-p", "no:xdist", "-q"],
-        cwd=root, env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--perfguard",
+            "--perfguard-save",
+            "--perfguard-rounds=3",
+            "--perfguard-fail-on=never",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-q",
+        ],
+        cwd=root,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
@@ -64,8 +86,17 @@ def test_bisect_over_16_stored_commits_finds_the_regression(history, tmp_path):
         save_run(root, sha)
     bisect_repo.git(root, "checkout", "-q", "main")
     out = tmp_path / "out"
-    done = perfguard(root, "bisect", shas[0], shas[-1], bisect_repo.NODEID,
-                     "--oracle", "gates", "--output", str(out))  # fmt: skip
+    done = perfguard(
+        root,
+        "bisect",
+        shas[0],
+        shas[-1],
+        bisect_repo.NODEID,
+        "--oracle",
+        "gates",
+        "--output",
+        str(out),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     bad = shas[bisect_repo.REGRESSION]
     assert f"first bad commit: {bad} commit {bisect_repo.REGRESSION}:" in done.stdout
@@ -100,8 +131,15 @@ def test_bisect_over_16_stored_commits_finds_the_regression(history, tmp_path):
 
 def expect_errors(root: Path, cases: list, tmp_path: Path) -> None:
     """Each (GOOD, BAD) is refused with exit 2 and one line holding its message."""
-    args = (bisect_repo.NODEID, "--oracle", "gates", "--mode", "store",
-            "--output", str(tmp_path / "o"))  # fmt: skip
+    args = (
+        bisect_repo.NODEID,
+        "--oracle",
+        "gates",
+        "--mode",
+        "store",
+        "--output",
+        str(tmp_path / "o"),
+    )
     for (good, bad), message in cases:
         done = perfguard(root, "bisect", good, bad, *args)
         assert done.returncode == 2, (good, bad, done.stdout, done.stderr)
@@ -131,9 +169,21 @@ def test_bisect_measures_a_commit_without_a_stored_run_in_ab_mode(history, tmp_p
     root, shas = history
     good, bad = shas[bisect_repo.REGRESSION - 1], shas[bisect_repo.REGRESSION]
     out = tmp_path / "out"
-    done = perfguard(root, "bisect", good, bad, bisect_repo.NODEID, "--oracle", "gates",
-                     "--mode", "ab", "--output", str(out),
-                     "--pytest-args", "--perfguard-ab-pairs=3 --perfguard-ab-budget=0")  # fmt: skip
+    done = perfguard(
+        root,
+        "bisect",
+        good,
+        bad,
+        bisect_repo.NODEID,
+        "--oracle",
+        "gates",
+        "--mode",
+        "ab",
+        "--output",
+        str(out),
+        "--pytest-args",
+        "--perfguard-ab-pairs=3 --perfguard-ab-budget=0",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads((out / "bisect.json").read_text())
     assert doc["first_bad"] == bad
@@ -147,10 +197,25 @@ def test_bisect_measures_a_commit_without_a_stored_run_in_ab_mode(history, tmp_p
 def test_sigterm_mid_bisect_removes_the_worktree(history, tmp_path):
     root, shas = history
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perfguard", "bisect", shas[0], shas[-1], bisect_repo.NODEID,
-         "--mode", "ab", "--output", str(tmp_path / "o")],
-        cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "bisect",
+            shas[0],
+            shas[-1],
+            bisect_repo.NODEID,
+            "--mode",
+            "ab",
+            "--output",
+            str(tmp_path / "o"),
+        ],
+        cwd=root,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     folder = root / ".git" / "perfguard-bisect"
     deadline = time.monotonic() + 120
     while not list(folder.glob("run-*")) and time.monotonic() < deadline:

@@ -305,8 +305,11 @@ def test_nsys_env_var_naming_nothing_is_an_error(
 
 def test_nsys_failing_command_reports_status_and_last_line(fake_nsys, tmp_path: Path) -> None:
     exe, _ = fake_nsys()
-    failing = [sys.executable, "-c", "import sys; print('boom: bad input', file=sys.stderr); "
-               "sys.exit(3)"]  # fmt: skip
+    failing = [
+        sys.executable,
+        "-c",
+        "import sys; print('boom: bad input', file=sys.stderr); sys.exit(3)",
+    ]
     with pytest.raises(CaptureError) as err:
         NsysBackend(str(exe)).capture(failing, output_dir=tmp_path)
     message = str(err.value)
@@ -418,9 +421,11 @@ def test_torch_runner_profiles_a_training_script(tmp_path: Path) -> None:
     seen = tmp_path / "seen.json"
     result = profile_command(
         [sys.executable, str(script), str(seen), "--extra"],
-        backend="torch", output_dir=tmp_path / "out", timeout=RUN_TIMEOUT_S,
+        backend="torch",
+        output_dir=tmp_path / "out",
+        timeout=RUN_TIMEOUT_S,
         options=RunOptions(iterations=WHOLE_RUN),
-    )  # fmt: skip
+    )
 
     assert (result.backend, result.returncode) == ("torch", 0)
     assert result.path == tmp_path / "out" / "capture.pt.trace.json.gz"
@@ -462,9 +467,13 @@ def test_failing_script_still_leaves_its_trace_auto_cpu(
     env = {**os.environ, "FAIL_AT_STEP": "1"}
 
     with pytest.raises(CaptureError) as err:
-        profile_command([sys.executable, str(script), str(tmp_path / "seen.json")],
-                        output_dir=tmp_path, timeout=RUN_TIMEOUT_S, env=env,
-                        options=RunOptions(iterations=WHOLE_RUN))  # fmt: skip
+        profile_command(
+            [sys.executable, str(script), str(tmp_path / "seen.json")],
+            output_dir=tmp_path,
+            timeout=RUN_TIMEOUT_S,
+            env=env,
+            options=RunOptions(iterations=WHOLE_RUN),
+        )
     message = str(err.value)
     assert "exit status 1" in message and "\n" not in message
     assert "RuntimeError: diverged at step 1" in message
@@ -637,8 +646,11 @@ def test_capture_package_does_not_import_torch_or_analysis() -> None:
 def _perfguard(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "perfguard", *args],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def test_cli_profile_torch_captures_then_analyses(tmp_path: Path) -> None:
@@ -647,24 +659,46 @@ def test_cli_profile_torch_captures_then_analyses(tmp_path: Path) -> None:
     script.write_text(MLP_SCRIPT)
     out = tmp_path / "out"
     run = _perfguard(
-        "profile", "--backend", "torch", "--iterations", "all", "--with-stack",
-        "--output-path", str(out), "--reports", "detail", "--formats", "csv", "--",
-        sys.executable, str(script), str(tmp_path / "seen.json"),
-    )  # fmt: skip
+        "profile",
+        "--backend",
+        "torch",
+        "--iterations",
+        "all",
+        "--with-stack",
+        "--output-path",
+        str(out),
+        "--reports",
+        "detail",
+        "--formats",
+        "csv",
+        "--",
+        sys.executable,
+        str(script),
+        str(tmp_path / "seen.json"),
+    )
     assert run.returncode == 0, run.stderr
     assert f"capture: {out / 'capture.pt.trace.json.gz'} (torch: the whole run, " in run.stdout
     assert "Iterations                       3" in run.stdout
     # the sidecar: names and call sites from the profiler's in-memory results
     assert sorted(p.name for p in out.iterdir()) == [
-        "capture.pt.trace.json.gz", "capture.pt.trace.json.gz.perfguard", "dlprof_detail.csv"
-    ]  # fmt: skip
+        "capture.pt.trace.json.gz",
+        "capture.pt.trace.json.gz.perfguard",
+        "dlprof_detail.csv",
+    ]
     detail = (out / "dlprof_detail.csv").read_text()
     assert "Call Site" in detail.splitlines()[0] and "train.py:" in detail
     # re-analysis of the kept capture with another iteration range needs no new capture
     again = _perfguard(
-        "analyze", "-d", str(out / "capture.pt.trace.json.gz"), "--iter-start", "1",
-        "--output-path", str(tmp_path / "again"), "--reports", "summary",
-    )  # fmt: skip
+        "analyze",
+        "-d",
+        str(out / "capture.pt.trace.json.gz"),
+        "--iter-start",
+        "1",
+        "--output-path",
+        str(tmp_path / "again"),
+        "--reports",
+        "summary",
+    )
     assert again.returncode == 0, again.stderr
     assert "Iteration Range                  1-2" in again.stdout
 
@@ -673,14 +707,31 @@ def test_cli_profile_nsys_through_fake_executable(fake_nsys, tmp_path: Path) -> 
     nsys, log = fake_nsys()
     out = tmp_path / "out"
     run = _perfguard(
-        "profile", "--backend", "nsys", "--nsys", str(nsys), "--capture-range",
-        "nvtx:train", "--delay", "2", "--output-path", str(out), "--reports", "summary",
-        "--", *HELLO,
-    )  # fmt: skip
+        "profile",
+        "--backend",
+        "nsys",
+        "--nsys",
+        str(nsys),
+        "--capture-range",
+        "nvtx:train",
+        "--delay",
+        "2",
+        "--output-path",
+        str(out),
+        "--reports",
+        "summary",
+        "--",
+        *HELLO,
+    )
     assert run.returncode == 0, run.stderr
     (call,) = calls(log)
-    options = ["-y", "2", "--capture-range=nvtx", "--nvtx-capture=train",
-               "--capture-range-end=stop"]  # fmt: skip
+    options = [
+        "-y",
+        "2",
+        "--capture-range=nvtx",
+        "--nvtx-capture=train",
+        "--capture-range-end=stop",
+    ]
     assert call["argv"] == contract(nsys, out / "capture", *options)
     assert "Capture Format                   nsys-sqlite" in run.stdout
 

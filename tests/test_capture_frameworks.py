@@ -35,8 +35,12 @@ def _module(**names: object) -> types.ModuleType:
 def test_marker_argument_wins_and_aliases() -> None:
     mod = _module(np=numpy)
     assert [framework_for(mod, r) for r in ("tensorflow", "Keras", "TF", "flax", "pytorch")] == [
-        "tf", "tf", "tf", "jax", "torch",
-    ]  # fmt: skip
+        "tf",
+        "tf",
+        "tf",
+        "jax",
+        "torch",
+    ]
     assert framework_for(mod) == "torch"  # imports none: today's behaviour
     with pytest.raises(ValueError, match="unknown framework 'mxnet'"):
         normalise("mxnet")

@@ -88,8 +88,22 @@ def test_perfguard_profile_with_the_jax_backend(tmp_path: Path) -> None:
         "        w = step(w, x).block_until_ready()\n"
     )
     out = tmp_path / "out"
-    rc = main(["profile", "--backend", "jax", "--output-path", str(out), "--formats", "csv",
-               "--reports", "detail,iteration", "--", sys.executable, str(script)])  # fmt: skip
+    rc = main(
+        [
+            "profile",
+            "--backend",
+            "jax",
+            "--output-path",
+            str(out),
+            "--formats",
+            "csv",
+            "--reports",
+            "detail,iteration",
+            "--",
+            sys.executable,
+            str(script),
+        ]
+    )
     assert rc == 0 and (out / "capture.xplane.pb").is_file()
     iterations = pd.read_csv(out / "dlprof_iteration.csv")
     assert list(iterations["Iteration"]) == [0, 1, 2, 3]

@@ -57,8 +57,9 @@ def _data() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _model(api: Any) -> Any:
-    model = api.Sequential([api.Input((8,)), api.layers.Dense(4, activation="relu"),
-                            api.layers.Dense(1)])  # fmt: skip
+    model = api.Sequential(
+        [api.Input((8,)), api.layers.Dense(4, activation="relu"), api.layers.Dense(1)]
+    )
     model.compile(optimizer="sgd", loss="mse")
     return model
 
@@ -93,8 +94,14 @@ def test_fit_under_the_tensorflow_profiler_has_one_iteration_per_batch(tmp_path:
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # trace the train function first
     cap = make_capturer("tf", tmp_path / "fit", "cpu")
     cap.start()
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0,
-              callbacks=[keras_cb.NvtxCallback(profiler_steps=True)])  # fmt: skip
+    model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        verbose=0,
+        callbacks=[keras_cb.NvtxCallback(profiler_steps=True)],
+    )
     cap.stop()
     assert cap.error is None, cap.error
     a = analyze(load_trace(cap.path))

@@ -217,9 +217,16 @@ def test_example_csv_header_is_dlprofs(example_run: Run, report: str) -> None:
 def test_dlprof_header_prefixes() -> None:
     """DLProf's own column order, spelled out (not read back from dlprof.py)."""
     assert HEADERS["detail"][:9] == [
-        "Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligibility", "Using TC",
-        "Total CPU Time (ns)", "Avg. CPU Time (ns)",
-    ]  # fmt: skip
+        "Op ID",
+        "Op Name",
+        "Direction",
+        "Op Type",
+        "No. Calls",
+        "TC Eligibility",
+        "Using TC",
+        "Total CPU Time (ns)",
+        "Avg. CPU Time (ns)",
+    ]
     assert HEADERS["kernel"][:5] == ["Kernel Name", "Op ID", "Op Name", "Direction", "Uses TC"]
     assert "No. Calls" in HEADERS["kernel"]
 
@@ -254,9 +261,15 @@ def test_example_kernel_gpu_time_is_every_kernel(example_run: Run) -> None:
 
 def test_dlprof_spellings_and_console_script_give_identical_reports(cli, example_run: Run) -> None:
     alias = cli(
-        "analyze", "--database", EXAMPLE, "--output_path", "{out}", "--file_prefix", "alexnet",
+        "analyze",
+        "--database",
+        EXAMPLE,
+        "--output_path",
+        "{out}",
+        "--file_prefix",
+        "alexnet",
         script=True,
-    )  # fmt: skip
+    )
     assert alias.returncode == 0, alias.stderr
     assert alias.files() == sorted(
         [f"alexnet_{r}.{f}" for r in ALL_REPORTS for f in ("csv", "json")] + ["alexnet_report.html"]
@@ -277,9 +290,18 @@ def saxpy(fixture_file) -> Path:
 @pytest.fixture(scope="module")
 def saxpy_run(cli, saxpy: Path) -> Run:
     return cli(
-        "analyze", "--database", saxpy, "--output-path", "{out}", "--reports", "detail,kernel",
-        "--formats", "csv", "--base-name", "saxpy",
-    )  # fmt: skip
+        "analyze",
+        "--database",
+        saxpy,
+        "--output-path",
+        "{out}",
+        "--reports",
+        "detail,kernel",
+        "--formats",
+        "csv",
+        "--base-name",
+        "saxpy",
+    )
 
 
 def test_nsys_run_writes_only_the_requested_reports(saxpy_run: Run) -> None:
@@ -332,9 +354,20 @@ def steps_events(steps: Path) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def window_run(cli, steps: Path) -> Run:
     return cli(
-        "analyze", "--database", steps, "--output-path", "{out}", "--iter-start", "5",
-        "--iter-stop", "6", "--reports", "iteration,kernel", "--base-name", "steps",
-    )  # fmt: skip
+        "analyze",
+        "--database",
+        steps,
+        "--output-path",
+        "{out}",
+        "--iter-start",
+        "5",
+        "--iter-stop",
+        "6",
+        "--reports",
+        "iteration,kernel",
+        "--base-name",
+        "steps",
+    )
 
 
 def test_iteration_window_restricts_the_iteration_report(window_run: Run, steps_events) -> None:
@@ -373,9 +406,20 @@ def test_iteration_window_restricts_the_kernel_report(
 
 def test_iteration_window_with_dlprof_spellings(cli, window_run: Run, steps: Path) -> None:
     alias = cli(
-        "analyze", "--database", steps, "--output_path", "{out}", "--iter_start", "5",
-        "--iter_stop", "6", "--reports", "iteration,kernel", "--file_prefix", "steps",
-    )  # fmt: skip
+        "analyze",
+        "--database",
+        steps,
+        "--output_path",
+        "{out}",
+        "--iter_start",
+        "5",
+        "--iter_stop",
+        "6",
+        "--reports",
+        "iteration,kernel",
+        "--file_prefix",
+        "steps",
+    )
     assert alias.returncode == 0, alias.stderr
     assert alias.files() == window_run.files()
     for name in window_run.files():
@@ -386,9 +430,16 @@ def test_float_microsecond_kernel_times_sum_exactly(cli, steps: Path) -> None:
     """``dur`` here is float µs with ns decimals (41.407): no ns may be lost or gained."""
     assert any(isinstance(e.get("dur"), Decimal) for e in kineto_events(steps))
     run = cli(
-        "analyze", "--database", steps, "--output-path", "{out}", "--reports", "kernel",
-        "--formats", "csv",
-    )  # fmt: skip
+        "analyze",
+        "--database",
+        steps,
+        "--output-path",
+        "{out}",
+        "--reports",
+        "kernel",
+        "--formats",
+        "csv",
+    )
     assert run.returncode == 0, run.stderr
     assert run.files() == ["dlprof_kernel.csv"]
     durations = kineto_kernel_durations_ns(steps)
@@ -404,15 +455,46 @@ def test_float_microsecond_kernel_times_sum_exactly(cli, steps: Path) -> None:
 def test_every_dlprof_spelling_parses_like_ours() -> None:
     common = ["analyze", "--database", "run.sqlite", "--reports", "detail", "--formats", "csv"]
     ours = build_parser().parse_args(
-        common + ["--key-node", "train_step", "--iter-start", "3", "--iter-stop", "9",
-                  "--output-path", "out", "--base-name", "resnet"]
-    )  # fmt: skip
+        common
+        + [
+            "--key-node",
+            "train_step",
+            "--iter-start",
+            "3",
+            "--iter-stop",
+            "9",
+            "--output-path",
+            "out",
+            "--base-name",
+            "resnet",
+        ]
+    )
     for spelling in (
-        ["--key_node", "train_step", "--iter_start", "3", "--iter_stop", "9",
-         "--output_path", "out", "--file_prefix", "resnet"],
-        ["--key_node", "train_step", "--iter_start", "3", "--iter_stop", "9",
-         "--output_path", "out", "--base_name", "resnet"],
-    ):  # fmt: skip
+        [
+            "--key_node",
+            "train_step",
+            "--iter_start",
+            "3",
+            "--iter_stop",
+            "9",
+            "--output_path",
+            "out",
+            "--file_prefix",
+            "resnet",
+        ],
+        [
+            "--key_node",
+            "train_step",
+            "--iter_start",
+            "3",
+            "--iter_stop",
+            "9",
+            "--output_path",
+            "out",
+            "--base_name",
+            "resnet",
+        ],
+    ):
         assert vars(build_parser().parse_args(common + spelling)) == vars(ours)
     assert (ours.key_node, ours.iter_start, ours.iter_stop) == ("train_step", 3, 9)
     assert (ours.output_path, ours.base_name, ours.force) == ("out", "resnet", False)
@@ -439,8 +521,18 @@ def test_console_script_exists_and_shows_analyze_help(cli) -> None:
     assert shutil.which(str(console_script())), "console script is not executable"
     run = cli("analyze", "--help", script=True)
     assert run.returncode == 0, run.stderr
-    options = ["--database", "--key-node", "--iter-start", "--iter-stop", "--reports",
-               "--formats", "--output-path", "--base-name", "--force", "--file_prefix"]  # fmt: skip
+    options = [
+        "--database",
+        "--key-node",
+        "--iter-start",
+        "--iter-stop",
+        "--reports",
+        "--formats",
+        "--output-path",
+        "--base-name",
+        "--force",
+        "--file_prefix",
+    ]
     for option in options:
         assert option in run.stdout, option
 

@@ -36,24 +36,24 @@ def _json(capsys, *argv: str) -> dict:
 
 def test_history_json(replayed, capsys, tmp_path):
     location, repo, shas, steps = replayed
-    doc = _json(capsys, "history", NODEID, "--store", str(location), "--repo", str(repo),
-                "--json")  # fmt: skip
+    doc = _json(capsys, "history", NODEID, "--store", str(location), "--repo", str(repo), "--json")
     assert check(doc, "history") == 1 and doc["schema"] == "perfguard.history/1"
     assert doc["nodeid"] == NODEID and doc["metric"] == "cpu_time"
     assert [r["commit"] for r in doc["runs"]] == shas
     assert all(r["level_ns"] > 0 and "calls" in r["counters"] for r in doc["runs"])
     up = doc["change_points"][0]
     assert up["commit"] == shas[steps["up"]] and up["ops"][0]["op_name"] == "extra_work"
-    assert {s["commit"] for s in doc["counter_steps"]} == {shas[steps["up"]],
-                                                           shas[steps["down"]]}  # fmt: skip
+    assert {s["commit"] for s in doc["counter_steps"]} == {shas[steps["up"]], shas[steps["down"]]}
     listed = _json(capsys, "history", "--store", str(location), "--repo", str(repo), "--json")
     assert listed["schema"] == "perfguard.history-list/1"
     (test,) = listed["tests"]
     assert test["nodeid"] == NODEID and test["runs"] == len(shas)
     assert test["last_change"]["commit"] in shas
     out = tmp_path / "h.json"  # to a file: the text is printed as before
-    assert main(["history", NODEID, "--store", str(location), "--repo", str(repo),
-                 "--json", str(out)]) == 0  # fmt: skip
+    assert (
+        main(["history", NODEID, "--store", str(location), "--repo", str(repo), "--json", str(out)])
+        == 0
+    )
     assert "timing change point" in capsys.readouterr().out
     assert json.loads(out.read_text()) == doc
 
@@ -97,19 +97,52 @@ def test_bisect_json(tmp_path):
     for sha in (shas[0], shas[-1]):
         bisect_repo.git(root, "checkout", "-q", sha)
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "--perfguard", "--perfguard-save",
-             "--perfguard-rounds=3", "--perfguard-fail-on=never", "-p", "no:cacheprovider",
-             "-p", "no:xdist", "-q"], cwd=root, env=env, capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--perfguard",
+                "--perfguard-save",
+                "--perfguard-rounds=3",
+                "--perfguard-fail-on=never",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:xdist",
+                "-q",
+            ],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
             timeout=600,
-        )  # fmt: skip
+        )
         assert done.returncode == 0, done.stdout[-2000:]
     bisect_repo.git(root, "checkout", "-q", "main")
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "perfguard", "bisect", shas[0], shas[-1], bisect_repo.NODEID,
-         "--oracle", "gates", "--mode", "store", "--output", str(out), "--json"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "bisect",
+            shas[0],
+            shas[-1],
+            bisect_repo.NODEID,
+            "--oracle",
+            "gates",
+            "--mode",
+            "store",
+            "--output",
+            str(out),
+            "--json",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     doc = json.loads(done.stdout)
     assert check(doc, "bisect") == 1 and doc["selected"] == [bisect_repo.NODEID]
     assert doc["steps"][0]["commit"] == shas[-1] and doc["steps"][0]["mark"] == "bad"
@@ -120,8 +153,14 @@ def test_bisect_json(tmp_path):
 def test_documents_are_versioned_and_checked():
     doc = document("history", {"runs": [{"level_ns": float("nan")}]})
     assert doc == {"schema": "perfguard.history/1", "runs": [{"level_ns": None}]}
-    assert set(VERSIONS) == {"history", "history-list", "baseline-list", "baseline-show",
-                             "compare", "bisect"}  # fmt: skip
+    assert set(VERSIONS) == {
+        "history",
+        "history-list",
+        "baseline-list",
+        "baseline-show",
+        "compare",
+        "bisect",
+    }
     with pytest.raises(ReportError, match="newer than this perfguard"):
         check({"schema": "perfguard.history/2"}, "history")
     with pytest.raises(ReportError, match="not a perfguard compare document"):

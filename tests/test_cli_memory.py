@@ -38,8 +38,20 @@ def test_the_command_stops_numpy_asking_for_huge_pages(huge_pages_on: None) -> N
 def test_main_called_with_arguments_leaves_the_process_alone(
     huge_pages_on: None, tmp_path: Path
 ) -> None:
-    assert main(["analyze", "--database", str(EXAMPLE), "--output-path",
-                 str(tmp_path), "--formats", "csv"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "analyze",
+                "--database",
+                str(EXAMPLE),
+                "--output-path",
+                str(tmp_path),
+                "--formats",
+                "csv",
+            ]
+        )
+        == 0
+    )
     assert multiarray._set_madvise_hugepage(True) is True  # still on
 
 
@@ -56,10 +68,22 @@ def test_exit_without_teardown_flushes_what_was_printed() -> None:
 
 def test_the_analyze_command_exits_through_it(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "perfguard", "analyze", "--database", str(EXAMPLE),
-         "--output-path", str(tmp_path), "--formats", "csv"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "analyze",
+            "--database",
+            str(EXAMPLE),
+            "--output-path",
+            str(tmp_path),
+            "--formats",
+            "csv",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     last = f"dlprof_{ALL_REPORTS[-1]}.csv"
     assert proc.stdout.rstrip().endswith(last)  # the last line arrived
@@ -68,10 +92,21 @@ def test_the_analyze_command_exits_through_it(tmp_path: Path) -> None:
 
 def test_a_reader_that_closes_the_pipe_early_is_not_an_internal_error(tmp_path: Path) -> None:
     with subprocess.Popen(
-        [sys.executable, "-m", "perfguard", "analyze", "--database", str(EXAMPLE),
-         "--output-path", str(tmp_path), "--formats", "csv"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    ) as proc:  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "analyze",
+            "--database",
+            str(EXAMPLE),
+            "--output-path",
+            str(tmp_path),
+            "--formats",
+            "csv",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.close()  # as `| head -0` does
         err = proc.stderr.read().decode()

@@ -79,8 +79,7 @@ def test_store_without_history_uses_the_stated_prior() -> None:
     assert v.threshold_pct == pytest.approx(100 * math.expm1(t * se))
     assert v.outcome is Outcome.UNCHANGED  # +6 % is inside that
     assert f"{MIN_HISTORY} runs needed" in v.replicated and "3% assumed" in v.replicated
-    big = judge_store(base * 1.5, base, np.zeros(0), metric="wall_time", tolerance=0.05,
-                      alpha=0.01)  # fmt: skip
+    big = judge_store(base * 1.5, base, np.zeros(0), metric="wall_time", tolerance=0.05, alpha=0.01)
     assert big.outcome is Outcome.REGRESSED
 
 
@@ -88,19 +87,43 @@ def test_busy_machine_widens_the_threshold_by_the_excess_wait(rng: np.random.Gen
     base = 1e6 * np.exp(0.002 * rng.standard_normal(5))
     history = 1e6 * np.exp(0.005 * rng.standard_normal(10))
     slowed = base * 1.3  # the machine's doing: the thread waited for a CPU 40 % of the time
-    v = judge_store(slowed, base, history, metric="wall_time", tolerance=0.05, alpha=0.01,
-                    wait=0.40, baseline_wait=0.0)  # fmt: skip
+    v = judge_store(
+        slowed,
+        base,
+        history,
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+        wait=0.40,
+        baseline_wait=0.0,
+    )
     assert v.outcome is Outcome.NOISY and v.message.startswith("machine busy")
     # waiting 40 % stretches by 1/0.6, the shared machine slows the rest by 1.4 more
     allowed = 100 * ((1 / 0.6) * 1.4 * 1.05 - 1)
     assert v.threshold_pct == pytest.approx(allowed, rel=1e-6)
     # three and a half times as slow is more than the waiting explains: a regression
-    v = judge_store(base * 3.5, base, history, metric="wall_time", tolerance=0.05,
-                    alpha=0.01, wait=0.40, baseline_wait=0.0)  # fmt: skip
+    v = judge_store(
+        base * 3.5,
+        base,
+        history,
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+        wait=0.40,
+        baseline_wait=0.0,
+    )
     assert v.outcome is Outcome.REGRESSED
     # GPU kernel time is not stretched by CPU load: no allowance
-    v = judge_store(slowed, base, history, metric="gpu_time", tolerance=0.05, alpha=0.01,
-                    wait=0.40, baseline_wait=0.0)  # fmt: skip
+    v = judge_store(
+        slowed,
+        base,
+        history,
+        metric="gpu_time",
+        tolerance=0.05,
+        alpha=0.01,
+        wait=0.40,
+        baseline_wait=0.0,
+    )
     assert v.outcome is Outcome.REGRESSED
 
 
@@ -110,34 +133,82 @@ def test_a_session_on_a_slower_machine_is_not_called_regressed(rng: np.random.Ge
     base = 1e6 * np.exp(0.002 * rng.standard_normal(5))
     history = 1e6 * np.exp(0.005 * rng.standard_normal(10))
     slowed = base * 1.3
-    v = judge_store(slowed, base, history, metric="wall_time", tolerance=0.05, alpha=0.01,
-                    speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    v = judge_store(
+        slowed,
+        base,
+        history,
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+        speed_ns=1.3e6,
+        baseline_speed_ns=1.0e6,
+    )
     assert v.outcome is Outcome.NOISY, v.message
     assert v.message.startswith(
         "machine at another speed: a fixed reference workload ran 30% slower"
     )
     # the same rounds with the machine at its usual speed: the code got slower
-    v = judge_store(slowed, base, history, metric="wall_time", tolerance=0.05, alpha=0.01,
-                    speed_ns=1.01e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    v = judge_store(
+        slowed,
+        base,
+        history,
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+        speed_ns=1.01e6,
+        baseline_speed_ns=1.0e6,
+    )
     assert v.outcome is Outcome.REGRESSED
     # far beyond what the machine explains: still a regression
-    v = judge_store(base * 2.5, base, history, metric="wall_time", tolerance=0.05,
-                    alpha=0.01, speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    v = judge_store(
+        base * 2.5,
+        base,
+        history,
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+        speed_ns=1.3e6,
+        baseline_speed_ns=1.0e6,
+    )
     assert v.outcome is Outcome.REGRESSED
     # a faster machine does not make unchanged code "improved": it is not slower, and the
     # verdict says the machine was faster
-    v = judge_store(base / 1.3, base, history, metric="wall_time", tolerance=0.05,
-                    alpha=0.01, speed_ns=0.77e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    v = judge_store(
+        base / 1.3,
+        base,
+        history,
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+        speed_ns=0.77e6,
+        baseline_speed_ns=1.0e6,
+    )
     assert v.outcome is Outcome.UNCHANGED
     assert "not slower by the tolerance 5%" in v.message
     assert "faster than for the baseline" in v.message
     # a slower machine: the same rounds slowed by what the machine explains read noisy
-    v = judge_store(base * 1.3, base, history, metric="wall_time", tolerance=0.05,
-                    alpha=0.01, speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    v = judge_store(
+        base * 1.3,
+        base,
+        history,
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+        speed_ns=1.3e6,
+        baseline_speed_ns=1.0e6,
+    )
     assert v.outcome is Outcome.NOISY and "slower than when the baseline" in v.message
     # GPU kernel time: the host's speed does not enter
-    v = judge_store(slowed, base, history, metric="gpu_time", tolerance=0.05, alpha=0.01,
-                    speed_ns=1.3e6, baseline_speed_ns=1.0e6)  # fmt: skip
+    v = judge_store(
+        slowed,
+        base,
+        history,
+        metric="gpu_time",
+        tolerance=0.05,
+        alpha=0.01,
+        speed_ns=1.3e6,
+        baseline_speed_ns=1.0e6,
+    )
     assert v.outcome is Outcome.REGRESSED
 
 
@@ -181,8 +252,13 @@ def test_ab_pairs_cancel_a_shared_drift(rng: np.random.Generator) -> None:
     assert ab_resolved(v, 0.02)
     # unpaired, the drift would swamp a 3 % change
     assert np.log(base).std() > 5 * d.std()
-    same = judge_ab(base, base * np.exp(0.003 * rng.standard_normal(8)), metric="wall_time",
-                    tolerance=0.02, alpha=0.01)  # fmt: skip
+    same = judge_ab(
+        base,
+        base * np.exp(0.003 * rng.standard_normal(8)),
+        metric="wall_time",
+        tolerance=0.02,
+        alpha=0.01,
+    )
     assert same.outcome is Outcome.UNCHANGED
     # below 5 pairs nothing is trimmed: the paired t interval
     four = judge_ab(base[:4], head[:4], metric="wall_time", tolerance=0.02, alpha=0.01)
@@ -206,8 +282,9 @@ def test_ab_pairs_in_one_process_say_so_and_a_noisy_one_names_the_pairs_spread(
     the interval is built on, and the smallest change the run could see."""
     levels = 1e6 * np.exp(0.3 * rng.standard_normal(8))  # 30 % between processes
     d = np.array([0.03, -0.02, 0.025, -0.03, 0.02, -0.025, 0.03, -0.02])
-    v = judge_ab(levels, levels * np.exp(d), metric="wall_time", tolerance=0.02, alpha=0.01,
-                 in_turn=True)  # fmt: skip
+    v = judge_ab(
+        levels, levels * np.exp(d), metric="wall_time", tolerance=0.02, alpha=0.01, in_turn=True
+    )
     assert "each one process stepping both trees in turn" in v.replicated
     assert v.outcome is Outcome.NOISY, v.message
     x = np.sort(d)
@@ -234,9 +311,12 @@ def test_gate_budgets(spec: dict, key: str, budget: object) -> None:
 
 @pytest.mark.parametrize(
     "spec, needle",
-    [({"speed": 0}, "unknown gate 'speed'"), ({"syncs": -1}, "takes a number"),
-     ({"tc_lost": "yes"}, "on or off")],
-)  # fmt: skip
+    [
+        ({"speed": 0}, "unknown gate 'speed'"),
+        ({"syncs": -1}, "takes a number"),
+        ({"tc_lost": "yes"}, "on or off"),
+    ],
+)
 def test_bad_gate_budgets(spec: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         parse_gates(spec)

@@ -333,8 +333,11 @@ def test_real_cpu_run_against_itself_and_a_gpu_capture(cpu_capture: Path, resnet
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "perfguard", "compare", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_cli_two_fixtures(tmp_path: Path, fixture_file) -> None:

@@ -27,24 +27,30 @@ pytest_plugins = ["pytester"]
     ("name", "ops"),
     [
         # a real C++ kernel of the plugin test's model (relu(x @ w) * 2 + 1, softmax)
-        ("graph_0_cpp_fused__softmax_add_mul_relu_0",
-         ["aten::_softmax", "aten::add", "aten::mul", "aten::relu"]),
+        (
+            "graph_0_cpp_fused__softmax_add_mul_relu_0",
+            ["aten::_softmax", "aten::add", "aten::mul", "aten::relu"],
+        ),
         ("triton_poi_fused_add_mul_0", ["aten::add", "aten::mul"]),
         ("triton_red_fused__softmax_1", ["aten::_softmax"]),
         # op names with "_" inside are one op, not several
         ("triton_per_fused_native_layer_norm_3", ["aten::native_layer_norm"]),
         ("cpp_fused__to_copy_add_tanh_1", ["aten::_to_copy", "aten::add", "aten::tanh"]),
-        ("triton_poi_fused__native_batch_norm_legit_functional_relu_5",
-         ["aten::_native_batch_norm_legit_functional", "aten::relu"]),
-        ("cpp_fused_convolution_backward_threshold_backward_4",
-         ["aten::convolution_backward", "aten::threshold_backward"]),
+        (
+            "triton_poi_fused__native_batch_norm_legit_functional_relu_5",
+            ["aten::_native_batch_norm_legit_functional", "aten::relu"],
+        ),
+        (
+            "cpp_fused_convolution_backward_threshold_backward_4",
+            ["aten::convolution_backward", "aten::threshold_backward"],
+        ),
         ("triton_tem_fused_addmm_relu_2", ["aten::addmm", "aten::relu"]),
         ("triton_poi_fused_0", []),  # descriptive names off: nothing to name
         ("aten::add", None),
         ("triton_helper", None),
         ("cpp_CppMicroGemmFP32Vec_0", None),
     ],
-)  # fmt: skip
+)
 def test_fused_ops_from_kernel_names(name: str, ops: list[str] | None) -> None:
     assert fused_ops(name) == ops
 
@@ -72,8 +78,12 @@ def test_expansion_adds_zero_length_ops_at_their_kernels_end() -> None:
     )
     out, notes = expand_compiled(ranges)
     assert out["name"].tolist() == [
-        "## Call CompiledFxGraph ##", "aten::mm", "cpp_fused_add_mul_0", "aten::add", "aten::mul",
-    ]  # fmt: skip
+        "## Call CompiledFxGraph ##",
+        "aten::mm",
+        "cpp_fused_add_mul_0",
+        "aten::add",
+        "aten::mul",
+    ]
     assert out["start"].tolist() == [0, 10, 50, 60, 60]
     assert out["end"].tolist() == [100, 40, 60, 60, 60]
     assert out["source"].tolist()[-2:] == ["inductor", "inductor"]
@@ -120,12 +130,18 @@ def test_real_h200_compiled_kernels_name_the_aten_ops_inductor_says_they_fuse() 
         assert sorted(fused_ops(kernel)) == said[kernel], kernel
     ops = a.ops.set_index("op_name")
     graph = "Torch-Compiled Region: 0/0/## Call CompiledFxGraph ##/"
-    calls = {op: int(ops.loc[graph + op, "calls"]) for op in
-             ("aten::native_layer_norm", "aten::gelu", "aten::add", "aten::view")}  # fmt: skip
+    calls = {
+        op: int(ops.loc[graph + op, "calls"])
+        for op in ("aten::native_layer_norm", "aten::gelu", "aten::add", "aten::view")
+    }
     # 10 iterations: layer norm in 3 kernels, gelu in 3 (one kernel run 3 times), add in
     # 3, view in 6
-    assert calls == {"aten::native_layer_norm": 30, "aten::gelu": 30, "aten::add": 30,
-                     "aten::view": 60}  # fmt: skip
+    assert calls == {
+        "aten::native_layer_norm": 30,
+        "aten::gelu": 30,
+        "aten::add": 30,
+        "aten::view": 60,
+    }
     assert int(ops.loc[graph + "aten::addmm", "kernel_count"]) == 60  # cuBLAS, not fused
     acts = a.activities
     assert int(ops["gpu_time_total"].sum()) == int((acts["end"] - acts["start"]).sum())
@@ -191,8 +207,12 @@ def test_compiled_model_in_aten_ops_and_regressions_inside_it(
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     pytester.makeini("[pytest]\n")
     pytester.makeconftest(CONFTEST)
-    for args in (("init", "-q", "-b", "main"), ("config", "user.email", "ci@example.com"),
-                 ("config", "user.name", "CI"), ("config", "commit.gpgsign", "false")):  # fmt: skip
+    for args in (
+        ("init", "-q", "-b", "main"),
+        ("config", "user.email", "ci@example.com"),
+        ("config", "user.name", "CI"),
+        ("config", "commit.gpgsign", "false"),
+    ):
         _git(pytester.path, *args)
 
     _commit(pytester, dtype="float32", tail="y")
@@ -204,8 +224,9 @@ def test_compiled_model_in_aten_ops_and_regressions_inside_it(
     table = analyze(trace).ops.set_index("op_name")
     graph = "Torch-Compiled Region: 0/0/## Call CompiledFxGraph ##/"
     kernel = "cpp_fused__softmax_add_mul_relu_0"
-    fused = table.loc[[graph + op for op in ("aten::_softmax", "aten::add", "aten::mul",
-                                             "aten::relu")]]  # fmt: skip
+    fused = table.loc[
+        [graph + op for op in ("aten::_softmax", "aten::add", "aten::mul", "aten::relu")]
+    ]
     assert (fused["calls"] == 2).all() and (fused["cpu_time_total"] == 0).all()
     assert table.at[graph + kernel, "calls"] == 2 and table.at[graph + kernel, "cpu_time_total"] > 0
     assert table.at[graph + "aten::mm", "calls"] == 2  # a matmul stays an aten call

@@ -145,12 +145,16 @@ def test_what_kineto_2_11_records_of_a_profiled_capture(h200) -> None:
     end = int(np.flatnonzero(names == "cudaStreamEndCapture")[0])
     during = api.iloc[begin + 1 : end]
     launches = during[during["name"].isin(["cudaLaunchKernel", "cuLaunchKernelEx"])]
-    assert launches["name"].astype(str).value_counts().to_dict() == {"cudaLaunchKernel": 9,
-                                                         "cuLaunchKernelEx": 6}  # fmt: skip
+    assert launches["name"].astype(str).value_counts().to_dict() == {
+        "cudaLaunchKernel": 9,
+        "cuLaunchKernelEx": 6,
+    }
     # nothing runs during a capture: no kernel carries those correlation ids
     assert not t.kernels["correlation_id"].isin(launches["correlation_id"]).any()
-    assert names[end + 1 : end + 3].tolist() == ["cudaGraphGetNodes",
-                                                 "cudaGraphInstantiateWithFlags"]  # fmt: skip
+    assert names[end + 1 : end + 3].tolist() == [
+        "cudaGraphGetNodes",
+        "cudaGraphInstantiateWithFlags",
+    ]
     graph_launches = api[api["name"] == "cudaGraphLaunch"]
     assert len(graph_launches) == 11  # graph.first_replay and 10 iterations
     per_launch = t.kernels[t.kernels["correlation_id"].isin(graph_launches["correlation_id"])]
@@ -160,8 +164,10 @@ def test_what_kineto_2_11_records_of_a_profiled_capture(h200) -> None:
 def test_replayed_kernels_go_to_the_ops_that_recorded_them(h200) -> None:
     a = analyze(h200["graph_capture"])
     split = graph_split(a)
-    print(f"\nH200 graph_capture: {100 * split['replayed_share']:.1f} % of GPU time replayed, "
-          f"{100 * split['replayed_named_share']:.1f} % of it attributed to named ops")  # fmt: skip
+    print(
+        f"\nH200 graph_capture: {100 * split['replayed_share']:.1f} % of GPU time replayed, "
+        f"{100 * split['replayed_named_share']:.1f} % of it attributed to named ops"
+    )
     assert split["replayed_named_share"] == 1.0
     acts = a.activities
     replayed = acts[acts["graph_replay"].to_numpy(bool)]
@@ -169,8 +175,11 @@ def test_replayed_kernels_go_to_the_ops_that_recorded_them(h200) -> None:
     # by hand, against the eager run of the same model: each kernel name belongs to the
     # same leaf op there (an order shifted by one node would put the GEMMs under gelu)
     eager = analyze(h200["eager"]).activities
-    eager_op = (eager.assign(leaf=eager["op_name"].astype(str).str.rsplit("/", n=1).str[-1])
-                .groupby(eager["name"].astype(str))["leaf"].agg(set))  # fmt: skip
+    eager_op = (
+        eager.assign(leaf=eager["op_name"].astype(str).str.rsplit("/", n=1).str[-1])
+        .groupby(eager["name"].astype(str))["leaf"]
+        .agg(set)
+    )
     leaf = replayed["op_name"].astype(str).str.rsplit("/", n=1).str[-1]
     for name, op in zip(replayed["name"].astype(str), leaf, strict=True):
         assert eager_op[name] == {op}, name
@@ -200,9 +209,13 @@ def test_the_graph_and_the_eager_run_split_gpu_time_alike(h200) -> None:
     # the replays lose no FLOPs: per iteration, the op ran once per replay
     window = analyze(h200["graph_capture"], iter_start=2, iter_stop=5).ops
     eager_w = analyze(h200["eager"], iter_start=2, iter_stop=5).ops
-    leaf_flops = [w.assign(leaf=w["op_name"].str.rsplit("/", n=1).str[-1])
-                  .groupby("leaf")[["flops", "kernel_count"]].sum().loc[list(MODEL_OPS)]
-                  for w in (window, eager_w)]  # fmt: skip
+    leaf_flops = [
+        w.assign(leaf=w["op_name"].str.rsplit("/", n=1).str[-1])
+        .groupby("leaf")[["flops", "kernel_count"]]
+        .sum()
+        .loc[list(MODEL_OPS)]
+        for w in (window, eager_w)
+    ]
     pd.testing.assert_frame_equal(*leaf_flops)
 
 
@@ -215,8 +228,11 @@ def test_a_replay_whose_capture_was_not_profiled_stays_graph_replay(h200) -> Non
     assert set(replayed["op_name"].astype(str)) == {GRAPH_REPLAY_PREFIX + "unknown"}
     assert (replayed["graph_launcher"] == -1).all()
     assert graph_split(a)["replayed_named_share"] == 0.0
-    assert any("the capture does not say which op recorded them" in n
-               and n.endswith("outside any op range") for n in a.notes)  # fmt: skip
+    assert any(
+        "the capture does not say which op recorded them" in n
+        and n.endswith("outside any op range")
+        for n in a.notes
+    )
 
 
 def test_compiled_reduce_overhead_replays_are_graph_replays(h200) -> None:

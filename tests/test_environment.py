@@ -37,10 +37,17 @@ def test_a_real_h100_report_gives_driver_clocks_power_ecc_mig_persistence():
     assert r.gpu_names == ["NVIDIA H100 80GB HBM3"] * 8
     env = r.environment()
     assert env == Environment(
-        driver="535.161.08", driver_cuda="12.2", app_sm_clock="1980 MHz",
-        app_mem_clock="2619 MHz", max_sm_clock="1980 MHz", max_mem_clock="2619 MHz",
-        power_limit="700 W", ecc="on", mig="off", persistence="on",
-    )  # fmt: skip
+        driver="535.161.08",
+        driver_cuda="12.2",
+        app_sm_clock="1980 MHz",
+        app_mem_clock="2619 MHz",
+        max_sm_clock="1980 MHz",
+        max_mem_clock="2619 MHz",
+        power_limit="700 W",
+        ecc="on",
+        mig="off",
+        persistence="on",
+    )
 
 
 def test_a_newer_report_layout_and_not_applicable_settings():
@@ -131,10 +138,12 @@ def test_a_broken_host_file_leaves_its_field_unknown(tmp_path, monkeypatch):
     [
         ({"cgroup.controllers": "cpu", "cpu.max": "max 100000"}, "none"),
         ({"cgroup.controllers": "cpu", "cpu.max": "200000 100000"}, "2 CPUs"),
-        ({"cgroup.controllers": "cpu", "cpu.max": "max 100000",
-          "job/cpu.max": "50000 100000"}, "0.5 CPUs"),
+        (
+            {"cgroup.controllers": "cpu", "cpu.max": "max 100000", "job/cpu.max": "50000 100000"},
+            "0.5 CPUs",
+        ),
     ],
-)  # fmt: skip
+)
 def test_cgroup_v2_cpu_quota_is_the_tightest_level(tmp_path, files, expected):
     mount = tmp_path / "cg"
     for name, text in files.items():
@@ -175,12 +184,24 @@ def test_a_driver_patch_release_is_reported_a_new_branch_blocks():
 
 def test_clocks_power_ecc_mig_and_quota_block_libraries_are_reported():
     base = report(H100_OLD).environment().filled_from(Environment(cudnn="9.1.0.70"))
-    now = Environment(app_sm_clock="1410 MHz", power_limit="350 W", ecc="off", mig="on",
-                      cpu_quota="2 CPUs", cudnn="9.3.0.75", torch="2.6.0")  # fmt: skip
+    now = Environment(
+        app_sm_clock="1410 MHz",
+        power_limit="350 W",
+        ecc="off",
+        mig="on",
+        cpu_quota="2 CPUs",
+        cudnn="9.3.0.75",
+        torch="2.6.0",
+    )
     base = base.filled_from(Environment(cpu_quota="none", torch="2.5.1"))
     changes = {c.field: c for c in now.changes_since(base)}
     assert {f for f, c in changes.items() if c.blocking} == {
-        "app_sm_clock", "power_limit", "ecc", "mig", "cpu_quota"}  # fmt: skip
+        "app_sm_clock",
+        "power_limit",
+        "ecc",
+        "mig",
+        "cpu_quota",
+    }
     assert changes["cudnn"].text == "cuDNN 9.1.0.70 → 9.3.0.75"
     assert not changes["torch"].blocking
 

@@ -17,19 +17,36 @@ import pytest
 pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = ("test_cnn_train_step.py::test_cnn_train_step",
-            "test_transformer_block.py::test_transformer_block_forward")  # fmt: skip
+EXAMPLES = (
+    "test_cnn_train_step.py::test_cnn_train_step",
+    "test_transformer_block.py::test_transformer_block_forward",
+)
 
 
 def _run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """One session, exactly as the README's quick start runs it (no fail-on=never: the
     second run on unchanged code must pass, however busy the CI machine is)."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "examples", "-q", "-p", "no:cacheprovider",
-         "-p", "no:xdist", "--perfguard", f"--perfguard-output={out}",
-         f"--perfguard-store={out / 'perfguard.db'}", *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "examples",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "--perfguard",
+            f"--perfguard-output={out}",
+            f"--perfguard-store={out / 'perfguard.db'}",
+            *extra,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")

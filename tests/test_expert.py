@@ -29,8 +29,12 @@ def _step(b: KinetoBuilder, i: int, t0: float, *, tc: bool, slow: float = 0.0) -
     b.launch((t + 8, 5), (t + 45, 3), "splitKreduce_kernel<32, 16, float>")
     t += 60
     # fp32 GEMM, big: AMP not used
-    b.op("aten::addmm", t, 20, args={
-        "Input Dims": [[64], [128, 256], [256, 64]], "Input type": ["float"] * 3})  # fmt: skip
+    b.op(
+        "aten::addmm",
+        t,
+        20,
+        args={"Input Dims": [[64], [128, 256], [256, 64]], "Input type": ["float"] * 3},
+    )
     b.launch((t + 2, 5), (t + 10, 200), SIMT_GEMM)
     t += 260
     # 25 tiny kernels, far apart: launch-bound
@@ -39,8 +43,13 @@ def _step(b: KinetoBuilder, i: int, t0: float, *, tc: bool, slow: float = 0.0) -
         b.launch((t + 1 + 15 * k, 3), (t + 5 + 15 * k, 2), "vectorized_elementwise_kernel")
     t += 420
     b.op("aten::copy_", t, 40)
-    b.launch((t + 1, 5), (t + 10, 20), "Memcpy HtoD (Pageable -> Device)",
-             cat="gpu_memcpy", api="cudaMemcpyAsync")  # fmt: skip
+    b.launch(
+        (t + 1, 5),
+        (t + 10, 20),
+        "Memcpy HtoD (Pageable -> Device)",
+        cat="gpu_memcpy",
+        api="cudaMemcpyAsync",
+    )
     # the next batch: 200 of the step's 1000 us in the data loader
     b.op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t + 45, 200)
     return t0 + 1000 + slow
@@ -65,10 +74,16 @@ def findings(problems: perfguard.Analysis) -> pd.DataFrame:
 
 def test_every_planted_problem_is_found(findings: pd.DataFrame) -> None:
     assert set(findings.index) >= {
-        "bad_iteration_range", "gpu_underutilized", "dataloader_bound", "bad_tensor_shape",
-        "amp_not_used", "tc_lost_between_iterations", "splitk_fallback",
-        "launch_bound_tiny_kernels", "memcpy_in_iterations",
-    }  # fmt: skip
+        "bad_iteration_range",
+        "gpu_underutilized",
+        "dataloader_bound",
+        "bad_tensor_shape",
+        "amp_not_used",
+        "tc_lost_between_iterations",
+        "splitk_fallback",
+        "launch_bound_tiny_kernels",
+        "memcpy_in_iterations",
+    }
     assert "no_iterations" not in findings.index
     for col in ("problem", "evidence", "recommendation"):
         assert findings[col].str.len().min() > 10
@@ -105,9 +120,14 @@ def test_launch_bound_and_copies_carry_counts(findings: pd.DataFrame) -> None:
 
 def test_thresholds_silence_detectors(problems: perfguard.Analysis) -> None:
     lax = Thresholds(
-        warmup_ratio=10, gpu_utilization_pct=0, dataloader_share=1, tiny_kernel_min_count=10**6,
-        fp32_gemm_share=1.01, min_gpu_share=1.0, min_iterations=1,
-    )  # fmt: skip
+        warmup_ratio=10,
+        gpu_utilization_pct=0,
+        dataloader_share=1,
+        tiny_kernel_min_count=10**6,
+        fp32_gemm_share=1.01,
+        min_gpu_share=1.0,
+        min_iterations=1,
+    )
     quiet = set(run_detectors(problems, lax)["check"])
     assert quiet.isdisjoint(
         {
@@ -144,12 +164,16 @@ def test_no_iterations_and_missing_op_ranges(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fixture", "expected"),
     [
-        ("kineto/h100_bf16_bert-small_inference_torch2.6.pt.trace.json.gz",
-         {"gpu_underutilized", "bad_tensor_shape", "memcpy_in_iterations"}),
-        ("nsys/nsys2024.5.1_cloverleaf_no-nvtx-rows_a100x4.sqlite",
-         {"no_iterations", "emit_nvtx_missing"}),
+        (
+            "kineto/h100_bf16_bert-small_inference_torch2.6.pt.trace.json.gz",
+            {"gpu_underutilized", "bad_tensor_shape", "memcpy_in_iterations"},
+        ),
+        (
+            "nsys/nsys2024.5.1_cloverleaf_no-nvtx-rows_a100x4.sqlite",
+            {"no_iterations", "emit_nvtx_missing"},
+        ),
     ],
-)  # fmt: skip
+)
 def test_findings_on_real_captures(fixture_file, fixture: str, expected: set[str]) -> None:
     analysis = perfguard.analyze(perfguard.load_trace(fixture_file(fixture)))
     table = run_detectors(analysis)

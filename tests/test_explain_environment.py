@@ -28,12 +28,16 @@ H200_KINETO = Path(__file__).resolve().parent / "data" / "gpu_h200" / "eager.pt.
 
 
 def _runs(*rows: tuple[int, str, Environment]) -> pd.DataFrame:
-    return pd.DataFrame({
-        "run_id": np.array([r[0] for r in rows], dtype=np.int64),
-        "commit": [r[1] for r in rows], "dirty": False,
-        "time": [f"2024-01-0{r[0]}T00:00:00Z" for r in rows],
-        "fingerprint": [FP] * len(rows), "environment": [r[2] for r in rows],
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "run_id": np.array([r[0] for r in rows], dtype=np.int64),
+            "commit": [r[1] for r in rows],
+            "dirty": False,
+            "time": [f"2024-01-0{r[0]}T00:00:00Z" for r in rows],
+            "fingerprint": [FP] * len(rows),
+            "environment": [r[2] for r in rows],
+        }
+    )
 
 
 def test_a_blocking_environment_is_skipped_like_another_machine():
@@ -43,8 +47,10 @@ def test_a_blocking_environment_is_skipped_like_another_machine():
     assert (match.status, match.commit) == ("found", "c1")  # the nearest run on this driver
     match, _ = match_runs(runs.iloc[1:], walk, "c3", FP, environment=NEW)
     assert match.status == "incomparable"
-    assert "run 2 at c2: environment differs from the baseline's: driver 535.161.08 → " \
-           "575.51.03" in str(match.reason)  # fmt: skip
+    assert (
+        "run 2 at c2: environment differs from the baseline's: driver 535.161.08 → "
+        "575.51.03" in str(match.reason)
+    )
     match, _ = match_runs(runs.iloc[1:], walk, "c3", FP, environment=NEW, across={"driver"})
     assert (match.status, match.commit) == ("found", "c2")
     match, _ = match_runs(runs.iloc[1:], walk, "c3", FP)  # no environment given: not checked
@@ -53,8 +59,9 @@ def test_a_blocking_environment_is_skipped_like_another_machine():
 
 def _explained() -> Explanation:
     changes = NEW.changes_since(OLD, {"driver"})
-    return Explanation(outcome="unchanged", headline="unchanged: -0.4 %", timing="t",
-                       lines=("timing: -0.4 %",)).with_environment(changes)  # fmt: skip
+    return Explanation(
+        outcome="unchanged", headline="unchanged: -0.4 %", timing="t", lines=("timing: -0.4 %",)
+    ).with_environment(changes)
 
 
 LINE = (
@@ -94,16 +101,24 @@ def test_terminal_and_summary_say_it():
 def test_results_json_round_trip_keeps_it():
     doc = _results().to_dict()
     assert doc["tests"][0]["explanation"]["environment"][1] == {
-        "field": "cudnn", "label": "cuDNN", "before": "9.1.0.70", "after": "9.3.0.75",
-        "blocking": False, "across": "",
-    }  # fmt: skip
+        "field": "cudnn",
+        "label": "cuDNN",
+        "before": "9.1.0.70",
+        "after": "9.3.0.75",
+        "blocking": False,
+        "across": "",
+    }
     back = SessionResults.from_dict(doc)
     assert back.tests[0].explained.environment_line == LINE
 
 
 def _compare(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfguard", "compare", *args],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "perfguard", "compare", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_compare_two_real_h200_captures_shows_the_driver_difference(fixture_file):
@@ -117,7 +132,9 @@ def test_compare_two_real_h200_captures_shows_the_driver_difference(fixture_file
     assert "--compare-across driver" in done.stdout
     done = _compare(str(H200_KINETO), str(nsys), "--compare-across", "driver")
     assert "INCOMPARABLE" not in done.stdout
-    assert "environment since the baseline: driver CUDA 12.8 → 13.0 (compared across driver)" \
-        in done.stdout  # fmt: skip
+    assert (
+        "environment since the baseline: driver CUDA 12.8 → 13.0 (compared across driver)"
+        in done.stdout
+    )
     done = _compare(str(H200_KINETO), str(nsys), "--compare-across", "cudnn")
     assert done.returncode == 2 and "cannot compare across cudnn" in done.stderr

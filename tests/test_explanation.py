@@ -155,8 +155,9 @@ def test_an_attention_path_change_is_one_grouped_line(repo: pytest.Pytester) -> 
     why = entry(results(repo), ATT)["explanation"]
     group = why["lead"]
     # one line, at the lines of attend() the change rewrote (the head's: ops were added)
-    assert re.match(r'ops changed (under block "q" )?at test_model\.py:\d+-\d+ in attend: ',
-                    group), group  # fmt: skip
+    assert re.match(
+        r'ops changed (under block "q" )?at test_model\.py:\d+-\d+ in attend: ', group
+    ), group
     assert "aten::scaled_dot_product_attention removed" in group
     for op in ("aten::matmul ×2", "aten::softmax", "aten::masked_fill"):
         assert op in group, group
@@ -203,10 +204,12 @@ def test_gates_hold_across_worker_counts(repo: pytest.Pytester) -> None:
     model(repo, softmax="float64")
     commit(repo.path, "B: float64")
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--perfguard", "-p", "no:cacheprovider",
-         "-q"],
-        cwd=repo.path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [sys.executable, "-m", "pytest", "-n", "2", "--perfguard", "-p", "no:cacheprovider", "-q"],
+        cwd=repo.path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 1, r.stdout[-3000:]
     doc = results(repo)
     for nodeid in (ATT, TWO):
@@ -271,11 +274,23 @@ def test_compare_against_keeps_its_report(repo: pytest.Pytester, tmp_path: Path)
     commit(repo.path, "B")
     out = tmp_path / "ab"
     r = subprocess.run(
-        [sys.executable, "-m", "perfguard.cli", "compare", "--against", "HEAD~1",
-         "--pytest-args", "-k attention --perfguard-ab-pairs=3 --perfguard-ab-budget=0",
-         "--output", str(out)],
-        cwd=repo.path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfguard.cli",
+            "compare",
+            "--against",
+            "HEAD~1",
+            "--pytest-args",
+            "-k attention --perfguard-ab-pairs=3 --perfguard-ab-budget=0",
+            "--output",
+            str(out),
+        ],
+        cwd=repo.path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
     assert f"report: {out / 'report.html'}" in r.stdout
     assert (out / "report.html").is_file() and (out / "summary.md").is_file()
@@ -305,8 +320,15 @@ def test_a_forward_dtype_change_ranks_before_the_backward_one() -> None:
     from perfguard.compare.gates import GateFinding
 
     def finding(op: str) -> GateFinding:
-        return GateFinding(gate="dtypes", op_name=op, kernel_name="", baseline='["float"]',
-                           current='["double"]', budget="", message="")  # fmt: skip
+        return GateFinding(
+            gate="dtypes",
+            op_name=op,
+            kernel_name="",
+            baseline='["float"]',
+            current='["double"]',
+            budget="",
+            message="",
+        )
 
     fwd, bwd = "attn/aten::softmax", "autograd::engine::evaluate_function: SoftmaxBackward0"
     impact = {(fwd, "fprop"): 485.5, (bwd, "bprop"): 3099.5}

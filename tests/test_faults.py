@@ -88,8 +88,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def pytest_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-            *args]  # fmt: skip
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *args]
 
 
 def results(path: Path) -> dict:
@@ -109,8 +108,11 @@ def test_isolated_faults_lose_only_their_own_test(project: Path) -> None:
     every row says what happened."""
     done = subprocess.run(
         pytest_argv("--perfguard-save", "--perfguard-isolate", "--perfguard-timeout=90"),
-        cwd=project, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert done.returncode == 1, done.stdout[-3000:]
     doc = results(project)
     assert doc["complete"] is True
@@ -138,8 +140,11 @@ def test_in_process_exit_keeps_what_was_measured_before(project: Path) -> None:
     finished before it are on disk (written after every test) and nothing was saved."""
     done = subprocess.run(
         pytest_argv("--perfguard-save", "-k", "a_fine or b_raises or c_exits"),
-        cwd=project, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 3
     doc = results(project)
     assert doc["complete"] is False
@@ -154,10 +159,24 @@ def test_an_xdist_worker_that_dies_loses_only_its_running_test(project: Path) ->
     in is ``crashed`` with the worker named, and the controller still saves the rest. One
     worker (``-n 1``), so the dead one ran the two tests before the crash, in order."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1",
-         "--perfguard-save", "-k", "a_fine or b_raises or c_exits or f_fine_too"],
-        cwd=project, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "1",
+            "--perfguard-save",
+            "-k",
+            "a_fine or b_raises or c_exits or f_fine_too",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 1, done.stdout[-3000:]
     doc = results(project)
     # every test has its row, whichever worker ran it before or after the crash
@@ -196,8 +215,11 @@ def _ctrl_c_reaches_it(argv: list[str]) -> list[str]:
 def test_interrupted_session_writes_reports_and_saves_nothing(project: Path, sig) -> None:
     proc = subprocess.Popen(
         _ctrl_c_reaches_it(pytest_argv("--perfguard-save", "-k", "a_fine or e_hangs")),
-        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     partial = project / ".perfguard" / "results.json"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # wait until the first test is judged
@@ -220,26 +242,36 @@ def test_interrupted_session_writes_reports_and_saves_nothing(project: Path, sig
 
 def test_two_sessions_in_one_checkout(project: Path) -> None:
     first = subprocess.Popen(
-        pytest_argv("--perfguard", "-k", "e_hangs", "--perfguard-isolate",
-                    "--perfguard-timeout=30"),
-        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        pytest_argv(
+            "--perfguard", "-k", "e_hangs", "--perfguard-isolate", "--perfguard-timeout=30"
+        ),
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lock = project / ".perfguard" / ".lock"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (lock.exists() and lock.read_text().strip()):
         time.sleep(0.2)
     second = subprocess.run(
-        pytest_argv("--perfguard", "-k", "a_fine"), cwd=project, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
+        pytest_argv("--perfguard", "-k", "a_fine"),
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert second.returncode == 4  # a usage error, before any test ran
     assert f"another perfguard session (pid {first.pid})" in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
     # with a folder of its own it runs beside the first
     third = subprocess.run(
         pytest_argv("--perfguard", "-k", "a_fine", "--perfguard-output=.perfguard-2"),
-        cwd=project, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert third.returncode == 0, third.stdout[-2000:]
     first.communicate(timeout=300)
 
@@ -255,8 +287,9 @@ def test_two_sessions_in_one_checkout(project: Path) -> None:
 def test_unusable_options_are_one_line_usage_errors(
     project: Path, args: list[str], needle: str
 ) -> None:
-    done = subprocess.run(pytest_argv(*args), cwd=project, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        pytest_argv(*args), cwd=project, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 4 and needle in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
@@ -266,8 +299,11 @@ def test_save_without_the_flag_measures_and_require_baseline_fails_an_empty_comp
 ) -> None:
     done = subprocess.run(
         pytest_argv("-k", "a_fine", "--perfguard-save", "--perfguard-require-baseline"),
-        cwd=project, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert runs(project) == 1  # --perfguard-save alone implies --perfguard
     assert done.returncode == 1  # but nothing was compared: required, so the run fails
     assert "no test was compared with a baseline" in " ".join(results(project)["notes"])

@@ -43,8 +43,11 @@ FORBIDDEN = {
 
 
 def offences(text: str) -> list[str]:
-    return [f"{why}: {m.group(0)!r} in …{text[max(m.start() - 40, 0) : m.end() + 20]}…"
-            for why, rx in FORBIDDEN.items() for m in rx.finditer(text)]  # fmt: skip
+    return [
+        f"{why}: {m.group(0)!r} in …{text[max(m.start() - 40, 0) : m.end() + 20]}…"
+        for why, rx in FORBIDDEN.items()
+        for m in rx.finditer(text)
+    ]
 
 
 def test_the_scan_tells_a_float_from_a_commit_id() -> None:
@@ -58,9 +61,16 @@ def test_the_scan_tells_a_float_from_a_commit_id() -> None:
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(1e-5, "< 0.001"), (0.00042, "< 0.001"), (0.0342, "0.034"), (0.5, "0.5"), (1.0, "1"),
-     (None, "n/a"), (float("nan"), "n/a")],
-)  # fmt: skip
+    [
+        (1e-5, "< 0.001"),
+        (0.00042, "< 0.001"),
+        (0.0342, "0.034"),
+        (0.5, "0.5"),
+        (1.0, "1"),
+        (None, "n/a"),
+        (float("nan"), "n/a"),
+    ],
+)
 def test_p_values_are_decimals(value, text) -> None:
     assert units.p_value(value) == text
 
@@ -80,14 +90,16 @@ def test_counts_changes_and_percentages_have_one_shape() -> None:
 @pytest.mark.parametrize(
     ("ticks", "kind", "labels"),
     [
-        ([3430, 3432.5, 3435, 3437.5, 3440], "ns", ["3.4300 us", "3.4325 us", "3.4350 us",
-                                                  "3.4375 us", "3.4400 us"]),
-        ([67_400_000, 67_405_000, 67_410_000], "bytes", ["67.400 MB", "67.405 MB",
-                                                          "67.410 MB"]),
+        (
+            [3430, 3432.5, 3435, 3437.5, 3440],
+            "ns",
+            ["3.4300 us", "3.4325 us", "3.4350 us", "3.4375 us", "3.4400 us"],
+        ),
+        ([67_400_000, 67_405_000, 67_410_000], "bytes", ["67.400 MB", "67.405 MB", "67.410 MB"]),
         ([3430, 3435, 3440], "calls", ["3,430", "3,435", "3,440"]),
         ([0, 2.5e6, 5e6], "ns", ["0 ms", "2.5 ms", "5.0 ms"]),
     ],
-)  # fmt: skip
+)
 def test_axis_labels_share_a_unit_and_differ(ticks, kind, labels) -> None:
     assert units.axis(ticks, kind) == labels
 
@@ -97,10 +109,11 @@ def test_a_published_chart_never_repeats_an_axis_label() -> None:
     labels before), counts 3,430-3,440 (``3.44e+03, 3,435, 3.43e+03`` before)."""
     import numpy as np
 
-    for kind, y in (("bytes", 67_400_000 + np.arange(6) * 12_288.0),
-                    ("calls", np.array([3430.0, 3431.5, 3435.0, 3440.0]))):  # fmt: skip
-        svg = chart(label=kind, x_count=len(y), lines=[(kind, np.arange(len(y)), y)],
-                    y_kind=kind)  # fmt: skip
+    for kind, y in (
+        ("bytes", 67_400_000 + np.arange(6) * 12_288.0),
+        ("calls", np.array([3430.0, 3431.5, 3435.0, 3440.0])),
+    ):
+        svg = chart(label=kind, x_count=len(y), lines=[(kind, np.arange(len(y)), y)], y_kind=kind)
         labels = re.findall(r'text-anchor="end">([^<]+)</text>', svg)
         assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
         assert not offences(" ".join(labels)), labels
@@ -150,9 +163,11 @@ def test_every_view_of_a_fixture_suite_writes_figures_one_way(suite, tmp_path, c
         "summary.md": render_markdown(doc).replace("\\", ""),
         "report.html": html.unescape(page.read_text(encoding="utf-8")),
     }
-    for args in (["compare", f"{store}#3", f"{store}#1"], ["history", "test_resnet",
-                 "--store", str(store), "--repo", str(store.parent)],
-                 ["compare", f"{store}#3", f"{store}#2", "--json", "-"]):  # fmt: skip
+    for args in (
+        ["compare", f"{store}#3", f"{store}#1"],
+        ["history", "test_resnet", "--store", str(store), "--repo", str(store.parent)],
+        ["compare", f"{store}#3", f"{store}#2", "--json", "-"],
+    ):
         main(args)
         views[" ".join(args[:2])] = capsys.readouterr().out
     assert "FLOP/call" in views["report.html"] and "/iter" in views["report.html"]

@@ -113,11 +113,13 @@ def test_an_op_has_one_formula_and_an_aten_name() -> None:
 def _captures(fixtures: Path) -> list[tuple[str, Path]]:
     here = Path(__file__).parent / "data" / "gpu_h200"
     found = [
-        *(("kineto/" + str(p.relative_to(fixtures / "kineto")), p)
-          for p in sorted((fixtures / "kineto").rglob("*.json.gz"))),
+        *(
+            ("kineto/" + str(p.relative_to(fixtures / "kineto")), p)
+            for p in sorted((fixtures / "kineto").rglob("*.json.gz"))
+        ),
         *(("nsys/" + p.name, p) for p in sorted((fixtures / "nsys").glob("*.sqlite"))),
         *(("gpu_h200/" + p.name, p) for p in sorted(here.glob("*.json.gz"))),
-    ]  # fmt: skip
+    ]
     return found
 
 

@@ -29,10 +29,25 @@ def test_fuzz_small_run_finds_no_bug(tmp_path: Path) -> None:
     cases = len(small) * kinds  # every kind on every small nsys file, and most on Kineto
     log = tmp_path / "fuzz.jsonl"
     done = subprocess.run(
-        [sys.executable, str(FUZZ), "--cases", str(cases), "--seed", "0", "--max-input-mb",
-         "0.7", "--log", str(log), "--quiet", "--keep-failures", str(tmp_path / "bugs")],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(FUZZ),
+            "--cases",
+            str(cases),
+            "--seed",
+            "0",
+            "--max-input-mb",
+            "0.7",
+            "--log",
+            str(log),
+            "--quiet",
+            "--keep-failures",
+            str(tmp_path / "bugs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     results = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(results) == cases, done.stderr[-2000:]
     bugs = [r for r in results if r["outcome"] in fuzz.BUGS]

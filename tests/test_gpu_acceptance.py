@@ -45,8 +45,18 @@ def dry(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any],
 def test_every_step_ran_or_says_why_not(dry: tuple[Path, dict[str, Any], str]) -> None:
     out, summary, log = dry
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps) == ["env", "save", "traces", "graph_capture", "aa1", "noise", "work5",
-                           "compile", "compile_ro", "ncu"], log  # fmt: skip
+    assert list(steps) == [
+        "env",
+        "save",
+        "traces",
+        "graph_capture",
+        "aa1",
+        "noise",
+        "work5",
+        "compile",
+        "compile_ro",
+        "ncu",
+    ], log
     for s in steps.values():
         assert s["status"] in ("ok", "skipped"), (s, log[-3000:])
         assert s["status"] == "ok" or s["note"], s
@@ -88,8 +98,13 @@ def test_aa_reads_no_regression_and_the_change_is_caught(
 def test_packed_files_fit_what_the_device_returns(dry: tuple[Path, dict[str, Any], str]) -> None:
     out, summary, _ = dry
     files = sorted(p for p in out.iterdir())
-    assert [p.name for p in files] == ["artifacts.tar.gz", "fixtures.tar.gz", "log.txt",
-                                       "summary.json", "summary.md"]  # fmt: skip
+    assert [p.name for p in files] == [
+        "artifacts.tar.gz",
+        "fixtures.tar.gz",
+        "log.txt",
+        "summary.json",
+        "summary.md",
+    ]
     for p in files:
         assert p.is_file() and NAME.match(p.name) and p.stat().st_size <= 16 * 1024 * 1024
     with tarfile.open(out / "fixtures.tar.gz") as tar:
@@ -119,8 +134,12 @@ def test_a_short_deadline_skips_with_a_note(tmp_path: Path) -> None:
 def test_packing_leaves_out_session_captures_first(tmp_path: Path) -> None:
     acc = _load()
     folder = tmp_path / "artifacts"
-    big = {"sessions/aa1/captures/a.gz": 300_000, "sessions/save/captures/s.gz": 200_000,
-           "sessions/aa1/results.json": 250_000, "small.txt": 100}  # fmt: skip
+    big = {
+        "sessions/aa1/captures/a.gz": 300_000,
+        "sessions/save/captures/s.gz": 200_000,
+        "sessions/aa1/results.json": 250_000,
+        "small.txt": 100,
+    }
     for rel, size in big.items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_bytes(os.urandom(size))  # incompressible
@@ -129,7 +148,9 @@ def test_packing_leaves_out_session_captures_first(tmp_path: Path) -> None:
     assert packed["left_out_too_big"][0].startswith("sessions/aa1/captures/a.gz")
     packed = acc.pack_folder(folder, tmp_path / "a.tar.gz", 250_000)
     assert [x.split()[0] for x in packed["left_out_too_big"]] == [
-        "sessions/aa1/captures/a.gz", "sessions/aa1/results.json"]  # fmt: skip
+        "sessions/aa1/captures/a.gz",
+        "sessions/aa1/results.json",
+    ]
     assert packed["bytes"] <= 250_000
 
 
@@ -144,13 +165,31 @@ def test_kernel_word_is_a_plain_identifier() -> None:
 #: the attempt that read counters, then the untried fallback's arguments, which made
 #: ``markdown`` crash at the end of the real run (``'list' object has no attribute 'get'``)
 REAL_NCU: list[Any] = [
-    {"argv": ["ncu", "--target-processes", "all", "--clock-control", "none", "--section",
-              "SpeedOfLight", "--csv", "--kernel-name-base", "demangled", "--kernel-name",
-              "regex:nvjet_sm90_tst_64x24_64x16_2x4_h_bz_bias_TNT", "--launch-count", "1"],
-     "rc": 0, "csv_rows": 12, "counters_read": True,
-     "tail": '"0","1677","python3.12","127.0.0.1","nvjet_sm90_tst_64x24_64x16_2x4_h_bz_bias_TNT"'},
+    {
+        "argv": [
+            "ncu",
+            "--target-processes",
+            "all",
+            "--clock-control",
+            "none",
+            "--section",
+            "SpeedOfLight",
+            "--csv",
+            "--kernel-name-base",
+            "demangled",
+            "--kernel-name",
+            "regex:nvjet_sm90_tst_64x24_64x16_2x4_h_bz_bias_TNT",
+            "--launch-count",
+            "1",
+        ],
+        "rc": 0,
+        "csv_rows": 12,
+        "counters_read": True,
+        "tail": '"0","1677","python3.12","127.0.0.1",'
+        '"nvjet_sm90_tst_64x24_64x16_2x4_h_bz_bias_TNT"',
+    },
     ["--launch-skip", "20", "--launch-count", "1"],
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("ncu", [REAL_NCU, REAL_NCU[:1]], ids=["real-run", "fixed"])

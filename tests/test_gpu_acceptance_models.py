@@ -47,8 +47,15 @@ def test_the_models_dry_run_saves_judges_and_reports(tmp_path: Path) -> None:
         pytest.skip("git is not installed: the sessions' baselines need commits")
     if importlib.util.find_spec("transformers") is None:  # not imported here: its warnings
         pytest.skip("the LM tests need transformers (pip install -e .[test])")
-    done = run_dry(tmp_path / "out", tmp_path / "work", "--suite", "models",
-                   "--changes", ",".join(CI_CHANGES), timeout=900)  # fmt: skip
+    done = run_dry(
+        tmp_path / "out",
+        tmp_path / "work",
+        "--suite",
+        "models",
+        "--changes",
+        ",".join(CI_CHANGES),
+        timeout=900,
+    )
     log = done.stdout[-3000:] + done.stderr[-3000:] + f"\nrc {done.returncode}"
     assert done.returncode == 0, log
     check_dry_run(tmp_path / "out", log)
@@ -140,7 +147,12 @@ def check_dry_run(out: Path, log: str = "") -> None:
     for heading in ("## Per model", "## Injected changes", "First culprit line"):
         assert heading in md, md
     assert [p.name for p in sorted(out.iterdir())] == [
-        "artifacts.tar.gz", "fixtures.tar.gz", "log.txt", "summary.json", "summary.md"]  # fmt: skip
+        "artifacts.tar.gz",
+        "fixtures.tar.gz",
+        "log.txt",
+        "summary.json",
+        "summary.md",
+    ]
     with tarfile.open(out / "fixtures.tar.gz") as tar:
         traces = [n for n in tar.getnames() if n.endswith(".pt.trace.json.gz")]
     assert len(traces) == len(saved), traces  # the saved session's captures, one per test
@@ -162,7 +174,8 @@ def test_changes_of_disjoint_tests_share_a_session() -> None:
     batches = acc.change_batches(list(acc.MODEL_CHANGES.values()))
     assert [[c.name for c in b] for b in batches] == [
         ["eager_attn", "contiguous", "graph_break"],
-        ["item", "no_compile", "fp32", "adamw_foreach"]]  # fmt: skip
+        ["item", "no_compile", "fp32", "adamw_foreach"],
+    ]
     for b in batches:
         tests = [t for c in b for t in c.tests]
         assert len(tests) == len(set(tests)), b
@@ -178,8 +191,10 @@ def test_culprit_reads_the_first_line_and_its_call_site() -> None:
         "under Optimizer.step\\#SGD.step: aten::\\_foreach\\_add\\_ removed\n"
     )
     lm = acc.culprit(md, "test_lm.py::test_lm_train_step")
-    assert lm == {"culprit": "gates: aten::item in step() at models.py:104 added "
-                  "(4.38 us per iteration)", "call_site": "step() at models.py:104"}  # fmt: skip
+    assert lm == {
+        "culprit": "gates: aten::item in step() at models.py:104 added (4.38 us per iteration)",
+        "call_site": "step() at models.py:104",
+    }
     cnn = acc.culprit(md, "test_cnn.py::test_cnn_train_step")
     assert cnn["culprit"].endswith("Optimizer.step#SGD.step: aten::_foreach_add_ removed")
     assert cnn["call_site"] is None
@@ -248,14 +263,20 @@ def test_round_cost_on_the_cpu_and_on_a_gpu() -> None:
     """The CPU times its rounds unprofiled and profiles one more; a GPU profiles every
     round, so its profiled rounds are set beside the probe's plain steps only."""
     acc = load_script()
-    cpu = {"phase_s": {"warmup": 0.1, "timing": 0.3, "profiled": 1.8, "analysis": 0.7},
-           "rounds": [1.0, 1.0, 1.0], "samples": 9}  # fmt: skip
+    cpu = {
+        "phase_s": {"warmup": 0.1, "timing": 0.3, "profiled": 1.8, "analysis": 0.7},
+        "rounds": [1.0, 1.0, 1.0],
+        "samples": 9,
+    }
     c = acc.round_cost(cpu, plain_ms=30.0)
     assert (c["profiled_rounds"], c["timed_rounds"], c["iterations"]) == (1, 3, 3.0)
     assert c["profiled_round_s"] == 1.8 and c["timed_round_s"] == pytest.approx(0.1)
     assert c["x_timed"] == 18.0 and c["x_plain"] == 20.0
-    gpu = {"phase_s": {"warmup": 2.0, "profiled": 5.0, "analysis": 3.0},
-           "rounds": [1.0] * 5, "samples": 20}  # fmt: skip
+    gpu = {
+        "phase_s": {"warmup": 2.0, "profiled": 5.0, "analysis": 3.0},
+        "rounds": [1.0] * 5,
+        "samples": 20,
+    }
     g = acc.round_cost(gpu, plain_ms=10.0)
     assert (g["profiled_rounds"], g["timed_rounds"], g["iterations"]) == (5, 0, 4.0)
     assert g["profiled_round_s"] == 1.0 and g["timed_round_s"] is None and g["x_timed"] is None
@@ -263,13 +284,20 @@ def test_round_cost_on_the_cpu_and_on_a_gpu() -> None:
 
 
 def test_a_short_deadline_skips_every_model_step_with_a_note(tmp_path: Path) -> None:
-    done = run_dry(tmp_path / "out", tmp_path / "work", "--suite", "models",
-                   "--deadline", "1", timeout=120)  # fmt: skip
+    done = run_dry(
+        tmp_path / "out", tmp_path / "work", "--suite", "models", "--deadline", "1", timeout=120
+    )
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps)[1:] == ["save", "probe", "analyze", "aa1",
-                               "eager_attn+contiguous+graph_break",
-                               "item+no_compile+fp32+adamw_foreach", "noise"], steps  # fmt: skip
+    assert list(steps)[1:] == [
+        "save",
+        "probe",
+        "analyze",
+        "aa1",
+        "eager_attn+contiguous+graph_break",
+        "item+no_compile+fp32+adamw_foreach",
+        "noise",
+    ], steps
     assert steps["save"]["status"] == "skipped" and "deadline" in steps["save"]["note"]
     assert all(s["status"] == "skipped" and s["note"] for n, s in steps.items() if n != "env")
     assert done.returncode in (0, 1) and (tmp_path / "out" / "summary.md").is_file()

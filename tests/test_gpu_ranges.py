@@ -22,8 +22,11 @@ from perfguard.trace.gpu_ranges import RangeFilter
 from perfguard.trace.ranges import finalize_ranges
 
 TORCHRUN = "nsys/nsys2026.2.1_pytorch-torchrun-train_nvtx_nccl_2gpu_derived-window.sqlite"
-CAPTURES = [TORCHRUN, "nsys/nsys2024.6.2_nvfuser-matmul-gtest_nvtx_h200.sqlite",
-            "nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite"]  # fmt: skip
+CAPTURES = [
+    TORCHRUN,
+    "nsys/nsys2024.6.2_nvfuser-matmul-gtest_nvtx_h200.sqlite",
+    "nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite",
+]
 
 #: push/pop and start/end ranges that have a launching call (one whose correlation id is
 #: a kernel's, memcpy's or memset's in the same process) on their thread, inside them
@@ -47,7 +50,7 @@ def _enclosing_count(path: Path) -> int:
             "CUPTI_ACTIVITY_KIND_KERNEL",
             "CUPTI_ACTIVITY_KIND_MEMCPY",
             "CUPTI_ACTIVITY_KIND_MEMSET",
-        )  # fmt: skip
+        )
         if t in tables
     ]
     union = (
@@ -101,8 +104,21 @@ def test_cli_gpu_ranges_only(fixture_file, tmp_path: Path, capsys) -> None:
 
     path = fixture_file(TORCHRUN)
     for flag, out in (([], "all"), (["--gpu-ranges-only"], "gpu")):
-        rc = main(["analyze", "-d", str(path), "--output-path", str(tmp_path / out), "-q",
-                   "--reports", "kernel,detail", "--formats", "csv", *flag])  # fmt: skip
+        rc = main(
+            [
+                "analyze",
+                "-d",
+                str(path),
+                "--output-path",
+                str(tmp_path / out),
+                "-q",
+                "--reports",
+                "kernel,detail",
+                "--formats",
+                "csv",
+                *flag,
+            ]
+        )
         assert rc == 0
     capsys.readouterr()
     kernel = [(tmp_path / d / "dlprof_kernel.csv").read_text() for d in ("all", "gpu")]

@@ -66,9 +66,16 @@ def test_group_gpu_time_is_the_work_launched_inside_it(name, fixture_file, cache
     groups = inst[inst["op_name"].isin(set(got["op_name"]))]
     launched = a.activities[a.activities["launch_start"].notna()]
     calls = list(
-        zip(launched["rank"], launched["pid"], launched["launch_tid"], launched["launch_start"],
-            launched["end"] - launched["start"], launched["range_id"] >= 0, strict=True)
-    )  # fmt: skip
+        zip(
+            launched["rank"],
+            launched["pid"],
+            launched["launch_tid"],
+            launched["launch_start"],
+            launched["end"] - launched["start"],
+            launched["range_id"] >= 0,
+            strict=True,
+        )
+    )
     by_thread: dict = {}
     for rank, pid, tid, t, dur, owned in calls:
         if owned:

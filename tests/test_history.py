@@ -255,8 +255,9 @@ def test_run_levels_are_the_median_of_round_values(store_location, real_record):
         for k in range(4):
             wall, gpu = rng.integers(1_000_000, 2_000_000, (2, n))
             rnd = np.arange(n) % (k + 1)  # 1, 2, 3, 4 rounds
-            samples = pd.DataFrame({"iteration": np.arange(n), "gpu_time_ns": gpu,
-                                    "wall_time_ns": wall, "round": rnd})  # fmt: skip
+            samples = pd.DataFrame(
+                {"iteration": np.arange(n), "gpu_time_ns": gpu, "wall_time_ns": wall, "round": rnd}
+            )
             rec = replace(real, samples=samples)
             gpus.append(gpu)
             store.save_run(RunInfo(f"{k:040x}", "main", False, f"2024-01-0{k + 1}Z", H100), [rec])
@@ -364,9 +365,22 @@ def test_history_command(replayed):
     location, repo, shas, steps = replayed
     node = "test_bench.py::test_step"
     done = subprocess.run(
-        [sys.executable, "-m", "perfguard", "history", node, "--store", str(location),
-         "--repo", str(repo)], capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "history",
+            node,
+            "--store",
+            str(location),
+            "--repo",
+            str(repo),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"{node}: {len(shas)} run(s) on ")
@@ -375,21 +389,59 @@ def test_history_command(replayed):
     assert "1 timing change point(s)" in done.stdout and "extra_work" in done.stdout
     assert "6 counter change point(s)" in done.stdout
     few = subprocess.run(
-        [sys.executable, "-m", "perfguard", "history", node, "--store", str(location),
-         "--repo", str(repo), "--limit", "5"], capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "history",
+            node,
+            "--store",
+            str(location),
+            "--repo",
+            str(repo),
+            "--limit",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
         cwd=REPO,
-    )  # fmt: skip
+    )
     assert "timing change points: needs 6 runs (has 5)" in few.stdout, few.stdout
     summary = subprocess.run(
-        [sys.executable, "-m", "perfguard", "history", "--store", str(location),
-         "--repo", str(repo)], capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "history",
+            "--store",
+            str(location),
+            "--repo",
+            str(repo),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert summary.stdout.startswith(f"{node}: {len(shas)} run(s), latest ")
     missing = subprocess.run(
-        [sys.executable, "-m", "perfguard", "history", "t.py::nothing", "--store",
-         str(location), "--repo", str(repo)], capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "history",
+            "t.py::nothing",
+            "--store",
+            str(location),
+            "--repo",
+            str(repo),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
         cwd=REPO,
-    )  # fmt: skip
+    )
     assert missing.returncode == 2 and "no stored run of t.py::nothing" in missing.stderr
     assert len(missing.stderr.splitlines()) == 1
 
@@ -415,27 +467,37 @@ def test_the_reports_history_rows_mark_the_change_points(replayed):
 def counter_rows(runs: dict[int, list[tuple[str, str, float, bool]]]) -> pd.DataFrame:
     """The store's ``counters`` table for runs {run_id: [(op, counter, value, stable)]}."""
     rows = [
-        {"run_id": r, "op_id": op, "op_name": f"aten::{op}", "counter": c, "value": v,
-         "stable": s}
+        {"run_id": r, "op_id": op, "op_name": f"aten::{op}", "counter": c, "value": v, "stable": s}
         for r, entries in runs.items()
         for op, c, v, s in entries
-    ]  # fmt: skip
+    ]
     return pd.DataFrame(rows)
 
 
 def test_counter_steps_are_exact_and_follow_the_gates_rules():
     same = [("mm", "calls", 4.0, True), ("add", "calls", 2.0, True), ("", "peak_memory", 1e6, True)]
-    rows = counter_rows({
-        1: same,
-        2: same,  # no change: nothing
-        3: [("mm", "calls", 5.0, True), ("add", "calls", 2.0, True),
-            ("", "peak_memory", 1.05e6, True)],  # +1 call of mm; peak memory +5 %: under 10 %
-        4: [("mm", "calls", 5.0, True), ("add", "calls", 7.0, False),
-            ("", "peak_memory", 1.3e6, True)],  # add varied between rounds: not compared
-        # run 5 stored without counters (an older perfguard): skipped
-        6: [("mm", "calls", 5.0, True), ("add", "calls", 3.0, True),
-            ("", "peak_memory", 1.3e6, True)],
-    })  # fmt: skip
+    rows = counter_rows(
+        {
+            1: same,
+            2: same,  # no change: nothing
+            3: [
+                ("mm", "calls", 5.0, True),
+                ("add", "calls", 2.0, True),
+                ("", "peak_memory", 1.05e6, True),
+            ],  # +1 call of mm; peak memory +5 %: under 10 %
+            4: [
+                ("mm", "calls", 5.0, True),
+                ("add", "calls", 7.0, False),
+                ("", "peak_memory", 1.3e6, True),
+            ],  # add varied between rounds: not compared
+            # run 5 stored without counters (an older perfguard): skipped
+            6: [
+                ("mm", "calls", 5.0, True),
+                ("add", "calls", 3.0, True),
+                ("", "peak_memory", 1.3e6, True),
+            ],
+        }
+    )
     steps = numeric_steps(rows, np.array([1, 2, 3, 4, 5, 6]))
     assert [(i, c, b, a) for i, c, b, a, _ in steps] == [
         (2, "calls", 6.0, 7.0),  # position 2 is run 3
@@ -447,12 +509,14 @@ def test_counter_steps_are_exact_and_follow_the_gates_rules():
 
 
 def test_set_steps_name_what_appeared_and_what_went():
-    members = pd.DataFrame({
-        "run_id": [1, 1, 2, 2, 3, 3, 4],
-        "counter": ["kernel_set"] * 4 + ["dtypes"] * 3,
-        "member": ["gemm", "relu", "gemm", "gelu", "mm\x1fbf16", "add\x1ffloat", "mm\x1ffloat"],
-        "key": ["gemm", "relu", "gemm", "gelu", "mm", "add", "mm"],
-    })  # fmt: skip
+    members = pd.DataFrame(
+        {
+            "run_id": [1, 1, 2, 2, 3, 3, 4],
+            "counter": ["kernel_set"] * 4 + ["dtypes"] * 3,
+            "member": ["gemm", "relu", "gemm", "gelu", "mm\x1fbf16", "add\x1ffloat", "mm\x1ffloat"],
+            "key": ["gemm", "relu", "gemm", "gelu", "mm", "add", "mm"],
+        }
+    )
     steps = set_steps(members, {1, 2, 3, 4, 5}, np.array([1, 2, 3, 4, 5]))
     assert [(i, c, ops) for i, c, _, _, ops in steps] == [
         (1, "kernel_set", (("relu", 1.0, 0.0), ("gelu", 0.0, 1.0))),

@@ -78,9 +78,14 @@ def test_many_unclosed_ranges_close_at_the_end_without_nesting(tmp_path: Path) -
     db.close()
     last = max(
         _one(path, f"SELECT max(end) FROM {t}")
-        for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
-                  "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET", "NVTX_EVENTS")
-    )  # fmt: skip
+        for t in (
+            "CUPTI_ACTIVITY_KIND_KERNEL",
+            "CUPTI_ACTIVITY_KIND_RUNTIME",
+            "CUPTI_ACTIVITY_KIND_MEMCPY",
+            "CUPTI_ACTIVITY_KIND_MEMSET",
+            "NVTX_EVENTS",
+        )
+    )
 
     trace = load_trace(path)
     opened = trace.ranges[trace.ranges["name"].str.startswith("open ", na=False)]
@@ -106,8 +111,11 @@ def test_one_unclosed_outer_range_still_owns_its_kernels(tmp_path: Path) -> None
     path = _copy(tmp_path, TORCHRUN)
     gtid = _one(path, "SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 1")
     t0 = _one(path, "SELECT min(start) FROM NVTX_EVENTS") - 10
-    _sql(path, "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) "
-               f"VALUES ({t0}, NULL, 59, 'train', {gtid})")  # fmt: skip
+    _sql(
+        path,
+        "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) "
+        f"VALUES ({t0}, NULL, 59, 'train', {gtid})",
+    )
     before = analyze(load_trace(FIXTURES / TORCHRUN))  # type: ignore[operator]
     after = analyze(load_trace(path))
     train = after.instances[after.instances["name"] == "train"]
@@ -297,9 +305,10 @@ def test_empty_string_table_without_memcpy(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["12345", "4.5", "X'ffff'", "CAST(X'eda080' AS TEXT)", "CAST(X'c3' AS TEXT)"],
+    "value",
+    ["12345", "4.5", "X'ffff'", "CAST(X'eda080' AS TEXT)", "CAST(X'c3' AS TEXT)"],
     ids=["integer", "real", "blob", "lone-surrogate-cesu", "cut-utf8"],
-)  # fmt: skip
+)
 def test_names_that_are_not_text(tmp_path: Path, value: str) -> None:
     path = _copy(tmp_path, TORCHRUN)
     _sql(path, f"UPDATE NVTX_EVENTS SET text = {value} WHERE rowid % 5 = 0 AND text IS NOT NULL")
@@ -345,10 +354,16 @@ def test_lone_surrogates_and_numbers_as_op_names() -> None:
 
 def test_report_writer_survives_lone_surrogates(tmp_path: Path) -> None:
     ranges = pd.DataFrame(
-        {"name": ["bad\ud800name"], "start": np.array([0], dtype=np.int64),
-         "end": np.array([10], dtype=np.int64), "kind": ["op"], "bprop": [False], "pid": 1,
-         "tid": 1}
-    )  # fmt: skip
+        {
+            "name": ["bad\ud800name"],
+            "start": np.array([0], dtype=np.int64),
+            "end": np.array([10], dtype=np.int64),
+            "kind": ["op"],
+            "bprop": [False],
+            "pid": 1,
+            "tid": 1,
+        }
+    )
     from perfguard.trace.ranges import finalize_ranges
 
     analysis = analyze(Trace(ranges=finalize_ranges(ranges), meta={"path": "synthetic"}))
@@ -395,8 +410,9 @@ def test_per_iteration_utilization_of_torchrec_matches_a_json_walk() -> None:
     it = analysis.iterations
     assert (it["gpu_utilization"] <= 100.0).all()
     walk = _json_walk_utilization(FIXTURES / TORCHREC)
-    got = {f"ProfilerStep#{i}": u for i, u in zip(it["iteration"], it["gpu_utilization"],
-                                                     strict=True)}  # fmt: skip
+    got = {
+        f"ProfilerStep#{i}": u for i, u in zip(it["iteration"], it["gpu_utilization"], strict=True)
+    }
     assert got.keys() == walk.keys()
     for name, value in walk.items():
         assert got[name] == pytest.approx(value, abs=1e-9), name

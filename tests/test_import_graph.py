@@ -16,9 +16,27 @@ import perfguard
 
 ROOT = Path(perfguard.__file__).parent
 #: every package and top-level module, lowest first: each may import only those before it
-LAYERS = ("errors", "jsonsafe", "arrays", "environment", "memory", "forking", "trace", "capture",
-          "analysis", "baseline", "compare", "report", "publish", "core", "plugin",
-          "bisect", "commands", "cli", "__main__")  # fmt: skip
+LAYERS = (
+    "errors",
+    "jsonsafe",
+    "arrays",
+    "environment",
+    "memory",
+    "forking",
+    "trace",
+    "capture",
+    "analysis",
+    "baseline",
+    "compare",
+    "report",
+    "publish",
+    "core",
+    "plugin",
+    "bisect",
+    "commands",
+    "cli",
+    "__main__",
+)
 
 
 def _module(path: Path) -> str:
@@ -192,14 +210,28 @@ LAZY_ROOTS = ("torch", "tensorflow", "jax", "nvtx", "psycopg", "git", "google", 
 #: ... and perfguard modules that load numpy and pandas, from modules every pytest run
 #: imports through the plugin (tests/test_light_imports.py)
 LIGHT_PATH = {
-    "capture/capturers.py": {"perfguard.capture.nsys", "perfguard.capture.sites",
-                             "perfguard.trace.site_pass"},
+    "capture/capturers.py": {
+        "perfguard.capture.nsys",
+        "perfguard.capture.sites",
+        "perfguard.trace.site_pass",
+    },
     "capture/model_facts.py": {"perfguard.trace.call_sites"},
     "capture/torch_profiler.py": {"perfguard.capture.torch_results"},
-}  # fmt: skip
+}
 #: the packages whose imports are at the top (plugin, compare, report and publish: not yet)
-AT_THE_TOP = ("analysis", "baseline", "capture", "commands", "trace", "bisect.py", "cli.py",
-              "environment.py", "errors.py", "arrays.py", "forking.py")  # fmt: skip
+AT_THE_TOP = (
+    "analysis",
+    "baseline",
+    "capture",
+    "commands",
+    "trace",
+    "bisect.py",
+    "cli.py",
+    "environment.py",
+    "errors.py",
+    "arrays.py",
+    "forking.py",
+)
 
 
 def test_imports_are_at_the_top() -> None:

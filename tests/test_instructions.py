@@ -93,9 +93,14 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Path]]:
 def _record(nodeid: str, dump: Path) -> TestRecord:
     figures, functions = summarize(read_callgrind(dump), ITERATIONS)
     empty = TestRecord(
-        nodeid, "wall_time", empty_frame(SAMPLE_COLUMNS), empty_frame(OP_SAMPLE_COLUMNS),
-        empty_frame(OP_COLUMNS), empty_frame(KERNEL_COLUMNS), {"iterations": ITERATIONS},
-    )  # fmt: skip
+        nodeid,
+        "wall_time",
+        empty_frame(SAMPLE_COLUMNS),
+        empty_frame(OP_SAMPLE_COLUMNS),
+        empty_frame(OP_COLUMNS),
+        empty_frame(KERNEL_COLUMNS),
+        {"iterations": ITERATIONS},
+    )
     return with_instructions(empty, figures, functions, ITERATIONS)
 
 
@@ -190,8 +195,11 @@ def test_gate_fires_beyond_the_budget_and_names_the_interpreter(dumps):
     assert judge_gates(
         more, base, parse_gates({"instructions": "50%", "est_cycles": "50%"}), none
     ).outcome is (Outcome.UNCHANGED)
-    plain = TestRecord("t", "wall_time", *(empty_frame(c) for c in (
-        SAMPLE_COLUMNS, OP_SAMPLE_COLUMNS, OP_COLUMNS, KERNEL_COLUMNS)))  # fmt: skip
+    plain = TestRecord(
+        "t",
+        "wall_time",
+        *(empty_frame(c) for c in (SAMPLE_COLUMNS, OP_SAMPLE_COLUMNS, OP_COLUMNS, KERNEL_COLUMNS)),
+    )
     assert "instructions" not in judge_gates(plain, base, budgets, none).checked
 
 
@@ -200,10 +208,12 @@ def test_unresolved_addresses_stay_out_of_the_text():
     nothing a reviewer can open: never one of the functions a message lists."""
     from perfguard.compare.host_functions import unresolved
 
-    moves = pd.DataFrame({
-        "function": ["0x00000000295bc000", "_PyEval_EvalFrameDefault", "memcpy", "f"],
-        "object": ["???", "libpython3.11.so.1.0", "libc.so.6", "???"],
-    })  # fmt: skip
+    moves = pd.DataFrame(
+        {
+            "function": ["0x00000000295bc000", "_PyEval_EvalFrameDefault", "memcpy", "f"],
+            "object": ["???", "libpython3.11.so.1.0", "libc.so.6", "???"],
+        }
+    )
     assert unresolved(moves).tolist() == [True, False, False, True]
 
 
@@ -266,16 +276,29 @@ def test_the_child_gets_the_configuring_environment_only():
     from perfguard.capture.valgrind import DETERMINISTIC_ENV, callgrind_env
 
     base = {
-        "PATH": "/usr/bin", "HOME": "/root", "LC_ALL": "C.UTF-8", "TORCH_LOGS": "x",
-        "PYTORCH_CUDA_ALLOC_CONF": "y", "MYAPP_DATA": "/data", "GITHUB_RUN_ID": "123",
-        "PWD": "/tmp/x", "OLDPWD": "/", "PYTEST_ADDOPTS": "-x", "PYTHONHASHSEED": "random",
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "LC_ALL": "C.UTF-8",
+        "TORCH_LOGS": "x",
+        "PYTORCH_CUDA_ALLOC_CONF": "y",
+        "MYAPP_DATA": "/data",
+        "GITHUB_RUN_ID": "123",
+        "PWD": "/tmp/x",
+        "OLDPWD": "/",
+        "PYTEST_ADDOPTS": "-x",
+        "PYTHONHASHSEED": "random",
         "TERM_SESSION_ID": "abc",
-    }  # fmt: skip
+    }
     env = callgrind_env(base, keep=["MYAPP_*"])
     assert set(env) == {
-        "PATH", "HOME", "LC_ALL", "TORCH_LOGS", "PYTORCH_CUDA_ALLOC_CONF", "MYAPP_DATA",
+        "PATH",
+        "HOME",
+        "LC_ALL",
+        "TORCH_LOGS",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "MYAPP_DATA",
         *DETERMINISTIC_ENV,
-    }  # fmt: skip
+    }
     assert env["PYTHONHASHSEED"] == "0"  # pinned over the caller's
     assert "MYAPP_DATA" not in callgrind_env(base)
 
@@ -325,9 +348,12 @@ def test_every_view_shows_the_count_beside_timing_and_gates(dumps, tmp_path):
     b, c = _count(base), _count(more)
     assert verdict.totals["instructions"] == [b, c]
     entry = TestEntry(
-        "t.py::test_step", Outcome.NOISY, "machine busy", gates=verdict,
+        "t.py::test_step",
+        Outcome.NOISY,
+        "machine busy",
+        gates=verdict,
         counted=instruction_counts(more),
-    )  # fmt: skip
+    )
     plain = TestEntry("t.py::test_other", Outcome.UNCHANGED, "within tolerance")
     doc = SessionResults(tests=[entry, plain], run=Run(commit="c" * 40))
     doc = SessionResults.from_dict(doc.to_dict())  # as every report reads it

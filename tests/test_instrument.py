@@ -370,8 +370,13 @@ def test_message_optional_fields_and_other_names_unchanged() -> None:
     )
     out = parse_range_names(names)
     assert list(out["name"]) == [
-        "/Net/block", "/Net/block", "aten::mul", "aten::mul", "forward, part 1", "MulBackward0"
-    ]  # fmt: skip
+        "/Net/block",
+        "/Net/block",
+        "aten::mul",
+        "aten::mul",
+        "forward, part 1",
+        "MulBackward0",
+    ]
     assert list(out["bprop"]) == [False, False, False, True, False, True]
     assert out["seq"].tolist()[2:4] == [46174, 46174]
     assert out.at[2, "input_shapes"] == "[[2, 3]]"
@@ -387,9 +392,18 @@ def test_encode_rejects_unknown_direction() -> None:
 
 def test_dtype_spellings_match_the_torch_profiler(tmp_path: Path) -> None:
     dtypes = [
-        torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-        torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64,
-    ]  # fmt: skip
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ]
 
     def run() -> None:
         for dt in dtypes:

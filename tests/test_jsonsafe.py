@@ -18,15 +18,29 @@ from perfguard.jsonsafe import finite
 
 
 def test_finite_nulls_nan_and_both_infinities_at_any_depth() -> None:
-    value = {"a": math.inf, "b": [1.5, -math.inf, (math.nan, 2)], "c": np.float64("nan"),
-             "d": {"e": np.float64(3.0), "f": "inf"}}  # fmt: skip
-    assert finite(value) == {"a": None, "b": [1.5, None, [None, 2]], "c": None,
-                             "d": {"e": 3.0, "f": "inf"}}  # fmt: skip
+    value = {
+        "a": math.inf,
+        "b": [1.5, -math.inf, (math.nan, 2)],
+        "c": np.float64("nan"),
+        "d": {"e": np.float64(3.0), "f": "inf"},
+    }
+    assert finite(value) == {
+        "a": None,
+        "b": [1.5, None, [None, 2]],
+        "c": None,
+        "d": {"e": 3.0, "f": "inf"},
+    }
 
 
 def test_a_bisection_with_an_infinite_change_writes_json() -> None:
-    verdict = TestVerdict(nodeid="t.py::t", outcome="regressed", decided_by="regressed",
-                          delta_pct=math.inf, ci_low_pct=math.nan, ci_high_pct=12.0)  # fmt: skip
+    verdict = TestVerdict(
+        nodeid="t.py::t",
+        outcome="regressed",
+        decided_by="regressed",
+        delta_pct=math.inf,
+        ci_low_pct=math.nan,
+        ci_high_pct=12.0,
+    )
     step = Step(commit="abc", subject="s", mark="bad", mode="store", tests=[verdict])
     result = BisectResult(good="g", bad="b", oracle="all", first_bad="abc", steps=[step])
     doc = json.loads(json.dumps(result.to_dict(), allow_nan=False))

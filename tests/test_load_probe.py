@@ -43,8 +43,7 @@ print(waited / wall, (o1 - o0) / wall)
 
 
 def test_a_waiting_worker_thread_counts_though_the_measuring_thread_did_not_wait() -> None:
-    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     share, own_share = map(float, proc.stdout.split())
     # Bounds from the scheduler's fairness, not from timing: two threads runnable all the

@@ -74,8 +74,11 @@ def test_op_figures_match_a_plain_recount(fixture_file, cached_trace) -> None:
         tc = 100 * acc["el_tc"] / acc["el_k"] if acc["el_k"] else math.nan
         tf = acc["f"] / acc["t"] / 1e12 if acc["t"] else math.nan
         eff = 100 * acc["fr"] / acc["tp"] if acc["tp"] else math.nan
-        for got, want in ((op.tc_utilization, tc), (op.achieved_tflops, tf),
-                          (op.flop_efficiency_pct, eff)):  # fmt: skip
+        for got, want in (
+            (op.tc_utilization, tc),
+            (op.achieved_tflops, tf),
+            (op.flop_efficiency_pct, eff),
+        ):
             if math.isnan(want):
                 assert pd.isna(got), op.op_name
             else:
@@ -104,7 +107,8 @@ def test_gpu_idle_and_utilization_match_a_plain_recount(fixture_file, cached_tra
     assert a.summary.gpu_utilization == pytest.approx(100 * busy / a.summary.wall_time)
     assert len(a.iterations) >= 2
     for it in a.iterations.itertuples(index=False):
-        inside = [(max(s, it.start), min(e, it.end)) for s, e in everything
-                  if s < it.end and e > it.start]  # fmt: skip
+        inside = [
+            (max(s, it.start), min(e, it.end)) for s, e in everything if s < it.end and e > it.start
+        ]
         want = 100 * _union(inside) / it.duration
         assert it.gpu_utilization == pytest.approx(want, rel=1e-12)

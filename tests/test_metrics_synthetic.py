@@ -113,8 +113,10 @@ def test_run_summary_by_hand(two_step_trace) -> None:
 def test_iteration_bounds_are_inclusive(two_step_trace) -> None:
     a = perfguard.analyze(two_step_trace, iter_start=1, iter_stop=1)
     assert set(a.ops["op_name"]) == {
-        "model.block", "model.block/aten::add", "unassociated_stray_kernel"
-    }  # fmt: skip
+        "model.block",
+        "model.block/aten::add",
+        "unassociated_stray_kernel",
+    }
     assert a.summary.wall_time == 100 * US
     assert a.summary.kernel_time == 8 * US
     both = perfguard.analyze(two_step_trace, iter_start=0, iter_stop=1)
@@ -193,11 +195,17 @@ def test_stats_over_instances(tmp_path: Path) -> None:
     lin = _op(a, "aten::linear")
     assert lin["calls"] == 3
     assert [lin[f"cpu_time_{s}"] for s in ("total", "avg", "min", "max")] == [
-        60 * US, 20 * US, 10 * US, 30 * US
-    ]  # fmt: skip
+        60 * US,
+        20 * US,
+        10 * US,
+        30 * US,
+    ]
     assert [lin[f"gpu_time_{s}"] for s in ("total", "avg", "min", "max")] == [
-        15 * US, 5 * US, 2 * US, 9 * US
-    ]  # fmt: skip
+        15 * US,
+        5 * US,
+        2 * US,
+        9 * US,
+    ]
     assert lin["cpu_overhead_total"] == 57 * US
     kern = a.kernels[a.kernels["name"] == "gemm"].iloc[0]
     assert kern["calls"] == 3 and kern["gpu_time_total"] == 15 * US
@@ -260,16 +268,26 @@ def test_kernel_report_geometry_is_each_groups_first_launch_that_has_it() -> Non
     got = aggregate_kernels(a.activities, kernels).set_index(["name", "op_id"])["grid_x"]
     k = a.activities[a.activities["activity"] == "kernel"]
     want = (
-        pd.DataFrame({
-            "name": k["name"].to_numpy(), "op_id": k["op_id"].to_numpy(),
-            "grid_x": kernels["grid_x"].array.take(k["kernel_row"].to_numpy()),
-        })
-        .groupby(["name", "op_id"], sort=False)["grid_x"].first()
-    )  # fmt: skip
+        pd.DataFrame(
+            {
+                "name": k["name"].to_numpy(),
+                "op_id": k["op_id"].to_numpy(),
+                "grid_x": kernels["grid_x"].array.take(k["kernel_row"].to_numpy()),
+            }
+        )
+        .groupby(["name", "op_id"], sort=False)["grid_x"]
+        .first()
+    )
     first_launch = (
-        pd.DataFrame({"name": k["name"].to_numpy(), "op_id": k["op_id"].to_numpy(),
-                      "na": kernels["grid_x"].isna().to_numpy()[k["kernel_row"].to_numpy()]})
-        .groupby(["name", "op_id"], sort=False)["na"].first()
-    )  # fmt: skip
+        pd.DataFrame(
+            {
+                "name": k["name"].to_numpy(),
+                "op_id": k["op_id"].to_numpy(),
+                "na": kernels["grid_x"].isna().to_numpy()[k["kernel_row"].to_numpy()],
+            }
+        )
+        .groupby(["name", "op_id"], sort=False)["na"]
+        .first()
+    )
     assert first_launch.any() and got[first_launch[first_launch].index].notna().any()
     pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)

@@ -105,9 +105,15 @@ def test_name_pitfalls() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["NVIDIA A100-SXM4-40GB MIG 1g.5gb", "NVIDIA GH200 480GB", "NVIDIA H100", "AMD Instinct MI300X",
-     "", "NVIDIA GeForce RTX 4090"],
-)  # fmt: skip
+    [
+        "NVIDIA A100-SXM4-40GB MIG 1g.5gb",
+        "NVIDIA GH200 480GB",
+        "NVIDIA H100",
+        "AMD Instinct MI300X",
+        "",
+        "NVIDIA GeForce RTX 4090",
+    ],
+)
 def test_unknown_names_have_a_reason(name: str) -> None:
     assert match_gpu(name) is None
     assert peak_flops(name, "bf16", tensor_core=True) is None
@@ -175,11 +181,23 @@ def test_peak_by_device_name_and_dtype_spellings() -> None:
 
 @pytest.mark.parametrize(
     ("gpu", "bandwidth"),
-    [("V100-SXM2", 900e9), ("T4", 320e9), ("A10", 600e9), ("A10G", 600e9),
-     ("A100-SXM4-40GB", 1555e9), ("A100-SXM4-80GB", 2039e9), ("A100-PCIe-80GB", 1935e9),
-     ("L4", 300e9), ("L40S", 864e9), ("H100-SXM", 3.35e12), ("H100-PCIe", 2.0e12),
-     ("H200", 4.8e12), ("B200", 7.7e12), ("NVIDIA A100-PG509-200", 1555e9)],
-)  # fmt: skip
+    [
+        ("V100-SXM2", 900e9),
+        ("T4", 320e9),
+        ("A10", 600e9),
+        ("A10G", 600e9),
+        ("A100-SXM4-40GB", 1555e9),
+        ("A100-SXM4-80GB", 2039e9),
+        ("A100-PCIe-80GB", 1935e9),
+        ("L4", 300e9),
+        ("L40S", 864e9),
+        ("H100-SXM", 3.35e12),
+        ("H100-PCIe", 2.0e12),
+        ("H200", 4.8e12),
+        ("B200", 7.7e12),
+        ("NVIDIA A100-PG509-200", 1555e9),
+    ],
+)
 def test_bandwidth(gpu: str, bandwidth: float) -> None:
     assert peak_bandwidth(gpu) == pytest.approx(bandwidth)
 

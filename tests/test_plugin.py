@@ -167,8 +167,11 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     profile = entry(doc, TRAIN)["profile"]
     top = profile["ops"][0]
     assert profile["basis"] == "cpu" and top["op_name"] == "wait_for_device"
-    line = next(i for i, text in enumerate(BENCH.strip("\n").splitlines(), 1)
-                if 'record_function("wait_for_device")' in text)  # fmt: skip
+    line = next(
+        i
+        for i, text in enumerate(BENCH.strip("\n").splitlines(), 1)
+        if 'record_function("wait_for_device")' in text
+    )
     assert 80 < top["share_pct"] < 100 and top["call_site"] == f"test_bench.py:{line} in step"
     assert top["calls"] == profile["iterations"] == 4  # one profiled round of 4 iterations
     html = (path / ".perfguard" / "report.html").read_text()
@@ -227,8 +230,11 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     text = "\n".join([why["headline"], *why["lines"]])
     # the culprit names the statement that opened the range, its exact line (the call-site
     # pass), and the function it is in
-    line = next(i for i, text in enumerate(BENCH.strip("\n").splitlines(), 1)
-                if 'record_function("extra_sync")' in text)  # fmt: skip
+    line = next(
+        i
+        for i, text in enumerate(BENCH.strip("\n").splitlines(), 1)
+        if 'record_function("extra_sync")' in text
+    )
     assert f"extra_sync added at test_bench.py:{line} in step" in why["headline"], why["headline"]
     for part in (
         "added at test_bench.py:",
@@ -339,12 +345,15 @@ def test_no_baseline_in_store_is_no_baseline(repo: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("args", "store_bytes", "message"),
     [
-        (["--perfguard-baseline=no-such-branch"], None,
-         "ERROR: --perfguard-baseline: *cannot resolve ref 'no-such-branch'*"),
+        (
+            ["--perfguard-baseline=no-such-branch"],
+            None,
+            "ERROR: --perfguard-baseline: *cannot resolve ref 'no-such-branch'*",
+        ),
         ([], b"this is not SQLite, just text" * 50, "ERROR: --perfguard-store: *perfguard.db*"),
     ],
     ids=["unknown-ref", "not-a-store"],
-)  # fmt: skip
+)
 def test_bad_baseline_ref_or_store_is_a_usage_error(
     repo: pytest.Pytester, args: list[str], store_bytes: bytes | None, message: str
 ) -> None:
@@ -542,18 +551,24 @@ def test_heavy_imports_only_with_the_flag(pytester: pytest.Pytester) -> None:
 def test_markers_help(pytester: pytest.Pytester) -> None:
     r = pytester.runpytest_inprocess("--markers")
     r.stdout.fnmatch_lines(
-        ["@pytest.mark.gpuprofile(iterations=30, warmup=5, rounds=5, tolerance='5%', "
-         "metrics=('gpu_time',), gates=None, framework=None, key_node=None, backend=None): "
-         "profile this benchmark test with perfguard*"]
-    )  # fmt: skip
+        [
+            "@pytest.mark.gpuprofile(iterations=30, warmup=5, rounds=5, tolerance='5%', "
+            "metrics=('gpu_time',), gates=None, framework=None, key_node=None, backend=None): "
+            "profile this benchmark test with perfguard*"
+        ]
+    )
 
 
 def test_help_lists_the_option_group(pytester: pytest.Pytester) -> None:
     r = pytester.runpytest_inprocess("--help")
     r.stdout.fnmatch_lines(
-        ["perfguard: GPU performance regression checks:", "*--perfguard *",
-         "*--perfguard-fail-on={regression,never}*", "*perfguard_tolerance *"]
-    )  # fmt: skip
+        [
+            "perfguard: GPU performance regression checks:",
+            "*--perfguard *",
+            "*--perfguard-fail-on={regression,never}*",
+            "*perfguard_tolerance *",
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- options
@@ -562,20 +577,34 @@ def test_help_lists_the_option_group(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("args", "ini", "message"),
     [
-        (["--perfguard-backend=gpu"], "",
-         "*--perfguard-backend*'gpu' is not one of auto, torch, nsys, cpu*"),
+        (
+            ["--perfguard-backend=gpu"],
+            "",
+            "*--perfguard-backend*'gpu' is not one of auto, torch, nsys, cpu*",
+        ),
         (["--perfguard-tolerance=abc"], "", "*--perfguard-tolerance*'abc' is not a percentage*"),
         (["--perfguard-tolerance=5"], "", "*--perfguard-tolerance*ambiguous*'5%'*'0.05'*"),
         (["--perfguard-tolerance=-0.1"], "", "*--perfguard-tolerance*non-negative*"),
-        (["--perfguard-fail-on=always"], "",
-         "*--perfguard-fail-on*'always' is not one of regression, never*"),
+        (
+            ["--perfguard-fail-on=always"],
+            "",
+            "*--perfguard-fail-on*'always' is not one of regression, never*",
+        ),
         (["--perfguard-baseline=--x"], "", "*--perfguard-baseline*not a git ref*"),
         ([], "perfguard_tolerance = lots", "*ini perfguard_tolerance*'lots'*"),
         (["--perfguard", "--perfguard-save"], "", "*--perfguard-save needs a git repository*"),
     ],
-    ids=["backend", "tolerance-text", "tolerance-bare", "tolerance-negative", "fail-on",
-         "baseline", "ini", "save-without-git"],
-)  # fmt: skip
+    ids=[
+        "backend",
+        "tolerance-text",
+        "tolerance-bare",
+        "tolerance-negative",
+        "fail-on",
+        "baseline",
+        "ini",
+        "save-without-git",
+    ],
+)
 def test_bad_option_values_are_usage_errors(
     pytester: pytest.Pytester, args: list[str], ini: str, message: str
 ) -> None:
@@ -700,8 +729,9 @@ sys.exit(status)
 SAXPY = "nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite"
 
 
-def fake_nsys(repo: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *exports: Path,
-              release: str = "2022.2") -> Path:  # fmt: skip
+def fake_nsys(
+    repo: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *exports: Path, release: str = "2022.2"
+) -> Path:
     """``repo/bin/nsys``, the stand-in above, as the session's nsys; returns its call log."""
     log = repo.path / "nsys-calls.jsonl"
     fake = repo.path / "bin" / "nsys"

@@ -167,8 +167,15 @@ def test_benchmark_tests_measured_judged_and_regressed(project: pytest.Pytester)
     # pytest-benchmark's, with its own table
     r = run(project, "--perfguard-save")
     r.assert_outcomes(passed=3)
-    r.stdout.fnmatch_lines(["*= perfguard =*", f"{FORWARD}*no-baseline*", f"{FRESH}*no-baseline*",
-                            "*benchmark: 1 tests*", "test_normalise*"])  # fmt: skip
+    r.stdout.fnmatch_lines(
+        [
+            "*= perfguard =*",
+            f"{FORWARD}*no-baseline*",
+            f"{FRESH}*no-baseline*",
+            "*benchmark: 1 tests*",
+            "test_normalise*",
+        ]
+    )
     doc = results(project)
     assert sorted(t["nodeid"] for t in doc["tests"]) == [FORWARD, FRESH]
     fwd, fresh = entry(doc, FORWARD), entry(doc, FRESH)
@@ -179,8 +186,10 @@ def test_benchmark_tests_measured_judged_and_regressed(project: pytest.Pytester)
     ops, _ = stored_ops(project, FORWARD)
     assert any("addmm" in op for op in ops), ops  # the profiled round captured the forward
     notes = " ".join(fresh["notes"])
-    assert "benchmark.pedantic(rounds=20, warmup_rounds=2, iterations=1) ran as perfguard's " \
-        "loop: 1 warm-up call(s), 3 round(s) of 4 timed call(s)" in notes, notes  # fmt: skip
+    assert (
+        "benchmark.pedantic(rounds=20, warmup_rounds=2, iterations=1) ran as perfguard's "
+        "loop: 1 warm-up call(s), 3 round(s) of 4 timed call(s)" in notes
+    ), notes
     # a fresh input before every call: perfguard's warm-up and rounds, 1 + 3 x 4 + 4 (the
     # profiled round), more when a round ran while the machine was slow and ran again
     assert calls(project)["setup"] == calls(project)["forward"] >= 1 + 3 * 4 + 4
@@ -238,8 +247,9 @@ def test_without_pytest_benchmark(project: pytest.Pytester) -> None:
     still measures the marked tests; an unmarked one is a clear failure, not a crash."""
     r = run(project, "--perfguard", "-p", "no:benchmark")
     r.assert_outcomes(passed=2, errors=1)
-    r.stdout.fnmatch_lines([f"*{NUMPY} uses the benchmark fixture, which is pytest-benchmark's "
-                            "(not installed here)*"])  # fmt: skip
+    r.stdout.fnmatch_lines(
+        [f"*{NUMPY} uses the benchmark fixture, which is pytest-benchmark's (not installed here)*"]
+    )
     doc = results(project)
     assert sorted(t["nodeid"] for t in doc["tests"]) == [FORWARD, FRESH]
 
@@ -290,8 +300,14 @@ def test_work(benchmark):
 
 
 def autosave(pytester: pytest.Pytester, *extra: str) -> None:
-    r = run(pytester, "--benchmark-autosave", "--benchmark-min-rounds=5",
-            "--benchmark-max-time=0.05", "--benchmark-warmup=off", *extra)  # fmt: skip
+    r = run(
+        pytester,
+        "--benchmark-autosave",
+        "--benchmark-min-rounds=5",
+        "--benchmark-max-time=0.05",
+        "--benchmark-warmup=off",
+        *extra,
+    )
     r.assert_outcomes(passed=1)
 
 
@@ -309,8 +325,10 @@ def test_import_autosaved_history(pytester: pytest.Pytester, capsys) -> None:
     assert perfguard_main(["baseline", "import", ".benchmarks", "--store", store]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3, out
-    assert f"imported 1 pytest-benchmark run of commit {shas[0][:12]} (1 test record(s), " \
-        "each with its rounds)" in out[0]  # fmt: skip
+    assert (
+        f"imported 1 pytest-benchmark run of commit {shas[0][:12]} (1 test record(s), "
+        "each with its rounds)" in out[0]
+    )
     assert "each as its median" in out[1]
     # the same folder again (a CI cache restored): nothing added
     assert perfguard_main(["baseline", "import", ".benchmarks", "--store", store]) == 0
@@ -333,8 +351,12 @@ def test_import_autosaved_history(pytester: pytest.Pytester, capsys) -> None:
     # 11.8 ms at its slowest (a full suite beside three other jobs)
     assert hist.levels["value"].iloc[2] >= 30e6 > hist.levels["value"].iloc[0]
     # perfguard history prints it
-    assert perfguard_main(["history", "test_slow.py::test_work", "--store", store,
-                           "--repo", str(pytester.path)]) == 0  # fmt: skip
+    assert (
+        perfguard_main(
+            ["history", "test_slow.py::test_work", "--store", store, "--repo", str(pytester.path)]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "3 run(s) on CPU" in text and "[pytest-benchmark]" in text, text
 

@@ -75,8 +75,12 @@ def _session(root: Path, *args: str, autoload_env: bool = True) -> tuple[str, di
         flag = ("--disable-plugin-autoload",)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", *flag, *FIXED, "--perfguard", *args],
-        cwd=root, capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     out = done.stdout + done.stderr
     results = root / ".perfguard" / "results.json"
     assert results.is_file(), out[-3000:]
@@ -157,8 +161,15 @@ def test_plugin_args_are_the_sessions_own(
         "-q", "-pno:junitxml", "--disable-plugin-autoload", "-k", "x", "-p", "no:pastebin"
     )
     args = plugin_args(config)
-    assert args == ("-p", "no:doctest", "-p", "no:junitxml", "--disable-plugin-autoload",
-                    "-p", "no:pastebin")  # fmt: skip
+    assert args == (
+        "-p",
+        "no:doctest",
+        "-p",
+        "no:junitxml",
+        "--disable-plugin-autoload",
+        "-p",
+        "no:pastebin",
+    )
     # the nsys child's command carries them ahead of its own
     argv = child_argv("t.py::test_a", pytester.path, plugin_args=args)
     n = 4 + len(args)  # python -m pytest TARGET, then the session's, then the child's own

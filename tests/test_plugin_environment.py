@@ -47,10 +47,22 @@ def _commit(repo: Path, n: int, message: str) -> str:
 def _session(repo: Path, bin_dir: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--perfguard",
-         "--perfguard-backend=cpu", *args],
-        cwd=repo, capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--perfguard",
+            "--perfguard-backend=cpu",
+            *args,
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     return done, json.loads((repo / ".perfguard" / "results.json").read_text())
 
 
@@ -78,8 +90,10 @@ def test_another_driver_is_incomparable_and_compared_across_it_lists_the_changes
     baseline_env = recorded.filled_from(smi_env).to_dict()
     store = repo / "baselines" / "perfguard.db"
     with sqlite3.connect(store) as conn:
-        conn.execute("UPDATE runs SET environment = ? WHERE run_id = 1",
-                     (json.dumps(baseline_env, sort_keys=True),))  # fmt: skip
+        conn.execute(
+            "UPDATE runs SET environment = ? WHERE run_id = 1",
+            (json.dumps(baseline_env, sort_keys=True),),
+        )
     conn.close()
 
     _commit(repo, 1, "a comment-only change")
@@ -92,8 +106,9 @@ def test_another_driver_is_incomparable_and_compared_across_it_lists_the_changes
     assert "--perfguard-compare-across driver" in test["message"]
 
     # compared across the driver, judged whatever the timing of this microsecond step says
-    done, doc = _session(repo, bin_dir, "--perfguard-compare-across=driver",
-                         "--perfguard-fail-on=never")  # fmt: skip
+    done, doc = _session(
+        repo, bin_dir, "--perfguard-compare-across=driver", "--perfguard-fail-on=never"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (test,) = doc["tests"]
     assert test["outcome"] != "incomparable", test["message"]

@@ -67,10 +67,23 @@ def sessions(tmp_path: Path, source: str, body: str, slower: str) -> tuple[dict,
         git(tmp_path, "add", "-A")
         git(tmp_path, "commit", "-q", "-m", f"c{i}")
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-             "--perfguard", *(["--perfguard-save"] if i == 0 else [])],
-            cwd=tmp_path, capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:xdist",
+                "--perfguard",
+                *(["--perfguard-save"] if i == 0 else []),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         docs.append(json.loads((tmp_path / ".perfguard" / "results.json").read_text()))
     return docs[0]["tests"][0], docs[1]["tests"][0], done.stdout
 

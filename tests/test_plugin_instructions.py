@@ -63,10 +63,12 @@ def test_instructions_are_counted_saved_and_gated(pytester: pytest.Pytester) -> 
     doc = results(repo)
     assert any("counted under Callgrind" in n for n in doc["notes"])
     with sqlite3.connect(path / "baselines" / "perfguard.db") as db:
-        counts = dict(db.execute(
-            "SELECT t.nodeid, c.value FROM counters c JOIN tests t USING (test_id) "
-            "WHERE c.counter = 'instructions'"
-        ).fetchall())  # fmt: skip
+        counts = dict(
+            db.execute(
+                "SELECT t.nodeid, c.value FROM counters c JOIN tests t USING (test_id) "
+                "WHERE c.counter = 'instructions'"
+            ).fetchall()
+        )
         functions = db.execute("SELECT count(*) FROM functions").fetchone()[0]
     assert set(counts) == {STEP_ID}  # the other test did not ask for them
     assert counts[STEP_ID] > 100_000 and functions > 5
@@ -158,11 +160,27 @@ def test_ab_mode_counts_both_trees_and_gates_them(tmp_path) -> None:
     # a session of its own, not an xdist worker of this one
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "--perfguard", f"--perfguard-against={base}", "--perfguard-ab-pairs=3",
-         "--perfguard-ab-budget=0", "--perfguard-metric=instructions"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "--perfguard",
+            f"--perfguard-against={base}",
+            "--perfguard-ab-pairs=3",
+            "--perfguard-ab-budget=0",
+            "--perfguard-metric=instructions",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     out = done.stdout + done.stderr
     assert (tmp_path / ".perfguard" / "results.json").is_file(), out[-3000:]
     doc = json.loads((tmp_path / ".perfguard" / "results.json").read_text())
@@ -193,7 +211,8 @@ def test_the_child_passes_on_only_the_variables_asked_for(
     """A test that needs its own variable is counted once the option names it; without it
     the Callgrind child does not see the variable (a CI run's own ones must not reach it)."""
     repo = init_repo(pytester)
-    repo.makepyfile(test_env="""
+    repo.makepyfile(
+        test_env="""
 import os
 import pytest
 
@@ -203,7 +222,8 @@ def test_env(gpuprofile):
     assert os.environ.get("MYAPP_FLAG") == "1"
     for _ in gpuprofile.iterations():
         sum(range(1000))
-""")  # fmt: skip
+"""
+    )
     commit(repo.path, "A")
     monkeypatch.setenv("MYAPP_FLAG", "1")
     run(repo).assert_outcomes(passed=1)

@@ -52,9 +52,13 @@ def test_sessions_save_to_and_compare_with_a_server_store(pytester, postgres_ser
         # report only: this is about the store; an 18 us step's timing can read anything on
         # a loaded runner (a full suite once saw +64,000 %), and the verdict is tested elsewhere
         r = pytester.runpytest_subprocess(
-            "--perfguard", "--perfguard-save", f"--perfguard-store={url}", "-p", "no:cacheprovider",
+            "--perfguard",
+            "--perfguard-save",
+            f"--perfguard-store={url}",
+            "-p",
+            "no:cacheprovider",
             "--perfguard-fail-on=never",
-        )  # fmt: skip
+        )
         r.assert_outcomes(passed=1)
         doc = json.loads((pytester.path / ".perfguard" / "results.json").read_text())
         assert doc["saved"] == {"run_id": i + 1, "store": url}

@@ -141,8 +141,7 @@ def test_a_float64_culprit_is_named_with_its_line_and_exact_names_survive(tmp_pa
     _needs("torch")
     _, second, _ = sessions(tmp_path, TORCH_TEST, "", ".double()")
     assert second["outcome"] == "regressed", second["message"]
-    line = next(i for i, text in enumerate(TORCH_TEST.splitlines(), 1)
-                if "torch.softmax" in text)  # fmt: skip
+    line = next(i for i, text in enumerate(TORCH_TEST.splitlines(), 1) if "torch.softmax" in text)
     summary = (tmp_path / ".perfguard" / "summary.md").read_text().replace("\\_", "_")
     summary = html.unescape(summary)  # Markdown with HTML entities for <, & and "
     site = f"test_step.py:{line} in forward"

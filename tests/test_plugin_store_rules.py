@@ -53,10 +53,21 @@ def session(cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     """One pytest session in ``cwd``; its results.json (from ``--perfguard-output``)."""
     out = next((a.split("=", 1)[1] for a in args if a.startswith("--perfguard-output=")), None)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--perfguard",
-         "--perfguard-backend=cpu", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--perfguard",
+            "--perfguard-backend=cpu",
+            *args,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     results = Path(out) if out else cwd / ".perfguard"
     return done, json.loads((results / "results.json").read_text())
 
@@ -80,8 +91,7 @@ def test_saves_replace_append_and_a_read_only_store(tmp_path: Path) -> None:
     assert doc["saved"] == {"run_id": 1, "store": str(store)}
     done, doc = session(repo, "--perfguard-save")  # the same commit again: replaces run 1
     assert done.returncode == 0, done.stdout + done.stderr
-    assert doc["saved"] == {"run_id": 2, "store": str(store),
-                            "replaced": {"tests": 1, "runs": [1]}}  # fmt: skip
+    assert doc["saved"] == {"run_id": 2, "store": str(store), "replaced": {"tests": 1, "runs": [1]}}
     assert "replaced 1 test record(s) of run(s) 1" in done.stdout
     assert runs(store) == [(2, first)]
     done, doc = session(repo, "--perfguard-save", "--perfguard-save-mode=append")
@@ -119,10 +129,22 @@ def test_a_rootdir_outside_the_tests_repository_is_not_the_project(tmp_path: Pat
     out = tmp_path / "out"
     out.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--perfguard-backend=cpu",
-         "--perfguard-save", f"--perfguard-output={out}", f"--rootdir={tmp_path}"],
-        cwd=proj, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--perfguard-backend=cpu",
+            "--perfguard-save",
+            f"--perfguard-output={out}",
+            f"--rootdir={tmp_path}",
+        ],
+        cwd=proj,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"rootdir: {tmp_path}" in done.stdout
     doc = json.loads((out / "results.json").read_text())

@@ -40,10 +40,24 @@ def _profile(path: Path) -> TestProfile:
 def _analyze_cli(path: Path, out: Path) -> tuple[list[dict], dict]:
     """``perfguard analyze``'s detail and summary reports (JSON), run as a user runs it."""
     subprocess.run(
-        [sys.executable, "-m", "perfguard", "analyze", "-d", str(path), "--output-path",
-         str(out), "--reports", "detail,summary", "--formats", "json"],
-        check=True, capture_output=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "analyze",
+            "-d",
+            str(path),
+            "--output-path",
+            str(out),
+            "--reports",
+            "detail,summary",
+            "--formats",
+            "json",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     detail = json.loads((out / "dlprof_detail.json").read_text())
     summary = json.loads((out / "dlprof_summary.json").read_text())
     return detail, summary
@@ -114,10 +128,15 @@ def test_cpu_profile_is_self_time_of_nested_ops() -> None:
 def _entry(profile: TestProfile, nodeid: str = "t.py::test", outcome: str = "no-baseline"):
     timing = not_judged("gpu_time", "no baseline", 0.05, median_current_ns=1.2e6)
     return TestEntry.from_dict(
-        {"nodeid": nodeid, "outcome": outcome, "timing": msgspec.to_builtins(timing),
-         "samples_current": [1.2e6 + 1e3 * k for k in range(20)],
-         "rounds_current": [1.2e6] * 5, "profile": profile.to_dict()}
-    )  # fmt: skip
+        {
+            "nodeid": nodeid,
+            "outcome": outcome,
+            "timing": msgspec.to_builtins(timing),
+            "samples_current": [1.2e6 + 1e3 * k for k in range(20)],
+            "rounds_current": [1.2e6] * 5,
+            "profile": profile.to_dict(),
+        }
+    )
 
 
 def test_profile_round_trips_through_results_json() -> None:
@@ -132,12 +151,18 @@ def test_hundred_tests_keep_the_report_and_the_comment_small(tmp_path: Path) -> 
     in docs/design.md (measured here: about 1.4 MB of HTML and 30 kB of Markdown)."""
     p = _profile(H200)
     doc = SessionResults(
-        tests=[_entry(p, f"tests/test_model.py::test_case_{k:03d}", "unchanged")
-               for k in range(100)],
-        run=Run(commit="a" * 40, branch="main", dirty=False, time="2026-01-01",
-                fingerprint=Machine(gpu_name="NVIDIA H200", gpu_count=1, backend="torch")),
+        tests=[
+            _entry(p, f"tests/test_model.py::test_case_{k:03d}", "unchanged") for k in range(100)
+        ],
+        run=Run(
+            commit="a" * 40,
+            branch="main",
+            dirty=False,
+            time="2026-01-01",
+            fingerprint=Machine(gpu_name="NVIDIA H200", gpu_count=1, backend="torch"),
+        ),
         settings={"tolerance": 0.05, "alpha": 0.01, "fail_on": "regression", "backend": "torch"},
-    )  # fmt: skip
+    )
     html = render_session_html(doc)
     md = render_markdown(doc)
     assert html.count('<details class="profile">') == 100
@@ -157,13 +182,19 @@ def test_compare_of_two_captures_judges_their_iterations_and_names_the_test(
     a, b = captures / "t_a.pt.trace.json.gz", tmp_path / "t_b.pt.trace.json.gz"
     a.write_bytes(H200.read_bytes())
     b.write_bytes(H200.read_bytes())
-    doc = {"schema": 2, "tests": [{"nodeid": "tests/test_mlp.py::test_step",
-                                   "outcome": "no-baseline", "capture": str(a)}]}  # fmt: skip
+    doc = {
+        "schema": 2,
+        "tests": [
+            {"nodeid": "tests/test_mlp.py::test_step", "outcome": "no-baseline", "capture": str(a)}
+        ],
+    }
     (tmp_path / ".perfguard" / "results.json").write_text(json.dumps(doc))
     done = subprocess.run(
         [sys.executable, "-m", "perfguard", "compare", str(a), str(b)],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     out = done.stdout
     assert done.returncode == 0, done.stderr
     assert "timing: each capture's per-iteration gpu_time" in out

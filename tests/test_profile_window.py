@@ -64,8 +64,11 @@ def _perfguard(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(perfguard.__file__).parents[1])}
     return subprocess.run(
         [sys.executable, "-m", "perfguard", *args],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def _profile(
@@ -75,9 +78,21 @@ def _profile(
     path.write_text(script)
     out = tmp_path / "out"
     run = _perfguard(
-        "profile", "--backend", "torch", *args, "--output-path", str(out), "--reports",
-        "summary", "--formats", "csv", "--", sys.executable, str(path), "8",
-    )  # fmt: skip
+        "profile",
+        "--backend",
+        "torch",
+        *args,
+        "--output-path",
+        str(out),
+        "--reports",
+        "summary",
+        "--formats",
+        "csv",
+        "--",
+        sys.executable,
+        str(path),
+        "8",
+    )
     assert run.returncode == 0, run.stderr
     return run, out / "capture.pt.trace.json.gz"
 
@@ -155,8 +170,9 @@ def test_window_options_need_the_torch_backend(tmp_path: Path) -> None:
 
     backend = XSpaceBackend("jax", why="test")
     with pytest.raises(CaptureError, match="^warmup and iterations need the torch backend"):
-        backend.capture(["python", "x.py"], output_dir=tmp_path,
-                        options=RunOptions(warmup=1, iterations=2))  # fmt: skip
+        backend.capture(
+            ["python", "x.py"], output_dir=tmp_path, options=RunOptions(warmup=1, iterations=2)
+        )
 
 
 # --- in process: each key node, each ending ---------------------------------------------
@@ -230,11 +246,27 @@ def test_fallback_is_bounded_in_time(tmp_path: Path) -> None:
     out, report = tmp_path / "t.pt.trace.json.gz", tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": str(Path(perfguard.__file__).parents[1])}
     run = subprocess.run(
-        [sys.executable, "-m", "perfguard.capture.torch_runner", "--output", str(out),
-         "--device", "cpu", "--fallback-seconds", "0.5", "--report", str(report), "--",
-         str(script), str(count)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "perfguard.capture.torch_runner",
+            "--output",
+            str(out),
+            "--device",
+            "cpu",
+            "--fallback-seconds",
+            "0.5",
+            "--report",
+            str(report),
+            "--",
+            str(script),
+            str(count),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr
     doc = json.loads(report.read_text())
     assert doc["kind"] == "fallback" and doc["detail"].startswith("no key node: its first ")
@@ -314,8 +346,9 @@ def test_a_range_open_across_a_session_switch_crashes_nothing(tmp_path: Path) ->
     a switch and begins them again after it; 20 windows in one child exit cleanly."""
     script = tmp_path / "child.py"
     script.write_text(SPLIT_CHILD.format(tests=str(Path(__file__).resolve().parent)))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-3000:]
 
 

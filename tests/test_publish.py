@@ -206,8 +206,7 @@ def test_records_read_in_shares_equal_those_read_at_once(tmp_path, monkeypatch):
         pd.testing.assert_frame_equal(got.astype(str), expected.astype(str))
 
 
-def test_a_page_rebuilt_for_an_acceptance_reuses_its_change_points(replayed, tmp_path,
-                                                                   monkeypatch):  # fmt: skip
+def test_a_page_rebuilt_for_an_acceptance_reuses_its_change_points(replayed, tmp_path, monkeypatch):
     """An acceptance changes the page, not the levels: the change points kept in the
     manifest (keyed by the levels, the ops and the compare code) are not searched again."""
     location, repo, shas, steps = replayed
@@ -337,8 +336,9 @@ def test_a_site_of_the_previous_manifest_format_is_rebuilt_and_its_stale_pages_r
     assert (done.rebuilt, done.removed) == (1, 1) and not (site / "gone" / "old.html").exists()
 
 
-def test_publish_without_git_orders_by_time_and_the_cli_says_what_it_did(replayed, tmp_path,
-                                                                          capsys):  # fmt: skip
+def test_publish_without_git_orders_by_time_and_the_cli_says_what_it_did(
+    replayed, tmp_path, capsys
+):
     location, repo, shas, steps = replayed
     assert main(["publish", str(location), str(tmp_path / "site"), "--by-time"]) == 0
     out = capsys.readouterr().out
@@ -362,10 +362,12 @@ def test_a_process_that_loaded_jax_publishes_without_forking(tmp_path: Path) -> 
         "from perfguard.forking import can_fork\n"
         "assert not can_fork()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     plain = "from perfguard.forking import can_fork\nassert can_fork()\n"
-    done = subprocess.run([sys.executable, "-c", plain], capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", plain], capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]  # the CLI's process forks its workers

@@ -35,8 +35,12 @@ def site(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("publish")
     location, repo, shas, steps = replay(RECORDED, tmp, tmp / "real.db")
     with Store(location) as store:
-        store.accept("test_bench.py::test_step", shas[steps["up"]], "more work, intended",
-                     time="2030-01-01T00:00:00Z")  # fmt: skip
+        store.accept(
+            "test_bench.py::test_step",
+            shas[steps["up"]],
+            "more work, intended",
+            time="2030-01-01T00:00:00Z",
+        )
     out = tmp / "site"
     publish(location, out, repo=repo, report_url="reports/{commit}.html")
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -49,8 +53,11 @@ def site(tmp_path_factory) -> Path:
 
 
 def _requests(browser: Browser) -> list[str]:
-    return [e["params"]["request"]["url"] for e in browser.events
-            if e.get("method") == "Network.requestWillBeSent"]  # fmt: skip
+    return [
+        e["params"]["request"]["url"]
+        for e in browser.events
+        if e.get("method") == "Network.requestWillBeSent"
+    ]
 
 
 def test_every_page_loads_clean_and_offline(site, tmp_path):
@@ -74,8 +81,10 @@ def test_every_page_loads_clean_and_offline(site, tmp_path):
         rows = "document.querySelectorAll('tr[data-test]')"
         shown = f"Array.from({rows}).filter(r => r.style.display !== 'none').length"
         assert browser.eval(shown) == 6
-        browser.eval("const q = document.getElementById('q'); q.value = 'case_003';"
-                     "q.dispatchEvent(new Event('input'))")  # fmt: skip
+        browser.eval(
+            "const q = document.getElementById('q'); q.value = 'case_003';"
+            "q.dispatchEvent(new Event('input'))"
+        )
         assert browser.eval(shown) == 1
         assert browser.errors() == []
     finally:

@@ -36,8 +36,11 @@ def built(request, fixture_file, tmp_path_factory):
 
 def _op_names(dlprof: bool) -> dict[str, str]:
     if dlprof:  # funcStack, with Class::method written Class.method
-        return {"conv2d": "/Net.forward/Conv2d.forward/conv2d", "relu": "/Net.forward/relu",
-                "linear": "/Net.forward/Linear.forward/linear"}  # fmt: skip
+        return {
+            "conv2d": "/Net.forward/Conv2d.forward/conv2d",
+            "relu": "/Net.forward/relu",
+            "linear": "/Net.forward/Linear.forward/linear",
+        }
     return {op: f"torch.nn.functional.{op}" for op in ("conv2d", "relu", "linear")}
 
 
@@ -80,9 +83,15 @@ def test_wrappers_and_autograd_forward_ranges_fold_into_the_op(built) -> None:
     # backward: the autograd nodes and their aten ops, untouched
     bwd = r[r["direction"] == "bprop"].set_index("range_id")
     assert sorted(bwd["name"]) == sorted(
-        ["AddmmBackward0", "aten::mm", "ReluBackward0", "aten::threshold_backward",
-         "ConvolutionBackward0", "aten::convolution_backward"]
-    )  # fmt: skip
+        [
+            "AddmmBackward0",
+            "aten::mm",
+            "ReluBackward0",
+            "aten::threshold_backward",
+            "ConvolutionBackward0",
+            "aten::convolution_backward",
+        ]
+    )
     mm = bwd[bwd["name"] == "aten::mm"].iloc[0]
     assert bwd.loc[mm["parent_id"], "name"] == "AddmmBackward0"
 
@@ -91,8 +100,11 @@ def test_backward_nodes_are_tied_to_their_forward_op_by_seq(built) -> None:
     dlprof, trace = built
     r = trace.ranges.set_index("name")
     names = _op_names(dlprof)
-    for node, op in (("ConvolutionBackward0", "conv2d"), ("AddmmBackward0", "linear"),
-                     ("ReluBackward0", "relu")):  # fmt: skip
+    for node, op in (
+        ("ConvolutionBackward0", "conv2d"),
+        ("AddmmBackward0", "linear"),
+        ("ReluBackward0", "relu"),
+    ):
         b, f = r.loc[node], r.loc[names[op]]
         assert b["direction"] == "bprop" and f["direction"] == "fprop"
         assert b["seq"] == f["seq"]
@@ -125,10 +137,17 @@ def test_kernels_belong_to_the_op_and_flops_match_the_formulas(built) -> None:
 
 def test_kwargs_are_put_in_schema_order_with_defaults() -> None:
     # F.conv2d(x, w, stride=2): PyProf records the kwarg after the positional arguments
-    marker = str({"mod": "torch.nn.functional", "op": "conv2d", "args": [
-        {"name": "", "type": "tensor", "shape": (8, 4, 10, 10), "dtype": "float32"},
-        {"name": "", "type": "tensor", "shape": (6, 4, 3, 3), "dtype": "float32"},
-        {"name": "stride", "type": "int", "value": 2}]})  # fmt: skip
+    marker = str(
+        {
+            "mod": "torch.nn.functional",
+            "op": "conv2d",
+            "args": [
+                {"name": "", "type": "tensor", "shape": (8, 4, 10, 10), "dtype": "float32"},
+                {"name": "", "type": "tensor", "shape": (6, 4, 3, 3), "dtype": "float32"},
+                {"name": "stride", "type": "int", "value": 2},
+            ],
+        }
+    )
     got = parse_markers(pd.Series([marker])).iloc[0]
     assert json.loads(got["concrete_inputs"]) == ["", "", "", "2", "0", "1", "1"]
     cost = op_cost("conv2d", got["input_shapes"], got["dtypes"], got["concrete_inputs"])
@@ -142,12 +161,19 @@ def test_each_distinct_name_is_parsed_once(monkeypatch) -> None:
     monkeypatch.setattr(pyprof, "_parse_one", lambda text: calls.append(text) or real(text))
     distinct = [
         str({"traceMarker": ["/a/train.py:3"]}),
-        str({"mod": "Tensor", "op": "__matmul__", "args": [
-            {"name": "", "type": "tensor", "shape": (4, 8), "dtype": "float16"},
-            {"name": "", "type": "tensor", "shape": (8, 2), "dtype": "float16"}]}),
+        str(
+            {
+                "mod": "Tensor",
+                "op": "__matmul__",
+                "args": [
+                    {"name": "", "type": "tensor", "shape": (4, 8), "dtype": "float16"},
+                    {"name": "", "type": "tensor", "shape": (8, 2), "dtype": "float16"},
+                ],
+            }
+        ),
         "aten::mm, seq = 3",
         "user range",
-    ]  # fmt: skip
+    ]
     names = pd.Series(distinct * 50_000)
     parsed = parse_range_names(names)
     assert sorted(calls) == sorted(distinct[:2])  # markers only, once each

@@ -174,8 +174,22 @@ def test_cli_prints_straggler_and_writes_rank_report(
 ) -> None:
     from perfguard.cli import main
 
-    rc = main(["analyze", "-d", str(dlrm_dir), "--output-path", str(tmp_path), "-q", "-j", "2",
-               "--reports", "summary,rank", "--formats", "csv"])  # fmt: skip
+    rc = main(
+        [
+            "analyze",
+            "-d",
+            str(dlrm_dir),
+            "--output-path",
+            str(tmp_path),
+            "-q",
+            "-j",
+            "2",
+            "--reports",
+            "summary,rank",
+            "--formats",
+            "csv",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0 and "straggler: rank 7" in out.out and out.err == ""
     with open(tmp_path / "dlprof_rank.csv") as fh:
@@ -343,8 +357,10 @@ def test_per_rank_nsys_directory_and_bad_rank(tmp_path: Path, fixture_file) -> N
 
     src = fixture_file("nsys/nsys2022.2.1_mpi-saxpy_nvtx_a100.sqlite")
     shutil.copy(src, tmp_path / "run.rank3.sqlite")
-    shutil.copy(fixture_file("nsys/nsys2024.6.2_nvfuser-matmul-gtest_nvtx_h200.sqlite"),
-                tmp_path / "run.rank1.sqlite")  # fmt: skip
+    shutil.copy(
+        fixture_file("nsys/nsys2024.6.2_nvfuser-matmul-gtest_nvtx_h200.sqlite"),
+        tmp_path / "run.rank1.sqlite",
+    )
     run = analyze_ranks(tmp_path, AnalysisOptions(reports=("summary",)), jobs=2)
     merged = rank_table(perfguard.analyze(load_trace(tmp_path, jobs=2)))
     pd.testing.assert_frame_equal(run.table, merged)
@@ -358,8 +374,21 @@ def test_per_rank_nsys_directory_and_bad_rank(tmp_path: Path, fixture_file) -> N
 def test_cli_per_rank(dlrm_dir: Path, tmp_path: Path, capsys) -> None:
     from perfguard.cli import main
 
-    rc = main(["analyze", "-d", str(dlrm_dir), "--per-rank", "--output-path", str(tmp_path),
-               "-q", "-j", "2", "--reports", "summary,kernel,rank"])  # fmt: skip
+    rc = main(
+        [
+            "analyze",
+            "-d",
+            str(dlrm_dir),
+            "--per-rank",
+            "--output-path",
+            str(tmp_path),
+            "-q",
+            "-j",
+            "2",
+            "--reports",
+            "summary,kernel,rank",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0 and "straggler: rank 7" in out.out and out.err == ""
     assert "not html" in out.out and not (tmp_path / "dlprof_report.html").exists()

@@ -256,8 +256,12 @@ def test_report_has_no_console_errors_and_sorts_on_click(session, browser, tmp_p
     known = [v for v in values if v is not None]
     assert known == sorted(known)  # ascending by the number, not by its text
     assert values[len(known) :] == [None] * (len(values) - len(known))  # n/a last
-    assert browser.eval("document.querySelector('#tests thead th:nth-child(6)')"
-                        ".getAttribute('aria-sort')") == "ascending"  # fmt: skip
+    assert (
+        browser.eval(
+            "document.querySelector('#tests thead th:nth-child(6)').getAttribute('aria-sort')"
+        )
+        == "ascending"
+    )
 
     browser.click("#tests thead th:nth-child(6)")
     again = [float(v) for _, v in browser.eval(_ORDER) if v]
@@ -269,8 +273,9 @@ def test_report_has_no_console_errors_and_sorts_on_click(session, browser, tmp_p
     assert browser.errors() == []
 
     browser.eval("window.scrollTo(0, 0)")
-    advisory = dict(session["results"], settings={**session["results"]["settings"],
-                                                  "fail_on": "never"})  # fmt: skip
+    advisory = dict(
+        session["results"], settings={**session["results"]["settings"], "fail_on": "never"}
+    )
     page = write_session_html(advisory, tmp_path / "advisory.html")
     browser.open(page.as_uri())
     assert browser.eval("document.getElementById('badge').textContent") == "ADVISORY"

@@ -192,9 +192,10 @@ def cpu_record(tmp: Path, name: str, reps: int) -> TestRecord:
                 for _ in range(reps):
                     x @ x
     return record_from_analysis(
-        "examples/test_cpu.py::test_matmul", analyze(load_trace(path)),
+        "examples/test_cpu.py::test_matmul",
+        analyze(load_trace(path)),
         rounds=np.repeat(np.arange(4), 3),
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="module")
@@ -245,13 +246,24 @@ def build_session(resnet: TestRecord, tmp: Path) -> dict[str, Any]:
         (cpu_cur, cpu_base, {}),
         (replace(resnet, nodeid="tests/test_resnet.py::test_first_time"), None, {}),
         (jittered(resnet, "tests/test_resnet.py::test_noisy"), resnet, {}),
-        (replace(resnet, nodeid="tests/test_resnet.py::test_other_gpu"), resnet,
-         {"incompatibility": "GPU differs: Tesla V100-SXM2-16GB (baseline) vs NVIDIA A100"}),
-        (with_rounds(replace(resnet, nodeid="tests/test_resnet.py::test_two_rounds"),
-                     [0, 0, 0, 1, 1, 1]), resnet, {}),
-        (replace(resnet, nodeid="tests/test_resnet.py::test_added"), None,
-         {"baseline_run_exists": True}),
-    ]  # fmt: skip
+        (
+            replace(resnet, nodeid="tests/test_resnet.py::test_other_gpu"),
+            resnet,
+            {"incompatibility": "GPU differs: Tesla V100-SXM2-16GB (baseline) vs NVIDIA A100"},
+        ),
+        (
+            with_rounds(
+                replace(resnet, nodeid="tests/test_resnet.py::test_two_rounds"), [0, 0, 0, 1, 1, 1]
+            ),
+            resnet,
+            {},
+        ),
+        (
+            replace(resnet, nodeid="tests/test_resnet.py::test_added"),
+            None,
+            {"baseline_run_exists": True},
+        ),
+    ]
     history = [
         {"commit": f"{i:x}" * 40, "time": f"2026-01-0{i + 1}", "median_ns": 1e8 + 1e6 * i}
         for i in range(4)
@@ -261,25 +273,42 @@ def build_session(resnet: TestRecord, tmp: Path) -> dict[str, Any]:
         c = compare_records(cur, base, baseline_commit="b" * 40, **kw)
         findings = []
         if cur.nodeid == EVIL_TEST:
-            findings = [{"check": "bad_tensor_shape", "severity": "warning", "problem": EVIL_OP,
-                         "evidence": "K=<7> & N=3",
-                         "recommendation": "pad to a multiple of 8"}]  # fmt: skip
-        tests.append(c.entry(
-            history=[HistoryRow(**h) for h in history], findings=[Finding.of(f) for f in findings],
-            backend="torch", notes=[], worker=None,
-        ))  # fmt: skip
+            findings = [
+                {
+                    "check": "bad_tensor_shape",
+                    "severity": "warning",
+                    "problem": EVIL_OP,
+                    "evidence": "K=<7> & N=3",
+                    "recommendation": "pad to a multiple of 8",
+                }
+            ]
+        tests.append(
+            c.entry(
+                history=[HistoryRow(**h) for h in history],
+                findings=[Finding.of(f) for f in findings],
+                backend="torch",
+                notes=[],
+                worker=None,
+            )
+        )
         records[cur.nodeid] = (cur, base)
     tests.append(TestEntry.not_judged(ERROR_TEST, "error", ERROR_REASON, backend="torch"))
     tests.append(TestEntry.not_judged(CRASH_TEST, "crashed", CRASH_REASON, backend="torch"))
     doc = SessionResults(
         tests=tests,
         perfguard_version="0.1.0",
-        run={"commit": "c" * 40, "branch": "feature/<x>", "dirty": True, "time": "2026-01-05",
-             "fingerprint": Fingerprint(gpu_name="Tesla V100-SXM2-16GB", gpu_count=1,
-                                        backend="torch").to_dict()},
+        run={
+            "commit": "c" * 40,
+            "branch": "feature/<x>",
+            "dirty": True,
+            "time": "2026-01-05",
+            "fingerprint": Fingerprint(
+                gpu_name="Tesla V100-SXM2-16GB", gpu_count=1, backend="torch"
+            ).to_dict(),
+        },
         baseline={"ref": "origin/main", "commit": "b" * 40, "run_id": "1"},
         settings={"tolerance": 0.05, "alpha": 0.01, "fail_on": "regression", "backend": "torch"},
-    )  # fmt: skip
+    )
     results = json.loads(json.dumps(doc.to_dict(), allow_nan=False))  # as the plugin writes it
     return {"results": results, "records": records, "top": top}
 
@@ -366,8 +395,9 @@ def test_timing_and_gates_halves_side_by_side(session, page, resnet):
     timing, gates = slow.find("div", cls="timing"), slow.find("div", cls="gates")
     assert slow.find("div", cls="halves").children  # one grid holds both halves
     cur, _ = session["records"]["tests/test_resnet.py::test_slower"]
-    delta = 100 * (np.exp(np.mean(np.log(cur.round_values())) - np.mean(np.log(
-        resnet.round_values()))) - 1)  # fmt: skip
+    delta = 100 * (
+        np.exp(np.mean(np.log(cur.round_values())) - np.mean(np.log(resnet.round_values()))) - 1
+    )
     assert timing.find("dd", cls="delta").text().startswith(fmt_pct(delta))
     assert timing.find("dd", cls="threshold").text().startswith("5.0% (tolerance 5.0%")
     assert (
@@ -399,10 +429,13 @@ def test_rounds_table_and_figure_show_each_round(session, page):
     want = [[str(i + 1), fmt_ns(b), fmt_ns(c)] for i, (b, c) in enumerate(pairs)]
     assert got == want
     assert sec.find("figure", cls="rounds").find_all("svg")
-    two = cell_texts(section_of(doc, "tests/test_resnet.py::test_two_rounds").find(
-        "table", cls="rounds"))  # fmt: skip
-    assert [r[2] for r in two] == [fmt_ns(v) for v in session["records"][
-        "tests/test_resnet.py::test_two_rounds"][0].round_values()] + ["n/a"] * 4  # fmt: skip
+    two = cell_texts(
+        section_of(doc, "tests/test_resnet.py::test_two_rounds").find("table", cls="rounds")
+    )
+    assert [r[2] for r in two] == [
+        fmt_ns(v)
+        for v in session["records"]["tests/test_resnet.py::test_two_rounds"][0].round_values()
+    ] + ["n/a"] * 4
 
 
 def test_error_crashed_and_not_judged_sections_say_why(page):
@@ -538,22 +571,36 @@ def schema1(session: dict[str, Any]) -> dict[str, Any]:
     for t in session["results"]["tests"]:
         if t["outcome"] not in old:
             continue
-        t = {k: v for k, v in t.items()
-             if k not in ("rounds_current", "rounds_baseline", "timing", "gates", "mode",
-                          "ci_level_pct", "load")}  # fmt: skip
+        t = {
+            k: v
+            for k, v in t.items()
+            if k
+            not in (
+                "rounds_current",
+                "rounds_baseline",
+                "timing",
+                "gates",
+                "mode",
+                "ci_level_pct",
+                "load",
+            )
+        }
         tests.append(t)
     same = next(t for t in tests if t["nodeid"].endswith("test_same"))
     short = dict(
-        same, nodeid="tests/test_old.py::test_short", outcome="unchanged",
-        samples_current=same["samples_current"][:3], samples_baseline=same["samples_baseline"][:3],
-        n_current=3, n_baseline=3,
+        same,
+        nodeid="tests/test_old.py::test_short",
+        outcome="unchanged",
+        samples_current=same["samples_current"][:3],
+        samples_baseline=same["samples_baseline"][:3],
+        n_current=3,
+        n_baseline=3,
         message="statistics impossible: n=3/3 samples (current/baseline), need >= 5 on each "
         "side; not judged",
-    )  # fmt: skip
+    )
     tests.append(short)
     counts = Counter(t["outcome"] for t in tests)
-    return {**session["results"], "schema": 1, "tests": tests, "counts": dict(counts),
-            "mode": None}  # fmt: skip
+    return {**session["results"], "schema": 1, "tests": tests, "counts": dict(counts), "mode": None}
 
 
 def test_schema1_file_still_renders(session, tmp_path):
@@ -585,21 +632,36 @@ def test_schema1_file_still_renders(session, tmp_path):
         ('{"schema": 4, "tests": []}', "newer perfguard (schema 4; this one reads up to 3)"),
         ('{"schema": 0, "tests": []}', "schema must be a positive integer"),
         ('{"schema": 2, "tests": [{"nodeid": "a", "outcome": "slower"}]}', "unknown outcome"),
-        ('{"schema": 1, "tests": [{"nodeid": "a", "outcome": "new", "delta_pct": "5%"}]}',
-         "tests[0] (a).delta_pct: expected a number"),
-        ('{"schema": 2, "tests": [{"nodeid": "a", "outcome": "new", "ops": [{"current_ns": []}]}]}',
-         "ops[0].current_ns: expected a number"),
-        ('{"schema": 2, "tests": [{"nodeid": "a", "outcome": "new", "rounds_current": ["x"]}]}',
-         "tests[0] (a).rounds_current[0]: expected a number"),
-        ('{"schema": 2, "tests": [{"nodeid": "a", "outcome": "noisy", '
-         '"timing": {"outcome": "meh"}}]}', "tests[0] (a).timing.outcome: unknown outcome"),
-        ('{"schema": 2, "tests": [{"nodeid": "a", "outcome": "noisy", '
-         '"timing": {"outcome": "noisy", "delta_pct": "big"}}]}', "timing.delta_pct: expected"),
-        ('{"schema": 2, "tests": [{"nodeid": "a", "outcome": "regressed", '
-         '"gates": {"outcome": "regressed", "regressions": [3]}}]}',
-         "gates.regressions[0]: expected an object"),
+        (
+            '{"schema": 1, "tests": [{"nodeid": "a", "outcome": "new", "delta_pct": "5%"}]}',
+            "tests[0] (a).delta_pct: expected a number",
+        ),
+        (
+            '{"schema": 2, "tests": [{"nodeid": "a", "outcome": "new", '
+            '"ops": [{"current_ns": []}]}]}',
+            "ops[0].current_ns: expected a number",
+        ),
+        (
+            '{"schema": 2, "tests": [{"nodeid": "a", "outcome": "new", "rounds_current": ["x"]}]}',
+            "tests[0] (a).rounds_current[0]: expected a number",
+        ),
+        (
+            '{"schema": 2, "tests": [{"nodeid": "a", "outcome": "noisy", '
+            '"timing": {"outcome": "meh"}}]}',
+            "tests[0] (a).timing.outcome: unknown outcome",
+        ),
+        (
+            '{"schema": 2, "tests": [{"nodeid": "a", "outcome": "noisy", '
+            '"timing": {"outcome": "noisy", "delta_pct": "big"}}]}',
+            "timing.delta_pct: expected",
+        ),
+        (
+            '{"schema": 2, "tests": [{"nodeid": "a", "outcome": "regressed", '
+            '"gates": {"outcome": "regressed", "regressions": [3]}}]}',
+            "gates.regressions[0]: expected an object",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_results_file_is_one_line_naming_it(tmp_path, content, problem):
     path = tmp_path / "results.json"
     path.write_text(content)
@@ -634,8 +696,10 @@ def test_terminal_table_lists_every_outcome_worst_first_with_why(session):
     assert len(body) == len(EXPECTED)
     widths = [len(c) for c in rule.split("  ")]
     starts = np.cumsum([0] + [w + 2 for w in widths])
-    cells = [[line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
-             for line in body]  # fmt: skip
+    cells = [
+        [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        for line in body
+    ]
     assert [c[1] for c in cells] == [o for _, o in EXPECTED]
     by = {o: c for c, (_, o) in zip(cells, EXPECTED, strict=True)}
     # shortened between words, the whole line after the table
@@ -646,8 +710,9 @@ def test_terminal_table_lists_every_outcome_worst_first_with_why(session):
     assert by["error"][5].startswith("the test requests the gpuprofile fixture")
     assert "\udc80" not in "".join(lines)  # printable on any terminal
     assert by["not-judged"][5].startswith("too few rounds")
-    improved = next(t for t in SessionResults.from_dict(session["results"]).tests
-                    if t.outcome == "improved")  # fmt: skip
+    improved = next(
+        t for t in SessionResults.from_dict(session["results"]).tests if t.outcome == "improved"
+    )
     assert improved.explanation is not None and improved.explanation.lead
     assert by["improved"][5].startswith(improved.explanation.lead[:30])
     assert counts.startswith("3 regressed, 1 crashed, 1 error, 1 noisy")
@@ -750,8 +815,10 @@ def test_cli_report_from_store_runs(session, tmp_path, capsys):
     fp = Fingerprint(gpu_name="Tesla V100-SXM2-16GB", gpu_count=1, backend="torch")
     store_path = tmp_path / "perfguard.db"
     with Store(store_path) as store:
-        b = store.save_run(RunInfo("a" * 40, "main", False, "2026-01-01T00:00:00Z", fp),
-                           [replace(base, nodeid=cur.nodeid)])  # fmt: skip
+        b = store.save_run(
+            RunInfo("a" * 40, "main", False, "2026-01-01T00:00:00Z", fp),
+            [replace(base, nodeid=cur.nodeid)],
+        )
         c = store.save_run(RunInfo("d" * 40, "pr", False, "2026-01-02T00:00:00Z", fp), [cur])
     out = tmp_path / "store.html"
     argv = ["report", str(store_path), "--run", str(c), "--baseline-run", str(b), "-o", str(out)]

@@ -19,8 +19,10 @@ from perfguard.trace import load_trace
 
 EXAMPLE = (
     Path(__file__).resolve().parents[1]
-    / "examples" / "captures" / "a100_alexnet_tiny_cudasync.pt.trace.json.gz"
-)  # fmt: skip
+    / "examples"
+    / "captures"
+    / "a100_alexnet_tiny_cudasync.pt.trace.json.gz"
+)
 HEADER_MAPS = [name for name in vars(dlprof) if name.endswith("_COLUMNS") or name == "SUMMARY_ROWS"]
 
 

@@ -160,8 +160,11 @@ def test_slices_carry_the_attribution(fixture_file, tmp_path) -> None:
     assert args["op_name"] == "torch.nn.functional.conv2d" and args["op_flops"] == 28_311_552
     assert args["op_id"] == conv_op["args"]["op_id"] and args["uses_tc"] is True
     # the GPU process is named after the device, the host one after the process
-    names = {e["pid"]: e["args"]["name"] for e in got["doc"]["traceEvents"]
-             if e["ph"] == "M" and e["name"] == "process_name"}  # fmt: skip
+    names = {
+        e["pid"]: e["args"]["name"]
+        for e in got["doc"]["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
     assert names[kernel["pid"]] == "GPU 0 (NVIDIA H200)"
     assert names[conv_op["pid"]] == f"pid {capture.MAIN}"
 
@@ -170,8 +173,12 @@ def test_iterations_are_a_track_of_their_own(fixture_file, cached_trace) -> None
     trace = cached_trace(fixture_file(FIXTURES[0]))
     result = perfguard.analyze(trace)
     got = check_chrome_trace(render_perfetto(result))
-    its = [e for items in got["slices"].values() for _, _, e in items if e["cat"] == "iteration"
-           and e["name"].startswith("iteration ")]  # fmt: skip
+    its = [
+        e
+        for items in got["slices"].values()
+        for _, _, e in items
+        if e["cat"] == "iteration" and e["name"].startswith("iteration ")
+    ]
     assert [e["args"]["iteration"] for e in its] == list(result.window["iteration"])
     assert len({(e["pid"], e["tid"]) for e in its}) == 1
     durations = sorted(_ns(e["dur"]) for e in its)
@@ -180,8 +187,20 @@ def test_iterations_are_a_track_of_their_own(fixture_file, cached_trace) -> None
 
 def test_cli_writes_the_export_with_the_other_formats(fixture_file, tmp_path) -> None:
     db = fixture_file(FIXTURES[0])
-    cmd = [sys.executable, "-m", "perfguard", "analyze", "--database", str(db), "--formats",
-           "csv,perfetto", "--reports", "kernel", "--output-path", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "perfguard",
+        "analyze",
+        "--database",
+        str(db),
+        "--formats",
+        "csv,perfetto",
+        "--reports",
+        "kernel",
+        "--output-path",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     out = tmp_path / "dlprof_perfetto.json.gz"
@@ -203,9 +222,15 @@ def test_write_perfetto_compresses_by_suffix(fixture_file, cached_trace, tmp_pat
 def test_overlapping_work_on_a_stream_gets_lanes_that_never_overlap(max_dur: int) -> None:
     rng = np.random.default_rng(max_dur)
     start = np.sort(rng.integers(0, 100_000, 3_000))
-    acts = pd.DataFrame({"rank": 0, "device_id": rng.integers(0, 2, 3_000),
-                         "stream_id": rng.integers(0, 3, 3_000), "start": start,
-                         "end": start + rng.integers(1, max_dur, 3_000)})  # fmt: skip
+    acts = pd.DataFrame(
+        {
+            "rank": 0,
+            "device_id": rng.integers(0, 2, 3_000),
+            "stream_id": rng.integers(0, 3, 3_000),
+            "start": start,
+            "end": start + rng.integers(1, max_dur, 3_000),
+        }
+    )
     got = _with_tracks(acts)
     assert len(got) == len(acts)
     assert ((got["track"] % 1_000_000) == got["stream_id"]).all()  # lanes stay on their stream

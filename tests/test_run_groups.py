@@ -39,14 +39,16 @@ REPO = Path(__file__).resolve().parents[1]
 def record(nodeid: str, value_ns: int, rounds: int = 2, iterations: int = 3) -> TestRecord:
     """A wall-time record: ``rounds`` x ``iterations`` samples of about ``value_ns``."""
     n = rounds * iterations
-    samples = pd.DataFrame({
-        "iteration": np.tile(np.arange(iterations), rounds),
-        "gpu_time_ns": np.zeros(n, dtype=np.int64),
-        "wall_time_ns": value_ns + np.arange(n),
-        "cpu_time_ns": value_ns + np.arange(n),
-        "round": np.repeat(np.arange(rounds), iterations),
-        "profiled": np.ones(n, dtype=bool),
-    })  # fmt: skip
+    samples = pd.DataFrame(
+        {
+            "iteration": np.tile(np.arange(iterations), rounds),
+            "gpu_time_ns": np.zeros(n, dtype=np.int64),
+            "wall_time_ns": value_ns + np.arange(n),
+            "cpu_time_ns": value_ns + np.arange(n),
+            "round": np.repeat(np.arange(rounds), iterations),
+            "profiled": np.ones(n, dtype=bool),
+        }
+    )
     tables = {
         t: conform_frame(t, empty_frame(c))
         for t, c in (
@@ -55,8 +57,13 @@ def record(nodeid: str, value_ns: int, rounds: int = 2, iterations: int = 3) -> 
             ("kernels", KERNEL_COLUMNS),
         )
     }
-    return TestRecord(nodeid, "wall_time", conform_frame("samples", samples),
-                      meta={"iterations": iterations}, **tables)  # fmt: skip
+    return TestRecord(
+        nodeid,
+        "wall_time",
+        conform_frame("samples", samples),
+        meta={"iterations": iterations},
+        **tables,
+    )
 
 
 def fingerprint(host: str) -> Fingerprint:
@@ -93,9 +100,14 @@ def test_shards_of_a_run_group_are_one_run_on_any_host(location):
         assert sorted(records) == ["t1", "t2"]
         assert records["t2"].samples["wall_time_ns"].iloc[0] == 210
         # another machine kind never joins: a different GPU is another run
-        h200 = RunInfo(c, "main", False, "2024-01-01T00:00:00Z",
-                       Fingerprint(gpu_name="NVIDIA H200", gpu_count=1, backend="torch"),
-                       group="ci:1")  # fmt: skip
+        h200 = RunInfo(
+            c,
+            "main",
+            False,
+            "2024-01-01T00:00:00Z",
+            Fingerprint(gpu_name="NVIDIA H200", gpu_count=1, backend="torch"),
+            group="ci:1",
+        )
         assert store.writer.save(h200, [record("t1", 100)]).run_id not in (first.run_id,)
         # append mode: a group run already holding the test is not joined (both kept)
         kept = store.writer.save(info(c, "runner-4", "ci:1"), [record("t1", 111)], replace=False)
@@ -154,10 +166,15 @@ def test_concurrent_shard_saves_make_one_run_per_commit_and_lose_nothing(locatio
         recs = [record(f"t{s}_{i}", 1000 * s + i) for i in range(per_shard)]
         (tmp_path / f"recs{s}.pkl").write_bytes(pickle.dumps(recs))
         args = [str(location), str(tmp_path / f"recs{s}.pkl"), str(s), str(shards), str(commits)]
-        procs.append(subprocess.Popen(
-            [sys.executable, str(tmp_path / "saver.py"), *args, str(gate)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        ))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(tmp_path / "saver.py"), *args, str(gate)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
     ids = []
     for p in procs:
         out, err = p.communicate(timeout=600)
@@ -185,8 +202,10 @@ def test_copies_join_a_group_run_and_add_only_its_missing_tests(tmp_path):
         path = tmp_path / f"shard{k}.db"
         with Store(path) as store:
             store.writer.save(info("e" * 40, "old", None), [record("t1", 1)])  # shared history
-            store.writer.save(info(c, f"runner-{k}", "ci:5", f"2024-01-0{k + 2}T00:00:00Z"),
-                              [record(t, 10 * k) for t in tests])  # fmt: skip
+            store.writer.save(
+                info(c, f"runner-{k}", "ci:5", f"2024-01-0{k + 2}T00:00:00Z"),
+                [record(t, 10 * k) for t in tests],
+            )
         parts.append(path)
     with Store(tmp_path / "merged.db") as dest:
         with Store(parts[0]) as one:

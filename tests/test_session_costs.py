@@ -38,8 +38,17 @@ def test_second(gpuprofile):
         (A + 1).relu()
 """
 
-PARTS = {"warmup", "timing", "round_checks", "sites", "profiled", "analysis", "findings",
-         "compare", "history"}  # fmt: skip
+PARTS = {
+    "warmup",
+    "timing",
+    "round_checks",
+    "sites",
+    "profiled",
+    "analysis",
+    "findings",
+    "compare",
+    "history",
+}
 
 
 def test_parts_in_results_and_terminal(pytester: pytest.Pytester) -> None:
@@ -57,8 +66,11 @@ def test_parts_in_results_and_terminal(pytester: pytest.Pytester) -> None:
         per_test.append(sum(v for k, v in entry.phase_s.items() if k not in ("warmup", "timing")))
     assert {"start", "results"} <= set(doc.phase_s)
     line = next(x for x in r.outlines if x.startswith("perfguard's own time:"))
-    m = re.match(r"perfguard's own time: ([\d.]+) s per test beyond its rounds \((.*)\); "
-                 r"session ([\d.]+) s \((.*)\)", line)  # fmt: skip
+    m = re.match(
+        r"perfguard's own time: ([\d.]+) s per test beyond its rounds \((.*)\); "
+        r"session ([\d.]+) s \((.*)\)",
+        line,
+    )
     assert m, line
     # the line's figure is the mean of the entries' parts beyond the test's own rounds
     assert float(m.group(1)) == pytest.approx(sum(per_test) / 2, abs=0.006)

@@ -41,9 +41,15 @@ def test_parse_shard_reads_k_of_n(text, want):
 
 @pytest.mark.parametrize(
     ("text", "problem"),
-    [("0/4", "between 1 and N"), ("5/4", "between 1 and N"), ("2", "is not K/N"),
-     ("a/b", "is not K/N"), ("1/0", "between 1 and N"), ("", "is not K/N")],
-)  # fmt: skip
+    [
+        ("0/4", "between 1 and N"),
+        ("5/4", "between 1 and N"),
+        ("2", "is not K/N"),
+        ("a/b", "is not K/N"),
+        ("1/0", "between 1 and N"),
+        ("", "is not K/N"),
+    ],
+)
 def test_parse_shard_refuses_what_is_not_a_part(text, problem):
     with pytest.raises(ValueError, match=problem):
         parse_shard(text)
@@ -76,8 +82,11 @@ def test_split_by_count_and_ties_by_nodeid_puts_every_test_in_one_part():
 
 def test_unknown_tests_weigh_the_median_of_the_known():
     assert weights_of(["a", "b", "c", "d"], {"a": 1.0, "b": 3.0, "c": 10.0}) == {
-        "a": 1.0, "b": 3.0, "c": 10.0, "d": 3.0,
-    }  # fmt: skip
+        "a": 1.0,
+        "b": 3.0,
+        "c": 10.0,
+        "d": 3.0,
+    }
 
 
 def test_run_group_comes_from_the_ci_run_id_and_is_none_outside_ci():
@@ -95,9 +104,11 @@ def write_doc(path: Path, shard: str | None, tests: dict[str, str], **kw) -> Pat
     if "plan" in kw:
         settings["shard_plan"] = {"shard": shard, "plan": kw.pop("plan")}
     doc = SessionResults(
-        run=Run(commit=kw.pop("commit", "c" * 40)), settings=settings,
-        tests=[TestEntry(nodeid=n, outcome=Outcome(o)) for n, o in tests.items()], **kw,
-    )  # fmt: skip
+        run=Run(commit=kw.pop("commit", "c" * 40)),
+        settings=settings,
+        tests=[TestEntry(nodeid=n, outcome=Outcome(o)) for n, o in tests.items()],
+        **kw,
+    )
     path.write_bytes(encode(doc))
     return path
 
@@ -107,12 +118,16 @@ def test_merge_keeps_the_entries_and_fails_on_a_regression_as_a_session_does(tmp
     b = write_doc(tmp_path / "b.json", "2/2", {"t2": "regressed", "t3": "noisy"}, plan="p")
     merged = merge([a, b])
     assert [(t.nodeid, t.outcome.value) for t in merged.results.tests] == [
-        ("t1", "unchanged"), ("t2", "regressed"), ("t3", "noisy"),
-    ]  # fmt: skip
+        ("t1", "unchanged"),
+        ("t2", "regressed"),
+        ("t3", "noisy"),
+    ]
     assert merged.measured_by == {"t1": "shard 1/2", "t2": "shard 2/2", "t3": "shard 2/2"}
     assert merged.exit_status == 1 and merged.results.badge() == "FAIL"
-    never = [write_doc(tmp_path / f"{k}.json", f"{k}/2", t, fail_on="never")
-             for k, t in ((1, {"t1": "unchanged"}), (2, {"t2": "regressed"}))]  # fmt: skip
+    never = [
+        write_doc(tmp_path / f"{k}.json", f"{k}/2", t, fail_on="never")
+        for k, t in ((1, {"t1": "unchanged"}), (2, {"t2": "regressed"}))
+    ]
     assert merge(never).exit_status == 0 and merge(never).results.badge() == "ADVISORY"
 
 
@@ -129,10 +144,12 @@ def test_merge_says_when_the_shards_split_differently(tmp_path):
         ([("1/2", {"t1": "unchanged"}, {}), ("1/2", {"t2": "unchanged"}, {})], "given twice"),
         ([("1/2", {"t1": "unchanged"}, {}), ("2/2", {"t1": "noisy"}, {})], "is in two files"),
         ([("1/2", {"t1": "unchanged"}, {}), ("2/3", {"t2": "noisy"}, {})], "different numbers"),
-        ([("1/2", {"t1": "unchanged"}, {}), ("2/2", {"t2": "noisy"}, {"commit": "d" * 40})],
-         "different commits"),
+        (
+            [("1/2", {"t1": "unchanged"}, {}), ("2/2", {"t2": "noisy"}, {"commit": "d" * 40})],
+            "different commits",
+        ),
     ],
-)  # fmt: skip
+)
 def test_documents_that_are_not_one_run_are_one_line_naming_them(tmp_path, docs, problem):
     paths = [write_doc(tmp_path / f"{i}.json", s, t, **kw) for i, (s, t, kw) in enumerate(docs)]
     with pytest.raises(ReportError, match=problem) as info:
@@ -178,17 +195,29 @@ def git(path: Path, *args: str) -> str:
 
 def perfguard(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "GITHUB_STEP_SUMMARY": ""}
-    return subprocess.run([sys.executable, "-m", "perfguard", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "perfguard", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def shard(pytester, k: int, n: int, store: Path, out: str, group: str):
     return pytester.runpytest_subprocess(
-        "--perfguard", "--perfguard-save", "--perfguard-backend=cpu", "-p", "no:cacheprovider",
-        "--perfguard-fail-on=never", f"--perfguard-store={store}",
-        f"--perfguard-output={pytester.path / out}", f"--perfguard-shard={k}/{n}",
+        "--perfguard",
+        "--perfguard-save",
+        "--perfguard-backend=cpu",
+        "-p",
+        "no:cacheprovider",
+        "--perfguard-fail-on=never",
+        f"--perfguard-store={store}",
+        f"--perfguard-output={pytester.path / out}",
+        f"--perfguard-shard={k}/{n}",
         f"--perfguard-run-group={group}",
-    )  # fmt: skip
+    )
 
 
 def test_two_commits_in_two_shards_are_one_run_each_and_one_merged_verdict(pytester, monkeypatch):
@@ -232,8 +261,7 @@ def test_two_commits_in_two_shards_are_one_run_each_and_one_merged_verdict(pytes
     assert [r.ret for r in twos] == [0, 0]
 
     # one verdict: the shards' entries exactly, each test once, said by which shard
-    merged = perfguard("merge", "c1s1/results.json", "c1s2/results.json", "-o", "merged",
-                       cwd=root)  # fmt: skip
+    merged = perfguard("merge", "c1s1/results.json", "c1s2/results.json", "-o", "merged", cwd=root)
     assert merged.returncode == 0, merged.stderr
     one = load_results(root / "merged" / "results.json")
     entries = {t.nodeid: t for d in docs for t in d.tests}
@@ -271,8 +299,7 @@ def test_two_commits_in_two_shards_are_one_run_each_and_one_merged_verdict(pytes
     assert {t["nodeid"]: t["runs"] for t in hist["tests"]} == dict.fromkeys(MARKED, 2)
 
     # a shard that never reported: named missing, and the merge fails
-    alone = perfguard("merge", "c1s1/results.json", "-o", "alone", "--expect-shards", "2",
-                      cwd=root)  # fmt: skip
+    alone = perfguard("merge", "c1s1/results.json", "-o", "alone", "--expect-shards", "2", cwd=root)
     assert alone.returncode == 1
     assert "shard 2/2 is missing" in alone.stderr
     text = (root / "alone" / "summary.md").read_text()
@@ -305,9 +332,16 @@ def test_under_xdist_the_workers_split_alike_and_the_controller_records_it(pytes
     pytester.makepyfile(test_bench=BENCH)
     out = pytester.path / "out"
     r = pytester.runpytest_subprocess(
-        "-n", "2", "--perfguard", "--perfguard-backend=cpu", "-p", "no:cacheprovider",
-        "--perfguard-fail-on=never", f"--perfguard-output={out}", "--perfguard-shard=2/2",
-    )  # fmt: skip
+        "-n",
+        "2",
+        "--perfguard",
+        "--perfguard-backend=cpu",
+        "-p",
+        "no:cacheprovider",
+        "--perfguard-fail-on=never",
+        f"--perfguard-output={out}",
+        "--perfguard-shard=2/2",
+    )
     r.assert_outcomes(passed=3)  # the unmarked test runs in shard 1 only
     doc = load_results(out / "results.json")
     assert [t.nodeid for t in doc.tests] == [MARKED[1], MARKED[3], MARKED[5]]  # dealt by count

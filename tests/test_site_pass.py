@@ -89,8 +89,9 @@ def test_the_pass_gives_every_op_its_statement(tmp_path: Path) -> None:
     backward = "autograd::engine::evaluate_function: SoftmaxBackward0"
     assert ops[(backward, "bprop")].endswith(where), ops[(backward, "bprop")]
     stepping = [s for (n, _), s in ops.items() if str(n).startswith("Optimizer.step#")]
-    assert stepping and all(s.endswith(f"net.py:{_line(NET, 'opt.step()')} in step")
-                            for s in stepping), stepping  # fmt: skip
+    assert stepping and all(
+        s.endswith(f"net.py:{_line(NET, 'opt.step()')} in step") for s in stepping
+    ), stepping
     details = trace.meta["site_details"]
     label = next(k for k in details if k.endswith(where))
     assert details[label]["code"] == "h = F.softmax(h, dim=-1)"
@@ -126,8 +127,14 @@ def test_a_damaged_or_uneven_pass_is_a_note(tmp_path: Path) -> None:
     notes: list[str] = []
     assert read_sites(cap, notes) is None and "not read" in notes[0]
     found = SitePass(sites=(), calls={})
-    ranges = pd.DataFrame({"name": ["perfguard.iteration", "aten::mm", "aten::mm"],
-                           "start": [0, 1, 5], "end": [10, 2, 6], "call_site": None})  # fmt: skip
+    ranges = pd.DataFrame(
+        {
+            "name": ["perfguard.iteration", "aten::mm", "aten::mm"],
+            "start": [0, 1, 5],
+            "end": [10, 2, 6],
+            "call_site": None,
+        }
+    )
     assert apply_sites(ranges, found, notes) is ranges
     from perfguard.trace.site_pass import Site
 
@@ -308,25 +315,43 @@ def test_new_work_is_placed_at_the_new_statement_above_an_unchanged_helper() -> 
 
     def meta(sites: dict, runs: list, calls: dict) -> dict:
         return {
-            "site_details": sites, "line_runs": runs,
-            "op_sites": {"op": list(calls), "direction": ["fprop"] * len(calls),
-                         "site": [calls[k] for k in calls], "calls": [1.0] * len(calls),
-                         "gpu_ns": [0.0] * len(calls), "cpu_ns": [5.0] * len(calls)},
-        }  # fmt: skip
+            "site_details": sites,
+            "line_runs": runs,
+            "op_sites": {
+                "op": list(calls),
+                "direction": ["fprop"] * len(calls),
+                "site": [calls[k] for k in calls],
+                "calls": [1.0] * len(calls),
+                "gpu_ns": [0.0] * len(calls),
+                "cpu_ns": [5.0] * len(calls),
+            },
+        }
 
     mask = "m.py:3 in make_mask"
-    base = meta({"t.py:9 in test": {"function": "test", "code": "y = model(x, mask)", "stack": []}},
-                [["t.py:9", "test", "y = model(x, mask)", 1]],
-                {"aten::mm": "t.py:9 in test"})  # fmt: skip
+    base = meta(
+        {"t.py:9 in test": {"function": "test", "code": "y = model(x, mask)", "stack": []}},
+        [["t.py:9", "test", "y = model(x, mask)", 1]],
+        {"aten::mm": "t.py:9 in test"},
+    )
     head = meta(
-        {mask: {"function": "make_mask", "code": "return torch.arange(n) < k",
-                "stack": ["t.py:9 in test"]},
-         "t.py:9 in test": {"function": "test", "code": "y = model(x, make_mask(n))",
-                            "stack": []}},
-        [["m.py:3", "make_mask", "return torch.arange(n) < k", 1],
-         ["t.py:9", "test", "y = model(x, make_mask(n))", 1]],
+        {
+            mask: {
+                "function": "make_mask",
+                "code": "return torch.arange(n) < k",
+                "stack": ["t.py:9 in test"],
+            },
+            "t.py:9 in test": {
+                "function": "test",
+                "code": "y = model(x, make_mask(n))",
+                "stack": [],
+            },
+        },
+        [
+            ["m.py:3", "make_mask", "return torch.arange(n) < k", 1],
+            ["t.py:9", "test", "y = model(x, make_mask(n))", 1],
+        ],
         {"aten::mm": "t.py:9 in test", "aten::arange": mask},
-    )  # fmt: skip
+    )
     place = place_of("added", "aten::arange", "fprop", SiteTable(base), SiteTable(head))
     assert place is not None and place.text == "at t.py:9 in test"
     # a helper line the base ran too is the place itself: nothing new above it to prefer

@@ -160,10 +160,11 @@ def _damage_values(store: Path, sql: str) -> None:
         "unknown-metric",
         "no-table",
         "future-schema",
-    ],  # fmt: skip
+    ],
 )
-def test_impossible_values_are_damage_not_data(real_store, tmp_path, capsys, monkeypatch, sql,
-                                               said):  # fmt: skip
+def test_impossible_values_are_damage_not_data(
+    real_store, tmp_path, capsys, monkeypatch, sql, said
+):
     """SQLite keeps no checksum of values: a value no perfguard writes is found where rows
     are decoded, and said as the same one line, never a crash, a partial list or exit 0."""
     good, repo = real_store
@@ -197,8 +198,9 @@ def test_check_says_what_it_found_and_recover_keeps_whole_records(
     new = tmp_path / "recovered.db"
     rc, out, err = _run(capsys, ["baseline", "recover", str(damaged), str(new)])
     assert rc == 0, err
-    kept = {m[0]: (int(m[1].replace(",", "")), int(m[2].replace(",", "")))
-            for m in _kept_lines(out)}  # fmt: skip
+    kept = {
+        m[0]: (int(m[1].replace(",", "")), int(m[2].replace(",", ""))) for m in _kept_lines(out)
+    }
     assert kept["runs"][1] == 30 and kept["tests"][1] == 90
     assert any(k < n for k, n in kept.values()), out  # the damage cost something, said
     rc, out2, _ = _run(capsys, ["baseline", "check", "--store", str(new)])
@@ -264,11 +266,25 @@ def test_a_plugin_session_reports_every_test_and_never_writes_a_damaged_store(re
     damaged = _garbage_in_the_middle(good, tmp_path / "damaged.db")
     before = damaged.read_bytes()
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--perfguard", f"--perfguard-store={damaged}",
-         "--perfguard-save", "-p", "no:cacheprovider", "-p", "no:xdist", "-q"],
-        cwd=project, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--perfguard",
+            f"--perfguard-store={damaged}",
+            "--perfguard-save",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-q",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    )
     text = done.stdout + done.stderr
     assert done.returncode == 1, text[-2000:]
     assert "2 passed" in text and "internal" not in text.lower()

@@ -23,12 +23,31 @@ COMMANDS = ("history", "history-json", "list", "check")
 def test_store_fuzz_small_run_finds_no_bug(tmp_path: Path) -> None:
     log = tmp_path / "fuzz.jsonl"
     done = subprocess.run(
-        [sys.executable, str(FUZZ), "--cases", str(len(KINDS)), "--seed", "0", "--only",
-         "history", "--kinds", ",".join(KINDS), "--commands", ",".join(COMMANDS),
-         "--plugin-every", "0", "--seeds", str(tmp_path / "seeds"), "--log", str(log),
-         "--quiet"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(FUZZ),
+            "--cases",
+            str(len(KINDS)),
+            "--seed",
+            "0",
+            "--only",
+            "history",
+            "--kinds",
+            ",".join(KINDS),
+            "--commands",
+            ",".join(COMMANDS),
+            "--plugin-every",
+            "0",
+            "--seeds",
+            str(tmp_path / "seeds"),
+            "--log",
+            str(log),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(runs) == len(KINDS) * len(COMMANDS) * 2, done.stdout[-2000:] + done.stderr
     bugs = [r for r in runs if r["outcome"] in ("partial", "untyped", "crash")]

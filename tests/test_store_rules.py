@@ -191,11 +191,21 @@ def test_an_unprivileged_reader_of_a_folder_it_cannot_write(shared_dir, records)
     import sys
 
     done = subprocess.run(
-        [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-         sys.executable, "-c", code, str(path)],
-        capture_output=True, text=True, timeout=120,
+        [
+            setpriv,
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            code,
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )  # fmt: skip
+    )
     if "Permission denied" in done.stderr and "perfguard" not in done.stderr:
         pytest.skip(f"nobody cannot run this interpreter: {done.stderr.strip()[-200:]}")
     assert done.returncode == 0, done.stderr
@@ -244,8 +254,10 @@ def test_a_second_save_of_a_commit_on_a_machine_replaces_the_first(records, new_
     # nothing orphaned: every frame row belongs to a test that is there (raw SQL)
     assert count(location, "tests") == 6
     for name in FRAMES:
-        stray = f"SELECT count(*) FROM {name} x WHERE NOT EXISTS " \
-                "(SELECT 1 FROM tests t WHERE t.test_id = x.test_id)"  # fmt: skip
+        stray = (
+            f"SELECT count(*) FROM {name} x WHERE NOT EXISTS "
+            "(SELECT 1 FROM tests t WHERE t.test_id = x.test_id)"
+        )
         assert sql(location, stray) == [(0,)], name
         per = {"bert": len(getattr(bert, name)), "a100": len(getattr(a100, name))}
         assert count(location, name) == 3 * per["a100"] + 3 * per["bert"], name
@@ -314,6 +326,8 @@ def test_import_says_per_file_what_it_added_and_skipped(tmp_path, records):
     assert nothing.returncode == 2 and nothing.stdout == ""
     lines = nothing.stderr.splitlines()
     assert len(lines) == 5 and all(line.startswith("skipped ") for line in lines[:4])
-    assert lines[4] == "perfguard: error: nothing imported: 4 of 4 file(s) could not be " \
-                       "read as exports"  # fmt: skip
+    assert (
+        lines[4] == "perfguard: error: nothing imported: 4 of 4 file(s) could not be "
+        "read as exports"
+    )
     assert count(target, "runs") == 2

@@ -46,8 +46,10 @@ def commit(path: Path, text: str) -> None:
 @contextmanager
 def spinners() -> Iterator[list[subprocess.Popen]]:
     """A CPU-bound process per core, for the duration of the block."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"])
-             for _ in range(os.cpu_count() or 1)]  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+        for _ in range(os.cpu_count() or 1)
+    ]
     try:
         yield procs
     finally:
@@ -58,8 +60,13 @@ def spinners() -> Iterator[list[subprocess.Popen]]:
 
 
 def perfguard(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfguard", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "perfguard", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def machine_said(message: str) -> bool:
@@ -102,8 +109,19 @@ def test_a_run_saved_under_a_cpu_spinner_is_judged_afterwards_as_it_was_live(
         assert entry.outcome.value == live[run]["outcome"]
         assert entry.timing.message == live[run]["timing"]["message"]
     out = tmp_path / "r3"
-    done = perfguard(repo, "report", str(store), "--run", "3", "--baseline-run", "2",
-                     "-o", f"{out}.html", "--markdown", f"{out}.md")  # fmt: skip
+    done = perfguard(
+        repo,
+        "report",
+        str(store),
+        "--run",
+        "3",
+        "--baseline-run",
+        "2",
+        "-o",
+        f"{out}.html",
+        "--markdown",
+        f"{out}.md",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = Path(f"{out}.md").read_text()
     assert live[3]["outcome"] in summary and "improved" not in summary.split("Profiles")[0]

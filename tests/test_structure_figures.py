@@ -113,8 +113,10 @@ def test_any_seams_counts_annotation_slots_of_the_public_surface() -> None:
 
 
 def test_sizes_of_classes_and_definitions() -> None:
-    source = "class Base:\n    def a(self): ...\n    def b(self): ...\n\n" \
-             "class Store(Base):\n    def c(self): ...\n\ndef f(): ...\nX = 1\n"  # fmt: skip
+    source = (
+        "class Base:\n    def a(self): ...\n    def b(self): ...\n\n"
+        "class Store(Base):\n    def c(self): ...\n\ndef f(): ...\nX = 1\n"
+    )
     assert S.top_level_definitions(source) == 3
     found = S.classes(source, "s.py")
     assert S.store_methods(found) == (1, 3)
@@ -132,21 +134,40 @@ def test_layers_place_new_packages_below_the_plugin() -> None:
 
 
 def test_path_figures_on_a_written_event_stream() -> None:
-    modules = ["perfguard.plugin.session", "perfguard.plugin.runner", "perfguard.compare.judge",
-               "perfguard.trace.names", "perfguard.arrays"]  # fmt: skip
+    modules = [
+        "perfguard.plugin.session",
+        "perfguard.plugin.runner",
+        "perfguard.compare.judge",
+        "perfguard.trace.names",
+        "perfguard.arrays",
+    ]
     call, ret, start, end = 1, 0, 2, 3
     body = S.HOOKS.index("pytest_pyfunc_call")
     main, other = 1, 2
     events = [
         (start, main, 0),
-        (call, main, 0), (call, main, 0), (call, main, 1), (call, main, 2),
-        (call, main, 4), (call, main, 3),  # arrays calls trace.names back: upward
-        (ret, main, 3), (ret, main, 4), (ret, main, 2),
-        (start, main, body), (call, main, 2), (ret, main, 2), (end, main, body),
-        (ret, main, 1), (ret, main, 0), (ret, main, 0),
-        (call, other, 2), (call, other, 0), (ret, other, 0), (ret, other, 2),  # judge -> plugin
+        (call, main, 0),
+        (call, main, 0),
+        (call, main, 1),
+        (call, main, 2),
+        (call, main, 4),
+        (call, main, 3),  # arrays calls trace.names back: upward
+        (ret, main, 3),
+        (ret, main, 4),
+        (ret, main, 2),
+        (start, main, body),
+        (call, main, 2),
+        (ret, main, 2),
+        (end, main, body),
+        (ret, main, 1),
+        (ret, main, 0),
+        (ret, main, 0),
+        (call, other, 2),
+        (call, other, 0),
+        (ret, other, 0),
+        (ret, other, 2),  # judge -> plugin
         (end, main, 0),
-    ]  # fmt: skip
+    ]
     out = S.path_figures(events, modules, main, [2, 3])
     assert out["hooks_followed"] == ["pytest_runtest_call", "pytest_pyfunc_call"]
     assert out["threads"] == 2 and out["calls"] == 9 and out["events"] == 18

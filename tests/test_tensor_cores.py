@@ -74,9 +74,23 @@ def test_label_table_is_real_sized_and_diverse() -> None:
     for gpu in ("v100", "quadro-rtx6000", "a100", "h100", "h200"):  # Volta Turing Ampere Hopper
         assert gpu in fixtures, gpu
     names = " ".join(LABELS["name"])
-    libraries = ["volta_sgemm", "scudnn", "splitKreduce", "gemv", "gemmSN", "cutlass_80_",
-                 "sm80_xmma_", "sm90_xmma_", "nvjet_", "flash_fwd_kernel", "ncclKernel",
-                 "nvfuser_", "elementwise_kernel", "wmma_tensorop", "cutlass_cudnn"]  # fmt: skip
+    libraries = [
+        "volta_sgemm",
+        "scudnn",
+        "splitKreduce",
+        "gemv",
+        "gemmSN",
+        "cutlass_80_",
+        "sm80_xmma_",
+        "sm90_xmma_",
+        "nvjet_",
+        "flash_fwd_kernel",
+        "ncclKernel",
+        "nvfuser_",
+        "elementwise_kernel",
+        "wmma_tensorop",
+        "cutlass_cudnn",
+    ]
     for library in libraries:
         assert library in names, library
 
@@ -347,8 +361,10 @@ def test_rules_are_data_with_sources() -> None:
 
 
 def test_classify_keeps_the_index_and_handles_missing_names() -> None:
-    names = pd.Series(["nvjet_tst_96x64_64x10_1x2_h_bz_bias_TNN", None, "saxpy", "triton_mm"],
-                      index=[10, 20, 30, 40])  # fmt: skip
+    names = pd.Series(
+        ["nvjet_tst_96x64_64x10_1x2_h_bz_bias_TNN", None, "saxpy", "triton_mm"],
+        index=[10, 20, 30, 40],
+    )
     got = classify_kernels(names)
     assert list(got.index) == [10, 20, 30, 40]
     assert list(got.columns) == ["uses_tc", "tc_reason"]
@@ -376,33 +392,68 @@ def test_a_million_names_classify_in_one_pass() -> None:
 
 # Real op names, each seen in a Kineto/nsys fixture (checked below).
 REAL_ELIGIBLE = [
-    ("kineto/h100_bf16_bert-small_inference_torch2.6.pt.trace.json.gz",
-     ["aten::addmm", "aten::linear", "aten::scaled_dot_product_attention",
-      "aten::_scaled_dot_product_flash_attention", "aten::_flash_attention_forward"]),
-    ("kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz",
-     ["aten::mm", "aten::conv2d", "aten::convolution", "aten::_convolution",
-      "aten::cudnn_convolution", "aten::convolution_backward", "AddmmBackward0",
-      "ConvolutionBackward0"]),
-    ("kineto/v100_resnet50_train_torch1.9_tbplugin.pt.trace.json.gz",
-     ["CudnnConvolutionBackward", "AddmmBackward", "aten::cudnn_convolution_backward_input",
-      "aten::cudnn_convolution_backward_weight"]),
+    (
+        "kineto/h100_bf16_bert-small_inference_torch2.6.pt.trace.json.gz",
+        [
+            "aten::addmm",
+            "aten::linear",
+            "aten::scaled_dot_product_attention",
+            "aten::_scaled_dot_product_flash_attention",
+            "aten::_flash_attention_forward",
+        ],
+    ),
+    (
+        "kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz",
+        [
+            "aten::mm",
+            "aten::conv2d",
+            "aten::convolution",
+            "aten::_convolution",
+            "aten::cudnn_convolution",
+            "aten::convolution_backward",
+            "AddmmBackward0",
+            "ConvolutionBackward0",
+        ],
+    ),
+    (
+        "kineto/v100_resnet50_train_torch1.9_tbplugin.pt.trace.json.gz",
+        [
+            "CudnnConvolutionBackward",
+            "AddmmBackward",
+            "aten::cudnn_convolution_backward_input",
+            "aten::cudnn_convolution_backward_weight",
+        ],
+    ),
     ("kineto/v100_dlrm_8rank_nccl_shapes/rank-0.pt.trace.json.gz", ["aten::bmm", "BmmBackward0"]),
-    ("nsys/nsys2026.2.1_pytorch-torchrun-train_nvtx_nccl_2gpu_derived-window.sqlite",
-     ["FlashAttnFunc", "flash_attn::_flash_attn_forward"]),
-]  # fmt: skip
+    (
+        "nsys/nsys2026.2.1_pytorch-torchrun-train_nvtx_nccl_2gpu_derived-window.sqlite",
+        ["FlashAttnFunc", "flash_attn::_flash_attn_forward"],
+    ),
+]
 REAL_NOT_ELIGIBLE = [
-    ("kineto/h100_bf16_bert-small_inference_torch2.6.pt.trace.json.gz",
-     ["aten::add", "aten::layer_norm", "aten::gelu", "aten::embedding", "aten::index_select"]),
-    ("kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz",
-     ["aten::max_pool2d", "aten::cudnn_batch_norm", "nccl:all_reduce", "TBackward0",
-      "torch::autograd::AccumulateGrad", "ProfilerStep#4",
-      "autograd::engine::evaluate_function: AddmmBackward0"]),
-]  # fmt: skip
+    (
+        "kineto/h100_bf16_bert-small_inference_torch2.6.pt.trace.json.gz",
+        ["aten::add", "aten::layer_norm", "aten::gelu", "aten::embedding", "aten::index_select"],
+    ),
+    (
+        "kineto/a100_2rank_nccl_train_rank0.pt.trace.json.gz",
+        [
+            "aten::max_pool2d",
+            "aten::cudnn_batch_norm",
+            "nccl:all_reduce",
+            "TBackward0",
+            "torch::autograd::AccumulateGrad",
+            "ProfilerStep#4",
+            "autograd::engine::evaluate_function: AddmmBackward0",
+        ],
+    ),
+]
 
 
-@pytest.mark.parametrize(("fixture", "names", "eligible"),
-                         [(f, n, True) for f, n in REAL_ELIGIBLE]
-                         + [(f, n, False) for f, n in REAL_NOT_ELIGIBLE])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fixture", "names", "eligible"),
+    [(f, n, True) for f, n in REAL_ELIGIBLE] + [(f, n, False) for f, n in REAL_NOT_ELIGIBLE],
+)
 def test_real_op_names(fixture, names, eligible, fixture_file, cached_trace) -> None:
     trace = cached_trace(fixture_file(fixture))
     assert set(names) <= set(trace.ranges["name"])
@@ -478,9 +529,16 @@ def test_eligibility_keeps_the_index_and_missing_is_not_eligible() -> None:
 def test_xprof_rule_an_op_with_a_tc_kernel_is_eligible() -> None:
     # xprof's test case: an op not on the list is eligible because its kernel used TC
     ops = pd.Series(["my_einsum", "aten::add", "aten::mm", "custom_op"])
-    kernels = classify_kernels(pd.Series(["volta_fp16_s884gemm_fp16_128x128_ldg8_f2f_tn",
-                                          "volta_h884gemm_64x64_nn", "volta_sgemm_64x64_nt",
-                                          "triton_tem_fused_mm_0"]))  # fmt: skip
+    kernels = classify_kernels(
+        pd.Series(
+            [
+                "volta_fp16_s884gemm_fp16_128x128_ldg8_f2f_tn",
+                "volta_h884gemm_64x64_nn",
+                "volta_sgemm_64x64_nt",
+                "triton_tem_fused_mm_0",
+            ]
+        )
+    )
     by_type = op_tc_eligible(ops)
     assert by_type.tolist() == [False, False, True, False]
     got = eligible_by_kernels(by_type, kernels["uses_tc"])
@@ -569,7 +627,8 @@ def test_tc_utilization_by_hand() -> None:
 
 
 def test_tc_utilization_without_eligible_time_is_nan() -> None:
-    acts = pd.DataFrame({"op_key": ["x"], "dur": [5], "uses_tc": pd.array([pd.NA], "boolean"),
-                         "eligible": [False]})  # fmt: skip
+    acts = pd.DataFrame(
+        {"op_key": ["x"], "dur": [5], "uses_tc": pd.array([pd.NA], "boolean"), "eligible": [False]}
+    )
     per_op, run = tc_utilization(acts)
     assert np.isnan(run) and np.isnan(per_op.loc["x", "tc_utilization"])

@@ -30,14 +30,16 @@ from perfguard.compare import compare_records  # noqa: E402
     ("name", "identity"),
     [
         ("sequential_5/dense_1_2/BiasAdd", "sequential/dense/BiasAdd"),
-        ("gradient_tape/sequential_3/dense_1/MatMul/MatMul_1",
-         "gradient_tape/sequential/dense/MatMul/MatMul"),
+        (
+            "gradient_tape/sequential_3/dense_1/MatMul/MatMul_1",
+            "gradient_tape/sequential/dense/MatMul/MatMul",
+        ),
         ("sequential/conv2d/Conv2D", "sequential/conv2d/Conv2D"),  # digits of a name stay
         ("model/h0/x2_1/layer_norm/add", "model/h0/x2/layer_norm/add"),
         ("AddN_5", "AddN"),
         ("_1", "_1"),
     ],
-)  # fmt: skip
+)
 def test_uniquifying_suffixes_go_and_names_stay(name: str, identity: str) -> None:
     assert op_identities(pd.Series([name])).tolist() == [identity]
 
@@ -52,10 +54,15 @@ def _keras_step(calls: int) -> Any:
     """A Keras CNN trained by a custom loop whose ``tf.function`` calls the model ``calls``
     times (built in a fresh model, as a new session would)."""
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3, activation="relu"),
-        keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2),
-    ])  # fmt: skip
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(2),
+        ]
+    )
     opt = keras.optimizers.Adam()
     x = tf.random.normal((4, 8, 8, 3), seed=1)
     y = tf.random.normal((4, 2), seed=2)
@@ -76,10 +83,13 @@ def _keras_step(calls: int) -> Any:
 def _record(folder: Path, calls: int) -> Any:
     a, gp = capture_steps("tf", folder / f"x{calls}", _keras_step(calls), iterations=3)
     return record_from_analysis(
-        "test_step", a,
-        wall_times_ns=np.asarray(gp.wall_times_ns), cpu_times_ns=np.asarray(gp.cpu_times_ns),
-        rounds=np.asarray(gp.round_of), profiled=np.asarray(gp.profiled),
-    )  # fmt: skip
+        "test_step",
+        a,
+        wall_times_ns=np.asarray(gp.wall_times_ns),
+        cpu_times_ns=np.asarray(gp.cpu_times_ns),
+        rounds=np.asarray(gp.round_of),
+        profiled=np.asarray(gp.profiled),
+    )
 
 
 def test_the_model_called_three_times_is_the_same_ops_three_times(tmp_path: Path) -> None:
@@ -196,9 +206,17 @@ def test_flops_of_batched_matmul_strided_conv_mean_and_adam_by_hand(tmp_path: Pa
         prod = tf.linalg.matmul(a, b, adjoint_a=True)  # (2, 8, 4), K = 16
         conv = tf.nn.conv2d(image, kernel, strides=2, padding="SAME")  # (1, 5, 5, 5)
         tf.raw_ops.ResourceApplyAdam(
-            var=var.handle, m=m.handle, v=v.handle, beta1_power=0.9, beta2_power=0.999,
-            lr=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7, grad=grad,
-        )  # fmt: skip
+            var=var.handle,
+            m=m.handle,
+            v=v.handle,
+            beta1_power=0.9,
+            beta2_power=0.999,
+            lr=0.01,
+            beta1=0.9,
+            beta2=0.999,
+            epsilon=1e-7,
+            grad=grad,
+        )
         return tf.reduce_mean(prod) + tf.reduce_mean(conv)
 
     step()

@@ -104,12 +104,13 @@ def test_cpu_loop_times_rounds_unprofiled_then_profiles_one(
     analysis = analyze(load_trace(path))
     assert len(analysis.iterations) == 4  # only the profiled round is in the capture
     rec = record_from_analysis(
-        "t::x", analysis,
+        "t::x",
+        analysis,
         wall_times_ns=np.asarray(profile.wall_times_ns),
         cpu_times_ns=np.asarray(profile.cpu_times_ns),
         rounds=np.asarray(profile.round_of),
         profiled=np.asarray(profile.profiled),
-    )  # fmt: skip
+    )
     assert rec.metric == "wall_time"
     prof = profiled_mask(rec.samples)
     assert prof.sum() == 4 and (~prof).sum() == 12
@@ -150,15 +151,21 @@ def test_a_timing_only_loop_merges_with_the_first_pair_childs_profiled_one(
     assert not (tmp_path / "later.pt.trace.json").exists()
 
     full = record_from_analysis(
-        "t::x", analyze(load_trace(tmp_path / "first.pt.trace.json")),
-        wall_times_ns=np.asarray(first.wall_times_ns), rounds=np.asarray(first.round_of),
-        profiled=np.asarray(first.profiled), meta={"round_statistic": "median"},
-    )  # fmt: skip
+        "t::x",
+        analyze(load_trace(tmp_path / "first.pt.trace.json")),
+        wall_times_ns=np.asarray(first.wall_times_ns),
+        rounds=np.asarray(first.round_of),
+        profiled=np.asarray(first.profiled),
+        meta={"round_statistic": "median"},
+    )
     timing = record_from_timings(
-        "t::x", wall_times_ns=np.asarray(later.wall_times_ns),
-        cpu_times_ns=np.asarray(later.cpu_times_ns), rounds=np.asarray(later.round_of),
-        metric="wall_time", meta={"round_statistic": "median"},
-    )  # fmt: skip
+        "t::x",
+        wall_times_ns=np.asarray(later.wall_times_ns),
+        cpu_times_ns=np.asarray(later.cpu_times_ns),
+        rounds=np.asarray(later.round_of),
+        metric="wall_time",
+        meta={"round_statistic": "median"},
+    )
     assert timing.ops.empty and timing.counters.empty and timing.timed_apart
     merged = merge_rounds([full, timing])
     # each child one round of the merged record, its value the median of its timed steps
@@ -193,9 +200,11 @@ def test_a_baseline_timed_under_the_profiler_is_not_compared_on_cpu_time(tmp_pat
     new = record_from_analysis("t::x", analysis, profiled=np.asarray(profile.profiled), **args)
     flags = np.asarray(profile.profiled)
     old = record_from_analysis(
-        "t::x", analysis, wall_times_ns=np.asarray(profile.wall_times_ns)[flags],
+        "t::x",
+        analysis,
+        wall_times_ns=np.asarray(profile.wall_times_ns)[flags],
         rounds=np.arange(int(flags.sum())),  # three one-iteration rounds, all profiled
-    )  # fmt: skip
+    )
     assert new.timed_apart and not old.timed_apart
     verdict = judge(new, Against(records=[old], commit="c" * 40, run_found=True), JudgeSettings())
     assert verdict.timing.outcome is Outcome.NOT_JUDGED
@@ -230,18 +239,34 @@ def test_step(gpuprofile):
 
 
 def test_session_stores_timing_rounds_and_one_profiled_round(tmp_path: Path) -> None:
-    for args in (["init", "-q"], ["config", "user.email", "ci@example.com"],
-                 ["config", "user.name", "CI"]):  # fmt: skip
+    for args in (
+        ["init", "-q"],
+        ["config", "user.email", "ci@example.com"],
+        ["config", "user.name", "CI"],
+    ):
         subprocess.run(["git", *args], cwd=tmp_path, check=True)
     (tmp_path / "test_step.py").write_text(TEST)
     (tmp_path / ".gitignore").write_text(".perfguard/\nbaselines/\n")
     subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
     subprocess.run(["git", "commit", "-qm", "c0"], cwd=tmp_path, check=True)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "--perfguard", "--perfguard-save"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "--perfguard",
+            "--perfguard-save",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     with Store(tmp_path / "baselines" / "perfguard.db") as store:
         run_id = int(store.runs()["run_id"].iloc[-1])

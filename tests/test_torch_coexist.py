@@ -50,8 +50,10 @@ def test_program_with_its_own_profiler(tmp_path: Path, opener: str) -> None:
     out = tmp_path / "out"
     result = profile_command(
         [sys.executable, str(script), str(own), str(seen)],
-        backend="torch", output_dir=out, timeout=300,
-    )  # fmt: skip
+        backend="torch",
+        output_dir=out,
+        timeout=300,
+    )
 
     assert result.returncode == 0  # was -11 (SIGSEGV)
     assert "stepped aside" in result.log
@@ -94,8 +96,9 @@ def test_program_with_a_scheduled_profiler(tmp_path: Path) -> None:
     is the last one (2 active steps)."""
     script = tmp_path / "sched.py"
     script.write_text(SCHEDULED)
-    result = profile_command([sys.executable, str(script)], backend="torch",
-                             output_dir=tmp_path, timeout=300)  # fmt: skip
+    result = profile_command(
+        [sys.executable, str(script)], backend="torch", output_dir=tmp_path, timeout=300
+    )
     assert result.returncode == 0
     names = perfguard.load_trace(result.path).ranges["name"]
     assert set(names[names.str.startswith("ProfilerStep")]) == {"ProfilerStep#6", "ProfilerStep#7"}

@@ -69,21 +69,36 @@ def walk(path: Path) -> dict:
         end = start + ns(e.get("dur", 0))
         if cat in API:
             api.append(
-                (start, end, number(e["pid"]), number(e["tid"]), args.get("correlation", -1),
-                 e["name"])
-            )  # fmt: skip
+                (
+                    start,
+                    end,
+                    number(e["pid"]),
+                    number(e["tid"]),
+                    args.get("correlation", -1),
+                    e["name"],
+                )
+            )
         elif cat in RANGE:
             ranges.append(
-                (start, end, number(e["pid"]), number(e["tid"]), e["name"],
-                 args.get("Sequence number"))
-            )  # fmt: skip
+                (
+                    start,
+                    end,
+                    number(e["pid"]),
+                    number(e["tid"]),
+                    e["name"],
+                    args.get("Sequence number"),
+                )
+            )
         else:
             row = {
-                "start": start, "end": end, "correlation": args.get("correlation", -1),
+                "start": start,
+                "end": end,
+                "correlation": args.get("correlation", -1),
                 "device": args.get("device", number(e["pid"])),
                 "stream": args.get("stream", number(e["tid"])),
-                "name": e["name"], "args": args,
-            }  # fmt: skip
+                "name": e["name"],
+                "args": args,
+            }
             (kernels if cat in KERNEL else memops).append(row)
     launcher = {c: pid for _, _, pid, _, c, _ in api if c != -1}
     for row in kernels + memops:
@@ -128,24 +143,43 @@ def test_kernel_count_and_exact_total_ns(expected: dict, trace) -> None:
 def test_kernel_rows(expected: dict, trace) -> None:
     """Times, launching pid (from the runtime call with the same correlation), device, stream."""
     exp = sorted(
-        ((r["start"], r["end"], r["pid"], r["device"], r["stream"], r["correlation"], r["name"])
-         for r in expected["kernels"]),
+        (
+            (r["start"], r["end"], r["pid"], r["device"], r["stream"], r["correlation"], r["name"])
+            for r in expected["kernels"]
+        ),
         key=repr,
-    )  # fmt: skip
+    )
     cols = ["start", "end", "pid", "device_id", "stream_id", "correlation_id", "name"]
     assert _tuples(trace.kernels, cols) == exp
 
 
 def test_kernel_launch_geometry(expected: dict, trace) -> None:
     exp = sorted(
-        ((r["correlation"], *r["args"]["grid"], *r["args"]["block"],
-          r["args"].get("registers per thread"), r["args"].get("shared memory"))
-         for r in expected["kernels"] if "grid" in r["args"]),
+        (
+            (
+                r["correlation"],
+                *r["args"]["grid"],
+                *r["args"]["block"],
+                r["args"].get("registers per thread"),
+                r["args"].get("shared memory"),
+            )
+            for r in expected["kernels"]
+            if "grid" in r["args"]
+        ),
         key=repr,
-    )  # fmt: skip
+    )
     k = trace.kernels[trace.kernels["grid_x"].notna()]
-    cols = ["correlation_id", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-            "registers", "shared_mem"]  # fmt: skip
+    cols = [
+        "correlation_id",
+        "grid_x",
+        "grid_y",
+        "grid_z",
+        "block_x",
+        "block_y",
+        "block_z",
+        "registers",
+        "shared_mem",
+    ]
     assert _tuples(k.astype({c: "int64" for c in cols}), cols) == exp
 
 
@@ -176,10 +210,9 @@ def test_memops(expected: dict, trace) -> None:
     got_bytes = {k: int(v) for k, v in trace.memops.groupby("kind")["bytes"].sum().items()}
     assert got_bytes == {k: v for k, v in exp_bytes.items()}
     exp = sorted(
-        ((r["start"], r["end"], r["pid"], r["device"], r["stream"], r["correlation"])
-         for r in m),
+        ((r["start"], r["end"], r["pid"], r["device"], r["stream"], r["correlation"]) for r in m),
         key=repr,
-    )  # fmt: skip
+    )
     cols = ["start", "end", "pid", "device_id", "stream_id", "correlation_id"]
     assert _tuples(trace.memops, cols) == exp
 

@@ -55,10 +55,16 @@ def _synthetic(tmp_path: Path) -> Path:
     b.device("NVIDIA A100-SXM4-40GB", 8, 0)
     b.op("ProfilerStep#1", 0.0, 100.0, cat="user_annotation")
     b.op(
-        "aten::addmm", 1.0, 20.0,
-        args={"Input Dims": [[8, 4], [4, 2], []], "Input type": ["float", "float", ""],
-              "Sequence number": 7, "Call stack": "train.py(12): step\ntorch/nn/x.py(3): f"},
-    )  # fmt: skip
+        "aten::addmm",
+        1.0,
+        20.0,
+        args={
+            "Input Dims": [[8, 4], [4, 2], []],
+            "Input type": ["float", "float", ""],
+            "Sequence number": 7,
+            "Call stack": "train.py(12): step\ntorch/nn/x.py(3): f",
+        },
+    )
     b.launch((2.0, 3.0), (10.0, 5.0), kernel="void gemm<float>(float*)")
     b.launch((6.0, 1.0), (16.0, 2.0), kernel="Memcpy HtoD (Pageable -> Device)", cat="gpu_memcpy")
     b.op("aten::relu", 30.0, 5.0)

@@ -72,9 +72,11 @@ def test_repaired_trace_matches_a_hand_escaped_copy(capture: Path, tmp_path: Pat
     (tmp_path / "fixed.json").write_text(fixed)
     a, b = read_kineto(capture), read_kineto(tmp_path / "fixed.json")
     pd.testing.assert_frame_equal(a.ranges, b.ranges)
-    assert b.notes == ["2 op(s) are named 'unknown': torch writes that in place of a "
-                       "record_function name with non-ASCII or control characters, whose real "
-                       "name is not in the file"]  # fmt: skip
+    assert b.notes == [
+        "2 op(s) are named 'unknown': torch writes that in place of a "
+        "record_function name with non-ASCII or control characters, whose real "
+        "name is not in the file"
+    ]
 
 
 def _event_ends(text: str) -> list[tuple[int, dict]]:
@@ -117,9 +119,10 @@ def test_truncated_capture_keeps_every_complete_event(
     ends = _event_ends(raw.decode())
     complete = [e for end, e in ends if end <= cut]
     expected = [
-        e["name"] for e in complete
+        e["name"]
+        for e in complete
         if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")
-    ]  # fmt: skip
+    ]
     trace = read_kineto(path)
     assert sorted(trace.ranges["name"]) == sorted(expected)
     assert any(f"ends inside its event list at byte {cut:,}" in n for n in trace.notes)
@@ -160,9 +163,10 @@ def test_damage_far_before_the_cut_is_salvaged_in_few_decodes(
     )
     trace = read_kineto(path)
     expected = [
-        e["name"] for end, e in ends if end <= bad
-        and e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")
-    ]  # fmt: skip
+        e["name"]
+        for end, e in ends
+        if end <= bad and e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")
+    ]
     assert sorted(trace.ranges["name"]) == sorted(expected)
     assert len(repairs) <= kineto_stream._MAX_SALVAGE_DECODES + 2
     assert any("ends inside its event list" in n for n in trace.notes)
@@ -189,13 +193,15 @@ def _op(name_json: str, extra: str = "") -> str:
 
 
 def test_other_writer_bugs_are_repaired_with_notes(tmp_path: Path) -> None:
-    body = ",\n".join([
-        # unescaped backslashes (one that starts a valid escape, like \t, cannot be told apart)
-        _op('"C:\\Users\\me"'),
-        _op('"x"', ', "args": {"Sequence number": NaN}'),  # NaN is not JSON
-        _op('"lone \\ud800 surrogate"'),
-        _op('"fine"'),
-    ])  # fmt: skip
+    body = ",\n".join(
+        [
+            # unescaped backslashes (one that starts a valid escape, like \t, cannot be told apart)
+            _op('"C:\\Users\\me"'),
+            _op('"x"', ', "args": {"Sequence number": NaN}'),  # NaN is not JSON
+            _op('"lone \\ud800 surrogate"'),
+            _op('"fine"'),
+        ]
+    )
     trace = read_kineto(_write_events(tmp_path / "bugs.json", body))
     assert list(trace.ranges["name"]) == ["C:\\Users\\me", "x", "lone \ufffd surrogate", "fine"]
     assert trace.ranges["seq"].isna().all()

@@ -150,8 +150,7 @@ def test_only_large_plain_files_are_split(plain: Path, tmp_path: Path) -> None:
         assert kineto_split.split_worthwhile(plain)
         for name, ok in (("perfguard-progress", True), ("Thread-7 (a user's)", False)):
             t = threading.Thread(target=lambda: None, name=name)
-            m.setattr(kineto_split.threading, "enumerate",
-                      lambda t=t: [threading.main_thread(), t])  # fmt: skip
+            m.setattr(kineto_split.threading, "enumerate", lambda t=t: [threading.main_thread(), t])
             assert kineto_split.split_worthwhile(plain) is ok  # forking a threaded process
 
 

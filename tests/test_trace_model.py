@@ -117,8 +117,17 @@ def test_plain_text_is_the_type_text_built_from_objects_has() -> None:
 
 
 def test_conform_narrows_ids_and_never_wraps_one_around() -> None:
-    df = pd.DataFrame({"range_id": [0, 1], "start": [0, 1], "end": [5, 2], "depth": [0, 1],
-                       "parent_id": [-1, 0], "rank": [0, 3], "name": ["a", "b"]})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "range_id": [0, 1],
+            "start": [0, 1],
+            "end": [5, 2],
+            "depth": [0, 1],
+            "parent_id": [-1, 0],
+            "rank": [0, 3],
+            "name": ["a", "b"],
+        }
+    )
     out = conform("ranges", df)
     for col in ("range_id", "depth", "parent_id", "rank"):
         assert out[col].dtype == INDEX and out[col].tolist() == df[col].tolist()
@@ -168,11 +177,17 @@ def test_real_captures_have_the_models_types(fixture_file, cached_trace) -> None
             assert got == [str(t) for t in cols.values()], table
         a = perfguard.analyze(trace)
         for df, coded, ids in (
-            (a.activities, ["name", "short_name", "op_name", "op_id", "direction"],
-             ["kernel_row", "range_id", "instance", "instance_row", "op_key"]),
-            (a.kept_instances, ["op_name", "name", "op_type", "op_id", "input_shapes"],
-             ["instance", "op_key", "kernel_count", "memop_count"]),
-        ):  # fmt: skip
+            (
+                a.activities,
+                ["name", "short_name", "op_name", "op_id", "direction"],
+                ["kernel_row", "range_id", "instance", "instance_row", "op_key"],
+            ),
+            (
+                a.kept_instances,
+                ["op_name", "name", "op_type", "op_id", "input_shapes"],
+                ["instance", "op_key", "kernel_count", "memop_count"],
+            ),
+        ):
             for c in coded:
                 assert isinstance(df[c].dtype, pd.CategoricalDtype), c
             for c in ids:

@@ -111,9 +111,22 @@ def test_kernel_rows_match_sql(export: Export, trace) -> None:
         f" LEFT JOIN StringIds s ON s.id = k.shortName"
     )
     cols = [
-        "start", "end", "device_id", "stream_id", "correlation_id", "pid", "name", "short_name",
-        "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
-    ]  # fmt: skip
+        "start",
+        "end",
+        "device_id",
+        "stream_id",
+        "correlation_id",
+        "pid",
+        "name",
+        "short_name",
+        "grid_x",
+        "grid_y",
+        "grid_z",
+        "block_x",
+        "block_y",
+        "block_z",
+        "registers",
+    ]
     got = [tuple(_norm(v) for v in r) for r in _rows(trace.kernels, cols)]
     assert got == _sorted(expected)
 
@@ -390,8 +403,11 @@ def test_mpi_domain_name(fixture_file, cached_trace) -> None:
     assert mpi_ranges == 17
     assert int((r["domain"] == "MPI").sum()) == mpi_ranges
     assert set(r.loc[r["domain"] == "MPI", "name"]) == {
-        "MPI_Init", "MPI_Send", "MPI_Recv", "MPI_Finalize"
-    }  # fmt: skip
+        "MPI_Init",
+        "MPI_Send",
+        "MPI_Recv",
+        "MPI_Finalize",
+    }
     # default-domain ranges carry no domain name
     assert r.loc[r["name"] == "saxpy", "domain"].isna().all()
 
@@ -515,8 +531,18 @@ def test_kernel_values_too_wide_to_pack_are_read_unpacked(fixtures_dir, tmp_path
     ).fetchall()
     conn.close()
     k = load_trace(path).kernels.sort_values("start", kind="stable")
-    cols = ["start", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
-            "stream_id", "device_id"]  # fmt: skip
+    cols = [
+        "start",
+        "grid_x",
+        "grid_y",
+        "grid_z",
+        "block_x",
+        "block_y",
+        "block_z",
+        "registers",
+        "stream_id",
+        "device_id",
+    ]
     got = [tuple(int(v) for v in row) for row in k[cols].itertuples(index=False)]
     assert got == [tuple(int(v) for v in row) for row in want]
     assert (70000, 600, 2**40) in {(r[2], r[7], r[8]) for r in got}

@@ -105,8 +105,11 @@ def walk_host_ops(path: Path) -> dict[str, tuple[int, int]]:
                 e = dict(_fields(entry))
                 m = _fields(e[2])
                 md = dict(m)
-                emeta[e[1]] = (md.get(2, b"").decode(), md.get(4, b"").decode(),
-                               _stats(m, 5, stat_names))  # fmt: skip
+                emeta[e[1]] = (
+                    md.get(2, b"").decode(),
+                    md.get(4, b"").decode(),
+                    _stats(m, 5, stat_names),
+                )
         for n, line_raw in plane:
             if n != 3:
                 continue
@@ -243,8 +246,19 @@ def test_loader_finds_xplanes_in_a_logdir(tmp_path: Path) -> None:
 def test_analyze_cli_on_an_xplane(tmp_path: Path) -> None:
     from perfguard.cli import main
 
-    rc = main(["analyze", "--database", str(TF_LOOP), "--output-path", str(tmp_path),
-               "--formats", "csv", "--reports", "detail,iteration"])  # fmt: skip
+    rc = main(
+        [
+            "analyze",
+            "--database",
+            str(TF_LOOP),
+            "--output-path",
+            str(tmp_path),
+            "--formats",
+            "csv",
+            "--reports",
+            "detail,iteration",
+        ]
+    )
     assert rc == 0
     detail = pd.read_csv(tmp_path / "dlprof_detail.csv")
     assert set(detail["Op Name"]) >= {"MatMul", "Relu", "gradient_tape/MatMul/MatMul"}
@@ -325,8 +339,12 @@ def test_gpu_kernels_attributed_by_correlation(tmp_path: Path) -> None:
     assert len(t.kernels) == 3 and len(t.memops) == 1 and len(t.api_calls) == 4
     k = t.kernels.iloc[0]
     assert (k["registers"], k["shared_mem"], k["grid_x"], k["grid_y"], k["block_x"]) == (
-        64, 1536, 4, 2, 128,
-    )  # fmt: skip
+        64,
+        1536,
+        4,
+        2,
+        128,
+    )
     assert t.memops["bytes"].tolist() == [4096] and t.memops["kind"].tolist() == ["MemcpyH2D"]
     assert t.devices.loc[0, "compute_capability"] == "8.0" and t.devices.loc[0, "sm_count"] == 80
     a = analyze(t)
@@ -358,8 +376,12 @@ def test_bad_xplanes_are_one_line_errors(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     other = tmp_path / "other.xplane.pb"
     other.write_bytes(b"\x12\x03abc")  # a valid protobuf, but no planes
-    expected = {cut: "truncated or corrupt", junk: "truncated or corrupt", empty: "empty",
-                other: "no planes"}  # fmt: skip
+    expected = {
+        cut: "truncated or corrupt",
+        junk: "truncated or corrupt",
+        empty: "empty",
+        other: "no planes",
+    }
     for path, problem in expected.items():
         with pytest.raises(TraceError, match=problem) as err:
             load_trace(path)
@@ -374,8 +396,14 @@ def test_bad_xplanes_are_one_line_errors(tmp_path: Path) -> None:
 
 
 #: XStat value field -> its wire tag (field number << 3 | wire type), from xplane.proto
-_WIRE_TAG = {"double_value": 0x11, "uint64_value": 0x18, "int64_value": 0x20,
-             "str_value": 0x2A, "bytes_value": 0x32, "ref_value": 0x38}  # fmt: skip
+_WIRE_TAG = {
+    "double_value": 0x11,
+    "uint64_value": 0x18,
+    "int64_value": 0x20,
+    "str_value": 0x2A,
+    "bytes_value": 0x32,
+    "ref_value": 0x38,
+}
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
@@ -398,8 +426,10 @@ def test_vectorised_decoding_equals_protobuf_per_event(path: Path) -> None:
         for i, blob in enumerate(blobs):
             e = xevent.FromString(blob)
             assert (ev.metadata_id[i], ev.offset_ps[i], ev.duration_ps[i]) == (
-                e.metadata_id, e.offset_ps, e.duration_ps,
-            )  # fmt: skip
+                e.metadata_id,
+                e.offset_ps,
+                e.duration_ps,
+            )
             mine = by_event.get(i, [])
             assert [m for m, _, _ in mine] == [s.metadata_id for s in e.stats]
             for (_, kind, row), s in zip(mine, e.stats, strict=True):

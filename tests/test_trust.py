@@ -56,15 +56,27 @@ def test_step(gpuprofile):
 
 
 def git(path: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    done = subprocess.run(["git", *args], cwd=path, env=env, check=True, text=True,
-                          capture_output=True)  # fmt: skip
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    done = subprocess.run(
+        ["git", *args], cwd=path, env=env, check=True, text=True, capture_output=True
+    )
     return done.stdout.strip()
 
 
-def write(root: Path, *, scalar: str = "0.0, dtype=torch.float64", work: int = 2000,
-          marker: str = "", message: str = "step") -> None:  # fmt: skip
+def write(
+    root: Path,
+    *,
+    scalar: str = "0.0, dtype=torch.float64",
+    work: int = 2000,
+    marker: str = "",
+    message: str = "step",
+) -> None:
     (root / "test_step.py").write_text(
         STEP.format(scalar=scalar, work=work, marker=marker), encoding="utf-8"
     )
@@ -76,10 +88,23 @@ def session(root: Path, *args: str, extra: int = 0) -> dict:
     env = {**os.environ, "TRUST_EXTRA": str(extra)}
     env.pop("PERFGUARD_CONFIRM_BUDGET", None)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perfguard",
-         "--perfguard-rounds=5", *args],
-        cwd=root, env=env, text=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--perfguard",
+            "--perfguard-rounds=5",
+            *args,
+        ],
+        cwd=root,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=600,
+    )
     results = json.loads((root / ".perfguard" / "results.json").read_text(encoding="utf-8"))
     results["_stdout"] = done.stdout
     results["_summary"] = (root / ".perfguard" / "summary.md").read_text(encoding="utf-8")
@@ -119,8 +144,12 @@ def test_a_scalar_dtype_is_shown_at_its_line_and_does_not_fail(project: Path) ->
         assert after["_rc"] == 0
 
     # strict: the marker keeps the gate exact
-    write(project, scalar="0.0, dtype=torch.float64", marker=', gates={"strict": ["dtypes"]}',
-          message="strict dtypes")  # fmt: skip
+    write(
+        project,
+        scalar="0.0, dtype=torch.float64",
+        marker=', gates={"strict": ["dtypes"]}',
+        message="strict dtypes",
+    )
     session(project, "--perfguard-save", "--perfguard-confirm-budget=0")
     write(project, scalar="False", marker=', gates={"strict": ["dtypes"]}', message="again")
     strict = entry(session(project, "--perfguard-confirm-budget=0"))
@@ -208,9 +237,13 @@ def test_a_fused_op_split_into_its_parts_is_not_an_improvement(project: Path) ->
 def test_improved_needs_no_significant_slowdown() -> None:
     """Op calls that fell while the time rose significantly: the outcome follows the time."""
     rose = msgspec.structs.replace(
-        not_judged("wall_time", "", 0.05), outcome=Outcome.NOISY, mode="store",
-        delta_pct=61.5, ci_low_pct=21.5, ci_high_pct=114.6,
-    )  # fmt: skip
+        not_judged("wall_time", "", 0.05),
+        outcome=Outcome.NOISY,
+        mode="store",
+        delta_pct=61.5,
+        ci_low_pct=21.5,
+        ci_high_pct=114.6,
+    )
     fell = GateVerdict(Outcome.IMPROVED, message="gates improved: op calls 34 → 27")
     assert combine(rose, fell) is Outcome.NOISY
     flat = msgspec.structs.replace(rose, ci_low_pct=-3.0)
@@ -255,11 +288,16 @@ def test_runs_the_machine_explains_make_no_change_point_by_themselves() -> None:
     values = 1e6 * (1 + 0.01 * rng.standard_normal(18))
     # the detector's own false alarms on short noise are not what this tests (13 of 200
     # series of 14 runs have one): the 14 usual runs alone have no change point
-    assert find_change_points(pd.DataFrame({"run_id": np.arange(14), "value": values[:14],
-                                            "commit": ["c"] * 14})) == []  # fmt: skip
+    assert (
+        find_change_points(
+            pd.DataFrame({"run_id": np.arange(14), "value": values[:14], "commit": ["c"] * 14})
+        )
+        == []
+    )
     values[14:] *= 1.3
-    levels = pd.DataFrame({"run_id": np.arange(18), "commit": [f"c{i}" for i in range(18)],
-                           "value": values})  # fmt: skip
+    levels = pd.DataFrame(
+        {"run_id": np.arange(18), "commit": [f"c{i}" for i in range(18)], "value": values}
+    )
     assert [cp.index for cp in find_change_points(levels)] == [14]
     marked = levels.assign(machine=[""] * 14 + ["machine 30% slower"] * 4)
     assert find_change_points(marked) == []

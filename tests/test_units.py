@@ -36,8 +36,16 @@ def test_counters_read_with_prefixes(value, counter, text) -> None:
 
 @pytest.mark.parametrize(
     ("ns", "text"),
-    [(5, "5 ns"), (999.9, "1 us"), (999_999, "1 ms"), (7.03e6, "7.03 ms"), (1.5e9, "1.5 s"),
-     (9.996e11, "1,000 s"), (-2000, "-2 us"), (None, "n/a")],
-)  # fmt: skip
+    [
+        (5, "5 ns"),
+        (999.9, "1 us"),
+        (999_999, "1 ms"),
+        (7.03e6, "7.03 ms"),
+        (1.5e9, "1.5 s"),
+        (9.996e11, "1,000 s"),
+        (-2000, "-2 us"),
+        (None, "n/a"),
+    ],
+)
 def test_times_read_in_their_unit(ns, text) -> None:
     assert format_ns(ns) == text

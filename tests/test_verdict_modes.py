@@ -64,10 +64,23 @@ def write(path: Path, *, sleep: float = 20, extra: str = "pass", rounds: int = 5
 
 def session(path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "--perfguard", *args],
-        cwd=path, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "--perfguard",
+            *args,
+        ],
+        cwd=path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     doc = json.loads((path / ".perfguard" / "results.json").read_text())
     return done, doc
 
@@ -178,10 +191,13 @@ def test_ab_each_tree_runs_its_own_modules_and_fixtures(
         shas.append(commit(project, message))
     base = shas[0]
     done, doc = session(
-        project, f"--perfguard-against={base}", "--perfguard-ab-pairs=4",
+        project,
+        f"--perfguard-against={base}",
+        "--perfguard-ab-pairs=4",
         "--perfguard-ab-budget=0",  # four pairs, not more when a loaded box reads it wide
-        f"--perfguard-ab-children={ab_children}", f"--perfguard-children={children}",
-    )  # fmt: skip
+        f"--perfguard-ab-children={ab_children}",
+        f"--perfguard-children={children}",
+    )
     t = only(doc)
     assert t["outcome"] == "regressed", (t["message"], done.stdout[-3000:])
     timing = t["timing"]
@@ -249,10 +265,21 @@ def test_ab_bad_ref_is_a_usage_error(project: Path) -> None:
     write(project)
     commit(project, "base")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--perfguard",
-         "--perfguard-against=no-such-ref"],
-        cwd=project, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--perfguard",
+            "--perfguard-against=no-such-ref",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 4
     assert "--perfguard-against no-such-ref: cannot check it out" in done.stderr
 

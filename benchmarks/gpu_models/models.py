@@ -54,14 +54,43 @@ class Size:
 
 
 SIZES = {
-    "cuda": Size(lm_layers=4, lm_hidden=1024, lm_ffn=2816, lm_heads=16, lm_kv_heads=4,
-                 vocab=32000, batch=8, seq=512, cnn_arch="resnet50", cnn_widths=(64, 128, 256, 512),
-                 cnn_batch=32, image=224, block_dim=1024, block_tokens=2048, iterations=4,
-                 warmup=3),
-    "cpu": Size(lm_layers=2, lm_hidden=64, lm_ffn=172, lm_heads=4, lm_kv_heads=2, vocab=256,
-                batch=2, seq=32, cnn_arch="resnet18", cnn_widths=(8, 16, 32, 64), cnn_batch=2,
-                image=32, block_dim=64, block_tokens=64, iterations=3, warmup=1),
-}  # fmt: skip
+    "cuda": Size(
+        lm_layers=4,
+        lm_hidden=1024,
+        lm_ffn=2816,
+        lm_heads=16,
+        lm_kv_heads=4,
+        vocab=32000,
+        batch=8,
+        seq=512,
+        cnn_arch="resnet50",
+        cnn_widths=(64, 128, 256, 512),
+        cnn_batch=32,
+        image=224,
+        block_dim=1024,
+        block_tokens=2048,
+        iterations=4,
+        warmup=3,
+    ),
+    "cpu": Size(
+        lm_layers=2,
+        lm_hidden=64,
+        lm_ffn=172,
+        lm_heads=4,
+        lm_kv_heads=2,
+        vocab=256,
+        batch=2,
+        seq=32,
+        cnn_arch="resnet18",
+        cnn_widths=(8, 16, 32, 64),
+        cnn_batch=2,
+        image=32,
+        block_dim=64,
+        block_tokens=64,
+        iterations=3,
+        warmup=1,
+    ),
+}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZE = SIZES[DEVICE]
 #: bf16 autocast on both devices: the CPU's dry run takes the GPU's code path
@@ -79,10 +108,15 @@ def build_lm(device: str) -> nn.Module:
 
     s = SIZE
     config = LlamaConfig(
-        vocab_size=s.vocab, hidden_size=s.lm_hidden, intermediate_size=s.lm_ffn,
-        num_hidden_layers=s.lm_layers, num_attention_heads=s.lm_heads,
-        num_key_value_heads=s.lm_kv_heads, max_position_embeddings=s.seq, use_cache=False,
-    )  # fmt: skip
+        vocab_size=s.vocab,
+        hidden_size=s.lm_hidden,
+        intermediate_size=s.lm_ffn,
+        num_hidden_layers=s.lm_layers,
+        num_attention_heads=s.lm_heads,
+        num_key_value_heads=s.lm_kv_heads,
+        max_position_embeddings=s.seq,
+        use_cache=False,
+    )
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     return model.to(device)
 
@@ -136,8 +170,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.down: nn.Module = nn.Identity()
         if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                      nn.BatchNorm2d(cout))  # fmt: skip
+            self.down = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.bn1(self.conv1(x)))
@@ -152,9 +187,11 @@ class ResNet(nn.Module):
         super().__init__()
         w0 = widths[0]
         self.stem = nn.Sequential(
-            nn.Conv2d(3, w0, 7, 2, 3, bias=False), nn.BatchNorm2d(w0), nn.ReLU(),
+            nn.Conv2d(3, w0, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(w0),
+            nn.ReLU(),
             nn.MaxPool2d(3, 2, 1),
-        )  # fmt: skip
+        )
         stages, cin = [], w0
         for i, w in enumerate(widths):
             stages += [BasicBlock(cin, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
@@ -262,6 +299,5 @@ STEPS: dict[str, Callable[[str], Step]] = {
     "test_lm_forward": lm_forward_step,
     "test_cnn_train_step": cnn_train_step,
     "test_compiled_block": lambda device: compiled_block_step(device, "default"),
-    "test_compiled_block_cudagraphs": lambda device: compiled_block_step(device,
-                                                                         "reduce-overhead"),
-}  # fmt: skip
+    "test_compiled_block_cudagraphs": lambda device: compiled_block_step(device, "reduce-overhead"),
+}

@@ -299,13 +299,15 @@ def _per_replay(
         dur = gpu_time(acts).astype(np.int64, copy=False)
         for column, mask in (("kernel_time", kernel), ("tc_kernel_time", tc)):
             if column in inst:
-                sums = np.bincount(owner[mask & (owner >= 0)], dur[mask & (owner >= 0)],
-                                   minlength=len(inst))  # fmt: skip
+                sums = np.bincount(
+                    owner[mask & (owner >= 0)], dur[mask & (owner >= 0)], minlength=len(inst)
+                )
                 inst[column] = _replaced(inst[column], rows, sums[rows])
     if by_range is None or "flops" not in inst:
         return
-    at = instance_rows(trace.ranges["range_id"].to_numpy(np.int64),
-                       inst["instance"].to_numpy(np.int64)[rows])  # fmt: skip
+    at = instance_rows(
+        trace.ranges["range_id"].to_numpy(np.int64), inst["instance"].to_numpy(np.int64)[rows]
+    )
     for column in ("flops", "bytes"):
         per_call = pd.api.extensions.take(by_range[column].array, at, allow_fill=True)
         inst.loc[rows, column] = cast(Any, per_call) * replays[rows]

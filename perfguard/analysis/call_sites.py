@@ -101,11 +101,13 @@ def _pairs(
     width = len(texts) + 1
     pair, first = np.unique(key * width + code, return_inverse=True)
     return _Pairs(
-        key=pair // width, site=pair % width, texts=texts,
+        key=pair // width,
+        site=pair % width,
+        texts=texts,
         calls=np.bincount(first, minlength=len(pair)).astype(np.int64),
         gpu=np.bincount(first, weights=g_all, minlength=len(pair)),
         cpu=np.bincount(first, weights=c_all, minlength=len(pair)),
-    )  # fmt: skip
+    )
 
 
 def op_call_sites(
@@ -147,10 +149,16 @@ def op_sites(ranges: pd.DataFrame, inst: pd.DataFrame, cpu_only: CpuOnly | None)
     if p is None:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in OP_SITE_COLUMNS})
     names, direction = _op_text(p.key, inst, cpu_only)
-    out = pd.DataFrame({
-        "op_name": names, "direction": direction, "call_site": p.texts[p.site].astype(object),
-        "calls": p.calls, "gpu_time": p.gpu, "cpu_time": p.cpu,
-    })  # fmt: skip
+    out = pd.DataFrame(
+        {
+            "op_name": names,
+            "direction": direction,
+            "call_site": p.texts[p.site].astype(object),
+            "calls": p.calls,
+            "gpu_time": p.gpu,
+            "cpu_time": p.cpu,
+        }
+    )
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
     return out[list(OP_SITE_COLUMNS)]
 

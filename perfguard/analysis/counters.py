@@ -33,16 +33,34 @@ from perfguard.analysis.attribution import enclosing_op
 COUNTER_COLUMNS = ("op_id", "op_name", "iteration", "counter", "value")
 #: counter names, in the order reports list them
 COUNTERS = (
-    "calls", "kernels", "flops", "bytes", "memcpy", "memcpy_bytes", "syncs", "host_reads",
-)  # fmt: skip
+    "calls",
+    "kernels",
+    "flops",
+    "bytes",
+    "memcpy",
+    "memcpy_bytes",
+    "syncs",
+    "host_reads",
+)
 #: CUDA runtime/driver calls that block the host until device work finishes
 #: (the ``*Async`` copies do not; a plain ``cudaMemcpy`` to or from pageable memory does)
 SYNC_APIS = (
-    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
-    "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyFromSymbol", "cudaMemcpyToSymbol",
-    "cudaMemset", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
-    "cuMemcpyDtoH", "cuMemcpyHtoD", "cuMemcpy",
-)  # fmt: skip
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaMemcpy2D",
+    "cudaMemcpy3D",
+    "cudaMemcpyFromSymbol",
+    "cudaMemcpyToSymbol",
+    "cudaMemset",
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+    "cuMemcpyDtoH",
+    "cuMemcpyHtoD",
+    "cuMemcpy",
+)
 #: A graph compiler (TensorFlow's Grappler, XLA) decides how many ops and kernels a step
 #: runs: a fusion makes three ops one, with the same work. Where a capture's ops are the
 #: compiler's (:data:`COMPILED_FORMATS`; the record's ``meta[COMPILED_OPS]``), a fall of these

@@ -56,9 +56,16 @@ class CpuOnly:
         (the iterations ``--iter-start/--iter-stop`` select)."""
         fields = {
             name: getattr(self, name)[fold]
-            for name in ("range_row", "order", "op_key", "rank", "iteration", "cpu_time",
-                         "cpu_overhead")
-        }  # fmt: skip
+            for name in (
+                "range_row",
+                "order",
+                "op_key",
+                "rank",
+                "iteration",
+                "cpu_time",
+                "cpu_overhead",
+            )
+        }
         return dataclasses.replace(self, **fields, kept_order=self.kept_order[kept])
 
     def by(self, codes: np.ndarray) -> FoldedStats:
@@ -304,8 +311,10 @@ def first_valid_of_both(
     n = part.n
     pos = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     value = np.full(n, None, dtype=object)
-    sides = ((kept_values, None, kc, cpu_only.kept_order, part.kept_codes),
-             (fold_values, cpu_only.range_row, fc, cpu_only.order, part.fold_codes))  # fmt: skip
+    sides = (
+        (kept_values, None, kc, cpu_only.kept_order, part.kept_codes),
+        (fold_values, cpu_only.range_row, fc, cpu_only.order, part.fold_codes),
+    )
     for values, through, codes, order, merged in sides:
         codes = np.asarray(codes)
 

@@ -90,13 +90,15 @@ def no_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
         return []
     return [
         Finding(
-            "no_iterations", "info", "No iterations were found in the profile.",
+            "no_iterations",
+            "info",
+            "No iterations were found in the profile.",
             "no ProfilerStep#N or perfguard.iteration ranges, and no --key-node",
             "Mark iterations (torch.profiler's prof.step(), the gpuprofile fixture, or "
             "perfguard.iteration ranges) or pass --key-node NAME so per-iteration figures, "
             "--iter-start/--iter-stop and regression checks work.",
         )
-    ]  # fmt: skip
+    ]
 
 
 def bad_iteration_range(a: Analysis, th: Thresholds) -> list[Finding]:
@@ -108,12 +110,13 @@ def bad_iteration_range(a: Analysis, th: Thresholds) -> list[Finding]:
     if n < th.min_iterations:
         out.append(
             Finding(
-                "bad_iteration_range", "info",
+                "bad_iteration_range",
+                "info",
                 f"Only {n} iteration(s) are aggregated; timings of so few are noisy.",
                 f"iterations {a.summary.iteration_range}",
                 f"Profile or select at least {th.min_iterations} iterations.",
             )
-        )  # fmt: skip
+        )
     first = it.sort_values("iteration").groupby("rank").head(1)
     rest = it.drop(first.index)
     if len(rest):
@@ -125,13 +128,14 @@ def bad_iteration_range(a: Analysis, th: Thresholds) -> list[Finding]:
             f = first.set_index("rank").loc[r]
             out.append(
                 Finding(
-                    "bad_iteration_range", "warning",
+                    "bad_iteration_range",
+                    "warning",
                     f"Iteration {int(f['iteration'])} looks like warm-up: it takes "
                     f"{float(slow.iloc[0]):.1f}x the median of the others and is aggregated.",
                     f"rank {r}: {_ms(f['duration'])} vs median {_ms(med[r])}",
                     f"Start the range after warm-up: --iter-start {int(f['iteration']) + 1}.",
                 )
-            )  # fmt: skip
+            )
     return out
 
 
@@ -144,13 +148,14 @@ def gpu_underutilized(a: Analysis, th: Thresholds) -> list[Finding]:
         return []
     return [
         Finding(
-            "gpu_underutilized", "warning",
+            "gpu_underutilized",
+            "warning",
             f"The GPU is busy only {util:.1f}% of the wall time.",
             f"flattened busy {_ms(a.summary.gpu_busy)} of {_ms(a.summary.wall_time)} wall time",
             "Look for CPU-side gaps: data loading, host synchronisation (.item(), .cpu()), "
             "small launch-bound kernels; raise the batch size or overlap work with streams.",
         )
-    ]  # fmt: skip
+    ]
 
 
 def imbalanced_gpus(a: Analysis, th: Thresholds) -> list[Finding]:
@@ -169,14 +174,15 @@ def imbalanced_gpus(a: Analysis, th: Thresholds) -> list[Finding]:
     lo = cast(tuple[int, int], busy.idxmin())
     return [
         Finding(
-            "imbalanced_gpus", "warning",
+            "imbalanced_gpus",
+            "warning",
             f"GPU work is imbalanced: the busiest GPU does {ratio:.2f}x the work of the least.",
             f"rank {hi[0]} GPU {hi[1]}: {_ms(busy.max())}; rank {lo[0]} GPU {lo[1]}: "
             f"{_ms(busy.min())}",
             "Balance the data or model partition across GPUs; in data parallel runs check "
             "uneven batch sizes and ranks that do extra work (logging, evaluation).",
         )
-    ]  # fmt: skip
+    ]
 
 
 def emit_nvtx_missing(a: Analysis, th: Thresholds) -> list[Finding]:
@@ -187,15 +193,17 @@ def emit_nvtx_missing(a: Analysis, th: Thresholds) -> list[Finding]:
     has_ranges = bool((a.trace.ranges["kind"] == "op").any())
     return [
         Finding(
-            "emit_nvtx_missing", "warning",
+            "emit_nvtx_missing",
+            "warning",
             f"{100 * un / total:.0f}% of GPU time belongs to no framework op"
-            + ("" if has_ranges else ": the capture has no op ranges at all") + ".",
+            + ("" if has_ranges else ": the capture has no op ranges at all")
+            + ".",
             f"unassociated {_ms(un)} of {_ms(total)}",
             "Capture with op ranges: perfguard.instrument() or torch.autograd.profiler."
             "emit_nvtx() under nsys (or nsys --pytorch=autograd-nvtx), or use the PyTorch "
             "profiler backend, which records ops itself.",
         )
-    ]  # fmt: skip
+    ]
 
 
 def _matches(values: pd.Series, pattern: re.Pattern[str] | str) -> np.ndarray:
@@ -240,13 +248,14 @@ def dataloader_bound(a: Analysis, th: Thresholds) -> list[Finding]:
         return []
     return [
         Finding(
-            "dataloader_bound", "warning",
+            "dataloader_bound",
+            "warning",
             f"The data loader takes {100 * share:.0f}% of the wall time.",
             f"{len(dl)} loader ranges, {_ms(spent)} of {_ms(wall)}",
             "Use more DataLoader workers (num_workers), pin_memory=True, persistent_workers, "
             "prefetching, or move preprocessing to the GPU (e.g. DALI).",
         )
-    ]  # fmt: skip
+    ]
 
 
 # --------------------------------------------------------------------------- launch and copies
@@ -271,14 +280,21 @@ def launch_bound_tiny_kernels(a: Analysis, th: Thresholds) -> list[Finding]:
     j = inst.loc[hit, ["op_name", "direction", "gpu_span", "gpu_idle"]].assign(size=size[hit])
     if j.empty:
         return []
-    g = j.groupby(["op_name", "direction"]).agg(
-        calls=("size", "size"), kernels=("size", "sum"), idle=("gpu_idle", "sum"),
-        span=("gpu_span", "sum"),
-    ).sort_values("idle", ascending=False)  # fmt: skip
+    g = (
+        j.groupby(["op_name", "direction"])
+        .agg(
+            calls=("size", "size"),
+            kernels=("size", "sum"),
+            idle=("gpu_idle", "sum"),
+            span=("gpu_span", "sum"),
+        )
+        .sort_values("idle", ascending=False)
+    )
     names = pd.Series([n for n, _ in g.index])
     return [
         Finding(
-            "launch_bound_tiny_kernels", "warning",
+            "launch_bound_tiny_kernels",
+            "warning",
             f"{len(g)} op(s) launch many tiny kernels and leave the GPU idle between them.",
             f"{_top(names)}: {int(g['kernels'].sum())} kernels mostly under "
             f"{th.tiny_kernel_ns / 1000:.0f} µs, GPU idle {_ms(g['idle'].sum())} of a "
@@ -286,7 +302,7 @@ def launch_bound_tiny_kernels(a: Analysis, th: Thresholds) -> list[Finding]:
             "Fuse the work (torch.compile, fused optimizers such as foreach/fused Adam, "
             "fused kernels) or capture it in a CUDA graph to remove launch overhead.",
         )
-    ]  # fmt: skip
+    ]
 
 
 def memcpy_in_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
@@ -302,7 +318,8 @@ def memcpy_in_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
     owners = m["op_name"].astype(object).value_counts()  # coded text: no zero counts
     return [
         Finding(
-            "memcpy_in_iterations", "info",
+            "memcpy_in_iterations",
+            "info",
             f"{len(m) / n_iter:.1f} host<->device copies per iteration inside the measured "
             "iterations.",
             f"{', '.join(f'{k}: {v}' for k, v in kinds.items())}; {_ms(t)} in total; "
@@ -310,7 +327,7 @@ def memcpy_in_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
             "Keep tensors on the device; copy inputs with pin_memory=True and "
             "non_blocking=True; avoid .item()/.cpu()/print of GPU tensors inside the step.",
         )
-    ]  # fmt: skip
+    ]
 
 
 # --------------------------------------------------------------------------- Tensor Cores
@@ -367,7 +384,8 @@ def bad_tensor_shape(a: Analysis, th: Thresholds) -> list[Finding]:
     ex = bad[0]
     return [
         Finding(
-            "bad_tensor_shape", "warning",
+            "bad_tensor_shape",
+            "warning",
             f"{len(by_op)} Tensor Core eligible GEMM op(s) have dimensions that are not "
             f"multiples of {ex[2]} elements.",
             f"{_top(pd.Series(by_op.index))}; e.g. shapes {ex[0]} ({ex[1]}) with dims "
@@ -375,7 +393,7 @@ def bad_tensor_shape(a: Analysis, th: Thresholds) -> list[Finding]:
             f"Pad hidden sizes, vocabulary and batch x sequence to multiples of {ex[2]} "
             "(64 or more is better on A100/H100) so cuBLAS picks full-width Tensor Core tiles.",
         )
-    ]  # fmt: skip
+    ]
 
 
 def amp_not_used(a: Analysis, th: Thresholds) -> list[Finding]:
@@ -396,7 +414,8 @@ def amp_not_used(a: Analysis, th: Thresholds) -> list[Finding]:
     by_op = fp32.groupby("op_name")["gpu_time"].sum().sort_values(ascending=False)
     return [
         Finding(
-            "amp_not_used", "warning",
+            "amp_not_used",
+            "warning",
             f"{100 * share:.0f}% of GPU time is in fp32 GEMMs/convolutions on a Tensor Core "
             "GPU: automatic mixed precision is not used.",
             f"{_top(pd.Series(by_op.index))}; {int(np.sum(tc))} of {len(fp32)} calls ran TF32 "
@@ -405,7 +424,7 @@ def amp_not_used(a: Analysis, th: Thresholds) -> list[Finding]:
             "GradScaler for fp16) or at least TF32 "
             "(torch.backends.cuda.matmul.allow_tf32 = True).",
         )
-    ]  # fmt: skip
+    ]
 
 
 def tc_lost_between_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
@@ -432,14 +451,15 @@ def tc_lost_between_iterations(a: Analysis, th: Thresholds) -> list[Finding]:
     lost = [int(cast(int, i)) for i, v in row.items() if pd.notna(v) and not bool(v)]
     return [
         Finding(
-            "tc_lost_between_iterations", "warning",
+            "tc_lost_between_iterations",
+            "warning",
             f"{len(mixed)} eligible op(s) use Tensor Cores in some iterations and not in others.",
             f"{name}: no TC kernel in iteration(s) {lost[:5]}",
             "Shapes or dtypes change between iterations (dynamic shapes, a last partial "
             "batch, autocast turned off), or cuDNN/cuBLAS heuristics chose another algorithm: "
             "fix the shapes (drop_last=True, padding) and set torch.backends.cudnn.benchmark.",
         )
-    ]  # fmt: skip
+    ]
 
 
 def splitk_gemv_fallbacks(a: Analysis, th: Thresholds) -> list[Finding]:
@@ -450,13 +470,21 @@ def splitk_gemv_fallbacks(a: Analysis, th: Thresholds) -> list[Finding]:
     total = float(k["gpu_time_total"].sum())
     out = []
     for check, pat, what, rec in (
-        ("splitk_fallback", _SPLITK, "split-K GEMMs (an extra reduction kernel per call)",
-         "Split-K means the GEMM is too small or too skinny to fill the GPU: batch several "
-         "GEMMs together, grow M/N, or fuse them (grouped GEMM)."),
-        ("gemv_fallback", _GEMV, "GEMV / SIMT kernels (no Tensor Cores)",
-         "A GEMM with M or N of 1 runs as GEMV: batch the requests (larger decode batch) or "
-         "accept it as expected for token-by-token decoding."),
-    ):  # fmt: skip
+        (
+            "splitk_fallback",
+            _SPLITK,
+            "split-K GEMMs (an extra reduction kernel per call)",
+            "Split-K means the GEMM is too small or too skinny to fill the GPU: batch several "
+            "GEMMs together, grow M/N, or fuse them (grouped GEMM).",
+        ),
+        (
+            "gemv_fallback",
+            _GEMV,
+            "GEMV / SIMT kernels (no Tensor Cores)",
+            "A GEMM with M or N of 1 runs as GEMV: batch the requests (larger decode batch) or "
+            "accept it as expected for token-by-token decoding.",
+        ),
+    ):
         hit = k[_matches(k["name"], pat)]
         if hit.empty:
             continue
@@ -465,15 +493,20 @@ def splitk_gemv_fallbacks(a: Analysis, th: Thresholds) -> list[Finding]:
             continue
         # kernels per owning op, most first (ties by name)
         owners = (
-            hit.groupby("op_name")["calls"].sum().reset_index()
+            hit.groupby("op_name")["calls"]
+            .sum()
+            .reset_index()
             .sort_values(["calls", "op_name"], ascending=[False, True])
-        )  # fmt: skip
+        )
         out.append(
             Finding(
-                check, "info", f"{int(hit['calls'].sum())} kernels are {what}.",
-                f"{_ms(t)} GPU time; issued by {_top(owners['op_name'])}", rec,
+                check,
+                "info",
+                f"{int(hit['calls'].sum())} kernels are {what}.",
+                f"{_ms(t)} GPU time; issued by {_top(owners['op_name'])}",
+                rec,
             )
-        )  # fmt: skip
+        )
     return out
 
 

@@ -40,12 +40,14 @@ _SUFFIX = r"(?:_v\d+|_ptsz|_ptds)*$"
 _KINDS = (
     (1, r"^cu(?:da)?StreamBeginCapture(?:ToGraph)?" + _SUFFIX),
     (2, r"^cu(?:da)?StreamEndCapture" + _SUFFIX),
-    (3, r"^(?:cudaLaunchKernel(?:ExC)?|cudaLaunchCooperativeKernel|cuLaunchKernel(?:Ex)?"
-        r"|cuLaunchCooperativeKernel)" + _SUFFIX),
-    (4, r"^(?:cudaMemcpy\w*Async|cudaMemset\w*Async|cuMemcpy\w*Async|cuMemsetD\w*Async)"
-        + _SUFFIX),
+    (
+        3,
+        r"^(?:cudaLaunchKernel(?:ExC)?|cudaLaunchCooperativeKernel|cuLaunchKernel(?:Ex)?"
+        r"|cuLaunchCooperativeKernel)" + _SUFFIX,
+    ),
+    (4, r"^(?:cudaMemcpy\w*Async|cudaMemset\w*Async|cuMemcpy\w*Async|cuMemsetD\w*Async)" + _SUFFIX),
     (5, r"^cu(?:da)?StreamWaitEvent" + _SUFFIX),
-)  # fmt: skip
+)
 _BEGIN, _END, _KERNEL_LAUNCH, _MEMOP_LAUNCH, _WAIT = 1, 2, 3, 4, 5
 
 
@@ -105,17 +107,28 @@ def recorded_launch(
     rec_row, rec_kind = rows[launches], k[launches]
     first = np.flatnonzero(np.r_[True, cap[1:] != cap[:-1]])  # contiguous per capture
     size = np.diff(np.r_[first, len(cap)])
-    caps = pd.DataFrame({
-        "capture": np.arange(len(first)), "first": first, "n": size,
-        "rank": api["rank"].to_numpy()[rows[cap[first]]],
-        "pid": api["pid"].to_numpy()[rows[cap[first]]],
-        "ended": api["end"].to_numpy(np.int64)[end_row[cap[first]]],
-    })[~branched[cap[first]]]  # fmt: skip
+    caps = pd.DataFrame(
+        {
+            "capture": np.arange(len(first)),
+            "first": first,
+            "n": size,
+            "rank": api["rank"].to_numpy()[rows[cap[first]]],
+            "pid": api["pid"].to_numpy()[rows[cap[first]]],
+            "ended": api["end"].to_numpy(np.int64)[end_row[cap[first]]],
+        }
+    )[~branched[cap[first]]]
 
     # the replays: activities grouped by their cudaGraphLaunch, in start order
     act = np.flatnonzero(replay)
-    act = act[np.lexsort((acts["end"].to_numpy(np.int64)[act],
-                          acts["start"].to_numpy(np.int64)[act], launch[act]))]  # fmt: skip
+    act = act[
+        np.lexsort(
+            (
+                acts["end"].to_numpy(np.int64)[act],
+                acts["start"].to_numpy(np.int64)[act],
+                launch[act],
+            )
+        )
+    ]
     lr = launch[act]
     start = acts["start"].to_numpy(np.int64)[act]
     stop = acts["end"].to_numpy(np.int64)[act]
@@ -125,11 +138,15 @@ def recorded_launch(
     overlap = np.zeros(len(head), dtype=bool)  # a replay whose activities overlap
     inner = pos > 0
     np.logical_or.at(overlap, group[inner], start[inner] < stop[np.flatnonzero(inner) - 1])
-    reps = pd.DataFrame({
-        "group": np.arange(len(head)), "n": np.diff(np.r_[head, len(act)]),
-        "rank": api["rank"].to_numpy()[lr[head]], "pid": api["pid"].to_numpy()[lr[head]],
-        "launched": api["start"].to_numpy(np.int64)[lr[head]],
-    })[~overlap]  # fmt: skip
+    reps = pd.DataFrame(
+        {
+            "group": np.arange(len(head)),
+            "n": np.diff(np.r_[head, len(act)]),
+            "rank": api["rank"].to_numpy()[lr[head]],
+            "pid": api["pid"].to_numpy()[lr[head]],
+            "launched": api["start"].to_numpy(np.int64)[lr[head]],
+        }
+    )[~overlap]
     pairs = reps.merge(caps, on=["rank", "pid", "n"])
     pairs = pairs[pairs["ended"] <= pairs["launched"]]
     unique = pairs.groupby("group")["capture"].transform("size") == 1

@@ -33,9 +33,17 @@ from perfguard.trace.model import Trace
 from perfguard.trace.ranges import ids_are_rows
 
 COLUMNS = [
-    "op_id", "op_name", "direction", "calls", "child_ops", "kernel_count", "cpu_time_total",
-    "gpu_time_total", "gpu_time_flattened", "gpu_idle_total",
-]  # fmt: skip
+    "op_id",
+    "op_name",
+    "direction",
+    "calls",
+    "child_ops",
+    "kernel_count",
+    "cpu_time_total",
+    "gpu_time_total",
+    "gpu_time_flattened",
+    "gpu_idle_total",
+]
 
 
 def _member_pairs(
@@ -156,8 +164,12 @@ def aggregate_groups(
     del rows, g
     at = np.searchsorted(groups, present)
     figures = {}
-    for col, name in (("gpu_time", "time"), ("kernel_count", "kernels"), ("span", "span"),
-                      ("flat", "busy")):  # fmt: skip
+    for col, name in (
+        ("gpu_time", "time"),
+        ("kernel_count", "kernels"),
+        ("span", "span"),
+        ("flat", "busy"),
+    ):
         figures[col] = np.zeros(len(groups), dtype=np.int64)
         figures[col][at] = fig[name]
     del present, fig, at  # per-range arrays of millions: each freed once used

@@ -32,9 +32,10 @@ COLUMNS = ["rank", "iteration", "start", "end", "source"]
 def rank_spans(trace: Trace) -> pd.DataFrame:
     """First and last timestamp per rank over every event table (``rank, t0, t1``)."""
     parts = [
-        getattr(trace, t) for t in ("ranges", "api_calls", "kernels", "memops")
+        getattr(trace, t)
+        for t in ("ranges", "api_calls", "kernels", "memops")
         if len(getattr(trace, t))
-    ]  # fmt: skip
+    ]
     if not parts:
         return pd.DataFrame({"rank": [], "t0": [], "t1": []}, dtype=np.int64)
     # per table, then over the tables: no concatenated copy of every event
@@ -52,9 +53,11 @@ def _span_per_rank(table: pd.DataFrame) -> pd.DataFrame:
         index = pd.Index([lo], dtype=rank.dtype, name="rank")
         start, end = table["start"], table["end"]
         return pd.DataFrame(
-            {"t0": pd.Series([start.min()], index=index, dtype=start.dtype),
-             "t1": pd.Series([end.max()], index=index, dtype=end.dtype)},
-        )  # fmt: skip
+            {
+                "t0": pd.Series([start.min()], index=index, dtype=start.dtype),
+                "t1": pd.Series([end.max()], index=index, dtype=end.dtype),
+            },
+        )
     cols = table[["rank", "start", "end"]]
     return cols.groupby("rank").agg(t0=("start", "min"), t1=("end", "max"))
 

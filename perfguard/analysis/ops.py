@@ -340,8 +340,9 @@ def op_instances(
     name_code = np.concatenate([name_code, codes.orphan_code])
     start = col("start", a_start[orphan])
     end = col("end", a_start[orphan])  # unassociated work takes no CPU time
-    direction = text("direction", "fprop" if codes.orphan_direction is None
-                     else codes.orphan_direction)  # fmt: skip
+    direction = text(
+        "direction", "fprop" if codes.orphan_direction is None else codes.orphan_direction
+    )
     api = np.zeros(len(start), dtype=np.int64)
     api[: len(op_rows)] = api_time_inside(trace, op_rows) if api_time is None else api_time
     cpu_time = metrics.cpu_time(start, end)
@@ -356,7 +357,7 @@ def op_instances(
             "op_name": categorical(name_code, codes.names),
             "name": text(
                 "name", codes.orphan_name if codes.orphan_leaf is None else codes.orphan_leaf
-            ),  # fmt: skip
+            ),
             "direction": direction,
             "op_type": text("op_type", "unassociated"),
             "input_shapes": text("input_shapes", None),
@@ -537,8 +538,9 @@ def aggregate_ops(inst: pd.DataFrame, cpu_only: CpuOnly | None = None) -> pd.Dat
         if "tc_eligible" in inst.columns:  # Tensor Core / FLOP columns (analysis.enrich)
             out = pd.concat([out, _gpu_metrics(grouped)], axis=1)
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))
-    out = out.sort_values(["gpu_time_total", "cpu_time_total", "op_name"],
-                          ascending=[False, False, True])  # fmt: skip
+    out = out.sort_values(
+        ["gpu_time_total", "cpu_time_total", "op_name"], ascending=[False, False, True]
+    )
     return out.reset_index(drop=True)
 
 

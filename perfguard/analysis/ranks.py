@@ -41,9 +41,23 @@ if TYPE_CHECKING:
 #: kernels whose name contains this (any case) are communication (NCCL collectives)
 COMM_MARKER = "nccl"
 
-COLUMNS = ["rank", "gpus", "iterations", "iteration_time_avg", "wall_time", "gpu_time",
-           "kernel_time", "comm_time", "compute_time", "memop_time", "gpu_busy", "idle_time",
-           "idle_pct", "comm_wait", "straggler"]  # fmt: skip
+COLUMNS = [
+    "rank",
+    "gpus",
+    "iterations",
+    "iteration_time_avg",
+    "wall_time",
+    "gpu_time",
+    "kernel_time",
+    "comm_time",
+    "compute_time",
+    "memop_time",
+    "gpu_busy",
+    "idle_time",
+    "idle_pct",
+    "comm_wait",
+    "straggler",
+]
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def busy_in_windows(acts: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
                     "device_id": device,
                     "busy": busy,
                 }
-            )  # fmt: skip
+            )
         )
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype=np.int64) for c in cols})
@@ -108,9 +108,22 @@ def iteration_table(
     memop_count, gpu_time, kernel_time, tc_kernel_time, gpu_busy, gpus,
     gpu_utilization``.
     """
-    cols = ["rank", "iteration", "start", "end", "duration", "op_calls", "kernel_count",
-            "memop_count", "gpu_time", "kernel_time", "tc_kernel_time", "gpu_busy", "gpus",
-            "gpu_utilization"]  # fmt: skip
+    cols = [
+        "rank",
+        "iteration",
+        "start",
+        "end",
+        "duration",
+        "op_calls",
+        "kernel_count",
+        "memop_count",
+        "gpu_time",
+        "kernel_time",
+        "tc_kernel_time",
+        "gpu_busy",
+        "gpus",
+        "gpu_utilization",
+    ]
     if window.empty:
         return pd.DataFrame(columns=cols)
     t = window[["rank", "iteration", "start", "end"]].copy()

@@ -54,8 +54,12 @@ class Acceptance:
         return f"accepted at {self.commit[:12]}: {self.reason}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"commit": self.commit, "reason": self.reason, "time": self.time,
-                "author": self.author}  # fmt: skip
+        return {
+            "commit": self.commit,
+            "reason": self.reason,
+            "time": self.time,
+            "author": self.author,
+        }
 
 
 def since(repo: str | os.PathLike[str], commit: str, ref: str) -> frozenset[str] | None:
@@ -78,8 +82,9 @@ def applicable(
             continue
         if best is None or len(commits) <= len(best.commits):
             author = row.author if isinstance(row.author, str) else None
-            best = Acceptance(str(row.nodeid), str(row.commit), str(row.reason),
-                              str(row.time), author, commits)  # fmt: skip
+            best = Acceptance(
+                str(row.nodeid), str(row.commit), str(row.reason), str(row.time), author, commits
+            )
     return best
 
 

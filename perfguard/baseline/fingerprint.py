@@ -114,8 +114,11 @@ def machine_fingerprint(
     if smi is not None:
         names = smi.gpu_names
         if names or smi.driver:
-            smi_info = {"gpu_name": ", ".join(sorted(set(names))), "gpu_count": len(names),
-                        "driver": smi.driver}  # fmt: skip
+            smi_info = {
+                "gpu_name": ", ".join(sorted(set(names))),
+                "gpu_count": len(names),
+                "driver": smi.driver,
+            }
     else:
         smi_info = _nvidia_smi()
     gpu_name, gpu_count = "", 0

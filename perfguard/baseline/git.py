@@ -275,9 +275,15 @@ def find_baseline(
     """
     walk = first_parent_commits(repo_path, ref, max_depth=max_depth)
     match, _ = match_runs(
-        store.reader.runs(), walk, ref, fingerprint, exclude_run_id=exclude_run_id, only=only,
-        environment=environment, across=across,
-    )  # fmt: skip
+        store.reader.runs(),
+        walk,
+        ref,
+        fingerprint,
+        exclude_run_id=exclude_run_id,
+        only=only,
+        environment=environment,
+        across=across,
+    )
     return match
 
 
@@ -321,7 +327,12 @@ def match_runs(
         return BaselineMatch("incomparable", ref, len(walk), reason=why), comparable
     row = comparable.iloc[0]
     match = BaselineMatch(
-        "found", ref, len(walk), run_id=int(row.run_id), commit=str(row.commit),
-        distance=int(row.distance), dirty=bool(row.dirty),
-    )  # fmt: skip
+        "found",
+        ref,
+        len(walk),
+        run_id=int(row.run_id),
+        commit=str(row.commit),
+        distance=int(row.distance),
+        dirty=bool(row.dirty),
+    )
     return match, comparable[comparable["commit"] == match.commit]

@@ -58,8 +58,20 @@ SOURCE = IMPORTED_BACKENDS[0]
 #: rounds kept per benchmark; more are summarised by this many quantiles
 MAX_ROUNDS = 1000
 #: the figures of ``stats`` kept in the record's meta (seconds, as pytest-benchmark writes)
-STATS_KEPT = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds",
-              "iterations", "ops", "total")  # fmt: skip
+STATS_KEPT = (
+    "min",
+    "max",
+    "mean",
+    "stddev",
+    "median",
+    "iqr",
+    "q1",
+    "q3",
+    "rounds",
+    "iterations",
+    "ops",
+    "total",
+)
 #: commit ids pytest-benchmark writes when the project is not in git
 _NO_COMMIT = {"", "unversioned", "unknown"}
 
@@ -107,8 +119,10 @@ def benchmark_files(path: str | Path) -> list[Path]:
     path = Path(path)
     if not path.is_dir():
         return [path]
-    return sorted((p for p in path.rglob("*.json") if p.is_file()),
-                  key=lambda p: (p.parent.as_posix(), p.name))  # fmt: skip
+    return sorted(
+        (p for p in path.rglob("*.json") if p.is_file()),
+        key=lambda p: (p.parent.as_posix(), p.name),
+    )
 
 
 def read_benchmark_run(path: str | Path) -> BenchmarkRun:
@@ -216,11 +230,16 @@ def _record(bench: dict[str, Any], file: str, version: str) -> tuple[TestRecord,
         raise ValueError(f"{nodeid}: times must be finite and >= 0")
     ns = np.rint(seconds * 1e9).astype(np.int64)
     n = len(ns)
-    samples = pd.DataFrame({
-        "iteration": np.arange(n, dtype=np.int64), "gpu_time_ns": np.zeros(n, dtype=np.int64),
-        "wall_time_ns": ns, "cpu_time_ns": pd.array([pd.NA] * n, dtype="Int64"),
-        "round": np.arange(n, dtype=np.int64), "profiled": np.zeros(n, dtype=bool),
-    })  # fmt: skip
+    samples = pd.DataFrame(
+        {
+            "iteration": np.arange(n, dtype=np.int64),
+            "gpu_time_ns": np.zeros(n, dtype=np.int64),
+            "wall_time_ns": ns,
+            "cpu_time_ns": pd.array([pd.NA] * n, dtype="Int64"),
+            "round": np.arange(n, dtype=np.int64),
+            "profiled": np.zeros(n, dtype=bool),
+        }
+    )
     meta = {
         "source": SOURCE,
         "file": file,

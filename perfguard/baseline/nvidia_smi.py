@@ -33,13 +33,16 @@ _PATHS: dict[str, tuple[str, ...]] = {
     "persistence": ("Persistence Mode",),
     "mig": ("MIG Mode/Current",),
     "ecc": ("ECC Mode/Current",),
-    "power_limit": ("GPU Power Readings/Current Power Limit",
-                    "Power Readings/Enforced Power Limit", "Power Readings/Power Limit"),
+    "power_limit": (
+        "GPU Power Readings/Current Power Limit",
+        "Power Readings/Enforced Power Limit",
+        "Power Readings/Power Limit",
+    ),
     "app_sm_clock": ("Applications Clocks/Graphics",),
     "app_mem_clock": ("Applications Clocks/Memory",),
     "max_sm_clock": ("Max Clocks/SM",),
     "max_mem_clock": ("Max Clocks/Memory",),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)

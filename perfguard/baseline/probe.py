@@ -59,8 +59,10 @@ def _torch_libraries() -> dict[str, str]:
     torch = sys.modules.get("torch")
     if torch is None:
         return {}
-    out = {"torch": _quiet(lambda: str(torch.__version__)),
-           "cuda_runtime": _quiet(lambda: str(torch.version.cuda or ""))}  # fmt: skip
+    out = {
+        "torch": _quiet(lambda: str(torch.__version__)),
+        "cuda_runtime": _quiet(lambda: str(torch.version.cuda or "")),
+    }
 
     def cudnn() -> str:
         v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
@@ -83,8 +85,10 @@ def _git_version() -> str:
 
 def governor(root: str = "/sys/devices/system/cpu") -> str:
     """The CPUs' frequency governor(s), distinct, in CPU order (``performance``)."""
-    files = sorted(glob.glob(f"{root}/cpu[0-9]*/cpufreq/scaling_governor"),
-                   key=lambda p: int(Path(p).parent.parent.name[3:]))  # fmt: skip
+    files = sorted(
+        glob.glob(f"{root}/cpu[0-9]*/cpufreq/scaling_governor"),
+        key=lambda p: int(Path(p).parent.parent.name[3:]),
+    )
     seen = dict.fromkeys(Path(f).read_text().strip() for f in files)
     return ", ".join(g for g in seen if g)
 
@@ -121,8 +125,9 @@ def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", mount: str = "/sys/fs/cgro
             if level == Path(mount):
                 break
     else:
-        cpu = next((ln.split(":", 2)[2] for ln in lines
-                    if "cpu" in ln.split(":", 2)[1].split(",")), None)  # fmt: skip
+        cpu = next(
+            (ln.split(":", 2)[2] for ln in lines if "cpu" in ln.split(":", 2)[1].split(",")), None
+        )
         for base in (Path(mount, "cpu,cpuacct"), Path(mount, "cpu")):
             for level in [base / cpu.lstrip("/"), base] if cpu else [base]:
                 q, p = level / "cpu.cfs_quota_us", level / "cpu.cfs_period_us"

@@ -136,10 +136,14 @@ class Reader:
         commit, branch, dirty, when, fp, env, group = row
         with self.db.decoding(f"run {run_id}"):
             return RunInfo(
-                commit, branch, bool(dirty), when, Fingerprint.from_dict(json.loads(fp)),
+                commit,
+                branch,
+                bool(dirty),
+                when,
+                Fingerprint.from_dict(json.loads(fp)),
                 Environment.from_dict(json.loads(env)) if env else Environment(),
                 group=group if isinstance(group, str) else None,
-            )  # fmt: skip
+            )
 
     def run_version(self, run_id: int) -> str | None:
         """The perfguard version that saved run ``run_id`` (an export keeps it)."""
@@ -212,9 +216,13 @@ class Reader:
             )
             if fingerprint is not None and len(cand):  # timings measured alike: -n too
                 fps = self._fingerprints(cand["fingerprint"])
-                cand = cand[[fingerprint.incompatibility(fp) is None
-                             and fingerprint.timing_incompatibility(fp) is None
-                             for fp in fps]]  # fmt: skip
+                cand = cand[
+                    [
+                        fingerprint.incompatibility(fp) is None
+                        and fingerprint.timing_incompatibility(fp) is None
+                        for fp in fps
+                    ]
+                ]
             cand = cand.head(max(int(limit), 0)).iloc[::-1].reset_index(drop=True)
             self._metrics(cand["metric"])
             samples = self._query(
@@ -279,8 +287,11 @@ class Reader:
             [commit],
         )
         self._texts(df, "tests", "nodeid")
-        return {str(n): float(ns) / 1e9 for n, ns in zip(df["nodeid"], df["ns"], strict=True)
-                if ns is not None and ns == ns and ns > 0}  # fmt: skip
+        return {
+            str(n): float(ns) / 1e9
+            for n, ns in zip(df["nodeid"], df["ns"], strict=True)
+            if ns is not None and ns == ns and ns > 0
+        }
 
     def nodeids(self) -> list[str]:
         """Every test with a record in the store, sorted."""

@@ -44,10 +44,22 @@ SAMPLE_COLUMNS = ("iteration", "gpu_time_ns", "wall_time_ns", "cpu_time_ns", "ro
 OP_SAMPLE_COLUMNS = ("op_id", "iteration", "calls", "gpu_time_ns", "cpu_time_ns")
 #: columns of :attr:`TestRecord.ops`: one row per op (whole capture)
 OP_COLUMNS = (
-    "op_id", "op_name", "direction", "op_type", "calls", "kernel_count",
-    "cpu_time_total", "gpu_time_total", "tc_eligible", "using_tc", "tc_utilization",
-    "flops", "bytes", "flop_efficiency", "dtypes",
-)  # fmt: skip
+    "op_id",
+    "op_name",
+    "direction",
+    "op_type",
+    "calls",
+    "kernel_count",
+    "cpu_time_total",
+    "gpu_time_total",
+    "tc_eligible",
+    "using_tc",
+    "tc_utilization",
+    "flops",
+    "bytes",
+    "flop_efficiency",
+    "dtypes",
+)
 #: columns of :attr:`TestRecord.kernels`: one row per (kernel name, op)
 KERNEL_COLUMNS = ("op_id", "op_name", "kernel_name", "calls", "gpu_time_total", "uses_tc")
 #: columns of :attr:`TestRecord.counters`: one row per (op, deterministic counter), the
@@ -526,10 +538,14 @@ def record_from_timings(
     walls = np.asarray(wall_times_ns, dtype=np.int64)
     samples = _timing_rows(np.zeros(len(walls), dtype=bool), walls, cpu_times_ns, rounds)
     return TestRecord(
-        nodeid=nodeid, metric=metric, samples=samples[list(SAMPLE_COLUMNS)],
-        op_samples=empty_frame(OP_SAMPLE_COLUMNS), ops=empty_frame(OP_COLUMNS),
-        kernels=empty_frame(KERNEL_COLUMNS), meta=meta,
-    )  # fmt: skip
+        nodeid=nodeid,
+        metric=metric,
+        samples=samples[list(SAMPLE_COLUMNS)],
+        op_samples=empty_frame(OP_SAMPLE_COLUMNS),
+        ops=empty_frame(OP_COLUMNS),
+        kernels=empty_frame(KERNEL_COLUMNS),
+        meta=meta,
+    )
 
 
 def _timing_rows(
@@ -675,9 +691,16 @@ def merge_rounds(records: list[TestRecord]) -> TestRecord:
     meta["rounds"] = len(records)
     functions = next((r.functions for r in records if len(r.functions)), first.functions)
     return TestRecord(
-        first.nodeid, first.metric, pd.concat(samples, ignore_index=True),
-        pd.concat(op_samples, ignore_index=True), ops, kernels, meta, counters, functions,
-    )  # fmt: skip
+        first.nodeid,
+        first.metric,
+        pd.concat(samples, ignore_index=True),
+        pd.concat(op_samples, ignore_index=True),
+        ops,
+        kernels,
+        meta,
+        counters,
+        functions,
+    )
 
 
 def _merge_counters(frames: list[pd.DataFrame]) -> pd.DataFrame:

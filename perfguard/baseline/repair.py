@@ -73,8 +73,9 @@ def _bad_rows(dialect: str) -> dict[str, str]:
         conds = [f'"{c}" < 0' for c in NON_NEGATIVE[table]]
         if sqlite:
             conds += [f"typeof(\"{c}\") NOT IN ({_STORAGE[k]}, 'null')" for c, k in columns.items()]
-            conds += [f'abs("{c}") > 1.7976931348623157e308'
-                      for c, k in columns.items() if k == "float"]  # fmt: skip
+            conds += [
+                f'abs("{c}") > 1.7976931348623157e308' for c, k in columns.items() if k == "float"
+            ]
         out[table] = " OR ".join(conds) if conds else "0 = 1"
     metrics = ", ".join(f"'{m}'" for m in METRICS)
     out["tests"] = f"metric NOT IN ({metrics})"
@@ -136,8 +137,10 @@ def check(location: str | os.PathLike[str]) -> Check:
         if result.schema is not None and result.schema <= SCHEMA_VERSION:
             with db.guard():
                 have = set(db.tables())
-            result.structure += [f"table {t} is missing (schema v{result.schema} has it)"
-                                 for t in sorted(tables_at(result.schema) - have)]  # fmt: skip
+            result.structure += [
+                f"table {t} is missing (schema v{result.schema} has it)"
+                for t in sorted(tables_at(result.schema) - have)
+            ]
         if not result.structure and (result.schema or 0) <= SCHEMA_VERSION:
             result.values = value_problems(db)  # a newer schema's values are not ours to judge
         for table in db.tables():
@@ -475,8 +478,9 @@ def _drop_what_is_not_whole(
         dropped |= {int(r[0]) for r in ids}
     if dropped:
         ids_json = json.dumps(sorted(dropped))
-        conn.execute("DELETE FROM tests WHERE test_id IN (SELECT value FROM json_each(?))",
-                     (ids_json,))  # fmt: skip
+        conn.execute(
+            "DELETE FROM tests WHERE test_id IN (SELECT value FROM json_each(?))", (ids_json,)
+        )
     out.incomplete_tests = len(dropped)
     conn.execute("DELETE FROM tests WHERE run_id NOT IN (SELECT run_id FROM runs)")
     for table in frames:

@@ -54,9 +54,14 @@ class CaptureResult:
 
 #: the backend each option of :class:`RunOptions` belongs to, as the messages name it
 OPTION_OWNER = {
-    "delay": "nsys", "duration": "nsys", "capture range": "nsys",
-    "warmup": "torch", "iterations": "torch", "with stack": "torch", "fallback seconds": "torch",
-}  # fmt: skip
+    "delay": "nsys",
+    "duration": "nsys",
+    "capture range": "nsys",
+    "warmup": "torch",
+    "iterations": "torch",
+    "with stack": "torch",
+    "fallback seconds": "torch",
+}
 
 
 @dataclass(frozen=True)
@@ -78,10 +83,15 @@ class RunOptions:
 
     def asked(self) -> list[str]:
         """The options given, as the messages name them."""
-        named = (("delay", self.delay), ("duration", self.duration),
-                 ("capture range", self.capture_range), ("warmup", self.warmup),
-                 ("iterations", self.iterations), ("with stack", self.with_stack),
-                 ("fallback seconds", self.fallback_s))  # fmt: skip
+        named = (
+            ("delay", self.delay),
+            ("duration", self.duration),
+            ("capture range", self.capture_range),
+            ("warmup", self.warmup),
+            ("iterations", self.iterations),
+            ("with stack", self.with_stack),
+            ("fallback seconds", self.fallback_s),
+        )
         return [flag for flag, value in named if value is not None]
 
 
@@ -188,10 +198,16 @@ class Backend(ABC):
             stale.unlink(missing_ok=True)
         done = run_command(plan.argv, timeout=timeout, env=plan.env)
         result = CaptureResult(
-            path=plan.path, backend=self.name, command=command, returncode=done.returncode,
-            wall_time_s=done.wall_time_s, log=done.stderr_tail, why=self.why, argv=done.argv,
+            path=plan.path,
+            backend=self.name,
+            command=command,
+            returncode=done.returncode,
+            wall_time_s=done.wall_time_s,
+            log=done.stderr_tail,
+            why=self.why,
+            argv=done.argv,
             report=next((r for r in plan.reports if r.is_file()), None),
-        )  # fmt: skip
+        )
         if done.returncode != 0 and not self.accepts_exit(done, plan, options):
             last = done.last_stderr_line
             kept = plan.path.is_file()

@@ -301,9 +301,13 @@ def run_nsys_child(
     argv = child_argv(nodeid, rootdir, inifile=inifile, xdist=xdist, plugin_args=plugin_args)
     try:
         done = backend.capture(
-            argv, output_dir=output_dir, name=name, capture_range="cudaProfilerApi",
-            timeout=timeout, env=env,
-        )  # fmt: skip
+            argv,
+            output_dir=output_dir,
+            name=name,
+            capture_range="cudaProfilerApi",
+            timeout=timeout,
+            env=env,
+        )
     except CaptureError as exc:
         report = read_child_result(result_file)
         if report is not None and report.get("outcome") == "failed":

@@ -43,11 +43,14 @@ STOP_INSTRUMENTATION = _CT + 5
 _CODE = bytes.fromhex(
     "4889f8"  # mov %rdi, %rax        the argument block
     "4889f2"  # mov %rsi, %rdx        the default result
-    "48c1c703" "48c1c70d" "48c1c73d" "48c1c733"  # the special-instruction preamble
+    "48c1c703"
+    "48c1c70d"
+    "48c1c73d"
+    "48c1c733"  # the special-instruction preamble
     "4887db"  # xchg %rbx, %rbx       %rdx = client_request(%rax)
     "4889d0"  # mov %rdx, %rax
     "c3"  # ret
-)  # fmt: skip
+)
 
 _Request = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64)
 

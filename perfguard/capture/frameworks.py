@@ -31,13 +31,22 @@ from perfguard.capture.tensorflow import TensorFlowCapturer
 FRAMEWORKS = ("torch", "tf", "jax")
 #: spellings accepted for each framework (marker argument, CLI option)
 ALIASES = {
-    "torch": "torch", "pytorch": "torch",
-    "tf": "tf", "tensorflow": "tf", "keras": "tf",
-    "jax": "jax", "flax": "jax",
-}  # fmt: skip
+    "torch": "torch",
+    "pytorch": "torch",
+    "tf": "tf",
+    "tensorflow": "tf",
+    "keras": "tf",
+    "jax": "jax",
+    "flax": "jax",
+}
 #: top-level module -> framework, for modules a test imported
-_MODULE_FRAMEWORK = {"torch": "torch", "tensorflow": "tf", "jax": "jax", "flax": "jax",
-                     "optax": "jax"}  # fmt: skip
+_MODULE_FRAMEWORK = {
+    "torch": "torch",
+    "tensorflow": "tf",
+    "jax": "jax",
+    "flax": "jax",
+    "optax": "jax",
+}
 #: Keras 3 backend name -> framework
 _KERAS_BACKEND = {"tensorflow": "tf", "jax": "jax", "torch": "torch"}
 

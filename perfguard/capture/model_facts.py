@@ -44,10 +44,14 @@ def model_facts(values: Iterable[object], frame: FrameType | None = None) -> dic
             found = True
             seen.update(id(p) for g in v.param_groups for p in g["params"])
             name = names.get(id(v), "")
-            optimizers.append({
-                "name": name, "class": type(v).__name__, "settings": _settings(v),
-                "site": _assigned_at(frame, name) if frame is not None and name else "",
-            })  # fmt: skip
+            optimizers.append(
+                {
+                    "name": name,
+                    "class": type(v).__name__,
+                    "settings": _settings(v),
+                    "site": _assigned_at(frame, name) if frame is not None and name else "",
+                }
+            )
     if not found:
         return {}
     return {"parameter_tensors": len(seen), "optimizers": optimizers}
@@ -63,8 +67,11 @@ def _settings(opt: Any) -> dict[str, Any]:
             continue
         if hasattr(v, "item") and getattr(v, "numel", lambda: 2)() == 1:  # a tensor lr
             v = v.item()
-        out[k] = v if isinstance(v, bool | int | float | str | type(None)) else (
-            list(v) if isinstance(v, tuple) else str(v))  # fmt: skip
+        out[k] = (
+            v
+            if isinstance(v, bool | int | float | str | type(None))
+            else (list(v) if isinstance(v, tuple) else str(v))
+        )
     return out
 
 

@@ -193,18 +193,27 @@ class NsysBackend(Backend):
             # nsys expands %q{VAR}, %h, %p in -o: the file would not be where we look.
             raise CaptureError(f"output path {out} contains '%', which nsys would expand")
         argv = nsys_profile_argv(
-            nsys, command, out, export_mode=self.export_mode, delay=options.delay,
-            duration=options.duration, capture_range=options.capture_range,
-        )  # fmt: skip
+            nsys,
+            command,
+            out,
+            export_mode=self.export_mode,
+            delay=options.delay,
+            duration=options.duration,
+            capture_range=options.capture_range,
+        )
         child_env = dict(os.environ if env is None else env)
         rng = parse_capture_range(options.capture_range)
         if rng is not None and rng[0] == "nvtx":
             child_env.setdefault("NSYS_NVTX_PROFILER_REGISTER_ONLY", "0")
         reports = tuple(out.with_name(out.name + s) for s in REPORT_SUFFIXES)
         return RunPlan(
-            argv=argv, env=child_env, path=out.with_name(out.name + ".sqlite"),
-            what="SQLite export", stale=reports, reports=reports,
-        )  # fmt: skip
+            argv=argv,
+            env=child_env,
+            path=out.with_name(out.name + ".sqlite"),
+            what="SQLite export",
+            stale=reports,
+            reports=reports,
+        )
 
     def accepts_exit(self, done: Completed, plan: RunPlan, options: RunOptions) -> bool:
         """nsys ends the program at ``duration``: its export is the capture."""

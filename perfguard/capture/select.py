@@ -75,9 +75,10 @@ def _auto(nsys: str | None, export_mode: ExportMode) -> Backend:
     gpu, gpu_how = gpu_present()
     if found is not None and gpu:
         return NsysBackend(
-            nsys, export_mode=export_mode,
+            nsys,
+            export_mode=export_mode,
             why=f"auto: nsys found at {nsys_how} and a GPU is present ({gpu_how})",
-        )  # fmt: skip
+        )
     no_nsys = f"nsys found at {nsys_how} but {gpu_how}" if found else "nsys not found"
     has_torch, torch_how = _torch.torch_available()
     if not has_torch:
@@ -126,6 +127,13 @@ def profile_command(
         _nsys.parse_capture_range(capture_range)  # a typo fails before anything runs
     chosen = select_backend(backend, nsys, export_mode=export_mode)
     return chosen.capture(
-        command, output_dir=output_dir, name=name, delay=delay, duration=duration,
-        capture_range=capture_range, timeout=timeout, env=env, options=options,
-    )  # fmt: skip
+        command,
+        output_dir=output_dir,
+        name=name,
+        delay=delay,
+        duration=duration,
+        capture_range=capture_range,
+        timeout=timeout,
+        env=env,
+        options=options,
+    )

@@ -163,9 +163,15 @@ class LineCounter:
     def counts(self, top: int = 500) -> list[list[Any]]:
         """``[site, function, source text, runs]`` of the :data:`top` lines that ran most."""
         rows = sorted(self.hits.items(), key=lambda kv: -kv[1])[:top]
-        return [[site_text(code.co_filename, line), str(getattr(code, "co_qualname", code.co_name)),
-                 linecache.getline(code.co_filename, line).strip(), n]
-                for (code, line), n in rows]  # fmt: skip
+        return [
+            [
+                site_text(code.co_filename, line),
+                str(getattr(code, "co_qualname", code.co_name)),
+                linecache.getline(code.co_filename, line).strip(),
+                n,
+            ]
+            for (code, line), n in rows
+        ]
 
 
 def _mode_class() -> type:
@@ -216,8 +222,10 @@ class SitePassRun(AbstractContextManager["SitePassRun"]):
 
             self._prof = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU],
-                record_shapes=False, with_stack=False, with_flops=False,
-            )  # fmt: skip
+                record_shapes=False,
+                with_stack=False,
+                with_flops=False,
+            )
             start_profiler(torch, self._prof)  # without importing Inductor (1.4 s of CPU)
             self._mode = _mode_class()(self._sites)
             self._mode.__enter__()
@@ -259,8 +267,11 @@ def from_profiler(prof: Any, sites: list[Site]) -> SitePass:
     """Each op name's calls in the step, in order, with their site index
     (:func:`perfguard.trace.site_pass.event_sites`). torch's results are one Python
     object per event (its API); a step's few thousand are read once into arrays."""
-    events = [e for e in prof.profiler.kineto_results.events()
-              if str(e.device_type()).endswith("CPU") and not e.is_python_function()]  # fmt: skip
+    events = [
+        e
+        for e in prof.profiler.kineto_results.events()
+        if str(e.device_type()).endswith("CPU") and not e.is_python_function()
+    ]
     n = len(events)
     names = np.array([str(e.name()) for e in events], dtype=object)
     start = np.fromiter((e.start_ns() for e in events), np.int64, n)
@@ -298,8 +309,7 @@ class WindowSites:
             self._mode.__enter__()
         except Exception as exc:  # noqa: BLE001 - the capture goes on without sites
             self._mode = None
-            print(f"perfguard: note: no call sites: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)  # fmt: skip
+            print(f"perfguard: note: no call sites: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def window_closed(self, trace: Path) -> None:
         mode, self._mode = self._mode, None

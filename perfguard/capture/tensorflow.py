@@ -50,15 +50,19 @@ class TensorFlowCapturer(XSpaceCapturer):
             if found.named:
                 write_sites(self.path, found)
         except Exception as exc:  # noqa: BLE001 - TensorFlow's internals moved
-            print(f"perfguard: note: no TensorFlow call sites: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"perfguard: note: no TensorFlow call sites: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
         try:  # the graph ops' shapes, for their FLOPs and bytes: a note's worth too
             facts = graph_facts()
             if facts:
                 write_graph_facts(self.path, facts)
         except Exception as exc:  # noqa: BLE001 - TensorFlow's internals moved
-            print(f"perfguard: note: no TensorFlow op shapes: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"perfguard: note: no TensorFlow op shapes: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
 
     def _step(self, number: int) -> AbstractContextManager[Any]:
         import tensorflow as tf  # optional: loaded only when a TF test is captured
@@ -88,20 +92,22 @@ def graph_sites() -> SitePass:
     named: dict[str, int] = {}
     for _, graph in traced_graphs():
         for op in graph.get_operations():
-            frames = [f for f in reversed(op.traceback)
-                      if not is_library_file(f.filename)]  # fmt: skip
+            frames = [f for f in reversed(op.traceback) if not is_library_file(f.filename)]
             if not frames:
                 continue
             key = (frames[0].filename, frames[0].lineno)
             if key not in index:
                 index[key] = len(sites)
-                sites.append(Site(
-                    where=site_text(frames[0].filename, frames[0].lineno),
-                    function=frames[0].name,
-                    code=linecache.getline(frames[0].filename, frames[0].lineno).strip(),
-                    stack=tuple(f"{site_text(f.filename, f.lineno)} in {f.name}"
-                                for f in frames[1:8]),
-                ))  # fmt: skip
+                sites.append(
+                    Site(
+                        where=site_text(frames[0].filename, frames[0].lineno),
+                        function=frames[0].name,
+                        code=linecache.getline(frames[0].filename, frames[0].lineno).strip(),
+                        stack=tuple(
+                            f"{site_text(f.filename, f.lineno)} in {f.name}" for f in frames[1:8]
+                        ),
+                    )
+                )
             named.setdefault(op.name, index[key])
     return SitePass(tuple(sites), {}, named, "TensorFlow graph ops' creation tracebacks")
 

@@ -183,9 +183,13 @@ def profile_torch(
     dev = resolve_device(device, torch)
     out = trace_path(output_path)
     prof = new_profiler(
-        torch, dev, record_shapes=record_shapes, with_stack=with_stack,
-        with_flops=with_flops, profile_memory=profile_memory,
-    )  # fmt: skip
+        torch,
+        dev,
+        record_shapes=record_shapes,
+        with_stack=with_stack,
+        with_flops=with_flops,
+        profile_memory=profile_memory,
+    )
     handle = TorchProfile(path=out, device=dev, profiler=prof)
 
     def step_aside() -> None:
@@ -350,9 +354,11 @@ class _StepAside:
             self._files.append(_save_session(session, self.out))
             _write_sidecar(session, self.out)
         except Exception as exc:  # noqa: BLE001 - ours (written at step-aside) stays
-            print(f"perfguard: note: the program's profiler trace could not be kept "
-                  f"({type(exc).__name__}: {exc}); the capture stops where it started",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"perfguard: note: the program's profiler trace could not be kept "
+                f"({type(exc).__name__}: {exc}); the capture stops where it started",
+                file=sys.stderr,
+            )
 
 
 def _save_session(session: Any, out: Path) -> Path:
@@ -428,8 +434,11 @@ def _write_sidecar(prof: Any, out: Path) -> None:
         write_sidecar(prof, out)
     except Exception as exc:  # noqa: BLE001 - a torch without these results: a note only
         sidecar_path(out).unlink(missing_ok=True)
-        print(f"perfguard: note: names and call sites not kept beside {out.name}: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr)  # fmt: skip
+        print(
+            f"perfguard: note: names and call sites not kept beside {out.name}: "
+            f"{type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
 
 
 def torch_runner_argv(
@@ -517,16 +526,22 @@ class TorchBackend(Backend):
         report = _report_path(out)
         out = out.with_name(out.name + TRACE_SUFFIX)
         argv = torch_runner_argv(
-            out, target, device=self.device, record_shapes=self.record_shapes,
+            out,
+            target,
+            device=self.device,
+            record_shapes=self.record_shapes,
             with_stack=_given(options.with_stack, self.with_stack),
-            with_flops=self.with_flops, profile_memory=self.profile_memory,
+            with_flops=self.with_flops,
+            profile_memory=self.profile_memory,
             warmup=_given(options.warmup, self.warmup),
             iterations=_given(options.iterations, self.iterations),
-            key_node=options.key_node, fallback_s=_given(options.fallback_s, self.fallback_s),
+            key_node=options.key_node,
+            fallback_s=_given(options.fallback_s, self.fallback_s),
             report=report,
-        )  # fmt: skip
-        return RunPlan(argv=argv, env=python_runner_env(env), path=out, what="trace",
-                       stale=(report,))  # fmt: skip
+        )
+        return RunPlan(
+            argv=argv, env=python_runner_env(env), path=out, what="trace", stale=(report,)
+        )
 
     def finish(self, result: CaptureResult, plan: RunPlan, timeout: float | None) -> CaptureResult:
         """What the runner said the capture holds, as ``result.detail``."""

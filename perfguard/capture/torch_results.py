@@ -92,9 +92,14 @@ def write_sidecar(prof: Any, trace: Path) -> Path | None:
         mine = np.flatnonzero(frame)[not_none(frame_site)]
         if len(mine):
             sites[op] = innermost_sites(
-                start[op], end[op], tid[op], start[mine], end[mine], tid[mine],
+                start[op],
+                end[op],
+                tid[op],
+                start[mine],
+                end[mine],
+                tid[mine],
                 frame_site[not_none(frame_site)],
-            )  # fmt: skip
+            )
     codes, uniques = pd.factorize(pd.Series(names, dtype=object))
     bad = ~pd.Series(uniques, dtype=object).str.match(_SAFE.pattern).fillna(True).to_numpy(bool)
     damaged = (codes >= 0) & bad[np.maximum(codes, 0)] if len(uniques) else codes < -1

@@ -75,8 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-flops", dest="with_flops", action="store_false")
     p.add_argument("--profile-memory", action="store_true")
     p.add_argument("--warmup", type=_count, default=DEFAULT_WARMUP, metavar="N")
-    p.add_argument("--iterations", type=iterations, default=DEFAULT_ITERATIONS,
-                   metavar="N|all")  # fmt: skip
+    p.add_argument("--iterations", type=iterations, default=DEFAULT_ITERATIONS, metavar="N|all")
     p.add_argument("--key-node", metavar="NAME")
     p.add_argument("--fallback-seconds", type=float, default=DEFAULT_FALLBACK_S, metavar="S")
     p.add_argument("--report", metavar="FILE")
@@ -176,10 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if opts.iterations == WHOLE_RUN:
             with profile_torch(
-                opts.output, device=opts.device, record_shapes=opts.record_shapes,
-                with_stack=opts.with_stack, with_flops=opts.with_flops,
+                opts.output,
+                device=opts.device,
+                record_shapes=opts.record_shapes,
+                with_stack=opts.with_stack,
+                with_flops=opts.with_flops,
                 profile_memory=opts.profile_memory,
-            ) as handle:  # fmt: skip
+            ) as handle:
                 status = run_target(target)
             report = WindowReport("whole", 0, 0, "", "the whole run", "; ".join(handle.notes))
         else:
@@ -205,11 +207,16 @@ def _run_window(opts: argparse.Namespace, target: Sequence[str]) -> tuple[Window
     spec = WindowSpec(opts.warmup, opts.iterations, opts.key_node, opts.fallback_seconds)
     status = 0
     with window_capture(
-        torch, trace_path(opts.output), device, spec, record_shapes=opts.record_shapes,
-        with_stack=opts.with_stack, with_flops=opts.with_flops,
+        torch,
+        trace_path(opts.output),
+        device,
+        spec,
+        record_shapes=opts.record_shapes,
+        with_stack=opts.with_stack,
+        with_flops=opts.with_flops,
         profile_memory=opts.profile_memory,
         observers=[*OBSERVERS, *([] if opts.with_stack else [WindowSites()])],
-    ) as window:  # fmt: skip
+    ) as window:
         status = run_target(target)
     assert window.report is not None  # set whenever the window exits without an error
     return window.report, status
@@ -219,8 +226,7 @@ def _write_report(path: Path, report: WindowReport) -> None:
     try:
         path.write_text(json.dumps(report.as_json()))
     except OSError as exc:
-        print(f"perfguard: note: {path}: the capture's report not written ({exc})",
-              file=sys.stderr)  # fmt: skip
+        print(f"perfguard: note: {path}: the capture's report not written ({exc})", file=sys.stderr)
 
 
 if __name__ == "__main__":

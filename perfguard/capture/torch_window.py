@@ -440,9 +440,12 @@ class TorchWindow:
         if prof is not None:
             _export(prof, self.out)
         self.report = WindowReport(
-            "aside", 0, self.spec.warmup, self._key_text(),
+            "aside",
+            0,
+            self.spec.warmup,
+            self._key_text(),
             "the program's own profiler session (perfguard's stepped aside)",
-        )  # fmt: skip
+        )
 
     def _ours(self, session: Any) -> bool:
         return any(p is not None and session is p.profiler for p in (self.prof, self.provisional))
@@ -555,9 +558,13 @@ def window_capture(
 
     def session(stack: bool) -> Any:
         return new_profiler(
-            torch, device, record_shapes=record_shapes, with_stack=stack,
-            with_flops=with_flops, profile_memory=profile_memory,
-        )  # fmt: skip
+            torch,
+            device,
+            record_shapes=record_shapes,
+            with_stack=stack,
+            with_flops=with_flops,
+            profile_memory=profile_memory,
+        )
 
     window = TorchWindow(torch, spec, session, out, with_stack=with_stack, observers=observers)
     with window:

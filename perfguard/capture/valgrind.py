@@ -67,19 +67,56 @@ CACHE_GEOMETRY = ("--I1=32768,8,64", "--D1=32768,8,64", "--LL=8388608,16,64")
 ENV_OUT = "PERFGUARD_CALLGRIND_OUT"
 #: the variables the Callgrind child gets (with :data:`KEPT_PREFIXES` and any the user
 #: names): where programs, libraries and Python find things, the locale, the temp folder
-KEPT_ENV = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP",
-    "TMP", "PYTHONPATH", "PYTHONHOME", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE",
-    "PYTHONWARNINGS", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "CUDA_HOME",
-    "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
-    # which pytest plugins load: the child starts as its session did
-    "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_PLUGINS",
-})  # fmt: skip
+KEPT_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONPYCACHEPREFIX",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONWARNINGS",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "LD_LIBRARY_PATH",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CUDA_VISIBLE_DEVICES",
+        # which pytest plugins load: the child starts as its session did
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD",
+        "PYTEST_PLUGINS",
+    }
+)
 #: prefixes of the variables that configure the frameworks and their libraries
 KEPT_PREFIXES = (
-    "LC_", "PERFGUARD_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "NUMEXPR_",
-    "XLA_", "TF_", "JAX_", "HF_", "TRANSFORMERS_", "NVIDIA_", "CUDNN_", "CUBLAS_", "NCCL_",
-)  # fmt: skip
+    "LC_",
+    "PERFGUARD_",
+    "TORCH",
+    "PYTORCH_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "OPENBLAS_",
+    "NUMEXPR_",
+    "XLA_",
+    "TF_",
+    "JAX_",
+    "HF_",
+    "TRANSFORMERS_",
+    "NVIDIA_",
+    "CUDNN_",
+    "CUBLAS_",
+    "NCCL_",
+)
 _TRIGGER = re.compile(r"^desc: Trigger: Client Request: (.*)$", re.M)
 
 

@@ -37,8 +37,10 @@ PROG = "python -m perfguard.capture.xspace_runner"
 RUNNER_MODULE = "perfguard.capture.xspace_runner"
 EXIT_NO_TRACE = 3
 #: the module each framework needs, and how to install it
-_NEEDS = {"tf": ("tensorflow", 'pip install "perfguard[tf]"'),
-          "jax": ("jax", 'pip install "perfguard[jax]"')}  # fmt: skip
+_NEEDS = {
+    "tf": ("tensorflow", 'pip install "perfguard[tf]"'),
+    "jax": ("jax", 'pip install "perfguard[jax]"'),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,8 +96,17 @@ class XSpaceBackend(Backend):
         if not ok:
             raise CaptureError(reason)
         out = out.with_name(out.name + XPLANE_SUFFIX)
-        argv = [sys.executable, "-m", RUNNER_MODULE, "--framework", self.framework,
-                "--output", str(out), "--", *python_target(command, self.framework)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            RUNNER_MODULE,
+            "--framework",
+            self.framework,
+            "--output",
+            str(out),
+            "--",
+            *python_target(command, self.framework),
+        ]
         return RunPlan(argv=argv, env=python_runner_env(env), path=out, what="profile")
 
     def accepts_exit(self, done: Completed, plan: RunPlan, options: RunOptions) -> bool:

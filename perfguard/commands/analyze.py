@@ -43,9 +43,13 @@ def add_parser(subparsers: Any) -> None:
         description="Attribute every GPU kernel to the op that launched it and write "
         "summary/detail/iteration/kernel reports.",
     )
-    analyze.add_argument("--database", "-d", required=True, metavar="FILE_OR_DIR",
-                         help="nsys .sqlite export, Kineto .json/.json.gz trace, or a "
-                              "directory of per-rank traces")  # fmt: skip
+    analyze.add_argument(
+        "--database",
+        "-d",
+        required=True,
+        metavar="FILE_OR_DIR",
+        help="nsys .sqlite export, Kineto .json/.json.gz trace, or a directory of per-rank traces",
+    )
     add_analyze_options(analyze)
     analyze.add_argument(
         "--per-rank",
@@ -86,9 +90,13 @@ def _file_name(text: str) -> str:
 
 def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     """Analysis options, shared by ``analyze`` and ``profile``."""
-    parser.add_argument("--key-node", "--key_node", dest="key_node", metavar="NAME",
-                        help="range name that ends each iteration (DLProf: N instances give "
-                             "N+1 iterations)")  # fmt: skip
+    parser.add_argument(
+        "--key-node",
+        "--key_node",
+        dest="key_node",
+        metavar="NAME",
+        help="range name that ends each iteration (DLProf: N instances give N+1 iterations)",
+    )
     parser.add_argument(
         "--iter-start",
         "--iter_start",
@@ -105,10 +113,13 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="last iteration to aggregate (inclusive)",
     )
-    parser.add_argument("--reports", type=_choices(ALL_REPORTS, ("all",)),
-                        default=list(ALL_REPORTS), metavar="LIST",
-                        help=f"comma-separated reports: {','.join(ALL_REPORTS)} or all "
-                             "(default: all)")  # fmt: skip
+    parser.add_argument(
+        "--reports",
+        type=_choices(ALL_REPORTS, ("all",)),
+        default=list(ALL_REPORTS),
+        metavar="LIST",
+        help=f"comma-separated reports: {','.join(ALL_REPORTS)} or all (default: all)",
+    )
     parser.add_argument(
         "--formats",
         type=_choices((*FORMATS, PERFETTO)),
@@ -139,16 +150,27 @@ def add_analyze_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-f", "--force", action="store_true", help="overwrite existing report files"
     )
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress line on stderr (it shows only on a terminal, "
-                             "after 2 s)")  # fmt: skip
-    parser.add_argument("--gpu-ranges-only", action="store_true",
-                        help="nsys exports: keep only the NVTX ranges that enclose GPU work "
-                             "(and the --key-node ranges); less memory at emit_nvtx density, "
-                             "but ops that launch nothing leave the detail report")  # fmt: skip
-    parser.add_argument("-j", "--jobs", type=argtypes.integer(1), metavar="N",
-                        help="processes reading a directory's per-rank captures at once "
-                             "(default: one per core, up to one per rank)")  # fmt: skip
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress line on stderr (it shows only on a terminal, after 2 s)",
+    )
+    parser.add_argument(
+        "--gpu-ranges-only",
+        action="store_true",
+        help="nsys exports: keep only the NVTX ranges that enclose GPU work "
+        "(and the --key-node ranges); less memory at emit_nvtx density, "
+        "but ops that launch nothing leave the detail report",
+    )
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=argtypes.integer(1),
+        metavar="N",
+        help="processes reading a directory's per-rank captures at once "
+        "(default: one per core, up to one per rank)",
+    )
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -175,8 +197,9 @@ def analyze_and_report(args: argparse.Namespace) -> None:
         )
         release_free_pages()  # the reader's dropped pieces: see the function
         progress.phase("analysing")
-        progress.events(sum(len(t) for t in (trace.ranges, trace.api_calls, trace.kernels,
-                                             trace.memops)))  # fmt: skip
+        progress.events(
+            sum(len(t) for t in (trace.ranges, trace.api_calls, trace.kernels, trace.memops))
+        )
         try:
             result = analyze(
                 trace, key_node=args.key_node, iter_start=args.iter_start, iter_stop=args.iter_stop

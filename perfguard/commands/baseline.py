@@ -110,8 +110,12 @@ def add_parser(subparsers: Any) -> None:
         "it only (baseline and noise), and reports show 'accepted at <sha>: <reason>'.",
     )
     p.add_argument("test", metavar="TEST", help="the test's node id, as perfguard history lists it")
-    p.add_argument("--at", default="HEAD", metavar="COMMIT",
-                   help="the commit whose level is accepted (default: HEAD)")  # fmt: skip
+    p.add_argument(
+        "--at",
+        default="HEAD",
+        metavar="COMMIT",
+        help="the commit whose level is accepted (default: HEAD)",
+    )
     p.add_argument("--reason", required=True, metavar="TEXT", help="why the change is intended")
     p.add_argument("--repo", default=".", metavar="DIR", help="git repository (default: .)")
     p.add_argument("--author", metavar="NAME", help="who accepts (default: git's user.email)")
@@ -202,11 +206,13 @@ def run_list(args: argparse.Namespace) -> int:
 
 def accepted_table(accepted: Any) -> str:
     """Acceptances as a table: id, test, commit, time, author, reason."""
-    table = accepted.assign(commit=accepted["commit"].str[:12],
-                            author=accepted["author"].fillna(""))  # fmt: skip
+    table = accepted.assign(
+        commit=accepted["commit"].str[:12], author=accepted["author"].fillna("")
+    )
     cols = ["acceptance_id", "nodeid", "commit", "time", "author", "reason"]
-    return str(table[cols].rename(columns={"acceptance_id": "id", "nodeid": "test"})
-               .to_string(index=False))  # fmt: skip
+    return str(
+        table[cols].rename(columns={"acceptance_id": "id", "nodeid": "test"}).to_string(index=False)
+    )
 
 
 def run_accept(args: argparse.Namespace) -> int:
@@ -332,8 +338,10 @@ def _import_benchmarks(store: Store, name: str, label: str) -> tuple[int, int, i
         kept = "as its median" if not run.with_data else "with its rounds"
         if 0 < run.with_data < n:
             kept = f"{run.with_data} with their rounds, the others as their median"
-        print(f"{f.path}: imported 1 pytest-benchmark run of commit {commit} ({n} test "
-              f"record(s), each {kept}) into {label}: run id {run_id}")  # fmt: skip
+        print(
+            f"{f.path}: imported 1 pytest-benchmark run of commit {commit} ({n} test "
+            f"record(s), each {kept}) into {label}: run id {run_id}"
+        )
     return added, failed, len(done)
 
 
@@ -387,22 +395,30 @@ def run_check(args: argparse.Namespace) -> int:
     found = check(args.store)
     counted = {t: n for t, n in found.rows.items() if n is not None}
     runs, tests = counted.get("runs"), counted.get("tests")
-    size = (f"{runs if runs is not None else '?'} run(s), "
-            f"{tests if tests is not None else '?'} test record(s), {sum(counted.values()):,} "
-            f"rows in {len(counted)} of {len(found.rows)} tables")  # fmt: skip
+    size = (
+        f"{runs if runs is not None else '?'} run(s), "
+        f"{tests if tests is not None else '?'} test record(s), {sum(counted.values()):,} "
+        f"rows in {len(counted)} of {len(found.rows)} tables"
+    )
     schema = f"schema v{found.schema}" if found.schema is not None else "schema unreadable"
     if found.ok and (found.schema or 0) > SCHEMA_VERSION:
-        print(f"{found.name}: structure ok ({size}, {schema}, newer than this "
-              f"perfguard's v{SCHEMA_VERSION}: values not checked; upgrade perfguard)")  # fmt: skip
+        print(
+            f"{found.name}: structure ok ({size}, {schema}, newer than this "
+            f"perfguard's v{SCHEMA_VERSION}: values not checked; upgrade perfguard)"
+        )
         return 0
     if found.ok:
-        print(f"{found.name}: ok ({size}, {schema}; structure and values checked "
-              f"in {found.seconds:.2f} s)")  # fmt: skip
+        print(
+            f"{found.name}: ok ({size}, {schema}; structure and values checked "
+            f"in {found.seconds:.2f} s)"
+        )
         return 0
     print(f"{found.name}: damaged ({size}, {schema})")
     if found.structure:
-        print(f"SQLite's check: {len(found.structure)} problem(s)"
-              + (" (the first 100)" if len(found.structure) >= 100 else ""))  # fmt: skip
+        print(
+            f"SQLite's check: {len(found.structure)} problem(s)"
+            + (" (the first 100)" if len(found.structure) >= 100 else "")
+        )
         for line in found.structure[:SHOWN]:
             print(f"  {line}")
         if len(found.structure) > SHOWN:
@@ -434,8 +450,10 @@ def run_recover(args: argparse.Namespace) -> int:
         if before is None:
             print(f"  {table:<{width}}  {kept:,} row(s) kept; how many it held cannot be read")
         else:
-            print(f"  {table:<{width}}  {kept:,} of {before:,} row(s) kept"
-                  + (f", {lost:,} lost" if lost else ""))  # fmt: skip
+            print(
+                f"  {table:<{width}}  {kept:,} of {before:,} row(s) kept"
+                + (f", {lost:,} lost" if lost else "")
+            )
     for table, ranges in done.unreadable.items():
         if ranges:
             spans = ", ".join(
@@ -446,9 +464,14 @@ def run_recover(args: argparse.Namespace) -> int:
     for table, n in done.impossible.items():
         print(f"  {table}: {n} row(s) with a value no perfguard writes left out")
     if done.incomplete_tests:
-        print(f"  {done.incomplete_tests} test record(s) left out whole: a row of theirs "
-              "could not be read or held an impossible value")  # fmt: skip
-    print("nothing was lost" if done.complete else
-          f"{done.dest} holds every whole record that could be read; check it with "
-          f"'perfguard baseline check --store {done.dest}'")  # fmt: skip
+        print(
+            f"  {done.incomplete_tests} test record(s) left out whole: a row of theirs "
+            "could not be read or held an impossible value"
+        )
+    print(
+        "nothing was lost"
+        if done.complete
+        else f"{done.dest} holds every whole record that could be read; check it with "
+        f"'perfguard baseline check --store {done.dest}'"
+    )
     return 0

@@ -81,16 +81,25 @@ def add_parser(subparsers: Any) -> None:
             metavar=name.upper(),
             help="capture (.sqlite, .json[.gz], folder of ranks) or STORE.db#RUN_ID",
         )
-    p.add_argument("--against", metavar="BASE",
-                   help="A/B mode: measure commit BASE and HEAD (or --head) in alternating "
-                        "rounds of their benchmark tests on this machine")  # fmt: skip
-    p.add_argument("--head", metavar="REF",
-                   help="A/B mode: the commit judged (default: the working tree)")  # fmt: skip
-    p.add_argument("--pytest-args", default="", metavar="ARGS",
-                   help='A/B mode: which tests, as pytest arguments (e.g. "examples -k '
-                        'block"); --perfguard-ab-pairs etc. may be added here')  # fmt: skip
-    p.add_argument("--repo", default=".", metavar="DIR",
-                   help="A/B mode: the git repository (default: .)")  # fmt: skip
+    p.add_argument(
+        "--against",
+        metavar="BASE",
+        help="A/B mode: measure commit BASE and HEAD (or --head) in alternating "
+        "rounds of their benchmark tests on this machine",
+    )
+    p.add_argument(
+        "--head", metavar="REF", help="A/B mode: the commit judged (default: the working tree)"
+    )
+    p.add_argument(
+        "--pytest-args",
+        default="",
+        metavar="ARGS",
+        help='A/B mode: which tests, as pytest arguments (e.g. "examples -k '
+        'block"); --perfguard-ab-pairs etc. may be added here',
+    )
+    p.add_argument(
+        "--repo", default=".", metavar="DIR", help="A/B mode: the git repository (default: .)"
+    )
     p.add_argument(
         "--tolerance",
         type=argtypes.tolerance,
@@ -190,8 +199,9 @@ class _Side:
         # a capture is one round: its iterations are the samples the timing is judged on
         it = analysis.iterations
         n = int((it["rank"] == it["rank"].min()).sum()) if len(it) else 0
-        return record_from_analysis(nodeid, analysis, meta={"capture": spec},
-                                    rounds=np.arange(n, dtype=np.int64))  # fmt: skip
+        return record_from_analysis(
+            nodeid, analysis, meta={"capture": spec}, rounds=np.arange(n, dtype=np.int64)
+        )
 
 
 def capture_nodeid(spec: str) -> str | None:
@@ -225,10 +235,11 @@ def _histories(current: _Side, baseline: _Side) -> dict[str, Any]:
         return {}
     with open_store(current.store, create=False) as store:
         return {
-            nodeid: history_levels(store, rec, current.fingerprint, None,
-                                   before_run_id=current.run_id)
+            nodeid: history_levels(
+                store, rec, current.fingerprint, None, before_run_id=current.run_id
+            )
             for nodeid, rec in current.records.items()
-        }  # fmt: skip
+        }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -268,20 +279,29 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for nodeid, rec in sorted(current.records.items()):
         settings = settings_for(rec, args.tolerance, args.alpha)  # the marker's, as stored
-        results.append(compare_records(
-            rec, baseline.records.get(nodeid), tolerance=settings.tolerance,
-            alpha=args.alpha, incompatibility=reason, baseline_commit=baseline.commit,
-            baseline_run_exists=baseline.is_run,
-            gates=(rec.meta.get("marker") or {}).get("gates"),
-            timing_incompatibility=timing_reason, environment=changes,
-            history=histories.get(nodeid),
-        ))  # fmt: skip
+        results.append(
+            compare_records(
+                rec,
+                baseline.records.get(nodeid),
+                tolerance=settings.tolerance,
+                alpha=args.alpha,
+                incompatibility=reason,
+                baseline_commit=baseline.commit,
+                baseline_run_exists=baseline.is_run,
+                gates=(rec.meta.get("marker") or {}).get("gates"),
+                timing_incompatibility=timing_reason,
+                environment=changes,
+                history=histories.get(nodeid),
+            )
+        )
     gone = sorted(set(baseline.records) - set(current.records))
     if not to_stdout(args):
         if not (current.is_run or baseline.is_run):
             metric = results[0].metric if results else "time"
-            print(f"timing: each capture's per-iteration {metric} (a capture is one round: "
-                  "its iterations are the samples)")  # fmt: skip
+            print(
+                f"timing: each capture's per-iteration {metric} (a capture is one round: "
+                "its iterations are the samples)"
+            )
         print(_table(results))
         for r in results:
             print(f"\n{r.outcome.value.upper()} {r.nodeid}\n  {r.explanation.text('    ')}")
@@ -290,8 +310,13 @@ def run(args: argparse.Namespace) -> int:
         for nodeid in gone:
             print(f"\nMISSING {nodeid}: in the baseline, not in the current run")
     if args.json_out:
-        payload = {"mode": "records", "current": args.current, "baseline": args.baseline,
-                   "tests": [r.to_dict() for r in results], "missing": gone}  # fmt: skip
+        payload = {
+            "mode": "records",
+            "current": args.current,
+            "baseline": args.baseline,
+            "tests": [r.to_dict() for r in results],
+            "missing": gone,
+        }
         write_json(document("compare", payload), args.json_out)
         if not to_stdout(args):
             print(f"\nJSON written: {args.json_out}")
@@ -313,9 +338,18 @@ def run_ab(args: argparse.Namespace) -> int:
         except GitError as exc:
             raise CompareError(f"--head {args.head}: cannot check it out: {exc}") from None
     out = Path(args.output).resolve()  # kept: the report it names must still be there
-    argv = [sys.executable, "-m", "pytest", *shlex.split(args.pytest_args), "--perfguard",
-            f"--perfguard-against={args.against}", f"--perfguard-output={out}",
-            "-p", "no:cacheprovider", "-q"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *shlex.split(args.pytest_args),
+        "--perfguard",
+        f"--perfguard-against={args.against}",
+        f"--perfguard-output={out}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+    ]
     if args.tolerance is not None:
         argv.append(f"--perfguard-tolerance={args.tolerance}")
     done = subprocess.run(argv, cwd=tree, check=False)
@@ -332,9 +366,14 @@ def run_ab(args: argparse.Namespace) -> int:
             print(f"\n{t.outcome.value.upper()} {t.nodeid}\n  {t.explained.text('    ')}")
         print(f"\nreport: {out / 'report.html'} (summary.md beside it)")
     if args.json_out:
-        payload = {"mode": "ab", "current": args.head or "working tree",
-                   "baseline": args.against, "tests": tests, "missing": [],
-                   "results": str(out / "results.json")}  # fmt: skip
+        payload = {
+            "mode": "ab",
+            "current": args.head or "working tree",
+            "baseline": args.against,
+            "tests": tests,
+            "missing": [],
+            "results": str(out / "results.json"),
+        }
         write_json(document("compare", payload), args.json_out)
     return 1 if any(fails(t.outcome) for t in results.tests) else 0
 

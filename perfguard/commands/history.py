@@ -44,12 +44,19 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("test", nargs="?", metavar="TEST", help="test node id; default: every test")
     p.add_argument("--repo", default=".", metavar="DIR", help="git repository (default: .)")
     p.add_argument("--ref", default="HEAD", metavar="REF", help="history of (default: HEAD)")
-    p.add_argument("--metric", choices=("gpu_time", "wall_time", "cpu_time", "instructions",
-                                        "est_cycles"),
-                   help="default: each record's primary metric")  # fmt: skip
+    p.add_argument(
+        "--metric",
+        choices=("gpu_time", "wall_time", "cpu_time", "instructions", "est_cycles"),
+        help="default: each record's primary metric",
+    )
     p.add_argument("--limit", type=argtypes.integer(2), metavar="N", help="only the latest N runs")
-    p.add_argument("--ops", type=argtypes.integer(0), default=3, metavar="N",
-                   help="ops listed under each change point (default: 3)")  # fmt: skip
+    p.add_argument(
+        "--ops",
+        type=argtypes.integer(0),
+        default=3,
+        metavar="N",
+        help="ops listed under each change point (default: 3)",
+    )
     add_json_option(p, "the history (perfguard.history/1; without TEST perfguard.history-list/1)")
     p.set_defaults(func=run)
 
@@ -61,8 +68,11 @@ def _accepted_on(store: Store, nodeid: str, repo: str, ref: str) -> list[Any]:
         commits = since(repo, str(a.commit), ref)
         if commits is not None:
             author = a.author if isinstance(a.author, str) else None
-            out.append(Acceptance(str(a.nodeid), str(a.commit), str(a.reason), str(a.time),
-                                  author, commits))  # fmt: skip
+            out.append(
+                Acceptance(
+                    str(a.nodeid), str(a.commit), str(a.reason), str(a.time), author, commits
+                )
+            )
     return out
 
 
@@ -118,9 +128,11 @@ def _print_timing_points(hist: Any) -> None:
     print(f"{len(hist.change_points)} timing change point(s) (* above):")
     for cp in hist.change_points:
         what = "spread changed, level" if cp.kind == "variance" else cp.kind
-        print(f"  {cp.commit[:10]} (run {cp.run_id}): {what} {percent(cp.change_pct, True)} "
-              f"({_level(hist.metric, cp.before_ns)} -> {_level(hist.metric, cp.after_ns)}, "
-              f"z={cp.z:.1f})")  # fmt: skip
+        print(
+            f"  {cp.commit[:10]} (run {cp.run_id}): {what} {percent(cp.change_pct, True)} "
+            f"({_level(hist.metric, cp.before_ns)} -> {_level(hist.metric, cp.after_ns)}, "
+            f"z={cp.z:.1f})"
+        )
         for op in cp.ops:
             pct = f" ({percent(op.change_pct, True)})" if op.before_ns else ""
             print(f"      {op.op_name}: {format_ns(op.before_ns)} -> {format_ns(op.after_ns)}{pct}")
@@ -155,9 +167,15 @@ def run(args: argparse.Namespace) -> int:
             return 0
         for nodeid in tests:
             try:
-                hist = load_history(store, nodeid, repo=args.repo, ref=args.ref,
-                                    metric=args.metric, limit=args.limit,
-                                    top_ops=args.ops)  # fmt: skip
+                hist = load_history(
+                    store,
+                    nodeid,
+                    repo=args.repo,
+                    ref=args.ref,
+                    metric=args.metric,
+                    limit=args.limit,
+                    top_ops=args.ops,
+                )
             except DamagedStoreError:
                 raise  # never a list with the damaged tests left out
             except BaselineError:
@@ -180,14 +198,20 @@ def run(args: argparse.Namespace) -> int:
             )
             if hist.counter_steps:
                 c = hist.counter_steps[-1]
-                moved += (f"; {len(hist.counter_steps)} counter change point(s), last "
-                          f"{c.commit[:10]} {c.counter}")  # fmt: skip
+                moved += (
+                    f"; {len(hist.counter_steps)} counter change point(s), last "
+                    f"{c.commit[:10]} {c.counter}"
+                )
             last_ok = accepted[-1] if accepted else None
             shown = f"; {last_ok.describe()}" if last_ok else ""
-            print(f"{nodeid}: {len(hist.levels)} run(s), latest "
-                  f"{_level(hist.metric, float(hist.levels['value'].iloc[-1]))}, "
-                  f"{len(hist.change_points)} timing change point(s){moved}{shown}")  # fmt: skip
+            print(
+                f"{nodeid}: {len(hist.levels)} run(s), latest "
+                f"{_level(hist.metric, float(hist.levels['value'].iloc[-1]))}, "
+                f"{len(hist.change_points)} timing change point(s){moved}{shown}"
+            )
     if args.json_out and not args.test:
-        write_json(document("history-list", {"store": store.name, "ref": args.ref,
-                                             "tests": summaries}), args.json_out)  # fmt: skip
+        write_json(
+            document("history-list", {"store": store.name, "ref": args.ref, "tests": summaries}),
+            args.json_out,
+        )
     return 0

@@ -22,9 +22,15 @@ STDOUT = "-"
 
 def add_json_option(parser: argparse.ArgumentParser, what: str) -> None:
     """Add ``--json [FILE]`` (dest ``json_out``) to ``parser``."""
-    parser.add_argument("--json", dest="json_out", nargs="?", const=STDOUT, metavar="FILE",
-                        help=f"write {what} as a versioned JSON document to FILE, or to stdout "
-                             "(instead of the text) without FILE or with -")  # fmt: skip
+    parser.add_argument(
+        "--json",
+        dest="json_out",
+        nargs="?",
+        const=STDOUT,
+        metavar="FILE",
+        help=f"write {what} as a versioned JSON document to FILE, or to stdout "
+        "(instead of the text) without FILE or with -",
+    )
 
 
 def to_stdout(args: argparse.Namespace) -> bool:

@@ -39,23 +39,43 @@ def add_parser(subparsers: Any) -> None:
         "shard is missing, 0 otherwise.",
     )
     p.add_argument("files", nargs="+", metavar="RESULTS.json", help="one per shard")
-    p.add_argument("-o", "--output", required=True, metavar="DIR",
-                   help="folder for the merged results.json, summary.md, report.html")  # fmt: skip
-    p.add_argument("--expect-shards", type=argtypes.integer(1, "a shard count"), metavar="N",
-                   help="shards the run had (default: the N the files recorded)")  # fmt: skip
-    p.add_argument("--report-url", metavar="URL",
-                   help="link target for the HTML report in summary.md")  # fmt: skip
-    p.add_argument("--max-ops", type=argtypes.integer(1), default=50, metavar="N",
-                   help="ops listed per test in report.html (default 50)")  # fmt: skip
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="folder for the merged results.json, summary.md, report.html",
+    )
+    p.add_argument(
+        "--expect-shards",
+        type=argtypes.integer(1, "a shard count"),
+        metavar="N",
+        help="shards the run had (default: the N the files recorded)",
+    )
+    p.add_argument(
+        "--report-url", metavar="URL", help="link target for the HTML report in summary.md"
+    )
+    p.add_argument(
+        "--max-ops",
+        type=argtypes.integer(1),
+        default=50,
+        metavar="N",
+        help="ops listed per test in report.html (default 50)",
+    )
     p.set_defaults(func=run)
 
 
 def shards_block(merged: Merged) -> list[str]:
     """summary.md's collapsed block: each test and the shard that measured it."""
     tests = sorted(merged.measured_by.items())
-    out = [f"<details><summary>Shards: {len(merged.shards)} merged"
-           + (f", missing {', '.join(merged.missing)}" if merged.missing else "")
-           + "</summary>", "", "| test | measured by |", "|---|---|"]  # fmt: skip
+    out = [
+        f"<details><summary>Shards: {len(merged.shards)} merged"
+        + (f", missing {', '.join(merged.missing)}" if merged.missing else "")
+        + "</summary>",
+        "",
+        "| test | measured by |",
+        "|---|---|",
+    ]
     out += [f"| `{nodeid}` | {shard} |" for nodeid, shard in tests]
     return [*out, "", "</details>", ""]
 
@@ -83,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     for problem in merged.problems:
         print(f"perfguard merge: {problem}", file=sys.stderr)
-    print(f"perfguard merge: {len(merged.shards)} file(s), {len(merged.measured_by)} test(s): "
-          f"{doc.badge()}; exit {merged.exit_status}")  # fmt: skip
+    print(
+        f"perfguard merge: {len(merged.shards)} file(s), {len(merged.measured_by)} test(s): "
+        f"{doc.badge()}; exit {merged.exit_status}"
+    )
     for path in (results, summary, report):
         print(f"  {path}")
     return merged.exit_status

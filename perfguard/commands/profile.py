@@ -34,24 +34,39 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Run COMMAND under a profiler, write the capture to --output-path, then "
         "analyse it as `perfguard analyze` does. Put `--` before the command.",
     )
-    p.add_argument("--backend", choices=("auto", "nsys", "torch", "tf", "jax"), default="auto",
-                   help="auto: nsys when installed and a GPU is present, else the PyTorch "
-                        "profiler (CUDA when available, else CPU); tf/jax: the TensorFlow "
-                        "or JAX profiler (an .xplane.pb)")  # fmt: skip
+    p.add_argument(
+        "--backend",
+        choices=("auto", "nsys", "torch", "tf", "jax"),
+        default="auto",
+        help="auto: nsys when installed and a GPU is present, else the PyTorch "
+        "profiler (CUDA when available, else CPU); tf/jax: the TensorFlow "
+        "or JAX profiler (an .xplane.pb)",
+    )
     p.add_argument("--name", default="capture", help="capture file name (default: capture)")
     p.add_argument(
         "--nsys", metavar="PATH", help="nsys executable (default: $PERFGUARD_NSYS, PATH)"
     )
     p.add_argument("--delay", "-y", type=float, metavar="S", help="nsys: start after S seconds")
     p.add_argument("--duration", type=float, metavar="S", help="nsys: stop after S seconds")
-    p.add_argument("--capture-range", "--capture_range", dest="capture_range",
-                   metavar="cudaProfilerApi|nvtx:NAME",
-                   help="nsys: capture only between cudaProfilerStart/Stop or inside an "
-                        "NVTX range")  # fmt: skip
-    p.add_argument("--export-mode", choices=("inline", "separate"), default="inline",
-                   help="nsys: --export=sqlite (inline) or a separate `nsys export`")  # fmt: skip
-    p.add_argument("--timeout", type=float, metavar="S",
-                   help="stop the command (its whole process group) after S seconds")  # fmt: skip
+    p.add_argument(
+        "--capture-range",
+        "--capture_range",
+        dest="capture_range",
+        metavar="cudaProfilerApi|nvtx:NAME",
+        help="nsys: capture only between cudaProfilerStart/Stop or inside an NVTX range",
+    )
+    p.add_argument(
+        "--export-mode",
+        choices=("inline", "separate"),
+        default="inline",
+        help="nsys: --export=sqlite (inline) or a separate `nsys export`",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="stop the command (its whole process group) after S seconds",
+    )
     window = p.add_argument_group(
         "torch window",
         "The torch backend records a window of iterations, as torch.profiler.schedule does: "
@@ -63,21 +78,41 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "during the warm-up) the capture is the program's first --fallback-seconds, said "
         "in a note. No Python stacks unless --with-stack.",
     )
-    window.add_argument("--warmup", type=argtypes.integer(1), metavar="N",
-                        help=f"iterations run before the window (default {DEFAULT_WARMUP}; "
-                             "at least 1: the first holds the program's set-up)")  # fmt: skip
-    window.add_argument("--iterations", type=_iterations, metavar="N|all",
-                        help=f"iterations recorded (default {DEFAULT_ITERATIONS}); all: the "
-                             "whole run from the start, no window")  # fmt: skip
-    window.add_argument("--with-stack", action="store_const", const=True,
-                        help="record torch's Python stacks (its Python tracer: every Python "
-                             "call in the window; slow, large)")  # fmt: skip
-    window.add_argument("--fallback-seconds", type=_seconds, metavar="S",
-                        help="without a key node, record the program's first S seconds "
-                             f"(default {DEFAULT_FALLBACK_S:g})")  # fmt: skip
+    window.add_argument(
+        "--warmup",
+        type=argtypes.integer(1),
+        metavar="N",
+        help=f"iterations run before the window (default {DEFAULT_WARMUP}; "
+        "at least 1: the first holds the program's set-up)",
+    )
+    window.add_argument(
+        "--iterations",
+        type=_iterations,
+        metavar="N|all",
+        help=f"iterations recorded (default {DEFAULT_ITERATIONS}); all: the "
+        "whole run from the start, no window",
+    )
+    window.add_argument(
+        "--with-stack",
+        action="store_const",
+        const=True,
+        help="record torch's Python stacks (its Python tracer: every Python "
+        "call in the window; slow, large)",
+    )
+    window.add_argument(
+        "--fallback-seconds",
+        type=_seconds,
+        metavar="S",
+        help="without a key node, record the program's first S seconds "
+        f"(default {DEFAULT_FALLBACK_S:g})",
+    )
     add_analyze_options(p)
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
-                   help="the program to profile and its arguments")  # fmt: skip
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="the program to profile and its arguments",
+    )
     p.set_defaults(func=run, skip_teardown=True)  # see perfguard.cli._exit_now
 
 
@@ -106,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        raise CaptureError("no command to profile: put it after `--`, e.g. "
-                           "perfguard profile -- python train.py")  # fmt: skip
+        raise CaptureError(
+            "no command to profile: put it after `--`, e.g. perfguard profile -- python train.py"
+        )
     check_output(args.output_path, args.base_name, args.reports, args.formats, args.force)
     result = profile_command(
         command,
@@ -121,10 +157,13 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         export_mode=args.export_mode,
         options=RunOptions(
-            warmup=args.warmup, iterations=args.iterations, with_stack=args.with_stack,
-            fallback_s=args.fallback_seconds, key_node=args.key_node,
+            warmup=args.warmup,
+            iterations=args.iterations,
+            with_stack=args.with_stack,
+            fallback_s=args.fallback_seconds,
+            key_node=args.key_node,
         ),
-    )  # fmt: skip
+    )
     size = size_text(result.path.stat().st_size)
     print(f"capture: {result.path} ({result.backend}: {result.detail or result.why}, {size})")
     if result.detail and result.why.startswith("auto"):

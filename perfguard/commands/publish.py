@@ -27,26 +27,48 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("store", metavar="STORE", help="a SQLite store file or a postgresql:// URL")
     p.add_argument("out_dir", metavar="OUT_DIR", help="folder of the site (created)")
-    p.add_argument("--repo", default=".", metavar="DIR",
-                   help="git repository whose first-parent history orders the runs "
-                        "(default: .)")  # fmt: skip
+    p.add_argument(
+        "--repo",
+        default=".",
+        metavar="DIR",
+        help="git repository whose first-parent history orders the runs (default: .)",
+    )
     p.add_argument("--ref", default="HEAD", metavar="REF", help="history of (default: HEAD)")
-    p.add_argument("--by-time", action="store_true",
-                   help="order runs by their time instead of by git history")  # fmt: skip
-    p.add_argument("--report-url", metavar="TEMPLATE",
-                   help="link each run to its report: a URL or path with {commit}, {run_id} "
-                        "and {machine} filled in (e.g. a CI artifact URL)")  # fmt: skip
-    p.add_argument("--tolerance", type=argtypes.tolerance, default=TOLERANCE, metavar="PCT",
-                   help="slowdown of the latest run that counts (default: 5%%)")  # fmt: skip
-    p.add_argument("-j", "--jobs", type=argtypes.integer(1), metavar="N",
-                   help="worker processes building pages (default: one per core)")  # fmt: skip
+    p.add_argument(
+        "--by-time", action="store_true", help="order runs by their time instead of by git history"
+    )
+    p.add_argument(
+        "--report-url",
+        metavar="TEMPLATE",
+        help="link each run to its report: a URL or path with {commit}, {run_id} "
+        "and {machine} filled in (e.g. a CI artifact URL)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=argtypes.tolerance,
+        default=TOLERANCE,
+        metavar="PCT",
+        help="slowdown of the latest run that counts (default: 5%%)",
+    )
+    p.add_argument(
+        "-j",
+        "--jobs",
+        type=argtypes.integer(1),
+        metavar="N",
+        help="worker processes building pages (default: one per core)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    done = publish(store_location(args.store), args.out_dir,
-                   repo=None if args.by_time else args.repo, ref=args.ref,
-                   report_url=args.report_url, tolerance=args.tolerance,
-                   jobs=args.jobs)  # fmt: skip
+    done = publish(
+        store_location(args.store),
+        args.out_dir,
+        repo=None if args.by_time else args.repo,
+        ref=args.ref,
+        report_url=args.report_url,
+        tolerance=args.tolerance,
+        jobs=args.jobs,
+    )
     print(done.describe())
     return 0

@@ -24,8 +24,12 @@ def analyze_per_rank(args: argparse.Namespace) -> int:
     """Run ``analyze --per-rank``; returns the exit code."""
     formats = [f for f in args.formats if f not in _EVENT_FORMATS]
     check_output(args.output_path, args.base_name, args.reports, formats, args.force)
-    options = AnalysisOptions(key_node=args.key_node, iter_start=args.iter_start,
-                              iter_stop=args.iter_stop, reports=tuple(args.reports))  # fmt: skip
+    options = AnalysisOptions(
+        key_node=args.key_node,
+        iter_start=args.iter_start,
+        iter_stop=args.iter_stop,
+        reports=tuple(args.reports),
+    )
     with Progress(quiet=args.quiet) as progress:
         progress.phase("analysing ranks", args.database)
         run = analyze_ranks(
@@ -45,8 +49,10 @@ def analyze_per_rank(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     skipped = [f for f in args.formats if f in _EVENT_FORMATS]
     if skipped:
-        print(f"note: --per-rank writes tables only, not {' or '.join(skipped)} "
-              "(they need the merged run: drop --per-rank)")  # fmt: skip
+        print(
+            f"note: --per-rank writes tables only, not {' or '.join(skipped)} "
+            "(they need the merged run: drop --per-rank)"
+        )
     print("\nReports written:")
     for path in written:
         print(f"  {path}")
@@ -55,9 +61,11 @@ def analyze_per_rank(args: argparse.Namespace) -> int:
 
 def format_ranks(table: pd.DataFrame) -> str:
     """The rank report as plain text, times in ms."""
-    lines = ["perfguard ranks",
-             f"  {'Rank':>5} {'GPUs':>4} {'Iter.':>6} {'Iter. avg ms':>13} {'Wall ms':>12} "
-             f"{'GPU ms':>12} {'Comm. ms':>12} {'Idle %':>7}"]  # fmt: skip
+    lines = [
+        "perfguard ranks",
+        f"  {'Rank':>5} {'GPUs':>4} {'Iter.':>6} {'Iter. avg ms':>13} {'Wall ms':>12} "
+        f"{'GPU ms':>12} {'Comm. ms':>12} {'Idle %':>7}",
+    ]
     for row in table.to_dict("records"):  # one per rank
         avg_ns = row["iteration_time_avg"]
         avg = "" if pd.isna(avg_ns) else f"{avg_ns / 1e6:,.3f}"

@@ -37,32 +37,71 @@ def add_parser(subparsers: Any) -> None:
         description="Render the self-contained HTML report of a pytest session from its "
         "results.json, or of a stored run compared with a baseline run.",
     )
-    p.add_argument("source", metavar="RESULTS.json|STORE.db",
-                   help="a session's results.json, or a baseline store (then --run)")  # fmt: skip
-    p.add_argument("-o", "--output", metavar="FILE",
-                   help="HTML file to write (default: report.html next to SOURCE)")  # fmt: skip
-    p.add_argument("--markdown", metavar="FILE",
-                   help="also write the Markdown summary (appended to $GITHUB_STEP_SUMMARY "
-                        "when that is set)")  # fmt: skip
-    p.add_argument("--report-url", metavar="URL",
-                   help="link target for the HTML report in the Markdown summary")  # fmt: skip
-    p.add_argument("--run", type=argtypes.integer(1, "a run id"), metavar="RUN_ID",
-                   help="store only: the run to report")  # fmt: skip
+    p.add_argument(
+        "source",
+        metavar="RESULTS.json|STORE.db",
+        help="a session's results.json, or a baseline store (then --run)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="HTML file to write (default: report.html next to SOURCE)",
+    )
+    p.add_argument(
+        "--markdown",
+        metavar="FILE",
+        help="also write the Markdown summary (appended to $GITHUB_STEP_SUMMARY when that is set)",
+    )
+    p.add_argument(
+        "--report-url",
+        metavar="URL",
+        help="link target for the HTML report in the Markdown summary",
+    )
+    p.add_argument(
+        "--run",
+        type=argtypes.integer(1, "a run id"),
+        metavar="RUN_ID",
+        help="store only: the run to report",
+    )
     base = p.add_mutually_exclusive_group()
-    base.add_argument("--baseline-run", type=argtypes.integer(1, "a run id"), metavar="ID",
-                      help="store only: compare with this run")  # fmt: skip
-    base.add_argument("--baseline", metavar="REF",
-                      help="store only: compare with the run of the nearest first-parent "
-                           "ancestor of REF measured on a compatible machine")  # fmt: skip
-    p.add_argument("--repo", default=".", metavar="DIR",
-                   help="git repository for --baseline (default: .)")  # fmt: skip
-    p.add_argument("--tolerance", type=argtypes.tolerance, default=None, metavar="PCT",
-                   help="store only: slowdown that counts, e.g. 5%% (default: each test's "
-                        "marker, else the session's, else 5%%)")  # fmt: skip
-    p.add_argument("--alpha", type=argtypes.alpha, default=ALPHA, metavar="P",
-                   help=f"store only: significance level (default {ALPHA:g})")  # fmt: skip
-    p.add_argument("--max-ops", type=argtypes.integer(1), default=50, metavar="N",
-                   help="ops listed per test, largest change first (default 50)")  # fmt: skip
+    base.add_argument(
+        "--baseline-run",
+        type=argtypes.integer(1, "a run id"),
+        metavar="ID",
+        help="store only: compare with this run",
+    )
+    base.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="store only: compare with the run of the nearest first-parent "
+        "ancestor of REF measured on a compatible machine",
+    )
+    p.add_argument(
+        "--repo", default=".", metavar="DIR", help="git repository for --baseline (default: .)"
+    )
+    p.add_argument(
+        "--tolerance",
+        type=argtypes.tolerance,
+        default=None,
+        metavar="PCT",
+        help="store only: slowdown that counts, e.g. 5%% (default: each test's "
+        "marker, else the session's, else 5%%)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=argtypes.alpha,
+        default=ALPHA,
+        metavar="P",
+        help=f"store only: significance level (default {ALPHA:g})",
+    )
+    p.add_argument(
+        "--max-ops",
+        type=argtypes.integer(1),
+        default=50,
+        metavar="N",
+        help="ops listed per test, largest change first (default 50)",
+    )
     p.set_defaults(func=run)
 
 
@@ -81,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
         raise ReportError(f"{source}: no such file")
     if url or _is_sqlite(source):
         if args.run is None:
-            raise ReportError(f"{source}: is a baseline store; give --run RUN_ID "
-                              "(see `perfguard baseline list --store ...`)")  # fmt: skip
+            raise ReportError(
+                f"{source}: is a baseline store; give --run RUN_ID "
+                "(see `perfguard baseline list --store ...`)"
+            )
         results = results_from_store(
             args.source if url else source,
             args.run,

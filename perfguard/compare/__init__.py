@@ -28,8 +28,13 @@ if TYPE_CHECKING:
     from perfguard.compare.outcomes import Outcome, fails
 
 #: where each lazily loaded name lives
-_HOME = {"Against": "judge", "JudgeSettings": "judge", "judge": "judge",
-         "compare_records": "judge", "fails": "outcomes"}  # fmt: skip
+_HOME = {
+    "Against": "judge",
+    "JudgeSettings": "judge",
+    "judge": "judge",
+    "compare_records": "judge",
+    "fails": "outcomes",
+}
 
 __all__ = [
     "Against",

@@ -116,15 +116,27 @@ def against_from_store(
     frame = read_history(store, nodeid, fingerprint) if rows else None
     listed = history_rows(store, nodeid, fingerprint, frame) if frame is not None else []
     match, pooled = match_runs(
-        store.reader.runs_with_test(nodeid), history.commits, history.ref, fingerprint,
-        exclude_run_id=exclude_run_id, only=only, environment=environment, across=across,
-    )  # fmt: skip
+        store.reader.runs_with_test(nodeid),
+        history.commits,
+        history.ref,
+        fingerprint,
+        exclude_run_id=exclude_run_id,
+        only=only,
+        environment=environment,
+        across=across,
+    )
     if match.status == "no-runs":
         # some run on this history, just not of this test: the test is new there
         anyone, _ = match_runs(
-            store.reader.runs(), history.commits, history.ref, fingerprint,
-            exclude_run_id=exclude_run_id, only=only, environment=environment, across=across,
-        )  # fmt: skip
+            store.reader.runs(),
+            history.commits,
+            history.ref,
+            fingerprint,
+            exclude_run_id=exclude_run_id,
+            only=only,
+            environment=environment,
+            across=across,
+        )
         return Against(run_found=anyone.found, rows=listed)
     if match.status == "incomparable":
         return Against(incompatibility=match.reason, run_found=True, rows=listed)
@@ -152,14 +164,20 @@ def against_from_store(
     if environment is not None and len(chosen):  # the run the verdict names: the latest
         changes = environment.changes_since(chosen.iloc[0]["environment"], across)
     return Against(
-        records=records, commit=commit, run_found=True, incompatibility=reason,
+        records=records,
+        commit=commit,
+        run_found=True,
+        incompatibility=reason,
         timing_incompatibility=timing_reason,
-        history=history_levels(store, record, fingerprint, only, before_run_id=exclude_run_id,
-                               rows=frame),
-        environment=changes, rows=listed,
-        current_commit=head[0] if head else None, current_dirty=head[1] if head else True,
+        history=history_levels(
+            store, record, fingerprint, only, before_run_id=exclude_run_id, rows=frame
+        ),
+        environment=changes,
+        rows=listed,
+        current_commit=head[0] if head else None,
+        current_dirty=head[1] if head else True,
         baseline_dirty=bool(chosen["dirty"].any()) if "dirty" in chosen else True,
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -194,11 +212,16 @@ class StoreBaseline:
         if self._walk is None:
             self._walk = History.of(self.repo, self.ref)
         against = against_from_store(
-            self.store, self._walk, record, self.fingerprint,
+            self.store,
+            self._walk,
+            record,
+            self.fingerprint,
             only=accepted.commits if accepted is not None else None,
-            environment=self.environment, across=self.across, rows=True,
+            environment=self.environment,
+            across=self.across,
+            rows=True,
             head=(self.head, self.dirty),
-        )  # fmt: skip
+        )
         return against, accepted
 
 
@@ -249,8 +272,13 @@ def history_rows(
     if rows is None:
         rows = read_history(store, nodeid, fingerprint)
     rows = rows[rows["median_ns"].notna()].reset_index(drop=True)
-    levels = pd.DataFrame({"run_id": rows["run_id"], "commit": rows["commit"].astype(str),
-                           "value": rows["median_ns"].astype(np.float64)})  # fmt: skip
+    levels = pd.DataFrame(
+        {
+            "run_id": rows["run_id"],
+            "commit": rows["commit"].astype(str),
+            "value": rows["median_ns"].astype(np.float64),
+        }
+    )
     if len(rows):
         levels = with_machine(store, nodeid, levels, str(rows["metric"].iloc[-1]))
     marks = change_marks(store, nodeid, levels)

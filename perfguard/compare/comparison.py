@@ -49,11 +49,24 @@ MIN_SAMPLES = 5
 COUNT_CHANGE = 0.5
 
 OP_COLUMNS = (
-    "op_id", "op_name", "direction", "status", "baseline_ns", "current_ns", "delta_pct",
-    "ci_low_pct", "ci_high_pct", "p_value", "calls_baseline", "calls_current",
-    "tc_util_baseline", "tc_util_current", "flop_eff_baseline", "flop_eff_current",
+    "op_id",
+    "op_name",
+    "direction",
+    "status",
+    "baseline_ns",
+    "current_ns",
+    "delta_pct",
+    "ci_low_pct",
+    "ci_high_pct",
+    "p_value",
+    "calls_baseline",
+    "calls_current",
+    "tc_util_baseline",
+    "tc_util_current",
+    "flop_eff_baseline",
+    "flop_eff_current",
     "call_site",
-)  # fmt: skip
+)
 CHANGE_COLUMNS = ("kind", "op_name", "kernel_name", "baseline", "current")
 CHANGE_KINDS = ("tc_lost", "tc_gained", "added", "removed", "count_changed", "flops_changed")
 
@@ -96,18 +109,25 @@ class TestComparison(TimingFigures):
         from perfguard.compare.results import KernelChange, OpRow, TestEntry
 
         return TestEntry(
-            nodeid=self.nodeid, outcome=self.outcome, message=self.message, mode=self.mode,
-            alpha=self.alpha, baseline_commit=self.baseline_commit, timing=self.timing,
-            gates=self.gates, explanation=self.explanation,
+            nodeid=self.nodeid,
+            outcome=self.outcome,
+            message=self.message,
+            mode=self.mode,
+            alpha=self.alpha,
+            baseline_commit=self.baseline_commit,
+            timing=self.timing,
+            gates=self.gates,
+            explanation=self.explanation,
             ops=[OpRow(**r) for r in _records(self.ops, OP_COLUMNS)],
-            kernel_changes=[KernelChange(**r) for r in
-                            _records(self.kernel_changes, CHANGE_COLUMNS)],
+            kernel_changes=[
+                KernelChange(**r) for r in _records(self.kernel_changes, CHANGE_COLUMNS)
+            ],
             samples_current=list(self.samples_current),
             samples_baseline=list(self.samples_baseline),
             rounds_current=list(self.rounds_current),
             rounds_baseline=list(self.rounds_baseline),
             **extras,
-        )  # fmt: skip
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: the entry's ``results.json`` object."""
@@ -126,8 +146,9 @@ def with_empty_capture(comparison: TestComparison, why: str) -> TestComparison:
         outcome = Outcome.NOT_JUDGED
     message = f"{why}; timing alone: {comparison.message}" if comparison.message else why
     head = comparison.explanation.headline
-    explanation = replace(comparison.explanation, outcome=outcome.value,
-                          headline=f"{why}; {head}" if head else why)  # fmt: skip
+    explanation = replace(
+        comparison.explanation, outcome=outcome.value, headline=f"{why}; {head}" if head else why
+    )
     return replace(comparison, outcome=outcome, message=message, explanation=explanation)
 
 

@@ -64,11 +64,16 @@ def confirmed(
             f"{confirmation.unavailable}",
         )
     ab = judge_ab(
-        confirmation.base, confirmation.head, metric=stored.metric, tolerance=tolerance,
-        alpha=alpha, load=stored.load if stored.load is not None else float("nan"),
+        confirmation.base,
+        confirmation.head,
+        metric=stored.metric,
+        tolerance=tolerance,
+        alpha=alpha,
+        load=stored.load if stored.load is not None else float("nan"),
         wait=stored.wait if stored.wait is not None else float("nan"),
-        iterations=iterations, in_turn=confirmation.in_turn,
-    )  # fmt: skip
+        iterations=iterations,
+        in_turn=confirmation.in_turn,
+    )
     pairs = f"{ab.n_current} A/B pairs against {at}"
     stored_read = f"the stored comparison read {_said(stored)} ({stored.outcome.value})"
     if ab.outcome is Outcome.REGRESSED:

@@ -104,10 +104,14 @@ def numeric_steps(rows: pd.DataFrame, run_ids: np.ndarray, *, top_ops: int = TOP
             moved = (value[cur[k]] - value[prev[k]]) * both[k]
             top = np.argsort(-np.abs(moved), kind="stable")[:top_ops]
             named = tuple(
-                (str(names.iloc[j] or ops[j] or "the test"),
-                 float(value[prev[k], j]), float(value[cur[k], j]))
-                for j in top if moved[j] != 0
-            )  # fmt: skip
+                (
+                    str(names.iloc[j] or ops[j] or "the test"),
+                    float(value[prev[k], j]),
+                    float(value[cur[k], j]),
+                )
+                for j in top
+                if moved[j] != 0
+            )
             out.append((int(cur[k]), counter, float(tb[k]), float(tc[k]), named))
     return out
 
@@ -144,19 +148,30 @@ def _members(store: Store, nodeid: str, run_ids: list[int]) -> tuple[pd.DataFram
     kernels = store.reader.test_rows(nodeid, "kernels", run_ids)
     if len(kernels):
         name = kernels["kernel_name"].astype(str)
-        parts.append(pd.DataFrame({"run_id": kernels["run_id"], "counter": "kernel_set",
-                                   "member": name, "key": name}))  # fmt: skip
+        parts.append(
+            pd.DataFrame(
+                {"run_id": kernels["run_id"], "counter": "kernel_set", "member": name, "key": name}
+            )
+        )
     ops = store.reader.test_rows(nodeid, "ops", run_ids)
     if len(ops):
         tc = ops[ops["using_tc"].fillna(False).astype(bool)]
         name = tc["op_name"].astype(str)
-        parts.append(pd.DataFrame({"run_id": tc["run_id"], "counter": "tc_ops",
-                                   "member": name, "key": name}))  # fmt: skip
+        parts.append(
+            pd.DataFrame({"run_id": tc["run_id"], "counter": "tc_ops", "member": name, "key": name})
+        )
         typed = ops[ops["dtypes"].notna() & (ops["dtypes"].astype(str) != "")]
         name = typed["op_name"].astype(str)
-        parts.append(pd.DataFrame({"run_id": typed["run_id"], "counter": "dtypes",
-                                   "member": name + "\x1f" + typed["dtypes"].astype(str),
-                                   "key": name}))  # fmt: skip
+        parts.append(
+            pd.DataFrame(
+                {
+                    "run_id": typed["run_id"],
+                    "counter": "dtypes",
+                    "member": name + "\x1f" + typed["dtypes"].astype(str),
+                    "key": name,
+                }
+            )
+        )
     observed = set(ops["run_id"].astype(int))
     if not parts:
         return pd.DataFrame({"run_id": [], "counter": [], "member": [], "key": []}), observed

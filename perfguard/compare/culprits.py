@@ -52,8 +52,7 @@ from perfguard.compare.units import count, format_ns, human, interval, percent
 from perfguard.trace.call_sites import names_function
 
 #: counters a culprit can name, in the gates' words; peak memory is the test's alone
-_COUNTERS = ("syncs", "host_reads", "calls", "flops", "bytes", "kernels", "memcpy",
-             "memcpy_bytes")  # fmt: skip
+_COUNTERS = ("syncs", "host_reads", "calls", "flops", "bytes", "kernels", "memcpy", "memcpy_bytes")
 #: op names a grouped line lists per kind before "and N more"
 _GROUP_NAMES = 5
 _METRIC_LABEL = {"gpu_time": "GPU time", "wall_time": "wall time", "cpu_time": "CPU time"}
@@ -116,8 +115,13 @@ def counter_moves(current: TestRecord, baseline: TestRecord) -> pd.DataFrame:
     parts = []
     for side, frame in (("baseline", cb), ("current", cc)):
         f = frame[frame["counter"].isin(_COUNTERS)]
-        shaky = set(zip(f.loc[~f["stable"].astype(bool), "op_id"],
-                        f.loc[~f["stable"].astype(bool), "counter"], strict=True))  # fmt: skip
+        shaky = set(
+            zip(
+                f.loc[~f["stable"].astype(bool), "op_id"],
+                f.loc[~f["stable"].astype(bool), "counter"],
+                strict=True,
+            )
+        )
         v = f.groupby(["op_id", "counter"])["value"].sum().rename(side)
         if shaky:
             v = v[[k not in shaky for k in v.index]]
@@ -158,13 +162,12 @@ def _structural(ops: pd.DataFrame) -> pd.DataFrame:
     changed = ops[ops["status"].isin(["added", "removed"])]
     if changed.empty:
         return changed
-    paths = set(zip(changed["op_name"].astype(str), changed["direction"].astype(str),
-                    strict=True))  # fmt: skip
+    paths = set(zip(changed["op_name"].astype(str), changed["direction"].astype(str), strict=True))
     keep = [
         (_parent(n), d) not in paths
         for n, d in zip(
             changed["op_name"].astype(str), changed["direction"].astype(str), strict=True
-        )  # fmt: skip
+        )
     ]
     return changed[np.asarray(keep, dtype=bool)]
 
@@ -191,8 +194,13 @@ def _impacts(ops: pd.DataFrame) -> dict[tuple[str, str], float]:
     if ops.empty:
         return {}
     d = ops["current_ns"].astype(float).fillna(0.0) - ops["baseline_ns"].astype(float).fillna(0.0)
-    return dict(zip(zip(ops["op_name"].astype(str), ops["direction"].astype(str), strict=True),
-                    d.to_numpy(float), strict=True))  # fmt: skip
+    return dict(
+        zip(
+            zip(ops["op_name"].astype(str), ops["direction"].astype(str), strict=True),
+            d.to_numpy(float),
+            strict=True,
+        )
+    )
 
 
 def _culprits(e: Evidence) -> list[Culprit]:
@@ -217,12 +225,19 @@ def _culprits(e: Evidence) -> list[Culprit]:
         if name in syncing:  # a host sync said as one: what a reviewer looks for first
             kind = "syncs"
             text = f"host sync {row.status}{at}: {_display(name)}{times(calls)}"
-        found.append(Culprit(
-            kind=kind, op=name, direction=_dir(row.direction),
-            text=f"{text} ({format_ns(t)} per iteration)",
-            baseline=None if added else _num(calls), current=_num(calls) if added else None,
-            gated=struct_gated, impact_ns=impact.get((name, direction), math.nan), site=site,
-        ))  # fmt: skip
+        found.append(
+            Culprit(
+                kind=kind,
+                op=name,
+                direction=_dir(row.direction),
+                text=f"{text} ({format_ns(t)} per iteration)",
+                baseline=None if added else _num(calls),
+                current=_num(calls) if added else None,
+                gated=struct_gated,
+                impact_ns=impact.get((name, direction), math.nan),
+                site=site,
+            )
+        )
 
     all_moves = counter_moves(e.current, e.baseline)
     moves = _minimal_moves(all_moves)
@@ -244,19 +259,28 @@ def _culprits(e: Evidence) -> list[Culprit]:
         text = f"{name}{at}: {figures}"
         if counter in ("syncs", "host_reads") and c > b:
             text = f"host sync added{at}: {_display(name)} ({figures})"
-        found.append(Culprit(
-            kind=counter, op=name, direction=_dir(row.direction), text=text,
-            baseline=b, current=c, budget=str(budget) if isinstance(budget, Budget) else "",
-            gated=bool(gated), impact_ns=impact.get((name, str(row.direction)), math.nan),
-            site=site,
-        ))  # fmt: skip
+        found.append(
+            Culprit(
+                kind=counter,
+                op=name,
+                direction=_dir(row.direction),
+                text=text,
+                baseline=b,
+                current=c,
+                budget=str(budget) if isinstance(budget, Budget) else "",
+                gated=bool(gated),
+                impact_ns=impact.get((name, str(row.direction)), math.nan),
+                site=site,
+            )
+        )
 
     if gates is not None:
         findings = gates.regressions if outcome is not Outcome.IMPROVED else gates.improvements
         every = [*gates.regressions, *gates.improvements]
         # the user's lines that ran more: read once, for the instruction counts that cite them
-        python_lines = (_python_lines(e)
-                        if any(f.gate in INSTRUCTION_COUNTERS for f in every) else "")  # fmt: skip
+        python_lines = (
+            _python_lines(e) if any(f.gate in INSTRUCTION_COUNTERS for f in every) else ""
+        )
         for f in every:
             if f.gate not in SWITCH_CULPRITS:
                 continue
@@ -297,8 +321,10 @@ class _Placer:
     def __init__(self, e: Evidence) -> None:
         self.base = SiteTable(e.baseline.meta)
         self.head = SiteTable(e.current.meta)
-        self.tops = {**(e.baseline.meta.get("call_sites") or {}),
-                     **(e.current.meta.get("call_sites") or {})}  # fmt: skip
+        self.tops = {
+            **(e.baseline.meta.get("call_sites") or {}),
+            **(e.current.meta.get("call_sites") or {}),
+        }
 
     def __call__(self, kind: str, op: str, direction: str | None) -> str:
         if not op:
@@ -356,17 +382,26 @@ def _parameter_culprits(e: Evidence, found: list[Culprit]) -> list[Culprit]:
         a, b = change
         reasons.append(f"parameter tensors {a} → {b}")
         follows = any(_per_tensor(c.op) for c in found)
-        why = ("the model's parameters changed: the optimizer's per-tensor work follows"
-               if follows else "the model's parameters changed")  # fmt: skip
-        causes.append(Culprit(kind="params", op="", text=f"parameter tensors {a} → {b} ({why})",
-                              baseline=a, current=b))  # fmt: skip
+        why = (
+            "the model's parameters changed: the optimizer's per-tensor work follows"
+            if follows
+            else "the model's parameters changed"
+        )
+        causes.append(
+            Culprit(
+                kind="params",
+                op="",
+                text=f"parameter tensors {a} → {b} ({why})",
+                baseline=a,
+                current=b,
+            )
+        )
     for what, where in optimizer_changes(e.baseline.meta, e.current.meta):
         at = f" at {where}" if where else ""
         reasons.append(what.split(":", 1)[0] + " changed")
         step = what.split("(", 1)[1].split(")", 1)[0] if "(" in what else ""
         op = f"Optimizer.step#{step}.step" if step else ""  # torch's range of its step
-        causes.insert(0, Culprit(kind="optimizer", op=op, text=f"{what}{at}",
-                                 site=at.strip()))  # fmt: skip
+        causes.insert(0, Culprit(kind="optimizer", op=op, text=f"{what}{at}", site=at.strip()))
     if not causes:
         return []
     for i, c in enumerate(found):
@@ -409,8 +444,7 @@ def dtype_change(before: Any, after: Any) -> str:
         return f"{before} → {after}"
     if len(a) == 1:
         return f"{short(a[0])} → {short(b[0])}"
-    return ", ".join(f"{short(a[i])} → {short(b[i])} (input {i + 1} of {len(a)})"
-                     for i in changed)  # fmt: skip
+    return ", ".join(f"{short(a[i])} → {short(b[i])} (input {i + 1} of {len(a)})" for i in changed)
 
 
 def _switch_culprit(
@@ -448,9 +482,18 @@ def _switch_culprit(
             f"({_pct(b, c)}, budget {f.budget})"
         )
         name = ""
-    return Culprit(kind=f.gate, op=name, text=text, baseline=f.baseline, current=f.current,
-                   budget=str(f.budget), gated=True, impact_ns=imp,
-                   direction=direction, site=site if name else "")  # fmt: skip
+    return Culprit(
+        kind=f.gate,
+        op=name,
+        text=text,
+        baseline=f.baseline,
+        current=f.current,
+        budget=str(f.budget),
+        gated=True,
+        impact_ns=imp,
+        direction=direction,
+        site=site if name else "",
+    )
 
 
 def _timing_culprits(
@@ -475,12 +518,20 @@ def _timing_culprits(
         note = "" if judged else "; per-op times not judged"
         site = where("timing", name, _dir(row.direction))
         at = f" {site}" if site else ""
-        out.append(Culprit(
-            kind="timing", op=name, direction=_dir(row.direction),
-            text=f"{name}{at}: {label} {format_ns(b)} → {format_ns(c)} per iteration "
-                 f"({_pct(b, c)}{note})",
-            baseline=b, current=c, gated=False, impact_ns=c - b, site=site,
-        ))  # fmt: skip
+        out.append(
+            Culprit(
+                kind="timing",
+                op=name,
+                direction=_dir(row.direction),
+                text=f"{name}{at}: {label} {format_ns(b)} → {format_ns(c)} per iteration "
+                f"({_pct(b, c)}{note})",
+                baseline=b,
+                current=c,
+                gated=False,
+                impact_ns=c - b,
+                site=site,
+            )
+        )
     return out
 
 
@@ -619,9 +670,12 @@ def _counter_line(gates: GateVerdict | None) -> str:
         pct = _pct(b, c)
         parts.append(
             f"{LABELS[f.gate].split(' (')[0]} {human(b, f.gate)} → {human(c, f.gate)}"
-            + (f" ({pct}, budget {f.budget})" if pct and "%" in f.budget else
-               f" (budget {f.budget})")
-        )  # fmt: skip
+            + (
+                f" ({pct}, budget {f.budget})"
+                if pct and "%" in f.budget
+                else f" (budget {f.budget})"
+            )
+        )
     return ("counters per iteration: " + "; ".join(parts)) if parts else ""
 
 
@@ -676,22 +730,30 @@ def explain(e: Evidence) -> Explanation:
                 rest.insert(0, python_lines)
         rest += _immaterial_lines(e)
         return Explanation(
-            outcome=outcome.value, headline=headline, decided_by=decided,
-            culprits=tuple(culprits), lead=lead, lines=tuple(rest), timing=clause,
-        )  # fmt: skip
+            outcome=outcome.value,
+            headline=headline,
+            decided_by=decided,
+            culprits=tuple(culprits),
+            lead=lead,
+            lines=tuple(rest),
+            timing=clause,
+        )
     # not a regression or improvement: the reason, noise excuse included, is the headline;
     # a change of no measurable cost follows it with its line (the gates' own words lack it)
     parts = [timing.message]
-    if gates is not None and (gates.outcome is not Outcome.UNCHANGED or outcome is
-                              Outcome.NOT_JUDGED):  # fmt: skip
+    if gates is not None and (
+        gates.outcome is not Outcome.UNCHANGED or outcome is Outcome.NOT_JUDGED
+    ):
         parts.append(gates.message.split("; changed at no measurable cost")[0])
     free = _immaterial_lines(e)
     if free:
         parts.append(free[0] + (f" (and {len(free) - 1} more)" if len(free) > 1 else ""))
     return Explanation(
-        outcome=outcome.value, headline="; ".join(p for p in parts if p),
-        timing=timing_clause(timing), lines=tuple(free),
-    )  # fmt: skip
+        outcome=outcome.value,
+        headline="; ".join(p for p in parts if p),
+        timing=timing_clause(timing),
+        lines=tuple(free),
+    )
 
 
 def _immaterial_lines(e: Evidence) -> list[str]:
@@ -713,6 +775,8 @@ def _immaterial_lines(e: Evidence) -> list[str]:
             site = where(f.gate, f.op_name, None) if f.op_name else ""
             text = f"{f.op_name}{f' {site}' if site else ''}: {f.message}"
         cost = cost_text(f)
-        lines.append(f"no measurable cost: {text}" + (f" (costs {cost}, not failing)"
-                                                       if cost else " (not failing)"))  # fmt: skip
+        lines.append(
+            f"no measurable cost: {text}"
+            + (f" (costs {cost}, not failing)" if cost else " (not failing)")
+        )
     return lines

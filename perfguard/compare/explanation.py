@@ -53,11 +53,25 @@ def shorten(text: str, width: int) -> str:
 #: act on (dtype, Tensor Cores, a new sync) before the ops that appeared or vanished,
 #: before counters that moved on an op that stayed, before time alone
 KIND_ORDER = (
-    "dtypes", "tc_lost", "syncs", "host_reads", "optimizer", "structure", "calls", "params",
+    "dtypes",
+    "tc_lost",
+    "syncs",
+    "host_reads",
+    "optimizer",
+    "structure",
+    "calls",
+    "params",
     "flops",
-    "bytes", "kernels", "memcpy", "memcpy_bytes", "kernel_set", "peak_memory", "instructions",
-    "est_cycles", "timing",
-)  # fmt: skip
+    "bytes",
+    "kernels",
+    "memcpy",
+    "memcpy_bytes",
+    "kernel_set",
+    "peak_memory",
+    "instructions",
+    "est_cycles",
+    "timing",
+)
 #: kinds ranked as one: an op added and an op removed are one change of structure
 RANKED_AS = {"added": "structure", "removed": "structure"}
 #: how many culprits a view lists before "and N more"
@@ -133,8 +147,11 @@ class Explanation:
         headline."""
         if not self.lead:
             return self.headline
-        more = sum(1 for line in self.lines if line != self.timing and
-                   not line.startswith(("counters ", "… and")))  # fmt: skip
+        more = sum(
+            1
+            for line in self.lines
+            if line != self.timing and not line.startswith(("counters ", "… and"))
+        )
         return self.lead + (f" (+{more} more)" if more > 0 else "")
 
     def text(self, indent: str = "  ") -> str:

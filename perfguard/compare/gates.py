@@ -84,12 +84,18 @@ SWITCHES = ("kernel_set", "tc_lost", "dtypes")
 STRICT = "strict"
 #: how each counter is named in a message
 LABELS = {
-    "calls": "op calls", "kernels": "kernel launches", "flops": "FLOPs", "bytes": "bytes",
-    "memcpy": "memcpy", "memcpy_bytes": "memcpy bytes", "syncs": "host-device syncs",
+    "calls": "op calls",
+    "kernels": "kernel launches",
+    "flops": "FLOPs",
+    "bytes": "bytes",
+    "memcpy": "memcpy",
+    "memcpy_bytes": "memcpy bytes",
+    "syncs": "host-device syncs",
     "host_reads": "host reads of device values (.item(), nonzero)",
     "peak_memory": "peak memory (bytes)",
-    "instructions": "host instructions", "est_cycles": "estimated host cycles",
-}  # fmt: skip
+    "instructions": "host instructions",
+    "est_cycles": "estimated host cycles",
+}
 #: whole-test counters measured outside the trace: gated only when both records have them
 WHOLE_TEST = ("peak_memory", *INSTRUCTION_COUNTERS)
 
@@ -155,8 +161,9 @@ def _strict_names(value: Any) -> list[str]:
         raise ValueError(f"gates: strict is True or a list of gate names, got {value!r}")
     unknown = [n for n in names if n not in DEFAULT_GATES]
     if unknown:
-        raise ValueError(f"gates: strict names unknown gate(s) {unknown}; known: "
-                         f"{', '.join(DEFAULT_GATES)}")  # fmt: skip
+        raise ValueError(
+            f"gates: strict names unknown gate(s) {unknown}; known: {', '.join(DEFAULT_GATES)}"
+        )
     return [str(n) for n in names]
 
 
@@ -334,11 +341,19 @@ def judge_gates(
                     f.op_name == names.get(i) and f.gate == counter for f in worse
                 ):
                     op = str(names.get(i, i))
-                    worse.append(GateFinding(
-                        counter, op, "", x, y, str(budget),
-                        f"{label}{per} of {_short(op)} {human(x, counter)} → {human(y, counter)} "
-                        f"({percent(100 * (y / x - 1), True)}, budget {budget})",
-                    ))  # fmt: skip
+                    worse.append(
+                        GateFinding(
+                            counter,
+                            op,
+                            "",
+                            x,
+                            y,
+                            str(budget),
+                            f"{label}{per} of {_short(op)} "
+                            f"{human(x, counter)} → {human(y, counter)} "
+                            f"({percent(100 * (y / x - 1), True)}, budget {budget})",
+                        )
+                    )
     if tuned:
         names = set(tuned.values())
         moved = changes["op_name"].isin(names) & changes["kind"].isin(
@@ -364,8 +379,9 @@ def judge_gates(
         msg += "; " + immaterial_text(immaterial)
     if unstable:
         msg += f"; not gated, they vary between rounds: {', '.join(sorted(unstable)[:5])}"
-    return GateVerdict(outcome, worse, better, sorted(unstable), checked, msg, totals, widened,
-                       immaterial)  # fmt: skip
+    return GateVerdict(
+        outcome, worse, better, sorted(unstable), checked, msg, totals, widened, immaterial
+    )
 
 
 def _weighed(
@@ -455,24 +471,45 @@ def _switch_gates(
         checked.append("tc_lost")
         for row in changes[changes["kind"] == "tc_lost"].itertuples():
             kernel = str(row.kernel_name or "")
-            worse.append(GateFinding(
-                "tc_lost", str(row.op_name), kernel, True, False, "on",
-                f"{_short(str(row.op_name))} lost Tensor Cores (was: {kernel or 'a TC kernel'})",
-            ))  # fmt: skip
+            worse.append(
+                GateFinding(
+                    "tc_lost",
+                    str(row.op_name),
+                    kernel,
+                    True,
+                    False,
+                    "on",
+                    f"{_short(str(row.op_name))} lost Tensor Cores "
+                    f"(was: {kernel or 'a TC kernel'})",
+                )
+            )
         for row in changes[changes["kind"] == "tc_gained"].itertuples():
-            better.append(GateFinding(
-                "tc_lost", str(row.op_name), str(row.kernel_name or ""), False, True, "on",
-                f"{_short(str(row.op_name))} now uses Tensor Cores",
-            ))  # fmt: skip
+            better.append(
+                GateFinding(
+                    "tc_lost",
+                    str(row.op_name),
+                    str(row.kernel_name or ""),
+                    False,
+                    True,
+                    "on",
+                    f"{_short(str(row.op_name))} now uses Tensor Cores",
+                )
+            )
     if budgets.get("kernel_set"):
         checked.append("kernel_set")
         for kind, verb in (("added", "launches a new kernel"), ("removed", "no longer launches")):
             for row in changes[changes["kind"] == kind].itertuples():
-                (worse if kind == "added" else better).append(GateFinding(
-                    "kernel_set", str(row.op_name), str(row.kernel_name or ""),
-                    _scalar(row.baseline), _scalar(row.current), "on",
-                    f"{_short(str(row.op_name))} {verb} {row.kernel_name}",
-                ))  # fmt: skip
+                (worse if kind == "added" else better).append(
+                    GateFinding(
+                        "kernel_set",
+                        str(row.op_name),
+                        str(row.kernel_name or ""),
+                        _scalar(row.baseline),
+                        _scalar(row.current),
+                        "on",
+                        f"{_short(str(row.op_name))} {verb} {row.kernel_name}",
+                    )
+                )
     if budgets.get("dtypes"):
         checked.append("dtypes")
         ob = baseline.ops.drop_duplicates("op_id").set_index("op_id")
@@ -485,12 +522,20 @@ def _switch_gates(
             # displace them with no input changing type (a tiny GPT's reshape-clone of int64
             # labels read "int64 → fp32" when two fp32 clones were added); the calls gate
             # names that op
-            calls_b, calls_c = (_per_op(r, "calls").reindex(both).fillna(-1.0)
-                                for r in (baseline, current))  # fmt: skip
+            calls_b, calls_c = (
+                _per_op(r, "calls").reindex(both).fillna(-1.0) for r in (baseline, current)
+            )
             differ &= calls_b.eq(calls_c)
             for op_id in both[differ.to_numpy()]:
                 name = str(oc.at[op_id, "op_name"])
-                worse.append(GateFinding(
-                    "dtypes", name, "", str(db[op_id]), str(dc[op_id]), "on",
-                    f"input dtypes of {_short(name)} changed: {db[op_id]} → {dc[op_id]}",
-                ))  # fmt: skip
+                worse.append(
+                    GateFinding(
+                        "dtypes",
+                        name,
+                        "",
+                        str(db[op_id]),
+                        str(dc[op_id]),
+                        "on",
+                        f"input dtypes of {_short(name)} changed: {db[op_id]} → {dc[op_id]}",
+                    )
+                )

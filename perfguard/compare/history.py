@@ -167,11 +167,17 @@ def run_levels(
     value[~timing_mask(samples, wanted, by="run_id")] = np.nan
     # each round reduced as the verdict reduces it (record.round_value), per row's metric
     grouped = (
-        pd.DataFrame({"run_id": samples["run_id"], "round": samples["round"], "v": value,
-                      "stat": wanted.map(round_statistic).to_numpy()})
+        pd.DataFrame(
+            {
+                "run_id": samples["run_id"],
+                "round": samples["round"],
+                "v": value,
+                "stat": wanted.map(round_statistic).to_numpy(),
+            }
+        )
         .dropna()
         .groupby(["run_id", "round"])
-    )  # fmt: skip
+    )
     stats = grouped["v"].agg(["min", "median"])
     use_min = grouped["stat"].first() == "min"
     per_round = stats["min"].where(use_min, stats["median"])
@@ -282,9 +288,13 @@ def find_change_points(
     if 0 < marked.sum() < len(levels) / 2:
         kept = levels[~marked].reset_index(drop=True)
         where = np.flatnonzero(~marked)
-        found = find_change_points(kept.drop(columns="machine"), noise=noise,
-                                   op_levels=op_levels, op_names=op_names,
-                                   top_ops=top_ops)  # fmt: skip
+        found = find_change_points(
+            kept.drop(columns="machine"),
+            noise=noise,
+            op_levels=op_levels,
+            op_names=op_names,
+            top_ops=top_ops,
+        )
         return [dataclasses.replace(cp, index=int(where[cp.index])) for cp in found]
     from perfguard.compare.timing import between_run_sd
 

@@ -66,9 +66,12 @@ def function_moves(baseline: TestRecord, current: TestRecord, column: str = "ir"
     b, c = _frame(baseline), _frame(current)
     cols = [*key, "op", column]
     both = pd.merge(
-        b.reindex(columns=cols), c.reindex(columns=cols), on=key, how="outer",
+        b.reindex(columns=cols),
+        c.reindex(columns=cols),
+        on=key,
+        how="outer",
         suffixes=("_b", "_c"),
-    )  # fmt: skip
+    )
     out = pd.DataFrame(
         {
             "function": both["function"].astype(str),

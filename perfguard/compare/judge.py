@@ -189,10 +189,13 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
     wait = _num(current.meta.get("wait"))
     base_rec = against.records[0] if against.records else None
     common: dict[str, Any] = dict(
-        nodeid=current.nodeid, alpha=alpha,
-        baseline_commit=against.commit, samples_current=_ints(current.values()),
-        rounds_current=_ints(cur_rounds), mode=against.mode,
-    )  # fmt: skip
+        nodeid=current.nodeid,
+        alpha=alpha,
+        baseline_commit=against.commit,
+        samples_current=_ints(current.values()),
+        rounds_current=_ints(cur_rounds),
+        mode=against.mode,
+    )
     at = f" at {against.commit[:12]}" if against.commit else ""
 
     reason = against.incompatibility
@@ -210,23 +213,34 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
             outcome, text = Outcome.NO_BASELINE, "no baseline to compare with"
         median = float(np.median(cur_rounds)) if len(cur_rounds) else math.nan
         timing = not_judged(
-            current.metric, text, tol, median_current_ns=median, n_current=len(cur_rounds),
+            current.metric,
+            text,
+            tol,
+            median_current_ns=median,
+            n_current=len(cur_rounds),
             load=load,
-        )  # fmt: skip
+        )
         msg = f"{text}; {current.metric} median {format_ns(median)}, {len(cur_rounds)} round(s)"
         plain = Explanation.plain(outcome.value, msg).with_environment(against.environment)
         return TestComparison(
-            outcome=outcome, message=msg, timing=timing, gates=None, explanation=plain,
+            outcome=outcome,
+            message=msg,
+            timing=timing,
+            gates=None,
+            explanation=plain,
             **common,
-        )  # fmt: skip
+        )
 
     metric = current.metric
     if against.timing_incompatibility is not None:
         timing = not_judged(
-            metric, f"timing not compared: {against.timing_incompatibility}", tol,
+            metric,
+            f"timing not compared: {against.timing_incompatibility}",
+            tol,
             median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
-            n_current=len(cur_rounds), load=load,
-        )  # fmt: skip
+            n_current=len(cur_rounds),
+            load=load,
+        )
     elif metric != "gpu_time" and any(
         r.timed_apart != current.timed_apart for r in against.records
     ):
@@ -236,28 +250,50 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
             metric,
             f"{which} timed its rounds under the profiler (a perfguard before timing "
             "rounds ran unprofiled): timing not comparable; save a new baseline",
-            tol, median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
-            n_current=len(cur_rounds), load=load,
-        )  # fmt: skip
+            tol,
+            median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
+            n_current=len(cur_rounds),
+            load=load,
+        )
     elif against.mode == "ab":
         base_rounds = base_rec.round_values(metric)
         n = min(len(base_rounds), len(cur_rounds))
         timing = judge_ab(
-            base_rounds[:n], cur_rounds[:n], metric=metric, tolerance=tol, alpha=alpha,
-            load=load, wait=wait, iterations=_iterations(current),
+            base_rounds[:n],
+            cur_rounds[:n],
+            metric=metric,
+            tolerance=tol,
+            alpha=alpha,
+            load=load,
+            wait=wait,
+            iterations=_iterations(current),
             in_turn=current.meta.get("ab_children") == "pair",
-        )  # fmt: skip
+        )
     else:
         base_wait, base_speed = machine_evidence(against.records)
         timing = judge_store(
-            cur_rounds, _pooled(against.records, metric), against.history, metric=metric,
-            tolerance=tol, alpha=alpha, baseline_runs=len(against.records), load=load,
-            wait=wait, baseline_wait=base_wait, iterations=_iterations(current),
-            speed_ns=_num(current.meta.get("speed_ns")), baseline_speed_ns=base_speed,
-        )  # fmt: skip
+            cur_rounds,
+            _pooled(against.records, metric),
+            against.history,
+            metric=metric,
+            tolerance=tol,
+            alpha=alpha,
+            baseline_runs=len(against.records),
+            load=load,
+            wait=wait,
+            baseline_wait=base_wait,
+            iterations=_iterations(current),
+            speed_ns=_num(current.meta.get("speed_ns")),
+            baseline_speed_ns=base_speed,
+        )
         if against.confirmation is not None:
-            timing = confirmed(timing, against.confirmation, tolerance=tol, alpha=alpha,
-                               iterations=_iterations(current))  # fmt: skip
+            timing = confirmed(
+                timing,
+                against.confirmation,
+                tolerance=tol,
+                alpha=alpha,
+                iterations=_iterations(current),
+            )
         if same_code(against) and timing.outcome in (Outcome.REGRESSED, Outcome.IMPROVED):
             timing = msgspec.structs.replace(
                 timing, outcome=Outcome.NOISY, message=f"{SAME_CODE}: {timing.message}"
@@ -271,10 +307,17 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
     why = explain(Evidence(outcome, timing, gates, ops, current, base_rec, settings.gates))
     why = why.with_environment(against.environment)
     return TestComparison(
-        outcome=outcome, message=why.headline, timing=timing, gates=gates, ops=ops,
-        kernel_changes=changes, samples_baseline=_ints(base_rec.values()),
-        rounds_baseline=_ints(base_rec.round_values(metric)), explanation=why, **common,
-    )  # fmt: skip
+        outcome=outcome,
+        message=why.headline,
+        timing=timing,
+        gates=gates,
+        ops=ops,
+        kernel_changes=changes,
+        samples_baseline=_ints(base_rec.values()),
+        rounds_baseline=_ints(base_rec.round_values(metric)),
+        explanation=why,
+        **common,
+    )
 
 
 def compare_records(

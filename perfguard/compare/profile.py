@@ -171,9 +171,7 @@ def profile_of(record: Any, top: int = PROFILE_OPS) -> TestProfile | None:
         time = np.nan_to_num(gpu_total)
     else:  # self CPU time: less the direct children's (same direction, one level deeper)
         parents = pd.Series([n_.rsplit("/", 1)[0] if "/" in n_ else "" for n_ in names])
-        child = pd.Series(np.nan_to_num(cpu_total)).groupby(
-            [parents.to_numpy(), directions]
-        ).sum()  # fmt: skip
+        child = pd.Series(np.nan_to_num(cpu_total)).groupby([parents.to_numpy(), directions]).sum()
         keys = pd.MultiIndex.from_arrays([names, directions])
         nested = child.reindex(keys).fillna(0.0).to_numpy()
         time = np.clip(np.nan_to_num(cpu_total) - nested, 0.0, None)

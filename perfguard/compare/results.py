@@ -386,16 +386,21 @@ class SessionResults(msgspec.Struct, kw_only=True):
         no timing was judged)."""
         from perfguard.compare.units import percent
 
-        judged = [t.timing for t in self.tests
-                  if t.timing is not None and t.timing.threshold_pct is not None]  # fmt: skip
+        judged = [
+            t.timing
+            for t in self.tests
+            if t.timing is not None and t.timing.threshold_pct is not None
+        ]
         if not judged:
             return ""
         seen = sorted(v.threshold_pct or 0.0 for v in judged)
         mid = seen[len(seen) // 2]
         coarse = sum((v.threshold_pct or 0.0) > (v.tolerance_pct or 0.0) + 1e-9 for v in judged)
         span = "" if len(seen) == 1 else f" ({percent(seen[0])} to {percent(seen[-1])})"
-        text = (f"smallest timing change this run could see: {percent(mid)} median over "
-                f"{len(seen)} test(s){span}")  # fmt: skip
+        text = (
+            f"smallest timing change this run could see: {percent(mid)} median over "
+            f"{len(seen)} test(s){span}"
+        )
         if coarse:
             text += f", {coarse} of them coarser than their tolerance"
         return text
@@ -413,9 +418,10 @@ class SessionResults(msgspec.Struct, kw_only=True):
             return ", ".join(bad) + ": not every test was measured"
         if badge == "NOT JUDGED":
             return "nothing was compared" + (
-                ": " + ", ".join(f"{n} {o}" for o, n in c.items() if n) if self.tests else
-                ": no test was measured"
-            )  # fmt: skip
+                ": " + ", ".join(f"{n} {o}" for o, n in c.items() if n)
+                if self.tests
+                else ": no test was measured"
+            )
         passed = sum(n for o, n in c.items() if Outcome(o).passing)
         text = f"{passed} passed, none regressed"
         if c["noisy"]:
@@ -534,9 +540,24 @@ class _OldFigures(msgspec.Struct, kw_only=True):
 
 
 #: the figures schema 2 wrote flat on an entry as well as in its ``timing``
-_FLAT = ("metric", "n_current", "n_baseline", "median_current_ns", "median_baseline_ns",
-         "level_current_ns", "level_baseline_ns", "delta_pct", "ci_low_pct", "ci_high_pct",
-         "ci_level_pct", "p_value", "p_exact", "tolerance_pct", "load", "wait")  # fmt: skip
+_FLAT = (
+    "metric",
+    "n_current",
+    "n_baseline",
+    "median_current_ns",
+    "median_baseline_ns",
+    "level_current_ns",
+    "level_baseline_ns",
+    "delta_pct",
+    "ci_low_pct",
+    "ci_high_pct",
+    "ci_level_pct",
+    "p_value",
+    "p_exact",
+    "tolerance_pct",
+    "load",
+    "wait",
+)
 
 
 def upgrade(data: Any, source: str = "results") -> dict[str, Any]:
@@ -594,22 +615,42 @@ def _upgrade_entry(test: dict[str, Any], flat: _OldFigures, schema: int) -> dict
     if timing is None and (flat.outcome.judged or flat.n_current is not None):
         # schema 1 (or a verdict without its half): the flat figures are the timing's
         timing = {
-            "outcome": flat.outcome.value, "mode": test.get("mode") or "store",
-            "metric": flat.metric or "", "message": entry["message"], "replicated": "",
-            "n_current": int(flat.n_current or 0), "n_baseline": int(flat.n_baseline or 0),
-            "history_runs": 0, "threshold_pct": None, "noise_pct": None, "spread_pct": None,
+            "outcome": flat.outcome.value,
+            "mode": test.get("mode") or "store",
+            "metric": flat.metric or "",
+            "message": entry["message"],
+            "replicated": "",
+            "n_current": int(flat.n_current or 0),
+            "n_baseline": int(flat.n_baseline or 0),
+            "history_runs": 0,
+            "threshold_pct": None,
+            "noise_pct": None,
+            "spread_pct": None,
             "wait": test.get("wait"),
-            **{k: getattr(flat, k) for k in (
-                "median_current_ns", "median_baseline_ns", "level_current_ns",
-                "level_baseline_ns", "delta_pct", "ci_low_pct", "ci_high_pct", "ci_level_pct",
-                "p_value", "tolerance_pct", "load")},
-        }  # fmt: skip
+            **{
+                k: getattr(flat, k)
+                for k in (
+                    "median_current_ns",
+                    "median_baseline_ns",
+                    "level_current_ns",
+                    "level_baseline_ns",
+                    "delta_pct",
+                    "ci_low_pct",
+                    "ci_high_pct",
+                    "ci_level_pct",
+                    "p_value",
+                    "tolerance_pct",
+                    "load",
+                )
+            },
+        }
         if timing["ci_level_pct"] is None and flat.alpha is not None:
             timing["ci_level_pct"] = round(100.0 * (1.0 - flat.alpha), 6)
     entry["timing"] = timing
     if schema < 2 and flat.outcome is Outcome.UNCHANGED:
-        few = any(n is not None and n < _SCHEMA1_MIN_SAMPLES
-                  for n in (flat.n_current, flat.n_baseline))  # fmt: skip
+        few = any(
+            n is not None and n < _SCHEMA1_MIN_SAMPLES for n in (flat.n_current, flat.n_baseline)
+        )
         msg = entry["message"]
         if few or "not judged" in msg or msg.startswith("statistics impossible"):
             entry["outcome"] = Outcome.NOT_JUDGED.value
@@ -666,10 +707,19 @@ def _python_json(raw: bytes, exc: msgspec.DecodeError, path: Path) -> Any:
         raise ReportError(f"{path}: not valid JSON ({exc})") from None
 
 
-_TYPE_WORDS = {"float | null": "a number or null", "float": "a number", "int": "an integer",
-               "str": "a string", "str | null": "a string or null", "object": "an object",
-               "object | null": "an object or null", "array": "a list", "bool": "true or false",
-               "int | null": "an integer or null", "array | null": "a list or null"}  # fmt: skip
+_TYPE_WORDS = {
+    "float | null": "a number or null",
+    "float": "a number",
+    "int": "an integer",
+    "str": "a string",
+    "str | null": "a string or null",
+    "object": "an object",
+    "object | null": "an object or null",
+    "array": "a list",
+    "bool": "true or false",
+    "int | null": "an integer or null",
+    "array | null": "a list or null",
+}
 
 
 def _where(exc: msgspec.ValidationError, data: Any) -> str:
@@ -691,8 +741,12 @@ def _where(exc: msgspec.ValidationError, data: Any) -> str:
         else:
             value = None
         shown_path.append(part if index is not None or not shown_path else "." + part)
-        if (len(shown_path) == 2 and shown_path[0] == "tests" and isinstance(value, dict)
-                and isinstance(value.get("nodeid"), str)):  # fmt: skip
+        if (
+            len(shown_path) == 2
+            and shown_path[0] == "tests"
+            and isinstance(value, dict)
+            and isinstance(value.get("nodeid"), str)
+        ):
             shown_path.append(f" ({value['nodeid']})")
     where = "".join(shown_path) or "document"
     m = re.match(r"Expected `(.+?)`, got `(.+?)`", text)

@@ -90,8 +90,10 @@ class SiteTable:
             if own[1]:
                 self.statements.add(own)
             frames = [str(f) for f in d.get("stack") or []]
-            self.chains[str(label)] = [(str(label), own if own[1] else None),
-                                       *((f, code_at.get(f)) for f in frames)]  # fmt: skip
+            self.chains[str(label)] = [
+                (str(label), own if own[1] else None),
+                *((f, code_at.get(f)) for f in frames),
+            ]
         #: op name (any direction) -> op ids, for culprits that carry a name only
         self.ids: dict[str, list[str]] = {}
         for op_id in self.by_op:
@@ -107,8 +109,9 @@ class SiteTable:
         for op_id in self.ids.get(op, []):
             for key, (label, c, g, p) in self.by_op[op_id].items():
                 old = merged.get(key)
-                merged[key] = (label, c, g, p) if old is None else (
-                    label, c + old[1], g + old[2], p + old[3])  # fmt: skip
+                merged[key] = (
+                    (label, c, g, p) if old is None else (label, c + old[1], g + old[2], p + old[3])
+                )
         return merged
 
 
@@ -229,8 +232,14 @@ def _moves(b: _Side, h: _Side) -> dict[tuple[str, str], tuple[str, str]]:
     new = [k for k in h if k not in b and k[1]]
     out: dict[tuple[str, str], tuple[str, str]] = {}
     for k in gone:
-        twin = next((n for n in new if n[1] == k[1] and n not in out.values()
-                     and math.isclose(h[n][1], b[k][1])), None)  # fmt: skip
+        twin = next(
+            (
+                n
+                for n in new
+                if n[1] == k[1] and n not in out.values() and math.isclose(h[n][1], b[k][1])
+            ),
+            None,
+        )
         if twin is not None:
             out[k] = twin
     return out
@@ -245,16 +254,21 @@ def optimizer_changes(base: dict[str, Any], head: dict[str, Any]) -> list[tuple[
     b = head.get("optimizers") or []
     out: list[tuple[str, str]] = []
     for i, now in enumerate(b):
-        then = next((o for o in a if o.get("name") and o.get("name") == now.get("name")),
-                    a[i] if i < len(a) else None)  # fmt: skip
+        then = next(
+            (o for o in a if o.get("name") and o.get("name") == now.get("name")),
+            a[i] if i < len(a) else None,
+        )
         if not isinstance(then, dict) or not isinstance(now, dict):
             continue
         parts = []
         if then.get("class") != now.get("class"):
             parts.append(f"{then.get('class')} → {now.get('class')}")
         s0, s1 = then.get("settings") or {}, now.get("settings") or {}
-        parts += [f"{k} {s0.get(k)} → {s1.get(k)}" for k in sorted(set(s0) | set(s1))
-                  if s0.get(k) != s1.get(k)]  # fmt: skip
+        parts += [
+            f"{k} {s0.get(k)} → {s1.get(k)}"
+            for k in sorted(set(s0) | set(s1))
+            if s0.get(k) != s1.get(k)
+        ]
         if parts:
             label = now.get("name") or str(now.get("class"))
             what = f"optimizer {label} ({now.get('class')}): {', '.join(parts)}"

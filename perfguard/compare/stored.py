@@ -64,30 +64,43 @@ def results_from_store(
         tests = []
         for nodeid, record in records.items():
             if walk is not None:
-                against = against_from_store(store, walk, record, fp, exclude_run_id=run_id,
-                                             environment=info.environment, rows=True)  # fmt: skip
+                against = against_from_store(
+                    store,
+                    walk,
+                    record,
+                    fp,
+                    exclude_run_id=run_id,
+                    environment=info.environment,
+                    rows=True,
+                )
                 if baseline is None and against.commit:
                     baseline = Baseline(ref=baseline_ref, commit=against.commit)
             elif baseline_run is not None:
                 base = base_records.get(nodeid)
                 frame = read_history(store, nodeid, fp)  # read once: levels and rows
                 against = Against(
-                    records=[base] if base is not None else [], commit=base_commit,
-                    run_found=True, incompatibility=base_reason,
+                    records=[base] if base is not None else [],
+                    commit=base_commit,
+                    run_found=True,
+                    incompatibility=base_reason,
                     timing_incompatibility=base_timing,
-                    history=history_levels(store, record, fp, None, before_run_id=run_id,
-                                           rows=frame),
-                    environment=changes, rows=history_rows(store, nodeid, fp, frame),
-                )  # fmt: skip
+                    history=history_levels(
+                        store, record, fp, None, before_run_id=run_id, rows=frame
+                    ),
+                    environment=changes,
+                    rows=history_rows(store, nodeid, fp, frame),
+                )
             else:
                 against = Against(rows=history_rows(store, nodeid, fp))
             c = judge(record, against, settings_for(record, tolerance, alpha))
             capture = record.meta.get("capture")
-            tests.append(c.entry(
-                history=[HistoryRow(**h) for h in against.rows],
-                backend=fp.backend,
-                capture=None if capture is None else str(capture),
-            ))  # fmt: skip
+            tests.append(
+                c.entry(
+                    history=[HistoryRow(**h) for h in against.rows],
+                    backend=fp.backend,
+                    capture=None if capture is None else str(capture),
+                )
+            )
     return SessionResults(
         tests=tests,
         perfguard_version=__version__,
@@ -98,5 +111,5 @@ def results_from_store(
             "alpha": alpha,
             "fail_on": None,
             "backend": fp.backend,
-        },  # fmt: skip
+        },
     )

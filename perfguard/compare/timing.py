@@ -74,13 +74,30 @@ def not_judged(metric: str, reason: str, tolerance: float, **figures: Any) -> Ti
     """A timing that could not be judged (too few rounds, no baseline figures)."""
     nan = math.nan
     base: dict[str, Any] = dict(
-        outcome=Outcome.NOT_JUDGED, mode="none", metric=metric, n_current=0, n_baseline=0,
-        median_current_ns=nan, median_baseline_ns=nan, level_baseline_ns=nan,
-        level_current_ns=nan, delta_pct=nan, ci_low_pct=nan,
-        ci_high_pct=nan, ci_level_pct=nan, p_value=nan, tolerance_pct=100 * tolerance,
-        threshold_pct=nan, noise_pct=nan, spread_pct=nan, history_runs=0, load=nan,
-        wait=nan, replicated="", message=reason,
-    )  # fmt: skip
+        outcome=Outcome.NOT_JUDGED,
+        mode="none",
+        metric=metric,
+        n_current=0,
+        n_baseline=0,
+        median_current_ns=nan,
+        median_baseline_ns=nan,
+        level_baseline_ns=nan,
+        level_current_ns=nan,
+        delta_pct=nan,
+        ci_low_pct=nan,
+        ci_high_pct=nan,
+        ci_level_pct=nan,
+        p_value=nan,
+        tolerance_pct=100 * tolerance,
+        threshold_pct=nan,
+        noise_pct=nan,
+        spread_pct=nan,
+        history_runs=0,
+        load=nan,
+        wait=nan,
+        replicated="",
+        message=reason,
+    )
     base.update(figures)
     return TimingVerdict(**base)
 
@@ -215,11 +232,15 @@ def judge_store(
     cur, base = cur[np.isfinite(cur)], base[np.isfinite(base)]
     sp = spread(np.exp(cur)) if len(cur) else math.nan
     common: dict[str, Any] = dict(
-        n_current=len(cur), n_baseline=len(base), load=load, wait=wait, spread_pct=100 * sp,
+        n_current=len(cur),
+        n_baseline=len(base),
+        load=load,
+        wait=wait,
+        spread_pct=100 * sp,
         median_current_ns=float(np.exp(np.median(cur))) if len(cur) else math.nan,
         median_baseline_ns=float(np.exp(np.median(base))) if len(base) else math.nan,
         history_runs=int(len(history)),
-    )  # fmt: skip
+    )
     if len(cur) < MIN_ROUNDS or len(base) < MIN_ROUNDS:
         side = "this session" if len(cur) < MIN_ROUNDS else "the baseline"
         return not_judged(
@@ -233,8 +254,9 @@ def judge_store(
             **common,
         )
     delta = float(cur.mean() - base.mean())
-    common.update(level_baseline_ns=float(np.exp(base.mean())),
-                  level_current_ns=float(np.exp(cur.mean())))  # fmt: skip
+    common.update(
+        level_baseline_ns=float(np.exp(base.mean())), level_current_ns=float(np.exp(cur.mean()))
+    )
     se_rounds = math.sqrt(cur.var(ddof=1) / len(cur) + base.var(ddof=1) / len(base))
     sd_run = between_run_sd(history) if len(history) >= MIN_HISTORY else math.nan
     if math.isfinite(sd_run):
@@ -269,12 +291,21 @@ def judge_store(
         f"({baseline_runs} run(s)); {noise_from}"
     )
     verdict = TimingVerdict(
-        outcome=outcome, mode="store", metric=metric, delta_pct=_pct(delta), ci_low_pct=_pct(lo),
-        ci_high_pct=_pct(hi), ci_level_pct=100 * (1 - alpha), p_value=p,
-        tolerance_pct=100 * tolerance, threshold_pct=100 * threshold,
+        outcome=outcome,
+        mode="store",
+        metric=metric,
+        delta_pct=_pct(delta),
+        ci_low_pct=_pct(lo),
+        ci_high_pct=_pct(hi),
+        ci_level_pct=100 * (1 - alpha),
+        p_value=p,
+        tolerance_pct=100 * tolerance,
+        threshold_pct=100 * threshold,
         noise_pct=100 * math.expm1(sd_run) if math.isfinite(sd_run) else math.nan,
-        replicated=replicated, message="", **common,
-    )  # fmt: skip
+        replicated=replicated,
+        message="",
+        **common,
+    )
     return _with_message(verdict, busy, baseline_wait, speed)
 
 
@@ -321,8 +352,10 @@ def machine_notes(metric: str, speed_ns: np.ndarray, wait: np.ndarray) -> list[s
         if not busy:
             out.append("")
         elif math.isfinite(ratio) and abs(ratio) > SPEED_DIFF:
-            out.append(f"machine {percent(100 * math.expm1(abs(ratio)), digits=0)} "
-                       f"{'slower' if ratio > 0 else 'faster'}")  # fmt: skip
+            out.append(
+                f"machine {percent(100 * math.expm1(abs(ratio)), digits=0)} "
+                f"{'slower' if ratio > 0 else 'faster'}"
+            )
         else:
             out.append(f"machine busy: waited {percent(100 * w, digits=0)}")
     return out
@@ -362,11 +395,15 @@ def judge_ab(
     a, b = a[ok], b[ok]
     d = b - a
     common: dict[str, Any] = dict(
-        n_current=len(b), n_baseline=len(a), load=load, wait=wait,
+        n_current=len(b),
+        n_baseline=len(a),
+        load=load,
+        wait=wait,
         median_current_ns=float(np.exp(np.median(b))) if len(b) else math.nan,
         median_baseline_ns=float(np.exp(np.median(a))) if len(a) else math.nan,
-        spread_pct=100 * spread(np.exp(b)) if len(b) else math.nan, history_runs=0,
-    )  # fmt: skip
+        spread_pct=100 * spread(np.exp(b)) if len(b) else math.nan,
+        history_runs=0,
+    )
     if len(d) < MIN_ROUNDS:
         return not_judged(
             metric,
@@ -388,8 +425,14 @@ def judge_ab(
     outcome = _decide(lo, hi, delta, tolerance, noisy)
     per = f" x {iterations} iterations" if iterations else ""
     verdict = TimingVerdict(
-        outcome=outcome, mode="ab", metric=metric, delta_pct=_pct(delta), ci_low_pct=_pct(lo),
-        ci_high_pct=_pct(hi), ci_level_pct=100 * (1 - alpha), p_value=p,
+        outcome=outcome,
+        mode="ab",
+        metric=metric,
+        delta_pct=_pct(delta),
+        ci_low_pct=_pct(lo),
+        ci_high_pct=_pct(hi),
+        ci_level_pct=100 * (1 - alpha),
+        p_value=p,
         tolerance_pct=100 * tolerance,
         threshold_pct=100 * max(tolerance, math.expm1(half)) if math.isfinite(half) else math.nan,
         noise_pct=100 * math.expm1(sd),
@@ -406,8 +449,9 @@ def judge_ab(
                 else ""
             )
         ),
-        message="", **common,
-    )  # fmt: skip
+        message="",
+        **common,
+    )
     return _with_message(verdict, False, math.nan)
 
 

@@ -46,8 +46,11 @@ BY_TIME = frozenset({"calls", "kernels", "kernel_set", "dtypes"})
 
 def _names(record: TestRecord) -> pd.Series:
     """op_id -> op_name (the name is the op's path, ``parent/child``: what nesting reads)."""
-    parts = [f[["op_id", "op_name"]] for f in (record.ops, record.counters)
-             if f is not None and not f.empty]  # fmt: skip
+    parts = [
+        f[["op_id", "op_name"]]
+        for f in (record.ops, record.counters)
+        if f is not None and not f.empty
+    ]
     if not parts:
         return pd.Series(dtype=object)
     both = pd.concat(parts).drop_duplicates("op_id")
@@ -143,8 +146,10 @@ class StepCosts:
 
     def total(self, counter: str) -> float:
         """The step's total of ``counter`` per iteration: the larger side's."""
-        return max(float(self.counter("current", counter).sum()),
-                   float(self.counter("baseline", counter).sum()))  # fmt: skip
+        return max(
+            float(self.counter("current", counter).sum()),
+            float(self.counter("baseline", counter).sum()),
+        )
 
     def fell(self, counter: str) -> float:
         """How much the step's total of ``counter`` fell, as a share of the larger side's

@@ -28,8 +28,14 @@ if TYPE_CHECKING:
 __all__ = ["CaptureResult", "Loop", "Measured", "ProfileSpec", "measure", "verdict"]
 
 #: where each lazily loaded name lives
-_HOME = {"Loop": "loop", "measure": "measure", "CaptureResult": "record",
-         "Measured": "record", "ProfileSpec": "spec", "verdict": "verdict"}  # fmt: skip
+_HOME = {
+    "Loop": "loop",
+    "measure": "measure",
+    "CaptureResult": "record",
+    "Measured": "record",
+    "ProfileSpec": "spec",
+    "verdict": "verdict",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -251,8 +251,7 @@ class Loop:
             try:
                 first = rounds if separate else 0
                 for r in range(first, first + (1 if separate else rounds)):
-                    yield from self._round(r, step, probe, cap, profiled=True,
-                                           timing=not separate)  # fmt: skip
+                    yield from self._round(r, step, probe, cap, profiled=True, timing=not separate)
                     step += self.spec.iterations
                 self.completed = True
                 if cuda is not None:
@@ -335,8 +334,14 @@ class Loop:
             del values[n:]
 
     def _per_round_lists(self) -> tuple[list[Any], ...]:
-        return (self.wall_times_ns, self.cpu_times_ns, self.round_of, self.profiled,
-                self.wait_ns, self.load_ticks)  # fmt: skip
+        return (
+            self.wall_times_ns,
+            self.cpu_times_ns,
+            self.round_of,
+            self.profiled,
+            self.wait_ns,
+            self.load_ticks,
+        )
 
     def _round(
         self,

@@ -127,9 +127,14 @@ def analyse(spec: ProfileSpec, capture: CaptureResult, nodeid: str) -> Measured:
     with timed(capture.phase_s, "findings"):
         findings = _findings(analysis)
     return Measured(
-        record, analysis, findings, capture=capture.path, backend=capture.backend,
-        notes=capture.notes, phase_s=capture.phase_s,
-    )  # fmt: skip
+        record,
+        analysis,
+        findings,
+        capture=capture.path,
+        backend=capture.backend,
+        notes=capture.notes,
+        phase_s=capture.phase_s,
+    )
 
 
 def _record(
@@ -210,14 +215,20 @@ def _meta(spec: ProfileSpec, capture: CaptureResult) -> dict[str, Any]:
 def timing_record(spec: ProfileSpec, capture: CaptureResult, nodeid: str) -> TestRecord:
     """The record of a loop that only timed its rounds (``capture.timing_only``)."""
     return record_from_timings(
-        nodeid, wall_times_ns=np.asarray(capture.walls, dtype=np.int64),
-        cpu_times_ns=np.asarray(capture.cpu_times, dtype=np.int64)
-        if capture.cpu_times else None,
+        nodeid,
+        wall_times_ns=np.asarray(capture.walls, dtype=np.int64),
+        cpu_times_ns=np.asarray(capture.cpu_times, dtype=np.int64) if capture.cpu_times else None,
         rounds=np.asarray(capture.rounds, dtype=np.int64) if capture.rounds else None,
-        metric=next((m for m in spec.metrics if m == "wall_time"
-                      or (m == "cpu_time" and capture.cpu_times)), "wall_time"),
+        metric=next(
+            (
+                m
+                for m in spec.metrics
+                if m == "wall_time" or (m == "cpu_time" and capture.cpu_times)
+            ),
+            "wall_time",
+        ),
         meta=_meta(spec, capture),
-    )  # fmt: skip
+    )
 
 
 def _autotuned() -> list[str]:

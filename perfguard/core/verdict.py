@@ -82,10 +82,18 @@ def verdict(
             with timed(phases, "compare"):
                 comparison = judge(record, against, settings)
         else:
-            confirm.later(comparison, lambda c: verdict(
-                record, replace(against, confirmation=c), settings, measured,
-                accepted=accepted, worker=worker, output=output,
-            ))  # fmt: skip
+            confirm.later(
+                comparison,
+                lambda c: verdict(
+                    record,
+                    replace(against, confirmation=c),
+                    settings,
+                    measured,
+                    accepted=accepted,
+                    worker=worker,
+                    output=output,
+                ),
+            )
     timeline = None
     if comparison.outcome is Outcome.REGRESSED and m.analysis is not None and m.capture:
         with timed(phases, "timeline"):
@@ -107,8 +115,16 @@ def verdict_in_store(
     ``history`` phase, with the settings the record carries (:func:`settings_for`)."""
     with timed(measured.phase_s, "history"):  # the store's reads
         against, accepted = (Against(), None) if baseline is None else baseline.against(record)
-    return verdict(record, against, settings_for(record), measured, accepted=accepted,
-                   worker=worker, output=output, confirm=confirm)  # fmt: skip
+    return verdict(
+        record,
+        against,
+        settings_for(record),
+        measured,
+        accepted=accepted,
+        worker=worker,
+        output=output,
+        confirm=confirm,
+    )
 
 
 def _entry(

@@ -36,9 +36,16 @@ if TYPE_CHECKING:
     from perfguard.plugin.session import PerfguardSession
 
 __all__ = [
-    "FIXTURE", "GpuProfile", "ProfileSpec", "gpuprofile", "profile_key", "profiled",
-    "settings_key", "spec_key", "spec_of",
-]  # fmt: skip
+    "FIXTURE",
+    "GpuProfile",
+    "ProfileSpec",
+    "gpuprofile",
+    "profile_key",
+    "profiled",
+    "settings_key",
+    "spec_key",
+    "spec_of",
+]
 
 settings_key: pytest.StashKey[Settings] = pytest.StashKey()
 #: the value ``PERFGUARD_BENCHMARKS`` had before this session set it for its children

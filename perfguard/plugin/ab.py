@@ -231,9 +231,14 @@ class ABRunner:
         """One child as a fresh interpreter: its return code, or why it was stopped."""
         try:
             done = subprocess.run(
-                argv, cwd=self.roots[side] / self.head_rel, env=env, capture_output=True,
-                text=True, timeout=self.timeout, check=False,
-            )  # fmt: skip
+                argv,
+                cwd=self.roots[side] / self.head_rel,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                check=False,
+            )
             tail = (done.stdout or "")[-2000:] + (done.stderr or "")[-2000:]
             log.write_text(tail, encoding="utf-8", errors="replace")
             return done.returncode
@@ -331,9 +336,16 @@ class ABRunner:
             if index > 0 or self.timing_only:  # the first pair child's profiled round
                 # gave the ops and gates
                 side_env[AB_TIMING_ONLY_ENV] = "1"
-            pair.append({"name": side, "root": str(self.roots[side]), "cwd": str(root),
-                         "args": prep.argv[3:], "env": side_env,
-                         "lead": tree_lead(root)})  # fmt: skip
+            pair.append(
+                {
+                    "name": side,
+                    "root": str(self.roots[side]),
+                    "cwd": str(root),
+                    "args": prep.argv[3:],
+                    "env": side_env,
+                    "lead": tree_lead(root),
+                }
+            )
         log = self.output / "ab" / f"round-{index:03d}-pair.log"
         env = {k: v for k, v in os.environ.items() if k not in (AB_OUT_ENV, AB_SELECT_ENV)}
         t0 = time.monotonic()
@@ -357,8 +369,15 @@ class ABRunner:
         server = self._fork_server()
         if server is not None:
             try:
-                return server.run(cwd=cwd, args=[], env=env, lead=pair[0]["lead"], log=log,
-                                  timeout=self.timeout, pair=pair)  # fmt: skip
+                return server.run(
+                    cwd=cwd,
+                    args=[],
+                    env=env,
+                    lead=pair[0]["lead"],
+                    log=log,
+                    timeout=self.timeout,
+                    pair=pair,
+                )
             except OSError as exc:
                 self.notes.append(f"the fork server stopped ({exc}); children spawn from here on")
                 server.close()

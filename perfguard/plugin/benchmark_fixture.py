@@ -72,10 +72,15 @@ class PerfguardBenchmark:
 
     def __call__(self, function_to_benchmark: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function_to_benchmark(*args, **kwargs)`` as each step of the loop; its result."""
-        scope = [*sys._getframe(1).f_locals.values(), function_to_benchmark, *args,
-                 *kwargs.values()]  # fmt: skip
-        return self._measure("benchmark(...)", function_to_benchmark, _Call(None, args, kwargs),
-                             scope)  # fmt: skip
+        scope = [
+            *sys._getframe(1).f_locals.values(),
+            function_to_benchmark,
+            *args,
+            *kwargs.values(),
+        ]
+        return self._measure(
+            "benchmark(...)", function_to_benchmark, _Call(None, args, kwargs), scope
+        )
 
     def pedantic(
         self,
@@ -93,8 +98,11 @@ class PerfguardBenchmark:
         around each step, untimed. Its ``rounds``, ``warmup_rounds`` and ``iterations``
         are perfguard's loop's instead (a note says so)."""
         kwargs = dict(kwargs or {})
-        for name, value, least in (("rounds", rounds, 1), ("iterations", iterations, 1),
-                                   ("warmup_rounds", warmup_rounds, 0)):  # fmt: skip
+        for name, value, least in (
+            ("rounds", rounds, 1),
+            ("iterations", iterations, 1),
+            ("warmup_rounds", warmup_rounds, 0),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"benchmark.pedantic: {name} must be an integer >= {least}")
         if setup is not None and iterations > 1:

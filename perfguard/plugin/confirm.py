@@ -149,15 +149,22 @@ class Confirmer:
         by_id = {c.nodeid: c for c in comparisons}
         names = ", ".join(n.rsplit("::", 1)[-1] for n in nodeids[:4])
         more = f" and {len(nodeids) - 4} more" if len(nodeids) > 4 else ""
-        self.say(f"perfguard: confirming the timing of {names}{more} on this machine, A/B "
-                 f"against {commit[:12]}")  # fmt: skip
+        self.say(
+            f"perfguard: confirming the timing of {names}{more} on this machine, A/B "
+            f"against {commit[:12]}"
+        )
         t0 = time.monotonic()
         left = max(self.budget - self.spent, 0.0)
         try:
-            results = dict(runner.measure(  # a copy: the runner's own is emptied below
-                nodeids, CONFIRM_PAIRS, budget=left, max_pairs=CONFIRM_MAX_PAIRS,
-                unresolved=lambda n, sides: self._unresolved(sides, by_id[n]),
-            ))  # fmt: skip
+            results = dict(
+                runner.measure(  # a copy: the runner's own is emptied below
+                    nodeids,
+                    CONFIRM_PAIRS,
+                    budget=left,
+                    max_pairs=CONFIRM_MAX_PAIRS,
+                    unresolved=lambda n, sides: self._unresolved(sides, by_id[n]),
+                )
+            )
         finally:
             for n in nodeids:
                 runner.results.pop(n, None)
@@ -179,8 +186,9 @@ class Confirmer:
         if values is None:
             return False
         tol = (comparison.timing.tolerance_pct or 5.0) / 100.0
-        so_far = judge_ab(*values, metric=comparison.timing.metric, tolerance=tol,
-                          alpha=comparison.alpha or ALPHA)  # fmt: skip
+        so_far = judge_ab(
+            *values, metric=comparison.timing.metric, tolerance=tol, alpha=comparison.alpha or ALPHA
+        )
         return not ab_resolved(so_far, tol)
 
     def _runner(self, commit: str) -> ABRunner | str:
@@ -205,13 +213,17 @@ class Confirmer:
                 found = f"pytest's rootdir {rootdir} is outside the git repository {git.root}"
             else:
                 found = ABRunner(
-                    head_root=git.root, base_root=base_root,
+                    head_root=git.root,
+                    base_root=base_root,
                     head_rel=rootdir.relative_to(git.root.resolve()),
-                    output=Path(settings.output) / "confirm" / worker, backend=settings.backend,
-                    xdist=ctx.config.pluginmanager.hasplugin("xdist"), timeout=settings.timeout,
-                    children=settings.children, interleave=True,
+                    output=Path(settings.output) / "confirm" / worker,
+                    backend=settings.backend,
+                    xdist=ctx.config.pluginmanager.hasplugin("xdist"),
+                    timeout=settings.timeout,
+                    children=settings.children,
+                    interleave=True,
                     plugin_args=plugin_args(ctx.config),
-                )  # fmt: skip
+                )
                 found.timing_only = True
         self._runners[commit] = found
         return found

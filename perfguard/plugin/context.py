@@ -175,9 +175,13 @@ class SessionContext:
             server = isinstance(self.settings.store, str)
             self.store = open_store(self.settings.store, create=server)
             self.match = find_baseline(
-                self.store, root, ref, self.fingerprint, environment=self.environment,
+                self.store,
+                root,
+                ref,
+                self.fingerprint,
+                environment=self.environment,
                 across=self.settings.compare_across,
-            )  # fmt: skip
+            )
         except DamagedStoreError as exc:  # every test still runs, and says why it is not judged
             self.store_damaged(exc)
         except PerfguardError as exc:
@@ -258,8 +262,9 @@ class SessionContext:
         try:
             with open_store(self.settings.store, create=True) as store:
                 replace = self.settings.save_mode == "replace"
-                saved = store.writer.save(self.run, [records[k] for k in sorted(records)],
-                                   replace=replace)  # fmt: skip
+                saved = store.writer.save(
+                    self.run, [records[k] for k in sorted(records)], replace=replace
+                )
         except (PerfguardError, ValueError) as exc:
             return SaveResult(error=" ".join(str(exc).split()))
         replaced = None

@@ -70,12 +70,17 @@ class Coordinator:
         settings, config = context.settings, context.config
         if settings.isolate and not settings.against:
             self.isolator = ABRunner(
-                head_root=config.rootpath, base_root=config.rootpath, head_rel=Path("."),
-                output=settings.output / "isolated", backend=settings.backend,
-                xdist=config.pluginmanager.hasplugin("xdist"), timeout=settings.timeout,
-                rounds=settings.rounds, children=settings.children,
+                head_root=config.rootpath,
+                base_root=config.rootpath,
+                head_rel=Path("."),
+                output=settings.output / "isolated",
+                backend=settings.backend,
+                xdist=config.pluginmanager.hasplugin("xdist"),
+                timeout=settings.timeout,
+                rounds=settings.rounds,
+                children=settings.children,
                 plugin_args=plugin_args(config),
-            )  # fmt: skip
+            )
         if settings.against:
             self._prepare_ab()
 
@@ -105,14 +110,18 @@ class Coordinator:
                 f"{ctx.git.root}; pass --rootdir={ctx.git.root} (or give paths with '=')"
             )
         self.ab = ABRunner(
-            head_root=ctx.git.root, base_root=base_root,
+            head_root=ctx.git.root,
+            base_root=base_root,
             head_rel=rootdir.relative_to(ctx.git.root.resolve()),
-            output=settings.output, backend=settings.backend,
+            output=settings.output,
+            backend=settings.backend,
             xdist=ctx.config.pluginmanager.hasplugin("xdist"),
-            timeout=settings.timeout, children=settings.children,
-            say=self.say, interleave=settings.ab_children == "pair",
+            timeout=settings.timeout,
+            children=settings.children,
+            say=self.say,
+            interleave=settings.ab_children == "pair",
             plugin_args=plugin_args(ctx.config),
-        )  # fmt: skip
+        )
         if settings.ab_children == "pair":
             ctx.notes.append(
                 f"A/B mode: {settings.ab_pairs} pairs against {settings.against} "
@@ -139,9 +148,13 @@ class Coordinator:
             return
         settings = self.context.settings
         self.results = self.ab.measure(
-            nodeids, settings.ab_pairs, budget=settings.ab_budget,
-            max_pairs=MAX_AB_PAIRS, unresolved=self._unresolved, status=self._status,
-        )  # fmt: skip
+            nodeids,
+            settings.ab_pairs,
+            budget=settings.ab_budget,
+            max_pairs=MAX_AB_PAIRS,
+            unresolved=self._unresolved,
+            status=self._status,
+        )
         self.context.notes.extend(self.ab.notes)
 
     def count_instructions(
@@ -184,8 +197,9 @@ class Coordinator:
         values = pair_values(ab)
         if values is None:
             return None
-        return judge_ab(*values, metric=ab.head.records[0].metric,
-                        tolerance=self._tolerance(ab), alpha=ALPHA)  # fmt: skip
+        return judge_ab(
+            *values, metric=ab.head.records[0].metric, tolerance=self._tolerance(ab), alpha=ALPHA
+        )
 
     def _tolerance(self, ab: TestAB) -> float:
         """The test's own tolerance (its marker's, else the session's), as the final judge
@@ -229,8 +243,9 @@ class Coordinator:
             pytest.fail(f"{ab.head.failure} (in {where})", pytrace=False)
         if not ab.head.records and ab.head.crash:
             why = f"crashed in {where}: {ab.head.crash}"
-            self.verdicts.error(item, why, self.context.backend.label, at_teardown=False,
-                                outcome="crashed")  # fmt: skip
+            self.verdicts.error(
+                item, why, self.context.backend.label, at_teardown=False, outcome="crashed"
+            )
             pytest.fail(f"perfguard: {item.nodeid} {why}", pytrace=False)
 
     def judge(self, item: pytest.Item) -> None:
@@ -266,10 +281,11 @@ class Coordinator:
             notes.append(f"in the base tree: {ab.base.failure}")
         against = Against(
             records=[base] if base is not None else [],
-            mode="ab", commit=self.ab_commit,
+            mode="ab",
+            commit=self.ab_commit,
             run_found=True,  # the base tree was measured: a test it lacks is new
             incompatibility=reason,
-        )  # fmt: skip
+        )
         # the head's rounds ran in children, which know the marker's tolerance but not the
         # session's --perfguard-tolerance: it is resolved for them here
         settings = settings_for(head, self.context.settings.tolerance)
@@ -321,8 +337,13 @@ class RoundChild:
         errors = {k: str(e.error) for k, e in outputs.entries.items() if e.error}
         foreign, own = ab_env(AB_FOREIGN_ENV), ab_env(AB_OWN_ENV)
         trees = [Path(p) for p in (foreign, own) if p]
-        write_round_output(self.path, RoundOutput(
-            records=outputs.records, outcomes=self.outcomes, errors=errors,
-            foreign=foreign_modules(foreign, own) if foreign and own else [],
-            modules=preload_names(trees),
-        ))  # fmt: skip
+        write_round_output(
+            self.path,
+            RoundOutput(
+                records=outputs.records,
+                outcomes=self.outcomes,
+                errors=errors,
+                foreign=foreign_modules(foreign, own) if foreign and own else [],
+                modules=preload_names(trees),
+            ),
+        )

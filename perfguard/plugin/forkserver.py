@@ -109,8 +109,15 @@ def serve() -> None:  # pragma: no cover - runs in the server process (tested en
     # skip them, and do not write to (copy) their pages
     gc.freeze()
     threads = threading.active_count()
-    say({"ready": threads == 1, "threads": threads, "native_threads": _native_threads(),
-         "failed": failed, "seconds": round(time.monotonic() - t0, 2)})  # fmt: skip
+    say(
+        {
+            "ready": threads == 1,
+            "threads": threads,
+            "native_threads": _native_threads(),
+            "failed": failed,
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+    )
     if threads != 1:
         return
     for line in reader:
@@ -200,9 +207,12 @@ class ForkServer:
         try:
             with open(self.log, "wb") as err:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-c", code], cwd=self.cwd, stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=err,
-                )  # fmt: skip
+                    [sys.executable, "-c", code],
+                    cwd=self.cwd,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                )
             self._send({"preload": self.preload})
             ready = self._receive(START_TIMEOUT)
         except (OSError, ValueError, TimeoutError) as exc:
@@ -237,8 +247,13 @@ class ForkServer:
         stopped (``"timed out after ... s"``). Raises :class:`OSError` when the server died.
         With ``pair``, the child runs both trees' sessions interleaved
         (:mod:`perfguard.plugin.interleave`)."""
-        req: dict[str, Any] = {"cwd": str(cwd), "args": args, "env": env, "lead": lead,
-                               "log": str(log)}  # fmt: skip
+        req: dict[str, Any] = {
+            "cwd": str(cwd),
+            "args": args,
+            "env": env,
+            "lead": lead,
+            "log": str(log),
+        }
         if pair is not None:
             req["pair"] = pair
         self._send(req)

@@ -257,7 +257,7 @@ def pair_sides(req: dict[str, Any]) -> list[PairSide]:
             args=list(s["args"]),
             env=dict(s["env"]),
             lead=list(s["lead"]),
-        )  # fmt: skip
+        )
         for s in req["pair"]
     ]
     return sides

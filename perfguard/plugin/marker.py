@@ -53,9 +53,16 @@ def parse_marker(mark: pytest.Mark | None) -> ProfileSpec:
             f"takes keyword arguments only (iterations=, warmup=, ...), got {mark.args!r}"
         )
     known = {
-        "iterations", "warmup", "rounds", "tolerance", "metrics", "key_node", "backend", "gates",
+        "iterations",
+        "warmup",
+        "rounds",
+        "tolerance",
+        "metrics",
+        "key_node",
+        "backend",
+        "gates",
         "framework",
-    }  # fmt: skip
+    }
     unknown = sorted(set(mark.kwargs) - known)
     if unknown:
         names, allowed = ", ".join(unknown), ", ".join(sorted(known))

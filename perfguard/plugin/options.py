@@ -73,86 +73,181 @@ DEFAULT_CAPTURE_TIMEOUT = 900.0
 
 # (dest, flag, ini type, help); ini keys are the dest names
 _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
-    ("perfguard", "--perfguard", "bool",
-     "capture every gpuprofile test, compare it with the baseline, fail regressions"),
-    ("perfguard_backend", "--perfguard-backend", "string",
-     "capture backend: auto (nsys with a GPU, else the torch profiler), torch, nsys, "
-     "or cpu (torch profiler, CPU activities only); default auto"),
-    ("perfguard_baseline", "--perfguard-baseline", "string",
-     "git ref whose nearest stored run is the baseline (default: merge base of HEAD with "
-     "the default branch, else HEAD's first parent)"),
-    ("perfguard_save", "--perfguard-save", "bool",
-     "store this run's results under HEAD's commit"),
-    ("perfguard_save_mode", "--perfguard-save-mode", "string",
-     "replace (default): a save replaces the tests' records of an earlier run of the same "
-     "commit on the same machine (one run per commit and machine); append: keep both"),
-    ("perfguard_store", "--perfguard-store", "string",
-     f"baseline store: a SQLite file (default {DEFAULT_STORE} under the rootdir) or a "
-     "postgresql://user@host/dbname URL"),
-    ("perfguard_output", "--perfguard-output", "string",
-     f"folder for captures and results.json; default {DEFAULT_OUTPUT}/ under the rootdir"),
-    ("perfguard_tolerance", "--perfguard-tolerance", "string",
-     "slowdown of the median tolerated before a test regresses, e.g. 5% or 0.05 "
-     "(a marker's tolerance= wins); default 5%"),
-    ("perfguard_fail_on", "--perfguard-fail-on", "string",
-     "regression (default): a regressed test fails; never: report only"),
-    ("perfguard_isolate", "--perfguard-isolate", "bool",
-     "run each measured test in a fresh child process: a crash, os._exit or an "
-     "out-of-memory kill loses that test only (reported as crashed)"),
-    ("perfguard_timeout", "--perfguard-timeout", "string",
-     f"seconds a measured test may run in its child process (isolation, nsys, A/B rounds) "
-     f"before it is stopped and reported as crashed; default {DEFAULT_CAPTURE_TIMEOUT:g}"),
-    ("perfguard_require_baseline", "--perfguard-require-baseline", "bool",
-     "fail the run when no test was compared with anything (no store, no baseline run)"),
-    ("perfguard_benchmarks", "--perfguard-benchmarks", "bool",
-     "also measure every test that uses pytest-benchmark's benchmark fixture (marked "
-     "gpuprofile or not): the benchmarked function is the loop's step"),
-    ("perfguard_rounds", "--perfguard-rounds", "string",
-     f"rounds of each test's iteration loop (the verdict's replicates; a marker's rounds= "
-     f"wins); default {DEFAULT_ROUNDS}"),
-    ("perfguard_against", "--perfguard-against", "string",
-     "A/B mode: check REF out into a git worktree and run the marked tests of both trees "
-     "in alternating rounds on this machine, judging the paired differences"),
-    ("perfguard_ab_pairs", "--perfguard-ab-pairs", "string",
-     f"A/B mode: pairs of rounds measured first (default {DEFAULT_AB_PAIRS})"),
-    ("perfguard_ab_budget", "--perfguard-ab-budget", "string",
-     f"A/B mode: seconds to keep adding pairs (up to {MAX_AB_PAIRS}) while a test's change "
-     f"is unresolved (its interval wider than the tolerance); default {DEFAULT_AB_BUDGET:g}, "
-     "0: no auto-sampling"),
-    ("perfguard_confirm_budget", "--perfguard-confirm-budget", "string",
-     "store mode: seconds the session may spend measuring a test whose timing reads "
-     "regressed, noisy or improved again, A/B against its baseline commit on this machine "
-     f"(a timing regression fails only when that confirms it); default "
-     f"{DEFAULT_CONFIRM_BUDGET:g}, 0: off"),
-    ("perfguard_metric", "--perfguard-metric", "string",
-     "instructions: also count each measured test's host instructions under Valgrind's "
-     "Callgrind (one child for the session) and gate them (default budget 0.15%); "
-     "set it as the ini key in pyproject.toml to opt a CPU-only runner in"),
-    ("perfguard_compare_across", "--perfguard-compare-across", "args",
-     "compare runs whose environment differs in this group anyway, the difference listed "
-     "with the verdict: driver, clocks, power_limit, ecc, mig, cpu_quota or all (repeat "
-     "the option or give a comma list)"),
-    ("perfguard_instructions_env", "--perfguard-instructions-env", "string",
-     "instructions: more environment variables the Callgrind child passes on (names or "
-     "fnmatch patterns, comma- or space-separated, e.g. 'MYAPP_*'); it passes only paths, "
-     "locale and framework settings, so a CI run's own variables cannot move the counts"),
-    ("perfguard_ab_children", "--perfguard-ab-children", "string",
-     "A/B mode: pair (default: each pair is one child process running both trees' tests, "
-     "their timed steps in turn, so the two share the process and every slow spell) or "
-     "separate (a child per tree per pair, in ABBA order)"),
-    ("perfguard_children", "--perfguard-children", "string",
-     "how A/B rounds and isolated tests start their child process: fork (default: from a "
-     "warm server that imported the session's libraries once, never the trees' code) or "
-     "spawn (a fresh interpreter each, seconds slower)"),
-    ("perfguard_shard", "--perfguard-shard", "string",
-     "K/N: run the K-th (1-based) of N parts of the measured tests, balanced by their "
-     "stored durations (by count without them); tests perfguard does not measure run in "
-     "shard 1 only; merge the jobs' results with perfguard merge"),
-    ("perfguard_run_group", "--perfguard-run-group", "string",
-     "the CI run this job belongs to: the saves of its jobs (same commit and machine kind) "
-     "are one stored run; default from the CI's run id (GITHUB_RUN_ID, CI_PIPELINE_ID, "
-     "...), none outside CI"),
-)  # fmt: skip
+    (
+        "perfguard",
+        "--perfguard",
+        "bool",
+        "capture every gpuprofile test, compare it with the baseline, fail regressions",
+    ),
+    (
+        "perfguard_backend",
+        "--perfguard-backend",
+        "string",
+        "capture backend: auto (nsys with a GPU, else the torch profiler), torch, nsys, "
+        "or cpu (torch profiler, CPU activities only); default auto",
+    ),
+    (
+        "perfguard_baseline",
+        "--perfguard-baseline",
+        "string",
+        "git ref whose nearest stored run is the baseline (default: merge base of HEAD with "
+        "the default branch, else HEAD's first parent)",
+    ),
+    ("perfguard_save", "--perfguard-save", "bool", "store this run's results under HEAD's commit"),
+    (
+        "perfguard_save_mode",
+        "--perfguard-save-mode",
+        "string",
+        "replace (default): a save replaces the tests' records of an earlier run of the same "
+        "commit on the same machine (one run per commit and machine); append: keep both",
+    ),
+    (
+        "perfguard_store",
+        "--perfguard-store",
+        "string",
+        f"baseline store: a SQLite file (default {DEFAULT_STORE} under the rootdir) or a "
+        "postgresql://user@host/dbname URL",
+    ),
+    (
+        "perfguard_output",
+        "--perfguard-output",
+        "string",
+        f"folder for captures and results.json; default {DEFAULT_OUTPUT}/ under the rootdir",
+    ),
+    (
+        "perfguard_tolerance",
+        "--perfguard-tolerance",
+        "string",
+        "slowdown of the median tolerated before a test regresses, e.g. 5% or 0.05 "
+        "(a marker's tolerance= wins); default 5%",
+    ),
+    (
+        "perfguard_fail_on",
+        "--perfguard-fail-on",
+        "string",
+        "regression (default): a regressed test fails; never: report only",
+    ),
+    (
+        "perfguard_isolate",
+        "--perfguard-isolate",
+        "bool",
+        "run each measured test in a fresh child process: a crash, os._exit or an "
+        "out-of-memory kill loses that test only (reported as crashed)",
+    ),
+    (
+        "perfguard_timeout",
+        "--perfguard-timeout",
+        "string",
+        f"seconds a measured test may run in its child process (isolation, nsys, A/B rounds) "
+        f"before it is stopped and reported as crashed; default {DEFAULT_CAPTURE_TIMEOUT:g}",
+    ),
+    (
+        "perfguard_require_baseline",
+        "--perfguard-require-baseline",
+        "bool",
+        "fail the run when no test was compared with anything (no store, no baseline run)",
+    ),
+    (
+        "perfguard_benchmarks",
+        "--perfguard-benchmarks",
+        "bool",
+        "also measure every test that uses pytest-benchmark's benchmark fixture (marked "
+        "gpuprofile or not): the benchmarked function is the loop's step",
+    ),
+    (
+        "perfguard_rounds",
+        "--perfguard-rounds",
+        "string",
+        f"rounds of each test's iteration loop (the verdict's replicates; a marker's rounds= "
+        f"wins); default {DEFAULT_ROUNDS}",
+    ),
+    (
+        "perfguard_against",
+        "--perfguard-against",
+        "string",
+        "A/B mode: check REF out into a git worktree and run the marked tests of both trees "
+        "in alternating rounds on this machine, judging the paired differences",
+    ),
+    (
+        "perfguard_ab_pairs",
+        "--perfguard-ab-pairs",
+        "string",
+        f"A/B mode: pairs of rounds measured first (default {DEFAULT_AB_PAIRS})",
+    ),
+    (
+        "perfguard_ab_budget",
+        "--perfguard-ab-budget",
+        "string",
+        f"A/B mode: seconds to keep adding pairs (up to {MAX_AB_PAIRS}) while a test's change "
+        f"is unresolved (its interval wider than the tolerance); default {DEFAULT_AB_BUDGET:g}, "
+        "0: no auto-sampling",
+    ),
+    (
+        "perfguard_confirm_budget",
+        "--perfguard-confirm-budget",
+        "string",
+        "store mode: seconds the session may spend measuring a test whose timing reads "
+        "regressed, noisy or improved again, A/B against its baseline commit on this machine "
+        f"(a timing regression fails only when that confirms it); default "
+        f"{DEFAULT_CONFIRM_BUDGET:g}, 0: off",
+    ),
+    (
+        "perfguard_metric",
+        "--perfguard-metric",
+        "string",
+        "instructions: also count each measured test's host instructions under Valgrind's "
+        "Callgrind (one child for the session) and gate them (default budget 0.15%); "
+        "set it as the ini key in pyproject.toml to opt a CPU-only runner in",
+    ),
+    (
+        "perfguard_compare_across",
+        "--perfguard-compare-across",
+        "args",
+        "compare runs whose environment differs in this group anyway, the difference listed "
+        "with the verdict: driver, clocks, power_limit, ecc, mig, cpu_quota or all (repeat "
+        "the option or give a comma list)",
+    ),
+    (
+        "perfguard_instructions_env",
+        "--perfguard-instructions-env",
+        "string",
+        "instructions: more environment variables the Callgrind child passes on (names or "
+        "fnmatch patterns, comma- or space-separated, e.g. 'MYAPP_*'); it passes only paths, "
+        "locale and framework settings, so a CI run's own variables cannot move the counts",
+    ),
+    (
+        "perfguard_ab_children",
+        "--perfguard-ab-children",
+        "string",
+        "A/B mode: pair (default: each pair is one child process running both trees' tests, "
+        "their timed steps in turn, so the two share the process and every slow spell) or "
+        "separate (a child per tree per pair, in ABBA order)",
+    ),
+    (
+        "perfguard_children",
+        "--perfguard-children",
+        "string",
+        "how A/B rounds and isolated tests start their child process: fork (default: from a "
+        "warm server that imported the session's libraries once, never the trees' code) or "
+        "spawn (a fresh interpreter each, seconds slower)",
+    ),
+    (
+        "perfguard_shard",
+        "--perfguard-shard",
+        "string",
+        "K/N: run the K-th (1-based) of N parts of the measured tests, balanced by their "
+        "stored durations (by count without them); tests perfguard does not measure run in "
+        "shard 1 only; merge the jobs' results with perfguard merge",
+    ),
+    (
+        "perfguard_run_group",
+        "--perfguard-run-group",
+        "string",
+        "the CI run this job belongs to: the saves of its jobs (same commit and machine kind) "
+        "are one stored run; default from the CI's run id (GITHUB_RUN_ID, CI_PIPELINE_ID, "
+        "...), none outside CI",
+    ),
+)
 
 
 _METAVARS = {
@@ -187,8 +282,14 @@ def add_options(parser: pytest.Parser) -> None:
         if ini_type == "bool":
             group.addoption(flag, action="store_true", dest=dest, default=None, help=cli_help)
         elif ini_type == "args":  # repeatable
-            group.addoption(flag, action="append", dest=dest, default=None,
-                            metavar=_METAVARS[dest], help=cli_help)  # fmt: skip
+            group.addoption(
+                flag,
+                action="append",
+                dest=dest,
+                default=None,
+                metavar=_METAVARS[dest],
+                help=cli_help,
+            )
         else:
             metavar = _METAVARS[dest]
             group.addoption(flag, dest=dest, default=None, metavar=metavar, help=cli_help)

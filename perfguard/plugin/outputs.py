@@ -137,12 +137,16 @@ class SessionOutputs:
             self.notes.append(f"the output of worker {worker} is lost: {path}: {exc}")
         if running is not None and running not in self.entries:
             why = " ".join(str(error or "").split()) or "no message"
-            self._keep(TestEntry.not_judged(
-                running, "crashed",
-                f"its pytest-xdist worker {worker} died while running it ({why[:200]}); "
-                "--perfguard-isolate runs each measured test in a process of its own",
-                worker=worker,
-            ), None)  # fmt: skip
+            self._keep(
+                TestEntry.not_judged(
+                    running,
+                    "crashed",
+                    f"its pytest-xdist worker {worker} died while running it ({why[:200]}); "
+                    "--perfguard-isolate runs each measured test in a process of its own",
+                    worker=worker,
+                ),
+                None,
+            )
         path.unlink(missing_ok=True)
 
     def merge_worker(self, data: dict[str, Any]) -> None:
@@ -179,19 +183,23 @@ class SessionOutputs:
             baseline=Baseline(**base) if base is not None else None,
             baseline_status=ctx.baseline_status(),
             saved=(
-                Saved(run_id=saved.run_id, store=str(ctx.settings.store),
-                      replaced=Replaced(**saved.replaced) if saved.replaced else None)
+                Saved(
+                    run_id=saved.run_id,
+                    store=str(ctx.settings.store),
+                    replaced=Replaced(**saved.replaced) if saved.replaced else None,
+                )
                 if saved.run_id is not None
                 else None
             ),
             save_error=saved.error,
             settings=settings,
             notes=list(ctx.notes),
-            mode=mode if mode in ("store", "ab") else
-            ("ab" if any(t.mode == "ab" for t in tests) else "store"),
+            mode=mode
+            if mode in ("store", "ab")
+            else ("ab" if any(t.mode == "ab" for t in tests) else "store"),
             complete=complete,
             phase_s=dict(self.phase_s),
-        )  # fmt: skip
+        )
 
     def _text(self, doc: SessionResults) -> bytes:
         """The document as JSON (:func:`~perfguard.compare.results.encode`); each entry's

@@ -100,8 +100,13 @@ class CaptureRunner:
         # the framework is decided when the loop starts (the marker's framework=, else what
         # the test holds and the process has imported by then): importorskip in the body
         where = self._capture_path(item).with_name(capture_name(item.nodeid))
-        capturer = DeferredCapturer(spec.framework, getattr(item, "module", None), where,
-                                    what[1].device or "cpu", TRACE_SUFFIX)  # fmt: skip
+        capturer = DeferredCapturer(
+            spec.framework,
+            getattr(item, "module", None),
+            where,
+            what[1].device or "cpu",
+            TRACE_SUFFIX,
+        )
         item.stash[_capture_key] = {"path": where, "backend": what[1].label}
         profile = GpuProfile(what[0], capturer)
         if self.context.round_child and ab_env(AB_TIMING_ONLY_ENV) == "1":
@@ -113,10 +118,14 @@ class CaptureRunner:
         :class:`PerfguardError` when the child or the profiler fails."""
         config = self.context.config
         path, child = run_nsys_child(
-            item.nodeid, rootdir=config.rootpath, inifile=config.inipath,
-            output_dir=self._captures_folder(), timeout=self.context.settings.timeout,
-            xdist=config.pluginmanager.hasplugin("xdist"), plugin_args=plugin_args(config),
-        )  # fmt: skip
+            item.nodeid,
+            rootdir=config.rootpath,
+            inifile=config.inipath,
+            output_dir=self._captures_folder(),
+            timeout=self.context.settings.timeout,
+            xdist=config.pluginmanager.hasplugin("xdist"),
+            plugin_args=plugin_args(config),
+        )
         item.stash[_capture_key] = {"path": path, "backend": "nsys", "child": child}
 
     def nsys_child(self, item: pytest.Item) -> dict[str, Any] | None:
@@ -131,8 +140,12 @@ class CaptureRunner:
         capturer = TorchCapturer(path, backend.device or "cpu")
         with whole_call(capturer) as walls:
             yield
-        item.stash[_capture_key] = {"path": path, "backend": backend.label,
-                                    "capturer": capturer, "walls": walls}  # fmt: skip
+        item.stash[_capture_key] = {
+            "path": path,
+            "backend": backend.label,
+            "capturer": capturer,
+            "walls": walls,
+        }
 
     def result(self, item: pytest.Item, spec: ProfileSpec) -> CaptureResult | None:
         """What the test's capture produced (None when it made none)."""

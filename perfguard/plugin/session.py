@@ -71,9 +71,11 @@ class PerfguardSession:
         self.verdicts = Verdicts(self.context, self.outputs)
         #: the session's one Callgrind child, when a test asks for instructions
         self.instructions = InstructionSession(
-            settings.output, settings.timeout, keep_env=settings.instructions_env,
+            settings.output,
+            settings.timeout,
+            keep_env=settings.instructions_env,
             plugin_args=plugin_args(config),
-        )  # fmt: skip
+        )
         self.verdicts.instructions = self.instructions
         self.child = RoundChild(self.context.round_child) if self.context.round_child else None
         self.coordinator: Coordinator | None = None
@@ -112,21 +114,20 @@ class PerfguardSession:
         if self.coordinator is None:
             return
         settings = self.context.settings
-        counted = [i.nodeid for i in session.items
-                   if profiled(i) and _wants_instructions(i, settings)]  # fmt: skip
+        counted = [
+            i.nodeid for i in session.items if profiled(i) and _wants_instructions(i, settings)
+        ]
         if self.coordinator.ab is None:
             if counted:
                 with timed(self.outputs.phase_s, "instructions"):
-                    self.instructions.measure(counted, self.config.rootpath,
-                                              self.config.inipath)  # fmt: skip
+                    self.instructions.measure(counted, self.config.rootpath, self.config.inipath)
                 self.context.notes.extend(self.instructions.notes)
             return
         with timed(self.outputs.phase_s, "ab_rounds"):
             self.coordinator.measure([i.nodeid for i in session.items if profiled(i)])
         if counted:
             with timed(self.outputs.phase_s, "instructions"):
-                self.coordinator.count_instructions(counted, self.instructions,
-                                                    self.config.inipath)  # fmt: skip
+                self.coordinator.count_instructions(counted, self.instructions, self.config.inipath)
 
     # ------------------------------------------------------------------ per test
     def marker_error(self, item: pytest.Item, message: str) -> None:

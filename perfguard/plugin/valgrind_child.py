@@ -88,8 +88,9 @@ class ForkEachTest:
         # each fork is most of a small test's time under it
         width = max(1, min(LAYOUTS, os.cpu_count() or 1))
         for first in range(0, LAYOUTS, width):
-            pids = [_fork_test(item, layout) for layout in range(first, min(first + width,
-                                                                           LAYOUTS))]  # fmt: skip
+            pids = [
+                _fork_test(item, layout) for layout in range(first, min(first + width, LAYOUTS))
+            ]
             for pid in pids:
                 os.waitpid(pid, 0)
         return True
@@ -161,8 +162,18 @@ class InstructionSession:
         self.folder.mkdir(parents=True, exist_ok=True)
         for old in self.folder.glob("callgrind.out.*"):
             old.unlink()
-        argv = [sys.executable, "-m", "pytest", "-q", *self.plugin_args, "-p", "no:cacheprovider",
-                "-p", "no:xdist", f"--rootdir={rootdir}"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            *self.plugin_args,
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            f"--rootdir={rootdir}",
+        ]
         if inifile is not None:
             argv += ["-c", str(inifile)]
         env = dict(os.environ)

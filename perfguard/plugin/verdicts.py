@@ -77,9 +77,14 @@ class Verdicts:
             self.not_judged_damaged(item, record, measured.capture, str(measured.backend))
             return
         try:
-            entry = verdict_in_store(record, measured, self._store_baseline(),
-                                     worker=ctx.worker_id, output=ctx.settings.output,
-                                     confirm=self.confirmer)  # fmt: skip
+            entry = verdict_in_store(
+                record,
+                measured,
+                self._store_baseline(),
+                worker=ctx.worker_id,
+                output=ctx.settings.output,
+                confirm=self.confirmer,
+            )
         except DamagedStoreError as exc:
             ctx.store_damaged(exc)
             self.not_judged_damaged(item, record, measured.capture, str(measured.backend))
@@ -98,9 +103,15 @@ class Verdicts:
             return None
         if self._baseline is None:
             self._baseline = StoreBaseline(
-                ctx.store, ctx.git.root, ctx.baseline_ref, ctx.git.commit, ctx.fingerprint,
-                ctx.environment, ctx.settings.compare_across, ctx.git.dirty,
-            )  # fmt: skip
+                ctx.store,
+                ctx.git.root,
+                ctx.baseline_ref,
+                ctx.git.commit,
+                ctx.fingerprint,
+                ctx.environment,
+                ctx.settings.compare_across,
+                ctx.git.dirty,
+            )
         return self._baseline
 
     # ------------------------------------------------------------------ every mode
@@ -131,10 +142,16 @@ class Verdicts:
         crashed); teardown raises a capture failure as the test's error."""
         if at_teardown:
             item.stash[_error_key] = error
-        self.outputs.add(TestEntry.not_judged(
-            item.nodeid, outcome, error, capture=str(path) if path else None,
-            backend=backend, worker=self.context.worker_id,
-        ))  # fmt: skip
+        self.outputs.add(
+            TestEntry.not_judged(
+                item.nodeid,
+                outcome,
+                error,
+                capture=str(path) if path else None,
+                backend=backend,
+                worker=self.context.worker_id,
+            )
+        )
         item.user_properties.append(("perfguard_outcome", outcome))
 
     def not_judged_damaged(
@@ -144,10 +161,17 @@ class Verdicts:
         damaged: ``not-judged`` with the store's one line (the record is kept: the session's
         reports show it; the save refuses the store)."""
         reason = f"not judged: {self.context.damaged}"
-        self.outputs.add(TestEntry.not_judged(
-            item.nodeid, "not-judged", reason, capture=str(capture) if capture else None,
-            backend=backend, worker=self.context.worker_id,
-        ), record)  # fmt: skip
+        self.outputs.add(
+            TestEntry.not_judged(
+                item.nodeid,
+                "not-judged",
+                reason,
+                capture=str(capture) if capture else None,
+                backend=backend,
+                worker=self.context.worker_id,
+            ),
+            record,
+        )
         item.user_properties.append(("perfguard_outcome", "not-judged"))
 
     def judged(self, nodeid: str) -> bool:
@@ -165,8 +189,14 @@ def _add_properties(item: pytest.Item, entry: TestEntry) -> None:
     """JUnit properties (``--junitxml``): the figures and the explanation's own words."""
     item.user_properties.append(("perfguard_outcome", entry.outcome.value))
     timing = entry.timing  # the figures' one home
-    for key in ("delta_pct", "ci_low_pct", "ci_high_pct", "p_value",
-                "level_baseline_ns", "level_current_ns"):  # fmt: skip
+    for key in (
+        "delta_pct",
+        "ci_low_pct",
+        "ci_high_pct",
+        "p_value",
+        "level_baseline_ns",
+        "level_current_ns",
+    ):
         value = None if timing is None else getattr(timing, key)
         item.user_properties.append((f"perfguard_{key}", "" if value is None else value))
     why = entry.explanation

@@ -77,8 +77,14 @@ def _bin_medians(v: np.ndarray, bins: np.ndarray) -> np.ndarray:
     return (ordered[lo] + ordered[hi]) / 2
 
 
-def sparkline(values: np.ndarray, *, width: int = 140, height: int = 26,
-              marks: Sequence[int] = (), counter_marks: Sequence[int] = ()) -> str:  # fmt: skip
+def sparkline(
+    values: np.ndarray,
+    *,
+    width: int = 140,
+    height: int = 26,
+    marks: Sequence[int] = (),
+    counter_marks: Sequence[int] = (),
+) -> str:
     """A small trend line of ``values`` with the last point dotted; ``marks``: indices of
     timing change points, ``counter_marks`` of counter steps, drawn as ticks."""
     v = np.asarray(values, dtype=np.float64)
@@ -96,14 +102,20 @@ def sparkline(values: np.ndarray, *, width: int = 140, height: int = 26,
     pad = (hi - lo) * 0.1 or abs(hi) * 0.05 or 1.0
     f = Frame(2, width - 4, 3, height - 3, -0.5, max(len(v) - 0.5, 0.5), lo - pad, hi + pad)
     xs, ys = _sx(f, np.arange(len(v))), _sy(f, v)
-    body = [f'<polyline points="{_polyline(xs, ys)}" fill="none" stroke="{COLOURS[0]}" '
-            f'stroke-width="1"/>']  # fmt: skip
+    body = [
+        f'<polyline points="{_polyline(xs, ys)}" fill="none" stroke="{COLOURS[0]}" '
+        f'stroke-width="1"/>'
+    ]
     for i, colour in ticks:
-        body.append(f'<line x1="{xs[i]:.1f}" y1="1" x2="{xs[i]:.1f}" y2="{height - 1}" '
-                    f'stroke="{colour}" stroke-width="1"/>')  # fmt: skip
+        body.append(
+            f'<line x1="{xs[i]:.1f}" y1="1" x2="{xs[i]:.1f}" y2="{height - 1}" '
+            f'stroke="{colour}" stroke-width="1"/>'
+        )
     body.append(f'<circle cx="{xs[-1]:.1f}" cy="{ys[-1]:.1f}" r="2" fill="{COLOURS[1]}"/>')
-    return (f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} '
-            f'{height}" aria-hidden="true">' + "".join(body) + "</svg>")  # fmt: skip
+    return (
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} '
+        f'{height}" aria-hidden="true">' + "".join(body) + "</svg>"
+    )
 
 
 def chart(
@@ -136,55 +148,78 @@ def chart(
     rows = _label_rows(marks, (width - 82) / max(x_count, 1))
     top = 8 + 12 * (max(rows, default=-1) + 1)
     legend_h = 16 * ((len(lines) + 2) // 3) if legend else 0
-    f = Frame(70, width - 12, top, height - 22 - legend_h, -0.5, max(x_count - 0.5, 0.5),
-              lo - pad, hi + pad)  # fmt: skip
+    f = Frame(
+        70,
+        width - 12,
+        top,
+        height - 22 - legend_h,
+        -0.5,
+        max(x_count - 0.5, 0.5),
+        lo - pad,
+        hi + pad,
+    )
     body: list[str] = []
     ticks = nice_ticks(f.y0, f.y1, 5)
     labels = axis([10**t if log else t for t in ticks], y_kind, log=log)
     for t, text in zip(ticks, labels, strict=True):
         y = f.y(t)
-        body.append(f'<line x1="{f.left}" y1="{y:.1f}" x2="{f.right}" y2="{y:.1f}" '
-                    'stroke="#e5e7eb"/>')  # fmt: skip
-        body.append(f'<text x="{f.left - 5}" y="{y + 3.5:.1f}" text-anchor="end">'
-                    f"{escape(text)}</text>")  # fmt: skip
-    body.append(f'<line x1="{f.left}" y1="{f.bottom}" x2="{f.right}" y2="{f.bottom}" '
-                f'stroke="{AXIS_COLOR}"/>')  # fmt: skip
+        body.append(
+            f'<line x1="{f.left}" y1="{y:.1f}" x2="{f.right}" y2="{y:.1f}" stroke="#e5e7eb"/>'
+        )
+        body.append(
+            f'<text x="{f.left - 5}" y="{y + 3.5:.1f}" text-anchor="end">{escape(text)}</text>'
+        )
+    body.append(
+        f'<line x1="{f.left}" y1="{f.bottom}" x2="{f.right}" y2="{f.bottom}" '
+        f'stroke="{AXIS_COLOR}"/>'
+    )
     for x, text in x_labels:
         px = f.x(x)
-        body.append(f'<text x="{px:.1f}" y="{f.bottom + 13}" text-anchor="middle">'
-                    f"{escape(text)}</text>")  # fmt: skip
+        body.append(
+            f'<text x="{px:.1f}" y="{f.bottom + 13}" text-anchor="middle">{escape(text)}</text>'
+        )
     for m, row in zip(marks, rows, strict=True):
         px = f.x(m.x)
         dash = ' stroke-dasharray="4 3"' if m.dashed else ""
         tip = f"<title>{escape(m.title)}</title>" if m.title else ""
         ty = 8 + 12 * row
-        body.append(f'<g class="mark"><line x1="{px:.1f}" y1="{ty - 8}" x2="{px:.1f}" '
-                    f'y2="{f.bottom}" stroke="{m.colour}" stroke-width="1.5"{dash}/>'
-                    f'<text x="{px + 2:.1f}" y="{ty}" fill="{m.colour}">'
-                    f"{escape(m.label)}</text>{tip}</g>")  # fmt: skip
+        body.append(
+            f'<g class="mark"><line x1="{px:.1f}" y1="{ty - 8}" x2="{px:.1f}" '
+            f'y2="{f.bottom}" stroke="{m.colour}" stroke-width="1.5"{dash}/>'
+            f'<text x="{px + 2:.1f}" y="{ty}" fill="{m.colour}">'
+            f"{escape(m.label)}</text>{tip}</g>"
+        )
     if points is not None:
         dot_x, dot_y = points
         ok = np.isfinite(dot_y) & ((dot_y > 0) if log else True)
         xs, yv = _sx(f, dot_x[ok]), _sy(f, tf(dot_y[ok]))
-        body.append(f'<path class="rounds" d="{_path(xs, yv)}" stroke="#9ca3af" '
-                    'stroke-width="3" stroke-linecap="round"/>')  # fmt: skip
+        body.append(
+            f'<path class="rounds" d="{_path(xs, yv)}" stroke="#9ca3af" '
+            'stroke-width="3" stroke-linecap="round"/>'
+        )
     for k, (name, lx, ly) in enumerate(lines):
         colour = COLOURS[k % len(COLOURS)]
         ok = np.isfinite(ly) & ((ly > 0) if log else True)
         xs, yv = _sx(f, np.asarray(lx)[ok]), _sy(f, tf(np.asarray(ly, np.float64)[ok]))
         if len(xs):
-            body.append(f'<polyline points="{_polyline(xs, yv)}" fill="none" '
-                        f'stroke="{colour}" stroke-width="1.4"><title>{escape(name)}</title>'
-                        "</polyline>")  # fmt: skip
+            body.append(
+                f'<polyline points="{_polyline(xs, yv)}" fill="none" '
+                f'stroke="{colour}" stroke-width="1.4"><title>{escape(name)}</title>'
+                "</polyline>"
+            )
         if legend:
             column = (f.right - f.left) / 3
             lx0 = f.left + (k % 3) * column
             ly0 = height - legend_h + 12 + 16 * (k // 3)
-            body.append(f'<rect x="{lx0:.0f}" y="{ly0 - 8}" width="10" height="10" '
-                        f'fill="{colour}"/><text x="{lx0 + 14:.0f}" y="{ly0 + 1}">'
-                        f"{escape(_clip(name, int(column / 6.2) - 3))}</text>")  # fmt: skip
-    return (f'<svg role="img" aria-label="{escape(label)}" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" {FONT}>' + "".join(body) + "</svg>")  # fmt: skip
+            body.append(
+                f'<rect x="{lx0:.0f}" y="{ly0 - 8}" width="10" height="10" '
+                f'fill="{colour}"/><text x="{lx0 + 14:.0f}" y="{ly0 + 1}">'
+                f"{escape(_clip(name, int(column / 6.2) - 3))}</text>"
+            )
+    return (
+        f'<svg role="img" aria-label="{escape(label)}" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" {FONT}>' + "".join(body) + "</svg>"
+    )
 
 
 def _label_rows(marks: Sequence[Mark], px_per_x: float) -> list[int]:

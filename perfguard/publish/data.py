@@ -180,9 +180,12 @@ def _levels(
     one number in SQL (the driver's cost grows with the values a row holds)."""
     column = list(METRICS.values())[code]
     with store.db.guard(), store.db.decoding("table samples"):
-        cur = _query(store, f"SELECT (test_id * {MAX_ROUNDS} + round) * 2 + profiled, "
-                            f"coalesce({column}, {MISSING}) FROM samples WHERE {where[0]}",
-                     where[1])  # fmt: skip
+        cur = _query(
+            store,
+            f"SELECT (test_id * {MAX_ROUNDS} + round) * 2 + profiled, "
+            f"coalesce({column}, {MISSING}) FROM samples WHERE {where[0]}",
+            where[1],
+        )
         s = _stream(cur, 2)
     _possible(store, f"samples.{column}", s[:, 1])
     packed = s[:, 0].astype(np.int64)
@@ -190,8 +193,9 @@ def _levels(
     pos = np.searchsorted(tests["test_id"].to_numpy(), key // MAX_ROUNDS)
     pos = np.minimum(pos, max(len(tests) - 1, 0))
     value = s[:, 1]
-    iters = pd.Series(np.bincount(pos[profiled], minlength=len(tests)),
-                      index=tests["test_id"].to_numpy())  # fmt: skip
+    iters = pd.Series(
+        np.bincount(pos[profiled], minlength=len(tests)), index=tests["test_id"].to_numpy()
+    )
     # timing_mask: GPU time on profiled rows; wall/CPU time on the unprofiled rows of a
     # record that has them (timing rounds with the profiler off), else on every row
     gpu = code == METRIC_CODES["gpu_time"]
@@ -213,8 +217,9 @@ def _levels(
     else:
         per_round = np.minimum.reduceat(value, starts) if len(key) else value
     rk = key[starts]
-    rounds = pd.DataFrame({"test_id": rk // MAX_ROUNDS, "round": rk % MAX_ROUNDS,
-                           "value": per_round})  # fmt: skip
+    rounds = pd.DataFrame(
+        {"test_id": rk // MAX_ROUNDS, "round": rk % MAX_ROUNDS, "value": per_round}
+    )
     ids, level = _group_median(rounds["test_id"].to_numpy(), rounds["value"].to_numpy())
     levels = pd.DataFrame({"test_id": ids, "level": level}).set_index("test_id")
     levels["n_rounds"] = np.diff(np.r_[_starts(rounds["test_id"].to_numpy()), len(rounds)])
@@ -226,24 +231,32 @@ def _evidence(store: Store, where: Where) -> pd.DataFrame:
     (:data:`~perfguard.baseline.record.MACHINE_EVIDENCE`), from ``meta`` in SQL; NaN where
     a record did not keep it."""
     db = store.db
-    figures = ", ".join(f"coalesce({db.json_number('meta', k)}, {MISSING})"
-                        for k in MACHINE_EVIDENCE)  # fmt: skip
+    figures = ", ".join(
+        f"coalesce({db.json_number('meta', k)}, {MISSING})" for k in MACHINE_EVIDENCE
+    )
     with db.guard():
         cur = _query(store, f"SELECT test_id, {figures} FROM tests WHERE {where[0]}", where[1])
         table = _stream(cur, 1 + len(MACHINE_EVIDENCE))
     values = np.where(table[:, 1:] == MISSING, np.nan, table[:, 1:])
-    return pd.DataFrame(values, columns=list(MACHINE_EVIDENCE),
-                        index=pd.Index(table[:, 0].astype(np.int64), name="test_id"))  # fmt: skip
+    return pd.DataFrame(
+        values,
+        columns=list(MACHINE_EVIDENCE),
+        index=pd.Index(table[:, 0].astype(np.int64), name="test_id"),
+    )
 
 
 def _counters(store: Store, where: Where) -> pd.DataFrame:
     """Per record and counter: the sum over ops, and over the ops stable in that run."""
     codes = " ".join(f"WHEN '{name}' THEN {i}" for i, name in enumerate(COUNTER_NAMES))
     with store.db.guard():
-        cur = _query(store, f"SELECT (test_id * 64 + CASE counter {codes} ELSE 63 END) * 2 "
-                            "+ CASE WHEN coalesce(stable, 0) != 0 THEN 1 ELSE 0 END, "
-                            "coalesce(value, 0) FROM counters "
-                            f"WHERE {where[0]}", where[1])  # fmt: skip
+        cur = _query(
+            store,
+            f"SELECT (test_id * 64 + CASE counter {codes} ELSE 63 END) * 2 "
+            "+ CASE WHEN coalesce(stable, 0) != 0 THEN 1 ELSE 0 END, "
+            "coalesce(value, 0) FROM counters "
+            f"WHERE {where[0]}",
+            where[1],
+        )
         with store.db.decoding("table counters"):
             c = _stream(cur, 2)
     _possible(store, "counters.value", c[:, 1], signed=True)
@@ -253,11 +266,14 @@ def _counters(store: Store, where: Where) -> pd.DataFrame:
     stable = np.bincount(inverse, weights=c[:, 1] * (packed % 2))
     known = keys % 64 < len(COUNTER_NAMES)
     keys, value, stable = keys[known], value[known], stable[known]
-    return pd.DataFrame({
-        "test_id": keys // 64,
-        "counter": pd.Categorical.from_codes(keys % 64, pd.Index(COUNTER_NAMES)),
-        "value": value, "stable_value": stable,
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "test_id": keys // 64,
+            "counter": pd.Categorical.from_codes(keys % 64, pd.Index(COUNTER_NAMES)),
+            "value": value,
+            "stable_value": stable,
+        }
+    )
 
 
 #: separates the text columns the ops query joins into one (a control character no op
@@ -270,13 +286,17 @@ def _ops(store: Store, where: Where, time_column: str) -> pd.DataFrame:
     ``time_column`` as its time. One scan; the three texts are joined into one string a
     row in SQL and factorised (a few hundred distinct ones in a million rows)."""
     with store.db.guard():
-        cur = _query(store, "SELECT test_id * 2 + CASE WHEN coalesce(using_tc, 0) != 0 "
-                            "THEN 1 ELSE 0 END, "
-                            f"coalesce({time_column}, 0), coalesce(calls, 0), "
-                            f"coalesce(kernel_count, 0), coalesce(flops, {MISSING}), "
-                            f"coalesce(bytes, {MISSING}), "
-                            "op_id || ? || op_name || ? || coalesce(dtypes, '') FROM ops "
-                            f"WHERE {where[0]}", (SEP, SEP, *where[1]))  # fmt: skip
+        cur = _query(
+            store,
+            "SELECT test_id * 2 + CASE WHEN coalesce(using_tc, 0) != 0 "
+            "THEN 1 ELSE 0 END, "
+            f"coalesce({time_column}, 0), coalesce(calls, 0), "
+            f"coalesce(kernel_count, 0), coalesce(flops, {MISSING}), "
+            f"coalesce(bytes, {MISSING}), "
+            "op_id || ? || op_name || ? || coalesce(dtypes, '') FROM ops "
+            f"WHERE {where[0]}",
+            (SEP, SEP, *where[1]),
+        )
         rows = cur.fetchall()
     columns = list(zip(*rows, strict=True)) if rows else [()] * 7
     codes, texts = pd.factorize(pd.Series(columns[6], dtype=object))
@@ -348,8 +368,9 @@ def load_index(location: str | os.PathLike[str]) -> StoreIndex:
     with open_store(location, create=False) as store, store.db.read():
         runs = _runs(store)
         with store.db.guard():
-            cur = _query(store, "SELECT test_id, run_id, nodeid, metric FROM tests "
-                                "ORDER BY test_id")  # fmt: skip
+            cur = _query(
+                store, "SELECT test_id, run_id, nodeid, metric FROM tests ORDER BY test_id"
+            )
             tests = pd.DataFrame.from_records(
                 cur.fetchall(), columns=["test_id", "run_id", "nodeid", "metric"]
             )
@@ -387,9 +408,11 @@ def _read(ids: np.ndarray) -> tuple[pd.DataFrame, ...]:
         counters = _counters(store, where(mine["test_id"]))
         evidence = _evidence(store, where(mine["test_id"]))
         gpu = mine["metric"].eq("gpu_time").to_numpy()
-        ops = [_ops(store, where(mine["test_id"][gpu == on]), column)
-               for on, column in ((True, "gpu_time_total"), (False, "cpu_time_total"))
-               if (gpu == on).any()]  # fmt: skip
+        ops = [
+            _ops(store, where(mine["test_id"][gpu == on]), column)
+            for on, column in ((True, "gpu_time_total"), (False, "cpu_time_total"))
+            if (gpu == on).any()
+        ]
     rounds = pd.concat([part[0] for part in levels])
     level = pd.concat([part[1] for part in levels])
     iters = pd.concat([part[2] for part in levels])
@@ -410,8 +433,9 @@ def load_records(
     spends its time on). A record without a sample has no level (NaN)."""
     all_ids = index.tests["test_id"].to_numpy()
     want = all_ids if ids is None else np.unique(np.asarray(ids, dtype=np.int64))
-    parts_wanted = max(max(1, jobs) if len(want) > PARALLEL_RECORDS else 1,
-                       -(-len(want) // IDS_PER_QUERY))  # fmt: skip
+    parts_wanted = max(
+        max(1, jobs) if len(want) > PARALLEL_RECORDS else 1, -(-len(want) // IDS_PER_QUERY)
+    )
     chunks = [chunk for chunk in np.array_split(want, parts_wanted) if len(chunk)]
     tests = index.tests if ids is None else index.tests[np.isin(all_ids, want)]
     tests = tests.reset_index(drop=True)
@@ -434,8 +458,9 @@ def load_records(
         tests[k] = tests["test_id"].map(levels[k]).astype(np.float64)
     ops = _per_iteration(ops.reset_index(drop=True), tests, iters["iters"])
     tests["nodeid"] = tests["nodeid"].astype("category")
-    return StoreTables(index.runs, tests.drop(columns="metric_code"), rounds, counters, ops,
-                       index.acceptances)  # fmt: skip
+    return StoreTables(
+        index.runs, tests.drop(columns="metric_code"), rounds, counters, ops, index.acceptances
+    )
 
 
 def load_tables(location: str | os.PathLike[str], *, jobs: int = 1) -> StoreTables:
@@ -446,15 +471,37 @@ def load_tables(location: str | os.PathLike[str], *, jobs: int = 1) -> StoreTabl
 
 def _empty() -> tuple[pd.DataFrame, ...]:
     """The reduced tables of a store without records."""
-    rounds = pd.DataFrame({"test_id": np.array([], np.int64), "round": np.array([], np.int64),
-                           "value": np.array([], np.float64)})  # fmt: skip
-    levels = pd.DataFrame({c: [] for c in ("level", "n_rounds", *MACHINE_EVIDENCE)},
-                          index=pd.Index([], name="test_id"))  # fmt: skip
+    rounds = pd.DataFrame(
+        {
+            "test_id": np.array([], np.int64),
+            "round": np.array([], np.int64),
+            "value": np.array([], np.float64),
+        }
+    )
+    levels = pd.DataFrame(
+        {c: [] for c in ("level", "n_rounds", *MACHINE_EVIDENCE)},
+        index=pd.Index([], name="test_id"),
+    )
     iters = pd.DataFrame({"iters": []})
-    counters = pd.DataFrame({"test_id": np.array([], np.int64),
-                             "counter": pd.Categorical([], pd.Index(COUNTER_NAMES)), "value": [],
-                             "stable_value": []})  # fmt: skip
-    names = ("test_id", "using_tc", "time", "calls", "kernels", "flops", "bytes", "op_id",
-             "op_name", "dtypes")  # fmt: skip
+    counters = pd.DataFrame(
+        {
+            "test_id": np.array([], np.int64),
+            "counter": pd.Categorical([], pd.Index(COUNTER_NAMES)),
+            "value": [],
+            "stable_value": [],
+        }
+    )
+    names = (
+        "test_id",
+        "using_tc",
+        "time",
+        "calls",
+        "kernels",
+        "flops",
+        "bytes",
+        "op_id",
+        "op_name",
+        "dtypes",
+    )
     ops = pd.DataFrame({c: [] for c in names})
     return rounds, levels, iters, counters, ops

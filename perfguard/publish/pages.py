@@ -24,17 +24,22 @@ __all__ = ["IndexRow", "front_page", "index_row", "machine_page", "test_page"]
 
 #: counters charted on a test page, in this order, with their titles
 COUNTER_TITLES = {
-    "calls": "op calls / iteration", "kernels": "kernel launches / iteration",
-    "flops": "FLOPs / iteration", "bytes": "bytes / iteration",
-    "memcpy": "memcpy / iteration", "memcpy_bytes": "memcpy bytes / iteration",
-    "syncs": "syncs / iteration", "host_reads": "host reads / iteration",
-    "peak_memory": "peak memory", "instructions": "host instructions / iteration",
-    "est_cycles": "estimated cycles / iteration", "tc_ops": "ops on Tensor Cores",
-}  # fmt: skip
+    "calls": "op calls / iteration",
+    "kernels": "kernel launches / iteration",
+    "flops": "FLOPs / iteration",
+    "bytes": "bytes / iteration",
+    "memcpy": "memcpy / iteration",
+    "memcpy_bytes": "memcpy bytes / iteration",
+    "syncs": "syncs / iteration",
+    "host_reads": "host reads / iteration",
+    "peak_memory": "peak memory",
+    "instructions": "host instructions / iteration",
+    "est_cycles": "estimated cycles / iteration",
+    "tc_ops": "ops on Tensor Cores",
+}
 #: regressed tests the front page lists (each a sparkline: the page stays small)
 FRONT_MOST = 100
-CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
-       "img-src data:")  # fmt: skip
+CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1000px;padding:12px 18px;
 color:#111}
@@ -109,19 +114,22 @@ class IndexRow:
     spark: str
 
 
-def machine_page(rows: Sequence[IndexRow], *, label: str, store: str, ordered_by: str,
-                 when: str) -> str:  # fmt: skip
+def machine_page(
+    rows: Sequence[IndexRow], *, label: str, store: str, ordered_by: str, when: str
+) -> str:
     """One machine's index: every test with its trend and latest outcome, worst first."""
     order = {"regressed": 0, "improved": 1, "noisy": 2}
     mine = sorted(rows, key=lambda r: (order.get(r.outcome, 3), r.nodeid))
-    parts = [f'<p><a href="../index.html">← all machines</a></p><h1>{escape(label)}: '
-             f"{len(mine)} tests</h1>"
-             f'<p class="meta">store {escape(store)}; runs {escape(ordered_by)}; '
-             f"{escape(when)}</p>"
-             '<input id="q" type="search" placeholder="filter tests" aria-label="filter tests">'
-             "<table><thead><tr><th>test</th><th>runs</th><th>latest</th><th>change</th>"
-             "<th>outcome</th><th>trend</th><th>change points</th><th>last change</th></tr>"
-             "</thead><tbody>"]  # fmt: skip
+    parts = [
+        f'<p><a href="../index.html">← all machines</a></p><h1>{escape(label)}: '
+        f"{len(mine)} tests</h1>"
+        f'<p class="meta">store {escape(store)}; runs {escape(ordered_by)}; '
+        f"{escape(when)}</p>"
+        '<input id="q" type="search" placeholder="filter tests" aria-label="filter tests">'
+        "<table><thead><tr><th>test</th><th>runs</th><th>latest</th><th>change</th>"
+        "<th>outcome</th><th>trend</th><th>change points</th><th>last change</th></tr>"
+        "</thead><tbody>"
+    ]
     for r in mine:
         change = _pct(r.change_pct) if r.change_pct is not None else ""
         href = r.href.split("/", 1)[1]
@@ -143,10 +151,12 @@ def front_page(rows: Sequence[IndexRow], *, store: str, ordered_by: str, when: s
     machines: dict[str, list[IndexRow]] = {}
     for r in rows:
         machines.setdefault(r.machine_label, []).append(r)
-    parts = [f"<h1>perfguard: {len(rows)} test series on {len(machines)} machine(s)</h1>",
-             f'<p class="meta">store {escape(store)}; runs {escape(ordered_by)}; '
-             f"{escape(when)}</p><table><thead><tr><th>machine</th><th>tests</th>"
-             "<th>latest outcomes</th><th>change points</th></tr></thead><tbody>"]  # fmt: skip
+    parts = [
+        f"<h1>perfguard: {len(rows)} test series on {len(machines)} machine(s)</h1>",
+        f'<p class="meta">store {escape(store)}; runs {escape(ordered_by)}; '
+        f"{escape(when)}</p><table><thead><tr><th>machine</th><th>tests</th>"
+        "<th>latest outcomes</th><th>change points</th></tr></thead><tbody>",
+    ]
     for label in sorted(machines):
         mine = machines[label]
         counts: dict[str, int] = {}
@@ -154,26 +164,33 @@ def front_page(rows: Sequence[IndexRow], *, store: str, ordered_by: str, when: s
             counts[r.outcome] = counts.get(r.outcome, 0) + 1
         shown = " ".join(f"{_outcome(o)} {n}" for o, n in sorted(counts.items()))
         folder = mine[0].href.split("/", 1)[0]
-        parts.append(f'<tr><td><a href="{escape(folder)}/index.html">{escape(label)}</a></td>'
-                     f"<td class=num>{len(mine)}</td><td>{shown}</td><td class=num>"
-                     f"{sum(r.change_points for r in mine)} timing, "
-                     f"{sum(r.counter_steps for r in mine)} counter</td></tr>")  # fmt: skip
+        parts.append(
+            f'<tr><td><a href="{escape(folder)}/index.html">{escape(label)}</a></td>'
+            f"<td class=num>{len(mine)}</td><td>{shown}</td><td class=num>"
+            f"{sum(r.change_points for r in mine)} timing, "
+            f"{sum(r.counter_steps for r in mine)} counter</td></tr>"
+        )
     parts.append("</tbody></table>")
-    bad = sorted((r for r in rows if r.outcome == "regressed"),
-                 key=lambda r: (r.machine_label, r.nodeid))  # fmt: skip
+    bad = sorted(
+        (r for r in rows if r.outcome == "regressed"), key=lambda r: (r.machine_label, r.nodeid)
+    )
     parts.append(f"<h2>Regressed at the latest run: {len(bad)}</h2>")
     if len(bad) > FRONT_MOST:  # the machine pages list the rest, worst first
         parts.append(f'<p class="meta">the first {FRONT_MOST}; each machine\'s page lists all</p>')
         bad = bad[:FRONT_MOST]
     if bad:
-        parts.append("<table><thead><tr><th>test</th><th>machine</th><th>change</th>"
-                     "<th>why</th><th>trend</th></tr></thead><tbody>")  # fmt: skip
+        parts.append(
+            "<table><thead><tr><th>test</th><th>machine</th><th>change</th>"
+            "<th>why</th><th>trend</th></tr></thead><tbody>"
+        )
         for r in bad:
             change = _pct(r.change_pct) if r.change_pct is not None else ""
-            parts.append(f'<tr><td><a href="{escape(r.href)}">{escape(r.nodeid)}</a></td>'
-                         f"<td>{escape(r.machine_label)}</td><td class=num>{change}</td>"
-                         f'<td class="why">{escape(r.reason)}</td><td>{r.spark}</td>'
-                         "</tr>")  # fmt: skip
+            parts.append(
+                f'<tr><td><a href="{escape(r.href)}">{escape(r.nodeid)}</a></td>'
+                f"<td>{escape(r.machine_label)}</td><td class=num>{change}</td>"
+                f'<td class="why">{escape(r.reason)}</td><td>{r.spark}</td>'
+                "</tr>"
+            )
         parts.append("</tbody></table>")
     return _page("perfguard: tests", "".join(parts))
 
@@ -183,18 +200,27 @@ def index_row(s: Series, a: Analysed, href: str) -> IndexRow:
     _, kind = _level_kind(s.metric)
     levels = s.runs["level"].to_numpy(np.float64)
     marks = [cp.index for cp in a.change_points]
-    last = [(cp.index, f"{cp.commit[:10]} {cp.kind} {_pct(cp.change_pct)}")
-            for cp in a.change_points if cp.kind != "variance"]  # fmt: skip
+    last = [
+        (cp.index, f"{cp.commit[:10]} {cp.kind} {_pct(cp.change_pct)}")
+        for cp in a.change_points
+        if cp.kind != "variance"
+    ]
     last += [(st.index, f"{st.commit[:10]} {st.counter}") for st in a.counter_steps]
     return IndexRow(
-        machine=s.machine, machine_label=s.machine_label, nodeid=s.nodeid, href=href,
-        runs=len(s.runs), latest=figure(float(levels[-1]), kind), outcome=a.outcome,
+        machine=s.machine,
+        machine_label=s.machine_label,
+        nodeid=s.nodeid,
+        href=href,
+        runs=len(s.runs),
+        latest=figure(float(levels[-1]), kind),
+        outcome=a.outcome,
         reason=a.reason,
         change_pct=a.change_pct if math.isfinite(a.change_pct) else None,
-        change_points=len(a.change_points), counter_steps=len(a.counter_steps),
+        change_points=len(a.change_points),
+        counter_steps=len(a.counter_steps),
         last_change=max(last)[1] if last else "",
         spark=sparkline(levels, marks=marks, counter_marks=[st.index for st in a.counter_steps]),
-    )  # fmt: skip
+    )
 
 
 def _x_labels(s: Series, x0: int, span: int) -> list[tuple[float, str]]:
@@ -212,10 +238,16 @@ def _marks(s: Series, a: Analysed, x0: int) -> list[Mark]:
     out = []
     for cp in a.change_points:
         what = "spread" if cp.kind == "variance" else _pct(cp.change_pct)
-        out.append(Mark(float(pos[cp.index]), what, "#d55e00",
-                        f"{cp.commit[:12]}: {cp.kind} {_pct(cp.change_pct)} "
-                        f"({figure(cp.before_ns, kind)} → "
-                        f"{figure(cp.after_ns, kind)})"))  # fmt: skip
+        out.append(
+            Mark(
+                float(pos[cp.index]),
+                what,
+                "#d55e00",
+                f"{cp.commit[:12]}: {cp.kind} {_pct(cp.change_pct)} "
+                f"({figure(cp.before_ns, kind)} → "
+                f"{figure(cp.after_ns, kind)})",
+            )
+        )
     at: dict[int, list[CounterStepView]] = {}
     for st in a.counter_steps:  # one mark per run: its counters in one label
         at.setdefault(st.index, []).append(st)
@@ -224,13 +256,25 @@ def _marks(s: Series, a: Analysed, x0: int) -> list[Mark]:
         steps.sort(key=lambda st: order.get(st.counter, len(order)))
         names = [st.counter for st in steps]
         label = ", ".join(names) if len(names) <= 3 else f"{names[0]} & {len(names) - 1} more"
-        what = "; ".join(f"{st.counter} {human(st.before, st.counter)} → "
-                         f"{human(st.after, st.counter)}" for st in steps)  # fmt: skip
-        out.append(Mark(float(pos[index]), label, "#7c3aed",
-                        f"{steps[0].commit[:12]}: {what}", dashed=True))  # fmt: skip
+        what = "; ".join(
+            f"{st.counter} {human(st.before, st.counter)} → {human(st.after, st.counter)}"
+            for st in steps
+        )
+        out.append(
+            Mark(
+                float(pos[index]), label, "#7c3aed", f"{steps[0].commit[:12]}: {what}", dashed=True
+            )
+        )
     for p, commit, reason, _, _ in s.acceptances:
-        out.append(Mark(float(p - x0), "accepted", "#15803d",
-                        f"accepted at {commit[:12]}: {reason}", dashed=True))  # fmt: skip
+        out.append(
+            Mark(
+                float(p - x0),
+                "accepted",
+                "#15803d",
+                f"accepted at {commit[:12]}: {reason}",
+                dashed=True,
+            )
+        )
     return sorted(out, key=lambda m: m.x)
 
 
@@ -239,18 +283,25 @@ def _change_table(s: Series, a: Analysed, kind: str) -> str:
         return '<p class="empty">no timing change points</p>'
     rows = []
     for cp in a.change_points:
-        ops = "<br>".join(f"{escape(o.op_name)}: {format_ns(o.before_ns)} → "
-                          f"{format_ns(o.after_ns)}" for o in cp.ops)  # fmt: skip
+        ops = "<br>".join(
+            f"{escape(o.op_name)}: {format_ns(o.before_ns)} → {format_ns(o.after_ns)}"
+            for o in cp.ops
+        )
         run = int(s.runs["run_id"].iloc[cp.index])
-        rows.append(f'<tr><td class="sha" title="{escape(cp.commit)}">{escape(cp.commit[:10])}'
-                    f"</td><td class=num>{run}</td><td>{escape(cp.kind)}</td>"
-                    f"<td class=num>{_pct(cp.change_pct)}</td>"
-                    f"<td class=num>{escape(figure(cp.before_ns, kind))} → "
-                    f"{escape(figure(cp.after_ns, kind))}"
-                    f"</td><td>{ops}</td></tr>")  # fmt: skip
-    return ("<table><thead><tr><th>commit</th><th>run</th><th>kind</th><th>size</th>"
-            "<th>level</th><th>ops that moved (time / iteration)</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table>")  # fmt: skip
+        rows.append(
+            f'<tr><td class="sha" title="{escape(cp.commit)}">{escape(cp.commit[:10])}'
+            f"</td><td class=num>{run}</td><td>{escape(cp.kind)}</td>"
+            f"<td class=num>{_pct(cp.change_pct)}</td>"
+            f"<td class=num>{escape(figure(cp.before_ns, kind))} → "
+            f"{escape(figure(cp.after_ns, kind))}"
+            f"</td><td>{ops}</td></tr>"
+        )
+    return (
+        "<table><thead><tr><th>commit</th><th>run</th><th>kind</th><th>size</th>"
+        "<th>level</th><th>ops that moved (time / iteration)</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
 
 
 def _step_table(a: Analysed) -> str:
@@ -260,16 +311,23 @@ def _step_table(a: Analysed) -> str:
     for st in a.counter_steps:
         sets = st.counter in ("kernel_set", "tc_ops", "dtypes")
         ops = "<br>".join(
-            (f"{'+' if after else '−'} {escape(name)}" if sets else
-             f"{escape(name)}: {human(before, st.counter)} → {human(after, st.counter)}")
+            (
+                f"{'+' if after else '−'} {escape(name)}"
+                if sets
+                else f"{escape(name)}: {human(before, st.counter)} → {human(after, st.counter)}"
+            )
             for name, before, after in st.ops
-        )  # fmt: skip
-        rows.append(f'<tr><td class="sha" title="{escape(st.commit)}">{escape(st.commit[:10])}'
-                    f"</td><td>{escape(st.counter)}</td><td class=num>"
-                    f"{escape(human(st.before, st.counter))} → "
-                    f"{escape(human(st.after, st.counter))}</td><td>{ops}</td></tr>")  # fmt: skip
-    return ("<table><thead><tr><th>commit</th><th>counter</th><th>before → after</th>"
-            "<th>ops</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")  # fmt: skip
+        )
+        rows.append(
+            f'<tr><td class="sha" title="{escape(st.commit)}">{escape(st.commit[:10])}'
+            f"</td><td>{escape(st.counter)}</td><td class=num>"
+            f"{escape(human(st.before, st.counter))} → "
+            f"{escape(human(st.after, st.counter))}</td><td>{ops}</td></tr>"
+        )
+    return (
+        "<table><thead><tr><th>commit</th><th>counter</th><th>before → after</th>"
+        "<th>ops</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+    )
 
 
 def _counter_charts(s: Series, x: np.ndarray, span: int) -> str:
@@ -284,9 +342,17 @@ def _counter_charts(s: Series, x: np.ndarray, span: int) -> str:
             continue
         y = np.full(len(s.runs), np.nan)
         y[run[mine]] = value[mine]
-        out.append(chart(label=title, x_count=span, lines=[(title, x, y)], width=470,
-                         height=140, y_kind=counter,
-                         x_labels=()))  # fmt: skip
+        out.append(
+            chart(
+                label=title,
+                x_count=span,
+                lines=[(title, x, y)],
+                width=470,
+                height=140,
+                y_kind=counter,
+                x_labels=(),
+            )
+        )
         out[-1] = f"<div><b>{escape(title)}</b>{out[-1]}</div>"
     return f'<div class="grid">{"".join(out)}</div>' if out else '<p class="empty">none</p>'
 
@@ -302,8 +368,15 @@ def _op_chart(s: Series, a: Analysed, x: np.ndarray, span: int, names: dict[str,
         y = np.full(len(s.runs), np.nan)
         y[run[mine]] = time[mine]
         lines.append((names.get(op, op), x, y))
-    return chart(label="time per iteration of the top ops", x_count=span, lines=lines,
-                 y_kind="ns", legend=True, log=True, height=280)  # fmt: skip
+    return chart(
+        label="time per iteration of the top ops",
+        x_count=span,
+        lines=lines,
+        y_kind="ns",
+        legend=True,
+        log=True,
+        height=280,
+    )
 
 
 def _runs_table(s: Series, report_url: str | None, machine: str) -> str:
@@ -311,25 +384,39 @@ def _runs_table(s: Series, report_url: str | None, machine: str) -> str:
     link = ""
     kind = _level_kind(s.metric)[1]
     runs = s.runs.iloc[::-1]
-    columns = (runs["run_id"].tolist(), runs["commit"].astype(str).tolist(),
-               runs["time"].astype(str).tolist(), runs["level"].tolist(),
-               runs["n_rounds"].tolist())  # fmt: skip
+    columns = (
+        runs["run_id"].tolist(),
+        runs["commit"].astype(str).tolist(),
+        runs["time"].astype(str).tolist(),
+        runs["level"].tolist(),
+        runs["n_rounds"].tolist(),
+    )
     for run_id, commit, when, level, n in zip(*columns, strict=True):
         if report_url:
             url = report_url.format(commit=commit, run_id=run_id, machine=machine)
             link = f'<td><a href="{escape(url)}">report</a></td>'
-        rows.append(f'<tr><td class=num>{run_id}</td><td class="sha">{commit}</td>'
-                    f"<td>{escape(when[:19])}</td><td class=num>{figure(level, kind)}</td>"
-                    f"<td class=num>{n}</td>{link}</tr>")  # fmt: skip
+        rows.append(
+            f'<tr><td class=num>{run_id}</td><td class="sha">{commit}</td>'
+            f"<td>{escape(when[:19])}</td><td class=num>{figure(level, kind)}</td>"
+            f"<td class=num>{n}</td>{link}</tr>"
+        )
     head = "<th>report</th>" if report_url else ""
-    return (f"<details><summary>{len(s.runs)} stored runs, newest first</summary><table><thead>"
-            "<tr><th>run</th><th>commit</th><th>time</th><th>level</th><th>rounds</th>"
-            f"{head}</tr></thead><tbody>" + "".join(rows)
-            + "</tbody></table></details>")  # fmt: skip
+    return (
+        f"<details><summary>{len(s.runs)} stored runs, newest first</summary><table><thead>"
+        "<tr><th>run</th><th>commit</th><th>time</th><th>level</th><th>rounds</th>"
+        f"{head}</tr></thead><tbody>" + "".join(rows) + "</tbody></table></details>"
+    )
 
 
-def test_page(s: Series, a: Analysed, names: dict[str, str], *, index_href: str,
-              report_url: str | None, machine_slug: str) -> str:  # fmt: skip
+def test_page(
+    s: Series,
+    a: Analysed,
+    names: dict[str, str],
+    *,
+    index_href: str,
+    report_url: str | None,
+    machine_slug: str,
+) -> str:
     """The page of one test on one machine (module docstring)."""
     what, kind = _level_kind(s.metric)
     x0 = int(s.runs["position"].iloc[0])
@@ -345,9 +432,12 @@ def test_page(s: Series, a: Analysed, names: dict[str, str], *, index_href: str,
         x_labels=_x_labels(s, x0, span),
         y_kind=kind,
     )
-    accepted = "".join(f"<li><span class=sha>{escape(c[:10])}</span>: {escape(reason)} "
-                       f'<span class="meta">({escape(when)}{", " + escape(who) if who else ""})'
-                       "</span></li>" for _, c, reason, when, who in s.acceptances)  # fmt: skip
+    accepted = "".join(
+        f"<li><span class=sha>{escape(c[:10])}</span>: {escape(reason)} "
+        f'<span class="meta">({escape(when)}{", " + escape(who) if who else ""})'
+        "</span></li>"
+        for _, c, reason, when, who in s.acceptances
+    )
     first, last = s.runs.iloc[0], s.runs.iloc[-1]
     change = _pct(a.change_pct)
     body = (

@@ -50,8 +50,19 @@ __all__ = [
 #: op table column of each counter a step may name ops for
 OP_COUNTERS = {"calls": "calls", "kernels": "kernels", "flops": "flops", "bytes": "bytes"}
 #: counters whose increase is a gate regression (as the gates judge them)
-GATED_UP = ("calls", "kernels", "flops", "bytes", "memcpy", "memcpy_bytes", "syncs",
-            "host_reads", "peak_memory", "instructions", "est_cycles")  # fmt: skip
+GATED_UP = (
+    "calls",
+    "kernels",
+    "flops",
+    "bytes",
+    "memcpy",
+    "memcpy_bytes",
+    "syncs",
+    "host_reads",
+    "peak_memory",
+    "instructions",
+    "est_cycles",
+)
 #: ops charted per test (by time per iteration over the series)
 TOP_OPS = 5
 
@@ -161,8 +172,9 @@ class SeriesPlan:
     def ids(self, which: Sequence[int]) -> np.ndarray:
         """The test ids of the records of series ``which``."""
         ids = self.records["test_id"].to_numpy()
-        return np.concatenate([ids[self.bounds[i] : self.bounds[i + 1]] for i in which] or
-                              [ids[:0]])  # fmt: skip
+        return np.concatenate(
+            [ids[self.bounds[i] : self.bounds[i + 1]] for i in which] or [ids[:0]]
+        )
 
     def fingerprints(self, salt: str) -> list[str]:
         """A hash per series of what its page is made of, from the index alone: each
@@ -208,10 +220,21 @@ def plan_series(
         time_code=pd.factorize(runs["time"], sort=True)[0],
     )
     t = tests[["test_id", "run_id", "nodeid", "metric"]].merge(
-        runs[["run_id", "commit", "time", "position", "machine", "machine_label", "run_hash",
-              "machine_code", "time_code"]],
+        runs[
+            [
+                "run_id",
+                "commit",
+                "time",
+                "position",
+                "machine",
+                "machine_label",
+                "run_hash",
+                "machine_code",
+                "time_code",
+            ]
+        ],
         on="run_id",
-    )  # fmt: skip
+    )
     t["position"] = t["position"].astype(np.int64)
     if t.empty:
         return SeriesPlan(t.assign(series=np.zeros(0, np.int64)), np.zeros(1, np.int64), [])
@@ -229,9 +252,14 @@ def plan_series(
     for a in acceptances.itertuples(index=False):
         if str(a.commit) in pos_of:
             by_test.setdefault(str(a.nodeid), []).append(
-                (int(pos_of[str(a.commit)]), str(a.commit), str(a.reason), str(a.time),
-                 str(a.author or ""))
-            )  # fmt: skip
+                (
+                    int(pos_of[str(a.commit)]),
+                    str(a.commit),
+                    str(a.reason),
+                    str(a.time),
+                    str(a.author or ""),
+                )
+            )
     nodeids = t["nodeid"].to_numpy()[bounds[:-1]]
     return SeriesPlan(t, bounds, [by_test.get(str(n), []) for n in nodeids])
 
@@ -240,14 +268,16 @@ def cut_series(tables: StoreTables, plan: SeriesPlan, which: Sequence[int]) -> d
     """Series ``which`` of ``plan`` with their records' rounds, counters and ops from
     ``tables`` (read for those records at least); a record without a level (no sample) is
     left out, and a series left without a run too."""
-    rows = np.concatenate([np.arange(plan.bounds[i], plan.bounds[i + 1]) for i in which] or
-                          [np.zeros(0, np.int64)])  # fmt: skip
+    rows = np.concatenate(
+        [np.arange(plan.bounds[i], plan.bounds[i + 1]) for i in which] or [np.zeros(0, np.int64)]
+    )
     t = plan.records.iloc[rows]
     by_id = tables.tests.set_index("test_id")
-    t = t.assign(level=t["test_id"].map(by_id["level"]).astype(np.float64),
-                 n_rounds=t["test_id"].map(by_id["n_rounds"]),
-                 **{k: t["test_id"].map(by_id[k]).astype(np.float64)
-                    for k in MACHINE_EVIDENCE})  # fmt: skip
+    t = t.assign(
+        level=t["test_id"].map(by_id["level"]).astype(np.float64),
+        n_rounds=t["test_id"].map(by_id["n_rounds"]),
+        **{k: t["test_id"].map(by_id[k]).astype(np.float64) for k in MACHINE_EVIDENCE},
+    )
     t = t.dropna(subset=["level"]).reset_index(drop=True)
     if t.empty:
         return {}
@@ -273,15 +303,27 @@ def cut_series(tables: StoreTables, plan: SeriesPlan, which: Sequence[int]) -> d
         first = part.iloc[0]
         i = int(first["series"])
         out[i] = Series(
-            machine=str(first["machine"]), machine_label=str(first["machine_label"]),
-            nodeid=str(first["nodeid"]), metric=str(first["metric"]),
-            runs=part[["run_id", "test_id", "commit", "time", "position", "level",
-                       "n_rounds", *MACHINE_EVIDENCE]].reset_index(drop=True),
+            machine=str(first["machine"]),
+            machine_label=str(first["machine_label"]),
+            nodeid=str(first["nodeid"]),
+            metric=str(first["metric"]),
+            runs=part[
+                [
+                    "run_id",
+                    "test_id",
+                    "commit",
+                    "time",
+                    "position",
+                    "level",
+                    "n_rounds",
+                    *MACHINE_EVIDENCE,
+                ]
+            ].reset_index(drop=True),
             rounds=_rows(rounds, r_rows, lo, hi),
             counters=_rows(counters, c_rows, lo, hi),
             ops=_rows(ops, o_rows, lo, hi),
             acceptances=plan.accepted[i],
-        )  # fmt: skip
+        )
     return out
 
 
@@ -324,9 +366,16 @@ def _counter_steps(s: Series) -> list[CounterStepView]:
         keep = _moved(np.unique(run), table)
         if len(keep):
             c = c[np.isin(run, keep)]
-            rows = pd.DataFrame({"run_id": run_ids[c["run"].to_numpy()], "op_id": "",
-                                 "op_name": "", "counter": c["counter"].astype(str),
-                                 "value": c["stable_value"], "stable": True})  # fmt: skip
+            rows = pd.DataFrame(
+                {
+                    "run_id": run_ids[c["run"].to_numpy()],
+                    "op_id": "",
+                    "op_name": "",
+                    "counter": c["counter"].astype(str),
+                    "value": c["stable_value"],
+                    "stable": True,
+                }
+            )
             found += numeric_steps(rows, run_ids, top_ops=0)
     if len(s.ops):
         found += _set_steps(s, run_ids)
@@ -351,8 +400,9 @@ def _mix(*codes: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each row of integer ``codes`` (a set's hash is the sum of its
     members': equal sets, equal sums)."""
     x = np.zeros(len(codes[0]), dtype=np.uint64)
-    for k, c in zip((0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB), codes,
-                    strict=False):  # fmt: skip
+    for k, c in zip(
+        (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB), codes, strict=False
+    ):
         x += np.asarray(c, dtype=np.int64).view(np.uint64) * np.uint64(k)
     x ^= x >> np.uint64(31)
     x *= np.uint64(0xD6E8FEB86659FD93)
@@ -379,15 +429,29 @@ def _set_steps(s: Series, run_ids: np.ndarray) -> list[Any]:
         return []
     at = np.isin(run, keep)
     sub_tc, sub_typed = ops[tc & at], ops[typed & at]
-    members = pd.concat([
-        pd.DataFrame({"run_id": run_ids[sub_tc["run"].to_numpy()], "counter": "tc_ops",
-                      "member": sub_tc["op_name"].astype(str),
-                      "key": sub_tc["op_name"].astype(str)}),
-        pd.DataFrame({"run_id": run_ids[sub_typed["run"].to_numpy()], "counter": "dtypes",
-                      "member": sub_typed["op_name"].astype(str) + "\x1f"
-                      + sub_typed["dtypes"].astype(str),
-                      "key": sub_typed["op_name"].astype(str)}),
-    ], ignore_index=True)  # fmt: skip
+    members = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "run_id": run_ids[sub_tc["run"].to_numpy()],
+                    "counter": "tc_ops",
+                    "member": sub_tc["op_name"].astype(str),
+                    "key": sub_tc["op_name"].astype(str),
+                }
+            ),
+            pd.DataFrame(
+                {
+                    "run_id": run_ids[sub_typed["run"].to_numpy()],
+                    "counter": "dtypes",
+                    "member": sub_typed["op_name"].astype(str)
+                    + "\x1f"
+                    + sub_typed["dtypes"].astype(str),
+                    "key": sub_typed["op_name"].astype(str),
+                }
+            ),
+        ],
+        ignore_index=True,
+    )
     if members.empty:
         return []
     ids = run_ids[keep]
@@ -430,11 +494,19 @@ def _latest(s: Series, steps: list[CounterStepView], tolerance: float) -> tuple[
     # the machine's evidence as the live verdict had it: a run the session called noisy
     # for the machine's speed is not an improvement or regression here either
     wait, speed = (runs[k].to_numpy() for k in ("wait", "speed_ns"))
-    verdict = judge_store(current, baseline, history, metric=s.metric, tolerance=tolerance,
-                          alpha=ALPHA, baseline_runs=len(base_runs), wait=float(wait[last]),
-                          baseline_wait=_median(wait[base_runs]),
-                          speed_ns=float(speed[last]),
-                          baseline_speed_ns=_median(speed[base_runs]))  # fmt: skip
+    verdict = judge_store(
+        current,
+        baseline,
+        history,
+        metric=s.metric,
+        tolerance=tolerance,
+        alpha=ALPHA,
+        baseline_runs=len(base_runs),
+        wait=float(wait[last]),
+        baseline_wait=_median(wait[base_runs]),
+        speed_ns=float(speed[last]),
+        baseline_speed_ns=_median(speed[base_runs]),
+    )
     outcome, reason = verdict.outcome.value, verdict.message
     at_last = [st for st in steps if st.index == last and st.counter in GATED_UP]
     up = [st for st in at_last if st.after > st.before]
@@ -479,8 +551,7 @@ def points_to_json(points: list[ChangePoint]) -> list[dict[str, Any]]:
 
 
 def points_from_json(found: list[dict[str, Any]]) -> list[ChangePoint]:
-    return [ChangePoint(**{**cp, "ops": tuple(OpMove(**op) for op in cp["ops"])})
-            for cp in found]  # fmt: skip
+    return [ChangePoint(**{**cp, "ops": tuple(OpMove(**op) for op in cp["ops"])}) for cp in found]
 
 
 def analyse(
@@ -495,12 +566,18 @@ def analyse(
     :func:`points_to_json` writes them), reused when the key is the same (the change-point
     search is most of the time a page costs)."""
     op_levels, names = _op_levels(s)
-    levels = pd.DataFrame({"run_id": s.runs["run_id"], "commit": s.runs["commit"].astype(str),
-                           "value": s.runs["level"]})  # fmt: skip
+    levels = pd.DataFrame(
+        {
+            "run_id": s.runs["run_id"],
+            "commit": s.runs["commit"].astype(str),
+            "value": s.runs["level"],
+        }
+    )
     if {"speed_ns", "wait"} <= set(s.runs.columns):
         # a run the machine explains makes no change point by itself, as in `history`
-        notes = machine_notes(s.metric, s.runs["speed_ns"].to_numpy(np.float64),
-                              s.runs["wait"].to_numpy(np.float64))  # fmt: skip
+        notes = machine_notes(
+            s.metric, s.runs["speed_ns"].to_numpy(np.float64), s.runs["wait"].to_numpy(np.float64)
+        )
         levels = levels.assign(machine=notes)
     key = _points_key(levels, op_levels, names)
     if known is not None and known.get("key") == key:

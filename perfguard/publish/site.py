@@ -92,10 +92,12 @@ class Published:
 
     def describe(self) -> str:
         over = " (over 1 MB)" if self.largest_page > PAGE_LIMIT else ""
-        return (f"published {self.series} test series to {self.out_dir / 'index.html'}: "
-                f"{self.rebuilt} page(s) rebuilt, {self.kept} unchanged, {self.removed} "
-                f"removed; largest page {self.largest_page / 1024:.0f} KB{over}; runs "
-                f"{self.ordered_by}; {self.seconds:.1f} s")  # fmt: skip
+        return (
+            f"published {self.series} test series to {self.out_dir / 'index.html'}: "
+            f"{self.rebuilt} page(s) rebuilt, {self.kept} unchanged, {self.removed} "
+            f"removed; largest page {self.largest_page / 1024:.0f} KB{over}; runs "
+            f"{self.ordered_by}; {self.seconds:.1f} s"
+        )
 
 
 def _slug(text: str, most: int = 60) -> str:
@@ -125,15 +127,25 @@ def _build(i: int, s: Series) -> tuple[str, dict[str, Any]]:
     rel = _WORK["paths"][i]
     known = _WORK["old"].get(rel, {}).get("points")
     a = analyse(s, tolerance=_WORK["tolerance"], known=known)
-    html = test_page(s, a, a.op_names, index_href="index.html",
-                     report_url=_WORK["report_url"], machine_slug=rel.split("/")[0])  # fmt: skip
+    html = test_page(
+        s,
+        a,
+        a.op_names,
+        index_href="index.html",
+        report_url=_WORK["report_url"],
+        machine_slug=rel.split("/")[0],
+    )
     path = _WORK["out"] / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     data = html.encode("utf-8")
     path.write_bytes(data)
     points = {"key": a.points_key, "points": points_to_json(a.change_points)}
-    return rel, {"hash": _WORK["digests"][i], "row": asdict(index_row(s, a, rel)),
-                 "bytes": len(data), "points": points}  # fmt: skip
+    return rel, {
+        "hash": _WORK["digests"][i],
+        "row": asdict(index_row(s, a, rel)),
+        "bytes": len(data),
+        "points": points,
+    }
 
 
 def _build_share(which: list[int]) -> list[tuple[str, dict[str, Any]]]:
@@ -214,16 +226,29 @@ def publish(
     digests = plan.fingerprints(salt)
     # unchanged: the same records, acceptances and code made the page there (or found it
     # had no run with a level: no page)
-    todo = [i for i, (rel, d) in enumerate(zip(paths, digests, strict=True))
-            if old.get(rel, {}).get("hash") != d
-            or not (old[rel].get("empty") or (out / rel).exists())]  # fmt: skip
-    pages = {rel: old[rel] for rel, d in zip(paths, digests, strict=True)
-             if old.get(rel, {}).get("hash") == d}  # fmt: skip
+    todo = [
+        i
+        for i, (rel, d) in enumerate(zip(paths, digests, strict=True))
+        if old.get(rel, {}).get("hash") != d or not (old[rel].get("empty") or (out / rel).exists())
+    ]
+    pages = {
+        rel: old[rel]
+        for rel, d in zip(paths, digests, strict=True)
+        if old.get(rel, {}).get("hash") == d
+    }
     # each worker reads the records of its share of the series and builds their pages: no
     # table goes back to this process, and both phases use every core
-    _WORK.update(location=store_location, index=index, plan=plan, paths=paths,
-                 digests=digests, out=out, tolerance=tolerance, report_url=report_url,
-                 old=old)  # fmt: skip
+    _WORK.update(
+        location=store_location,
+        index=index,
+        plan=plan,
+        paths=paths,
+        digests=digests,
+        out=out,
+        tolerance=tolerance,
+        report_url=report_url,
+        old=old,
+    )
     try:
         parallel = jobs > 1 and len(todo) > 4 and can_fork()
         records = int(np.diff(plan.bounds)[todo].sum())
@@ -262,7 +287,17 @@ def publish(
             target.write_text(text, encoding="utf-8")
     sizes = [int(p.get("bytes", 0)) for p in pages.values()]
     sizes += [len(text.encode()) for text in indexes.values()]
-    (out / MANIFEST).write_text(json.dumps({"format": MANIFEST_FORMAT, "pages": pages},
-                                           sort_keys=True) + "\n", encoding="utf-8")  # fmt: skip
-    return Published(out, len(shown), len(built), len(shown) - len(built), removed,
-                     max(sizes), ordered_by, time.perf_counter() - started)  # fmt: skip
+    (out / MANIFEST).write_text(
+        json.dumps({"format": MANIFEST_FORMAT, "pages": pages}, sort_keys=True) + "\n",
+        encoding="utf-8",
+    )
+    return Published(
+        out,
+        len(shown),
+        len(built),
+        len(shown) - len(built),
+        removed,
+        max(sizes),
+        ordered_by,
+        time.perf_counter() - started,
+    )

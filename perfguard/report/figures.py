@@ -95,8 +95,10 @@ class SessionFigures:
         if not any(len(g) for g in groups):
             return None
         scale, unit = time_unit(max(float(g.max()) for g in groups if len(g)))
-        rows = [("baseline", groups[0] / scale, BASELINE_COLOR),
-                ("current", groups[1] / scale, CURRENT_COLOR)]  # fmt: skip
+        rows = [
+            ("baseline", groups[0] / scale, BASELINE_COLOR),
+            ("current", groups[1] / scale, CURRENT_COLOR),
+        ]
         return strip_box(rows, f"{unit_label} ({unit})", label)
 
     def trend(self, history: Sequence[HistoryRow], label: str) -> str | None:

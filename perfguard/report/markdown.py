@@ -37,14 +37,21 @@ from perfguard.report.profile import one_line
 #: the environment variable that gives the report's URL (an artifact, a static host)
 REPORT_URL_ENV = "PERFGUARD_REPORT_URL"
 _ICON = {
-    "regressed": ":red_circle:", "crashed": ":boom:", "error": ":warning:",
-    "noisy": ":yellow_circle:", "incomparable": ":no_entry_sign:",
-    "not-judged": ":grey_question:", "improved": ":green_circle:",
-}  # fmt: skip
+    "regressed": ":red_circle:",
+    "crashed": ":boom:",
+    "error": ":warning:",
+    "noisy": ":yellow_circle:",
+    "incomparable": ":no_entry_sign:",
+    "not-judged": ":grey_question:",
+    "improved": ":green_circle:",
+}
 _BADGE_ICON = {
-    "FAIL": ":x:", "ADVISORY": ":warning:", "INCOMPLETE": ":boom:",
-    "NOT JUDGED": ":grey_question:", "PASS": ":white_check_mark:",
-}  # fmt: skip
+    "FAIL": ":x:",
+    "ADVISORY": ":warning:",
+    "INCOMPLETE": ":boom:",
+    "NOT JUDGED": ":grey_question:",
+    "PASS": ":white_check_mark:",
+}
 #: outcomes that get a line of their own; the rest go into the collapsed table
 _LISTED = tuple(o for o in OUTCOMES if o in _ICON)
 _MAX_LINES = 30  # listed lines
@@ -97,8 +104,12 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
     counts = results.counts
     badge = results.badge()
     parts = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]) or "no tests"
-    out = [f"## perfguard {_BADGE_ICON[badge]} {badge}: {parts}", "", _text(results.badge_reason()),
-           ""]  # fmt: skip
+    out = [
+        f"## perfguard {_BADGE_ICON[badge]} {badge}: {parts}",
+        "",
+        _text(results.badge_reason()),
+        "",
+    ]
     seen = results.resolution()
     if seen:
         out[-1:] = ["", _text(seen[0].upper() + seen[1:]), ""]
@@ -163,11 +174,16 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
 
     profiled = [t for t in rest if t.profile is not None]
     if profiled:
-        out += [f"<details><summary>Profiles of {len(profiled)} test"
-                f"{'' if len(profiled) == 1 else 's'} (level, top op, Tensor Cores, FLOPs)"
-                "</summary>", ""]  # fmt: skip
-        out += [f"- {_code(t.nodeid)} ({t.outcome.value}): {_text(one_line(t))}"
-                for t in profiled[:_MAX_ROWS]]  # fmt: skip
+        out += [
+            f"<details><summary>Profiles of {len(profiled)} test"
+            f"{'' if len(profiled) == 1 else 's'} (level, top op, Tensor Cores, FLOPs)"
+            "</summary>",
+            "",
+        ]
+        out += [
+            f"- {_code(t.nodeid)} ({t.outcome.value}): {_text(one_line(t))}"
+            for t in profiled[:_MAX_ROWS]
+        ]
         if len(profiled) > _MAX_ROWS:
             out.append(f"- … and {len(profiled) - _MAX_ROWS} more (see the report)")
         out += ["", "</details>", ""]
@@ -183,8 +199,9 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
 def ci_run_url() -> str | None:
     """The CI run's page, where the CI's environment gives it (GitHub Actions)."""
     env = os.environ
-    server, repo, run = (env.get(k, "").strip() for k in
-                         ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))  # fmt: skip
+    server, repo, run = (
+        env.get(k, "").strip() for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID")
+    )
     if server and repo and run:
         return f"{server.rstrip('/')}/{repo}/actions/runs/{run}"
     return None
@@ -198,8 +215,10 @@ def report_link(report_url: str | None = None) -> str:
     run = ci_run_url()
     if run:
         return f"[Full HTML report: report.html in this run's artifacts]({run})"
-    return (f"Full HTML report: `report.html` beside this summary (set {REPORT_URL_ENV}, or "
-            "pass --report-url to `perfguard report`, to link it here)")  # fmt: skip
+    return (
+        f"Full HTML report: `report.html` beside this summary (set {REPORT_URL_ENV}, or "
+        "pass --report-url to `perfguard report`, to link it here)"
+    )
 
 
 def write_markdown(

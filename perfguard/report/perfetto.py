@@ -207,11 +207,18 @@ class _Processes:
         self.iter_pid = {rank: first + i for i, rank in enumerate(ranks)}
         self.threads = trace.threads
         self.devices = trace.devices
-        self.host_threads = pd.concat(
-            [r[["rank", "pid", "tid"]],
-             acts.loc[acts["launch_tid"].notna(), ["rank", "pid", "launch_tid"]]
-             .rename(columns={"launch_tid": "tid"})]
-        ).astype(np.int64).drop_duplicates()  # fmt: skip
+        self.host_threads = (
+            pd.concat(
+                [
+                    r[["rank", "pid", "tid"]],
+                    acts.loc[acts["launch_tid"].notna(), ["rank", "pid", "launch_tid"]].rename(
+                        columns={"launch_tid": "tid"}
+                    ),
+                ]
+            )
+            .astype(np.int64)
+            .drop_duplicates()
+        )
         self.streams = acts[["rank", "device_id", "stream_id", "track"]].drop_duplicates()
 
     def host_pid(self, rank: pd.Series, pid: pd.Series) -> np.ndarray:
@@ -231,8 +238,9 @@ class _Processes:
         h = self.host
         out.append(_meta_process(h["id"], rank_text(h["rank"]) + "pid " + h["pid"].astype(str), 0))
         dev = self.devices.drop_duplicates(["rank", "device_id"])
-        g = self.gpus.merge(dev[["rank", "device_id", "name"]], on=["rank", "device_id"],
-                            how="left")  # fmt: skip
+        g = self.gpus.merge(
+            dev[["rank", "device_id", "name"]], on=["rank", "device_id"], how="left"
+        )
         label = rank_text(g["rank"]) + "GPU " + g["device_id"].astype(str)
         label = label.where(g["name"].isna(), label + " (" + g["name"].astype(str) + ")")
         out.append(_meta_process(g["id"], label, 1))
@@ -254,8 +262,9 @@ class _Processes:
         lane = s["track"] // _LANE
         stream = "stream " + s["stream_id"].astype(str)
         label = stream.where(lane == 0, stream + " (overlap " + lane.astype(str) + ")")
-        out.append(_meta_thread(pd.Series(self.gpu_pid(s["rank"], s["device_id"])), s["track"],
-                                label))  # fmt: skip
+        out.append(
+            _meta_thread(pd.Series(self.gpu_pid(s["rank"], s["device_id"])), s["track"], label)
+        )
         return np.concatenate(out)
 
 
@@ -266,17 +275,34 @@ def _lookup(table: pd.DataFrame, keys: list[str], values: dict[str, Any]) -> np.
 
 def _meta_process(pid: pd.Series, name: pd.Series, sort: int) -> np.ndarray:
     pid_s = _int(pid)
-    names = _cat('{"ph":"M","name":"process_name","pid":', pid_s, ',"tid":0,"args":{"name":',
-                 _quoted(name.to_numpy(dtype=object)), "}}")  # fmt: skip
-    order = _cat('{"ph":"M","name":"process_sort_index","pid":', pid_s,
-                 ',"tid":0,"args":{"sort_index":', _int(pid + sort * 1_000_000), "}}")  # fmt: skip
+    names = _cat(
+        '{"ph":"M","name":"process_name","pid":',
+        pid_s,
+        ',"tid":0,"args":{"name":',
+        _quoted(name.to_numpy(dtype=object)),
+        "}}",
+    )
+    order = _cat(
+        '{"ph":"M","name":"process_sort_index","pid":',
+        pid_s,
+        ',"tid":0,"args":{"sort_index":',
+        _int(pid + sort * 1_000_000),
+        "}}",
+    )
     return np.concatenate([names, order])
 
 
 def _meta_thread(pid: pd.Series, tid: pd.Series, name: pd.Series | str) -> np.ndarray:
     names = name.to_numpy(dtype=object) if isinstance(name, pd.Series) else [name] * len(pid)
-    return _cat('{"ph":"M","name":"thread_name","pid":', _int(pid), ',"tid":', _int(tid),
-                ',"args":{"name":', _quoted(np.asarray(names, dtype=object)), "}}")  # fmt: skip
+    return _cat(
+        '{"ph":"M","name":"thread_name","pid":',
+        _int(pid),
+        ',"tid":',
+        _int(tid),
+        ',"args":{"name":',
+        _quoted(np.asarray(names, dtype=object)),
+        "}}",
+    )
 
 
 # ---- events -----------------------------------------------------------------------------------
@@ -300,26 +326,51 @@ def _range_events(
     own = inst[inst["instance"] >= 0]
     at = pd.Index(own["instance"].to_numpy()).get_indexer(r["range_id"].to_numpy())
     fields = pd.DataFrame(
-        {"name": r["name"].to_numpy(dtype=object), "kind": r["kind"].astype(str).to_numpy(),
-         "direction": r["direction"].to_numpy(dtype=object),
-         "call_site": r["call_site"].to_numpy(dtype=object),
-         **{c: _take(own[c], at).array for c in
-            ("op_name", "op_id", "iteration", "tc_eligible", "uses_tc", "flops")}},
-    )  # fmt: skip
+        {
+            "name": r["name"].to_numpy(dtype=object),
+            "kind": r["kind"].astype(str).to_numpy(),
+            "direction": r["direction"].to_numpy(dtype=object),
+            "call_site": r["call_site"].to_numpy(dtype=object),
+            **{
+                c: _take(own[c], at).array
+                for c in ("op_name", "op_id", "iteration", "tc_eligible", "uses_tc", "flops")
+            },
+        },
+    )
 
-    spec = (("iteration", _nullable_int), ("direction", _quoted), ("tc_eligible", _nullable_bool),
-            ("uses_tc", _nullable_bool), ("flops", _nullable_float), ("op_id", _quoted),
-            ("call_site", _quoted), ("op_name", _quoted))  # fmt: skip
+    spec = (
+        ("iteration", _nullable_int),
+        ("direction", _quoted),
+        ("tc_eligible", _nullable_bool),
+        ("uses_tc", _nullable_bool),
+        ("flops", _nullable_float),
+        ("op_id", _quoted),
+        ("call_site", _quoted),
+        ("op_name", _quoted),
+    )
     static = _per_distinct(fields, lambda f: _closing_fields(f, spec))
-    where = _cat(',"pid":', _int(procs.host_pid(r["rank"], r["pid"])), ',"tid":', _int(r["tid"]),
-                 ',"args":{"range_id":', _int(r["range_id"]))  # fmt: skip
+    where = _cat(
+        ',"pid":',
+        _int(procs.host_pid(r["rank"], r["pid"])),
+        ',"tid":',
+        _int(r["tid"]),
+        ',"args":{"range_id":',
+        _int(r["range_id"]),
+    )
     start = r["start"].to_numpy(np.int64)
     end = r["end"].to_numpy(np.int64)
     asyn = (r["kind"] == "async").to_numpy(bool)
     sync = ~asyn
-    slices = _cat(_cat('{"ph":"X","ts":', _us(start[sync] - origin),
-                       ',"dur":', _us(end[sync] - start[sync]), where[sync]),
-                  static[sync])  # fmt: skip
+    slices = _cat(
+        _cat(
+            '{"ph":"X","ts":',
+            _us(start[sync] - origin),
+            ',"dur":',
+            _us(end[sync] - start[sync]),
+            where[sync],
+        ),
+        static[sync],
+    )
     if not asyn.any():
         return slices
     ident = _int(r["range_id"].to_numpy()[asyn])
@@ -410,26 +461,44 @@ def _gpu_events(
     rows = a["instance_row"].to_numpy(np.int64)
     flops = _take(inst["flops"], rows).array if "flops" in inst else [pd.NA] * len(a)
     fields = pd.DataFrame(
-        {"name": a["name"].to_numpy(dtype=object), "kind": a["activity"].astype(str).to_numpy(),
-         "op_name": a["op_name"].to_numpy(dtype=object), "op_id": a["op_id"].to_numpy(dtype=object),
-         "direction": a["direction"].to_numpy(dtype=object), "uses_tc": a["uses_tc"].array,
-         "tc_reason": a["tc_reason"].to_numpy(dtype=object), "op_flops": flops,
-         "iteration": a["iteration"].array}
-    )  # fmt: skip
+        {
+            "name": a["name"].to_numpy(dtype=object),
+            "kind": a["activity"].astype(str).to_numpy(),
+            "op_name": a["op_name"].to_numpy(dtype=object),
+            "op_id": a["op_id"].to_numpy(dtype=object),
+            "direction": a["direction"].to_numpy(dtype=object),
+            "uses_tc": a["uses_tc"].array,
+            "tc_reason": a["tc_reason"].to_numpy(dtype=object),
+            "op_flops": flops,
+            "iteration": a["iteration"].array,
+        }
+    )
 
-    spec = (("iteration", _nullable_int), ("uses_tc", _nullable_bool),
-            ("op_flops", _nullable_float), ("direction", _quoted), ("op_id", _quoted),
-            ("tc_reason", _quoted), ("op_name", _quoted))  # fmt: skip
+    spec = (
+        ("iteration", _nullable_int),
+        ("uses_tc", _nullable_bool),
+        ("op_flops", _nullable_float),
+        ("direction", _quoted),
+        ("op_id", _quoted),
+        ("tc_reason", _quoted),
+        ("op_name", _quoted),
+    )
 
     start = a["start"].to_numpy(np.int64)
     head = _cat(
-        '{"ph":"X","ts":', _us(start - origin),
-        ',"dur":', _us(a["end"].to_numpy(np.int64) - start),
-        ',"pid":', _int(procs.gpu_pid(a["rank"], a["device_id"])),
-        ',"tid":', _int(a["track"]),
-        ',"args":{"correlation":', _int(a["correlation_id"]),
-        ',"bytes":', _nullable_int(a["bytes"]),
-    )  # fmt: skip
+        '{"ph":"X","ts":',
+        _us(start - origin),
+        ',"dur":',
+        _us(a["end"].to_numpy(np.int64) - start),
+        ',"pid":',
+        _int(procs.gpu_pid(a["rank"], a["device_id"])),
+        ',"tid":',
+        _int(a["track"]),
+        ',"args":{"correlation":',
+        _int(a["correlation_id"]),
+        ',"bytes":',
+        _nullable_int(a["bytes"]),
+    )
     return _cat(head, _per_distinct(fields, lambda f: _closing_fields(f, spec)))
 
 
@@ -443,12 +512,26 @@ def _flow_events(acts: pd.DataFrame, procs: _Processes, origin: int) -> np.ndarr
     ident = _int(a.index.to_numpy() + 1)  # the activity's row in the whole table: unique
     head = _cat(',"id":', ident, ',"cat":"launch","name":"launch"')
     launch = a["launch_start"].to_numpy(np.int64)
-    s = _cat('{"ph":"s","ts":', _us(launch - origin),
-             ',"pid":', _int(procs.host_pid(a["rank"], a["pid"])),
-             ',"tid":', _int(a["launch_tid"].to_numpy(np.int64)), head, "}")  # fmt: skip
-    f = _cat('{"ph":"f","bp":"e","ts":', _us(a["start"].to_numpy(np.int64) - origin),
-             ',"pid":', _int(procs.gpu_pid(a["rank"], a["device_id"])),
-             ',"tid":', _int(a["track"]), head, "}")  # fmt: skip
+    s = _cat(
+        '{"ph":"s","ts":',
+        _us(launch - origin),
+        ',"pid":',
+        _int(procs.host_pid(a["rank"], a["pid"])),
+        ',"tid":',
+        _int(a["launch_tid"].to_numpy(np.int64)),
+        head,
+        "}",
+    )
+    f = _cat(
+        '{"ph":"f","bp":"e","ts":',
+        _us(a["start"].to_numpy(np.int64) - origin),
+        ',"pid":',
+        _int(procs.gpu_pid(a["rank"], a["device_id"])),
+        ',"tid":',
+        _int(a["track"]),
+        head,
+        "}",
+    )
     return np.concatenate([s, f])
 
 
@@ -461,10 +544,17 @@ def _iteration_events(window: pd.DataFrame, procs: _Processes, origin: int) -> n
     pid = np.array([procs.iter_pid[r] for r in w["rank"].unique()], dtype=np.int64)
     pid = pid[pd.factorize(w["rank"])[0]]  # one entry per rank, mapped back by code
     return _cat(
-        '{"ph":"X","ts":', _us(start - origin),
-        ',"dur":', _us(w["end"].to_numpy(np.int64) - start),
-        ',"pid":', _int(pid), ',"tid":1,"cat":"iteration","name":',
+        '{"ph":"X","ts":',
+        _us(start - origin),
+        ',"dur":',
+        _us(w["end"].to_numpy(np.int64) - start),
+        ',"pid":',
+        _int(pid),
+        ',"tid":1,"cat":"iteration","name":',
         _quoted(("iteration " + w["iteration"].astype(str)).to_numpy(dtype=object)),
-        ',"args":{"iteration":', _int(w["iteration"]),
-        ',"source":', _quoted(w["source"].astype(str).to_numpy(dtype=object)), "}}",
-    )  # fmt: skip
+        ',"args":{"iteration":',
+        _int(w["iteration"]),
+        ',"source":',
+        _quoted(w["source"].astype(str).to_numpy(dtype=object)),
+        "}}",
+    )

@@ -61,8 +61,9 @@ def one_line(t: TestEntry) -> str:
     parts = [f"{format_ns(level_of(t))}/iteration ({_metric(t)})"]
     top = p.top
     if top is not None and top.share_pct is not None:
-        parts.append(f"top op {top.short_name} {percent(top.share_pct, digits=0)} of "
-                     f"{p.time_label}")  # fmt: skip
+        parts.append(
+            f"top op {top.short_name} {percent(top.share_pct, digits=0)} of {p.time_label}"
+        )
     parts += [_tc_text(p), _efficiency_text(p)]
     return "; ".join(parts)
 
@@ -131,23 +132,28 @@ def _facts(t: TestEntry, p: TestProfile) -> list[tuple[str, str]]:
     c = p.counters
     facts = [
         ("Level", f"{format_ns(level_of(t))} per iteration ({_metric(t)})"),
-        ("Profiled", f"{p.iterations} iterations under the profiler; ops' {p.time_label} "
-                     f"{format_ns(per(p.op_time_ns))} per iteration"),
-    ]  # fmt: skip
+        (
+            "Profiled",
+            f"{p.iterations} iterations under the profiler; ops' {p.time_label} "
+            f"{format_ns(per(p.op_time_ns))} per iteration",
+        ),
+    ]
     if p.device:
         facts.append(("Device", p.device))
     if p.gpu_idle_pct is not None:
         facts.append(("GPU idle", f"{percent(p.gpu_idle_pct)} of the profiled window"))
     facts.append(("Tensor Cores", _tc_text(p)))
     if p.flops is not None:
-        facts.append(("FLOPs", f"{human(p.flops, 'flops')} per iteration; "
-                               f"{_efficiency_text(p)}"))  # fmt: skip
+        facts.append(("FLOPs", f"{human(p.flops, 'flops')} per iteration; {_efficiency_text(p)}"))
     facts.append(
-        ("Syncs and copies", f"{human(c.get('syncs', 0))} syncs, "
-                             f"{human(c.get('host_reads', 0))} host reads, "
-                             f"{human(c.get('memcpy', 0))} copies "
-                             f"({human(c.get('memcpy_bytes', 0), 'bytes')}) per iteration")
-    )  # fmt: skip
+        (
+            "Syncs and copies",
+            f"{human(c.get('syncs', 0))} syncs, "
+            f"{human(c.get('host_reads', 0))} host reads, "
+            f"{human(c.get('memcpy', 0))} copies "
+            f"({human(c.get('memcpy_bytes', 0), 'bytes')}) per iteration",
+        )
+    )
     if p.peak_memory is not None:
         facts.append(("Peak memory", human(p.peak_memory, "peak_memory")))
     return facts
@@ -160,8 +166,9 @@ def profile_view(t: TestEntry, index: int) -> ProfileView | None:
     p = t.profile
     if p is None:
         return None
-    view = ProfileView(summary=one_line(t), time_label=p.time_label, metric=_metric(t),
-                       facts=_facts(t, p))  # fmt: skip
+    view = ProfileView(
+        summary=one_line(t), time_label=p.time_label, metric=_metric(t), facts=_facts(t, p)
+    )
     view.rows = [_row(p, op) for op in p.ops[:SHOWN_OPS]]
     hidden = len(p.ops) - len(view.rows) + p.other_ops
     if hidden:

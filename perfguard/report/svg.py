@@ -59,32 +59,42 @@ def _svg(label: str, body: list[str]) -> str:
 
 
 def _x_axis(f: Frame, ticks: Sequence[tuple[float, str]], title: str) -> list[str]:
-    out = [f'<line x1="{f.left}" y1="{f.bottom}" x2="{f.right}" y2="{f.bottom}" '
-           f'stroke="{AXIS_COLOR}"/>']  # fmt: skip
+    out = [
+        f'<line x1="{f.left}" y1="{f.bottom}" x2="{f.right}" y2="{f.bottom}" '
+        f'stroke="{AXIS_COLOR}"/>'
+    ]
     for v, text in ticks:
         x = f.x(v)
-        out.append(f'<line x1="{x:.1f}" y1="{f.bottom}" x2="{x:.1f}" y2="{f.bottom + 3}" '
-                   f'stroke="{AXIS_COLOR}"/>')  # fmt: skip
-        out.append(f'<text x="{x:.1f}" y="{f.bottom + 13}" text-anchor="middle">'
-                   f"{escape(text)}</text>")  # fmt: skip
+        out.append(
+            f'<line x1="{x:.1f}" y1="{f.bottom}" x2="{x:.1f}" y2="{f.bottom + 3}" '
+            f'stroke="{AXIS_COLOR}"/>'
+        )
+        out.append(
+            f'<text x="{x:.1f}" y="{f.bottom + 13}" text-anchor="middle">{escape(text)}</text>'
+        )
     if title:
         mid = (f.left + f.right) / 2
-        out.append(f'<text x="{mid:.1f}" y="{HEIGHT - 4}" text-anchor="middle">'
-                   f"{escape(title)}</text>")  # fmt: skip
+        out.append(
+            f'<text x="{mid:.1f}" y="{HEIGHT - 4}" text-anchor="middle">{escape(title)}</text>'
+        )
     return out
 
 
 def _y_axis(f: Frame, ticks: Sequence[tuple[float, str]], title: str) -> list[str]:
-    out = [f'<line x1="{f.left}" y1="{f.top}" x2="{f.left}" y2="{f.bottom}" '
-           f'stroke="{AXIS_COLOR}"/>']  # fmt: skip
+    out = [
+        f'<line x1="{f.left}" y1="{f.top}" x2="{f.left}" y2="{f.bottom}" stroke="{AXIS_COLOR}"/>'
+    ]
     for v, text in ticks:
         y = f.y(v)
-        out.append(f'<text x="{f.left - 5}" y="{y + 3.5:.1f}" text-anchor="end">'
-                   f"{escape(text)}</text>")  # fmt: skip
+        out.append(
+            f'<text x="{f.left - 5}" y="{y + 3.5:.1f}" text-anchor="end">{escape(text)}</text>'
+        )
     if title:
         y = (f.top + f.bottom) / 2
-        out.append(f'<text transform="translate(11 {y:.1f}) rotate(-90)" '
-                   f'text-anchor="middle">{escape(title)}</text>')  # fmt: skip
+        out.append(
+            f'<text transform="translate(11 {y:.1f}) rotate(-90)" '
+            f'text-anchor="middle">{escape(title)}</text>'
+        )
     return out
 
 
@@ -95,8 +105,16 @@ def strip_box(groups: Sequence[tuple[str, np.ndarray, str]], x_title: str, label
     lo = min(float(v.min()) for v in values)
     hi = max(float(v.max()) for v in values)
     pad = (hi - lo) * 0.06 or abs(hi) * 0.05 or 1.0
-    f = Frame(left=73, right=WIDTH - 16, top=6, bottom=HEIGHT - 45,
-              x0=lo - pad, x1=hi + pad, y0=-0.6, y1=len(groups) - 0.4)  # fmt: skip
+    f = Frame(
+        left=73,
+        right=WIDTH - 16,
+        top=6,
+        bottom=HEIGHT - 45,
+        x0=lo - pad,
+        x1=hi + pad,
+        y0=-0.6,
+        y1=len(groups) - 0.4,
+    )
     body: list[str] = []
     rng = np.random.default_rng(0)  # the same jitter every render: reports diff cleanly
     rows = []
@@ -105,17 +123,23 @@ def strip_box(groups: Sequence[tuple[str, np.ndarray, str]], x_title: str, label
         rows.append((float(row), name))
         jitter = rng.uniform(-0.22, 0.22, len(v))
         for value, j in zip(v, jitter, strict=True):
-            body.append(f'<circle cx="{f.x(float(value)):.1f}" cy="{f.y(row + j):.1f}" r="1.6" '
-                        f'fill="{colour}" fill-opacity="0.6"/>')  # fmt: skip
+            body.append(
+                f'<circle cx="{f.x(float(value)):.1f}" cy="{f.y(row + j):.1f}" r="1.6" '
+                f'fill="{colour}" fill-opacity="0.6"/>'
+            )
         if len(v):
             q1, med, q3 = (float(q) for q in np.percentile(v, [25, 50, 75]))
             top, bottom = f.y(row + 0.3), f.y(row - 0.3)
-            body.append(f'<rect x="{f.x(q1):.1f}" y="{top:.1f}" '
-                        f'width="{max(f.x(q3) - f.x(q1), 0.5):.1f}" height="{bottom - top:.1f}" '
-                        f'fill="none" stroke="{AXIS_COLOR}" stroke-width="1.2"/>')  # fmt: skip
-            body.append(f'<line x1="{f.x(med):.1f}" y1="{f.y(row + 0.34):.1f}" '
-                        f'x2="{f.x(med):.1f}" y2="{f.y(row - 0.34):.1f}" stroke="#1e3a8a" '
-                        f'stroke-width="1.6"/>')  # fmt: skip
+            body.append(
+                f'<rect x="{f.x(q1):.1f}" y="{top:.1f}" '
+                f'width="{max(f.x(q3) - f.x(q1), 0.5):.1f}" height="{bottom - top:.1f}" '
+                f'fill="none" stroke="{AXIS_COLOR}" stroke-width="1.2"/>'
+            )
+            body.append(
+                f'<line x1="{f.x(med):.1f}" y1="{f.y(row + 0.34):.1f}" '
+                f'x2="{f.x(med):.1f}" y2="{f.y(row - 0.34):.1f}" stroke="#1e3a8a" '
+                f'stroke-width="1.6"/>'
+            )
     ticks = _ticks(f.x0, f.x1)
     body += _x_axis(f, ticks, x_title)
     body += _y_axis(f, [(r, n) for r, n in rows], "")
@@ -128,14 +152,25 @@ def line(values: np.ndarray, x_labels: Sequence[str], y_title: str, label: str, 
     n = len(values)
     lo, hi = float(values.min()), float(values.max())
     pad = (hi - lo) * 0.15 or hi * 0.05 or 1.0
-    f = Frame(left=73, right=WIDTH - 16, top=6, bottom=HEIGHT - 25,
-              x0=-0.5, x1=n - 0.5, y0=lo - pad, y1=hi + pad)  # fmt: skip
+    f = Frame(
+        left=73,
+        right=WIDTH - 16,
+        top=6,
+        bottom=HEIGHT - 25,
+        x0=-0.5,
+        x1=n - 0.5,
+        y0=lo - pad,
+        y1=hi + pad,
+    )
     points = " ".join(f"{f.x(i):.1f},{f.y(float(v)):.1f}" for i, v in enumerate(values))
     body = [f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1"/>']
-    body += [f'<circle cx="{f.x(i):.1f}" cy="{f.y(float(v)):.1f}" r="2" fill="{colour}"/>'
-             for i, v in enumerate(values)]  # fmt: skip
-    body.append(f'<circle cx="{f.x(n - 1):.1f}" cy="{f.y(float(values[-1])):.1f}" r="3.5" '
-                f'fill="#dc2626"/>')  # fmt: skip
+    body += [
+        f'<circle cx="{f.x(i):.1f}" cy="{f.y(float(v)):.1f}" r="2" fill="{colour}"/>'
+        for i, v in enumerate(values)
+    ]
+    body.append(
+        f'<circle cx="{f.x(n - 1):.1f}" cy="{f.y(float(values[-1])):.1f}" r="3.5" fill="#dc2626"/>'
+    )
     step = -(-n // 5)
     xticks = [(float(i), x_labels[i]) for i in range(n - 1, -1, -step)][::-1]
     body += _x_axis(f, xticks, "")
@@ -160,13 +195,17 @@ def split_bar(parts: Sequence[tuple[str, float, str]], label: str, width: int = 
     for k, (name, share, caption) in enumerate(parts):
         colour = SPLIT_COLOURS[k % len(SPLIT_COLOURS)] if name else SPLIT_OTHER
         w = max(span * share / 100.0, 0.0)
-        body.append(f'<rect x="{x:.1f}" y="2" width="{w:.1f}" height="14" fill="{colour}">'
-                    f"<title>{escape(caption)}</title></rect>")  # fmt: skip
+        body.append(
+            f'<rect x="{x:.1f}" y="2" width="{w:.1f}" height="14" fill="{colour}">'
+            f"<title>{escape(caption)}</title></rect>"
+        )
         x += w
         lx = 4 + (k % 2) * (width / 2)
         ly = 30 + 14 * (k // 2)
-        legend.append(f'<rect x="{lx:.1f}" y="{ly - 8}" width="8" height="8" fill="{colour}"/>'
-                      f'<text x="{lx + 12:.1f}" y="{ly}">{escape(caption)}</text>')  # fmt: skip
+        legend.append(
+            f'<rect x="{lx:.1f}" y="{ly - 8}" width="8" height="8" fill="{colour}"/>'
+            f'<text x="{lx + 12:.1f}" y="{ly}">{escape(caption)}</text>'
+        )
     return (
         f'<svg role="img" aria-label="{escape(label)}" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" {FONT}>' + "".join(body + legend) + "</svg>"
@@ -180,9 +219,16 @@ def iteration_strip(
     between rounds: a strip that shows warm-up drift, a slow spell, a periodic spike."""
     n = len(values)
     hi = float(np.nanmax(values)) if n else 1.0
-    f = Frame(left=73, right=WIDTH - 16, top=6, bottom=HEIGHT - 25,
-              x0=-0.5, x1=n - 0.5 + max(int(len(np.unique(rounds))) - 1, 0),
-              y0=0.0, y1=hi * 1.08 or 1.0)  # fmt: skip
+    f = Frame(
+        left=73,
+        right=WIDTH - 16,
+        top=6,
+        bottom=HEIGHT - 25,
+        x0=-0.5,
+        x1=n - 0.5 + max(int(len(np.unique(rounds))) - 1, 0),
+        y0=0.0,
+        y1=hi * 1.08 or 1.0,
+    )
     slot = (f.right - f.left) / max(f.x1 - f.x0, 1.0)
     body = []
     gap = 0
@@ -191,8 +237,10 @@ def iteration_strip(
             gap += 1
         x = f.x(i + gap) - slot * 0.4
         y = f.y(float(values[i]))
-        body.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}" '
-                    f'height="{f.bottom - y:.1f}" fill="{colour}"/>')  # fmt: skip
+        body.append(
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}" '
+            f'height="{f.bottom - y:.1f}" fill="{colour}"/>'
+        )
     body += _x_axis(f, [], "iterations in order, rounds apart")
     body += _y_axis(f, _ticks(f.y0, f.y1, 4), y_title)
     return _svg(label, body)

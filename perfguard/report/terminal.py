@@ -11,10 +11,21 @@ from perfguard.report.labels import SUMMARY_LABELS, with_unit
 
 #: the run summary's fields the terminal shows, in order
 _SUMMARY_FIELDS = [
-    "capture_format", "gpu_names", "gpus_used", "wall_time", "iterations",
-    "iteration_range", "iteration_time_avg", "gpu_utilization", "kernel_time",
-    "memop_time", "kernels", "unique_ops", "unassociated_gpu_time", "tc_utilization",
-]  # fmt: skip
+    "capture_format",
+    "gpu_names",
+    "gpus_used",
+    "wall_time",
+    "iterations",
+    "iteration_range",
+    "iteration_time_avg",
+    "gpu_utilization",
+    "kernel_time",
+    "memop_time",
+    "kernels",
+    "unique_ops",
+    "unassociated_gpu_time",
+    "tc_utilization",
+]
 
 #: terminal labels for fields whose label is too long for the column
 _SHORT = {"tc_utilization": "Tensor Core Utilization"}

@@ -28,8 +28,17 @@ import pandas as pd
 
 from perfguard.errors import TraceError
 
-_POSITION_KEYS = {"ob": "ob", "cob": "ob", "fl": "fl", "fi": "fl", "fe": "fl", "cfi": "fl",
-                  "cfl": "fl", "fn": "fn", "cfn": "fn"}  # fmt: skip
+_POSITION_KEYS = {
+    "ob": "ob",
+    "cob": "ob",
+    "fl": "fl",
+    "fi": "fl",
+    "fe": "fl",
+    "cfi": "fl",
+    "cfl": "fl",
+    "fn": "fn",
+    "cfn": "fn",
+}
 
 
 @dataclass(frozen=True)

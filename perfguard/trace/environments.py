@@ -115,8 +115,10 @@ def from_kineto(data: dict[str, Any]) -> Environment:
 
 def from_xspace(planes: dict[str, dict[str, Any]]) -> Environment:
     """From the XSpace planes' stats (plane name → stat name → value)."""
-    gpus = sorted((p for p in planes if p.startswith("/device:GPU:")),
-                  key=lambda p: int(re.sub(r"\D", "", p) or 0))  # fmt: skip
+    gpus = sorted(
+        (p for p in planes if p.startswith("/device:GPU:")),
+        key=lambda p: int(re.sub(r"\D", "", p) or 0),
+    )
     meta = planes.get("/host:metadata", {})
     return Environment(
         max_sm_clock=_distinct([_mhz(planes[p].get("clock_rate"), 1e3) for p in gpus]),

@@ -73,8 +73,10 @@ class Launches:
         n = len(start)
         if not len(self.t) or not n:
             return np.zeros(n, dtype=bool)
-        frames = [pd.DataFrame({"pid": p, "tid": t}, copy=False)
-                  for p, t in ((self.pid, self.tid), (pid, tid))]  # fmt: skip
+        frames = [
+            pd.DataFrame({"pid": p, "tid": t}, copy=False)
+            for p, t in ((self.pid, self.tid), (pid, tid))
+        ]
         launch_thread, range_thread = group_codes(*frames)
         # one sorted key per (thread, time): thread code * span + time from the origin
         t0 = min(int(self.t.min()), int(start.min()))
@@ -87,9 +89,12 @@ class Launches:
         return hi > lo
 
     def _inside_by_thread(
-        self, launch_thread: np.ndarray, range_thread: np.ndarray, start: np.ndarray,
+        self,
+        launch_thread: np.ndarray,
+        range_thread: np.ndarray,
+        start: np.ndarray,
         end: np.ndarray,
-    ) -> np.ndarray:  # fmt: skip
+    ) -> np.ndarray:
         out = np.zeros(len(start), dtype=bool)
         for code in np.intersect1d(launch_thread, range_thread):
             t = np.sort(self.t[launch_thread == code])

@@ -32,60 +32,101 @@ from perfguard.trace.call_sites import is_library_file, site_text
 _I64, _STR, _MSG, _BOOL, _I32 = "int64", "string", "message", "bool", "int32"
 _REP, _OPT = "repeated", "optional"
 _MESSAGES: list[tuple[str, list[tuple[str, int, str, str, str | None]]]] = [
-    ("ShapeProto", [
-        ("element_type", 2, _I32, _OPT, None), ("dimensions", 3, _I64, _REP, None),
-        ("tuple_shapes", 4, _MSG, _REP, "ShapeProto"),
-    ]),
-    ("OpMetadata", [
-        ("op_type", 1, _STR, _OPT, None), ("op_name", 2, _STR, _OPT, None),
-        ("source_file", 3, _STR, _OPT, None), ("source_line", 4, _I32, _OPT, None),
-        ("stack_frame_id", 15, _I32, _OPT, None),
-    ]),
-    ("FileLocation", [
-        ("file_name_id", 1, _I32, _OPT, None), ("function_name_id", 2, _I32, _OPT, None),
-        ("line", 3, _I32, _OPT, None),
-    ]),
-    ("StackFrame", [
-        ("file_location_id", 1, _I32, _OPT, None), ("parent_frame_id", 2, _I32, _OPT, None),
-    ]),
-    ("StackFrameIndexProto", [
-        ("file_names", 1, _STR, _REP, None), ("function_names", 2, _STR, _REP, None),
-        ("file_locations", 3, _MSG, _REP, "FileLocation"),
-        ("stack_frames", 4, _MSG, _REP, "StackFrame"),
-    ]),
-    ("DotDimensionNumbers", [
-        ("lhs_contracting_dimensions", 1, _I64, _REP, None),
-        ("rhs_contracting_dimensions", 2, _I64, _REP, None),
-    ]),
+    (
+        "ShapeProto",
+        [
+            ("element_type", 2, _I32, _OPT, None),
+            ("dimensions", 3, _I64, _REP, None),
+            ("tuple_shapes", 4, _MSG, _REP, "ShapeProto"),
+        ],
+    ),
+    (
+        "OpMetadata",
+        [
+            ("op_type", 1, _STR, _OPT, None),
+            ("op_name", 2, _STR, _OPT, None),
+            ("source_file", 3, _STR, _OPT, None),
+            ("source_line", 4, _I32, _OPT, None),
+            ("stack_frame_id", 15, _I32, _OPT, None),
+        ],
+    ),
+    (
+        "FileLocation",
+        [
+            ("file_name_id", 1, _I32, _OPT, None),
+            ("function_name_id", 2, _I32, _OPT, None),
+            ("line", 3, _I32, _OPT, None),
+        ],
+    ),
+    (
+        "StackFrame",
+        [
+            ("file_location_id", 1, _I32, _OPT, None),
+            ("parent_frame_id", 2, _I32, _OPT, None),
+        ],
+    ),
+    (
+        "StackFrameIndexProto",
+        [
+            ("file_names", 1, _STR, _REP, None),
+            ("function_names", 2, _STR, _REP, None),
+            ("file_locations", 3, _MSG, _REP, "FileLocation"),
+            ("stack_frames", 4, _MSG, _REP, "StackFrame"),
+        ],
+    ),
+    (
+        "DotDimensionNumbers",
+        [
+            ("lhs_contracting_dimensions", 1, _I64, _REP, None),
+            ("rhs_contracting_dimensions", 2, _I64, _REP, None),
+        ],
+    ),
     ("WindowDimension", [("size", 1, _I64, _OPT, None)]),
     ("Window", [("dimensions", 1, _MSG, _REP, "WindowDimension")]),
-    ("ConvolutionDimensionNumbers", [
-        ("input_feature_dimension", 2, _I64, _OPT, None),
-        ("kernel_input_feature_dimension", 3, _I64, _OPT, None),
-    ]),
-    ("HloInstructionProto", [
-        ("name", 1, _STR, _OPT, None), ("opcode", 2, _STR, _OPT, None),
-        ("shape", 3, _MSG, _OPT, "ShapeProto"), ("metadata", 7, _MSG, _OPT, "OpMetadata"),
-        ("window", 15, _MSG, _OPT, "Window"),
-        ("convolution_dimension_numbers", 16, _MSG, _OPT, "ConvolutionDimensionNumbers"),
-        ("dot_dimension_numbers", 30, _MSG, _OPT, "DotDimensionNumbers"),
-        ("id", 35, _I64, _OPT, None), ("operand_ids", 36, _I64, _REP, None),
-        ("called_computation_ids", 38, _I64, _REP, None),
-        ("feature_group_count", 50, _I64, _OPT, None),
-    ]),
-    ("HloComputationProto", [
-        ("name", 1, _STR, _OPT, None),
-        ("instructions", 2, _MSG, _REP, "HloInstructionProto"),
-        ("id", 5, _I64, _OPT, None), ("root_id", 6, _I64, _OPT, None),
-    ]),
-    ("HloModuleProto", [
-        ("name", 1, _STR, _OPT, None), ("entry_computation_name", 2, _STR, _OPT, None),
-        ("computations", 3, _MSG, _REP, "HloComputationProto"),
-        ("entry_computation_id", 6, _I64, _OPT, None),
-        ("stack_frame_index", 17, _MSG, _OPT, "StackFrameIndexProto"),
-    ]),
+    (
+        "ConvolutionDimensionNumbers",
+        [
+            ("input_feature_dimension", 2, _I64, _OPT, None),
+            ("kernel_input_feature_dimension", 3, _I64, _OPT, None),
+        ],
+    ),
+    (
+        "HloInstructionProto",
+        [
+            ("name", 1, _STR, _OPT, None),
+            ("opcode", 2, _STR, _OPT, None),
+            ("shape", 3, _MSG, _OPT, "ShapeProto"),
+            ("metadata", 7, _MSG, _OPT, "OpMetadata"),
+            ("window", 15, _MSG, _OPT, "Window"),
+            ("convolution_dimension_numbers", 16, _MSG, _OPT, "ConvolutionDimensionNumbers"),
+            ("dot_dimension_numbers", 30, _MSG, _OPT, "DotDimensionNumbers"),
+            ("id", 35, _I64, _OPT, None),
+            ("operand_ids", 36, _I64, _REP, None),
+            ("called_computation_ids", 38, _I64, _REP, None),
+            ("feature_group_count", 50, _I64, _OPT, None),
+        ],
+    ),
+    (
+        "HloComputationProto",
+        [
+            ("name", 1, _STR, _OPT, None),
+            ("instructions", 2, _MSG, _REP, "HloInstructionProto"),
+            ("id", 5, _I64, _OPT, None),
+            ("root_id", 6, _I64, _OPT, None),
+        ],
+    ),
+    (
+        "HloModuleProto",
+        [
+            ("name", 1, _STR, _OPT, None),
+            ("entry_computation_name", 2, _STR, _OPT, None),
+            ("computations", 3, _MSG, _REP, "HloComputationProto"),
+            ("entry_computation_id", 6, _I64, _OPT, None),
+            ("stack_frame_index", 17, _MSG, _OPT, "StackFrameIndexProto"),
+        ],
+    ),
     ("HloProto", [("hlo_module", 1, _MSG, _OPT, "HloModuleProto")]),
-]  # fmt: skip
+]
 _PACKAGE = "perfguard.hlo"
 #: a program's event metadata name on the metadata plane: ``jit_step(6)``
 _PROGRAM = re.compile(r"^(.*)\((\d+)\)$")
@@ -149,8 +190,9 @@ def instruction_costs(blob: bytes) -> tuple[str, dict[str, Cost]]:
 
     entry = comps.get(module.entry_computation_id)
     if entry is None:
-        entry = next((c for c in module.computations
-                      if c.name == module.entry_computation_name), None)  # fmt: skip
+        entry = next(
+            (c for c in module.computations if c.name == module.entry_computation_name), None
+        )
 
     frames = module.stack_frame_index
 
@@ -215,8 +257,9 @@ def _dot_or_conv(ins: Any, by_id: dict[int, Any]) -> float:
         if lhs is None:
             return 0.0
         dims = lhs.shape.dimensions
-        k = math.prod(dims[d] for d in ins.dot_dimension_numbers.lhs_contracting_dimensions
-                      if d < len(dims))  # fmt: skip
+        k = math.prod(
+            dims[d] for d in ins.dot_dimension_numbers.lhs_contracting_dimensions if d < len(dims)
+        )
         return 2.0 * _elements(ins.shape) * float(k)
     if ins.opcode == "convolution":
         if len(ins.operand_ids) < 2:

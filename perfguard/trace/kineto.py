@@ -396,10 +396,16 @@ class _Columns:
             meta = compress(events, np.fromiter(map(eq, phs, repeat("M")), bool, n))
             t = [e for e in meta if e.name == "thread_name"]
             if t:
-                self.parts["threads"].append(pd.DataFrame(
-                    {"pid": [e.pid for e in t], "tid": [e.tid for e in t],
-                     "name": [e.args.name for e in t]}, dtype=object
-                ))  # fmt: skip
+                self.parts["threads"].append(
+                    pd.DataFrame(
+                        {
+                            "pid": [e.pid for e in t],
+                            "tid": [e.tid for e in t],
+                            "name": [e.args.name for e in t],
+                        },
+                        dtype=object,
+                    )
+                )
         del phs
         if keep.any():
             self._add_structs(
@@ -417,8 +423,9 @@ class _Columns:
             bad = ~(np.abs(ts) < _MAX_US) | (np.abs(dur) >= _MAX_US)
         if bad.any():  # the plain check words the error
             cat = [LEGACY_CATEGORIES.get(c, c) for c in map(_CAT, ev)]
-            x = pd.DataFrame({"cat": cat, "name": list(map(_NAME, ev)), "ts": ts, "dur": dur},
-                             index=index)  # fmt: skip
+            x = pd.DataFrame(
+                {"cat": cat, "name": list(map(_NAME, ev)), "ts": ts, "dur": dur}, index=index
+            )
             _check_times(self.path, x)
         start = _float_us_to_ns(ts)
         end = start + _float_us_to_ns(np.nan_to_num(dur, nan=0.0))
@@ -426,11 +433,14 @@ class _Columns:
         names = self.names
         args = _StructArgs(list(map(_ARGS_OF, ev)))
         kept = _Kept(
-            code=code, start=start, end=end, pid=_int_pass(_PID, ev, -1),
+            code=code,
+            start=start,
+            end=end,
+            pid=_int_pass(_PID, ev, -1),
             tid=_int_pass(_TID, ev, -1),
             name=np.fromiter(map(names.setdefault, map(_NAME, ev), map(_NAME, ev)), object, k),
             correlation_id=args.column("correlation", "int", NO_CORRELATION),
-        )  # fmt: skip
+        )
         self._build(kept, args)
 
     def _build(self, ev: _Kept, args: _ArgColumns) -> None:
@@ -479,9 +489,13 @@ class _Columns:
                 [a if isinstance(a, dict) else {} for a in m["args"]], columns=["name"]
             )
             th = pd.DataFrame(
-                {"pid": m["pid"].to_numpy(object), "tid": m["tid"].to_numpy(object),
-                 "name": names["name"].to_numpy(object)}, dtype=object
-            )  # fmt: skip
+                {
+                    "pid": m["pid"].to_numpy(object),
+                    "tid": m["tid"].to_numpy(object),
+                    "name": names["name"].to_numpy(object),
+                },
+                dtype=object,
+            )
             self._add(x.drop(columns=["args"]), _args_frame(x["args"]), th)
             self.n += len(ev)
 
@@ -527,11 +541,14 @@ class _Columns:
         start = _us_to_ns(x["ts"])
         args = _FrameArgs(a)
         kept = _Kept(
-            code=x["cat"].map(_TABLE_OF_CATEGORY).to_numpy(np.int8), start=start,
-            end=start + _us_to_ns(x["dur"].fillna(0)), pid=_int_column(x["pid"], -1),
-            tid=_int_column(x["tid"], -1), name=self._shared_names(x["name"]),
+            code=x["cat"].map(_TABLE_OF_CATEGORY).to_numpy(np.int8),
+            start=start,
+            end=start + _us_to_ns(x["dur"].fillna(0)),
+            pid=_int_column(x["pid"], -1),
+            tid=_int_column(x["tid"], -1),
+            name=self._shared_names(x["name"]),
             correlation_id=args.column("correlation", "int", NO_CORRELATION),
-        )  # fmt: skip
+        )
         self._build(kept, args)
 
     # -- two processes (:mod:`perfguard.trace.kineto_split`)
@@ -549,8 +566,13 @@ class _Columns:
 
     def state(self) -> dict[str, Any]:
         """What this object learnt of the file beyond its tables."""
-        return {"cats": list(self.cats), "legacy": self.legacy, "any_known": self.any_known,
-                "n": self.n, "not_text": self.not_text}  # fmt: skip
+        return {
+            "cats": list(self.cats),
+            "legacy": self.legacy,
+            "any_known": self.any_known,
+            "n": self.n,
+            "not_text": self.not_text,
+        }
 
     def absorb_state(self, state: dict[str, Any]) -> None:
         """Merge the :meth:`state` of the object that read the rest of the file."""
@@ -744,8 +766,19 @@ def _short_names(names: pd.Series) -> pd.Series:
 
 
 #: the ranges table's columns as :class:`_Columns` builds them
-_RANGE_COLUMNS = ["start", "end", "pid", "tid", "name", "category", "seq", "input_shapes",
-                  "dtypes", "concrete_inputs", "call_site"]  # fmt: skip
+_RANGE_COLUMNS = [
+    "start",
+    "end",
+    "pid",
+    "tid",
+    "name",
+    "category",
+    "seq",
+    "input_shapes",
+    "dtypes",
+    "concrete_inputs",
+    "call_site",
+]
 
 
 def _ranges(r: pd.DataFrame) -> pd.DataFrame:
@@ -770,9 +803,15 @@ def _json_text(s: pd.Series) -> pd.Series:
     if isinstance(s.iloc[0], bytes):
         codes, uniques = pd.factorize(s)
         text = np.array(
-            [json.dumps(v, separators=(",", ":")) if (v := json.loads(u) if u else None)
-             is not None else None for u in uniques] + [None], dtype=object,
-        )  # fmt: skip
+            [
+                json.dumps(v, separators=(",", ":"))
+                if (v := json.loads(u) if u else None) is not None
+                else None
+                for u in uniques
+            ]
+            + [None],
+            dtype=object,
+        )
         return pd.Series(text[codes], index=s.index, dtype="object")
     ok = s.notna()
     if ok.any():
@@ -793,11 +832,15 @@ def _devices(data: dict[str, Any], rank: int) -> pd.DataFrame:
     )
     return pd.DataFrame(
         {
-            "rank": rank, "device_id": df["id"], "name": df["name"], "sm_count": df["numSms"],
+            "rank": rank,
+            "device_id": df["id"],
+            "name": df["name"],
+            "sm_count": df["numSms"],
             "memory_bytes": df["totalGlobalMem"],
             "compute_capability": cc.where(df["computeMajor"].notna(), None),
-        }, copy=False
-    )  # fmt: skip
+        },
+        copy=False,
+    )
 
 
 def _threads(m: pd.DataFrame, rank: int) -> pd.DataFrame:

@@ -47,8 +47,14 @@ _NSYS_REPORTS = (".nsys-rep", ".qdrep")
 _UTF8_BOM = b"\xef\xbb\xbf"
 #: what malformed values in an otherwise valid SQLite export raise while it is read
 _MALFORMED = (
-    ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, sqlite3.Error,
-)  # fmt: skip
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    IndexError,
+    OverflowError,
+    sqlite3.Error,
+)
 
 
 #: the files of a directory that are read as one rank's capture each

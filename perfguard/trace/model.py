@@ -64,8 +64,16 @@ INDEX = "int32"
 DIRECTIONS = pd.CategoricalDtype(["bprop", "fprop"])
 
 #: ``kernels``' launch geometry columns (only the kernel report reads them)
-KERNEL_GEOMETRY = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
-                   "shared_mem")  # fmt: skip
+KERNEL_GEOMETRY = (
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+    "registers",
+    "shared_mem",
+)
 
 #: Column name -> dtype for every table of the model.
 SCHEMA: dict[str, dict[str, Any]] = {

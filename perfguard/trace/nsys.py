@@ -56,11 +56,21 @@ NVTX_DOMAIN_CREATE = 75
 API_EVENT_CLASSES = (0, 1)
 #: ``copyKind`` values (nsys ENUM_CUDA_MEMCPY_OPER).
 COPY_KINDS = {
-    0: "Memcpy Unknown", 1: "Memcpy HtoD", 2: "Memcpy DtoH", 3: "Memcpy HtoA",
-    4: "Memcpy AtoH", 5: "Memcpy AtoA", 6: "Memcpy AtoD", 7: "Memcpy DtoA",
-    8: "Memcpy DtoD", 9: "Memcpy HtoH", 10: "Memcpy PtoP", 11: "Memcpy HtoD (UVM)",
-    12: "Memcpy DtoH (UVM)", 13: "Memcpy DtoD (UVM)",
-}  # fmt: skip
+    0: "Memcpy Unknown",
+    1: "Memcpy HtoD",
+    2: "Memcpy DtoH",
+    3: "Memcpy HtoA",
+    4: "Memcpy AtoH",
+    5: "Memcpy AtoA",
+    6: "Memcpy AtoD",
+    7: "Memcpy DtoA",
+    8: "Memcpy DtoD",
+    9: "Memcpy HtoH",
+    10: "Memcpy PtoP",
+    11: "Memcpy HtoD (UVM)",
+    12: "Memcpy DtoH (UVM)",
+    13: "Memcpy DtoD (UVM)",
+}
 #: the name of a kernel whose name id is not in StringIds
 UNKNOWN_KERNEL = "<unknown kernel>"
 _INSTALL_VERSION = re.compile(r"nsight-systems[-/ ](?:cli/)?(\d{4}\.\d+\.\d+)", re.I)
@@ -440,9 +450,13 @@ def _close_unclosed(
         notes.append(
             f"{int(missing.sum()):,} NVTX ranges were never closed: closed at the capture's end "
             f"({last:,} ns)"
-            + (f"; {len(demote):,} of them nested in another unclosed range of their thread "
-               "are kept out of the op tree (their extent is unknown)" if len(demote) else "")
-        )  # fmt: skip
+            + (
+                f"; {len(demote):,} of them nested in another unclosed range of their thread "
+                "are kept out of the op tree (their extent is unknown)"
+                if len(demote)
+                else ""
+            )
+        )
     return ranges
 
 
@@ -509,20 +523,30 @@ def _api_calls(db: _Db, strings: _Strings) -> pd.DataFrame:
         where = f"eventClass IN {API_EVENT_CLASSES}"
     start, end, gtid, corr, name_id = db.int_columns(
         t,
-        ["start", "end", "coalesce(globalTid, 0)",
-         f"coalesce(correlationId, {NO_CORRELATION})", "nameId"],
+        [
+            "start",
+            "end",
+            "coalesce(globalTid, 0)",
+            f"coalesce(correlationId, {NO_CORRELATION})",
+            "nameId",
+        ],
         where,
-    )  # fmt: skip
+    )
     pid, tid = _split_tid(gtid)
     # one lookup and one regex per distinct name id, not per call
     codes, ids = pd.factorize(name_id)
     names = _categorical_strings(pd.Series(strings(ids), dtype="object"))
     return pd.DataFrame(
         {
-            "start": start, "end": end, "pid": pid, "tid": tid, "correlation_id": corr,
+            "start": start,
+            "end": end,
+            "pid": pid,
+            "tid": tid,
+            "correlation_id": corr,
             "name": pd.Series(names.to_numpy(dtype=object)[codes], dtype="object"),
-        }, copy=False
-    )  # fmt: skip
+        },
+        copy=False,
+    )
 
 
 def _categorical_strings(s: pd.Series) -> pd.Series:
@@ -551,15 +575,25 @@ def _kernels(db: _Db, strings: _Strings) -> pd.DataFrame:
     c = lambda col, d="0": _col(db, t, col, d)  # noqa: E731
     smem = f"coalesce({c('staticSharedMemory')}, 0) + coalesce({c('dynamicSharedMemory')}, 0)"
     plain = {
-        "device_id": f"coalesce({c('deviceId')}, 0)", "stream_id": f"coalesce({c('streamId')}, 0)",
-        "name_id": "demangledName", "short_id": f"coalesce({c('shortName', '-1')}, -1) + 1",
-        "grid_x": c("gridX"), "grid_y": c("gridY"), "grid_z": c("gridZ"), "block_x": c("blockX"),
-        "block_y": c("blockY"), "block_z": c("blockZ"), "registers": c("registersPerThread"),
+        "device_id": f"coalesce({c('deviceId')}, 0)",
+        "stream_id": f"coalesce({c('streamId')}, 0)",
+        "name_id": "demangledName",
+        "short_id": f"coalesce({c('shortName', '-1')}, -1) + 1",
+        "grid_x": c("gridX"),
+        "grid_y": c("gridY"),
+        "grid_z": c("gridZ"),
+        "block_x": c("blockX"),
+        "block_y": c("blockY"),
+        "block_z": c("blockZ"),
+        "registers": c("registersPerThread"),
         "shared_mem": smem,
-    }  # fmt: skip
-    head = ["start", "end",
-            f"coalesce({c('correlationId', str(NO_CORRELATION))}, {NO_CORRELATION})",
-            f"coalesce({c('globalPid')}, 0)"]  # fmt: skip
+    }
+    head = [
+        "start",
+        "end",
+        f"coalesce({c('correlationId', str(NO_CORRELATION))}, {NO_CORRELATION})",
+        f"coalesce({c('globalPid')}, 0)",
+    ]
     a = db.int_columns(t, head + [_pack_sql(pack, plain) for pack in _KERNEL_PACKS])
     if all((v >= 0).all() for v in a[len(head) :]):
         cols = dict(zip(head, a[: len(head)], strict=True))
@@ -580,11 +614,17 @@ def _kernels(db: _Db, strings: _Strings) -> pd.DataFrame:
     short = np.where(pd.isna(short), name, short)
     df = pd.DataFrame(
         {
-            "start": cols["start"], "end": cols["end"], "device_id": cols["device_id"],
-            "stream_id": cols["stream_id"], "correlation_id": cols[head[2]], "pid": pid,
-            "name": name, "short_name": short,
-        }, copy=False
-    )  # fmt: skip
+            "start": cols["start"],
+            "end": cols["end"],
+            "device_id": cols["device_id"],
+            "stream_id": cols["stream_id"],
+            "correlation_id": cols[head[2]],
+            "pid": pid,
+            "name": name,
+            "short_name": short,
+        },
+        copy=False,
+    )
     for col in KERNEL_GEOMETRY:
         df[col] = cols[col]
     return df
@@ -614,10 +654,17 @@ def _memops(db: _Db) -> pd.DataFrame:
             kind_sql = f"coalesce({c('copyKind')}, 0)"
         a = db.int_columns(
             t,
-            ["start", "end", f"coalesce({c('deviceId')}, 0)", f"coalesce({c('streamId')}, 0)",
-             f"coalesce({c('correlationId', str(NO_CORRELATION))}, {NO_CORRELATION})",
-             f"coalesce({c('globalPid')}, 0)", f"coalesce({c('bytes')}, 0)", kind_sql],
-        )  # fmt: skip
+            [
+                "start",
+                "end",
+                f"coalesce({c('deviceId')}, 0)",
+                f"coalesce({c('streamId')}, 0)",
+                f"coalesce({c('correlationId', str(NO_CORRELATION))}, {NO_CORRELATION})",
+                f"coalesce({c('globalPid')}, 0)",
+                f"coalesce({c('bytes')}, 0)",
+                kind_sql,
+            ],
+        )
         pid, _ = _split_tid(a[5])
         kind = pd.Series(a[7]).map(COPY_KINDS).fillna("Memset").to_numpy(dtype=object)
         parts.append(
@@ -633,7 +680,7 @@ def _memops(db: _Db) -> pd.DataFrame:
                     "kind": kind,
                 },
                 copy=False,
-            )  # fmt: skip
+            )
         )
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
@@ -685,7 +732,7 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
         (text,),
         where,
         text_filter=_strip_op_ids,
-    )  # fmt: skip
+    )
     start, end_v, gtid_v, flag = cols
     etype = flag & 127
     has_text = (flag & 128) == 0
@@ -728,8 +775,14 @@ def _ranges(db: _Db, strings: _Strings, select: _Select | None = None) -> tuple[
         domain = None
     kind = np.where(cross_thread, 1, 0)
     kind[iteration & ~cross_thread] = 2
-    seen = {"pid": pid, "tid": tid, "start": start, "end": end_v, "is_op": kind == 0,
-            "open": (flag & 256) != 0}  # fmt: skip
+    seen = {
+        "pid": pid,
+        "tid": tid,
+        "start": start,
+        "end": end_v,
+        "is_op": kind == 0,
+        "open": (flag & 256) != 0,
+    }
     keep = select(seen, parsed["name"], codes) if select is not None else None
     if keep is not None and not keep.all():  # only the kept rows are built
         kept = np.flatnonzero(keep)
@@ -936,8 +989,12 @@ def _environment(db: _Db) -> Environment:
     system: dict[str, str] = {}
     if db.has("TARGET_INFO_SYSTEM_ENV", "name", "value"):
         wanted = "('NvDriverVersion', 'CudaDriverVersion', 'CpuDescription')"
-        system = {str(k): str(v) for k, v in db.rows(
-            f"SELECT name, value FROM TARGET_INFO_SYSTEM_ENV WHERE name IN {wanted}")}  # fmt: skip
+        system = {
+            str(k): str(v)
+            for k, v in db.rows(
+                f"SELECT name, value FROM TARGET_INFO_SYSTEM_ENV WHERE name IN {wanted}"
+            )
+        }
     clocks: list[Any] = []
     if db.has("TARGET_INFO_GPU", "clockRate"):
         id_col = "id" if db.has("TARGET_INFO_GPU", "id") else "rowid"

@@ -83,34 +83,73 @@ _LOOKS_LIKE = re.compile(r"^\{'(?:traceMarker|mod|callid)'\s*:")
 
 #: PyProf dtype text (``str(torch.float32).split('.')[-1]`` / numpy names) -> Kineto's names
 _DTYPE = {
-    "float32": "float", "float": "float", "float64": "double", "double": "double",
-    "float16": "c10::Half", "half": "c10::Half", "bfloat16": "c10::BFloat16",
-    "int64": "long int", "long": "long int", "int32": "int", "int": "int",
-    "int16": "short int", "short": "short int", "int8": "signed char", "uint8": "unsigned char",
-    "bool": "bool", "complex64": "c10::complex<float>", "complex128": "c10::complex<double>",
-    "float8_e4m3fn": "c10::Float8_e4m3fn", "float8_e5m2": "c10::Float8_e5m2",
-}  # fmt: skip
+    "float32": "float",
+    "float": "float",
+    "float64": "double",
+    "double": "double",
+    "float16": "c10::Half",
+    "half": "c10::Half",
+    "bfloat16": "c10::BFloat16",
+    "int64": "long int",
+    "long": "long int",
+    "int32": "int",
+    "int": "int",
+    "int16": "short int",
+    "short": "short int",
+    "int8": "signed char",
+    "uint8": "unsigned char",
+    "bool": "bool",
+    "complex64": "c10::complex<float>",
+    "complex128": "c10::complex<double>",
+    "float8_e4m3fn": "c10::Float8_e4m3fn",
+    "float8_e5m2": "c10::Float8_e5m2",
+}
 
 # Argument order of the aten schema, with defaults, for the ops whose FLOPs read scalar
 # arguments: PyProf records kwargs after the positional arguments, by name
 _CONV = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _CONV_T = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
 _SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
-    **{f"conv{d}d": (_CONV, {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1})
-       for d in (1, 2, 3)},
-    **{f"conv_transpose{d}d": (_CONV_T, {"bias": None, "stride": 1, "padding": 0,
-                                         "output_padding": 0, "groups": 1, "dilation": 1})
-       for d in (1, 2, 3)},
+    **{
+        f"conv{d}d": (_CONV, {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1})
+        for d in (1, 2, 3)
+    },
+    **{
+        f"conv_transpose{d}d": (
+            _CONV_T,
+            {
+                "bias": None,
+                "stride": 1,
+                "padding": 0,
+                "output_padding": 0,
+                "groups": 1,
+                "dilation": 1,
+            },
+        )
+        for d in (1, 2, 3)
+    },
     "linear": (("input", "weight", "bias"), {"bias": None}),
-}  # fmt: skip
+}
 
 # Python operator methods of torch.Tensor -> the aten op they run
 _DUNDER = {
-    "__matmul__": "matmul", "__rmatmul__": "matmul", "__add__": "add", "__radd__": "add",
-    "__iadd__": "add_", "__sub__": "sub", "__rsub__": "rsub", "__isub__": "sub_",
-    "__mul__": "mul", "__rmul__": "mul", "__imul__": "mul_", "__truediv__": "div",
-    "__rtruediv__": "div", "__itruediv__": "div_", "__pow__": "pow", "__neg__": "neg",
-}  # fmt: skip
+    "__matmul__": "matmul",
+    "__rmatmul__": "matmul",
+    "__add__": "add",
+    "__radd__": "add",
+    "__iadd__": "add_",
+    "__sub__": "sub",
+    "__rsub__": "rsub",
+    "__isub__": "sub_",
+    "__mul__": "mul",
+    "__rmul__": "mul",
+    "__imul__": "mul_",
+    "__truediv__": "div",
+    "__rtruediv__": "div",
+    "__itruediv__": "div_",
+    "__pow__": "pow",
+    "__neg__": "neg",
+}
 
 #: op names PyProf gives: ``<mod>.<op>`` for torch, torch.Tensor and torch.nn.functional
 PYTHON_OP = r"(?:torch(?:\.\w+)*|Tensor)\.\w+"
@@ -329,10 +368,18 @@ def _link_backward(r: pd.DataFrame, ops: np.ndarray, owner: np.ndarray, node: np
     if not fwd.any():
         return
     # each op's seq: that of the first (earliest, outermost) autograd range inside it
-    first = pd.DataFrame(
-        {"op": owner[fwd], "start": r["start"].to_numpy()[fwd], "depth": depth[fwd],
-         "seq": seq.to_numpy()[fwd]}
-    ).sort_values(["op", "start", "depth"], kind="stable").drop_duplicates("op")  # fmt: skip
+    first = (
+        pd.DataFrame(
+            {
+                "op": owner[fwd],
+                "start": r["start"].to_numpy()[fwd],
+                "depth": depth[fwd],
+                "seq": seq.to_numpy()[fwd],
+            }
+        )
+        .sort_values(["op", "start", "depth"], kind="stable")
+        .drop_duplicates("op")
+    )
     op_seq = seq.array.copy()
     op_seq[first["op"].to_numpy()] = first["seq"].to_numpy()
     r["seq"] = op_seq
@@ -342,14 +389,21 @@ def _link_backward(r: pd.DataFrame, ops: np.ndarray, owner: np.ndarray, node: np
     if not bwd.any():
         return
     left = pd.DataFrame(
-        {"row": np.flatnonzero(bwd), "pid": r["pid"].to_numpy()[bwd],
-         "seq": seq.to_numpy()[bwd].astype(np.int64), "start": r["start"].to_numpy()[bwd]}
-    ).sort_values("start", kind="stable")  # fmt: skip
+        {
+            "row": np.flatnonzero(bwd),
+            "pid": r["pid"].to_numpy()[bwd],
+            "seq": seq.to_numpy()[bwd].astype(np.int64),
+            "start": r["start"].to_numpy()[bwd],
+        }
+    ).sort_values("start", kind="stable")
     right = pd.DataFrame(
-        {"op": first["op"].to_numpy(), "pid": r["pid"].to_numpy()[first["op"].to_numpy()],
-         "seq": first["seq"].to_numpy().astype(np.int64),
-         "start": r["start"].to_numpy()[first["op"].to_numpy()]}
-    ).sort_values("start", kind="stable")  # fmt: skip
+        {
+            "op": first["op"].to_numpy(),
+            "pid": r["pid"].to_numpy()[first["op"].to_numpy()],
+            "seq": first["seq"].to_numpy().astype(np.int64),
+            "start": r["start"].to_numpy()[first["op"].to_numpy()],
+        }
+    ).sort_values("start", kind="stable")
     match = pd.merge_asof(left, right, on="start", by=["pid", "seq"], direction="backward")
     match = match.dropna(subset=["op"])
     rows, src = match["row"].to_numpy(np.int64), match["op"].to_numpy(np.int64)

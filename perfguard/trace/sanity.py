@@ -28,8 +28,12 @@ MAX_SPAN_NS = 1 << 50
 #: no timestamp may lie beyond this (differences of two must fit in int64)
 MAX_ABS_NS = 1 << 62
 #: the event tables with ``start``/``end`` and how a note names their rows
-TIMED_TABLES = {"ranges": "ranges", "api_calls": "API calls", "kernels": "kernels",
-                "memops": "memory operations"}  # fmt: skip
+TIMED_TABLES = {
+    "ranges": "ranges",
+    "api_calls": "API calls",
+    "kernels": "kernels",
+    "memops": "memory operations",
+}
 
 
 def clamp_inverted(df: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str | None]:
@@ -72,15 +76,17 @@ def check_time_span(tables: dict[str, pd.DataFrame], path: str | Path) -> None:
         return
     if max(abs(lo), abs(hi)) >= MAX_ABS_NS:
         raise TraceError(
-            path, f"timestamp {hi if abs(hi) >= abs(lo) else lo:,} ns is out of range (beyond "
+            path,
+            f"timestamp {hi if abs(hi) >= abs(lo) else lo:,} ns is out of range (beyond "
             "+-2^62 ns): a damaged capture",
-        )  # fmt: skip
+        )
     if hi - lo > MAX_SPAN_NS:
         days = (hi - lo) / 86_400e9
         raise TraceError(
-            path, f"timestamps span {days:,.0f} days ({lo:,} to {hi:,} ns): a damaged capture "
+            path,
+            f"timestamps span {days:,.0f} days ({lo:,} to {hi:,} ns): a damaged capture "
             "(no real capture covers more than a few days)",
-        )  # fmt: skip
+        )
 
 
 def repair_times(

@@ -61,8 +61,12 @@ class Site:
         return f"{self.where} in {self.function}" if self.function else self.where
 
     def to_dict(self) -> dict[str, Any]:
-        return {"site": self.where, "function": self.function, "code": self.code,
-                "stack": list(self.stack)}  # fmt: skip
+        return {
+            "site": self.where,
+            "function": self.function,
+            "code": self.code,
+            "stack": list(self.stack),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Site:
@@ -135,8 +139,9 @@ def read_sites(capture: Path, notes: list[str]) -> SitePass | None:
         notes.append(f"{path.name}: not read ({type(exc).__name__}: {exc}); no exact call sites")
         return None
     lines = [[str(a), str(b), str(c), int(d)] for a, b, c, d in doc.get("lines") or []]
-    return SitePass(sites, calls, named, str(doc.get("source") or ""), lines,
-                    bool(doc.get("marked")))  # fmt: skip
+    return SitePass(
+        sites, calls, named, str(doc.get("source") or ""), lines, bool(doc.get("marked"))
+    )
 
 
 def event_sites(
@@ -260,8 +265,12 @@ def _apply_markers(ranges: pd.DataFrame, found: SitePass) -> pd.DataFrame:
     if not marker.any():
         return ranges
     own = np.full(len(ranges), -1, dtype=np.int64)
-    index = pd.to_numeric(pd.Series(name[marker], dtype=object).str[len(MARKER):],
-                          errors="coerce").fillna(-1).astype(np.int64).to_numpy()  # fmt: skip
+    index = (
+        pd.to_numeric(pd.Series(name[marker], dtype=object).str[len(MARKER) :], errors="coerce")
+        .fillna(-1)
+        .astype(np.int64)
+        .to_numpy()
+    )
     own[marker] = np.where(index < len(found.sites), index, -1)
     seq = (
         pd.to_numeric(ranges["seq"], errors="coerce").fillna(-1).astype(np.int64).to_numpy()
@@ -273,8 +282,14 @@ def _apply_markers(ranges: pd.DataFrame, found: SitePass) -> pd.DataFrame:
         if "pid" in ranges
         else ranges["tid"].to_numpy()
     )
-    codes = event_sites(name, ranges["start"].to_numpy(np.int64), ranges["end"].to_numpy(np.int64),
-                        np.asarray(tid), seq, own)  # fmt: skip
+    codes = event_sites(
+        name,
+        ranges["start"].to_numpy(np.int64),
+        ranges["end"].to_numpy(np.int64),
+        np.asarray(tid),
+        seq,
+        own,
+    )
     labels = np.array([s.label for s in found.sites] + [None], dtype=object)
     out = ranges.copy()
     site = (
@@ -302,5 +317,7 @@ def _apply_named(ranges: pd.DataFrame, found: SitePass) -> pd.DataFrame:
 
 def site_details(found: SitePass) -> dict[str, dict[str, Any]]:
     """Label -> the site's function, source text and stack, for the record and reports."""
-    return {s.label: {"function": s.function, "code": s.code, "stack": list(s.stack)}
-            for s in found.sites}  # fmt: skip
+    return {
+        s.label: {"function": s.function, "code": s.code, "stack": list(s.stack)}
+        for s in found.sites
+    }

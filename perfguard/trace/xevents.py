@@ -29,8 +29,14 @@ import numpy as np
 #: wire tags (field number << 3 | wire type)
 _T_METADATA, _T_OFFSET, _T_DURATION, _T_STATS, _T_OCCURRENCES = 0x08, 0x10, 0x18, 0x22, 0x28
 _S_METADATA, _S_DOUBLE, _S_UINT, _S_INT, _S_STR, _S_BYTES, _S_REF = (
-    0x08, 0x11, 0x18, 0x20, 0x2A, 0x32, 0x38,
-)  # fmt: skip
+    0x08,
+    0x11,
+    0x18,
+    0x20,
+    0x2A,
+    0x32,
+    0x38,
+)
 #: stat value kinds (``Stats.kind``) callers tell apart
 REF_KIND, DOUBLE_KIND, TEXT_KINDS = _S_REF, _S_DOUBLE, (_S_STR, _S_BYTES)
 _PAD = 16  # zero bytes after the buffer: a varint read near the end never leaves it
@@ -136,9 +142,15 @@ def _stats(buf: np.ndarray, pos: np.ndarray, ends: np.ndarray) -> Stats:
         text_len = np.where(text, value.astype(np.int64), 0)
         value = np.where(text, np.uint64(0), value)
         parts.append(
-            (idx, np.where(has_id, mid, 0).view(np.int64), kind, value.view(np.int64),
-             text_start, text_len)
-        )  # fmt: skip
+            (
+                idx,
+                np.where(has_id, mid, 0).view(np.int64),
+                kind,
+                value.view(np.int64),
+                text_start,
+                text_len,
+            )
+        )
         pos[idx] = stop
         idx = idx[(stop < ends[idx]) & (buf[stop] == _T_STATS)]
     if not parts:

@@ -75,8 +75,19 @@ from perfguard.trace.xspace_proto import message_class, xspace_class
 __all__ = ["find_xplanes", "is_xprof_json", "read_xplane", "read_xplane_dir", "read_xprof_json"]
 
 #: stats the reader keeps; every other stat is skipped without decoding its value
-STATS = ("step_num", "hlo_op", "hlo_module", "tf_function_call", "eager_op", "is_func",
-         "correlation_id", "kernel_details", "memcpy_details", "tf_op", "program_id")  # fmt: skip
+STATS = (
+    "step_num",
+    "hlo_op",
+    "hlo_module",
+    "tf_function_call",
+    "eager_op",
+    "is_func",
+    "correlation_id",
+    "kernel_details",
+    "memcpy_details",
+    "tf_op",
+    "program_id",
+)
 _EVENT_COLUMNS = ["plane", "line", "name", "display_name", "start", "end", *STATS]
 _TF_OP = re.compile(r"^(?P<node>[^:\s]+):(?P<type>_?[A-Z][A-Za-z0-9_]*)$")
 _HLO_SUFFIX = re.compile(r"\.\d+$")
@@ -97,8 +108,12 @@ def read_xplane(path: str | Path) -> Trace:
     events, planes = _xspace_events(space)
     if events.empty:
         raise TraceError(path, f"XSpace holds no events (planes: {_plane_list(planes)})")
-    meta = {"format": "xplane", "version": "xspace", "path": str(path),
-            "hostnames": list(space.hostnames)}  # fmt: skip
+    meta = {
+        "format": "xplane",
+        "version": "xspace",
+        "path": str(path),
+        "hostnames": list(space.hostnames),
+    }
     meta.update(_versions(planes))
     if space.errors:
         meta["profiler_errors"] = list(space.errors)[:20]
@@ -299,8 +314,10 @@ def _redecode(
     for i in np.flatnonzero(ev.bad):
         e = xevent.FromString(flat[i])
         ev.metadata_id[i], ev.offset_ps[i], ev.duration_ps[i] = (
-            e.metadata_id, e.offset_ps, e.duration_ps,
-        )  # fmt: skip
+            e.metadata_id,
+            e.offset_ps,
+            e.duration_ps,
+        )
         found[int(i)] = _stats(e.stats, wanted, stat_names)
     # the vectorised pass may have read a stat or two of these before it lost its way
     stale = np.isin(ev.stats.event, np.flatnonzero(ev.bad))
@@ -426,10 +443,15 @@ def _trace(events: pd.DataFrame, planes: dict[str, dict[str, Any]], meta: dict[s
         )
     api_calls = pd.DataFrame(
         {
-            "start": cupti["start"], "end": cupti["end"], "pid": pid, "tid": cupti["line"],
-            "correlation_id": cupti["correlation_id"].astype(np.int64), "name": cupti["name"],
-        }, copy=False
-    )  # fmt: skip
+            "start": cupti["start"],
+            "end": cupti["end"],
+            "pid": pid,
+            "tid": cupti["line"],
+            "correlation_id": cupti["correlation_id"].astype(np.int64),
+            "name": cupti["name"],
+        },
+        copy=False,
+    )
     kernels, memops = _device_work(device, pid)
     lines = events[events["plane"].isin([HOST_PLANE, CUPTI_PLANE])]
     threads = lines.drop_duplicates("line")
@@ -473,9 +495,10 @@ def _ranges(host: pd.DataFrame, pid: int) -> pd.DataFrame:
     h = host[keep]
     k_step, k_hlo, k_tf = is_step[keep], hlo[keep], is_tf[keep]
     hlo_full, hlo_type = _pairwise(
-        h["hlo_module"].fillna(""), h["hlo_op"].fillna(""),
+        h["hlo_module"].fillna(""),
+        h["hlo_op"].fillna(""),
         lambda m, o: (f"{m}::{o}" if m else o, _HLO_SUFFIX.sub("", o)),
-    )  # fmt: skip
+    )
     steps = step[keep].fillna(0).astype(np.int64)
     out_name = np.select(
         [k_step.to_numpy(), k_hlo.to_numpy(), k_tf.to_numpy()],
@@ -504,14 +527,21 @@ def _ranges(host: pd.DataFrame, pid: int) -> pd.DataFrame:
     is_iter = (k_step | own_iter[keep]).to_numpy()
     return pd.DataFrame(
         {
-            "start": h["start"], "end": h["end"], "pid": pid, "tid": h["line"],
-            "name": out_name, "category": category,
+            "start": h["start"],
+            "end": h["end"],
+            "pid": pid,
+            "tid": h["line"],
+            "name": out_name,
+            "category": category,
             "kind": np.where(is_iter, "iteration", "op").astype(object),
-            "source": "xplane", "op_type": op_type,
+            "source": "xplane",
+            "op_type": op_type,
             "domain": np.where(k_step.to_numpy(), h["name"].to_numpy(object), NONE),
             "bprop": _is_backward(out_name),
-        }, index=h.index, copy=False
-    )  # fmt: skip
+        },
+        index=h.index,
+        copy=False,
+    )
 
 
 def _numbers(values: pd.Series) -> pd.Series:
@@ -571,12 +601,16 @@ def _device_work(device: pd.DataFrame, pid: int) -> tuple[pd.DataFrame, pd.DataF
     is_mem = label.str.match(r"^Mem(?:cpy|set)") | device["memcpy_details"].notna()
     common = pd.DataFrame(
         {
-            "start": device["start"], "end": device["end"], "pid": pid, "device_id": dev_id,
+            "start": device["start"],
+            "end": device["end"],
+            "pid": pid,
+            "device_id": dev_id,
             "stream_id": device["line"],
             "correlation_id": device["correlation_id"].fillna(NO_CORRELATION).astype(np.int64),
             "name": label,
-        }, copy=False
-    )  # fmt: skip
+        },
+        copy=False,
+    )
     kernels = common[~is_mem].copy()
     details = _kernel_details(device.loc[~is_mem, "kernel_details"])
     kernels["short_name"] = kernels["name"]
@@ -631,17 +665,20 @@ def _devices(events: pd.DataFrame, planes: dict[str, dict[str, Any]]) -> pd.Data
         major, minor = stats.get("compute_cap_major"), stats.get("compute_cap_minor")
         rows.append(
             {
-                "rank": 0, "device_id": int(m.group(1)),
+                "rank": 0,
+                "device_id": int(m.group(1)),
                 "name": stats.get("device_type_string") or stats.get("gpu_model") or name,
-                "sm_count": stats.get("core_count"), "memory_bytes": stats.get("memory_size"),
-                "compute_capability": f"{int(major)}.{int(minor)}" if major is not None
-                and minor is not None else None,
+                "sm_count": stats.get("core_count"),
+                "memory_bytes": stats.get("memory_size"),
+                "compute_capability": f"{int(major)}.{int(minor)}"
+                if major is not None and minor is not None
+                else None,
             }
-        )  # fmt: skip
+        )
     return pd.DataFrame.from_records(
-        rows, columns=["rank", "device_id", "name", "sm_count", "memory_bytes",
-                       "compute_capability"]
-    )  # fmt: skip
+        rows,
+        columns=["rank", "device_id", "name", "sm_count", "memory_bytes", "compute_capability"],
+    )
 
 
 # ---------------------------------------------------------------------------------------------

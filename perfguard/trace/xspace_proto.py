@@ -19,56 +19,102 @@ from typing import Any
 _I64, _U64, _DBL, _STR, _BYT, _MSG = "int64", "uint64", "double", "string", "bytes", "message"
 _REP, _OPT = "repeated", "optional"
 _MESSAGES: list[tuple[str, list[tuple[str, int, str, str, str | None]]]] = [
-    ("XStat", [
-        ("metadata_id", 1, _I64, _OPT, None), ("double_value", 2, _DBL, _OPT, None),
-        ("uint64_value", 3, _U64, _OPT, None), ("int64_value", 4, _I64, _OPT, None),
-        ("str_value", 5, _STR, _OPT, None), ("bytes_value", 6, _BYT, _OPT, None),
-        ("ref_value", 7, _U64, _OPT, None),
-    ]),
-    ("XEvent", [
-        ("metadata_id", 1, _I64, _OPT, None), ("offset_ps", 2, _I64, _OPT, None),
-        ("num_occurrences", 5, _I64, _OPT, None), ("duration_ps", 3, _I64, _OPT, None),
-        ("stats", 4, _MSG, _REP, "XStat"),
-    ]),
-    ("XLine", [
-        ("id", 1, _I64, _OPT, None), ("display_id", 10, _I64, _OPT, None),
-        ("name", 2, _STR, _OPT, None), ("display_name", 11, _STR, _OPT, None),
-        ("timestamp_ns", 3, _I64, _OPT, None), ("duration_ps", 9, _I64, _OPT, None),
-        ("events", 4, _MSG, _REP, "XEvent"),
-    ]),
-    ("XEventMetadata", [
-        ("id", 1, _I64, _OPT, None), ("name", 2, _STR, _OPT, None),
-        ("display_name", 4, _STR, _OPT, None), ("metadata", 3, _BYT, _OPT, None),
-        ("stats", 5, _MSG, _REP, "XStat"), ("child_id", 6, _I64, _REP, None),
-    ]),
-    ("XStatMetadata", [
-        ("id", 1, _I64, _OPT, None), ("name", 2, _STR, _OPT, None),
-        ("description", 3, _STR, _OPT, None),
-    ]),
-    ("EventMetadataEntry", [
-        ("key", 1, _I64, _OPT, None), ("value", 2, _MSG, _OPT, "XEventMetadata"),
-    ]),
-    ("StatMetadataEntry", [
-        ("key", 1, _I64, _OPT, None), ("value", 2, _MSG, _OPT, "XStatMetadata"),
-    ]),
-    ("XPlane", [
-        ("id", 1, _I64, _OPT, None), ("name", 2, _STR, _OPT, None),
-        ("lines", 3, _MSG, _REP, "XLine"),
-        ("event_metadata", 4, _MSG, _REP, "EventMetadataEntry"),
-        ("stat_metadata", 5, _MSG, _REP, "StatMetadataEntry"),
-        ("stats", 6, _MSG, _REP, "XStat"),
-    ]),
-    ("XSpace", [
-        ("planes", 1, _MSG, _REP, "XPlane"), ("errors", 2, _STR, _REP, None),
-        ("warnings", 3, _STR, _REP, None), ("hostnames", 4, _STR, _REP, None),
-    ]),
-]  # fmt: skip
+    (
+        "XStat",
+        [
+            ("metadata_id", 1, _I64, _OPT, None),
+            ("double_value", 2, _DBL, _OPT, None),
+            ("uint64_value", 3, _U64, _OPT, None),
+            ("int64_value", 4, _I64, _OPT, None),
+            ("str_value", 5, _STR, _OPT, None),
+            ("bytes_value", 6, _BYT, _OPT, None),
+            ("ref_value", 7, _U64, _OPT, None),
+        ],
+    ),
+    (
+        "XEvent",
+        [
+            ("metadata_id", 1, _I64, _OPT, None),
+            ("offset_ps", 2, _I64, _OPT, None),
+            ("num_occurrences", 5, _I64, _OPT, None),
+            ("duration_ps", 3, _I64, _OPT, None),
+            ("stats", 4, _MSG, _REP, "XStat"),
+        ],
+    ),
+    (
+        "XLine",
+        [
+            ("id", 1, _I64, _OPT, None),
+            ("display_id", 10, _I64, _OPT, None),
+            ("name", 2, _STR, _OPT, None),
+            ("display_name", 11, _STR, _OPT, None),
+            ("timestamp_ns", 3, _I64, _OPT, None),
+            ("duration_ps", 9, _I64, _OPT, None),
+            ("events", 4, _MSG, _REP, "XEvent"),
+        ],
+    ),
+    (
+        "XEventMetadata",
+        [
+            ("id", 1, _I64, _OPT, None),
+            ("name", 2, _STR, _OPT, None),
+            ("display_name", 4, _STR, _OPT, None),
+            ("metadata", 3, _BYT, _OPT, None),
+            ("stats", 5, _MSG, _REP, "XStat"),
+            ("child_id", 6, _I64, _REP, None),
+        ],
+    ),
+    (
+        "XStatMetadata",
+        [
+            ("id", 1, _I64, _OPT, None),
+            ("name", 2, _STR, _OPT, None),
+            ("description", 3, _STR, _OPT, None),
+        ],
+    ),
+    (
+        "EventMetadataEntry",
+        [
+            ("key", 1, _I64, _OPT, None),
+            ("value", 2, _MSG, _OPT, "XEventMetadata"),
+        ],
+    ),
+    (
+        "StatMetadataEntry",
+        [
+            ("key", 1, _I64, _OPT, None),
+            ("value", 2, _MSG, _OPT, "XStatMetadata"),
+        ],
+    ),
+    (
+        "XPlane",
+        [
+            ("id", 1, _I64, _OPT, None),
+            ("name", 2, _STR, _OPT, None),
+            ("lines", 3, _MSG, _REP, "XLine"),
+            ("event_metadata", 4, _MSG, _REP, "EventMetadataEntry"),
+            ("stat_metadata", 5, _MSG, _REP, "StatMetadataEntry"),
+            ("stats", 6, _MSG, _REP, "XStat"),
+        ],
+    ),
+    (
+        "XSpace",
+        [
+            ("planes", 1, _MSG, _REP, "XPlane"),
+            ("errors", 2, _STR, _REP, None),
+            ("warnings", 3, _STR, _REP, None),
+            ("hostnames", 4, _STR, _REP, None),
+        ],
+    ),
+]
 #: oneof groups (message -> (oneof name, its fields)): their presence is on the wire
 _ONEOFS = {
-    "XStat": ("value", ("double_value", "uint64_value", "int64_value", "str_value",
-                        "bytes_value", "ref_value")),
+    "XStat": (
+        "value",
+        ("double_value", "uint64_value", "int64_value", "str_value", "bytes_value", "ref_value"),
+    ),
     "XEvent": ("data", ("offset_ps", "num_occurrences")),
-}  # fmt: skip
+}
 #: a package of our own: the classes never clash with TensorFlow's in one process
 _PACKAGE = "perfguard.xspace"
 

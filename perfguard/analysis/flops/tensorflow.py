@@ -47,11 +47,19 @@ from perfguard.analysis.flops.core import (
 
 #: TF dtype name -> (compute dtype as the other formulas write it, element size in bytes)
 DTYPES = {
-    "float32": ("fp32", 4), "float16": ("fp16", 2), "bfloat16": ("bf16", 2),
-    "float64": ("fp64", 8), "int8": ("int8", 1), "uint8": ("uint8", 1), "int16": ("int16", 2),
-    "int32": ("int32", 4), "int64": ("int64", 8), "bool": ("bool", 1),
-    "complex64": ("complex64", 8), "complex128": ("complex128", 16),
-}  # fmt: skip
+    "float32": ("fp32", 4),
+    "float16": ("fp16", 2),
+    "bfloat16": ("bf16", 2),
+    "float64": ("fp64", 8),
+    "int8": ("int8", 1),
+    "uint8": ("uint8", 1),
+    "int16": ("int16", 2),
+    "int32": ("int32", 4),
+    "int64": ("int64", 8),
+    "bool": ("bool", 1),
+    "complex64": ("complex64", 8),
+    "complex128": ("complex128", 16),
+}
 #: decorations oneDNN and Grappler put on a type: ``_MklNative``, ``_Mkl``, ``_Fused``, ``WithBias``
 _DECORATION = re.compile(r"^_(?:MklNative|Mkl)?(?:Fused)?|WithBias$")
 
@@ -61,7 +69,7 @@ ELEMENTWISE_OPS = frozenset(
     "Relu6Grad EluGrad SigmoidGrad TanhGrad SqrtGrad RsqrtGrad SquaredDifference Reciprocal "
     "BiasAdd Cast Select SelectV2 Erf Sign Floor Ceil Round Equal NotEqual Greater GreaterEqual "
     "Less LessEqual LogicalAnd LogicalOr LogicalNot ClipByValue".split()
-)  # fmt: skip
+)
 REDUCTION_OPS = frozenset("Sum Mean Max Min Prod All Any BiasAddGrad ArgMax ArgMin".split())
 
 Facts = dict[str, Any]
@@ -272,9 +280,12 @@ def _update(per_element: int, value: int, moved: int) -> TfFormula:
             return unknown(OPTIMIZER, "update shape not known in the graph")
         n = math.prod(x)
         return OpCost(
-            float(per_element * n), moved * n * dt[1], dt[0],
-            f"{per_element}*n (TF graph) [own]", OPTIMIZER,
-        )  # fmt: skip
+            float(per_element * n),
+            moved * n * dt[1],
+            dt[0],
+            f"{per_element}*n (TF graph) [own]",
+            OPTIMIZER,
+        )
 
     return cost
 

@@ -174,7 +174,7 @@ def gate_rows(test: TestEntry) -> list[GateRow]:
             human(f.current, f.gate),
             f.budget,
             f.message,
-        )  # fmt: skip
+        )
         for kind, found in (("regression", g.regressions), ("improvement", g.improvements))
         for f in found
     ]
@@ -187,14 +187,17 @@ def _view(i: int, test: TestEntry, figures: Any, max_ops: int) -> TestView:
     have_rounds = bool(test.rounds_current or test.rounds_baseline)
     if have_rounds:
         svg = figures.distribution(
-            test.rounds_baseline, test.rounds_current,
-            f"rounds of {name}: baseline vs current", unit_label="per-round time",
-        )  # fmt: skip
+            test.rounds_baseline,
+            test.rounds_current,
+            f"rounds of {name}: baseline vs current",
+            unit_label="per-round time",
+        )
     else:
         svg = figures.distribution(
-            test.samples_baseline, test.samples_current,
+            test.samples_baseline,
+            test.samples_current,
             f"per-iteration samples of {name}: baseline vs current",
-        )  # fmt: skip
+        )
     rounds = [
         (k, b, c) for k, (b, c) in enumerate(zip_longest(test.rounds_baseline, test.rounds_current))
     ]

@@ -78,6 +78,11 @@ def capture(code: str, outputs: dict[str, str]) -> None:
 
 if __name__ == "__main__":
     capture(TF, {"*.xplane.pb": "tf_custom_loop.xplane.pb"})
-    capture(JAX, {"*.xplane.pb": "jax_jit_step.xplane.pb",
-                  "perfetto_trace.json.gz": "jax_jit_step.perfetto_trace.json.gz"})  # fmt: skip
+    capture(
+        JAX,
+        {
+            "*.xplane.pb": "jax_jit_step.xplane.pb",
+            "perfetto_trace.json.gz": "jax_jit_step.perfetto_trace.json.gz",
+        },
+    )
     capture(KERAS, {"*.xplane.pb": "keras_fit.xplane.pb"})
