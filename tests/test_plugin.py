@@ -176,6 +176,11 @@ def test_baseline_unchanged_regressed_incomparable_dirty(repo: pytest.Pytester) 
     assert top["calls"] == profile["iterations"] == 4  # one profiled round of 4 iterations
     html = (path / ".perfguard" / "report.html").read_text()
     assert html.count('<details class="profile">') == 2 and "split by op" in html
+    # a CPU run: no Tensor Core or FLOP-efficiency column, said once per profile, no n/a
+    assert "<th>Tensor Cores</th>" not in html and "FLOP efficiency</th>" not in html
+    assert html.count("A CPU capture: no GPU kernels") == 2
+    profiles = html.split('<details class="profile">')[1:]
+    assert not any("n/a" in p.split("</details>")[0] for p in profiles)
     summary = (path / ".perfguard" / "summary.md").read_text()
     assert "Profiles of 2 tests" in summary
     assert f"`{TRAIN}` (no-baseline): " in summary and "top op wait\\_for\\_device" in summary

@@ -420,6 +420,20 @@ def test_timing_and_gates_halves_side_by_side(session, page, resnet):
     assert now > base and calls[3] == "0"  # more calls per iteration than the budget allows
 
 
+def test_a_cpu_run_shows_only_columns_that_have_figures(page):
+    """A CPU capture has no GPU kernels: its op table carries no Tensor Core or FLOP
+    efficiency column (a CPU run's report once had 223 n/a, columns of them in every op
+    table) and says why; a GPU capture's keeps them. (The profile table of a real CPU
+    session: tests/test_plugin.py.)"""
+    _, doc = page
+    cpu = section_of(doc, "examples/test_cpu.py::test_matmul")
+    heads = [th.text() for th in cpu.find("table", cls="ops").find_all("th")]
+    assert not {"TC util", "FLOP eff"} & set(heads), heads
+    assert "no op here ran GPU kernels" in cpu.text()
+    gpu = section_of(doc, "tests/test_resnet.py::test_slower")
+    assert "TC util" in [th.text() for th in gpu.find("table", cls="ops").find_all("th")]
+
+
 def test_rounds_table_and_figure_show_each_round(session, page):
     _, doc = page
     cur, base = session["records"]["tests/test_resnet.py::test_noisy"]

@@ -5,7 +5,9 @@ The document is a real one: ``pytest --perfguard`` on ``examples/test_transforme
 by perfguard 5d11b50 (schema 2), saved then compared. Beside it, the views rendered from
 it: the terminal listing, ``summary.md`` and ``report.html``, first by perfguard 70e34e3
 (the last to write schema 2), refreshed only where a view changed on purpose (round 20: the
-line of what the timing could see, each commit named once with its role), the diff read.
+line of what the timing could see, each commit named once with its role; round 21: a CPU
+run's op table without the Tensor Core, FLOP-efficiency, interval and p columns), the diff
+read.
 The upgraded document must render them byte for byte, and so must the schema 3 file this
 perfguard writes of it.
 """

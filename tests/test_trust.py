@@ -214,8 +214,9 @@ def test_a_fused_op_split_into_its_parts_is_not_an_improvement(project: Path) ->
     """A model's small head written as matmul + add instead of ``F.linear`` (the culprit
     catalogue's addmm_split): the step's op calls fall, and Δcalls × ``aten::linear``'s
     time per call (averaged with the large projection) read as most of the step saved,
-    so the gates read ``improved``. The step did not get faster (here: more Python work
-    beside it), so that saving is set against what was added and shown, not counted."""
+    so the gates read ``improved``. A saving is no more than the op's time fell and is
+    set against what was added (here the step also got more Python work beside it):
+    shown, not counted."""
     (project / "test_step.py").write_text(
         SPLIT.format(head="F.linear(y, w2, b2)", work=2000), encoding="utf-8"
     )
@@ -228,9 +229,11 @@ def test_a_fused_op_split_into_its_parts_is_not_an_improvement(project: Path) ->
     e = entry(session(project, "--perfguard-confirm-budget=0"))
     gates = e["gates"]
     assert gates["outcome"] != "improved", gates["message"]
-    offset = [f for f in gates["immaterial"] if f["cost_basis"] == "net time"]
-    assert offset and offset[0]["gate"] == "calls", gates["immaterial"]
-    assert "net of the ops it added" in gates["message"]
+    # what the split saved is weighed by how much linear's time fell (the head's share),
+    # net of what matmul + add took: shown at no measurable cost, not counted
+    saved = [f for f in gates["immaterial"] if f["gate"] == "calls"]
+    assert saved and saved[0]["cost_basis"] in ("time", "net time"), gates["immaterial"]
+    assert saved[0]["cost_pct"] < 5, saved
     assert e["outcome"] != "improved", e["message"]
 
 

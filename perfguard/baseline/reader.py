@@ -25,6 +25,7 @@ from perfguard.baseline.record import (
     Fingerprint,
     RunInfo,
     TestRecord,
+    run_levels_of,
     timing_mask,
 )
 from perfguard.baseline.schema import FINGERPRINT_COLUMNS
@@ -202,7 +203,8 @@ class Reader:
     def history(
         self, nodeid: str, *, fingerprint: Fingerprint | None = None, limit: int = 50
     ) -> pd.DataFrame:
-        """The test's primary-metric median per run over its latest ``limit`` runs, oldest first.
+        """The test's primary-metric level per run (:func:`run_levels_of`) over its latest
+        ``limit`` runs, oldest first.
 
         With ``fingerprint``, only runs comparable with it count. Columns:
         run_id, commit, time, metric, median_ns, n (samples in the run).
@@ -226,7 +228,8 @@ class Reader:
             cand = cand.head(max(int(limit), 0)).iloc[::-1].reset_index(drop=True)
             self._metrics(cand["metric"])
             samples = self._query(
-                "SELECT test_id, gpu_time_ns, wall_time_ns, cpu_time_ns, profiled FROM samples "
+                'SELECT test_id, "round", gpu_time_ns, wall_time_ns, cpu_time_ns, profiled '
+                "FROM samples "
                 f"WHERE {self.db.ids_in('test_id')}",
                 [self.db.ids_param(cand["test_id"])],
             )
@@ -236,11 +239,12 @@ class Reader:
         for metric, col in METRICS.items():
             mask = (metric_of == metric).to_numpy()
             value[mask] = samples.loc[mask, col].astype(np.float64)
-        value = value[timing_mask(samples, metric_of, by="test_id")]
-        stats = value.groupby(samples["test_id"].loc[value.index]).agg(["median", "count"])
+        value[~timing_mask(samples, metric_of, by="test_id")] = np.nan
+        stats = run_levels_of(samples["test_id"], samples["round"], value, metric_of)
+        counts = value.dropna().groupby(samples["test_id"]).size()
         out = cand[["run_id", "commit", "time", "metric"]].copy()
         out["median_ns"] = cand["test_id"].map(stats["median"]).astype(np.float64)
-        out["n"] = cand["test_id"].map(stats["count"]).fillna(0).astype(np.int64)
+        out["n"] = cand["test_id"].map(counts).fillna(0).astype(np.int64)
         out["run_id"] = out["run_id"].astype(np.int64)
         return out
 

@@ -118,6 +118,30 @@ def round_value(values: np.ndarray, metric: str, statistic: str | None = None) -
     return float(v.min() if round_statistic(metric, statistic) == "min" else np.median(v))
 
 
+def run_levels_of(
+    keys: pd.Series, rounds: pd.Series, values: pd.Series, metrics: pd.Series
+) -> pd.DataFrame:
+    """A stored run's level, the one figure every view prints for it (``history``, the
+    reports' history tables and charts, the between-run noise): per key (a run or a
+    test row), the median over its rounds of each round's value as :func:`round_value`
+    reduces it. Columns ``median`` and ``size`` (rounds), indexed by key; rows whose
+    value is NaN are left out. (The reports' history once took the median of all
+    samples and ``history`` this one: 25.5 ms and 23.8 ms for one run.)"""
+    frame = pd.DataFrame(
+        {
+            "key": keys.to_numpy(),
+            "round": rounds.to_numpy(),
+            "v": values.to_numpy(np.float64),
+            "stat": metrics.map(round_statistic).to_numpy(),
+        }
+    ).dropna(subset=["v"])
+    grouped = frame.groupby(["key", "round"])
+    stats = grouped["v"].agg(["min", "median"])
+    use_min = grouped["stat"].first() == "min"
+    per_round = stats["min"].where(use_min, stats["median"])
+    return per_round.groupby(level="key").agg(["median", "size"])
+
+
 def profiled_mask(samples: pd.DataFrame) -> np.ndarray:
     """Which sample rows were captured (older records, without the column: all)."""
     if "profiled" not in samples:

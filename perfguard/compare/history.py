@@ -38,7 +38,7 @@ from perfguard.baseline.record import (
     METRICS,
     Fingerprint,
     profiled_mask,
-    round_statistic,
+    run_levels_of,
     timing_mask,
 )
 from perfguard.compare.changepoint import detect, runs_needed
@@ -165,23 +165,7 @@ def run_levels(
         mask = (wanted == name).to_numpy()
         value[mask] = samples.loc[mask, col].astype(np.float64)
     value[~timing_mask(samples, wanted, by="run_id")] = np.nan
-    # each round reduced as the verdict reduces it (record.round_value), per row's metric
-    grouped = (
-        pd.DataFrame(
-            {
-                "run_id": samples["run_id"],
-                "round": samples["round"],
-                "v": value,
-                "stat": wanted.map(round_statistic).to_numpy(),
-            }
-        )
-        .dropna()
-        .groupby(["run_id", "round"])
-    )
-    stats = grouped["v"].agg(["min", "median"])
-    use_min = grouped["stat"].first() == "min"
-    per_round = stats["min"].where(use_min, stats["median"])
-    per_run = per_round.groupby(level="run_id").agg(["median", "size"])
+    per_run = run_levels_of(samples["run_id"], samples["round"], value, wanted)
     metric_of = samples.groupby("run_id")["metric"].first()
     out = runs.set_index("run_id").loc[per_run.index, ["commit", "time"]].reset_index()
     out["metric"] = metric or out["run_id"].map(metric_of)

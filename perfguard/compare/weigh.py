@@ -191,6 +191,7 @@ class StepCosts:
             diff = diff[diff.index.isin(op_ids)]
         side = "current" if up else "baseline"
         times = self.op_time(side)
+        others = self.op_time("baseline" if up else "current")
         units = (c if up else b).reindex(diff.index)
         total = 0.0
         for op in _top_most([str(i) for i in diff.index]):
@@ -200,7 +201,14 @@ class StepCosts:
                 # compiled kernel, whose time is the kernel's): its cost cannot be read
                 return math.nan
             if n > 0:
-                total += t * float(diff[op]) / n
+                moved = t * float(diff[op]) / n
+                other = float(others.get(op, 0.0))
+                if not up and math.isfinite(other) and other > 0:
+                    # a saving is no more than the op's time fell: Δcalls × time per call
+                    # takes the op's calls alike, and aten::linear's averaged over large
+                    # projections and a small head made the head's removal 47 % of a step
+                    moved = min(moved, max(t - other, 0.0))
+                total += moved
         return total
 
 

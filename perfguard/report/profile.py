@@ -93,6 +93,9 @@ class ProfileView:
     summary: str  # the <summary> line (:func:`one_line`)
     time_label: str
     metric: str  # the timing's metric, in words
+    #: a GPU capture: only then are the Tensor Core and FLOP-efficiency columns figures
+    #: (a CPU run's were "eligible, not used" and a column of n/a in every row, issue 54)
+    gpu: bool = True
     facts: list[tuple[str, str]] = field(default_factory=list)
     rows: list[OpRow] = field(default_factory=list)
     more: str = ""  # the ops not listed, in words
@@ -167,7 +170,11 @@ def profile_view(t: TestEntry, index: int) -> ProfileView | None:
     if p is None:
         return None
     view = ProfileView(
-        summary=one_line(t), time_label=p.time_label, metric=_metric(t), facts=_facts(t, p)
+        summary=one_line(t),
+        time_label=p.time_label,
+        metric=_metric(t),
+        facts=_facts(t, p),
+        gpu=p.basis == "gpu",
     )
     view.rows = [_row(p, op) for op in p.ops[:SHOWN_OPS]]
     hidden = len(p.ops) - len(view.rows) + p.other_ops

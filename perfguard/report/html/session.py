@@ -88,6 +88,11 @@ class TestView:
     ops_hidden_max_abs_ns: float | None  # largest |delta_ns| among the hidden ones
     #: where the step's time goes, whatever the outcome (report.profile), collapsed
     profile: ProfileView | None = None
+    #: whether any shown op has a Tensor Core or FLOP-efficiency figure: a CPU run has
+    #: none, and its table was two columns of n/a (issue 54)
+    device_columns: bool = True
+    #: whether any shown op has an interval or p-value (store mode judges no per-op time)
+    stat_columns: bool = True
 
 
 @dataclass
@@ -215,6 +220,17 @@ def _view(i: int, test: TestEntry, figures: Any, max_ops: int) -> TestView:
         ops_hidden=len(hidden),
         ops_hidden_max_abs_ns=max(hidden_abs) if hidden_abs else None,
         profile=profile_view(test, i),
+        device_columns=any(
+            op.get(k) is not None
+            for op in shown
+            for k in (
+                "tc_util_baseline",
+                "tc_util_current",
+                "flop_eff_baseline",
+                "flop_eff_current",
+            )
+        ),
+        stat_columns=any(op.get(k) is not None for op in shown for k in ("ci_low_pct", "p_value")),
     )
 
 
