@@ -524,6 +524,19 @@ def levels_from_store(project: Path) -> dict[str, float]:
     return out
 
 
+def interleaved(unchanged: int, changed: int) -> list[tuple[str, float]]:
+    """The pull requests: the changed ones (+5 % and +10 %, ``changed`` of each) spread
+    evenly among the unchanged ones, so that a run cut short still has both kinds."""
+    todo = [("changed", 0.05), ("changed", 0.10)] * changed
+    every = max(unchanged // max(len(todo), 1), 1)
+    plan: list[tuple[str, float]] = []
+    for i in range(unchanged):
+        plan.append(("unchanged", 0.0))
+        if todo and (i + 1) % every == 0:
+            plan.append(todo.pop(0))
+    return plan + todo
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("suite_trust"))
@@ -542,11 +555,7 @@ def main() -> None:
     if not args.analyse_only:
         if not project.exists():
             make_project(project, not args.no_frameworks)
-        plan = (
-            [("history", 0.0)] * args.history
-            + [("unchanged", 0.0)] * args.unchanged
-            + [("changed", 0.05), ("changed", 0.10)] * args.changed
-        )
+        plan = [("history", 0.0)] * args.history + interleaved(args.unchanged, args.changed)
         for k, (kind, size) in enumerate(plan):
             if k < len(sessions):
                 continue
