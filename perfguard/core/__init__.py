@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from perfguard.core.loop import Loop
     from perfguard.core.measure import measure
-    from perfguard.core.record import CaptureResult, Measured
+    from perfguard.core.record import Measured, TestCapture
     from perfguard.core.spec import ProfileSpec
     from perfguard.core.verdict import verdict
 
-__all__ = ["CaptureResult", "Loop", "Measured", "ProfileSpec", "measure", "verdict"]
+__all__ = ["Loop", "Measured", "ProfileSpec", "TestCapture", "measure", "verdict"]
 
 #: where each lazily loaded name lives
 _HOME = {
     "Loop": "loop",
     "measure": "measure",
-    "CaptureResult": "record",
+    "TestCapture": "record",
     "Measured": "record",
     "ProfileSpec": "spec",
     "verdict": "verdict",

@@ -14,7 +14,7 @@ from pathlib import Path
 from perfguard.baseline.record import TestRecord
 from perfguard.capture.capturers import Capturer
 from perfguard.core.loop import Loop
-from perfguard.core.record import CaptureResult, analyse, loop_result, timing_record
+from perfguard.core.record import TestCapture, analyse, loop_result, timing_record
 from perfguard.core.spec import ProfileSpec
 from perfguard.errors import PerfguardError
 
@@ -36,7 +36,7 @@ def measure(
     for _ in loop.iterations(scope=list(scope)):
         step()
     path = Path(getattr(capturer, "path", "") or ".")
-    capture = loop_result(loop, spec, CaptureResult(path, backend))
+    capture = loop_result(loop, spec, TestCapture(path, backend))
     if capture.error:
         raise PerfguardError(f"{nodeid}: {capture.error}")
     if capture.timing_only:

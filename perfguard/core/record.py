@@ -1,7 +1,7 @@
 """A test's capture turned into its record: the loop's figures read off, the capture
 analysed, the metric and the profiled round chosen, and the notes on how it was measured.
 
-:class:`CaptureResult` is what one test's capture produced, whichever way it was made
+:class:`TestCapture` is what one test's capture produced, whichever way it was made
 (the core's loop: :func:`loop_result`; the plugin's nsys child or whole-call capture);
 :func:`analyse` loads and analyses it and builds the
 :class:`~perfguard.baseline.record.TestRecord` the verdict compares, as :class:`Measured`.
@@ -33,8 +33,11 @@ from perfguard.trace import load_trace
 
 
 @dataclass
-class CaptureResult:
-    """What one test's capture produced, whichever way it was made."""
+class TestCapture:
+    """What one test's capture produced, whichever way it was made (named apart from
+    :class:`perfguard.capture.CaptureResult`, what a backend's capture wrote)."""
+
+    __test__ = False  # not a pytest class
 
     path: Path
     backend: str
@@ -72,7 +75,7 @@ class Measured:
     phase_s: dict[str, float] = field(default_factory=dict)
 
 
-def loop_result(loop: Loop, spec: ProfileSpec, out: CaptureResult) -> CaptureResult:
+def loop_result(loop: Loop, spec: ProfileSpec, out: TestCapture) -> TestCapture:
     """``out`` filled from the loop that ran the test's steps (it is closed here: a loop
     left early still ends its capture); ``out.error`` when nothing can be judged."""
     loop.close()
@@ -118,7 +121,7 @@ def loop_result(loop: Loop, spec: ProfileSpec, out: CaptureResult) -> CaptureRes
     return out
 
 
-def analyse(spec: ProfileSpec, capture: CaptureResult, nodeid: str) -> Measured:
+def analyse(spec: ProfileSpec, capture: TestCapture, nodeid: str) -> Measured:
     """Load and analyse the capture and build the test's record; notes on how it was
     measured are added to ``capture.notes``."""
     with timed(capture.phase_s, "analysis"):
@@ -137,9 +140,7 @@ def analyse(spec: ProfileSpec, capture: CaptureResult, nodeid: str) -> Measured:
     )
 
 
-def _record(
-    spec: ProfileSpec, capture: CaptureResult, analysis: Analysis, nodeid: str
-) -> TestRecord:
+def _record(spec: ProfileSpec, capture: TestCapture, analysis: Analysis, nodeid: str) -> TestRecord:
     """The test's record from its analysed capture."""
     path, walls, notes = capture.path, capture.walls, capture.notes
     cpu_times, rounds, env = capture.cpu_times, capture.rounds, capture.env
@@ -191,7 +192,7 @@ def _record(
     return record
 
 
-def _meta(spec: ProfileSpec, capture: CaptureResult) -> dict[str, Any]:
+def _meta(spec: ProfileSpec, capture: TestCapture) -> dict[str, Any]:
     """A record's ``meta``: the marker's settings, the test's tolerance (resolved here,
     once: :attr:`ProfileSpec.judged_tolerance`) and how the loop ran."""
     env = capture.env
@@ -212,7 +213,7 @@ def _meta(spec: ProfileSpec, capture: CaptureResult) -> dict[str, Any]:
     }
 
 
-def timing_record(spec: ProfileSpec, capture: CaptureResult, nodeid: str) -> TestRecord:
+def timing_record(spec: ProfileSpec, capture: TestCapture, nodeid: str) -> TestRecord:
     """The record of a loop that only timed its rounds (``capture.timing_only``)."""
     return record_from_timings(
         nodeid,

@@ -7,7 +7,7 @@ looked up for the baseline ref, and the output folder claimed for this session a
 backend, ref or store is a :class:`pytest.UsageError` here, before any test runs. At the end
 :meth:`SessionContext.save` writes the session's records as one run (one store transaction).
 
-The verdicts (:mod:`perfguard.plugin.verdicts`) read the store through :attr:`store`;
+The verdicts (:mod:`perfguard.plugin.judging`) read the store through :attr:`store`;
 nothing else in the plugin opens it.
 """
 

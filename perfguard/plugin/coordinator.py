@@ -45,10 +45,10 @@ from perfguard.plugin.context import SessionContext
 from perfguard.plugin.forkserver import preload_names
 from perfguard.plugin.interleave import ab_env
 from perfguard.plugin.items import spec_of
+from perfguard.plugin.judging import Verdicts
 from perfguard.plugin.options import AB_CHILD_ROUNDS, MAX_AB_PAIRS, plugin_args
 from perfguard.plugin.outputs import SessionOutputs
 from perfguard.plugin.valgrind_child import InstructionSession
-from perfguard.plugin.verdicts import Verdicts
 
 
 class Coordinator:

@@ -7,9 +7,9 @@ torch backends, a plain one for nsys), set-up (nsys only: the test re-run alone 
 pytest under nsys, :func:`perfguard.capture.capturers.run_nsys_child`), the call (a marked
 test that does not use the fixture is captured whole, as one iteration), and after it
 (:meth:`CaptureRunner.result`: what was captured, a typed
-:class:`~perfguard.core.record.CaptureResult`, whichever way it was made). The record and
+:class:`~perfguard.core.record.TestCapture`, whichever way it was made). The record and
 the verdict are the core's (:mod:`perfguard.core`), made by
-:class:`~perfguard.plugin.verdicts.Verdicts` without the runner.
+:class:`~perfguard.plugin.judging.Verdicts` without the runner.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 from perfguard.capture.capturers import TorchCapturer, capture_name, run_nsys_child, whole_call
 from perfguard.capture.frameworks import DeferredCapturer
 from perfguard.capture.torch_profiler import TRACE_SUFFIX, record_compiled_kernels
-from perfguard.core.record import CaptureResult, loop_result
+from perfguard.core.record import TestCapture, loop_result
 from perfguard.core.spec import ProfileSpec
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import AB_TIMING_ONLY_ENV
@@ -147,12 +147,12 @@ class CaptureRunner:
             "walls": walls,
         }
 
-    def result(self, item: pytest.Item, spec: ProfileSpec) -> CaptureResult | None:
+    def result(self, item: pytest.Item, spec: ProfileSpec) -> TestCapture | None:
         """What the test's capture produced (None when it made none)."""
         info = item.stash.get(_capture_key, None)
         if info is None:
             return None
-        out = CaptureResult(path=Path(info["path"]), backend=info["backend"])
+        out = TestCapture(path=Path(info["path"]), backend=info["backend"])
         if info["backend"] != "nsys":
             out.framework = "torch"  # the whole call's capturer; a loop's says below
         profile = item.stash.get(profile_key, None)

@@ -14,8 +14,8 @@ pandas and the analysis get imported. The parts, along a test's life:
   in a child pytest under nsys; the parent then skips the body and reports the child's
   outcome; a crash, hang or profiler failure is the test's setup *error*), a marked test
   without the fixture captured whole at **call**; after the body a typed
-  :class:`~perfguard.core.record.CaptureResult`.
-* :class:`~perfguard.plugin.verdicts.Verdicts` — right after the body, in the
+  :class:`~perfguard.core.record.TestCapture`.
+* :class:`~perfguard.plugin.judging.Verdicts` — right after the body, in the
   ``pytest_runtest_call`` wrapper: the core's record and verdict (:mod:`perfguard.core`),
   kept; a regression is raised there,
   so the failure, its message and ``-ra`` line belong to that test's call report, and
@@ -50,11 +50,11 @@ from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.coordinator import Coordinator, RoundChild
 from perfguard.plugin.items import profiled, spec_of, uses_loop
 from perfguard.plugin.iterate import GpuProfile
+from perfguard.plugin.judging import Verdicts
 from perfguard.plugin.options import Settings, plugin_args
 from perfguard.plugin.outputs import SessionOutputs
 from perfguard.plugin.runner import CaptureRunner
 from perfguard.plugin.valgrind_child import METRIC, InstructionSession
-from perfguard.plugin.verdicts import Verdicts
 
 OUTPUT_KEY = "perfguard"
 

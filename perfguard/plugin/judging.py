@@ -22,7 +22,7 @@ from perfguard.baseline.record import TestRecord
 from perfguard.compare.against import StoreBaseline
 from perfguard.compare.outcomes import fails
 from perfguard.compare.results import TestEntry
-from perfguard.core.record import CaptureResult, Measured, analyse, timing_record
+from perfguard.core.record import Measured, TestCapture, analyse, timing_record
 from perfguard.core.spec import ProfileSpec
 from perfguard.core.verdict import verdict_in_store
 from perfguard.errors import DamagedStoreError, PerfguardError
@@ -49,7 +49,7 @@ class Verdicts:
         self.confirmer: Confirmer | None = None
 
     # ------------------------------------------------------------------ store mode
-    def judge_capture(self, item: pytest.Item, spec: ProfileSpec, capture: CaptureResult) -> None:
+    def judge_capture(self, item: pytest.Item, spec: ProfileSpec, capture: TestCapture) -> None:
         """Analyse the capture, judge its record, keep the entry; raise a regression as a
         failure."""
         if capture.error:
