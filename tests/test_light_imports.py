@@ -73,3 +73,30 @@ def test_the_core_runs_without_pytest(module: str, bare: set[str]) -> None:
 def test_the_fence_sees_a_heavy_import(bare: set[str]) -> None:
     """Not vacuous: a perfguard module that does import pandas is caught the same way."""
     assert "pandas" in _loaded("perfguard.analysis.flops") - bare
+
+
+def test_the_machine_fingerprint_reads_torch_without_importing_it_where_no_gpu_can_be() -> None:
+    """A session's start took 1.2-3.2 s, 1.6 s of it ``import torch`` for the fingerprint's
+    version strings (issue 53). Where no GPU can be (no ``nvidia-smi``, no device nodes),
+    torch's version file says them; where torch is imported, its own figures agree."""
+    pytest.importorskip("torch")
+    from perfguard.baseline import fingerprint
+
+    if fingerprint._gpu_possible():
+        pytest.skip("this machine could have a GPU: torch is imported to ask it")
+    code = (
+        "import json, sys\n"
+        "from perfguard.baseline.fingerprint import machine_fingerprint\n"
+        "fp = machine_fingerprint('cpu')\n"
+        "before = 'torch' in sys.modules\n"
+        "import torch\n"
+        "print(json.dumps([before, fp.torch, fp.cuda, torch.__version__,\n"
+        "                  torch.version.cuda or '']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    imported, version, cuda, real_version, real_cuda = json.loads(out)
+    assert not imported
+    assert (version, cuda) == (real_version, real_cuda)
