@@ -50,6 +50,7 @@ from perfguard.baseline import git
 from perfguard.baseline.store import open_store, store_location
 from perfguard.compare.against import History, against_from_store, settings_for
 from perfguard.compare.judge import judge
+from perfguard.compare.outcomes import Outcome
 from perfguard.compare.units import format_ns, human, interval, percent
 from perfguard.errors import BaselineError, CompareError
 from perfguard.jsonsafe import finite
@@ -92,8 +93,8 @@ class TestVerdict:
     __test__ = False
 
     nodeid: str
-    outcome: str  # the whole verdict's outcome
-    decided_by: str  # the outcome of the half the oracle reads
+    outcome: Outcome  # the whole verdict's outcome
+    decided_by: Outcome  # the outcome of the half the oracle reads
     message: str = ""
     delta_pct: float | None = None
     ci_low_pct: float | None = None
@@ -198,13 +199,21 @@ def _bisect_worktree(root: Path, good: str, bad: str) -> Iterator[Path]:
 # --------------------------------------------------------------------------- the oracle
 
 
-def mark_of(outcome: str) -> str:
+def mark_of(outcome: Outcome) -> str:
     """How one test's outcome (of the half the oracle reads) marks a commit."""
-    if outcome == "regressed":
+    if outcome is Outcome.REGRESSED:
         return "bad"
-    if outcome in ("unchanged", "improved"):
+    if outcome in (Outcome.UNCHANGED, Outcome.IMPROVED):
         return "good"
     return "skip"
+
+
+def _outcome(value: object) -> Outcome:
+    """An outcome as a results file or a gate verdict writes it (unknown: not judged)."""
+    try:
+        return Outcome(str(value))
+    except ValueError:
+        return Outcome.NOT_JUDGED
 
 
 def _commit_mark(tests: list[TestVerdict]) -> str:
@@ -220,11 +229,11 @@ def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
     """A results.json entry (or a TestComparison's dict) as evidence, read by ``oracle``."""
     gates = entry.get("gates") or {}
     timing = entry.get("timing") or {}
-    decided = entry.get("outcome", "not-judged")
+    decided = _outcome(entry.get("outcome"))
     if oracle == "gates":
-        decided = gates.get("outcome") or "not-judged"
+        decided = _outcome(gates.get("outcome"))
     elif oracle == "timing":
-        decided = timing.get("outcome") or "not-judged"
+        decided = _outcome(timing.get("outcome"))
     elif oracle == "instructions":
         decided = _instructions_outcome(gates)
     fired = [
@@ -244,8 +253,8 @@ def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
     ]
     return TestVerdict(
         nodeid=str(entry.get("nodeid")),
-        outcome=str(entry.get("outcome")),
-        decided_by=str(decided),
+        outcome=_outcome(entry.get("outcome")),
+        decided_by=decided,
         message=str(entry.get("message") or ""),
         delta_pct=timing.get("delta_pct"),
         ci_low_pct=timing.get("ci_low_pct"),
@@ -257,15 +266,15 @@ def _verdict(entry: dict[str, Any], oracle: str) -> TestVerdict:
     )
 
 
-def _instructions_outcome(gates: dict[str, Any]) -> str:
+def _instructions_outcome(gates: dict[str, Any]) -> Outcome:
     """The host instructions' own outcome in a gate verdict: regressed or improved when their
     gate fired, unchanged when it was checked and did not, not-judged when nothing counted."""
-    for key, outcome in (("regressions", "regressed"), ("improvements", "improved")):
+    for key, outcome in (("regressions", Outcome.REGRESSED), ("improvements", Outcome.IMPROVED)):
         if any(f.get("gate") in _INSTRUCTION_GATES for f in gates.get(key) or []):
             return outcome
     if any(g in _INSTRUCTION_GATES for g in gates.get("checked") or []):
-        return "unchanged"
-    return "not-judged"
+        return Outcome.UNCHANGED
+    return Outcome.NOT_JUDGED
 
 
 class _StoreOracle:
@@ -477,7 +486,7 @@ def bisect(settings: Settings, say: Callable[[str], None] = lambda line: None) -
 
 def _not_regressed(step: Step, settings: Settings) -> str:
     why = "; ".join(f"{t.nodeid}: {t.decided_by}" for t in step.tests) or step.note or "no tests"
-    if any(t.decided_by == "improved" for t in step.tests):
+    if any(t.decided_by is Outcome.IMPROVED for t in step.tests):
         return (
             f"BAD {settings.bad} is faster than GOOD {settings.good} ({why}): is GOOD itself "
             "the regressed one, or are GOOD and BAD swapped?"
@@ -494,8 +503,8 @@ def _not_regressed(step: Step, settings: Settings) -> str:
 
 
 def _evidence(t: TestVerdict) -> str:
-    parts = [t.outcome]
-    if t.decided_by != t.outcome:
+    parts = [t.outcome.value]
+    if t.decided_by is not t.outcome:
         parts.append(f"oracle read {t.decided_by}")
     if t.delta_pct is not None:
         ci = ""
@@ -527,7 +536,9 @@ def _culprits(result: BisectResult) -> list[str]:
     if step is None:
         return []
     return [
-        f"{t.nodeid}: {t.culprit}" for t in step.tests if t.culprit and t.decided_by == "regressed"
+        f"{t.nodeid}: {t.culprit}"
+        for t in step.tests
+        if t.culprit and t.decided_by is Outcome.REGRESSED
     ]
 
 

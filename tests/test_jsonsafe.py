@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from perfguard.bisect import BisectResult, Step, TestVerdict
+from perfguard.compare.outcomes import Outcome
 from perfguard.compare.profile import ProfileOp, TestProfile
 from perfguard.jsonsafe import finite
 
@@ -35,8 +36,8 @@ def test_finite_nulls_nan_and_both_infinities_at_any_depth() -> None:
 def test_a_bisection_with_an_infinite_change_writes_json() -> None:
     verdict = TestVerdict(
         nodeid="t.py::t",
-        outcome="regressed",
-        decided_by="regressed",
+        outcome=Outcome.REGRESSED,
+        decided_by=Outcome.REGRESSED,
         delta_pct=math.inf,
         ci_low_pct=math.nan,
         ci_high_pct=12.0,
@@ -45,6 +46,7 @@ def test_a_bisection_with_an_infinite_change_writes_json() -> None:
     result = BisectResult(good="g", bad="b", oracle="all", first_bad="abc", steps=[step])
     doc = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     (test,) = doc["steps"][0]["tests"]
+    assert test["outcome"] == test["decided_by"] == "regressed"  # the enum, written as its word
     assert (test["delta_pct"], test["ci_low_pct"], test["ci_high_pct"]) == (None, None, 12.0)
 
 
