@@ -393,6 +393,7 @@ def test_history_command(replayed):
     marked = [line.split()[2] for line in lines[2 : 2 + len(shas)] if line.startswith("*")]
     assert marked == [shas[steps["up"]][:10]]  # see the test above for the -5 % step
     assert "1 timing change point(s)" in done.stdout and "extra_work" in done.stdout
+    assert "level stepped +" in done.stdout and "standard errors)" in done.stdout  # in words
     assert "6 counter change point(s)" in done.stdout
     few = subprocess.run(
         [

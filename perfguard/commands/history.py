@@ -127,11 +127,10 @@ def _print_timing_points(hist: Any) -> None:
         return
     print(f"{len(hist.change_points)} timing change point(s) (* above):")
     for cp in hist.change_points:
-        what = "spread changed, level" if cp.kind == "variance" else cp.kind
         print(
-            f"  {cp.commit[:10]} (run {cp.run_id}): {what} {percent(cp.change_pct, True)} "
+            f"  {cp.commit[:10]} (run {cp.run_id}): {cp.what} {percent(cp.change_pct, True)} "
             f"({_level(hist.metric, cp.before_ns)} -> {_level(hist.metric, cp.after_ns)}, "
-            f"z={cp.z:.1f})"
+            f"{cp.z:.1f} standard errors)"
         )
         for op in cp.ops:
             pct = f" ({percent(op.change_pct, True)})" if op.before_ns else ""

@@ -106,6 +106,21 @@ class ChangePoint:
     def change_pct(self) -> float:
         return 100.0 * (self.after_ns - self.before_ns) / self.before_ns
 
+    @property
+    def what(self) -> str:
+        """The kind in plain words, as every view prints it before the change (``history``
+        printed ``cycle +4.2 %`` and left the reader to guess, issue 54)."""
+        return KIND_WORDS.get(self.kind, self.kind)
+
+
+#: a timing change point's kind in words (the level's change follows them)
+KIND_WORDS = {
+    "step": "level stepped",
+    "drift": "level crept (drift)",
+    "variance": "spread changed, level",
+    "cycle": "a repeating wave changed (cycle), level",
+}
+
 
 @dataclass
 class History:

@@ -201,7 +201,7 @@ def index_row(s: Series, a: Analysed, href: str) -> IndexRow:
     levels = s.runs["level"].to_numpy(np.float64)
     marks = [cp.index for cp in a.change_points]
     last = [
-        (cp.index, f"{cp.commit[:10]} {cp.kind} {_pct(cp.change_pct)}")
+        (cp.index, f"{cp.commit[:10]} {cp.what} {_pct(cp.change_pct)}")
         for cp in a.change_points
         if cp.kind != "variance"
     ]
@@ -243,7 +243,7 @@ def _marks(s: Series, a: Analysed, x0: int) -> list[Mark]:
                 float(pos[cp.index]),
                 what,
                 "#d55e00",
-                f"{cp.commit[:12]}: {cp.kind} {_pct(cp.change_pct)} "
+                f"{cp.commit[:12]}: {cp.what} {_pct(cp.change_pct)} "
                 f"({figure(cp.before_ns, kind)} → "
                 f"{figure(cp.after_ns, kind)})",
             )
@@ -290,7 +290,7 @@ def _change_table(s: Series, a: Analysed, kind: str) -> str:
         run = int(s.runs["run_id"].iloc[cp.index])
         rows.append(
             f'<tr><td class="sha" title="{escape(cp.commit)}">{escape(cp.commit[:10])}'
-            f"</td><td class=num>{run}</td><td>{escape(cp.kind)}</td>"
+            f"</td><td class=num>{run}</td><td>{escape(cp.what)}</td>"
             f"<td class=num>{_pct(cp.change_pct)}</td>"
             f"<td class=num>{escape(figure(cp.before_ns, kind))} → "
             f"{escape(figure(cp.after_ns, kind))}"
