@@ -78,6 +78,9 @@ def test_store_without_history_uses_the_stated_prior() -> None:
     t = stats.t.ppf(0.995, 8)
     assert v.threshold_pct == pytest.approx(100 * math.expm1(t * se))
     assert v.outcome is Outcome.UNCHANGED  # +6 % is inside that
+    # its high end is past the tolerance: the words say the threshold, never "below it"
+    assert v.ci_high_pct is not None and v.ci_high_pct > 5
+    assert v.message.startswith("within the threshold") and "below it" not in v.message
     assert f"{MIN_HISTORY} runs needed" in v.replicated and "3% assumed" in v.replicated
     big = judge_store(base * 1.5, base, np.zeros(0), metric="wall_time", tolerance=0.05, alpha=0.01)
     assert big.outcome is Outcome.REGRESSED

@@ -508,7 +508,11 @@ def _with_message(
             f"too noisy to resolve a {tolerance} change: rounds spread "
             f"{percent(v.spread_pct)}, smallest change this run can see {threshold}"
         )
-    elif (v.threshold_pct or 0.0) > (v.tolerance_pct or 0.0) and v.ci_high_pct is not None:
+    elif (
+        (v.threshold_pct or 0.0) > (v.tolerance_pct or 0.0)
+        and v.ci_high_pct is not None
+        and v.ci_high_pct < (v.tolerance_pct or 0.0)
+    ):
         machine = ""
         if busy and math.isfinite(speed) and abs(speed) > SPEED_DIFF:
             machine = (
