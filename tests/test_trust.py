@@ -164,7 +164,10 @@ def test_the_same_clean_commit_reads_at_most_noisy(project: Path) -> None:
     again = entry(session(project, extra=6000))
     assert again["timing"]["delta_pct"] > 50  # the session's step was slower
     assert again["outcome"] == "noisy"
-    assert "same code as the baseline" in again["timing"]["message"]
+    # the A/A rule says so, unless the timing was noisy already for the machine's reason
+    # (the suite beside a loaded neighbour: the test waited for a CPU)
+    said = again["timing"]["message"]
+    assert "same code as the baseline" in said or said.startswith("machine "), said
 
 
 def test_confirmation_fails_a_real_slowdown_and_clears_the_machines(project: Path) -> None:
