@@ -101,6 +101,30 @@ def test_busy_machine_widens_the_threshold_by_the_excess_wait(rng: np.random.Gen
         baseline_wait=0.0,
     )
     assert v.outcome is Outcome.NOISY and v.message.startswith("machine busy")
+    # the same rounds as the baseline's, but the baseline waited 40 %: a busier baseline can
+    # hide a slowdown that large, so "not slower" cannot be said (noisy, not unchanged)
+    v = judge_store(
+        base,
+        base,
+        history,
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+        wait=0.0,
+        baseline_wait=0.40,
+    )
+    assert v.ci_high_pct is not None and v.ci_high_pct < 5
+    assert v.outcome is Outcome.NOISY and v.message.startswith("machine busy")
+    v = judge_store(
+        slowed,
+        base,
+        history,
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+        wait=0.40,
+        baseline_wait=0.0,
+    )
     # waiting 40 % stretches by 1/0.6, the shared machine slows the rest by 1.4 more
     allowed = 100 * ((1 / 0.6) * 1.4 * 1.05 - 1)
     assert v.threshold_pct == pytest.approx(allowed, rel=1e-6)

@@ -179,7 +179,14 @@ def _pct(log_ratio: float) -> float:
     return 100.0 * math.expm1(log_ratio) if math.isfinite(log_ratio) else math.nan
 
 
-def _decide(lo: float, hi: float, delta: float, tolerance: float, noisy: bool) -> Outcome:
+def _decide(
+    lo: float,
+    hi: float,
+    delta: float,
+    tolerance: float,
+    noisy: bool,
+    clear_below: float | None = None,
+) -> Outcome:
     """The timing's outcome from its interval (log scale); ``noisy``: the measurement is
     not to be trusted at the tolerance's size (its rounds spread, the machine was busy).
 
@@ -191,6 +198,9 @@ def _decide(lo: float, hi: float, delta: float, tolerance: float, noisy: bool) -
     +13.9] over 12 loaded A/B pairs); it reads ``noisy``. Green must mean not slower: an
     interval whose high end is below the tolerance rules out a slowdown of its size
     however wide it is on the fast side, so it reads ``unchanged`` rather than ``noisy``.
+    ``clear_below`` (log scale, default the tolerance's): the bound the high end must be
+    under for that; a busy machine passes the bare tolerance with ``hi`` already moved up
+    by what the machine explains, since a busier baseline can hide a slowdown that much.
     """
     tol = math.log1p(tolerance)
     wide = not (math.isfinite(lo) and math.isfinite(hi)) or (hi - lo) / 2 > tol
@@ -198,7 +208,8 @@ def _decide(lo: float, hi: float, delta: float, tolerance: float, noisy: bool) -
         return Outcome.REGRESSED
     if math.isfinite(hi) and hi < 0 and delta < -tol and (not wide or hi < -tol):
         return Outcome.IMPROVED
-    if noisy and not (math.isfinite(hi) and hi < tol):
+    clear = tol if clear_below is None else clear_below
+    if noisy and not (math.isfinite(hi) and hi < clear):
         return Outcome.NOISY
     if wide and math.isfinite(lo) and lo > 0:  # slower, by how much it cannot tell
         return Outcome.NOISY
@@ -281,7 +292,9 @@ def judge_store(
     noisy = busy or (math.isfinite(sp) and sp > tolerance)
     if busy:  # only a change beyond what the waiting explains counts
         tolerance_b = math.expm1(math.log1p(tolerance) + shift)
-        outcome = _decide(lo - shift, hi + shift, delta, tolerance_b, noisy)
+        outcome = _decide(
+            lo - shift, hi + shift, delta, tolerance_b, noisy, clear_below=math.log1p(tolerance)
+        )
         threshold = max(threshold, tolerance_b)
     else:
         outcome = _decide(lo, hi, delta, tolerance, noisy)
