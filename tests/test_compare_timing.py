@@ -14,6 +14,7 @@ import pytest
 from scipy import stats
 
 from perfguard.compare.gates import Budget, parse_gates
+from perfguard.compare.halves import TimingVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.timing import (
     MIN_HISTORY,
@@ -90,56 +91,31 @@ def test_busy_machine_widens_the_threshold_by_the_excess_wait(rng: np.random.Gen
     base = 1e6 * np.exp(0.002 * rng.standard_normal(5))
     history = 1e6 * np.exp(0.005 * rng.standard_normal(10))
     slowed = base * 1.3  # the machine's doing: the thread waited for a CPU 40 % of the time
-    v = judge_store(
-        slowed,
-        base,
-        history,
-        metric="wall_time",
-        tolerance=0.05,
-        alpha=0.01,
-        wait=0.40,
-        baseline_wait=0.0,
-    )
+
+    def judged(current: np.ndarray, wait: float, baseline_wait: float) -> TimingVerdict:
+        return judge_store(
+            current,
+            base,
+            history,
+            metric="wall_time",
+            tolerance=0.05,
+            alpha=0.01,
+            wait=wait,
+            baseline_wait=baseline_wait,
+        )
+
+    v = judged(slowed, 0.40, 0.0)
     assert v.outcome is Outcome.NOISY and v.message.startswith("machine busy")
-    # the same rounds as the baseline's, but the baseline waited 40 %: a busier baseline can
-    # hide a slowdown that large, so "not slower" cannot be said (noisy, not unchanged)
-    v = judge_store(
-        base,
-        base,
-        history,
-        metric="wall_time",
-        tolerance=0.05,
-        alpha=0.01,
-        wait=0.0,
-        baseline_wait=0.40,
-    )
-    assert v.ci_high_pct is not None and v.ci_high_pct < 5
-    assert v.outcome is Outcome.NOISY and v.message.startswith("machine busy")
-    v = judge_store(
-        slowed,
-        base,
-        history,
-        metric="wall_time",
-        tolerance=0.05,
-        alpha=0.01,
-        wait=0.40,
-        baseline_wait=0.0,
-    )
     # waiting 40 % stretches by 1/0.6, the shared machine slows the rest by 1.4 more
     allowed = 100 * ((1 / 0.6) * 1.4 * 1.05 - 1)
     assert v.threshold_pct == pytest.approx(allowed, rel=1e-6)
+    # the same rounds as the baseline's, but the baseline waited 40 %: a busier baseline can
+    # hide a slowdown that large, so "not slower" cannot be said (noisy, not unchanged)
+    v = judged(base, 0.0, 0.40)
+    assert v.ci_high_pct is not None and v.ci_high_pct < 5
+    assert v.outcome is Outcome.NOISY and v.message.startswith("machine busy")
     # three and a half times as slow is more than the waiting explains: a regression
-    v = judge_store(
-        base * 3.5,
-        base,
-        history,
-        metric="wall_time",
-        tolerance=0.05,
-        alpha=0.01,
-        wait=0.40,
-        baseline_wait=0.0,
-    )
-    assert v.outcome is Outcome.REGRESSED
+    assert judged(base * 3.5, 0.40, 0.0).outcome is Outcome.REGRESSED
     # GPU kernel time is not stretched by CPU load: no allowance
     v = judge_store(
         slowed,
