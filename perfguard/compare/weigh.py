@@ -114,11 +114,15 @@ class StepCosts:
         return "gpu_time_ns" if self.metric == "gpu_time" else "cpu_time_ns"
 
     @property
+    def step_column(self) -> str:
+        """The samples' column a step's time is read from."""
+        return "gpu_time_ns" if self.metric == "gpu_time" else "wall_time_ns"
+
+    @property
     def step_ns(self) -> float:
         """The current profiled step (the baseline's where the current lacks one)."""
-        col = "gpu_time_ns" if self.metric == "gpu_time" else "wall_time_ns"
-        now = _step_ns(self.current, col)
-        return now if math.isfinite(now) else _step_ns(self.baseline, col)
+        now = _step_ns(self.current, self.step_column)
+        return now if math.isfinite(now) else _step_ns(self.baseline, self.step_column)
 
     def op_time(self, side: str) -> pd.Series:
         key = f"time:{side}"
@@ -172,8 +176,7 @@ class StepCosts:
             return math.inf
         down, up = self.moved_time(counter, None, False), self.moved_time(counter, None, True)
         net = (down - up) / step if math.isfinite(down - up) else math.inf
-        col = "gpu_time_ns" if self.metric == "gpu_time" else "wall_time_ns"
-        before = _step_ns(self.baseline, col)
+        before = _step_ns(self.baseline, self.step_column)
         if math.isfinite(before) and before > 0:
             net = min(net, (before - step) / before)
         return net

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from perfguard.baseline.record import PAIR_STATISTIC, round_value
 from perfguard.forking import FORK_UNSAFE
 from perfguard.plugin.forkserver import ForkServer, preload_names
 from perfguard.plugin.options import AB_CHILD_ROUNDS
+
+if TYPE_CHECKING:
+    from perfguard.compare.halves import TimingVerdict
 
 #: the child's output file (a pickle of :class:`RoundOutput`); set => round-child mode
 AB_OUT_ENV = "PERFGUARD_AB_OUT"
@@ -507,6 +510,18 @@ class ABRunner:
         if budget > 0 and done > pairs:
             self.notes.append(f"A/B auto-sampling: {done} pairs for the unresolved test(s)")
         return self.results
+
+
+def pairs_verdict(ab: TestAB, tolerance: float, alpha: float) -> TimingVerdict | None:
+    """The timing verdict of the pairs measured so far (None while a side has none): what
+    auto-sampling, its progress line and a confirmation look at. (The judge is imported
+    here: a pair child imports this module and must not load the comparison layer.)"""
+    from perfguard.compare.timing import judge_ab
+
+    values = pair_values(ab)
+    if values is None:
+        return None
+    return judge_ab(*values, metric=ab.head.records[0].metric, tolerance=tolerance, alpha=alpha)
 
 
 def pair_values(ab: TestAB) -> tuple[np.ndarray, np.ndarray] | None:

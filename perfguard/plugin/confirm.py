@@ -31,10 +31,10 @@ from perfguard.compare.comparison import TestComparison
 from perfguard.compare.confirm import Confirmation, wants_confirmation
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import TestEntry
-from perfguard.compare.timing import ab_resolved, judge_ab
+from perfguard.compare.timing import ab_resolved
 from perfguard.compare.tolerance import ALPHA
 from perfguard.errors import PerfguardError
-from perfguard.plugin.ab import ABRunner, TestAB, pair_values
+from perfguard.plugin.ab import ABRunner, TestAB, pair_values, pairs_verdict
 from perfguard.plugin.context import SessionContext
 from perfguard.plugin.options import plugin_args
 
@@ -185,14 +185,9 @@ class Confirmer:
         return out
 
     def _unresolved(self, sides: TestAB, comparison: TestComparison) -> bool:
-        values = None if _lost(sides) else pair_values(sides)
-        if values is None:
-            return False
         tol = (comparison.timing.tolerance_pct or 5.0) / 100.0
-        so_far = judge_ab(
-            *values, metric=comparison.timing.metric, tolerance=tol, alpha=comparison.alpha or ALPHA
-        )
-        return not ab_resolved(so_far, tol)
+        so_far = None if _lost(sides) else pairs_verdict(sides, tol, comparison.alpha or ALPHA)
+        return so_far is not None and not ab_resolved(so_far, tol)
 
     def _runner(self, commit: str) -> ABRunner | str:
         if commit in self._runners:

@@ -23,7 +23,7 @@ from perfguard.baseline.git import common_dir, prepare_worktree
 from perfguard.baseline.record import merge_rounds
 from perfguard.compare.against import settings_for
 from perfguard.compare.judge import Against
-from perfguard.compare.timing import ab_resolved, judge_ab
+from perfguard.compare.timing import ab_resolved
 from perfguard.compare.tolerance import ALPHA
 from perfguard.compare.units import interval, percent
 from perfguard.core.record import Measured
@@ -37,7 +37,7 @@ from perfguard.plugin.ab import (
     RoundOutput,
     TestAB,
     foreign_modules,
-    pair_values,
+    pairs_verdict,
     tree_lead,
     write_round_output,
 )
@@ -194,12 +194,9 @@ class Coordinator:
 
     def _verdict(self, ab: TestAB) -> Any:
         """The timing verdict of the pairs measured so far (None while a side has none)."""
-        values = pair_values(ab)
-        if values is None:
+        if not ab.head.records:  # the tolerance is read from the head's record
             return None
-        return judge_ab(
-            *values, metric=ab.head.records[0].metric, tolerance=self._tolerance(ab), alpha=ALPHA
-        )
+        return pairs_verdict(ab, self._tolerance(ab), ALPHA)
 
     def _tolerance(self, ab: TestAB) -> float:
         """The test's own tolerance (its marker's, else the session's), as the final judge

@@ -220,18 +220,16 @@ def _view(i: int, test: TestEntry, figures: Any, max_ops: int) -> TestView:
         ops_hidden=len(hidden),
         ops_hidden_max_abs_ns=max(hidden_abs) if hidden_abs else None,
         profile=profile_view(test, i),
-        device_columns=any(
-            op.get(k) is not None
-            for op in shown
-            for k in (
-                "tc_util_baseline",
-                "tc_util_current",
-                "flop_eff_baseline",
-                "flop_eff_current",
-            )
+        device_columns=_any_figure(
+            shown, ("tc_util_baseline", "tc_util_current", "flop_eff_baseline", "flop_eff_current")
         ),
-        stat_columns=any(op.get(k) is not None for op in shown for k in ("ci_low_pct", "p_value")),
+        stat_columns=_any_figure(shown, ("ci_low_pct", "p_value")),
     )
+
+
+def _any_figure(ops: list[dict[str, Any]], keys: tuple[str, ...]) -> bool:
+    """Whether any shown op has one of ``keys``: a column none has is left out."""
+    return any(op.get(k) is not None for op in ops for k in keys)
 
 
 def session_page(results: SessionResults | dict[str, Any], *, max_ops: int = 50) -> SessionPage:
