@@ -30,8 +30,9 @@ Standard library only: the trace readers, the store and ``results.json`` all use
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "EnvironmentChange",
     "EnvironmentField",
     "incompatibility",
+    "machine_key",
     "parse_across",
 ]
 
@@ -261,3 +263,17 @@ def incompatibility(changes: Iterable[EnvironmentChange]) -> str | None:
         f"environment differs from the baseline's: {said}; to compare anyway: "
         f"{PYTEST_OPTION} {groups} (perfguard compare: {CLI_OPTION} {groups})"
     )
+
+
+def machine_key(fp: Mapping[str, Any]) -> tuple[str, str]:
+    """(key, label) of the machine kind a run's fingerprint describes: what must match for two
+    runs' timings to be compared (GPU model and count, backend, CPU model without a GPU,
+    and the test processes measuring at once), as ``Fingerprint.incompatibility`` and
+    ``timing_incompatibility`` decide."""
+    gpu, count = str(fp.get("gpu_name") or ""), int(fp.get("gpu_count") or 0)
+    backend, cpu = str(fp.get("backend") or "?"), "" if gpu else str(fp.get("cpu") or "")
+    workers = int(fp.get("workers") or 1)
+    key = json.dumps([gpu, count, backend, cpu, workers])
+    what = (f"{count}x {gpu}" if count > 1 else gpu) if gpu else f"CPU {cpu}".strip()
+    label = f"{what} [{backend}]" + (f", {workers} workers" if workers > 1 else "")
+    return key, label

@@ -25,6 +25,7 @@ from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import Run, SessionResults, TestEntry, encode, load_results
 from perfguard.errors import ReportError
 from perfguard.plugin.shards import ci_run_group, parse_shard, plan_digest, split, weights_of
+from perfguard.report.markdown import plain
 
 pytest_plugins = ["pytester"]
 
@@ -193,6 +194,19 @@ def git(path: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
+def repo_with(pytester, bench: str) -> Path:
+    """A git repository holding ``test_bench.py`` = ``bench``, committed once (``c0``)."""
+    pytester.makeini("[pytest]\n")
+    root = pytester.path
+    git(root, "init", "-q", "-b", "main")
+    git(root, "config", "user.email", "ci@example.com")
+    git(root, "config", "user.name", "CI")
+    pytester.makepyfile(test_bench=bench)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "c0")
+    return root
+
+
 def perfguard(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "GITHUB_STEP_SUMMARY": ""}
     return subprocess.run(
@@ -221,14 +235,7 @@ def shard(pytester, k: int, n: int, store: Path, out: str, group: str):
 
 
 def test_two_commits_in_two_shards_are_one_run_each_and_one_merged_verdict(pytester, monkeypatch):
-    pytester.makeini("[pytest]\n")
-    root = pytester.path
-    git(root, "init", "-q", "-b", "main")
-    git(root, "config", "user.email", "ci@example.com")
-    git(root, "config", "user.name", "CI")
-    pytester.makepyfile(test_bench=BENCH)
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "c0")
+    root = repo_with(pytester, BENCH)
     shared = root / "shared.db"
 
     # commit 0: both shards save into one store, one after the other (no durations yet)
@@ -367,3 +374,107 @@ def test_the_ci_example_is_a_sharded_matrix_with_one_merge_job():
     steps = " ".join(s.get("run", "") for s in merge_job["steps"])
     assert "perfguard merge shards/*/results.json" in steps and "--expect-shards" in steps
     assert "perfguard baseline merge" in steps and "--body-file merged/summary.md" in steps
+
+
+# ---------------------------------------------------------------------------- machines
+MATRIX_BENCH = """
+import pytest
+import torch
+
+
+@pytest.mark.gpuprofile(iterations=3, warmup=1)
+@pytest.mark.parametrize("n", range(3))
+def test_step(gpuprofile, n):
+    a = torch.randn(32 + 16 * n, 32 + 16 * n)
+    for _ in gpuprofile.iterations():
+        b = a @ a
+        b = b.relu()
+"""
+
+
+def kind_session(pytester, kind: str, store: Path, out: str, save: bool):
+    """One job of a matrix. A machine kind is its fingerprint; on one machine, the number of
+    test processes measuring at once (``-n 2``) makes another kind, as a GPU model would."""
+    return pytester.runpytest_subprocess(
+        "--perfguard",
+        *(["--perfguard-save"] if save else []),
+        *(["-n", "2"] if kind == "x2" else ["-p", "no:xdist"]),
+        "--perfguard-backend=cpu",
+        "-p",
+        "no:cacheprovider",
+        f"--perfguard-store={store}",
+        f"--perfguard-output={pytester.path / out}",
+    )
+
+
+def test_two_machine_kinds_merge_into_one_comment_with_a_column_each(pytester):
+    root = repo_with(pytester, MATRIX_BENCH)
+    store = root / "store.db"
+    for kind in ("x1", "x2"):  # two kinds saved into one store
+        kind_session(pytester, kind, store, f"base-{kind}", save=True)
+
+    # the pull request: step 1 multiplies twice (its op calls double on both kinds)
+    (root / "test_bench.py").write_text(
+        MATRIX_BENCH.replace("b = a @ a\n", "b = a @ a\n        b = b @ a if n == 1 else b\n")
+    )
+    git(root, "commit", "-q", "-am", "c1")
+    for kind in ("x1", "x2"):
+        kind_session(pytester, kind, store, f"pr-{kind}", save=False)
+    alone = {b: load_results(root / f"pr-{b}" / "results.json") for b in ("x1", "x2")}
+    for doc in alone.values():  # each kind judged against its own kind's baseline
+        assert all(t.outcome.judged for t in doc.tests), [(t.nodeid, t.message) for t in doc.tests]
+        assert [t.nodeid for t in doc.tests if t.outcome is Outcome.REGRESSED] == [
+            "test_bench.py::test_step[1]"
+        ]
+
+    done = perfguard("merge", "pr-x1/results.json", "pr-x2/results.json", "-o", "merged", cwd=root)
+    assert done.returncode == 1, done.stderr  # the worst kind's exit
+    index = json.loads((root / "merged" / "matrix.json").read_text())
+    labels = [m["label"] for m in index["machines"]]
+    assert len(labels) == 2 and labels[1].endswith("[cpu], 2 workers")
+    # each kind's merged document holds exactly its job's entries: the verdicts one job gave
+    for m, kind in zip(index["machines"], ("x1", "x2"), strict=True):
+        one = load_results(root / "merged" / m["folder"] / "results.json")
+        assert one.tests == alone[kind].tests
+        assert (root / "merged" / m["folder"] / "report.html").stat().st_size > 0
+
+    summary = (root / "merged" / "summary.md").read_text()
+    assert summary.startswith("## perfguard :x: FAIL: 3 tests on 2 machine kinds")
+    shown = [plain(label) for label in labels]  # Markdown-escaped: `[cpu]` reads \[cpu\]
+    assert f"| Test | {shown[0]} | {shown[1]} |" in summary
+    rows = [line for line in summary.splitlines() if line.startswith("| `test_bench.py::")]
+    regressed = next(r for r in rows if "test_step[1]" in r)
+    assert regressed.count(":red_circle: regressed") == 2
+    # what changed, at its line, per machine where their words differ, else once
+    changed = summary.split("### What changed", 1)[1]
+    heads = {
+        b: next(t for t in d.tests if t.outcome is Outcome.REGRESSED) for b, d in alone.items()
+    }
+    assert "test\\_bench.py:12 in test\\_step: op calls 1 → 2" in changed
+    from perfguard.compare.listing import headline
+
+    if headline(heads["x1"]) == headline(heads["x2"]):
+        assert "on every machine" in changed
+    else:
+        assert all(f"**{label}**" in changed for label in shown)
+    assert "workers: 1 \\| 2" in summary and "said, not judged" in summary
+    assert "incomparable" not in summary
+
+    html = (root / "merged" / "report.html").read_text()
+    for m in index["machines"]:
+        assert f'href="{m["folder"]}/report.html#test-' in html
+    assert html.count('<span class="badge o-regressed">regressed</span>') == 2
+
+    # one kind's shard missing: named under that kind, the merge still fails
+    partial = perfguard(
+        "merge",
+        "pr-x1/results.json",
+        "pr-x2/results.json",
+        "-o",
+        "two",
+        "--expect-shards",
+        "2",
+        cwd=root,
+    )
+    assert partial.returncode == 1
+    assert partial.stderr.count("is missing") == 2  # shard 2/2 of each kind

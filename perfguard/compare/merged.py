@@ -26,9 +26,10 @@ import msgspec
 
 from perfguard.compare.outcomes import Outcome, fails
 from perfguard.compare.results import SessionResults, TestEntry, load_results
+from perfguard.environment import machine_key
 from perfguard.errors import ReportError
 
-__all__ = ["Merged", "Shard", "merge"]
+__all__ = ["Matrix", "MachineRun", "Merged", "Shard", "merge", "merge_matrix"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,11 @@ class Shard:
     def name(self) -> str:
         """How the views name it: ``shard K/N``, else its file."""
         return f"shard {self.label}" if self.label else str(self.path)
+
+    @property
+    def machine(self) -> tuple[str, str]:
+        """(key, label) of the machine kind that measured it (:func:`machine_key`)."""
+        return machine_key(msgspec.structs.asdict(self.results.run.fingerprint))
 
     @property
     def plan(self) -> str | None:
@@ -87,9 +93,7 @@ def _missing_entry(nodeid: str, message: str) -> TestEntry:
     return TestEntry(nodeid=nodeid, outcome=Outcome.CRASHED, message=message, error=message)
 
 
-def merge(paths: Sequence[str | Path], expect: int | None = None) -> Merged:
-    """The documents at ``paths`` as one (module docstring). ``expect``: how many shards
-    the run had (else the N the documents recorded)."""
+def _load(paths: Sequence[str | Path]) -> list[Shard]:
     if not paths:
         raise ReportError("nothing to merge: give one results.json per shard")
     shards = []
@@ -98,6 +102,17 @@ def merge(paths: Sequence[str | Path], expect: int | None = None) -> Merged:
         part = _label(doc)
         shards.append(Shard(Path(p), doc, None if part is None else f"{part[0]}/{part[1]}"))
     _check_one_run(shards)
+    return shards
+
+
+def merge(paths: Sequence[str | Path], expect: int | None = None) -> Merged:
+    """The documents at ``paths`` as one (module docstring). ``expect``: how many shards
+    the run had (else the N the documents recorded)."""
+    return _merge(_load(paths), expect)
+
+
+def _merge(shards: list[Shard], expect: int | None) -> Merged:
+    """One machine kind's shards as one document."""
     counts = {int(s.label.split("/")[1]) for s in shards if s.label}
     if len(counts) > 1:
         raise ReportError(
@@ -164,13 +179,14 @@ def _check_one_run(shards: list[Shard]) -> None:
                 f"the files measured different {what}: "
                 + ", ".join(f"{s.path} ({get(s.results)})" for s in shards)
             )
-    by_label: dict[str, Path] = {}
+    by_label: dict[tuple[str, str], Path] = {}
     for s in shards:
         if s.label is None:
             continue
-        if s.label in by_label:
-            raise ReportError(f"shard {s.label} given twice: {by_label[s.label]} and {s.path}")
-        by_label[s.label] = s.path
+        key = (s.machine[0], s.label)
+        if key in by_label:
+            raise ReportError(f"shard {s.label} given twice: {by_label[key]} and {s.path}")
+        by_label[key] = s.path
 
 
 def _document(
@@ -230,4 +246,76 @@ def _document(
         notes=notes,
         phase_s=phase_s,
         tests=sorted(tests, key=lambda t: t.nodeid),
+    )
+
+
+@dataclass(frozen=True)
+class MachineRun:
+    """One machine kind's part of a matrix: its label and its shards merged."""
+
+    key: str
+    label: str
+    merged: Merged
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return msgspec.structs.asdict(self.merged.results.run.fingerprint)
+
+
+#: fingerprint fields said when machines differ (the host is a runner's name, not a kind)
+_KIND_FIELDS = ("gpu_name", "gpu_count", "backend", "cpu", "workers", "driver", "cuda", "torch")
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A CI run measured on several machine kinds: each kind merged and judged apart
+    (against its own kind's baseline, as its jobs judged it), never against each other."""
+
+    machines: list[MachineRun]
+
+    @property
+    def exit_status(self) -> int:
+        """The worst of the machines' (:attr:`Merged.exit_status`)."""
+        return max(m.merged.exit_status for m in self.machines)
+
+    @property
+    def nodeids(self) -> list[str]:
+        """Every test any machine reported, sorted."""
+        return sorted({t.nodeid for m in self.machines for t in m.merged.results.tests})
+
+    def entry(self, machine: MachineRun, nodeid: str) -> TestEntry | None:
+        """``nodeid``'s entry on ``machine`` (None: that machine did not report it)."""
+        return next((t for t in machine.merged.results.tests if t.nodeid == nodeid), None)
+
+    def differences(self) -> list[str]:
+        """How the machines differ (fingerprint and environment), one ``field: a | b`` each:
+        said, never judged, since no test is compared across machines."""
+        out = []
+        prints = [m.fingerprint for m in self.machines]
+        for name in _KIND_FIELDS:
+            values = [str(fp.get(name) or "?") for fp in prints]
+            if len(set(values)) > 1:
+                out.append(f"{name.replace('_', ' ')}: {' | '.join(values)}")
+        envs = [m.merged.results.run.environment for m in self.machines]
+        for name in sorted(set().union(*envs)):
+            values = [str(env.get(name) or "?") for env in envs]
+            if len(set(values)) > 1 and name not in _KIND_FIELDS:
+                out.append(f"{name.replace('_', ' ')}: {' | '.join(values)}")
+        return out
+
+
+def merge_matrix(paths: Sequence[str | Path], expect: int | None = None) -> Matrix:
+    """The documents at ``paths`` grouped by the machine kind that measured them
+    (:func:`machine_key`: GPU model and count, backend, CPU without a GPU, workers), each
+    group merged as :func:`merge` merges one (``expect`` shards each). One commit and one
+    mode over all of them; a machine kind listed in the order its first file was given."""
+    shards = _load(paths)
+    groups: dict[str, list[Shard]] = {}
+    for s in shards:
+        groups.setdefault(s.machine[0], []).append(s)
+    return Matrix(
+        [
+            MachineRun(key, group[0].machine[1], _merge(group, expect))
+            for key, group in groups.items()
+        ]
     )

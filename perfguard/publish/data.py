@@ -47,6 +47,7 @@ from perfguard.baseline.record import (
     METRICS,
     round_statistic,
 )
+from perfguard.environment import machine_key
 from perfguard.forking import can_fork
 
 if TYPE_CHECKING:
@@ -88,20 +89,6 @@ class StoreTables:
     ops: pd.DataFrame
     #: acceptance_id, nodeid, commit, reason, time, author
     acceptances: pd.DataFrame
-
-
-def machine_key(fp: dict[str, Any]) -> tuple[str, str]:
-    """(key, label) of the machine a run's fingerprint describes: what must match for two
-    runs' timings to be compared (GPU model and count, backend, CPU model without a GPU,
-    and the test processes measuring at once), as ``Fingerprint.incompatibility`` and
-    ``timing_incompatibility`` decide."""
-    gpu, count = str(fp.get("gpu_name") or ""), int(fp.get("gpu_count") or 0)
-    backend, cpu = str(fp.get("backend") or "?"), "" if gpu else str(fp.get("cpu") or "")
-    workers = int(fp.get("workers") or 1)
-    key = json.dumps([gpu, count, backend, cpu, workers])
-    what = (f"{count}x {gpu}" if count > 1 else gpu) if gpu else f"CPU {cpu}".strip()
-    label = f"{what} [{backend}]" + (f", {workers} workers" if workers > 1 else "")
-    return key, label
 
 
 def _stream(cursor: Iterable[tuple[Any, ...]], width: int) -> np.ndarray:

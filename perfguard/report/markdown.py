@@ -36,7 +36,7 @@ from perfguard.report.profile import one_line
 
 #: the environment variable that gives the report's URL (an artifact, a static host)
 REPORT_URL_ENV = "PERFGUARD_REPORT_URL"
-_ICON = {
+ICON = {
     "regressed": ":red_circle:",
     "crashed": ":boom:",
     "error": ":warning:",
@@ -45,7 +45,7 @@ _ICON = {
     "not-judged": ":grey_question:",
     "improved": ":green_circle:",
 }
-_BADGE_ICON = {
+BADGE_ICON = {
     "FAIL": ":x:",
     "ADVISORY": ":warning:",
     "INCOMPLETE": ":boom:",
@@ -53,13 +53,13 @@ _BADGE_ICON = {
     "PASS": ":white_check_mark:",
 }
 #: outcomes that get a line of their own; the rest go into the collapsed table
-_LISTED = tuple(o for o in OUTCOMES if o in _ICON)
+_LISTED = tuple(o for o in OUTCOMES if o in ICON)
 _MAX_LINES = 30  # listed lines
 _MAX_ROWS = 150  # rows of the collapsed table
 _MAX_REASON = 500  # characters of a table cell's reason (shortened between words)
 
 
-def _code(text: Any, table: bool = False) -> str:
+def code(text: Any, table: bool = False) -> str:
     """``text`` as an inline code span that nothing inside can end early."""
     text = " ".join(str(text).split())
     runs = re.findall(r"`+", text)
@@ -69,7 +69,7 @@ def _code(text: Any, table: bool = False) -> str:
     return span.replace("|", "\\|") if table else span
 
 
-def _text(text: Any, limit: int | None = None) -> str:
+def plain(text: Any, limit: int | None = None) -> str:
     """Plain user text for Markdown: HTML and emphasis characters escaped, one line; a
     table cell's ``limit`` shortens it between words (:func:`shorten`)."""
     text = " ".join(str(text).split())
@@ -83,8 +83,8 @@ def _line(t: TestEntry) -> str:
     """One listed test: its headline and the lines under it (:mod:`~perfguard.compare.listing`,
     as the terminal lists them)."""
     o = t.outcome.value
-    out = [f"- {_ICON[o]} **{o}** {_code(t.nodeid)}: {_text(headline(t))}"]
-    out += [f"  - {_text(line)}" for line in detail_lines(t)]
+    out = [f"- {ICON[o]} **{o}** {code(t.nodeid)}: {plain(headline(t))}"]
+    out += [f"  - {plain(line)}" for line in detail_lines(t)]
     return "\n".join(out)
 
 
@@ -105,34 +105,34 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
     badge = results.badge()
     parts = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]) or "no tests"
     out = [
-        f"## perfguard {_BADGE_ICON[badge]} {badge}: {parts}",
+        f"## perfguard {BADGE_ICON[badge]} {badge}: {parts}",
         "",
-        _text(results.badge_reason()),
+        plain(results.badge_reason()),
         "",
     ]
     seen = results.resolution()
     if seen:
-        out[-1:] = ["", _text(seen[0].upper() + seen[1:]), ""]
+        out[-1:] = ["", plain(seen[0].upper() + seen[1:]), ""]
 
     run, base = results.run, results.baseline
     fp = run.fingerprint
-    where = [f"current commit {_code((run.commit or 'unknown')[:12])}"]
+    where = [f"current commit {code((run.commit or 'unknown')[:12])}"]
     if base:
         what = "vs base commit" if base.ab else "vs baseline commit"
-        where.append(f"{what} {_code((base.commit or 'unknown')[:12])}")
+        where.append(f"{what} {code((base.commit or 'unknown')[:12])}")
         ref = base.ref or ""
         # the ref the baseline was looked up from, named once and only when it says more
         # than the two commits do (a branch or tag; not the current commit's own sha)
         same = bool(ref) and bool(run.commit) and (run.commit or "").startswith(ref)
         if ref and not same and not ref.startswith(base.commit or "\0"):
-            where.append(f"(nearest stored run at or before {_code(ref)})")
+            where.append(f"(nearest stored run at or before {code(ref)})")
     else:
         where.append("(no baseline)")
     if results.mode == "ab":
         where.append("(A/B: both measured in turn on one machine)")
     machine = fp.gpu_name or (f"CPU {fp.cpu}" if fp.cpu else "")
     backend = fp.backend or results.settings.get("backend")
-    extra = [_text(x) for x in (machine, backend) if x]
+    extra = [plain(x) for x in (machine, backend) if x]
     out += [" ".join(where) + (" on " + ", ".join(extra) if extra else ""), ""]
 
     listed = [t for t in tests if t.outcome.value in _LISTED]
@@ -145,8 +145,8 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
     rest = [t for t in tests if t.outcome.value not in _LISTED]
     shared = shared_environment(rest)  # what changed anyway, said once for the tests sharing it
     for line, nodeids in shared.items():
-        who = _code(nodeids[0]) if len(nodeids) == 1 else f"{len(nodeids)} tests"
-        out.append(f"- {_text(line)} ({who})")
+        who = code(nodeids[0]) if len(nodeids) == 1 else f"{len(nodeids)} tests"
+        out.append(f"- {plain(line)} ({who})")
     if shared:
         out.append("")
     if rest:
@@ -160,13 +160,13 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
         ]
         for t in rest[:_MAX_ROWS]:
             host = t.host_count
-            cell = (f" {_text(host.short()) if host else '-'} |") if counted else ""
+            cell = (f" {plain(host.short()) if host else '-'} |") if counted else ""
             out.append(
-                f"| {_code(t.nodeid, table=True)} | {t.outcome.value} "
+                f"| {code(t.nodeid, table=True)} | {t.outcome.value} "
                 f"| {percent(t.delta_pct, True)} | {p_value(t.p_value)} "
                 f"| {format_ns(t.level_baseline_ns)} → "
                 f"{format_ns(_level_or_median(t))} |{cell} "
-                f"{_text('; '.join(filter(None, [t.accepted_text, t.reason])), _MAX_REASON)} |"
+                f"{plain('; '.join(filter(None, [t.accepted_text, t.reason])), _MAX_REASON)} |"
             )
         if len(rest) > _MAX_ROWS:
             out.append(f"\n… and {len(rest) - _MAX_ROWS} more (see the report)")
@@ -181,7 +181,7 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
             "",
         ]
         out += [
-            f"- {_code(t.nodeid)} ({t.outcome.value}): {_text(one_line(t))}"
+            f"- {code(t.nodeid)} ({t.outcome.value}): {plain(one_line(t))}"
             for t in profiled[:_MAX_ROWS]
         ]
         if len(profiled) > _MAX_ROWS:
@@ -189,7 +189,7 @@ def render_markdown(results: SessionResults | dict[str, Any], report_url: str | 
         out += ["", "</details>", ""]
 
     for note in results.notes:
-        out.append(f"> {_text(note, 300)}")
+        out.append(f"> {plain(note, 300)}")
     if results.notes:
         out.append("")
     out.append(report_link(report_url))
