@@ -15,6 +15,10 @@ import pytest
 
 from perfguard.trace import load_trace
 
+#: a project that tests copy into a git repository of their own (test_changed.py): its
+#: tests are that project's, never this suite's
+collect_ignore = ["data/changed_project"]
+
 
 def _locate_fixtures() -> Path | None:
     beside_repo = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"

@@ -40,8 +40,10 @@ __all__ = [
     "GitError",
     "GitState",
     "ancestry_path",
+    "changed_since",
     "common_dir",
     "default_baseline_ref",
+    "file_at",
     "find_baseline",
     "first_parent_commits",
     "is_ancestor",
@@ -170,6 +172,23 @@ def ancestry_path(root: Where, commit: str, ref: str) -> list[str]:
 def subject(root: Where, sha: str) -> str:
     """The first line of ``sha``'s commit message."""
     return output(root, "log", "-1", "--format=%s", sha)
+
+
+def changed_since(root: Where, commit: str) -> tuple[list[str], list[str]]:
+    """Paths (relative to the work tree, posix) whose content differs between ``commit``
+    and the work tree, committed, staged or not (a rename is its two paths); and the
+    untracked files git does not ignore."""
+    tracked = run(root, "diff", "--name-only", "--no-renames", "-z", commit, "--").stdout
+    untracked = run(root, "ls-files", "--others", "--exclude-standard", "-z").stdout
+    return sorted({p for p in tracked.split("\0") if p}), sorted(
+        {p for p in untracked.split("\0") if p}
+    )
+
+
+def file_at(root: Where, commit: str, path: str) -> str | None:
+    """The text of ``path`` (relative, posix) at ``commit``; None where it did not exist."""
+    done = run(root, "show", f"{commit}:{path}", ok=None)
+    return done.stdout if done.returncode == 0 else None
 
 
 def repo_state(path: Where = ".") -> GitState:

@@ -170,6 +170,17 @@ class Reader:
             found = self._load_tests("t.run_id = ? AND t.nodeid = ?", [int(run_id), nodeid])
         return found.get(nodeid)
 
+    def metas(self, run_id: int) -> dict[str, dict[str, Any]]:
+        """Each test's ``meta`` in a run, by nodeid, without its tables: what
+        ``--perfguard-changed`` reads of the baseline run before any test runs."""
+        df = self._query("SELECT nodeid, meta FROM tests WHERE run_id = ?", [int(run_id)])
+        self._texts(df, "tests", "nodeid")
+        out = {}
+        for nodeid, meta in zip(df["nodeid"], df["meta"], strict=True):
+            with self.db.decoding(f"the meta of {nodeid} in run {run_id}"):
+                out[str(nodeid)] = dict(json.loads(meta))
+        return out
+
     def _load_tests(self, where: str, params: list[Any]) -> dict[str, TestRecord]:
         tests = self._query(
             f"SELECT t.test_id, t.nodeid, t.metric, t.meta FROM tests t WHERE {where} "

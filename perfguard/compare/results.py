@@ -191,6 +191,9 @@ class TestEntry(msgspec.Struct, TimingFigures):
     timeline: str | None = None
     #: the acceptance this test was judged under
     accepted: Acceptance | None = None
+    #: ``--perfguard-changed``: not run, since nothing it executes changed since this
+    #: commit; its outcome is the one it had there (``message`` says so)
+    carried_from: str | None = None
     #: wall seconds of the measurement's parts (warmup, timing, profiled, analysis,
     #: findings, compare, timeline, history): where a test's time under perfguard went
     phase_s: dict[str, float] = {}
@@ -406,7 +409,17 @@ class SessionResults(msgspec.Struct, kw_only=True):
         return text
 
     def badge_reason(self) -> str:
-        """One line on why the badge is what it is."""
+        """One line on why the badge is what it is (and how many verdicts were carried
+        from the baseline commit by ``--perfguard-changed``, which the counts include)."""
+        carried = sum(t.carried_from is not None for t in self.tests)
+        said = (
+            f" ({carried} not run: nothing they execute changed, verdicts carried)"
+            if carried
+            else ""
+        )
+        return self._badge_reason() + said
+
+    def _badge_reason(self) -> str:
         c = self.counts
         badge = self.badge()
         if badge == "FAIL":

@@ -240,6 +240,15 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "shard 1 only; merge the jobs' results with perfguard merge",
     ),
     (
+        "perfguard_changed",
+        "--perfguard-changed",
+        "bool",
+        "store mode, off the default branch: skip a benchmark when nothing it executes (its "
+        "test file, conftests, the project modules they import, the files they name) changed "
+        "since the baseline commit and the environment is the same; it carries its verdict "
+        "there as not run; anything perfguard cannot rule out runs",
+    ),
+    (
         "perfguard_run_group",
         "--perfguard-run-group",
         "string",
@@ -337,6 +346,8 @@ class Settings:
     shard: str | None = None
     #: the CI run whose jobs save into one stored run (None: a run of its own)
     run_group: str | None = None
+    #: skip the benchmarks nothing changed under since the baseline (plugin/changed.py)
+    changed: bool = False
 
     @property
     def shard_part(self) -> tuple[int, int] | None:
@@ -498,6 +509,7 @@ def read_settings(config: pytest.Config) -> Settings:
         instructions_env=values["perfguard_instructions_env"],
         shard=values["perfguard_shard"],
         run_group=values["perfguard_run_group"],
+        changed=values["perfguard_changed"],
     )
 
 

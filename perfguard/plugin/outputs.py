@@ -37,6 +37,7 @@ from perfguard.compare.results import (
 from perfguard.compare.tolerance import ALPHA
 from perfguard.errors import PerfguardError
 from perfguard.plugin.context import SaveResult, SessionContext
+from perfguard.plugin.footprint import FOOTPRINT_KEY, SessionFootprint
 from perfguard.plugin.phases import timed
 
 RESULTS = "results.json"
@@ -64,12 +65,19 @@ class SessionOutputs:
         self._texts: dict[str, bytes] = {}  # nodeid -> the entry's JSON, made once
         #: wall seconds of the session's own parts (:attr:`SessionResults.phase_s`)
         self.phase_s: dict[str, float] = {}
+        #: records what each test's process loaded, in a session that saves (set after
+        #: collection: it needs the collected test files)
+        self.footprint: SessionFootprint | None = None
         self.clear_spool()  # an earlier session's
 
     # ------------------------------------------------------------------ the ledger
     def add(self, entry: TestEntry, record: TestRecord | None = None) -> None:
         """Keep a test's entry (and record), then write the partial document (on an xdist
-        worker: spool them for the controller)."""
+        worker: spool them for the controller). A record to be saved gets what this
+        process loaded (``meta["footprint"]``, what ``--perfguard-changed`` reads later)."""
+        if record is not None and self.footprint is not None:
+            with timed(self.phase_s, "footprint"):
+                record.meta.setdefault(FOOTPRINT_KEY, self.footprint.meta())
         self._keep(entry, record)
         self._spool(("entry", entry, record))
         if self.context.worker_id is None and not self.context.round_child:

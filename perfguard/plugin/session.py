@@ -45,9 +45,11 @@ from perfguard.compare.outcomes import fails
 from perfguard.core.phases import timed
 from perfguard.core.spec import ProfileSpec
 from perfguard.errors import PerfguardError
+from perfguard.plugin.changed import VERDICT_KEY, select_changed, verdict_meta
 from perfguard.plugin.confirm import Confirmer
 from perfguard.plugin.context import SaveResult, SessionContext
 from perfguard.plugin.coordinator import Coordinator, RoundChild
+from perfguard.plugin.footprint import SessionFootprint
 from perfguard.plugin.items import profiled, spec_of, uses_loop
 from perfguard.plugin.iterate import GpuProfile
 from perfguard.plugin.judging import Verdicts
@@ -107,6 +109,35 @@ class PerfguardSession:
     ) -> None:
         if self.child is not None:
             self.child.select(config, items)
+            return
+        ctx = self.context
+        if ctx.git is None or ctx.settings.against:
+            if ctx.settings.changed:
+                ctx.notes.append("--perfguard-changed: store mode in a git repository only")
+            return
+        measured = [i for i in items if profiled(i)]
+        if ctx.settings.save or ctx.settings.changed:
+            self.outputs.footprint = SessionFootprint(ctx.git.root, [i.path for i in measured])
+        if ctx.settings.changed and measured:
+            with timed(self.outputs.phase_s, "changed"):
+                self._skip_unchanged(config, items, measured)
+
+    def _skip_unchanged(
+        self, config: pytest.Config, items: list[pytest.Item], measured: list[pytest.Item]
+    ) -> None:
+        """``--perfguard-changed``: deselect the benchmarks nothing changed under, each one's
+        entry carrying its baseline verdict (:mod:`perfguard.plugin.changed`)."""
+        footprint = self.outputs.footprint
+        assert footprint is not None and self.context.git is not None
+        chosen = select_changed(self.context, {i.nodeid: i.path for i in measured}, footprint)
+        self.context.notes.append(chosen.note())
+        if not chosen.carried:
+            return
+        drop = [i for i in items if i.nodeid in chosen.carried]
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if i.nodeid not in chosen.carried]
+        for entry in chosen.carried.values():
+            self.outputs.add(entry)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """A/B: every selected marked test measured in both trees, up front. Store mode:
@@ -242,6 +273,9 @@ class PerfguardSession:
                 error="the session was interrupted: a partial run is never saved"
             )
         elif settings.save:
+            for nodeid, record in outputs.records.items():  # what --perfguard-changed carries
+                if nodeid in outputs.entries:
+                    record.meta[VERDICT_KEY] = verdict_meta(outputs.entries[nodeid])
             with timed(outputs.phase_s, "save"):
                 outputs.saved = ctx.save(outputs.records)
         if outputs.saved.error and settings.save and not interrupted:

@@ -1,0 +1,7 @@
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
