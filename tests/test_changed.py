@@ -279,3 +279,18 @@ def test_a_pull_request_runs_what_it_moved_and_carries_the_rest_in_every_view(pr
     words = session(root, "words", "--perfguard-changed")
     assert words.returncode == 0 and "8 deselected" in words.stdout
     assert len(load_results(root / "words" / "results.json").tests) == 8
+
+    # sharded: each job carries only its own part (the split comes first), merged once each
+    for k in (1, 2):
+        session(root, f"s{k}", "--perfguard-changed", f"--perfguard-shard={k}/2")
+    merged = subprocess.run(
+        [sys.executable, "-m", "perfguard", "merge", "s1/results.json", "s2/results.json"]
+        + ["-o", "merged"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert merged.returncode == 0, merged.stderr
+    tests = load_results(root / "merged" / "results.json").tests
+    assert len(tests) == 8 and all(t.carried_from == main for t in tests)

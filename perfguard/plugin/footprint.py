@@ -238,10 +238,13 @@ def project_modules(root: Path) -> set[str]:
 
 def packages_digest(search: Iterable[str] | None = None) -> str:
     """A digest of the installed distributions (``name-version`` of each ``.dist-info`` and
-    ``.egg-info`` on ``sys.path``), leaving out those installed from a local folder (the
-    project's own editable install: its code is in the diff, its version moves per commit)."""
+    ``.egg-info`` in the ``site-packages`` folders on ``sys.path``), leaving out those
+    installed from a local folder (the project's own editable install: its code is in the
+    diff, its version moves per commit)."""
     names: set[str] = set()
     for entry in sys.path if search is None else search:
+        if search is None and not {"site-packages", "dist-packages"} & set(Path(entry).parts):
+            continue  # a source folder on the path (PYTHONPATH, the rootdir): not installed
         try:
             listing = os.scandir(entry or ".")
         except OSError:

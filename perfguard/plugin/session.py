@@ -103,10 +103,13 @@ class PerfguardSession:
         return self.runner.profile_for(item, spec)
 
     # ------------------------------------------------------------------ collection
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(wrapper=True)
     def pytest_collection_modifyitems(
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
+    ) -> Generator[None, None, None]:
+        """After every other plugin's selection (``-k``, ``--perfguard-shard``): a round
+        child keeps its test; a session records footprints and skips the unchanged."""
+        yield
         if self.child is not None:
             self.child.select(config, items)
             return
