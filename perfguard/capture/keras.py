@@ -45,7 +45,7 @@ from perfguard.capture import ranges as _annotate
 #: not imported from there: capture code stays free of the readers and pandas).
 ITERATION_RANGE = "perfguard.iteration"
 
-__all__ = ["NvtxCallback"]
+__all__ = ["LoopCallback", "NvtxCallback"]
 
 
 def _keras_callback_base() -> type:
@@ -196,3 +196,90 @@ class NvtxCallback(_Base):
     def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.batches:
             self._end("keras.predict_batch")
+
+
+class LoopCallback(_Base):
+    """Drives a ``gpuprofile`` loop from Keras's own batches: ``model.fit`` (or
+    ``predict``, ``evaluate``) runs the test's steps, one batch each, and perfguard times
+    and profiles them as it does a ``for`` loop's (warm-up, timing rounds, the profiled
+    round). Made by ``gpuprofile.keras_callback(phase)``; pass it in ``callbacks=`` with
+    ``steps_per_epoch=cb.max_steps`` (``steps=`` for predict and evaluate) over a
+    dataset that lasts that long (``.repeat()``): training stops once the loop is done.
+
+    A step is the time from the end of one batch to the end of the next: the batch's
+    step function and Keras's work between batches (its callbacks, the input
+    pipeline's next element), as a user's step is.
+    """
+
+    PHASES = ("fit", "predict", "evaluate")
+
+    def __init__(self, loop: Any, phase: str = "fit", max_steps: int = 0) -> None:
+        super().__init__()
+        if phase not in self.PHASES:
+            raise ValueError(f"phase {phase!r} is not one of {', '.join(self.PHASES)}")
+        self.phase = phase
+        self.loop = loop
+        self.max_steps = max_steps
+        self._it: Any = None
+        self.done = False
+        self.batches = 0
+
+    def _first(self) -> None:
+        if self._it is None:
+            self._it = iter(self.loop)
+            next(self._it)  # into the first (warm-up) step: this batch is it
+
+    def _next(self) -> None:
+        self.batches += 1
+        try:
+            next(self._it)
+        except StopIteration:
+            self.done = True
+            if self.model is not None:  # Keras 3 stops each phase at its own flag
+                flag = {"fit": "stop_training", "predict": "stop_predicting"}
+                setattr(self.model, flag.get(self.phase, "stop_evaluating"), True)
+
+    def _check(self) -> None:
+        if not self.done:
+            raise RuntimeError(
+                f"gpuprofile.keras_callback({self.phase!r}): Keras ran {self.batches} "
+                f"batch(es) but the loop needs up to {self.max_steps}: give "
+                f"{'steps_per_epoch' if self.phase == 'fit' else 'steps'}=callback.max_steps "
+                "and a dataset that lasts (.repeat())"
+            )
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.phase == "fit" and not self.done:
+            self._first()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.phase == "fit" and not self.done:
+            self._next()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self.phase == "fit":
+            self._check()
+
+    def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.phase == "predict" and not self.done:
+            self._first()
+
+    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.phase == "predict" and not self.done:
+            self._next()
+
+    def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self.phase == "predict":
+            self._check()
+
+    def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.phase == "evaluate" and not self.done:
+            self._first()
+
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.phase == "evaluate" and not self.done:
+            self._next()
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self.phase == "evaluate":
+            self._check()

@@ -37,6 +37,19 @@ from perfguard.jsonsafe import finite
 PROFILE_OPS = 25
 #: whole-test counters a profile shows, per iteration (op rows summed)
 _COUNTERS = ("syncs", "host_reads", "memcpy", "memcpy_bytes")
+#: the ops through which a step takes its input from a ``tf.data`` pipeline (their time is
+#: the step waiting on the pipeline: Keras's ``fit`` reads through the Optional ops, a
+#: custom loop and ``predict`` through ``IteratorGetNext``; TensorFlow's op registry)
+INPUT_OPS = frozenset(
+    {
+        "IteratorGetNext",
+        "IteratorGetNextSync",
+        "IteratorGetNextAsOptional",
+        "OptionalGetValue",
+        "OptionalHasValue",
+        "MultiDeviceIteratorGetNextFromShard",
+    }
+)
 
 
 @dataclass
@@ -101,6 +114,16 @@ class TestProfile:
     #: whole-test counters per iteration (syncs, host reads, copies, copied bytes)
     counters: dict[str, float] = field(default_factory=dict)
     peak_memory: float | None = None
+    #: the input pipeline's part of the ops' time (ns, all iterations: :data:`INPUT_OPS`),
+    #: None where the step reads no ``tf.data`` iterator
+    input_ns: float | None = None
+
+    @property
+    def input_pct(self) -> float | None:
+        """The input pipeline's share of the ops' time (%)."""
+        if self.input_ns is None or not self.op_time_ns:
+            return None
+        return 100.0 * self.input_ns / self.op_time_ns
 
     def per_iteration(self, total: float | None) -> float | None:
         """A total over the profiled iterations, per iteration."""
@@ -215,6 +238,7 @@ def profile_of(record: Any, top: int = PROFILE_OPS) -> TestProfile | None:
     have_eff = np.isfinite(eff) & (time > 0)
     flop_time = float(time[have_flops].sum())
     counters = _counters(record.counters)
+    reads = np.array([n_.rsplit("/", 1)[-1] in INPUT_OPS for n_ in names], dtype=bool)
     profile = TestProfile(
         basis=basis,
         iterations=n,
@@ -235,6 +259,7 @@ def profile_of(record: Any, top: int = PROFILE_OPS) -> TestProfile | None:
         ),
         counters={k: v for k, v in counters.items() if k != "peak_memory"},
         peak_memory=counters.get("peak_memory"),
+        input_ns=float(time[reads].sum()) if reads.any() else None,
     )
     return profile
 

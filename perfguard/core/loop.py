@@ -145,19 +145,49 @@ class Loop:
         iteration range and its instruction count (pytest-benchmark's ``pedantic``);
         ``scope``: the values the framework is decided from, by default the caller's
         local variables."""
+        return self._start(sys._getframe(1), setup, teardown, scope)
+
+    def _start(
+        self,
+        frame: Any,
+        setup: Callable[[], object] | None = None,
+        teardown: Callable[[], object] | None = None,
+        scope: Iterable[object] | None = None,
+    ) -> Iterator[int]:
+        """The loop's generator, once per test; ``frame``: the test's, whose locals say
+        the framework and the model."""
         if self.started:
             raise RuntimeError(f"{self.loop_call} may be used once per test")
         self.started = True
         self._setup, self._teardown = setup, teardown
         decide = getattr(self.capturer, "decide", None)
         if self.capturer is not None:
-            values = list(sys._getframe(1).f_locals.values() if scope is None else scope)
+            values = list(frame.f_locals.values() if scope is None else scope)
             if decide is not None:  # the framework the test runs: what it holds by now
                 decide(values)
-            self.model_facts = model_facts(values, sys._getframe(1))
+            self.model_facts = model_facts(values, frame)
         loop = self._run() if self.capturer is not None else self._plain()
         self._loops.append(loop)
         return loop
+
+    @property
+    def max_steps(self) -> int:
+        """The most steps the loop can ask for: warm-up, every timing round run twice (a
+        slow spell's rounds are run again, at most ``rounds`` times), the call-site pass
+        and the profiled round. What a Keras ``fit`` driving it must allow."""
+        s = self.spec
+        return s.warmup + s.iterations * (2 * s.rounds + 1) + 1
+
+    def keras_callback(self, phase: str = "fit") -> Any:
+        """A Keras callback through which ``model.fit`` (``predict``, ``evaluate``) runs
+        this loop, one batch a step (:class:`perfguard.capture.keras.LoopCallback`)::
+
+            cb = gpuprofile.keras_callback()
+            model.fit(data.repeat(), epochs=1, steps_per_epoch=cb.max_steps, callbacks=[cb])
+        """
+        from perfguard.capture.keras import LoopCallback
+
+        return LoopCallback(self._start(sys._getframe(1)), phase, self.max_steps)
 
     @property
     def rounds(self) -> int:

@@ -65,6 +65,11 @@ def one_line(t: TestEntry) -> str:
             f"top op {top.short_name} {percent(top.share_pct, digits=0)} of {p.time_label}"
         )
     parts += [_tc_text(p), _efficiency_text(p)]
+    if p.input_ns is not None and p.input_pct is not None:
+        parts.append(
+            f"input pipeline {format_ns(p.per_iteration(p.input_ns))}/iteration "
+            f"({percent(p.input_pct, digits=0)} of {p.time_label})"
+        )
     return "; ".join(parts)
 
 
