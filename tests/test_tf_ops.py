@@ -230,3 +230,19 @@ def test_flops_of_batched_matmul_strided_conv_mean_and_adam_by_hand(tmp_path: Pa
     assert per_type["ResourceApplyAdam"] == 14 * 64
     means = inst.loc[inst["op_type"] == "Mean", "flops"]
     assert sorted(means.unique()) == [64, 125]
+
+
+def test_a_node_whose_runtime_name_differs_by_its_numbers_is_found_once_unambiguous() -> None:
+    from perfguard.trace.tf_graph import _by_identity, facts_of
+
+    # model.fit's step runs ``sequential/hidden/Relu``; its traced graph names the node
+    # ``sequential_1/hidden_1/Relu``: the same identity, one node, so its facts
+    relu = {"type": "Relu", "in": [[16, 64]], "src": []}
+    nodes = {"sequential_1/hidden_1/Relu": relu, "sequential_1/head_1/BiasAdd": {"type": "BiasAdd"}}
+    canon = _by_identity(nodes)
+    found = facts_of("StatefulPartitionedCall/sequential/hidden/Relu", "Relu", nodes, canon)
+    assert found is not None and found["in"] == [[16, 64]]
+    # two Keras layers ``dense`` and ``dense_1`` share the identity: no guess, no facts
+    twins = {"s_1/dense_1/MatMul": {"type": "MatMul"}, "s_1/dense_2/MatMul": {"type": "MatMul"}}
+    assert facts_of("s/dense/MatMul", "MatMul", twins, _by_identity(twins)) is None
+    assert facts_of("s_1/dense_2/MatMul", "MatMul", twins, _by_identity(twins)) is not None

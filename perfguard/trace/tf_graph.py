@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.trace.model import Trace
+from perfguard.trace.tf_names import identity_of, user_numbered
 
 GRAPH_SUFFIX = ".tfgraph.json"
 GRAPH_VERSION = 1
@@ -93,6 +94,7 @@ def with_graph_facts(path: Path, trace: Trace) -> Trace:
             called = facts.get("fn")
             if isinstance(called, str) and called in functions and called not in ran:
                 ran.append(called)
+    canon = _by_identity(nodes)
     tf = (r["category"] == "tf_op").to_numpy(bool)
     node = r["name"].astype(object).to_numpy()
     kind = r["op_type"].astype(object).to_numpy()
@@ -101,7 +103,7 @@ def with_graph_facts(path: Path, trace: Trace) -> Trace:
     text = []
     for u in uniques:
         name, op_type = u.split("\x1f", 1)
-        found = facts_of(name, op_type, nodes)
+        found = facts_of(name, op_type, nodes, canon)
         text.append(None if found is None else json.dumps(found, separators=(",", ":")))
     out = np.full(len(r), None, dtype=object)
     out[tf] = np.array([*text, None], dtype=object)[codes]
@@ -109,21 +111,47 @@ def with_graph_facts(path: Path, trace: Trace) -> Trace:
     return trace
 
 
-def _lookup(name: str, nodes: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+def _by_identity(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+    """The nodes by their identity (:mod:`perfguard.trace.tf_names`: no uniquifying
+    ``_<n>``), None where two nodes share one: how an op is found when its runtime name
+    and its traced node's differ only in those numbers (``model.fit``'s step ran
+    ``sequential/dense/Relu``; its traced graph calls the node ``sequential_1/dense_1/Relu``)."""
+    numbered = user_numbered(nodes)
+    out: dict[str, dict[str, Any] | None] = {}
+    for name, facts in nodes.items():
+        key = identity_of(name, numbered)
+        out[key] = facts if key not in out else None
+    return out
+
+
+def _lookup(
+    name: str,
+    nodes: dict[str, dict[str, Any]],
+    canon: dict[str, dict[str, Any] | None] | None = None,
+) -> dict[str, Any] | None:
     """A node by its runtime name; ops of a called function run as ``<call node>/<name>``
-    (``StatefulPartitionedCall/sgd/Mul``), so leading call nodes go until one is known."""
+    (``StatefulPartitionedCall/sgd/Mul``), so leading call nodes go until one is known; a
+    name no node has exactly is looked up by its identity in ``canon`` (one node only)."""
     parts = name.split("/")
     for i in range(len(parts)):
-        found = nodes.get("/".join(parts[i:]))
+        tail = "/".join(parts[i:])
+        found = nodes.get(tail)
+        if found is None and canon is not None:
+            found = canon.get(identity_of(tail))
         if found is not None or not _CALL_NODE.match(parts[i]):
             return found
     return None
 
 
-def facts_of(name: str, op_type: str, nodes: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+def facts_of(
+    name: str,
+    op_type: str,
+    nodes: dict[str, dict[str, Any]],
+    canon: dict[str, dict[str, Any] | None] | None = None,
+) -> dict[str, Any] | None:
     """The facts of node ``name`` run as ``op_type``; for a fusion also ``core`` and
     ``chain``, each with its ``name`` (module doc)."""
-    own = _lookup(name, nodes)
+    own = _lookup(name, nodes, canon)
     if own is None:
         return None
     out = dict(own)
