@@ -24,6 +24,11 @@ script measures it on real sessions, end to end, the way a project meets perfgua
 * **A/A**: a commit that only edits a comment, every test, ``--aa`` sessions per mode:
   any ``regressed``/``improved`` there is a false alarm.
 
+``--project frameworks`` runs issue 50's catalogue instead (``framework_project.py``: a Keras
+CNN in a custom ``tf.function`` loop, a Keras transformer trained by ``model.fit``, a JAX
+MLP's jitted gradient step and a JAX attention block; :data:`FRAMEWORK_CASES`, eight changes
+per framework), the A/A sessions over those four tests.
+
 Outputs (``--out``, default ``benchmarks/out/culprits``): ``sessions.jsonl`` (one row per
 session as it finishes), ``culprits.json`` (rows, rates, settings, load) and
 ``culprits.md`` (the table for ``benchmarks/README.md``).
@@ -57,6 +62,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import culprit_project as project  # noqa: E402
+import framework_project as frameworks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 AUTOGRAD = "autograd::engine::evaluate_function: "
@@ -1027,6 +1033,228 @@ TESTS = (
 )
 
 
+def _tf(old: str, new: str) -> Edit:
+    return Edit(frameworks.MODELS_FILE, old, new)
+
+
+def _jx(old: str, new: str) -> Edit:
+    return Edit(frameworks.HELPERS_FILE, old, new)
+
+
+def _ft(old: str, new: str) -> Edit:
+    return Edit(frameworks.TESTS_FILE, old, new)
+
+
+#: the CNN's and the transformer's layers, as their ops' scopes and TF op types name them
+_TF_CNN = ("conv", "pool", "flat", "logits", "Conv2D", "MatMul", "BiasAdd", "Relu", "MaxPool")
+_TF_BLOCK = ("block0", "block1", "block2", "attn", "mlp", "norm", "head", "MatMul", "Einsum")
+_TF_INPUT = ("IteratorGetNext", "OptionalGetValue", "OptionalHasValue")
+_CNN_STEP = "            logits = model(x, training=True)\n"
+_CNN_CALL = "        step(x, y)\n"
+_CNN_LOOP = "    for _ in gpuprofile.iterations():\n        x, y = next(data)\n"
+_TF_DATA = "    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()\n"
+_ATTN_LOOP = "    for _ in gpuprofile.iterations():\n        models_jax.attention_step(x)"
+#: issue 50's catalogue, eight per framework; ``expected`` fixed before the first run. A
+#: JAX case expects its jitted function's ops (``jit_mlp_step::``: XLA's fusions are not
+#: named after what they hold); a component matches a name ending in ``::`` by prefix
+FRAMEWORK_CASES: tuple[Case, ...] = (
+    Case(
+        "tf_model_twice",
+        "TF: the model called twice",
+        "test_tf_cnn",
+        "the CNN called a second time in the step (logits recomputed for a metric)",
+        (_ft(_CNN_STEP, _CNN_STEP + "            probs = tf.nn.softmax(model(x))\n"),),
+        (*_TF_CNN, "Softmax"),
+    ),
+    Case(
+        "tf_model_twice_used",
+        "TF: the model called twice",
+        "test_tf_cnn",
+        "the CNN called a second time for an auxiliary loss on half-scaled inputs (added "
+        "after the first run: tf_model_twice's second call was unused, and Grappler pruned it)",
+        (
+            _ft(
+                "            loss = loss_fn(y, logits)\n",
+                "            loss = loss_fn(y, logits)\n"
+                "            loss += loss_fn(y, model(x * 0.5, training=True))\n",
+            ),
+        ),
+        _TF_CNN,
+    ),
+    Case(
+        "tf_conv_wider",
+        "TF: a layer widened",
+        "test_tf_cnn",
+        "the convolution's channels 8 -> 32",
+        (_tf("def cnn(width=8):", "def cnn(width=32):"),),
+        _TF_CNN,
+    ),
+    Case(
+        "tf_float64",
+        "TF: precision",
+        "test_tf_cnn",
+        "the CNN built in float64 (keras.backend.set_floatx)",
+        (
+            _tf(
+                "keras.utils.set_random_seed(0)\n",
+                'keras.utils.set_random_seed(0)\nkeras.backend.set_floatx("float64")\n',
+            ),
+        ),
+        (*_TF_CNN, "Cast"),
+    ),
+    Case(
+        "tf_host_sync",
+        "TF: a host sync in the step",
+        "test_tf_cnn",
+        "the loss read back to Python every step (.numpy())",
+        (_ft(_CNN_CALL, "        float(step(x, y).numpy())\n"),),
+        (*_TF_CNN, "step", "numpy"),
+    ),
+    Case(
+        "tf_retrace",
+        "TF: a retrace per step",
+        "test_tf_cnn",
+        "the step given its iteration as a Python int: a new trace every step",
+        (
+            _ft("    def step(x, y):\n", "    def step(x, y, i):\n"),
+            _ft(
+                _CNN_LOOP + _CNN_CALL,
+                _CNN_LOOP.replace("for _ in", "for i in") + "        step(x, y, i)\n",
+            ),
+        ),
+        (*_TF_CNN, "step"),
+    ),
+    Case(
+        "tf_no_function",
+        "TF: the compiler taken away",
+        "test_tf_cnn",
+        "@tf.function removed: the step runs op by op",
+        (_ft("    @tf.function\n    def step(x, y):\n", "    def step(x, y):\n"),),
+        (*_TF_CNN, "step"),
+    ),
+    Case(
+        "tf_deeper",
+        "TF: a loop unrolled deeper",
+        "test_tf_transformer_fit",
+        "the transformer built with 3 blocks instead of 2",
+        (_tf("def transformer(depth=2,", "def transformer(depth=3,"),),
+        _TF_BLOCK,
+    ),
+    Case(
+        "tf_input_slower",
+        "TF: a slower input pipeline",
+        "test_tf_transformer_fit",
+        "each element normalised in the tf.data pipeline (a map per element)",
+        (
+            _tf(
+                "    y = tf.random.stateless_normal((n, 4), seed=(7, 8))\n" + _TF_DATA,
+                "    y = tf.random.stateless_normal((n, 4), seed=(7, 8))\n"
+                "    ds = tf.data.Dataset.from_tensor_slices((x, y))\n"
+                "    ds = ds.map(lambda a, b: (tf.nn.l2_normalize(tf.cumsum(a, 0), -1), b))\n"
+                "    return ds.batch(16).repeat()\n",
+            ),
+        ),
+        _TF_INPUT,
+    ),
+    Case(
+        "jax_model_twice",
+        "JAX: the model called twice",
+        "test_jax_mlp",
+        "the loss adds a second forward pass (a consistency term)",
+        (
+            _jx(
+                "    return jnp.mean((logits - y) ** 2)\n",
+                "    again = mlp(params, x * 0.5)\n"
+                "    return jnp.mean((logits - y) ** 2) + jnp.mean(again**2)\n",
+            ),
+        ),
+        ("jit_mlp_step::",),
+    ),
+    Case(
+        "jax_wider",
+        "JAX: a layer widened",
+        "test_jax_mlp",
+        "the MLP's hidden width 64 -> 512",
+        (_jx("def mlp_params(width=64,", "def mlp_params(width=512,"),),
+        ("jit_mlp_step::",),
+    ),
+    Case(
+        "jax_half_round_trip",
+        "JAX: precision",
+        "test_jax_attention",
+        "the attention's input sent through float16 and back each layer",
+        (
+            _jx(
+                "        w = jax.nn.softmax(",
+                "        x = x.astype(jnp.float16).astype(DTYPE)\n        w = jax.nn.softmax(",
+            ),
+        ),
+        ("jit_attention::",),
+    ),
+    Case(
+        "jax_host_sync",
+        "JAX: a host sync in the step",
+        "test_jax_mlp",
+        "the parameters read back to the host every step (jax.device_get)",
+        (
+            _ft(
+                "        jax.block_until_ready(params)\n",
+                "        params = jax.device_put(jax.device_get(params))\n",
+            ),
+        ),
+        ("jit_mlp_step::", "device_get", "device_put"),
+    ),
+    Case(
+        "jax_recompile",
+        "JAX: a recompile per step",
+        "test_jax_attention",
+        "the depth made a static argument that changes every step: a compile each time",
+        (
+            _jx(
+                "attention_step = jax.jit(attention)\n",
+                "attention_step = jax.jit(attention, static_argnums=1)\n",
+            ),
+            _ft(
+                _ATTN_LOOP,
+                _ATTN_LOOP.replace("for _ in", "for i in").replace("(x)", "(x, 2 + i % 2)"),
+            ),
+        ),
+        ("jit_attention::",),
+    ),
+    Case(
+        "jax_no_jit",
+        "JAX: the compiler taken away",
+        "test_jax_mlp",
+        "@jax.jit removed from the training step: op-by-op dispatch",
+        (_jx("@jax.jit\ndef mlp_step(", "def mlp_step("),),
+        ("jit_mlp_step::", "jit_dot_general::", "jit_tanh::", "mlp_step", "dot_general"),
+    ),
+    Case(
+        "jax_deeper",
+        "JAX: a loop unrolled deeper",
+        "test_jax_attention",
+        "the attention loop run 3 times instead of 2",
+        (_jx("def attention(x, depth=2):", "def attention(x, depth=3):"),),
+        ("jit_attention::",),
+    ),
+    Case(
+        "jax_extra_op",
+        "JAX: an extra op",
+        "test_jax_mlp",
+        "a layer norm added before the MLP's second matmul",
+        (
+            _jx(
+                '    h = jnp.tanh(x @ params["w1"])\n',
+                '    h = jnp.tanh(x @ params["w1"])\n'
+                "    h = (h - h.mean(-1, keepdims=True)) / (h.std(-1, keepdims=True) + 1e-5)\n",
+            ),
+        ),
+        ("jit_mlp_step::",),
+    ),
+)
+FRAMEWORK_TESTS = frameworks.NAMES
+
+
 # --------------------------------------------------------------------------- plumbing
 
 
@@ -1136,15 +1364,18 @@ def apply(repo: Path, edits: tuple[Edit, ...]) -> None:
 class Project:
     """The temp git project: the base, one commit per case, the A/A commit."""
 
-    def __init__(self, folder: Path, iterations: int, rounds: int, warmup: int) -> None:
+    def __init__(
+        self, folder: Path, iterations: int, rounds: int, warmup: int, suite: Any = project
+    ) -> None:
+        self.suite = suite  # culprit_project (torch) or framework_project (TF, JAX)
         self.dir = folder / "project"
         self.store = folder / "store.db"
         self.dir.mkdir(parents=True)
         git(self.dir, "init", "-q", "-b", "main")
-        for name, text in project.files(iterations, rounds, warmup).items():
+        for name, text in suite.files(iterations, rounds, warmup).items():
             (self.dir / name).write_text(text)
         git(self.dir, "add", "-A")
-        git(self.dir, "commit", "-q", "-m", "base: six small models and their benchmarks")
+        git(self.dir, "commit", "-q", "-m", "base: small models and their benchmarks")
         self.base = git(self.dir, "rev-parse", "HEAD")
         self.commits: dict[str, str] = {}
         #: per case, per file: the lines the change touched in the head and in the base
@@ -1177,7 +1408,7 @@ def run_session(
         sys.executable,
         "-m",
         "pytest",
-        *(f"{project.TESTS_FILE}::{t}" for t in tests),
+        *(f"{proj.suite.TESTS_FILE}::{t}" for t in tests),
         "-q",
         "--perfguard",
         f"--perfguard-output={folder}",
@@ -1224,6 +1455,12 @@ def run_session(
 def components(op: str) -> list[str]:
     """An op path's parts, autograd's engine prefix dropped (``AddmmBackward0``)."""
     return [p.replace(AUTOGRAD, "").strip() for p in op.split("/") if p.strip()]
+
+
+def named(part: str, expected: tuple[str, ...]) -> bool:
+    """An op path's component is an expected name, or starts with an expected name that
+    ends in ``::`` (a JAX case's jitted function: ``jit_mlp_step::``)."""
+    return part in expected or any(e.endswith("::") and part.startswith(e) for e in expected)
 
 
 def failure_section(stdout: str, test: str) -> str:
@@ -1279,8 +1516,8 @@ def judge_case(
     )
     if case is not None:
         parts = components(row["first_op"])
-        row["right"] = bool(parts) and any(p in case.expected for p in parts)
-        row["leaf_right"] = bool(parts) and parts[-1] in case.expected
+        row["right"] = any(named(p, case.expected) for p in parts)
+        row["leaf_right"] = bool(parts) and named(parts[-1], case.expected)
     lead = row["lead"]
     if row["outcome"] == "regressed" and lead:
         fail = failure_section(session["stdout"], test)
@@ -1450,6 +1687,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--modes", default="store,ab", help="store, ab or both (default store,ab)")
     p.add_argument(
+        "--project",
+        choices=("torch", "frameworks"),
+        default="torch",
+        help="torch: six torch models (default); frameworks: Keras and JAX models, issue "
+        "50's catalogue (framework_project.py)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="fewer iterations and rounds, 3 A/B pairs, one A/A session per mode",
@@ -1464,16 +1708,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.retally:
         return retally(a.out.resolve())
 
-    every = (*CASES, *REFACTORS, *FREE)
-    named = a.cases.split(",")
+    torch_project = a.project == "torch"
+    every = (*CASES, *REFACTORS, *FREE) if torch_project else FRAMEWORK_CASES
+    asked = a.cases.split(",")
     groups = {
-        "all": [*CASES, *REFACTORS],
-        "refactors": list(REFACTORS),
-        "free": list(FREE),
-        "both": [*CASES, *REFACTORS, *FREE],
+        "all": [*CASES, *REFACTORS] if torch_project else list(FRAMEWORK_CASES),
+        "refactors": list(REFACTORS) if torch_project else [],
+        "free": list(FREE) if torch_project else [],
+        "both": [*CASES, *REFACTORS, *FREE] if torch_project else list(FRAMEWORK_CASES),
     }
-    chosen = groups.get(a.cases) or [c for c in every if c.name in named]
-    unknown = set(named) - {c.name for c in every} - set(groups)
+    suite, all_tests = (project, TESTS) if torch_project else (frameworks, FRAMEWORK_TESTS)
+    chosen = groups.get(a.cases) or [c for c in every if c.name in asked]
+    unknown = set(asked) - {c.name for c in every} - set(groups)
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     modes = [m for m in a.modes.split(",") if m]
@@ -1492,23 +1738,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"culprits: project in {tmp}; load {before}", flush=True)
     rows: list[dict[str, Any]] = []
     try:
-        proj = Project(tmp, iterations, rounds, warmup)
+        proj = Project(tmp, iterations, rounds, warmup, suite)
         imported = check_import(proj.dir)
         for c in chosen:
             proj.commit(c.name, c.what, c.edits)
+        doc = next(iter(suite.files(1, 1, 1).values())).split("\n", 1)[0] + "\n"
         aa_sha = proj.commit(
             "aa",
             "A/A: only a comment changes",
-            (
-                _m(
-                    '"""Small models: the code under benchmark."""\n',
-                    '"""Small models: the code under benchmark."""\n# reviewed\n',
-                ),
-            ),
+            (Edit(suite.MODELS_FILE, doc, doc + "# reviewed\n"),),
         )
         proj.checkout(proj.base)
         saved = run_session(
-            proj, ["--perfguard-save"], a.out / "sessions" / "base-save", list(TESTS), a.timeout
+            proj, ["--perfguard-save"], a.out / "sessions" / "base-save", list(all_tests), a.timeout
         )
         print(f"  base saved in {saved['wall_s']} s (exit {saved['returncode']})", flush=True)
         if saved["returncode"] != 0:
@@ -1523,7 +1765,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode, case, i in plan:
             name = case.name if case else f"aa{i}"
             proj.checkout(proj.commits[case.name] if case else aa_sha)
-            tests = [case.test] if case else list(TESTS)
+            tests = [case.test] if case else list(all_tests)
             session = run_session(
                 proj, mode_args[mode], a.out / "sessions" / f"{name}-{mode}", tests, a.timeout
             )
@@ -1564,6 +1806,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
         "settings": {
+            "project": a.project,
             "iterations": iterations,
             "rounds": rounds,
             "warmup": warmup,

@@ -294,3 +294,12 @@ def test_a_pull_request_runs_what_it_moved_and_carries_the_rest_in_every_view(pr
     assert merged.returncode == 0, merged.stderr
     tests = load_results(root / "merged" / "results.json").tests
     assert len(tests) == 8 and all(t.carried_from == main for t in tests)
+
+
+def test_a_file_that_does_not_parse_moves_wherever_its_text_does(project):
+    broken = change(project, "proj/layers/helpers.py", "return torch.relu(x)", "return (")
+    assert decide(project, broken).runs == {
+        "cnn": "perfguard cannot follow its imports: proj/layers/helpers.py cannot be parsed"
+    }
+    again = change(project, "proj/layers/helpers.py", "return (", "return ((")
+    assert "cnn" in decide(project, again).runs

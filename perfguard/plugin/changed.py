@@ -119,6 +119,13 @@ class ChangedPlan:
         )
 
 
+def _runs_differently(now: str, before: str) -> bool:
+    """Whether two versions of a Python file differ in what runs (a file that does not
+    parse, before or after, differs wherever its text does)."""
+    a, b = code_text(now), code_text(before)
+    return a is None or b is None or a != b
+
+
 def _named(path: str, literals: Iterable[str]) -> bool:
     """Whether a string of the code names the data file ``path``: its file name inside
     one, or one of its folders as a whole path component (``"configs/" + name``)."""
@@ -180,7 +187,7 @@ def plan(
         new = root / p
         now = new.read_text(encoding="utf-8", errors="replace") if new.is_file() else None
         before = old_text(p)
-        if now is None or before is None or code_text(now) != code_text(before):
+        if now is None or before is None or now != before and _runs_differently(now, before):
             moved.add(new.resolve())
     data = [p for p, k in kinds.items() if k == "data"]
     for p in untracked:  # new: a module where imported, a data file where named
