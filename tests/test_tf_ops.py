@@ -246,3 +246,31 @@ def test_a_node_whose_runtime_name_differs_by_its_numbers_is_found_once_unambigu
     twins = {"s_1/dense_1/MatMul": {"type": "MatMul"}, "s_1/dense_2/MatMul": {"type": "MatMul"}}
     assert facts_of("s/dense/MatMul", "MatMul", twins, _by_identity(twins)) is None
     assert facts_of("s_1/dense_2/MatMul", "MatMul", twins, _by_identity(twins)) is not None
+
+
+def test_a_step_bytes_move_under_the_tolerance_is_the_compilers_not_an_improvement(
+    tmp_path: Path,
+) -> None:
+    """Grappler's optimizers run to a deadline, so two sessions of the same step can run
+    different rewrites (the A/A catalogue, round 22: an SGD update's bytes 812 kB -> 775 kB,
+    read ``improved``). On a compiled capture the step's bytes or FLOPs moving by less than
+    the tolerance gate neither way; beyond it, or under a strict gate, they do."""
+    import copy
+
+    base = _record(tmp_path, 1)
+    assert base.meta["compiled_ops"]
+
+    def scaled(factor: float) -> Any:
+        rec = copy.deepcopy(base)
+        rows = rec.counters["counter"] == "bytes"
+        rec.counters.loc[rows, "value"] = rec.counters.loc[rows, "value"] * factor
+        return rec
+
+    def found(factor: float, **gates: Any) -> set[str]:
+        verdict = compare_records(scaled(factor), base, tolerance=0.05, gates=gates or None)
+        assert verdict.gates is not None
+        return {f.gate for f in (*verdict.gates.regressions, *verdict.gates.improvements)}
+
+    assert "bytes" not in found(0.955) | found(1.045)
+    assert "bytes" in found(1.3) and "bytes" in found(0.7)
+    assert "bytes" in found(1.045, strict=["bytes"])
