@@ -170,14 +170,12 @@ def plan(
     ``old_text(path)``: a file's text at ``commit``; ``metas``: the baseline run's records'
     meta by node id; ``packages``: this environment's digest; ``everything``: a reason found
     by the caller to run them all (the default branch, the environment)."""
-    out = ChangedPlan(everything=everything)
     kinds = {p: classify(p) for p in changes}
     manifest = next((p for p, k in kinds.items() if k == "manifest"), None)
-    if out.everything is None and manifest is not None:
-        out.everything = f"{manifest} changed (it defines the environment or pytest's setup)"
-    if out.everything is not None:
-        out.runs = dict.fromkeys(tests, out.everything)
-        return out
+    if everything is None and manifest is not None:
+        everything = f"{manifest} changed (it defines the environment or pytest's setup)"
+    if everything is not None:
+        return _all(tests, everything)
 
     root = graph.root
     moved: set[Path] = set()  # Python files whose code changed
@@ -196,22 +194,23 @@ def plan(
         elif classify(p) == "data":
             data.append(p)
 
-    closures = {n: graph.closure(graph.test_starts(f)) for n, f in tests.items()}
+    # one closure per test file: a parametrized test's node ids share theirs
+    by_file = {f: graph.closure(graph.test_starts(f)) for f in set(tests.values())}
     named_by_any = set()
-    for c in closures.values():
+    for c in by_file.values():
         named_by_any |= {p for p in data if p not in named_by_any and _named(p, c.literals)}
     unread = [p for p in data if p not in named_by_any and p not in untracked]
     if unread:
-        out.everything = (
+        return _all(
+            tests,
             f"{unread[0]} changed and no benchmark's code names it: it may be read by a "
-            "name perfguard cannot see"
+            "name perfguard cannot see",
         )
-        out.runs = dict.fromkeys(tests, out.everything)
-        return out
 
-    for nodeid, closure in closures.items():
+    out = ChangedPlan()
+    for nodeid, test_file in tests.items():
         meta = metas.get(nodeid)
-        why = _why_run(nodeid, meta, closure, moved, data, packages, root, commit)
+        why = _why_run(meta, by_file[test_file], moved, data, packages, root, commit)
         if why is None and meta is not None:
             out.carried[nodeid] = _carried(nodeid, meta[VERDICT_KEY], commit)
         else:
@@ -220,7 +219,6 @@ def plan(
 
 
 def _why_run(
-    nodeid: str,
     meta: dict[str, Any] | None,
     closure: Closure,
     moved: set[Path],
