@@ -248,38 +248,42 @@ class LoopCallback(_Base):
                 "and a dataset that lasts (.repeat())"
             )
 
-    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.phase == "fit" and not self.done:
+    # each Keras phase's hooks: only the phase this callback drives moves the loop
+    def _batch_begin(self, phase: str) -> None:
+        if self.phase == phase and not self.done:
             self._first()
+
+    def _batch_end(self, phase: str) -> None:
+        if self.phase == phase and not self.done:
+            self._next()
+
+    def _phase_end(self, phase: str) -> None:
+        if self.phase == phase:
+            self._check()
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._batch_begin("fit")
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.phase == "fit" and not self.done:
-            self._next()
+        self._batch_end("fit")
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self.phase == "fit":
-            self._check()
+        self._phase_end("fit")
 
     def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.phase == "predict" and not self.done:
-            self._first()
+        self._batch_begin("predict")
 
     def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.phase == "predict" and not self.done:
-            self._next()
+        self._batch_end("predict")
 
     def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self.phase == "predict":
-            self._check()
+        self._phase_end("predict")
 
     def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.phase == "evaluate" and not self.done:
-            self._first()
+        self._batch_begin("evaluate")
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.phase == "evaluate" and not self.done:
-            self._next()
+        self._batch_end("evaluate")
 
     def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self.phase == "evaluate":
-            self._check()
+        self._phase_end("evaluate")
