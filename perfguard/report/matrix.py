@@ -20,7 +20,15 @@ from perfguard.compare.results import TestEntry
 from perfguard.compare.units import percent
 from perfguard.report.markdown import BADGE_ICON, ICON, code, plain, report_link
 
-__all__ = ["BADGE_ORDER", "MatrixRow", "cell_text", "matrix_badge", "matrix_rows", "render_matrix"]
+__all__ = [
+    "BADGE_ORDER",
+    "MatrixRow",
+    "cell_text",
+    "change_text",
+    "matrix_badge",
+    "matrix_rows",
+    "render_matrix",
+]
 
 #: badges, worst first: the matrix's badge is the worst of its machines'
 BADGE_ORDER = ("FAIL", "INCOMPLETE", "ADVISORY", "NOT JUDGED", "PASS")
@@ -33,13 +41,17 @@ def matrix_badge(matrix: Matrix) -> str:
     return min(badges, key=BADGE_ORDER.index)
 
 
+def change_text(t: TestEntry) -> str:
+    """A test's timing change in a matrix cell (``+12.3%``), "" where none was judged."""
+    return percent(t.delta_pct, True) if t.delta_pct is not None else ""
+
+
 def cell_text(t: TestEntry | None) -> str:
     """A machine's cell for one test: its outcome and timing change (``regressed +12.3%``);
     ``not run here`` when that machine did not report the test."""
     if t is None:
         return "not run here"
-    change = percent(t.delta_pct, True) if t.delta_pct is not None else ""
-    return f"{t.outcome.value} {change}".strip()
+    return f"{t.outcome.value} {change_text(t)}".strip()
 
 
 @dataclass(frozen=True)

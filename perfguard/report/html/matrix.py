@@ -13,10 +13,9 @@ from pathlib import Path
 
 from perfguard.compare.listing import headline
 from perfguard.compare.merged import Matrix
-from perfguard.compare.units import percent
-from perfguard.report.html.render import render, write_text
+from perfguard.report.html.render import badge_class, render, write_text
 from perfguard.report.markdown import ICON
-from perfguard.report.matrix import matrix_badge, matrix_rows
+from perfguard.report.matrix import change_text, matrix_badge, matrix_rows
 
 __all__ = ["MatrixCell", "MatrixMachine", "MatrixPage", "matrix_page", "write_matrix_html"]
 
@@ -73,7 +72,7 @@ def matrix_page(matrix: Matrix, reports: list[str]) -> MatrixPage:
             MatrixMachine(
                 m.label,
                 b,
-                b.lower().replace(" ", "-"),
+                badge_class(b),
                 doc.badge_reason(),
                 doc.baseline.commit if doc.baseline else None,
                 href,
@@ -92,7 +91,7 @@ def matrix_page(matrix: Matrix, reports: list[str]) -> MatrixPage:
             cells.append(
                 MatrixCell(
                     e.outcome.value,
-                    percent(e.delta_pct, True) if e.delta_pct is not None else "",
+                    change_text(e),
                     headline(e) if listed and headline(e) != e.outcome.value else "",
                     f"{href}#{anchor[e.nodeid]}",
                     e.outcome.severity,
@@ -103,7 +102,7 @@ def matrix_page(matrix: Matrix, reports: list[str]) -> MatrixPage:
     return MatrixPage(
         title=f"perfguard: {badge} ({len(rows)} tests on {len(machines)} machine kinds)",
         badge=badge,
-        badge_class=badge.lower().replace(" ", "-"),
+        badge_class=badge_class(badge),
         commit=commit,
         total=len(rows),
         machines=machines,

@@ -48,6 +48,11 @@ def _missing(x: Any) -> bool:
     return x is None or (isinstance(x, float) and not math.isfinite(x))
 
 
+def badge_class(badge: str) -> str:
+    """The CSS class of a verdict badge: ``NOT JUDGED`` -> ``not-judged``."""
+    return badge.lower().replace(" ", "-")
+
+
 def fmt_ns(ns: Any) -> str:
     """A duration in ns with a readable unit: ``1.23 ms`` (:func:`units.format_ns`)."""
     return units.format_ns(ns)

@@ -35,7 +35,7 @@ from perfguard.compare.results import (
     TestEntry,
 )
 from perfguard.compare.units import human
-from perfguard.report.html.render import render, write_text
+from perfguard.report.html.render import badge_class, render, write_text
 from perfguard.report.profile import ProfileView, profile_view
 
 #: op statuses listed before the rest, whatever their size
@@ -245,7 +245,7 @@ def session_page(results: SessionResults | dict[str, Any], *, max_ops: int = 50)
     page = SessionPage(
         title=title,
         badge=badge,
-        badge_class=badge.lower().replace(" ", "-"),
+        badge_class=badge_class(badge),
         badge_reason=results.badge_reason(),
         resolution=results.resolution(),
         run=results.run,
