@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from perfguard.trace.model import Trace
-from perfguard.trace.tf_names import identity_of, user_numbered
+from perfguard.trace.tf_names import identity_of
 
 GRAPH_SUFFIX = ".tfgraph.json"
 GRAPH_VERSION = 1
@@ -116,10 +116,9 @@ def _by_identity(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any] |
     ``_<n>``), None where two nodes share one: how an op is found when its runtime name
     and its traced node's differ only in those numbers (``model.fit``'s step ran
     ``sequential/dense/Relu``; its traced graph calls the node ``sequential_1/dense_1/Relu``)."""
-    numbered = user_numbered(nodes)
     out: dict[str, dict[str, Any] | None] = {}
     for name, facts in nodes.items():
-        key = identity_of(name, numbered)
+        key = identity_of(name)  # as :func:`_lookup` keys a runtime name
         out[key] = facts if key not in out else None
     return out
 

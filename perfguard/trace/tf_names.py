@@ -35,7 +35,7 @@ import pandas as pd
 
 from perfguard.arrays import per_distinct
 
-__all__ = ["identity_of", "op_identities", "user_numbered"]
+__all__ = ["identity_of", "op_identities"]
 
 #: a scope component with its uniquifying suffix: ``dense_1_2`` -> ``dense``, ``_1_2``
 _SUFFIXED = re.compile(r"^(?P<base>.+?)(?P<nums>(?:_\d+)+)$")
@@ -55,14 +55,10 @@ def op_identities(names: pd.Series) -> pd.Series:
     return per_distinct(names.astype(object), rule)
 
 
-def identity_of(name: str, numbered: frozenset[str] = frozenset()) -> str:
-    """One name's identity; ``numbered``: :func:`user_numbered` of the names it goes with."""
-    return _identity(name, numbered)
-
-
-def user_numbered(names: Iterable[str]) -> frozenset[str]:
-    """The bases that some component of ``names`` numbers from zero (``block`` of ``block_0``)."""
-    return _user_numbered(names)
+def identity_of(name: str) -> str:
+    """One name's identity with every uniquifying ``_<n>`` gone (no user numbering kept:
+    what a lookup of one name against another graph's can know)."""
+    return _identity(name, frozenset())
 
 
 def _user_numbered(names: Iterable[str]) -> frozenset[str]:
