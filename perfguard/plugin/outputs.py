@@ -75,7 +75,8 @@ class SessionOutputs:
         """Keep a test's entry (and record), then write the partial document (on an xdist
         worker: spool them for the controller). A record to be saved gets what this
         process loaded (``meta["footprint"]``, what ``--perfguard-changed`` reads later)."""
-        if record is not None and self.footprint is not None:
+        saving = self.context.settings.save
+        if record is not None and self.footprint is not None and saving:
             with timed(self.phase_s, "footprint"):
                 record.meta.setdefault(FOOTPRINT_KEY, self.footprint.meta())
         self._keep(entry, record)
