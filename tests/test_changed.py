@@ -20,7 +20,7 @@ import pytest
 
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import load_results
-from perfguard.plugin.changed import VERDICT_KEY, classify, plan
+from perfguard.plugin.changed import CARRIED, VERDICT_KEY, classify, plan
 
 sys.path.insert(0, str(Path(__file__).parent))
 from history_repo import git  # noqa: E402
@@ -248,37 +248,50 @@ def test_a_pull_request_runs_what_it_moved_and_carries_the_rest_in_every_view(pr
     main = git(root, "rev-parse", "HEAD")
     on_main = session(root, "m1", "--perfguard-save", "--perfguard-changed")
     assert "every benchmark runs: HEAD is on the default branch" in on_main.stdout
-    assert not any(t.carried_from for t in load_results(root / "m1" / "results.json").tests)
+    m1 = load_results(root / "m1" / "results.json").tests
+    assert not any(t.carried_from for t in m1)
+    # what a pull request may carry: main's verdicts that are carried (a timing read
+    # regressed on a busy machine, confirmation off here, is measured again instead)
+    kept = {t.nodeid for t in m1 if t.outcome in CARRIED}
+    again = sorted({t.nodeid for t in m1} - kept)
+    assert len(m1) == 8
 
     git(root, "checkout", "-q", "-b", "wider")
     cnn = root / "proj/models/cnn.py"
     cnn.write_text(cnn.read_text().replace("CHANNELS = 8", "CHANNELS = 16"))
     git(root, "commit", "-q", "-am", "wider CNN")
     pr = session(root, "pr", "--perfguard-changed")
-    assert "6 deselected" in pr.stdout, pr.stdout[-3000:]
+    skipped = kept - set(CNN)
+    n = len(skipped)
+    assert f"{n} deselected" in pr.stdout, pr.stdout[-3000:]
     doc = load_results(root / "pr" / "results.json")
     ran = sorted(t.nodeid for t in doc.tests if t.carried_from is None)
-    assert ran == CNN
+    assert ran == sorted(set(CNN) | set(again))
     assert all(t.outcome is Outcome.REGRESSED for t in doc.tests if t.nodeid in CNN)
     carried = [t for t in doc.tests if t.carried_from is not None]
-    assert len(carried) == 6 and {t.carried_from for t in carried} == {main}
+    assert {t.nodeid for t in carried} == skipped and {t.carried_from for t in carried} == {main}
     said = f"not run: nothing it executes changed since {main[:12]}"
     assert all(t.message.startswith(said) for t in carried)
     assert all(t.outcome.judged and t.outcome is not Outcome.REGRESSED for t in carried)
     summary = (root / "pr" / "summary.md").read_text()
-    assert summary.count(said) == 6 and "6 not run: nothing they execute changed" in summary
-    assert (root / "pr" / "report.html").read_text().count(said) >= 6
+    assert summary.count(said) == n and f"{n} not run: nothing they execute changed" in summary
+    assert (root / "pr" / "report.html").read_text().count(said) >= n
     assert said in pr.stdout  # the terminal's table
-    assert "6 of 8 benchmark(s) not run" in pr.stdout
+    assert f"{n} of 8 benchmark(s) not run" in pr.stdout
+    if again:
+        assert "was regressed: measured again" in pr.stdout
 
-    # a docstring alone: nothing runs, every verdict carried, the run passes
+    # a docstring alone: nothing runs but what main left regressed, every verdict carried
     git(root, "checkout", "-q", "-b", "words", "main")
     mlp = root / "proj/models/mlp.py"
     mlp.write_text(mlp.read_text().replace("sized by", "whose width is set by"))
     git(root, "commit", "-q", "-am", "words")
     words = session(root, "words", "--perfguard-changed")
-    assert words.returncode == 0 and "8 deselected" in words.stdout
-    assert len(load_results(root / "words" / "results.json").tests) == 8
+    assert f"{len(kept)} deselected" in words.stdout
+    assert words.returncode == 0 or again
+    words_doc = load_results(root / "words" / "results.json").tests
+    assert len(words_doc) == 8
+    assert {t.nodeid for t in words_doc if t.carried_from == main} == kept
 
     # sharded: each job carries only its own part (the split comes first), merged once each
     for k in (1, 2):
@@ -291,9 +304,9 @@ def test_a_pull_request_runs_what_it_moved_and_carries_the_rest_in_every_view(pr
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-    assert merged.returncode == 0, merged.stderr
+    assert merged.returncode == 0 or again, merged.stderr
     tests = load_results(root / "merged" / "results.json").tests
-    assert len(tests) == 8 and all(t.carried_from == main for t in tests)
+    assert len(tests) == 8 and {t.nodeid for t in tests if t.carried_from == main} == kept
 
 
 def test_a_file_that_does_not_parse_moves_wherever_its_text_does(project):
