@@ -358,3 +358,73 @@ def test_new_work_is_placed_at_the_new_statement_above_an_unchanged_helper() -> 
     base["line_runs"].append(["m.py:3", "make_mask", "return torch.arange(n) < k", 1])
     place = place_of("added", "aten::arange", "fprop", SiteTable(base), SiteTable(head))
     assert place is not None and place.text == f"at {mask}"
+
+
+SITES_MODEL = """
+import torch
+
+W1 = torch.randn(16, 16)
+W2 = torch.randn(16, 16)
+
+
+def step(x):
+    a = x @ W1
+    for _ in range(3):
+        a = a + 1.0
+    b = x @ W2
+    return a.sum() + b.sum()
+"""
+SITES_MODEL_B = SITES_MODEL.replace("W2 = torch.randn(16, 16)", "W2 = torch.randn(16, 64)").replace(
+    "    b = x @ W2\n", "    b = x @ W2\n    b = torch.add(b, 0.5)\n"
+)
+SITES_TEST = """
+import pytest
+import torch
+
+from sites_model import step
+
+X = torch.randn(8, 16)
+
+
+@pytest.mark.gpuprofile(iterations=3, rounds=3, warmup=1)
+def test_step(gpuprofile):
+    for _ in gpuprofile.iterations():
+        step(X)
+"""
+
+
+def test_a_count_is_compared_at_its_site_not_over_the_op(pytester: pytest.Pytester) -> None:
+    """An op that runs at several statements changes at one: the culprit gives that
+    statement's figures (calls 0 → 1 at the new ``torch.add``, FLOPs ×4 at the widened
+    matmul) with the op's totals beside them, the kernel-change table its FLOPs per call
+    at that site (never an average over sites), and no line says "X → X"."""
+    init_repo(pytester)
+    pytester.makepyfile(sites_model=SITES_MODEL, test_sites=SITES_TEST)
+    commit(pytester.path, "A")
+    run(pytester, "--perfguard-save").assert_outcomes(passed=1)
+    pytester.makepyfile(sites_model=SITES_MODEL_B)
+    commit(pytester.path, "B: a wider second matmul and an add after it")
+    run(pytester)
+    doc = results(pytester)
+    test = entry(doc, "test_sites.py::test_step")
+    model_b = (pytester.path / "sites_model.py").read_text()
+    texts = [c["text"] for c in test["explanation"]["culprits"]]
+    add_at = _line(model_b, "torch.add(b, 0.5)")
+    (add,) = [t for t in texts if t.startswith("aten::add") and "op calls" in t]
+    assert f"sites_model.py:{add_at} in step" in add, add
+    assert "op calls 0 → 1 per iteration there (all its sites 4 → 5 per iteration" in add, add
+    mm_at = _line(model_b, "b = x @ W2")
+    flops = [t for t in texts if "FLOPs" in t and f"sites_model.py:{mm_at}" in t]
+    assert flops, texts
+    assert "4.1 kFLOP → 16.4 kFLOP per iteration there" in flops[0], flops
+    for t in texts:
+        left, _, right = t.partition(" → ")
+        assert not right or left.rsplit(" ", 2)[-2:] != right.split(" ")[:2], t
+    changed = [k for k in test["kernel_changes"] if k["kind"] == "flops_changed"]
+    assert changed and all(k.get("site") for k in changed), changed
+    (mm,) = [k for k in changed if f"sites_model.py:{mm_at}" in k["site"]]
+    assert (mm["baseline"], mm["current"]) == (4096.0, 16384.0), mm
+    page = html.unescape((pytester.path / ".perfguard" / "report.html").read_text())
+    assert (
+        f"<code>aten::matmul/aten::mm</code> at <code>sites_model.py:{mm_at} in step</code>" in page
+    )

@@ -69,6 +69,16 @@ class _Pairs:
     calls: np.ndarray
     gpu: np.ndarray
     cpu: np.ndarray
+    #: FLOPs and bytes summed over the pair's instances that have a figure (NaN: none has)
+    flops: np.ndarray
+    bytes: np.ndarray
+
+
+def _known_sum(first: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
+    """Per group, the sum of the known values; NaN where no member has one."""
+    have = ~np.isnan(v)
+    total = np.bincount(first[have], weights=v[have], minlength=n)
+    return np.where(np.bincount(first[have], minlength=n) > 0, total, np.nan)
 
 
 def _pairs(
@@ -86,18 +96,30 @@ def _pairs(
     sites = [codes[row[ok]]]
     gpu = [inst["gpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
     cpu = [inst["cpu_time"].to_numpy(np.float64, na_value=0.0)[ok]]
+    work = {
+        c: [
+            inst[c].to_numpy(np.float64, na_value=np.nan)[ok]
+            if c in inst
+            else np.full(ok.sum(), np.nan)
+        ]
+        for c in ("flops", "bytes")
+    }
     if cpu_only is not None and len(cpu_only):
         fold = cpu_only.iteration >= 0 if iterations else np.ones(len(cpu_only), bool)
         keys.append(cpu_only.op_key.astype(np.int64)[fold])
         sites.append(codes[cpu_only.range_row[fold]])
         gpu.append(np.zeros(int(fold.sum())))
         cpu.append(cpu_only.cpu_time.astype(np.float64)[fold])
+        for parts in work.values():  # a folded instance carries no shapes: no figure
+            parts.append(np.full(int(fold.sum()), np.nan))
     key, code = np.concatenate(keys), np.concatenate(sites)
     g_all, c_all = np.concatenate(gpu), np.concatenate(cpu)
+    f_all, b_all = np.concatenate(work["flops"]), np.concatenate(work["bytes"])
     has = code >= 0
     if not has.any():
         return None
     key, code, g_all, c_all = key[has], code[has], g_all[has], c_all[has]
+    f_all, b_all = f_all[has], b_all[has]
     width = len(texts) + 1
     pair, first = np.unique(key * width + code, return_inverse=True)
     return _Pairs(
@@ -107,6 +129,8 @@ def _pairs(
         calls=np.bincount(first, minlength=len(pair)).astype(np.int64),
         gpu=np.bincount(first, weights=g_all, minlength=len(pair)),
         cpu=np.bincount(first, weights=c_all, minlength=len(pair)),
+        flops=_known_sum(first, f_all, len(pair)),
+        bytes=_known_sum(first, b_all, len(pair)),
     )
 
 
@@ -139,12 +163,23 @@ def op_call_sites(
 
 
 #: columns of :func:`op_sites`
-OP_SITE_COLUMNS = ("op_id", "op_name", "direction", "call_site", "calls", "gpu_time", "cpu_time")
+OP_SITE_COLUMNS = (
+    "op_id",
+    "op_name",
+    "direction",
+    "call_site",
+    "calls",
+    "gpu_time",
+    "cpu_time",
+    "flops",
+    "bytes",
+)
 
 
 def op_sites(ranges: pd.DataFrame, inst: pd.DataFrame, cpu_only: CpuOnly | None) -> pd.DataFrame:
-    """One row per (op, call site) over the iterations: its calls, GPU and CPU time (the
-    per-site comparison of :mod:`perfguard.compare.sites` divides by the iterations)."""
+    """One row per (op, call site) over the iterations: its calls, GPU and CPU time, FLOPs
+    and bytes (NaN where no instance there has a figure; the per-site comparison of
+    :mod:`perfguard.compare.sites` divides by the iterations)."""
     p = _pairs(ranges, inst, cpu_only, iterations=True)
     if p is None:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in OP_SITE_COLUMNS})
@@ -157,6 +192,8 @@ def op_sites(ranges: pd.DataFrame, inst: pd.DataFrame, cpu_only: CpuOnly | None)
             "calls": p.calls,
             "gpu_time": p.gpu,
             "cpu_time": p.cpu,
+            "flops": p.flops,
+            "bytes": p.bytes,
         }
     )
     out.insert(0, "op_id", op_id(out["op_name"], out["direction"]))

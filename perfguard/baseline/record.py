@@ -523,9 +523,9 @@ def call_sites_of(ops: pd.DataFrame) -> dict[str, str]:
 
 def site_meta(analysis: Any, iterations: int) -> dict[str, Any]:
     """The per-(op, call site) table a comparison places its culprits with
-    (:mod:`perfguard.compare.sites`): ``op_sites``, columns of calls and GPU/CPU time
-    per iteration; and ``site_details``, each site's function, source text and stack
-    (from the call-site pass, where it ran)."""
+    (:mod:`perfguard.compare.sites`): ``op_sites``, columns of calls, GPU/CPU time, FLOPs
+    and bytes (None: unknown) per iteration; and ``site_details``, each site's function,
+    source text and stack (from the call-site pass, where it ran)."""
     table = op_sites(analysis.trace.ranges, analysis.kept_instances, analysis.cpu_only)
     out: dict[str, Any] = {}
     if len(table):
@@ -536,6 +536,14 @@ def site_meta(analysis: Any, iterations: int) -> dict[str, Any]:
             "calls": (table["calls"].to_numpy(np.float64) / iterations).round(6).tolist(),
             "gpu_ns": (table["gpu_time"].to_numpy(np.float64) / iterations).round(1).tolist(),
             "cpu_ns": (table["cpu_time"].to_numpy(np.float64) / iterations).round(1).tolist(),
+            # per site, so a change is compared where it happened, never averaged across sites
+            **{
+                c: [
+                    None if np.isnan(v) else v
+                    for v in (table[c].to_numpy(np.float64) / iterations).round(1).tolist()
+                ]
+                for c in ("flops", "bytes")
+            },
         }
     runs = analysis.trace.meta.get("line_runs")
     if runs:  # lines of the user's code and how often each ran in one step

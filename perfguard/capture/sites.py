@@ -217,6 +217,10 @@ class SitePassRun(AbstractContextManager["SitePassRun"]):
         self._lines = LineCounter(self._sites)
 
     def __enter__(self) -> SitePassRun:
+        # the statements' text is read through linecache: a file edited since this process
+        # last read it (a long-lived process, pytester in-process) must not lend the old
+        # text to the new line numbers, which would match sites across commits wrongly
+        linecache.checkcache()
         try:
             import torch  # optional and heavy: only when the pass runs
 

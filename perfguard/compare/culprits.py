@@ -42,13 +42,14 @@ from perfguard.compare.gates import LABELS, Budget, cost_text
 from perfguard.compare.halves import GateVerdict, TimingVerdict
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.sites import (
+    Place,
     SiteTable,
     line_growth,
     optimizer_changes,
     parameter_change,
     place_of,
 )
-from perfguard.compare.units import count, format_ns, human, interval, percent
+from perfguard.compare.units import count, format_ns, human, interval, percent, signed
 from perfguard.trace.call_sites import names_function
 
 #: counters a culprit can name, in the gates' words; peak memory is the test's alone
@@ -64,7 +65,18 @@ _METRIC_LABEL = {"gpu_time": "GPU time", "wall_time": "wall time", "cpu_time": "
 def _pct(base: float, cur: float) -> str:
     if not (math.isfinite(base) and math.isfinite(cur)) or base == 0:
         return ""
+    if round(100 * (cur / base - 1), 1) == 0:
+        return ""  # "+0.0%" beside a change reads as none: the figures say its size
     return percent(100 * (cur / base - 1), True)
+
+
+def change_figures(base: float, cur: float, counter: str) -> str:
+    """``5 → 10 per iteration``; where the two print alike (35 bytes of 7.41 MB), the
+    change itself: ``+35 B per iteration (of 7.41 MB)``, never ``7.41 MB → 7.41 MB``."""
+    a, b = human(base, counter), human(cur, counter)
+    if a != b or not (math.isfinite(base) and math.isfinite(cur)):
+        return f"{a} → {b} per iteration"
+    return f"{signed(cur - base, counter)} per iteration (of {a})"
 
 
 def times(calls: Any) -> str:
@@ -250,11 +262,17 @@ def _culprits(e: Evidence) -> list[Culprit]:
             and counter in fired
             and (budget.exceeded(b, c) or budget.exceeded(c, b))
         )
-        detail = ", ".join(x for x in (_pct(b, c), f"budget {budget}" if gated else "") if x)
-        site = where(counter, name, _dir(row.direction))
+        place = where.place(counter, name, _dir(row.direction))
+        site = place.text if isinstance(place, Place) else place
         at = f" {site}" if site else ""
         label = LABELS[counter].split(" (")[0]
-        figures = f"{label} {human(b, counter)} → {human(c, counter)} per iteration"
+        here = place.here if isinstance(place, Place) else None
+        if here is not None and here != (b, c):  # the op runs elsewhere too: this site's
+            figures = f"{label} {change_figures(here[0], here[1], counter)} there"
+            rest = f"all its sites {change_figures(b, c, counter)}"
+        else:
+            figures, rest = f"{label} {change_figures(b, c, counter)}", ""
+        detail = ", ".join(x for x in (rest, _pct(b, c), f"budget {budget}" if gated else "") if x)
         figures += f" ({detail})" if detail else ""
         text = f"{name}{at}: {figures}"
         if counter in ("syncs", "host_reads") and c > b:
@@ -327,11 +345,17 @@ class _Placer:
         }
 
     def __call__(self, kind: str, op: str, direction: str | None) -> str:
+        place = self.place(kind, op, direction)
+        return place.text if isinstance(place, Place) else place
+
+    def place(self, kind: str, op: str, direction: str | None) -> Place | str:
+        """The per-site :class:`Place` where the record's sites know it, else the op's top
+        site's text (``""``: none known)."""
         if not op:
             return ""
         place = place_of(kind, op, direction, self.base, self.head)
         if place is not None:
-            return place.text
+            return place
         top = str(self.tops.get(op) or "").split(";")[0]
         top = _SHARE.sub("", top).strip()
         if not top:

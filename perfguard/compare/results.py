@@ -75,6 +75,8 @@ class KernelChange(msgspec.Struct, kw_only=True):
     kernel_name: str | None = None
     baseline: Scalar = None
     current: Scalar = None
+    #: the call site a per-site figure is of (``flops_changed``: FLOPs per call there)
+    site: str | None = None
 
 
 class Finding(msgspec.Struct, kw_only=True):

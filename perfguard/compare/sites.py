@@ -21,13 +21,17 @@ Plain Python over the tables (a few hundred rows a record): no frame is built fo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from perfguard.trace.call_sites import names_function
 
-#: site identities on one side: key -> (label, calls, gpu ns, cpu ns)
-_Side = dict[tuple[str, str], tuple[str, float, float, float]]
+#: site identities on one side: key -> (label, calls, gpu ns, cpu ns, FLOPs, bytes), per
+#: iteration (FLOPs and bytes NaN where the site's instances have no figure)
+_Row = tuple[str, float, float, float, float, float]
+_Side = dict[tuple[str, str], _Row]
+#: a per-site counter's column in a row
+_COLUMN = {"calls": 1, "flops": 4, "bytes": 5}
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,9 @@ class Place:
     base: bool = False
     #: ``a.py:10 → b.py:5`` for calls that moved between sites with the change
     moved: str = ""
+    #: a counter culprit's (base, head) value at this site, per iteration, where the op
+    #: runs at more than one site (the op's totals then differ from what changed here)
+    here: tuple[float, float] | None = None
 
     @property
     def text(self) -> str:
@@ -61,15 +68,23 @@ class SiteTable:
         self.iterations_known = bool(table)
         cols = ("op", "direction", "site", "calls", "gpu_ns", "cpu_ns")
         try:
-            rows = zip(*(table[c] for c in cols), strict=True) if table else iter(())
-            for op, direction, site, calls, gpu, cpu in rows:
+            n = len(table["op"]) if table else 0
+            work = [table.get(c) or [None] * n for c in ("flops", "bytes")]  # older records
+            rows = zip(*(table[c] for c in cols), *work, strict=True) if table else iter(())
+            for op, direction, site, calls, gpu, cpu, flops, nbytes in rows:
                 d = details.get(site) or {}
                 key = _key(str(site), d)
                 side = self.by_op.setdefault(f"{op}|{direction}", {})
+                row = (
+                    str(site),
+                    float(calls),
+                    float(gpu),
+                    float(cpu),
+                    _float(flops),
+                    _float(nbytes),
+                )
                 old = side.get(key)
-                if old is not None:  # one statement reached two ways: one site
-                    calls, gpu, cpu = calls + old[1], gpu + old[2], cpu + old[3]
-                side[key] = (str(site), float(calls), float(gpu), float(cpu))
+                side[key] = row if old is None else _add(old, row)  # one statement, two ways
         except (KeyError, TypeError, ValueError):
             self.by_op = {}
         #: each site's statements, innermost first: the site, then the user's frames above
@@ -107,12 +122,23 @@ class SiteTable:
                 return found
         merged: _Side = {}
         for op_id in self.ids.get(op, []):
-            for key, (label, c, g, p) in self.by_op[op_id].items():
+            for key, row in self.by_op[op_id].items():
                 old = merged.get(key)
-                merged[key] = (
-                    (label, c, g, p) if old is None else (label, c + old[1], g + old[2], p + old[3])
-                )
+                merged[key] = row if old is None else _add(old, row)
         return merged
+
+
+def _float(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _add(a: _Row, b: _Row) -> _Row:
+    """Two rows of one statement summed (a figure unknown on both stays unknown)."""
+
+    def known(x: float, y: float) -> float:
+        return x if math.isnan(y) else y if math.isnan(x) else x + y
+
+    return (a[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], known(a[4], b[4]), known(a[5], b[5]))
 
 
 def _new_statement(label: str, mine: SiteTable, other: SiteTable) -> str:
@@ -140,7 +166,7 @@ def _key(label: str, details: dict[str, Any]) -> tuple[str, str]:
     return (function, code) if code else (label, "")
 
 
-def _time(row: tuple[str, float, float, float], gpu: bool) -> float:
+def _time(row: _Row, gpu: bool) -> float:
     return row[2] if gpu else row[3]
 
 
@@ -176,9 +202,12 @@ def place_of(
         return Place(where, base=True, moved=move_text)
     keys = set(b_rest) | set(h_rest)
 
+    def value(row: _Row | None, what: int) -> float:
+        v = float(row[what]) if row else 0.0
+        return 0.0 if math.isnan(v) else v
+
     def delta(k: tuple[str, str], what: int) -> float:
-        now, then = h_rest.get(k), b_rest.get(k)
-        return (float(now[what]) if now else 0.0) - (float(then[what]) if then else 0.0)
+        return value(h_rest.get(k), what) - value(b_rest.get(k), what)
 
     def line(k: tuple[str, str]) -> int:  # ties go to the first line (the edit's top)
         row = h_rest.get(k) or b_rest.get(k)
@@ -194,13 +223,32 @@ def place_of(
             pick = _largest(h, lambda r: (_time(r, gpu), r[1]))
             return Place(h[pick][0], moved=move_text)
         return None
-    changed = [k for k in keys if abs(delta(k, 1)) > 1e-9]
+    # a FLOP or byte count is placed by its own column where the sites know it (a shape
+    # changed at one site, the calls at none), else by the calls
+    what = _COLUMN.get(kind, 1)
+    changed = [k for k in keys if abs(delta(k, what)) > 1e-9 * max(1.0, _scale(b, h, what))]
+    if what != 1 and not changed:
+        what = 1
+        changed = [k for k in keys if abs(delta(k, 1)) > 1e-9]
     if not changed:
         return Place(move_text.split(" → ")[-1], moved=move_text) if move_text else None
-    total = sum(delta(k, 1) for k in changed)
+    total = sum(delta(k, what) for k in changed)
     up = total >= 0
-    pick = max(changed, key=lambda k: ((delta(k, 1) if up else -delta(k, 1)), line(k)))
-    return _at(pick, b_rest, h_rest, move_text, (base, head))
+    pick = max(changed, key=lambda k: ((delta(k, what) if up else -delta(k, what)), line(k)))
+    place = _at(pick, b_rest, h_rest, move_text, (base, head))
+    if kind in _COLUMN and (len(b) > 1 or len(h) > 1) and what == _COLUMN[kind]:
+        # the op runs at several sites: say what changed at this one, not the op's totals
+        here = (value(b_rest.get(pick), what), value(h_rest.get(pick), what))
+        return replace(place, here=here)
+    return place
+
+
+def _scale(b: _Side, h: _Side, what: int) -> float:
+    """The largest magnitude of a column over both sides' sites (a relative threshold's
+    scale: FLOPs are in the millions where calls are units)."""
+    vals = [abs(float(r[what])) for r in (*b.values(), *h.values())]
+    vals = [v for v in vals if not math.isnan(v)]
+    return max(vals, default=0.0)
 
 
 def _at(
