@@ -899,3 +899,55 @@ def test_analysis_page_without_tensor_core_columns_says_na(train_analysis):
     assert "n/a" in doc.find("p", id="tc-missing-na").text()
     first = cell_texts(doc.find("table", id="top-ops"))[0]
     assert first[7:10] == ["n/a", "n/a", "n/a"]
+
+
+def test_a_cpu_capture_reads_as_cpu_time_with_a_parents_flops_marked(tmp_path: Path) -> None:
+    """A real CPU capture of a linear layer: ranked by CPU time, said once; no GPU, Tensor
+    Core, FLOP-efficiency column or kernel table; ``aten::linear`` shows its ``addmm``'s
+    FLOPs (2·M·N·K per call, counted once, on the addmm), marked as its nested ops'."""
+    import html
+
+    import torch
+
+    from perfguard.capture.torch_profiler import profile_torch
+    from perfguard.compare.units import human
+    from perfguard.trace import load_trace
+
+    layer, x = torch.nn.Linear(64, 32), torch.randn(16, 64)
+    capture = tmp_path / "cpu.pt.trace.json"
+    with profile_torch(capture, device="cpu", with_stack=False):
+        for _ in range(3):
+            with torch.profiler.record_function("perfguard.iteration"):
+                layer(x)
+    analysis = analyze(load_trace(capture))
+    page = html.unescape(render_analysis_html(analysis))
+    assert "Top " in page and "ops by CPU time</h2>" in page and "by GPU time" not in page
+    assert page.count("No GPU work in this capture") == 1
+    for gone in ('<th class="n">GPU time</th>', "TC eligible", "FLOP eff", 'id="kernels"'):
+        assert gone not in page, gone
+    flops = 2 * 16 * 64 * 32 * 3  # three calls
+    rows = re.findall(r"<tr data-op-id=[^>]*>(.*?)</tr>", page)
+    (linear,) = [r for r in rows if "<code>aten::linear</code>" in r]
+    (addmm,) = [r for r in rows if "<code>aten::linear/aten::addmm</code>" in r]
+    want = human(flops, "flops")
+    assert f'{want} <span class="muted">(nested ops)</span>' in linear, linear
+    assert want in addmm and "(nested ops)" not in addmm, addmm
+
+
+def test_an_op_whose_time_was_not_judged_carries_no_verdict_word(session) -> None:
+    """A store-mode CPU run judges the test's time, not each op's: an op row shows its
+    change (+27.2 %) without a ``not-judged`` status beside it, which read like a verdict
+    on that change; the note above the table says once that per-op times are not judged."""
+    results = json.loads(json.dumps(session["results"]))
+    (cpu,) = [t for t in results["tests"] if t["nodeid"] == "examples/test_cpu.py::test_matmul"]
+    for op in cpu["ops"]:
+        op.update(ci_low_pct=None, ci_high_pct=None, p_value=None, delta_pct=27.2)
+        op["status"] = op["status"] if op["status"] in ("added", "removed") else "not-judged"
+    doc = parse(render_session_html(results))
+    sec = section_of(doc, "examples/test_cpu.py::test_matmul")
+    table = sec.find("table", cls="ops")
+    assert "Interval" not in [th.text() for th in table.find_all("th")]
+    statuses = [r[2] for r in cell_texts(table)]
+    assert statuses and "not-judged" not in statuses, statuses
+    assert "+27.2%" in [c for r in cell_texts(table) for c in r]
+    assert "Per-op times are not judged here" in sec.text()

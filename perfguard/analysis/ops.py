@@ -552,6 +552,29 @@ def by_gpu_share(ops: pd.DataFrame) -> pd.DataFrame:
     return out.assign(gpu_share=metrics.percent(out["gpu_time_total"], total))
 
 
+def nested_flops(ops: pd.DataFrame) -> pd.Series:
+    """Per op row, the FLOPs of the ops nested in it (same direction, any depth) where the op
+    has none of its own, else NaN: ``aten::linear`` counts nothing itself (each FLOP is
+    counted once, on the innermost op with a formula: its ``aten::addmm``), and a reader
+    looking at the linear should see them, marked as its children's. One pass over the
+    ops (hundreds), adding each op's FLOPs to its ancestors' paths."""
+    if "flops" not in ops or not len(ops):
+        return pd.Series(np.nan, index=ops.index, dtype=np.float64)
+    own = pd.to_numeric(ops["flops"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    names = ops["op_name"].astype(str).to_numpy()
+    dirs = ops["direction"].astype(str).to_numpy() if "direction" in ops else [""] * len(ops)
+    below: dict[tuple[str, str], float] = {}
+    for name, d, f in zip(names, dirs, own, strict=True):
+        if not (f > 0):
+            continue
+        parts = name.split("/")
+        for k in range(1, len(parts)):
+            key = ("/".join(parts[:k]), d)
+            below[key] = below.get(key, 0.0) + f
+    nested = np.array([below.get((n, d), np.nan) for n, d in zip(names, dirs, strict=True)])
+    return pd.Series(np.where(own > 0, np.nan, nested), index=ops.index)
+
+
 def tc_missed(ops: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``ops`` that are Tensor Core eligible, ran GPU work and used no Tensor
     Core kernel (no rows without the Tensor Core columns). A group range's kernels count

@@ -72,6 +72,9 @@ class ProfileOp:
     using_tc: bool | None = None
     tc_utilization: float | None = None
     flops: float | None = None
+    #: the FLOPs of the ops nested in this one, where it counts none itself (None: it does,
+    #: or none is known): ``aten::linear``'s are on its ``aten::addmm``
+    nested_flops: float | None = None
     flop_efficiency: float | None = None
     dtypes: str = ""
     call_site: str = ""
@@ -179,6 +182,7 @@ def profile_of(record: Any, top: int = PROFILE_OPS) -> TestProfile | None:
     import numpy as np
     import pandas as pd
 
+    from perfguard.analysis.ops import nested_flops
     from perfguard.baseline.record import profiled_mask
 
     ops = record.ops
@@ -205,6 +209,7 @@ def profile_of(record: Any, top: int = PROFILE_OPS) -> TestProfile | None:
     using = _flags(ops, "using_tc")
     tc_util = _col(ops, "tc_utilization")
     flops = _col(ops, "flops")
+    nested = nested_flops(ops).to_numpy(np.float64)
     eff = _col(ops, "flop_efficiency")
     calls, kernels = _col(ops, "calls"), _col(ops, "kernel_count")
     dtypes = ops["dtypes"].fillna("").astype(str).to_numpy() if "dtypes" in ops else None
@@ -226,6 +231,7 @@ def profile_of(record: Any, top: int = PROFILE_OPS) -> TestProfile | None:
                 using_tc=None if using[i] is None else bool(using[i]),
                 tc_utilization=_num(tc_util[i]),
                 flops=_num(flops[i]),
+                nested_flops=_num(nested[i]),
                 flop_efficiency=_num(eff[i]),
                 dtypes=str(dtypes[i]) if dtypes is not None else "",
                 call_site=str(sites.get(str(names[i])) or ""),

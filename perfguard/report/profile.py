@@ -8,6 +8,7 @@ through :mod:`perfguard.compare.units`, and what a number is stays in its label.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,10 +130,20 @@ def _row(p: TestProfile, op: ProfileOp) -> OpRow:
         cpu_time=format_ns(per(op.cpu_time_ns)),
         calls=human(round(calls, 3) if calls is not None else None),
         tensor_cores=_tc_cell(op),
-        flops=human(per(op.flops), "flops") if op.flops else "-",
+        flops=_flops_text(op, per),
         efficiency=percent(op.flop_efficiency),
         call_site=op.call_site,
     )
+
+
+def _flops_text(op: ProfileOp, per: Callable[[float | None], float | None]) -> str:
+    """The op's FLOPs per iteration; a parent that counts none itself, its nested ops'
+    (marked so: each FLOP is counted once, on the innermost op with a formula)."""
+    if op.flops:
+        return human(per(op.flops), "flops")
+    if op.nested_flops:
+        return f"{human(per(op.nested_flops), 'flops')} (nested ops)"
+    return "-"
 
 
 def _facts(t: TestEntry, p: TestProfile) -> list[tuple[str, str]]:

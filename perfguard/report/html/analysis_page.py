@@ -5,7 +5,9 @@ summary, top ops by GPU time, Tensor Core eligible ops that do not use
 Tensor Cores, per-iteration time, per-rank time and the straggler of a
 multi-rank run, the kernel table and the expert findings. Tensor Core and
 FLOP columns are shown when the analysis has them and read ``n/a``
-otherwise (an analysis without shapes cannot know).
+otherwise (an analysis without shapes cannot know). A capture with no GPU work
+ranks its ops by CPU time and leaves out every column and section that needs
+kernels (said once); a parent op shows the FLOPs of its nested ops, marked so.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from perfguard.analysis.ops import nested_flops
 from perfguard.report.html.render import fmt_ns, render, write_text
 from perfguard.report.labels import SUMMARY_LABELS, with_unit
 
@@ -43,6 +46,9 @@ class AnalysisPage:
     summary: list[tuple[str, str]]  # (label, formatted value)
     top_ops: list[dict[str, Any]]
     total_gpu_ns: float
+    #: whether the capture has GPU work: without it the ops are ranked by CPU time and the
+    #: GPU, Tensor Core and FLOP-efficiency columns, which need kernels, are not shown
+    on_gpu: bool
     has_tc_columns: bool  # False: the analysis has no Tensor Core columns at all
     tc_missing: list[dict[str, Any]]  # eligible ops with no Tensor Core kernel
     iterations_svg: str | None
@@ -120,8 +126,14 @@ def analysis_page(
     if findings is None:
         findings = analysis.findings
     ops, has_tc = _ops_view(analysis.top_ops)
+    nested = nested_flops(ops).set_axis(ops["op_id"].to_numpy())  # over every op: any depth
+    ops["nested_flops"] = nested.to_numpy()
     total_gpu = float(ops["gpu_time_total"].sum()) if len(ops) else 0.0
-    tc_missing = _records(_ops_view(analysis.tc_missed_ops)[0]) if has_tc else []
+    if not total_gpu and len(ops):  # a CPU capture: the order a reader of CPU time expects
+        ops = ops.sort_values("cpu_time_total", ascending=False, kind="stable")
+    missed = _ops_view(analysis.tc_missed_ops)[0]
+    missed["nested_flops"] = nested.reindex(missed["op_id"].to_numpy()).to_numpy()
+    tc_missing = _records(missed) if has_tc else []
 
     it = analysis.iterations
     if len(it) and "rank" in it:
@@ -153,6 +165,7 @@ def analysis_page(
         summary=_summary_rows(analysis.summary),
         top_ops=_records(ops.head(top)),
         total_gpu_ns=total_gpu,
+        on_gpu=total_gpu > 0,
         has_tc_columns=has_tc,
         tc_missing=tc_missing,
         iterations_svg=svg,
