@@ -20,7 +20,7 @@ from html import escape
 import numpy as np
 
 from perfguard.compare.units import axis, nice_ticks
-from perfguard.report.svg import AXIS_COLOR, FONT, Frame
+from perfguard.report.svg import AXIS_COLOR, FONT, Frame, left_margin, text_px, x_label
 
 __all__ = ["COLOURS", "Mark", "chart", "sparkline"]
 
@@ -145,22 +145,17 @@ def chart(
     tf: Callable[[np.ndarray], np.ndarray] = np.log10 if log else (lambda a: a)
     lo, hi = float(tf(finite).min()), float(tf(finite).max())
     pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 1.0
-    rows = _label_rows(marks, (width - 82) / max(x_count, 1))
-    top = 8 + 12 * (max(rows, default=-1) + 1)
-    legend_h = 16 * ((len(lines) + 2) // 3) if legend else 0
-    f = Frame(
-        70,
-        width - 12,
-        top,
-        height - 22 - legend_h,
-        -0.5,
-        max(x_count - 0.5, 0.5),
-        lo - pad,
-        hi + pad,
-    )
-    body: list[str] = []
-    ticks = nice_ticks(f.y0, f.y1, 5)
+    ticks = nice_ticks(lo - pad, hi + pad, 5)
     labels = axis([10**t if log else t for t in ticks], y_kind, log=log)
+    left, right = left_margin(labels), width - 12
+    x1 = max(x_count - 0.5, 0.5)
+    at = [left + (m.x + 0.5) / (x1 + 0.5) * (right - left) for m in marks]
+    spans = [_mark_span(px, m.label, width) for px, m in zip(at, marks, strict=True)]
+    rows = _label_rows(spans)
+    top = 10 + 12 * (max(rows, default=-1) + 1)
+    legend_h = 16 * ((len(lines) + 2) // 3) + 4 if legend else 0  # + a descender's room
+    f = Frame(left, right, top, height - 22 - legend_h, -0.5, x1, lo - pad, hi + pad)
+    body: list[str] = []
     for t, text in zip(ticks, labels, strict=True):
         y = f.y(t)
         body.append(
@@ -174,19 +169,22 @@ def chart(
         f'stroke="{AXIS_COLOR}"/>'
     )
     for x, text in x_labels:
-        px = f.x(x)
+        px, anchor = x_label(f.x(x), text, 2, width - 2)
         body.append(
-            f'<text x="{px:.1f}" y="{f.bottom + 13}" text-anchor="middle">{escape(text)}</text>'
+            f'<text x="{px:.1f}" y="{f.bottom + 13}" text-anchor="{anchor}">{escape(text)}</text>'
         )
-    for m, row in zip(marks, rows, strict=True):
+    for m, row, (lo_px, _) in zip(marks, rows, spans, strict=True):
         px = f.x(m.x)
         dash = ' stroke-dasharray="4 3"' if m.dashed else ""
         tip = f"<title>{escape(m.title)}</title>" if m.title else ""
-        ty = 8 + 12 * row
+        ty = 10 + 12 * row  # a baseline 10 px down: the 10 px font's capitals stay inside
+        # a label runs right of its line, or left of it where it would cross the edge
+        anchor = "start" if lo_px > px else "end"
+        tx = px + 2 if anchor == "start" else px - 2
         body.append(
             f'<g class="mark"><line x1="{px:.1f}" y1="{ty - 8}" x2="{px:.1f}" '
             f'y2="{f.bottom}" stroke="{m.colour}" stroke-width="1.5"{dash}/>'
-            f'<text x="{px + 2:.1f}" y="{ty}" fill="{m.colour}">'
+            f'<text x="{tx:.1f}" y="{ty}" text-anchor="{anchor}" fill="{m.colour}">'
             f"{escape(m.label)}</text>{tip}</g>"
         )
     if points is not None:
@@ -222,17 +220,22 @@ def chart(
     )
 
 
-def _label_rows(marks: Sequence[Mark], px_per_x: float) -> list[int]:
-    """A text row for each mark's label, so labels of marks close together do not overlap
-    (about 6 px a character at the charts' 10 px font)."""
+def _mark_span(px: float, label: str, width: float) -> tuple[float, float]:
+    """Where a mark's label at ``px`` lies, in px: right of its line, or left of it where
+    it would run past the chart's right edge (change-point labels were cut: "bytes, d")."""
+    w = text_px(label)
+    return (px + 2, px + 2 + w) if px + 2 + w <= width - 2 else (px - 2 - w, px - 2)
+
+
+def _label_rows(spans: Sequence[tuple[float, float]]) -> list[int]:
+    """A text row for each mark's label, so labels of marks close together do not overlap."""
     ends: list[float] = []  # right end of the last label in each row
     rows = []
-    for m in marks:
-        x = m.x * px_per_x
-        row = next((r for r, end in enumerate(ends) if x > end + 4), len(ends))
+    for lo, hi in spans:
+        row = next((r for r, end in enumerate(ends) if lo > end + 4), len(ends))
         if row == len(ends):
-            ends.append(0.0)
-        ends[row] = x + 6 * len(m.label)
+            ends.append(-1e9)
+        ends[row] = hi
         rows.append(row)
     return rows
 

@@ -44,7 +44,8 @@ CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1000px;padding:12px 18px;
 color:#111}
 h1{font-size:20px;margin:8px 0;word-break:break-all}h2{font-size:16px;margin:22px 0 6px}
-table{border-collapse:collapse;width:100%;font-size:13px}
+table{border-collapse:collapse;width:100%;font-size:13px;display:block;overflow-x:auto}
+body{overflow-wrap:break-word}
 th,td{text-align:left;padding:3px 6px;border-bottom:1px solid #e5e7eb;vertical-align:top}
 th{background:#f3f4f6;position:sticky;top:0}td.num{text-align:right;white-space:nowrap}
 code,.sha{font-family:ui-monospace,monospace;font-size:12px}

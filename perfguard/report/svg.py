@@ -22,6 +22,32 @@ from perfguard.compare.units import axis, nice_ticks
 WIDTH, HEIGHT = 520, 150
 FONT = 'font-family="system-ui,sans-serif" font-size="10"'
 AXIS_COLOR = "#444"
+#: the widest a character of the 10 px font draws (a digit is about 5.6 px in the usual
+#: sans fonts, a capital up to 7): room is made by this, so no label is ever cut
+CHAR_PX = 6.6
+
+
+def text_px(text: str) -> float:
+    """The most a label of the charts' font takes, in px."""
+    return CHAR_PX * len(text)
+
+
+def left_margin(labels: Sequence[str], title: str = "") -> float:
+    """The plot area's left edge: room for the longest y label right-aligned 5 px before
+    it, and for a rotated y title beside them (``2.1228 GFLOP`` was cut to ``.1228 GFLOP``
+    by a fixed margin)."""
+    return max(40.0, 4 + (16 if title else 0) + max(map(text_px, labels), default=0.0) + 5)
+
+
+def x_label(x: float, text: str, lo: float, hi: float) -> tuple[float, str]:
+    """An x label's anchor point and ``text-anchor`` so that it stays within [lo, hi]:
+    centred on its tick where it fits, else flush with the edge it would cross."""
+    half = text_px(text) / 2
+    if x - half < lo:
+        return lo, "start"
+    if x + half > hi:
+        return hi, "end"
+    return x, "middle"
 
 
 def _ticks(lo: float, hi: float, most: int = 5) -> list[tuple[float, str]]:
@@ -63,19 +89,25 @@ def _x_axis(f: Frame, ticks: Sequence[tuple[float, str]], title: str) -> list[st
         f'<line x1="{f.left}" y1="{f.bottom}" x2="{f.right}" y2="{f.bottom}" '
         f'stroke="{AXIS_COLOR}"/>'
     ]
-    for v, text in ticks:
+    room = WIDTH - 2.0  # labels are placed right to left: the last (newest) always shows
+    for v, text in reversed(ticks):
         x = f.x(v)
         out.append(
             f'<line x1="{x:.1f}" y1="{f.bottom}" x2="{x:.1f}" y2="{f.bottom + 3}" '
             f'stroke="{AXIS_COLOR}"/>'
         )
+        at, anchor = x_label(x, text, 2, WIDTH - 2)
+        start = {"start": at, "middle": at - text_px(text) / 2, "end": at - text_px(text)}[anchor]
+        if start + text_px(text) > room:
+            continue  # it would overlap the label to its right: its tick stays, unlabelled
+        room = start - 6
         out.append(
-            f'<text x="{x:.1f}" y="{f.bottom + 13}" text-anchor="middle">{escape(text)}</text>'
+            f'<text x="{at:.1f}" y="{f.bottom + 13}" text-anchor="{anchor}">{escape(text)}</text>'
         )
     if title:
-        mid = (f.left + f.right) / 2
+        at, anchor = x_label((f.left + f.right) / 2, title, 2, WIDTH - 2)
         out.append(
-            f'<text x="{mid:.1f}" y="{HEIGHT - 4}" text-anchor="middle">{escape(title)}</text>'
+            f'<text x="{at:.1f}" y="{HEIGHT - 4}" text-anchor="{anchor}">{escape(title)}</text>'
         )
     return out
 
@@ -106,7 +138,7 @@ def strip_box(groups: Sequence[tuple[str, np.ndarray, str]], x_title: str, label
     hi = max(float(v.max()) for v in values)
     pad = (hi - lo) * 0.06 or abs(hi) * 0.05 or 1.0
     f = Frame(
-        left=73,
+        left=left_margin([name for name, _, _ in groups]),
         right=WIDTH - 16,
         top=6,
         bottom=HEIGHT - 45,
@@ -152,8 +184,9 @@ def line(values: np.ndarray, x_labels: Sequence[str], y_title: str, label: str, 
     n = len(values)
     lo, hi = float(values.min()), float(values.max())
     pad = (hi - lo) * 0.15 or hi * 0.05 or 1.0
+    yticks = _ticks(lo - pad, hi + pad, 4)
     f = Frame(
-        left=73,
+        left=left_margin([t for _, t in yticks], y_title),
         right=WIDTH - 16,
         top=6,
         bottom=HEIGHT - 25,
@@ -174,7 +207,7 @@ def line(values: np.ndarray, x_labels: Sequence[str], y_title: str, label: str, 
     step = -(-n // 5)
     xticks = [(float(i), x_labels[i]) for i in range(n - 1, -1, -step)][::-1]
     body += _x_axis(f, xticks, "")
-    body += _y_axis(f, _ticks(f.y0, f.y1, 4), y_title)
+    body += _y_axis(f, yticks, y_title)
     return _svg(label, body)
 
 
@@ -202,9 +235,12 @@ def split_bar(parts: Sequence[tuple[str, float, str]], label: str, width: int = 
         x += w
         lx = 4 + (k % 2) * (width / 2)
         ly = 30 + 14 * (k // 2)
+        room = int((width / 2 - 16) / CHAR_PX)  # a caption stays in its half of the legend
+        shown = caption if len(caption) <= room else caption[: room - 1] + "…"
         legend.append(
             f'<rect x="{lx:.1f}" y="{ly - 8}" width="8" height="8" fill="{colour}"/>'
-            f'<text x="{lx + 12:.1f}" y="{ly}">{escape(caption)}</text>'
+            f'<text x="{lx + 12:.1f}" y="{ly}">{escape(shown)}<title>{escape(caption)}</title>'
+            "</text>"
         )
     return (
         f'<svg role="img" aria-label="{escape(label)}" width="{width}" height="{height}" '
@@ -219,8 +255,9 @@ def iteration_strip(
     between rounds: a strip that shows warm-up drift, a slow spell, a periodic spike."""
     n = len(values)
     hi = float(np.nanmax(values)) if n else 1.0
+    yticks = _ticks(0.0, hi * 1.08 or 1.0, 4)
     f = Frame(
-        left=73,
+        left=left_margin([t for _, t in yticks], y_title),
         right=WIDTH - 16,
         top=6,
         bottom=HEIGHT - 25,
@@ -242,5 +279,5 @@ def iteration_strip(
             f'height="{f.bottom - y:.1f}" fill="{colour}"/>'
         )
     body += _x_axis(f, [], "iterations in order, rounds apart")
-    body += _y_axis(f, _ticks(f.y0, f.y1, 4), y_title)
+    body += _y_axis(f, yticks, y_title)
     return _svg(label, body)
