@@ -30,7 +30,7 @@ from perfguard.compare.changepoint import (
     runs_needed,
 )
 from perfguard.compare.counter_steps import numeric_steps, set_steps
-from perfguard.compare.history import load_history, run_levels
+from perfguard.compare.history import find_change_points, load_history, run_levels
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = Path(__file__).parent / "data" / "history_steps.json"
@@ -558,3 +558,27 @@ def test_the_interval_search_matches_a_loop_over_every_interval():
         a, b, z = changepoint._best_interval(seg, min_size)
         scale = np.sqrt((m - 1) / np.mean(c * c))
         assert (a, b) == (-best[1], -best[2]) and z == pytest.approx(best[0] * scale)
+
+
+def test_a_change_points_ops_are_those_that_moved_at_its_commit() -> None:
+    """A +10 % step at run 10 (op ``new`` added there) and, three runs later, op ``later``
+    doubling with no timing step of its own: the change point at run 10 lists ``new``, not
+    ``later``, whose move belongs to run 13 (its segment medians moved too, and it was
+    listed as this commit's)."""
+    rng = np.random.default_rng(3)
+    n = 20
+    value = np.where(np.arange(n) < 10, 100e6, 110e6) * (1 + rng.normal(0, 0.003, n))
+    levels = pd.DataFrame(
+        {"run_id": np.arange(1, n + 1), "commit": [f"c{k:02d}" for k in range(n)], "value": value}
+    )
+    ops = pd.DataFrame(
+        {
+            "base": 90e6 * (1 + rng.normal(0, 0.003, n)),
+            "new": np.where(np.arange(n) < 10, 0.0, 10e6),
+            "later": np.where(np.arange(n) < 13, 1e6, 2.2e6),
+        },
+        index=pd.Index(np.arange(1, n + 1), name="run_id"),
+    )
+    (cp,) = find_change_points(levels, op_levels=ops)
+    assert cp.index == 10, cp
+    assert [m.op_id for m in cp.ops] == ["new"], cp.ops

@@ -104,6 +104,12 @@ def test_publish_writes_the_site_and_rebuilds_only_what_changed(replayed, tmp_pa
     assert "Counter change points" in html and "calls" in html
     assert f"https://ci.example/{shas[0]}/r.html" in html  # each run's report
     assert html.count("<svg") >= 4  # level, counters, top ops
+    # a machine's index says why each latest outcome is what it is, beside it
+    (machine,) = [p for p in _pages(site) if p.name == "index.html" and p.parent != site]
+    row = re.search(r"<tr data-test=.*?</tr>", machine.read_text(), re.S)
+    assert row and '<td class="why"' in row.group(0), machine.read_text()[:2000]
+    why = re.search(r'<td class="why"[^>]*>([^<]+)</td>', row.group(0))
+    assert why and len(why.group(1)) > 10, row.group(0)
     assert first.largest_page < 1 << 20
     for p in _pages(site):  # nothing the browser would fetch
         text = p.read_text()

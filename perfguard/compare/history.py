@@ -314,7 +314,18 @@ def find_change_points(
             ids = levels["run_id"].to_numpy()
             b = op_levels.reindex(ids[before]).median()
             a = op_levels.reindex(ids[after]).median()
-            change = (a - b).abs().sort_values(ascending=False, kind="stable")
+            # an op whose move did not happen at this commit moved at another one (a later
+            # commit's new op read as this one's): at least half of its move is the step
+            # from the run before the change point to the run at it
+            at = op_levels.reindex(ids[[split.index - 1, split.index]]).fillna(0.0)
+            jump = at.iloc[1] - at.iloc[0]
+            moved = (a - b).fillna(0.0)
+            here = (np.sign(jump) == np.sign(moved)) & (jump.abs() >= 0.5 * moved.abs())
+            # and a move worth naming: a tenth of the step's own size or more (an op's
+            # run-to-run noise is no explanation of it)
+            step = abs(float(np.median(values[after])) - float(np.median(values[before])))
+            here &= moved.abs() >= 0.1 * step
+            change = moved.abs()[here.to_numpy(bool)].sort_values(ascending=False, kind="stable")
             moves = tuple(
                 OpMove(str(op), (op_names or {}).get(str(op), str(op)), float(b[op]), float(a[op]))
                 for op in change.index[:top_ops]

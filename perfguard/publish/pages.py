@@ -16,6 +16,7 @@ from html import escape
 
 import numpy as np
 
+from perfguard.compare.explanation import shorten
 from perfguard.compare.units import figure, format_ns, human, percent
 from perfguard.publish.charts import COLOURS, Mark, chart, sparkline
 from perfguard.publish.series import Analysed, CounterStepView, Series
@@ -37,6 +38,8 @@ COUNTER_TITLES = {
     "est_cycles": "estimated cycles / iteration",
     "tc_ops": "ops on Tensor Cores",
 }
+#: the most of an outcome's reason a machine's index shows (all of it on hover and the test's page)
+WHY_CHARS = 140
 #: regressed tests the front page lists (each a sparkline: the page stays small)
 FRONT_MOST = 100
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -128,8 +131,8 @@ def machine_page(
         f"{escape(when)}</p>"
         '<input id="q" type="search" placeholder="filter tests" aria-label="filter tests">'
         "<table><thead><tr><th>test</th><th>runs</th><th>latest</th><th>change</th>"
-        "<th>outcome</th><th>trend</th><th>change points</th><th>last change</th></tr>"
-        "</thead><tbody>"
+        "<th>outcome</th><th>why</th><th>trend</th><th>change points</th><th>last change</th>"
+        "</tr></thead><tbody>"
     ]
     for r in mine:
         change = _pct(r.change_pct) if r.change_pct is not None else ""
@@ -138,7 +141,10 @@ def machine_page(
             f'<tr data-test="{escape(r.nodeid.lower())}"><td><a href="{escape(href)}">'
             f"{escape(r.nodeid)}</a></td><td class=num>{r.runs}</td>"
             f"<td class=num>{escape(r.latest)}</td><td class=num>{change}</td>"
-            f'<td title="{escape(r.reason)}">{_outcome(r.outcome)}</td><td>{r.spark}</td>'
+            f"<td>{_outcome(r.outcome)}</td>"
+            # the reason beside the outcome: a red "regressed" next to "-6.5%" must say why
+            f'<td class="why" title="{escape(r.reason)}">{escape(shorten(r.reason, WHY_CHARS))}'
+            f"</td><td>{r.spark}</td>"
             f"<td class=num>{r.change_points} timing, {r.counter_steps} counter</td>"
             f"<td>{escape(r.last_change)}</td></tr>"
         )
