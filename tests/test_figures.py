@@ -10,6 +10,7 @@ repeats a label (``67.4 MB`` five times)."""
 from __future__ import annotations
 
 import html
+import json
 import re
 from pathlib import Path
 
@@ -174,3 +175,86 @@ def test_every_view_of_a_fixture_suite_writes_figures_one_way(suite, tmp_path, c
     for view, text in views.items():
         assert text.strip(), view
         assert not offences(text), (view, offences(text)[:5])
+
+
+def _levels_by_commit(views: dict[str, str]) -> dict[str, dict[str, set[str]]]:
+    """Per view, each commit's (first 10 hex digits) printed run level(s)."""
+    found: dict[str, dict[str, set[str]]] = {}
+
+    def add(view: str, commit: str, text: str) -> None:
+        found.setdefault(commit[:10], {}).setdefault(view, set()).add(text)
+
+    unit = r"[\d.,]+ (?:ns|us|ms|s)"
+    for m in re.finditer(rf"^c?\s+\d+ ([0-9a-f]{{10}}) \S+\s+({unit})", views["history"], re.M):
+        add("history", m.group(1), m.group(2))
+    for run in json.loads(views["history --json"])["runs"]:
+        add("history --json", run["commit"], units.format_ns(run["level_ns"]))
+    cell = r"<td[^>]*>([^<]*)</td>"
+    row = rf"<tr><td><code>([0-9a-f]{{12}})</code></td>{cell}{cell}"
+    for m in re.finditer(row, views["report.html"]):
+        add("report.html history", m.group(1), m.group(3))
+    return found
+
+
+def test_every_view_prints_one_number_for_one_fact(suite, tmp_path, capsys) -> None:
+    """One fact, one number, across the views of a real store (issue 54: one run read
+    25.5 ms in the report's history and 23.8 ms in ``perfguard history`` and the verdict's
+    baseline level). Each stored run's level is the same text in ``history``, its JSON,
+    the report's history table, the published site's run table and, for the two runs the
+    verdict compares, the verdict's "level A → B" in the terminal, summary.md, ``compare``
+    and report.html; the verdict's change is one text in all of them and the JSON."""
+    from perfguard.publish import publish
+
+    store, doc = suite
+    (entry,) = doc.tests
+    page = write_session_html(doc, tmp_path / "report.html")
+    views = {
+        "terminal": "\n".join(results_lines(doc)),
+        "summary.md": render_markdown(doc).replace("\\", ""),
+        "report.html": html.unescape(page.read_text(encoding="utf-8")),
+    }
+    hist = ["history", "test_resnet", "--store", str(store), "--repo", str(store.parent)]
+    for name, args in (
+        ("compare", ["compare", f"{store}#3", f"{store}#2"]),
+        ("compare --json", ["compare", f"{store}#3", f"{store}#2", "--json", "-"]),
+        ("history", hist),
+        ("history --json", [*hist, "--json", "-"]),
+    ):
+        main(args)
+        views[name] = capsys.readouterr().out
+    site = tmp_path / "site"
+    publish(store, site, repo=store.parent)
+    (test_page,) = [p for p in site.rglob("*.html") if "test_resnet" in p.name]
+    views["publish"] = html.unescape(test_page.read_text(encoding="utf-8"))
+
+    levels = _levels_by_commit(views)
+    runs = json.loads(views["history --json"])["runs"]
+    assert len(levels) == len(runs) == 3, levels
+    for commit, by_view in levels.items():
+        assert {"history", "history --json", "report.html history"} <= set(by_view), by_view
+        printed = set().union(*by_view.values())
+        assert len(printed) == 1, (commit, by_view)
+    base, cur = (runs[1]["commit"][:10], runs[2]["commit"][:10])
+    want = f"level {next(iter(set().union(*levels[base].values())))} → "
+    want += next(iter(set().union(*levels[cur].values())))
+    for view in ("terminal", "summary.md", "compare", "report.html"):
+        assert want in views[view], (view, want)
+    site_rows = re.findall(
+        r"<td><code>([0-9a-f]{10})[0-9a-f]*</code></td>.*?</tr>", views["publish"]
+    )
+    assert site_rows or "level" in views["publish"]
+    for run in runs:  # the site's run table prints each run's level as every other view
+        text = next(iter(set().union(*levels[run["commit"][:10]].values())))
+        assert text in views["publish"], (run["commit"][:10], text)
+
+    change = units.percent(entry.timing.delta_pct, True)
+    data = json.loads(views["compare --json"])
+    (judged,) = data["tests"]
+    # to the last digit where a view prints them whole: the verdict's levels are the
+    # history's levels of the two runs it compares (a median there and a geometric mean
+    # here once differed by 0.02 % and printed alike)
+    assert judged["timing"]["level_baseline_ns"] == pytest.approx(runs[1]["level_ns"], rel=1e-12)
+    assert judged["timing"]["level_current_ns"] == pytest.approx(runs[2]["level_ns"], rel=1e-12)
+    assert units.percent(judged["timing"]["delta_pct"], True) == change
+    for view in ("terminal", "summary.md", "compare", "report.html"):
+        assert change in views[view], (view, change)

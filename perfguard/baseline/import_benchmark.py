@@ -12,7 +12,7 @@ points.
 How a record holds what the file has, and no more:
 
 * with ``data``: one sample per pytest-benchmark round, each its own round (a round's
-  value is its time per call), so a run's level (the median over its rounds) is
+  value is its time per call), so a run's level (the geometric mean of its rounds) is
   pytest-benchmark's median; past :data:`MAX_ROUNDS` rounds (a 1 µs function gets 100,000)
   the data's :data:`MAX_ROUNDS` evenly spaced quantiles stand in for them, which keeps the
   median and the spread while the store stays small;

@@ -254,7 +254,7 @@ class Reader:
         stats = run_levels_of(samples["test_id"], samples["round"], value, metric_of)
         counts = value.dropna().groupby(samples["test_id"]).size()
         out = cand[["run_id", "commit", "time", "metric"]].copy()
-        out["median_ns"] = cand["test_id"].map(stats["median"]).astype(np.float64)
+        out["median_ns"] = cand["test_id"].map(stats["level"]).astype(np.float64)
         out["n"] = cand["test_id"].map(counts).fillna(0).astype(np.int64)
         out["run_id"] = out["run_id"].astype(np.int64)
         return out

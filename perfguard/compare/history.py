@@ -184,7 +184,7 @@ def run_levels(
     metric_of = samples.groupby("run_id")["metric"].first()
     out = runs.set_index("run_id").loc[per_run.index, ["commit", "time"]].reset_index()
     out["metric"] = metric or out["run_id"].map(metric_of)
-    out["value"] = per_run["median"].to_numpy(np.float64)
+    out["value"] = per_run["level"].to_numpy(np.float64)
     out["n_rounds"] = per_run["size"].to_numpy(np.int64)
     out["run_id"] = out["run_id"].astype(np.int64)
     return out.sort_values(["time", "run_id"], kind="stable").reset_index(drop=True)[cols]

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from perfguard.baseline.record import METRICS, TestRecord
+from perfguard.baseline.record import METRICS, TestRecord, run_level
 from perfguard.compare.comparison import (
     TestComparison,
     compare_ops,
@@ -212,15 +212,17 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
         else:
             outcome, text = Outcome.NO_BASELINE, "no baseline to compare with"
         median = float(np.median(cur_rounds)) if len(cur_rounds) else math.nan
+        level = run_level(cur_rounds)  # what this run's history will print for it
         timing = not_judged(
             current.metric,
             text,
             tol,
             median_current_ns=median,
+            level_current_ns=level,
             n_current=len(cur_rounds),
             load=load,
         )
-        msg = f"{text}; {current.metric} median {format_ns(median)}, {len(cur_rounds)} round(s)"
+        msg = f"{text}; {current.metric} level {format_ns(level)} over {len(cur_rounds)} round(s)"
         plain = Explanation.plain(outcome.value, msg).with_environment(against.environment)
         return TestComparison(
             outcome=outcome,
@@ -238,6 +240,7 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
             f"timing not compared: {against.timing_incompatibility}",
             tol,
             median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
+            level_current_ns=run_level(cur_rounds),
             n_current=len(cur_rounds),
             load=load,
         )
@@ -252,6 +255,7 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
             "rounds ran unprofiled): timing not comparable; save a new baseline",
             tol,
             median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
+            level_current_ns=run_level(cur_rounds),
             n_current=len(cur_rounds),
             load=load,
         )

@@ -250,6 +250,9 @@ def judge_store(
         spread_pct=100 * sp,
         median_current_ns=float(np.exp(np.median(cur))) if len(cur) else math.nan,
         median_baseline_ns=float(np.exp(np.median(base))) if len(base) else math.nan,
+        # each side's level (baseline.record.run_level), judged or not
+        level_current_ns=float(np.exp(cur.mean())) if len(cur) else math.nan,
+        level_baseline_ns=float(np.exp(base.mean())) if len(base) else math.nan,
         history_runs=int(len(history)),
     )
     if len(cur) < MIN_ROUNDS or len(base) < MIN_ROUNDS:
@@ -265,9 +268,6 @@ def judge_store(
             **common,
         )
     delta = float(cur.mean() - base.mean())
-    common.update(
-        level_baseline_ns=float(np.exp(base.mean())), level_current_ns=float(np.exp(cur.mean()))
-    )
     se_rounds = math.sqrt(cur.var(ddof=1) / len(cur) + base.var(ddof=1) / len(base))
     sd_run = between_run_sd(history) if len(history) >= MIN_HISTORY else math.nan
     if math.isfinite(sd_run):

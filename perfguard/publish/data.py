@@ -16,8 +16,8 @@ vectorised group-by:
   iteration for wall/CPU time, the median for GPU time:
   :func:`~perfguard.baseline.record.round_statistic`, over the rows
   :func:`~perfguard.baseline.record.timing_mask` selects) and the run's
-  level, the median of its rounds: the same reduction as
-  :func:`perfguard.compare.history.run_levels`, without a query per test;
+  level, the geometric mean of its rounds: the same reduction as
+  :func:`perfguard.baseline.record.run_levels_of`, without a query per test;
 * ``counters``: per test record, each counter summed over its ops, and the
   sum over the ops stable in that run (what a counter step compares);
 * ``ops``: per test record and op, its time per profiled iteration (GPU time
@@ -45,6 +45,7 @@ from perfguard.baseline.record import (
     INSTRUCTION_COUNTERS,
     MACHINE_EVIDENCE,
     METRICS,
+    group_levels,
     round_statistic,
 )
 from perfguard.environment import machine_key
@@ -207,7 +208,7 @@ def _levels(
     rounds = pd.DataFrame(
         {"test_id": rk // MAX_ROUNDS, "round": rk % MAX_ROUNDS, "value": per_round}
     )
-    ids, level = _group_median(rounds["test_id"].to_numpy(), rounds["value"].to_numpy())
+    ids, level, _ = group_levels(rounds["test_id"].to_numpy(), rounds["value"].to_numpy())
     levels = pd.DataFrame({"test_id": ids, "level": level}).set_index("test_id")
     levels["n_rounds"] = np.diff(np.r_[_starts(rounds["test_id"].to_numpy()), len(rounds)])
     return rounds, levels, iters

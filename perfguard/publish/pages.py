@@ -456,7 +456,8 @@ def test_page(
         f"<p>latest run {_outcome(a.outcome)} {change} "
         f'<span class="why">{escape(a.reason)}</span></p>'
         f"<h2>Level per run</h2>{level}"
-        '<p class="meta">grey dots: each round; line: the run level (median of its rounds); '
+        '<p class="meta">grey dots: each round; line: the run level (the geometric mean '
+        "of its rounds); "
         f'<span style="color:{COLOURS[1]}">orange</span>: timing change points; '
         '<span style="color:#7c3aed">purple, dashed</span>: counter change points; '
         '<span style="color:#15803d">green, dashed</span>: acceptances</p>'
