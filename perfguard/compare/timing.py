@@ -349,10 +349,10 @@ def machine_shift(
 
 def machine_notes(metric: str, speed_ns: np.ndarray, wait: np.ndarray) -> list[str]:
     """Per run of one test's series, what made the machine unlike the series' usual (its
-    median run), by :func:`machine_shift`'s rule: ``"machine 61% slower"`` (the reference
-    workload), ``"machine busy: waited 35%"``, or ``""``: what ``perfguard history`` and
-    the reports' history tables show beside the run's level, so a level the machine made
-    is read as the machine's."""
+    median run), by :func:`machine_shift`'s rule: ``"machine 61% slower than usual"`` (the
+    reference workload), ``"machine busy: waited 35% of the time"``, or ``""``: what
+    ``perfguard history`` and the reports' history tables show beside the run's level, so
+    a level the machine made is read as the machine's."""
     speed = np.asarray(speed_ns, dtype=np.float64)
     waits = np.asarray(wait, dtype=np.float64)
     ok_speed = speed[np.isfinite(speed) & (speed > 0)]
@@ -365,12 +365,14 @@ def machine_notes(metric: str, speed_ns: np.ndarray, wait: np.ndarray) -> list[s
         if not busy:
             out.append("")
         elif math.isfinite(ratio) and abs(ratio) > SPEED_DIFF:
+            # "than usual": against the series' median run, a fact of its own, unlike a
+            # verdict's speed note (against the baseline's run)
             out.append(
                 f"machine {percent(100 * math.expm1(abs(ratio)), digits=0)} "
-                f"{'slower' if ratio > 0 else 'faster'}"
+                f"{'slower' if ratio > 0 else 'faster'} than usual"
             )
         else:
-            out.append(f"machine busy: waited {percent(100 * w, digits=0)}")
+            out.append(f"machine busy: waited {percent(100 * w, digits=0)} of the time")
     return out
 
 
