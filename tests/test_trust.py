@@ -11,8 +11,10 @@ git repository, one rule each.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -155,6 +157,12 @@ def test_a_scalar_dtype_is_shown_at_its_line_and_does_not_fail(project: Path) ->
     strict = entry(session(project, "--perfguard-confirm-budget=0"))
     assert strict["gates"]["outcome"] == "regressed"
     assert any(f["gate"] == "dtypes" for f in strict["gates"]["regressions"])
+    # the Gates panel names each op as the culprit line does (not a nested op's path)
+    page = html.unescape((project / ".perfguard" / "report.html").read_text(encoding="utf-8"))
+    panel = page.split('class="gate-findings"', 1)[1].split("</table>", 1)[0]
+    named = set(re.findall(r'<td class="name op"><code>([^<]+)</code>', panel))
+    culprits = {c["op"] for c in strict["explanation"]["culprits"] if c["kind"] == "dtypes"}
+    assert named and named <= culprits | {"(the test)"}, (named, culprits)
 
 
 def test_the_same_clean_commit_reads_at_most_noisy(project: Path) -> None:

@@ -165,24 +165,40 @@ def _machine(fp: Machine) -> list[tuple[str, str]]:
 
 
 def gate_rows(test: TestEntry) -> list[GateRow]:
-    """The gates half's findings, regressions first."""
+    """The gates half's findings, regressions first, each op named as the explanation
+    names it: a finding on an op nested in a culprit of the same kind is that culprit's
+    (the dtypes of ``aten::add/aten::to/aten::_to_copy`` changed with ``aten::add``'s,
+    which the culprit line names), so the panel and the culprit say one op one way."""
     g = test.gates
     if g is None:
         return []
-    return [
-        GateRow(
-            kind,
-            f.gate,
-            f.op_name,
-            f.kernel_name,
-            human(f.baseline, f.gate),
-            human(f.current, f.gate),
-            f.budget,
-            f.message,
-        )
-        for kind, found in (("regression", g.regressions), ("improvement", g.improvements))
-        for f in found
-    ]
+    culprits = test.explanation.culprits if test.explanation is not None else ()
+    rows: list[GateRow] = []
+    for kind, found in (("regression", g.regressions), ("improvement", g.improvements)):
+        for f in found:
+            op = next(
+                (
+                    c.op
+                    for c in culprits
+                    if c.kind == f.gate and c.op and f.op_name.startswith(c.op + "/")
+                ),
+                f.op_name,
+            )
+            row = GateRow(
+                kind,
+                f.gate,
+                op,
+                f.kernel_name,
+                human(f.baseline, f.gate),
+                human(f.current, f.gate),
+                f.budget,
+                f.message,
+            )
+            if op == f.op_name or not any(
+                (r.kind, r.gate, r.op_name) == (kind, f.gate, op) for r in rows
+            ):
+                rows.append(row)
+    return rows
 
 
 def _view(i: int, test: TestEntry, figures: Any, max_ops: int) -> TestView:
