@@ -466,7 +466,7 @@ def kernel_changes(current: TestRecord, baseline: TestRecord) -> pd.DataFrame:
     if not rows:
         return _empty(CHANGE_COLUMNS)
     out = pd.concat([r.astype(object) for r in rows], ignore_index=True)
-    return out[list(CHANGE_COLUMNS)]
+    return out.reindex(columns=list(CHANGE_COLUMNS))
 
 
 def per_site_flops(
