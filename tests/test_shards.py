@@ -450,7 +450,9 @@ def test_two_machine_kinds_merge_into_one_comment_with_a_column_each(pytester):
     heads = {
         b: next(t for t in d.tests if t.outcome is Outcome.REGRESSED) for b, d in alone.items()
     }
-    assert "test\\_bench.py:12 in test\\_step: op calls 1 → 2" in changed
+    # the added matmul's line: its calls there, the op's over all its sites beside them
+    assert "test\\_bench.py:12 in test\\_step: op calls 0 → 1 per iteration there" in changed
+    assert "(all its sites 1 → 2 per iteration" in changed
     from perfguard.compare.listing import headline
 
     if headline(heads["x1"]) == headline(heads["x2"]):

@@ -277,7 +277,8 @@ def test_session_stores_timing_rounds_and_one_profiled_round(tmp_path: Path) -> 
     assert (~prof).sum() == 20 and prof.sum() == 5
     assert len(rec.round_values()) == 4
     assert "rounds with the profiler off" in (rec.meta.get("note") or "")
-    # the stored history's level is the timing rounds' (the median of their values, as
-    # `perfguard history` and the verdict reduce them), not the profiled round's
-    assert hist["median_ns"].tolist() == [float(np.median(rec.round_values()))]
+    # the stored history's level is the timing rounds' (the geometric mean of their values,
+    # as `perfguard history` and the verdict reduce them), not the profiled round's
+    want = float(np.exp(np.mean(np.log(rec.round_values()))))
+    assert hist["median_ns"].tolist() == pytest.approx([want], rel=1e-12)
     assert hist["n"].tolist() == [20]

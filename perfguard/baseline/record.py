@@ -167,7 +167,15 @@ def group_levels(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.n
     total = np.bincount(inverse, weights=np.where(ok, logs, 0.0), minlength=len(uniq))
     size = np.bincount(inverse, minlength=len(uniq)).astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return uniq, np.where(n > 0, np.exp(total / np.maximum(n, 1)), np.nan), size
+        level = np.where(n > 0, np.exp(total / np.maximum(n, 1)), np.nan)
+    # a run of one round is that round's value exactly (exp(log(x)) may differ in its last
+    # bit, and a reader comparing the two would see two numbers)
+    one = n == 1
+    if one.any():
+        only = np.full(len(uniq), -np.inf)
+        np.maximum.at(only, inverse[ok], values[ok])  # the one valid value of such a key
+        level = np.where(one, only, level)
+    return uniq, level, size
 
 
 def profiled_mask(samples: pd.DataFrame) -> np.ndarray:
