@@ -42,6 +42,7 @@ PARTS = {
     "warmup",
     "timing",
     "round_checks",
+    "collect",
     "sites",
     "profiled",
     "analysis",

@@ -86,6 +86,29 @@ def test_retries_stop_after_as_many_as_there_are_rounds(
     assert profile.speed_ns == [2_000_000, 2_000_000]
 
 
+def test_retries_stop_when_the_checks_budget_is_spent(
+    tmp_path: Path, steady_machine: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-runs cost at most a share of the rounds' own time (or a floor): a small test on
+    a slow machine spent 1.1-2.2 s in pauses and re-runs for 5 rounds of 10 ms. With the
+    floor and share at zero, a slow round is kept at once, and says so nowhere but in
+    its speed figure."""
+    monkeypatch.setattr(loop, "CHECKS_FLOOR_S", 0.0)
+    monkeypatch.setattr(loop, "CHECKS_SHARE", 0.0)
+    spec = ProfileSpec(iterations=2, warmup=0, rounds=3)
+    profile = GpuProfile(spec, TorchCapturer(tmp_path / "t.pt.trace.json", "cpu"))
+    steady_machine += [1_000_000] + [2_000_000] * 40  # the machine stays slow
+    _run(profile, torch.randn(4, 4))
+    assert profile.slow_rounds == 0
+    assert profile.round_of == [0, 0, 1, 1, 2, 2, 3, 3]
+    # the floor lets a re-run through where the rounds are tiny
+    monkeypatch.setattr(loop, "CHECKS_FLOOR_S", 10.0)
+    again = GpuProfile(spec, TorchCapturer(tmp_path / "u.pt.trace.json", "cpu"))
+    steady_machine[:] = [1_000_000] + [2_000_000] * 40
+    _run(again, torch.randn(4, 4))
+    assert again.slow_rounds == 2  # until the slow level is the typical one (the median)
+
+
 def test_cpu_loop_times_rounds_unprofiled_then_profiles_one(
     tmp_path: Path, steady_machine: list[int]
 ) -> None:

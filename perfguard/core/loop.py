@@ -56,6 +56,12 @@ ROUND_GAP_S = 0.05
 #: pause before a timing round that ran while the machine was slow is run again, s:
 #: the slow spells seen on shared VMs last a fraction of a second to a second
 RETRY_PAUSE_S = 0.3
+#: the checks between rounds (pauses, rounds run again) may cost this share of the rounds'
+#: own time, or :data:`CHECKS_FLOOR_S` where that is more: a pause is never longer than
+#: the round it follows, and re-runs stop when the budget is spent (a small test's 5
+#: rounds of 10 ms spent 1.1-2.2 s in 0.3 s pauses and re-runs, issue 53)
+CHECKS_SHARE = 0.5
+CHECKS_FLOOR_S = 0.15
 
 
 def _cuda() -> Any:
@@ -99,6 +105,7 @@ class Loop:
         self.speed_ns: list[int] = []
         #: timing rounds run again because the machine ran slow during them
         self.slow_rounds = 0
+        self._last_round_s = ROUND_GAP_S
         self.started = False
         #: time the rounds, skip the profiled round (an A/B pair child after the first;
         #: only where timing rounds run apart from the profiler)
@@ -236,9 +243,13 @@ class Loop:
             cap.sync()
         # what the test built so far (its model, torch's modules) is frozen out of the
         # collector: the collection before each round then scans only the objects made
-        # since: under 1 ms instead of 0.5 s for torch and pandas (2-core VM, load 13)
-        gc.collect()
-        gc.freeze()
+        # since: under 1 ms instead of 0.5 s for torch and pandas (2-core VM, load 13).
+        # The young generations are collected first (the warm-up's short-lived cycles:
+        # 0.15 ms); a full collection here cost 80-150 ms a test with torch loaded, and
+        # what it would free is only kept until the rounds end (unfreeze)
+        with timed(self.phase_s, "collect"):
+            gc.collect(1)
+            gc.freeze()
         try:
             yield from self._measured(cap)
         finally:
@@ -335,11 +346,14 @@ class Loop:
         afters: list[int] = []
         retries = rounds
         step = 0
+        kept_s = spent_s = 0.0  # the kept rounds' own time; what re-runs and pauses cost
         for r in range(rounds):
             while True:
                 marks = self._marks()
                 before = reference_ns()
+                t0 = time.perf_counter()
                 yield from self._round(r, step, probe, cap, profiled=False)
+                took = time.perf_counter() - t0
                 after = reference_ns()
                 speed = max(before, after)
                 slow = before > SLOW_FACTOR * median(befores) or (
@@ -347,12 +361,16 @@ class Loop:
                 )
                 befores.append(before)
                 afters.append(after)
-                if not slow or retries == 0:
+                pause = min(RETRY_PAUSE_S, max(took, 0.02))
+                budget = max(CHECKS_SHARE * (kept_s + took), CHECKS_FLOOR_S)
+                if not slow or retries == 0 or spent_s + took + pause > budget:
                     break
                 retries -= 1
                 self.slow_rounds += 1
                 self._truncate(marks)
-                time.sleep(RETRY_PAUSE_S)
+                spent_s += took + pause
+                time.sleep(pause)
+            kept_s += took
             self.speed_ns.append(speed)
             step += self.spec.iterations
 
@@ -387,7 +405,9 @@ class Loop:
         load figures count for the verdict only when its times do (``timing``)."""
         if r:
             gc.collect()
-            time.sleep(ROUND_GAP_S)
+            # no longer than the round before it: a check costs what the round does
+            time.sleep(min(ROUND_GAP_S, self._last_round_s))
+        started = time.perf_counter()
         clock, cpu = time.perf_counter_ns, time.thread_time_ns
         probe.start()
         setup, teardown = self._setup, self._teardown
@@ -410,6 +430,7 @@ class Loop:
             self.profiled.append(profiled)
             if teardown is not None:
                 teardown()
+        self._last_round_s = time.perf_counter() - started
         waited = probe.waited()
         ticks = probe.stop()
         if timing and waited is not None:
