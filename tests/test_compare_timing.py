@@ -24,6 +24,7 @@ from perfguard.compare.timing import (
     judge_ab,
     judge_store,
 )
+from perfguard.compare.units import interval, percent
 
 
 @pytest.fixture
@@ -349,3 +350,35 @@ def test_round_value_is_the_fastest_host_step_and_the_median_gpu_step():
         "min",
         "min",
     ]
+
+
+def test_a_confirmed_timing_says_each_figure_once() -> None:
+    """A stored comparison that read +30 % on a noisy machine, measured again A/B on unchanged
+    code: the message leads with what the same machine found, quotes the stored reading once
+    (suite_trust parses it), and gives the A/B's change and interval once, in its own
+    reason (they were said twice, and "the stored comparison" twice)."""
+    from perfguard.compare.confirm import Confirmation, confirmed
+
+    rng = np.random.default_rng(7)
+    stored = judge_store(
+        np.full(5, 13e6) * (1 + rng.normal(0, 0.08, 5)),
+        np.full(5, 10e6) * (1 + rng.normal(0, 0.08, 5)),
+        np.array([]),
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+    )
+    base = np.full(10, 10e6) * (1 + rng.normal(0, 0.01, 10))
+    head = base * (1 + rng.normal(0, 0.005, 10))
+    v = confirmed(stored, Confirmation("a" * 40, base, head), tolerance=0.05, alpha=0.01)
+    said = v.message
+    assert said.startswith(f"not confirmed on this machine over 10 A/B pairs against {'a' * 12}: ")
+    assert said.count("the stored comparison") == 1, said
+    ab = percent(v.delta_pct, True) + " " + interval(v.ci_low_pct, v.ci_high_pct)
+    assert said.count(ab) == 1, (ab, said)
+    stored_said = (
+        f"{percent(stored.delta_pct, True)} {interval(stored.ci_low_pct, stored.ci_high_pct)}"
+    )
+    assert (
+        f"the stored comparison read {stored_said} ({stored.outcome.value}), the machine's" in said
+    )

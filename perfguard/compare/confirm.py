@@ -74,12 +74,13 @@ def confirmed(
         iterations=iterations,
         in_turn=confirmation.in_turn,
     )
-    pairs = f"{ab.n_current} A/B pairs against {at}"
+    # each figure once: the A/B's own message gives its change and interval after the lead
+    pairs = f"over {ab.n_current} A/B pairs against {at}"
     stored_read = f"the stored comparison read {_said(stored)} ({stored.outcome.value})"
     if ab.outcome is Outcome.REGRESSED:
-        lead = f"confirmed on this machine: {_said(ab)} over {pairs}"
+        lead = f"confirmed on this machine {pairs}; {stored_read}"
     elif ab.outcome is Outcome.NOISY:
-        lead = f"not resolved on this machine either: {_said(ab)} over {pairs}"
+        lead = f"not resolved on this machine either {pairs}; {stored_read}"
     elif ab.outcome is Outcome.NOT_JUDGED:
         return msgspec.structs.replace(
             stored, message=f"{stored.message}; not confirmed on this machine: {ab.message}"
@@ -87,14 +88,11 @@ def confirmed(
     elif ab.ci_low_pct is not None and ab.ci_low_pct > 0:
         # slower on this machine too, by less than the tolerance: not a regression, and not
         # the machine's either (the addmm -> matmul + add catalogue change: +4.1 % [+1.6, +6.7])
-        lead = f"slower on this machine too but within the tolerance: {_said(ab)} over {pairs}"
+        lead = f"slower on this machine too but within the tolerance {pairs}; {stored_read}"
     else:
-        lead = (
-            f"not confirmed on this machine: {_said(ab)} over {pairs}; the stored "
-            "comparison's change was the machine's"
-        )
+        lead = f"not confirmed on this machine {pairs}: {stored_read}, the machine's"
     return msgspec.structs.replace(
-        ab, history_runs=stored.history_runs, message=f"{lead}; {stored_read}; {ab.message}"
+        ab, history_runs=stored.history_runs, message=f"{lead}; {ab.message}"
     )
 
 
