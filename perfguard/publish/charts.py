@@ -14,13 +14,14 @@ coordinates have one decimal.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html import escape
 
 import numpy as np
 
 from perfguard.compare.units import axis, nice_ticks
-from perfguard.report.svg import AXIS_COLOR, FONT, Frame, left_margin, text_px, x_label
+from perfguard.report.svg import AXIS_COLOR, FONT, Frame, left_margin, text_px
+from perfguard.report.svg import x_labels as placed_x_labels
 
 __all__ = ["COLOURS", "Mark", "chart", "sparkline"]
 
@@ -147,14 +148,14 @@ def chart(
     pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 1.0
     ticks = nice_ticks(lo - pad, hi + pad, 5)
     labels = axis([10**t if log else t for t in ticks], y_kind, log=log)
-    left, right = left_margin(labels), width - 12
-    x1 = max(x_count - 0.5, 0.5)
-    at = [left + (m.x + 0.5) / (x1 + 0.5) * (right - left) for m in marks]
-    spans = [_mark_span(px, m.label, width) for px, m in zip(at, marks, strict=True)]
-    rows = _label_rows(spans)
-    top = 10 + 12 * (max(rows, default=-1) + 1)
     legend_h = 16 * ((len(lines) + 2) // 3) + 4 if legend else 0  # + a descender's room
-    f = Frame(left, right, top, height - 22 - legend_h, -0.5, x1, lo - pad, hi + pad)
+    bottom = height - 22 - legend_h
+    x1 = max(x_count - 0.5, 0.5)
+    # the plot's top waits for the marks' label rows, which need their x: set it after
+    f = Frame(left_margin(labels), width - 12, 0, bottom, -0.5, x1, lo - pad, hi + pad)
+    spans = [_mark_span(f.x(m.x), m.label, width) for m in marks]
+    rows = _label_rows(spans)
+    f = replace(f, top=10 + 12 * (max(rows, default=-1) + 1))
     body: list[str] = []
     for t, text in zip(ticks, labels, strict=True):
         y = f.y(t)
@@ -168,8 +169,8 @@ def chart(
         f'<line x1="{f.left}" y1="{f.bottom}" x2="{f.right}" y2="{f.bottom}" '
         f'stroke="{AXIS_COLOR}"/>'
     )
-    for x, text in x_labels:
-        px, anchor = x_label(f.x(x), text, 2, width - 2)
+    placed = placed_x_labels([(f.x(x), t) for x, t in x_labels], 2, width - 2)
+    for px, anchor, text in (p for p in placed if p is not None):
         body.append(
             f'<text x="{px:.1f}" y="{f.bottom + 13}" text-anchor="{anchor}">{escape(text)}</text>'
         )

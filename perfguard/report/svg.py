@@ -50,6 +50,27 @@ def x_label(x: float, text: str, lo: float, hi: float) -> tuple[float, str]:
     return x, "middle"
 
 
+def x_labels(
+    points: Sequence[tuple[float, str]], lo: float, hi: float
+) -> list[tuple[float, str, str] | None]:
+    """Per x label at ``points`` (px, text), its ``(anchor point, text-anchor, text)`` inside
+    [lo, hi] (:func:`x_label`), or None where it would overlap: placed right to left, so the
+    last (the newest) always shows, and one that would overlap the label to its right is
+    left out (its tick stays)."""
+    out: list[tuple[float, str, str] | None] = []
+    room = hi
+    for x, text in reversed(points):
+        at, anchor = x_label(x, text, lo, hi)
+        w = text_px(text)
+        start = {"start": at, "middle": at - w / 2, "end": at - w}[anchor]
+        if start + w > room:
+            out.append(None)
+            continue
+        room = start - 6
+        out.append((at, anchor, text))
+    return out[::-1]
+
+
 def _ticks(lo: float, hi: float, most: int = 5) -> list[tuple[float, str]]:
     """An axis' round ticks in [lo, hi] and their labels (:func:`units.axis`: labels that
     differ, as few digits as that takes, never in exponent notation)."""
@@ -89,21 +110,19 @@ def _x_axis(f: Frame, ticks: Sequence[tuple[float, str]], title: str) -> list[st
         f'<line x1="{f.left}" y1="{f.bottom}" x2="{f.right}" y2="{f.bottom}" '
         f'stroke="{AXIS_COLOR}"/>'
     ]
-    room = WIDTH - 2.0  # labels are placed right to left: the last (newest) always shows
-    for v, text in reversed(ticks):
+    placed = x_labels([(f.x(v), t) for v, t in ticks], 2, WIDTH - 2)
+    for (v, _), label in zip(reversed(ticks), reversed(placed), strict=True):
         x = f.x(v)
         out.append(
             f'<line x1="{x:.1f}" y1="{f.bottom}" x2="{x:.1f}" y2="{f.bottom + 3}" '
             f'stroke="{AXIS_COLOR}"/>'
         )
-        at, anchor = x_label(x, text, 2, WIDTH - 2)
-        start = {"start": at, "middle": at - text_px(text) / 2, "end": at - text_px(text)}[anchor]
-        if start + text_px(text) > room:
-            continue  # it would overlap the label to its right: its tick stays, unlabelled
-        room = start - 6
-        out.append(
-            f'<text x="{at:.1f}" y="{f.bottom + 13}" text-anchor="{anchor}">{escape(text)}</text>'
-        )
+        if label is not None:
+            at, anchor, text = label
+            out.append(
+                f'<text x="{at:.1f}" y="{f.bottom + 13}" text-anchor="{anchor}">'
+                f"{escape(text)}</text>"
+            )
     if title:
         at, anchor = x_label((f.left + f.right) / 2, title, 2, WIDTH - 2)
         out.append(
