@@ -309,6 +309,7 @@ def find_change_points(
         k = steps.index(split.index)
         before = slice(bounds[k], split.index)
         after = slice(split.index, bounds[k + 2])
+        before_ns, after_ns = float(np.median(values[before])), float(np.median(values[after]))
         moves: tuple[OpMove, ...] = ()
         if op_levels is not None and not op_levels.empty:
             ids = levels["run_id"].to_numpy()
@@ -323,8 +324,7 @@ def find_change_points(
             here = (np.sign(jump) == np.sign(moved)) & (jump.abs() >= 0.5 * moved.abs())
             # and a move worth naming: a tenth of the step's own size or more (an op's
             # run-to-run noise is no explanation of it)
-            step = abs(float(np.median(values[after])) - float(np.median(values[before])))
-            here &= moved.abs() >= 0.1 * step
+            here &= moved.abs() >= 0.1 * abs(after_ns - before_ns)
             change = moved.abs()[here.to_numpy(bool)].sort_values(ascending=False, kind="stable")
             moves = tuple(
                 OpMove(str(op), (op_names or {}).get(str(op), str(op)), float(b[op]), float(a[op]))
@@ -336,8 +336,8 @@ def find_change_points(
                 index=split.index,
                 run_id=int(levels["run_id"].iloc[split.index]),
                 commit=str(levels["commit"].iloc[split.index]),
-                before_ns=float(np.median(values[before])),
-                after_ns=float(np.median(values[after])),
+                before_ns=before_ns,
+                after_ns=after_ns,
                 z=split.z,
                 kind=split.kind,
                 ops=moves,

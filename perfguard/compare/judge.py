@@ -197,6 +197,13 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
         mode=against.mode,
     )
     at = f" at {against.commit[:12]}" if against.commit else ""
+    # this session's own figures, where its timing is not compared with anything
+    alone: dict[str, Any] = dict(
+        median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
+        level_current_ns=run_level(cur_rounds),  # what this run's history will print for it
+        n_current=len(cur_rounds),
+        load=load,
+    )
 
     reason = against.incompatibility
     if reason is None and base_rec is not None and base_rec.metric != current.metric:
@@ -211,18 +218,9 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
             outcome, text = Outcome.NEW, f"new test: not in the baseline run{at}"
         else:
             outcome, text = Outcome.NO_BASELINE, "no baseline to compare with"
-        median = float(np.median(cur_rounds)) if len(cur_rounds) else math.nan
-        level = run_level(cur_rounds)  # what this run's history will print for it
-        timing = not_judged(
-            current.metric,
-            text,
-            tol,
-            median_current_ns=median,
-            level_current_ns=level,
-            n_current=len(cur_rounds),
-            load=load,
-        )
-        msg = f"{text}; {current.metric} level {format_ns(level)} over {len(cur_rounds)} round(s)"
+        timing = not_judged(current.metric, text, tol, **alone)
+        level = format_ns(alone["level_current_ns"])
+        msg = f"{text}; {current.metric} level {level} over {len(cur_rounds)} round(s)"
         plain = Explanation.plain(outcome.value, msg).with_environment(against.environment)
         return TestComparison(
             outcome=outcome,
@@ -239,10 +237,7 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
             metric,
             f"timing not compared: {against.timing_incompatibility}",
             tol,
-            median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
-            level_current_ns=run_level(cur_rounds),
-            n_current=len(cur_rounds),
-            load=load,
+            **alone,
         )
     elif metric != "gpu_time" and any(
         r.timed_apart != current.timed_apart for r in against.records
@@ -254,10 +249,7 @@ def _judge(current: TestRecord, against: Against, settings: JudgeSettings) -> Te
             f"{which} timed its rounds under the profiler (a perfguard before timing "
             "rounds ran unprofiled): timing not comparable; save a new baseline",
             tol,
-            median_current_ns=float(np.median(cur_rounds)) if len(cur_rounds) else math.nan,
-            level_current_ns=run_level(cur_rounds),
-            n_current=len(cur_rounds),
-            load=load,
+            **alone,
         )
     elif against.mode == "ab":
         base_rounds = base_rec.round_values(metric)
