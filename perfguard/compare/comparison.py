@@ -37,7 +37,7 @@ from perfguard.baseline.record import TestRecord, profiled_mask
 from perfguard.compare.explanation import Explanation
 from perfguard.compare.halves import GateVerdict, TimingFigures, TimingVerdict
 from perfguard.compare.outcomes import Outcome
-from perfguard.compare.sites import SiteTable
+from perfguard.compare.sites import per_site_flops
 from perfguard.compare.stats import compare_samples
 from perfguard.compare.tolerance import ALPHA, TOLERANCE
 
@@ -458,7 +458,15 @@ def kernel_changes(current: TestRecord, baseline: TestRecord) -> pd.DataFrame:
         for n, b, c in zip(names.reindex(differ), fb[differ], fc[differ], strict=True)
     }
     by_site, judged = per_site_flops(current.meta, baseline.meta, op_figures)
-    rows.append(by_site)
+    rows.append(
+        pd.DataFrame(
+            [
+                {"kind": "flops_changed", "op_name": name, "kernel_name": None, **figures}
+                for name, figures in by_site
+            ],
+            columns=list(CHANGE_COLUMNS),
+        )
+    )
     rest = differ[~names.reindex(differ).isin(judged)]
     rows.append(_op_change("flops_changed", rest, names, fb, fc))
 
@@ -467,55 +475,6 @@ def kernel_changes(current: TestRecord, baseline: TestRecord) -> pd.DataFrame:
         return _empty(CHANGE_COLUMNS)
     out = pd.concat([r.astype(object) for r in rows], ignore_index=True)
     return out.reindex(columns=list(CHANGE_COLUMNS))
-
-
-def per_site_flops(
-    current: dict[str, Any], baseline: dict[str, Any], ops: dict[str, tuple[float, float]]
-) -> tuple[pd.DataFrame, set[str]]:
-    """``flops_changed`` rows per (op, call site) for the ``ops`` (name -> the op's FLOPs per
-    call, base and head) whose FLOPs per call moved, where both records' site tables know
-    the op and agree with those figures: a site's FLOPs per call, base and head, for each
-    statement on both sides whose figure differs. An op whose every shared site kept its
-    FLOPs per call changed only its mix of sites (its calls say so): no row, never an
-    average across sites. Also returns the op names judged here."""
-    base, head = SiteTable(baseline), SiteTable(current)
-    out: list[dict[str, Any]] = []
-    judged: set[str] = set()
-    for name, (op_b, op_h) in ops.items():
-        b, h = base.side(name, None), head.side(name, None)
-        if not b or not h or not (_agrees(b, op_b) and _agrees(h, op_h)):
-            continue
-        judged.add(name)
-        for key in sorted(set(b) & set(h)):
-            (_, calls_b, _, _, fb, _), (label, calls_h, _, _, fh, _) = b[key], h[key]
-            if calls_b <= 0 or calls_h <= 0 or math.isnan(fb) or math.isnan(fh):
-                continue
-            pb, ph = fb / calls_b, fh / calls_h
-            if abs(ph - pb) > 1e-9 * max(abs(pb), 1.0):
-                out.append(
-                    {
-                        "kind": "flops_changed",
-                        "op_name": name,
-                        "kernel_name": None,
-                        "baseline": pb,
-                        "current": ph,
-                        "site": label,
-                    }
-                )
-    return pd.DataFrame(out, columns=list(CHANGE_COLUMNS)), judged
-
-
-def _agrees(
-    side: dict[Any, tuple[str, float, float, float, float, float]], per_call: float
-) -> bool:
-    """Whether a side's sites hold all of the op's FLOPs: their FLOPs per call, over the
-    calls, is the op's own (a site table of another analysis, or missing sites, is not
-    judged by)."""
-    calls = sum(r[1] for r in side.values())
-    flops = [r[4] for r in side.values()]
-    if calls <= 0 or any(math.isnan(f) for f in flops) or not math.isfinite(per_call):
-        return False
-    return math.isclose(sum(flops) / calls, per_call, rel_tol=1e-3, abs_tol=1e-6)
 
 
 def _per_call(ops: pd.DataFrame, column: str) -> pd.Series:

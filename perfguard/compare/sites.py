@@ -293,6 +293,44 @@ def _moves(b: _Side, h: _Side) -> dict[tuple[str, str], tuple[str, str]]:
     return out
 
 
+def per_site_flops(
+    current: dict[str, Any], baseline: dict[str, Any], ops: dict[str, tuple[float, float]]
+) -> tuple[list[tuple[str, dict[str, Any]]], set[str]]:
+    """Where the FLOPs per call of ``ops`` (name -> the op's FLOPs per call, base and head)
+    moved, per call site, where both records' site tables know the op and agree with those
+    figures: ``(op, {"baseline", "current", "site"})`` for each statement on both sides whose
+    FLOPs per call differ. An op whose every shared site kept its FLOPs per call changed
+    only its mix of sites (its calls say so): nothing, never an average across sites. Also
+    returns the op names judged here (the rest are judged per op)."""
+    base, head = SiteTable(baseline), SiteTable(current)
+    out: list[tuple[str, dict[str, Any]]] = []
+    judged: set[str] = set()
+    for name, (op_b, op_h) in ops.items():
+        b, h = base.side(name, None), head.side(name, None)
+        if not b or not h or not (_agrees(b, op_b) and _agrees(h, op_h)):
+            continue
+        judged.add(name)
+        for key in sorted(set(b) & set(h)):
+            (_, calls_b, _, _, fb, _), (label, calls_h, _, _, fh, _) = b[key], h[key]
+            if calls_b <= 0 or calls_h <= 0 or math.isnan(fb) or math.isnan(fh):
+                continue
+            pb, ph = fb / calls_b, fh / calls_h
+            if abs(ph - pb) > 1e-9 * max(abs(pb), 1.0):
+                out.append((name, {"baseline": pb, "current": ph, "site": label}))
+    return out, judged
+
+
+def _agrees(side: _Side, per_call: float) -> bool:
+    """Whether a side's sites hold all of the op's FLOPs: their FLOPs per call, over the
+    calls, is the op's own (a site table of another analysis, or missing sites, is not
+    judged by)."""
+    calls = sum(r[1] for r in side.values())
+    flops = [r[4] for r in side.values()]
+    if calls <= 0 or any(math.isnan(f) for f in flops) or not math.isfinite(per_call):
+        return False
+    return math.isclose(sum(flops) / calls, per_call, rel_tol=1e-3, abs_tol=1e-6)
+
+
 def optimizer_changes(base: dict[str, Any], head: dict[str, Any]) -> list[tuple[str, str]]:
     """Per optimizer whose class or settings differ between the two records' model facts
     (:mod:`perfguard.capture.model_facts`), matched by variable name (else by position):
