@@ -50,7 +50,6 @@ from perfguard.compare.sites import (
     place_of,
 )
 from perfguard.compare.units import count, format_ns, human, interval, percent, signed
-from perfguard.trace.call_sites import names_function
 
 #: counters a culprit can name, in the gates' words; peak memory is the test's alone
 _COUNTERS = ("syncs", "host_reads", "calls", "flops", "bytes", "kernels", "memcpy", "memcpy_bytes")
@@ -263,10 +262,10 @@ def _culprits(e: Evidence) -> list[Culprit]:
             and (budget.exceeded(b, c) or budget.exceeded(c, b))
         )
         place = where.place(counter, name, _dir(row.direction))
-        site = place.text if isinstance(place, Place) else place
+        site = place.text if place is not None else ""
         at = f" {site}" if site else ""
         label = LABELS[counter].split(" (")[0]
-        here = place.here if isinstance(place, Place) else None
+        here = place.here if place is not None else None
         if here is not None and here != (b, c):  # the op runs elsewhere too: this site's
             figures = f"{label} {change_figures(here[0], here[1], counter)} there"
             rest = f"all its sites {change_figures(b, c, counter)}"
@@ -346,21 +345,19 @@ class _Placer:
 
     def __call__(self, kind: str, op: str, direction: str | None) -> str:
         place = self.place(kind, op, direction)
-        return place.text if isinstance(place, Place) else place
+        return place.text if place is not None else ""
 
-    def place(self, kind: str, op: str, direction: str | None) -> Place | str:
+    def place(self, kind: str, op: str, direction: str | None) -> Place | None:
         """The per-site :class:`Place` where the record's sites know it, else the op's top
-        site's text (``""``: none known)."""
+        site (its text reads "in"/"at" by the same rule), None where none is known."""
         if not op:
-            return ""
+            return None
         place = place_of(kind, op, direction, self.base, self.head)
         if place is not None:
             return place
         top = str(self.tops.get(op) or "").split(";")[0]
         top = _SHARE.sub("", top).strip()
-        if not top:
-            return ""
-        return f"in {top}" if names_function(top) else f"at {top}"
+        return Place(top) if top else None
 
 
 #: a site's share of its op's time in a top-sites text: `` (72%)``
