@@ -382,3 +382,51 @@ def test_a_confirmed_timing_says_each_figure_once() -> None:
     assert (
         f"the stored comparison read {stored_said} ({stored.outcome.value}), the machine's" in said
     )
+
+
+def test_a_green_that_cannot_rule_out_a_slowdown_is_measured_again() -> None:
+    """Green must mean not slower (issue 55): a first comparison's ``unchanged`` whose
+    interval reaches past the tolerance ("within the threshold 15 %") could hide a +5 %
+    change, so the same machine measures it again, and its A/B decides: a real +10 % reads
+    ``regressed``, unchanged code ``unchanged`` with the stored reading quoted. A green
+    whose interval rules the slowdown out is not measured again."""
+    from perfguard.compare.confirm import Confirmation, blind_green, confirmed, wants_confirmation
+
+    rng = np.random.default_rng(3)
+    base_rounds = np.full(5, 10e6) * (1 + rng.normal(0, 0.01, 5))
+    wide = judge_store(
+        base_rounds * 1.02,
+        base_rounds[::-1],
+        np.array([]),
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+    )
+    assert wide.outcome is Outcome.UNCHANGED and wide.ci_high_pct > 5, wide.message
+    assert blind_green(wide) and wants_confirmation(wide, gates_regressed=False)
+    assert not wants_confirmation(wide, gates_regressed=True)  # the gates failed it already
+    tight = judge_store(  # ten stored runs within 0.3 % of each other
+        np.full(5, 10e6) * (1 + rng.normal(0, 0.002, 5)),
+        np.full(5, 10e6) * (1 + rng.normal(0, 0.002, 5)),
+        np.full(10, 10e6) * (1 + rng.normal(0, 0.003, 10)),
+        metric="wall_time",
+        tolerance=0.05,
+        alpha=0.01,
+    )
+    assert tight.outcome is Outcome.UNCHANGED and tight.ci_high_pct < 5, tight.message
+    assert not blind_green(tight) and not wants_confirmation(tight, gates_regressed=False)
+
+    base = np.full(12, 10e6) * (1 + rng.normal(0, 0.01, 12))
+    slower = confirmed(wide, Confirmation("b" * 40, base, base * 1.10), tolerance=0.05, alpha=0.01)
+    assert slower.outcome is Outcome.REGRESSED and slower.mode == "ab", slower.message
+    assert slower.message.startswith("confirmed on this machine over 12 A/B pairs")
+    assert "(unchanged)" in slower.message  # the stored reading, once
+    same = confirmed(
+        wide,
+        Confirmation("b" * 40, base, base * (1 + rng.normal(0, 0.003, 12))),
+        tolerance=0.05,
+        alpha=0.01,
+    )
+    assert same.outcome is Outcome.UNCHANGED, same.message
+    assert same.message.startswith("measured again on this machine over 12 A/B pairs"), same.message
+    assert "could not rule out a slowdown" in same.message

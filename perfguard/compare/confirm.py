@@ -85,10 +85,16 @@ def confirmed(
         return msgspec.structs.replace(
             stored, message=f"{stored.message}; not confirmed on this machine: {ab.message}"
         )
+    elif blind_green(stored) and ab.outcome is Outcome.UNCHANGED:
+        lead = (
+            f"measured again on this machine {pairs}, as the stored comparison could not "
+            f"rule out a slowdown of the tolerance's size ({_said(stored)})"
+        )
     elif ab.ci_low_pct is not None and ab.ci_low_pct > 0:
         # slower on this machine too, by less than the tolerance: not a regression, and not
         # the machine's either (the addmm -> matmul + add catalogue change: +4.1 % [+1.6, +6.7])
-        lead = f"slower on this machine too but within the tolerance {pairs}; {stored_read}"
+        too = "" if stored.outcome is Outcome.UNCHANGED else " too"
+        lead = f"slower on this machine{too} but within the tolerance {pairs}; {stored_read}"
     else:
         lead = f"not confirmed on this machine {pairs}: {stored_read}, the machine's"
     return msgspec.structs.replace(
@@ -96,11 +102,23 @@ def confirmed(
     )
 
 
+def blind_green(timing: TimingVerdict) -> bool:
+    """An ``unchanged`` timing that cannot rule out a slowdown of the tolerance's size: its
+    interval's high end reaches the tolerance (a first comparison judged against an assumed
+    between-run noise, a machine whose runs spread). Green must mean not slower (issue 55):
+    suite_trust's pull requests of +5 % read ``unchanged`` "within the threshold 15.3 %"
+    at intervals such as [-13.5 %, +15.0 %], and no one measured them again."""
+    hi, tol = timing.ci_high_pct, timing.tolerance_pct
+    return timing.outcome is Outcome.UNCHANGED and hi is not None and tol is not None and hi >= tol
+
+
 def wants_confirmation(timing: TimingVerdict | None, gates_regressed: bool) -> bool:
     """Whether a verdict's timing should be measured again on this machine: a store-mode
     timing that reads ``regressed``, ``noisy`` or ``improved`` (a speed-up the machine made
-    is as false as a slowdown) and is not already failed by the gates (their counters do
-    not depend on the machine)."""
+    is as false as a slowdown), or ``unchanged`` without ruling out a slowdown
+    (:func:`blind_green`), and is not already failed by the gates (their counters do not
+    depend on the machine)."""
     if timing is None or timing.mode != "store" or gates_regressed:
         return False
-    return timing.outcome in (Outcome.REGRESSED, Outcome.NOISY, Outcome.IMPROVED)
+    wanted = (Outcome.REGRESSED, Outcome.NOISY, Outcome.IMPROVED)
+    return timing.outcome in wanted or blind_green(timing)

@@ -31,7 +31,6 @@ from perfguard.compare.comparison import TestComparison
 from perfguard.compare.confirm import Confirmation, wants_confirmation
 from perfguard.compare.outcomes import Outcome
 from perfguard.compare.results import TestEntry
-from perfguard.compare.timing import ab_resolved
 from perfguard.compare.tolerance import ALPHA
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import ABRunner, TestAB, pair_values, pairs_verdict
@@ -39,13 +38,15 @@ from perfguard.plugin.context import SessionContext
 from perfguard.plugin.options import plugin_args
 
 #: pairs measured first for a suspect test; then more, up to CONFIRM_MAX_PAIRS, while its
-#: change is unresolved and the budget lasts, looking every AB_LOOK_EVERY pairs (8, 11,
-#: 14). Not 6: on unchanged code (suite_trust, round 21) the confirmations that stopped at
-#: 6 pairs had z-scores spread 1.9-2.9 times what their intervals claimed (their trimmed
-#: interval has 3 degrees of freedom, and stopping when it came out narrow picked the pairs
-#: that happened to agree); those at 9 and 12 pairs, 1.0-1.3
+#: timing reads ``noisy`` and the budget lasts, looking every AB_LOOK_EVERY pairs (8, 11,
+#: 14, 17, 20). Not 6: on unchanged code (suite_trust, round 21) the confirmations that
+#: stopped at 6 pairs had z-scores spread 1.9-2.9 times what their intervals claimed (their
+#: trimmed interval has 3 degrees of freedom, and stopping when it came out narrow picked
+#: the pairs that happened to agree); those at 9 and 12 pairs, 1.0-1.3. Up to 20, as A/B
+#: mode (MAX_AB_PAIRS): at 14, 5 of 31 unchanged tests of a quiet session stayed ``noisy``
+#: (round 24), where A/B mode's 20 left 1
 CONFIRM_PAIRS = 8
-CONFIRM_MAX_PAIRS = 14
+CONFIRM_MAX_PAIRS = 20
 #: how to get the baseline's commit where a clone lacks it
 _FETCH = (
     "fetch the history so the baseline commit is here (actions/checkout with "
@@ -117,10 +118,13 @@ class Confirmer:
     def later(
         self, comparison: TestComparison, rejudge: Callable[[Confirmation], TestEntry]
     ) -> None:
-        """Keep a ``noisy`` (or ``improved``) timing for :meth:`finish` (one A/B run for all
-        of them)."""
-        wait = (Outcome.NOISY, Outcome.IMPROVED)
-        if self._wanted(comparison) is not None and comparison.timing.outcome in wait:
+        """Keep a ``noisy``, ``improved`` or blind ``unchanged`` timing
+        (:func:`~perfguard.compare.confirm.blind_green`) for :meth:`finish` (one A/B run
+        for all of them)."""
+        if (
+            self._wanted(comparison) is not None
+            and comparison.timing.outcome is not Outcome.REGRESSED
+        ):
             self._later[comparison.nodeid] = (comparison, rejudge)
 
     def finish(self) -> list[TestEntry]:
@@ -185,9 +189,12 @@ class Confirmer:
         return out
 
     def _unresolved(self, sides: TestAB, comparison: TestComparison) -> bool:
+        """More pairs while the timing so far reads ``noisy``: a confirmation needs an
+        outcome, not a narrow interval (one whose high end is already under the tolerance
+        has ruled the slowdown out, however wide it is on the fast side)."""
         tol = (comparison.timing.tolerance_pct or 5.0) / 100.0
         so_far = None if _lost(sides) else pairs_verdict(sides, tol, comparison.alpha or ALPHA)
-        return so_far is not None and not ab_resolved(so_far, tol)
+        return so_far is not None and so_far.outcome is Outcome.NOISY
 
     def _runner(self, commit: str) -> ABRunner | str:
         if commit in self._runners:
