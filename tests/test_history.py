@@ -584,3 +584,50 @@ def test_a_change_points_ops_are_those_that_moved_at_its_commit() -> None:
     (cp,) = find_change_points(levels, op_levels=ops)
     assert cp.index == 10, cp
     assert [m.op_id for m in cp.ops] == ["new"], cp.ops
+
+
+def _levels(values: np.ndarray, machine: dict[int, str] | None = None) -> pd.DataFrame:
+    """A history frame as ``load_history`` builds it: one run per value, oldest first."""
+    n = len(values)
+    notes = [(machine or {}).get(i, "") for i in range(n)]
+    return pd.DataFrame(
+        {
+            "run_id": np.arange(1, n + 1),
+            "commit": [f"{i:040x}" for i in range(n)],
+            "value": values,
+            "machine": notes,
+        }
+    )
+
+
+def test_runs_the_machine_explains_make_no_change_point_by_themselves() -> None:
+    """Issue 55, item 4: unchanged code whose last five runs were measured while the machine
+    ran slow (their machine column says so: a busy week of the runner) reads no timing
+    change point; the same runs unmarked do (the detector is not blind to them), and a real
+    step before them is still found at its run."""
+    rng = np.random.default_rng(11)
+    values = 10e6 * (1 + rng.normal(0, 0.01, 24))
+    values[19:] *= 1.3
+    slow = {i: "machine 25% slower" for i in range(19, 24)}
+    assert find_change_points(_levels(values)), "the slow runs alone read as a change"
+    assert find_change_points(_levels(values, slow)) == []
+    stepped = values.copy()
+    stepped[9:] *= 1.2
+    found = find_change_points(_levels(stepped, slow))
+    assert [(cp.index, cp.kind) for cp in found] == [(9, "step")]
+    assert found[0].commit == f"{9:040x}"
+
+
+def test_a_change_point_stays_on_its_commit_as_later_runs_are_saved() -> None:
+    """Issue 55, item 4: the library's timing change point moved when HEAD was saved again.
+    A +15 % step at run 10 is found at run 10's commit from the first history that can see
+    it to one with 20 more runs saved after it."""
+    rng = np.random.default_rng(12)
+    values = 10e6 * (1 + rng.normal(0, 0.01, 40))
+    values[10:] *= 1.15
+    seen = set()
+    for n in range(16, 41):
+        found = [cp for cp in find_change_points(_levels(values[:n])) if cp.kind == "step"]
+        assert len(found) == 1, (n, found)
+        seen.add(found[0].commit)
+    assert seen == {f"{10:040x}"}
