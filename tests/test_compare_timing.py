@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import numpy as np
 import pytest
 from scipy import stats
@@ -23,6 +24,7 @@ from perfguard.compare.timing import (
     between_run_sd,
     judge_ab,
     judge_store,
+    not_judged,
 )
 from perfguard.compare.units import interval, percent
 
@@ -419,8 +421,9 @@ def test_a_green_that_cannot_rule_out_a_slowdown_is_measured_again() -> None:
     base = np.full(12, 10e6) * (1 + rng.normal(0, 0.01, 12))
     slower = confirmed(wide, Confirmation("b" * 40, base, base * 1.10), tolerance=0.05, alpha=0.01)
     assert slower.outcome is Outcome.REGRESSED and slower.mode == "ab", slower.message
-    assert slower.message.startswith("confirmed on this machine over 12 A/B pairs")
-    assert "(unchanged)" in slower.message  # the stored reading, once
+    assert slower.message.startswith("slower on this machine over 12 A/B pairs")
+    assert slower.message.count("the stored comparison read") == 1  # its reading, once
+    assert "(unchanged) and could not rule out a slowdown" in slower.message
     same = confirmed(
         wide,
         Confirmation("b" * 40, base, base * (1 + rng.normal(0, 0.003, 12))),
@@ -429,4 +432,50 @@ def test_a_green_that_cannot_rule_out_a_slowdown_is_measured_again() -> None:
     )
     assert same.outcome is Outcome.UNCHANGED, same.message
     assert same.message.startswith("measured again on this machine over 12 A/B pairs"), same.message
-    assert "could not rule out a slowdown" in same.message
+    assert "(unchanged) and could not rule out a slowdown" in same.message
+
+
+def test_a_short_confirmation_budget_takes_the_most_suspect_tests_that_fit() -> None:
+    """A pair child's first pairs are not cut short, so the confirmer chooses before it
+    starts: the suspects whose first pairs fit the budget left, a timing read ``noisy``
+    before a green that could not rule out a slowdown, and among those the interval that
+    reaches furthest past the tolerance; the rest keep their stored verdict and say why."""
+    from types import SimpleNamespace
+
+    from perfguard.compare.comparison import TestComparison
+    from perfguard.compare.explanation import Explanation
+    from perfguard.plugin.confirm import CONFIRM_PAIRS, Confirmer, pair_cost_s
+
+    def suspect(name: str, outcome: Outcome, hi: float, step_ms: float) -> TestComparison:
+        timing = msgspec.structs.replace(
+            not_judged("wall_time", "", 0.05),
+            outcome=outcome,
+            mode="store",
+            delta_pct=0.0,
+            ci_low_pct=-hi,
+            ci_high_pct=hi,
+        )
+        return TestComparison(
+            nodeid=f"t.py::{name}",
+            outcome=outcome,
+            message="",
+            timing=timing,
+            gates=None,
+            explanation=Explanation.plain(outcome.value, ""),
+            alpha=0.01,
+            baseline_commit="c" * 40,
+            samples_current=[int(step_ms * 1e6)] * 50,  # 5 rounds of 10 steps
+            rounds_current=[int(step_ms * 1e6)] * 5,
+        )
+
+    wide = suspect("wide_green", Outcome.UNCHANGED, 15.0, 1.0)
+    narrow = suspect("narrow_green", Outcome.UNCHANGED, 6.0, 1.0)
+    noisy = suspect("noisy", Outcome.NOISY, 8.0, 1.0)
+    slow = suspect("slow_noisy", Outcome.NOISY, 30.0, 200.0)  # 12 s a pair
+    assert pair_cost_s(slow) == pytest.approx(0.25 + 2 * 3 * 10 * 0.2)
+    each = CONFIRM_PAIRS * pair_cost_s(wide)
+    context = SimpleNamespace(settings=SimpleNamespace(confirm_budget=2.5 * each))
+    confirmer = Confirmer(context, print)  # type: ignore[arg-type]
+    fits, left = confirmer._fitting([narrow, wide, slow, noisy])
+    assert [c.nodeid for c in fits] == ["t.py::noisy", "t.py::wide_green"]
+    assert [c.nodeid for c in left] == ["t.py::slow_noisy", "t.py::narrow_green"]

@@ -77,24 +77,26 @@ def confirmed(
     # each figure once: the A/B's own message gives its change and interval after the lead
     pairs = f"over {ab.n_current} A/B pairs against {at}"
     stored_read = f"the stored comparison read {_said(stored)} ({stored.outcome.value})"
+    blind = blind_green(stored)
+    if blind:  # what it measured again: a green that proved nothing
+        stored_read += " and could not rule out a slowdown of the tolerance's size"
     if ab.outcome is Outcome.REGRESSED:
-        lead = f"confirmed on this machine {pairs}; {stored_read}"
+        found = "slower on this machine" if blind else "confirmed on this machine"
+        lead = f"{found} {pairs}; {stored_read}"
     elif ab.outcome is Outcome.NOISY:
-        lead = f"not resolved on this machine either {pairs}; {stored_read}"
+        either = "" if blind else " either"
+        lead = f"not resolved on this machine{either} {pairs}; {stored_read}"
     elif ab.outcome is Outcome.NOT_JUDGED:
         return msgspec.structs.replace(
             stored, message=f"{stored.message}; not confirmed on this machine: {ab.message}"
         )
-    elif blind_green(stored) and ab.outcome is Outcome.UNCHANGED:
-        lead = (
-            f"measured again on this machine {pairs}, as the stored comparison could not "
-            f"rule out a slowdown of the tolerance's size ({_said(stored)})"
-        )
     elif ab.ci_low_pct is not None and ab.ci_low_pct > 0:
         # slower on this machine too, by less than the tolerance: not a regression, and not
         # the machine's either (the addmm -> matmul + add catalogue change: +4.1 % [+1.6, +6.7])
-        too = "" if stored.outcome is Outcome.UNCHANGED else " too"
+        too = "" if blind else " too"
         lead = f"slower on this machine{too} but within the tolerance {pairs}; {stored_read}"
+    elif blind:
+        lead = f"measured again on this machine {pairs}: {stored_read}"
     else:
         lead = f"not confirmed on this machine {pairs}: {stored_read}, the machine's"
     return msgspec.structs.replace(

@@ -35,7 +35,7 @@ from perfguard.compare.tolerance import ALPHA
 from perfguard.errors import PerfguardError
 from perfguard.plugin.ab import ABRunner, TestAB, pair_values, pairs_verdict
 from perfguard.plugin.context import SessionContext
-from perfguard.plugin.options import plugin_args
+from perfguard.plugin.options import AB_CHILD_ROUNDS, plugin_args
 
 #: pairs measured first for a suspect test; then more, up to CONFIRM_MAX_PAIRS, while its
 #: timing reads ``noisy`` and the budget lasts, looking every AB_LOOK_EVERY pairs (8, 11,
@@ -135,17 +135,41 @@ class Confirmer:
         by_commit: dict[str, list[TestComparison]] = {}
         for comparison, _ in kept.values():
             by_commit.setdefault(str(comparison.baseline_commit), []).append(comparison)
-        out: list[TestEntry] = []
+        measured: dict[str, Confirmation] = {}
         for commit, comparisons in by_commit.items():
             found = self._spent(commit)
-            measured = (
-                {c.nodeid: found for c in comparisons}
-                if found is not None
-                else self._measure(commit, comparisons)
-            )
-            for c in comparisons:
-                out.append(kept[c.nodeid][1](measured[c.nodeid]))
-        return out
+            if found is not None:
+                measured.update((c.nodeid, found) for c in comparisons)
+                continue
+            fits, left_out = self._fitting(comparisons)
+            measured.update(self._measure(commit, fits) if fits else {})
+            for c in left_out:
+                measured[c.nodeid] = Confirmation(
+                    commit,
+                    unavailable=f"the session's confirmation budget ({self.budget:g} s, "
+                    f"--perfguard-confirm-budget) could not fit it beside "
+                    f"{len(fits)} more suspect test(s)",
+                )
+        return [rejudge(measured[nodeid]) for nodeid, (_, rejudge) in kept.items()]
+
+    def _fitting(
+        self, comparisons: list[TestComparison]
+    ) -> tuple[list[TestComparison], list[TestComparison]]:
+        """The suspects whose first :data:`CONFIRM_PAIRS` pairs fit the budget left, most
+        suspect first, and the rest. A pair child runs every test it is given, and its first
+        pairs are not cut short, so a suite of 200 first comparisons would otherwise spend
+        8 pairs x 200 tests whatever the budget said."""
+        order = sorted(comparisons, key=_suspicion, reverse=True)
+        left = max(self.budget - self.spent, 0.0)
+        fits: list[TestComparison] = []
+        cost = 0.0
+        for c in order:
+            more = CONFIRM_PAIRS * pair_cost_s(c)
+            if cost + more <= left:
+                fits.append(c)
+                cost += more
+        chosen = {c.nodeid for c in fits}
+        return fits, [c for c in order if c.nodeid not in chosen]
 
     def _measure(self, commit: str, comparisons: list[TestComparison]) -> dict[str, Confirmation]:
         """Each test's pairs against ``commit``, or why there are none."""
@@ -232,6 +256,30 @@ class Confirmer:
                 found.timing_only = True
         self._runners[commit] = found
         return found
+
+
+#: seconds a pair child spends on a test beyond its timed steps (its setup, warm-up and
+#: hand-offs, both sides): a quiet 31-test confirmation took 71.8 s for 261 test-pairs of
+#: steps mostly under a millisecond (0.28 s each, the worktree and fork server included)
+PAIR_FIXED_S = 0.25
+
+
+def pair_cost_s(comparison: TestComparison) -> float:
+    """Seconds one A/B pair of ``comparison``'s test should take: both sides'
+    :data:`~perfguard.plugin.options.AB_CHILD_ROUNDS` rounds of the steps this session
+    timed, and :data:`PAIR_FIXED_S`."""
+    rounds = max(len(comparison.rounds_current), 1)
+    per_round = sum(comparison.samples_current) / rounds / 1e9
+    return PAIR_FIXED_S + 2 * AB_CHILD_ROUNDS * per_round
+
+
+def _suspicion(comparison: TestComparison) -> tuple[int, float]:
+    """Which suspects a short budget confirms first: a timing read as changed or unresolved
+    before a green that could not rule out a slowdown, and among each, the one whose
+    interval reaches furthest past the tolerance."""
+    t = comparison.timing
+    reach = (t.ci_high_pct or 0.0) - (t.tolerance_pct or 0.0)
+    return (0 if t.outcome is Outcome.UNCHANGED else 1, reach)
 
 
 def _lost(ab: TestAB) -> str:
