@@ -370,3 +370,40 @@ def test_an_op_whose_calls_changed_gets_no_dtype_finding(tmp_path: Path) -> None
     gates = {(f.gate, f.op_name.rsplit("/", 1)[-1]) for f in found.regressions}
     assert any(g == "calls" for g, _ in gates), gates  # the new calls: gated, named
     assert not [f for f in found.regressions if f.gate == "dtypes"], found.regressions
+
+
+def test_a_counters_top_movers_name_each_op_once(tmp_path: Path) -> None:
+    """The calls gate's line lists the ops that moved most by the name it shows: an op that
+    moved under two parents (a real training step's ``aten::transpose`` in the forward and
+    under ``TransposeBackward0``) read "aten::transpose 1 → 13; aten::transpose 1 → 13".
+    Real captures: transposes added at the top of the step and inside a named range."""
+    import torch as t
+
+    import perfguard
+    from perfguard.analysis import analyze
+    from perfguard.baseline.record import record_from_analysis
+    from perfguard.capture.torch_profiler import profile_torch
+    from perfguard.compare.comparison import kernel_changes
+    from perfguard.compare.gates import judge_gates, parse_gates
+
+    x = t.randn(8, 16)
+
+    def record(extra: int, name: str):
+        path = tmp_path / f"{name}.pt.trace.json.gz"
+        with profile_torch(path, device="cpu"):
+            for _ in range(3):
+                with t.profiler.record_function("perfguard.iteration"):
+                    for _ in range(extra):
+                        x.t()
+                    with t.profiler.record_function("block"):
+                        for _ in range(extra):
+                            x.t()
+                    x.sum()
+        return record_from_analysis("t", analyze(perfguard.load_trace(path)))
+
+    base, more = record(1, "base"), record(4, "more")
+    found = judge_gates(more, base, parse_gates({}), kernel_changes(more, base))
+    line = next(f.message for f in found.regressions + found.immaterial if f.gate == "calls")
+    movers = [m.rsplit(" ", 3)[0] for m in line.split(": ", 1)[1].split("; ")]
+    assert len(movers) == len(set(movers)), line  # each once, its paths' calls summed
+    assert "aten::as_strided 2 → 8" in line, line  # under x.t(), at both places

@@ -299,10 +299,15 @@ def judge_gates(
             totals[counter] = [tb, tc]
         moved = (vc - vb).abs().sort_values(ascending=False)
         moved = moved[moved > 0]
+        # by the name the line shows: two paths ending in one op (aten::transpose under
+        # the forward and under TransposeBackward0) read as one op, not the same text twice
+        short = pd.Series([_short(str(names.get(i, i))) for i in moved.index], index=moved.index)
+        sb, sc = vb[moved.index].groupby(short).sum(), vc[moved.index].groupby(short).sum()
+        by_name = (sc - sb).abs().sort_values(ascending=False, kind="stable")
         top = "; ".join(
-            f"{_short(str(names.get(i, i)))} "
-            f"{human(float(vb[i]), counter)} → {human(float(vc[i]), counter)}"
-            for i in moved.index[:3]
+            f"{n} {human(float(sb[n]), counter)} → {human(float(sc[n]), counter)}"
+            for n in by_name.index[:3]
+            if by_name[n] > 0
         )
         if counter in INSTRUCTION_COUNTERS:
             top = explain_move(baseline, current, counter)
