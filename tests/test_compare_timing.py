@@ -479,3 +479,11 @@ def test_a_short_confirmation_budget_takes_the_most_suspect_tests_that_fit() -> 
     fits, left = confirmer._fitting([narrow, wide, slow, noisy])
     assert [c.nodeid for c in fits] == ["t.py::noisy", "t.py::wide_green"]
     assert [c.nodeid for c in left] == ["t.py::slow_noisy", "t.py::narrow_green"]
+    # a test no budget left can fit keeps its stored verdict, saying why and what to do
+    # (nothing is measured: no pair child starts, no worktree is made)
+    tight = Confirmer(SimpleNamespace(settings=SimpleNamespace(confirm_budget=1.0)), print)  # type: ignore[arg-type]
+    tight._later = {slow.nodeid: (slow, lambda c: c)}  # type: ignore[dict-item]
+    (said,) = tight.finish()
+    assert "had no room for its 8 A/B pairs (about 98 s) after 0 more suspect" in str(
+        said.unavailable  # type: ignore[attr-defined]
+    )

@@ -144,11 +144,13 @@ class Confirmer:
             fits, left_out = self._fitting(comparisons)
             measured.update(self._measure(commit, fits) if fits else {})
             for c in left_out:
+                need = CONFIRM_PAIRS * pair_cost_s(c)
                 measured[c.nodeid] = Confirmation(
                     commit,
                     unavailable=f"the session's confirmation budget ({self.budget:g} s, "
-                    f"--perfguard-confirm-budget) could not fit it beside "
-                    f"{len(fits)} more suspect test(s)",
+                    f"--perfguard-confirm-budget) had no room for its {CONFIRM_PAIRS} A/B "
+                    f"pairs (about {need:.0f} s) after {len(fits)} more suspect test(s); "
+                    "raise it to measure this test again",
                 )
         return [rejudge(measured[nodeid]) for nodeid, (_, rejudge) in kept.items()]
 
@@ -260,7 +262,9 @@ class Confirmer:
 
 #: seconds a pair child spends on a test beyond its timed steps (its setup, warm-up and
 #: hand-offs, both sides): a quiet 31-test confirmation took 71.8 s for 261 test-pairs of
-#: steps mostly under a millisecond (0.28 s each, the worktree and fork server included)
+#: steps mostly under a millisecond (0.28 s each, the worktree and fork server included).
+#: A test that builds a real model each time costs more: x-transformers' four decoder
+#: tests took about 4.5 s a pair where this estimate says 3.0 s
 PAIR_FIXED_S = 0.25
 
 
