@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from perfguard.plugin.phases import OWN_PHASES
 
@@ -102,9 +103,14 @@ def run(root: Path, *args: str) -> tuple[float, float, int]:
     return wall, usage.ru_utime + usage.ru_stime, os.waitstatus_to_exitcode(status)
 
 
-def phases(root: Path) -> tuple[dict[str, float], dict[str, float], int]:
+def results(root: Path) -> dict[str, Any]:
+    """The last session's ``results.json``."""
+    doc: dict[str, Any] = json.loads((root / ".perfguard" / "results.json").read_text())
+    return doc
+
+
+def phases(doc: dict[str, Any]) -> tuple[dict[str, float], dict[str, float], int]:
     """Per-test mean seconds by part, the session's parts, and the number of tests."""
-    doc = json.loads((root / ".perfguard" / "results.json").read_text())
     per_test: dict[str, float] = {}
     tests = [t for t in doc["tests"] if t.get("phase_s")]
     for t in tests:
@@ -113,10 +119,9 @@ def phases(root: Path) -> tuple[dict[str, float], dict[str, float], int]:
     return per_test, dict(doc.get("phase_s") or {}), len(tests)
 
 
-def extra_steps(root: Path) -> float:
+def extra_steps(doc: dict[str, Any]) -> float:
     """Seconds of timed steps a session's rounds ran beyond the one loop plain pytest runs:
     each test's kept timed steps (``phase_s['timing']``) less one round of them."""
-    doc = json.loads((root / ".perfguard" / "results.json").read_text())
     extra = 0.0
     for t in doc["tests"]:
         timing = (t.get("phase_s") or {}).get("timing", 0.0)
@@ -162,9 +167,10 @@ def main() -> int:
         rows["plain"].append((wall, cpu))
         wall, cpu, _code = run(root, "--perfguard", *args.store_args.split())
         rows["store"].append((wall, cpu))
-        per_test, session, n_tests = phases(root)
+        doc = results(root)
+        per_test, session, n_tests = phases(doc)
         parts.append((per_test, session))
-        measured.append(extra_steps(root))
+        measured.append(extra_steps(doc))
     print(f"\n{'session':<8} {'wall s (median)':>16} {'CPU s (median)':>15}  runs")
     for name, values in rows.items():
         walls = [w for w, _ in values]

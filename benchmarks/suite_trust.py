@@ -491,6 +491,10 @@ def run_session(project: Path, args: list[str], busy: bool) -> dict[str, Any]:
 _STORED = re.compile(r"the stored comparison read [^;]*?\(([a-z-]+)\)")
 
 
+#: how round 24's first wording of a blind green measured again began (it quoted no outcome)
+_MEASURED_AGAIN = "measured again on this machine"
+
+
 def _stored_outcome(message: str, outcome: str | None) -> str | None:
     """What the stored comparison alone read: quoted in a confirmed timing's message (a
     blind green measured again in round 24's first wording, "measured again on this
@@ -499,7 +503,7 @@ def _stored_outcome(message: str, outcome: str | None) -> str | None:
     stored = _STORED.search(message)
     if stored:
         return stored.group(1)
-    if message.startswith("measured again on this machine"):
+    if message.startswith(_MEASURED_AGAIN):
         return "unchanged"
     return outcome
 
@@ -624,7 +628,7 @@ def analyse(doc: dict[str, Any]) -> dict[str, Any]:
     stored comparison alone would have."""
     for s in doc["sessions"]:  # logs written before _stored_outcome knew blind greens
         for t in s["tests"].values():
-            if str(t.get("why", "")).startswith("measured again on this machine"):
+            if str(t.get("why", "")).startswith(_MEASURED_AGAIN):
                 t["stored_outcome"] = "unchanged"
     unchanged = [s for s in doc["sessions"] if s["kind"] == "unchanged"]
     changed = [s for s in doc["sessions"] if s["kind"] == "changed"]
